@@ -1,0 +1,265 @@
+"""`GRPOConfig`: every knob of a fastgrpo run, its default and its validation.
+
+Field names and defaults are TRL's (`trl.GRPOConfig`), so a TRL script runs with
+only its import changed. Counts are completions, not prompts (DESIGN.md, "Batch
+semantics"). Every inconsistent combination is refused here, in
+`__post_init__`, with one sentence naming the value and the fix, before any
+model is loaded.
+
+Deliberately not here: the hundred-odd `transformers.TrainingArguments` fields
+that a GRPO run never reads. Passing one raises a `TypeError` naming the
+closest field we do have.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+from dataclasses import dataclass, field
+
+LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo", "cispo", "sapo")
+# Objectives whose importance weight is defined per token (no sequence-level form).
+TOKEN_ONLY_LOSS_TYPES = ("cispo", "sapo")
+SCALE_REWARDS = ("group", "batch", "none")
+KL_ESTIMATORS = ("k3", "full")
+
+
+@dataclass
+class GRPOConfig:
+    """Configuration of a GRPO run (TRL `GRPOConfig` names and defaults).
+
+    Batch sizes count completions: a rollout holds `generation_batch_size`
+    completions, i.e. `generation_batch_size / num_generations` prompts, split
+    into micro-batches of `per_device_train_batch_size`; every
+    `gradient_accumulation_steps` micro-batches make one optimizer step, and
+    the rollout is passed over `num_iterations` (μ) times.
+
+    Raises:
+        TypeError: an unknown field (the message names the closest known one).
+        ValueError: a value or combination that cannot work, with the fix.
+    """
+
+    # --- where and how long -------------------------------------------------
+    output_dir: str = "grpo-output"  # like TRL (trainer_output), under the cwd
+    seed: int = 42
+    max_steps: int = -1  # optimizer steps; -1: num_train_epochs over the dataset
+    num_train_epochs: float = 3.0  # only read when max_steps == -1
+    shuffle_dataset: bool = True
+
+    # --- optimizer and schedule (TRL/transformers defaults) -------------------
+    learning_rate: float = 1e-6  # TRL's default; small because RL gradients are noisy
+    lr_scheduler_type: str = "linear"
+    warmup_ratio: float = 0.0
+    warmup_steps: int = 0  # overrides warmup_ratio when > 0
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_epsilon: float = 1e-8
+    max_grad_norm: float = 1.0
+
+    # --- batch semantics (completions, not prompts) ---------------------------
+    per_device_train_batch_size: int = 8
+    gradient_accumulation_steps: int = 1
+    num_generations: int = 8  # G: completions per prompt
+    generation_batch_size: int | None = None  # completions per rollout, all processes
+    steps_per_generation: int | None = None  # micro-batches per rollout per process
+    num_iterations: int = 1  # μ: passes over each rollout
+
+    # --- generation ------------------------------------------------------------
+    max_prompt_length: int | None = 512  # tokens; longer prompts lose their left part
+    max_completion_length: int = 256  # tokens
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    min_p: float | None = None
+    repetition_penalty: float = 1.0
+
+    # --- objective (see losses.py for each variant's paper) -------------------
+    loss_type: str = "dapo"
+    epsilon: float = 0.2  # ε: lower clip 1 − ε
+    epsilon_high: float | None = None  # upper clip 1 + ε_high; None: ε (cispo: 5.0)
+    delta: float | None = None  # two-sided clip: ratio ≤ δ for negative Â too
+    importance_sampling_level: str = "token"  # or "sequence" (GSPO)
+    sapo_temperature_pos: float = 1.0
+    sapo_temperature_neg: float = 1.05
+    beta: float = 0.0  # β: KL(π_θ‖π_ref) weight; π_ref is loaded only when > 0
+    kl_estimator: str = "k3"  # "k3" (Schulman) or "full" (exact, over the vocabulary)
+    sync_ref_model: bool = False  # TR-DPO: π_ref ← α·π_θ + (1−α)·π_ref
+    ref_model_mixup_alpha: float = 0.6
+    ref_model_sync_steps: int = 512
+    top_entropy_quantile: float = 1.0  # ρ: keep the top-ρ tokens by entropy
+    mask_truncated_completions: bool = False
+    target_kl: float | None = None  # stop reusing a rollout once KL(π_θ‖π_old) exceeds it
+
+    # --- rewards and advantages -------------------------------------------------
+    reward_weights: list[float] | None = None
+    scale_rewards: str | bool = "group"  # TRL also accepts True/False
+    multi_objective_aggregation: str = "sum_then_normalize"
+
+    # --- model -------------------------------------------------------------------
+    disable_dropout: bool = True  # dropout would make π_old irreproducible
+    bf16: bool | None = None  # None: on where the device supports it (not on CPU)
+    gradient_checkpointing: bool = False
+    model_init_kwargs: dict | None = None
+
+    # --- logging and saving --------------------------------------------------------
+    logging_steps: float = 10
+    log_completions: bool = False
+    num_completions_to_print: int | None = 4
+    report_to: str | list[str] = "none"
+    save_steps: float = 500
+    save_total_limit: int | None = None
+    eval_steps: int | None = None  # evaluate on eval_dataset every this many steps
+    per_device_eval_batch_size: int = 8
+    disable_tqdm: bool = False
+
+    # Filled in by __post_init__ (world size read from the launcher's environment).
+    world_size: int = field(default=-1, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.world_size == -1:
+            self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        if isinstance(self.scale_rewards, bool):  # TRL's older spelling
+            self.scale_rewards = "group" if self.scale_rewards else "none"
+        if self.epsilon_high is None:
+            self.epsilon_high = 5.0 if self.loss_type == "cispo" else self.epsilon
+        if isinstance(self.report_to, str):
+            self.report_to = [] if self.report_to in ("none", "") else [self.report_to]
+        self._resolve_batches()
+        self._validate()
+
+    def _resolve_batches(self) -> None:
+        per_step = self.per_device_train_batch_size * self.gradient_accumulation_steps * self.world_size
+        if self.generation_batch_size is not None and self.steps_per_generation is not None:
+            raise ValueError(
+                f"generation_batch_size={self.generation_batch_size} and steps_per_generation="
+                f"{self.steps_per_generation} are both set; set only one of them."
+            )
+        if self.generation_batch_size is None:
+            steps = self.steps_per_generation or self.gradient_accumulation_steps
+            self.generation_batch_size = self.per_device_train_batch_size * steps * self.world_size
+        per_micro = self.per_device_train_batch_size * self.world_size
+        if self.generation_batch_size % per_micro:
+            raise ValueError(
+                f"generation_batch_size={self.generation_batch_size} is not a whole number of micro-batches "
+                f"(per_device_train_batch_size × world_size = {per_micro}); use a multiple of {per_micro}."
+            )
+        self.steps_per_generation = self.generation_batch_size // per_micro
+        if self.steps_per_generation % self.gradient_accumulation_steps:
+            raise ValueError(
+                f"a rollout of {self.generation_batch_size} completions makes {self.steps_per_generation} "
+                f"micro-batches per process, not a whole number of optimizer steps of "
+                f"gradient_accumulation_steps={self.gradient_accumulation_steps}; use a generation_batch_size "
+                f"that is a multiple of {per_step}."
+            )
+
+    def _validate(self) -> None:
+        def need(ok: bool, message: str) -> None:
+            if not ok:
+                raise ValueError(message)
+
+        G = self.num_generations
+        need(G >= 2, f"num_generations={G}: a group needs at least 2 completions to compare; use 2 or more.")
+        per_process = self.generation_batch_size // self.world_size
+        need(
+            self.generation_batch_size % (G * self.world_size) == 0,
+            f"generation_batch_size={self.generation_batch_size} does not split into whole groups of "
+            f"num_generations={G} on each of {self.world_size} process(es); use a multiple of "
+            f"{_lcm(G * self.world_size, self.per_device_train_batch_size * self.world_size)}.",
+        )
+        need(per_process > 0, f"generation_batch_size={self.generation_batch_size} is empty per process.")
+        need(self.max_steps == -1 or self.max_steps > 0, f"max_steps={self.max_steps}: use a positive number (or -1 for num_train_epochs).")
+        need(self.num_train_epochs > 0, f"num_train_epochs={self.num_train_epochs}: use a positive number.")
+        for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "num_iterations", "max_completion_length", "per_device_eval_batch_size"):
+            need(getattr(self, name) >= 1, f"{name}={getattr(self, name)}: use 1 or more.")
+        need(self.max_prompt_length is None or self.max_prompt_length >= 1, f"max_prompt_length={self.max_prompt_length}: use 1 or more, or None for no limit.")
+        need(self.learning_rate > 0, f"learning_rate={self.learning_rate}: use a positive value such as 1e-6.")
+        need(0 <= self.warmup_ratio < 1, f"warmup_ratio={self.warmup_ratio}: use a value in [0, 1).")
+        need(self.temperature > 0, f"temperature={self.temperature}: sampling needs a positive temperature (log-probs are taken at it).")
+        need(0 < self.top_p <= 1, f"top_p={self.top_p}: use a value in (0, 1].")
+        need(self.top_k >= 0, f"top_k={self.top_k}: use 0 (off) or a positive count.")
+        need(self.min_p is None or 0 <= self.min_p <= 1, f"min_p={self.min_p}: use a value in [0, 1] or None.")
+        need(self.repetition_penalty > 0, f"repetition_penalty={self.repetition_penalty}: use a positive value (1.0 = off).")
+        need(self.loss_type in LOSS_TYPES, f"loss_type={self.loss_type!r} is unknown; use one of {', '.join(LOSS_TYPES)}.")
+        need(0 <= self.epsilon < 1, f"epsilon={self.epsilon}: use a value in [0, 1), e.g. 0.2.")
+        need(
+            self.epsilon_high >= self.epsilon or self.loss_type == "cispo",
+            f"epsilon_high={self.epsilon_high} is below epsilon={self.epsilon}; clip-higher needs epsilon_high ≥ epsilon.",
+        )
+        need(
+            self.delta is None or self.delta > 1 + self.epsilon_high,
+            f"delta={self.delta} must exceed 1 + epsilon_high = {1 + self.epsilon_high} or it clips inside the trust region; "
+            f"use e.g. {1 + self.epsilon_high + 0.8:g}, or None.",
+        )
+        need(
+            self.delta is None or self.loss_type not in TOKEN_ONLY_LOSS_TYPES,
+            f"delta={self.delta} bounds the PPO-clipped ratio; loss_type={self.loss_type!r} has no such ratio, so set delta=None.",
+        )
+        need(
+            self.importance_sampling_level in ("token", "sequence"),
+            f"importance_sampling_level={self.importance_sampling_level!r}: use 'token' or 'sequence'.",
+        )
+        need(
+            self.importance_sampling_level == "token" or self.loss_type not in TOKEN_ONLY_LOSS_TYPES,
+            f"importance_sampling_level='sequence' does not combine with loss_type={self.loss_type!r}, whose weight is "
+            f"defined per token; use loss_type 'grpo', 'bnpo', 'dapo' or 'dr_grpo'.",
+        )
+        need(self.sapo_temperature_pos > 0 and self.sapo_temperature_neg > 0, "sapo temperatures must be positive, e.g. 1.0 and 1.05.")
+        need(self.beta >= 0, f"beta={self.beta}: use 0 (no π_ref) or a positive KL weight such as 0.04.")
+        need(self.kl_estimator in KL_ESTIMATORS, f"kl_estimator={self.kl_estimator!r}: use one of {', '.join(KL_ESTIMATORS)}.")
+        need(not self.sync_ref_model or self.beta > 0, "sync_ref_model=True needs a reference model; set beta > 0 or sync_ref_model=False.")
+        need(0 <= self.ref_model_mixup_alpha <= 1, f"ref_model_mixup_alpha={self.ref_model_mixup_alpha}: use a value in [0, 1].")
+        need(self.ref_model_sync_steps >= 1, f"ref_model_sync_steps={self.ref_model_sync_steps}: use 1 or more.")
+        need(0 < self.top_entropy_quantile <= 1, f"top_entropy_quantile={self.top_entropy_quantile}: use a value in (0, 1] (1.0 = all tokens).")
+        need(self.target_kl is None or self.target_kl > 0, f"target_kl={self.target_kl}: use a positive value or None.")
+        need(self.scale_rewards in SCALE_REWARDS, f"scale_rewards={self.scale_rewards!r}: use one of {', '.join(SCALE_REWARDS)}.")
+        need(
+            self.multi_objective_aggregation in ("sum_then_normalize", "normalize_then_sum"),
+            f"multi_objective_aggregation={self.multi_objective_aggregation!r}: use 'sum_then_normalize' or 'normalize_then_sum'.",
+        )
+        need(self.logging_steps > 0, f"logging_steps={self.logging_steps}: use a positive number of steps.")
+        need(self.save_steps > 0, f"save_steps={self.save_steps}: use a positive number of steps.")
+        need(self.save_total_limit is None or self.save_total_limit >= 1, f"save_total_limit={self.save_total_limit}: keep at least 1, or None.")
+        for tracker in self.report_to:
+            need(tracker in ("tensorboard", "wandb", "all"), f"report_to={tracker!r}: use 'none', 'tensorboard' or 'wandb'.")
+
+    # --- derived counts ------------------------------------------------------------
+    @property
+    def steps_per_rollout(self) -> int:
+        """Optimizer steps fed by one rollout: μ × steps_per_generation / gradient_accumulation_steps."""
+        return self.num_iterations * self.steps_per_generation // self.gradient_accumulation_steps
+
+    @property
+    def prompts_per_rollout(self) -> int:
+        """Prompts in one rollout, all processes (B = generation_batch_size / G)."""
+        return self.generation_batch_size // self.num_generations
+
+    def to_dict(self) -> dict:
+        """The fields as a plain dict (for YAML, checkpoints and logs)."""
+        return dataclasses.asdict(self)
+
+
+def _lcm(a: int, b: int) -> int:
+    from math import gcd
+
+    return a * b // gcd(a, b)
+
+
+_FIELDS = {f.name for f in dataclasses.fields(GRPOConfig)}
+_dataclass_init = GRPOConfig.__init__
+
+
+def _init_with_clear_unknowns(self, *args, **kwargs):
+    unknown = sorted(set(kwargs) - _FIELDS)
+    if unknown:
+        name = unknown[0]
+        close = difflib.get_close_matches(name, sorted(_FIELDS), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise TypeError(
+            f"GRPOConfig has no field {name!r}; {hint}fastgrpo honours the fields listed in the README's config table."
+        )
+    _dataclass_init(self, *args, **kwargs)
+
+
+GRPOConfig.__init__ = _init_with_clear_unknowns

@@ -1,0 +1,202 @@
+"""Datasets and prompts: loading rows, rendering chat templates, tokenising prompts.
+
+A dataset is a `datasets.Dataset` with a "prompt" column (text, or a list of
+chat messages) and any other columns, which reward functions receive as
+keyword lists. Sources: a hub name, a local json/jsonl/csv/parquet file, or
+`reasoning-gym:<task>[,<task>]` (procedural tasks with their own scorers,
+generated locally, no network).
+
+Not here: repeating prompts G times (rollout.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from urllib.parse import parse_qsl
+
+import torch
+from datasets import Dataset, load_dataset
+
+LOCAL_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+
+REASONING_GYM_SYSTEM = "Reply with only the final answer, nothing else."
+
+
+def reasoning_gym_dataset(
+    tasks: list[str], size: int = 1000, seed: int = 0, system_prompt: str = REASONING_GYM_SYSTEM, task_kwargs: dict | None = None
+) -> Dataset:
+    """Rows from reasoning-gym tasks, as chat prompts with scoring data.
+
+    Args:
+        tasks: reasoning-gym dataset names, e.g. ["basic_arithmetic"]; several
+            are interleaved in equal parts.
+        size: rows in all.
+        seed: reasoning-gym's generation seed.
+        system_prompt: the system message (asks for the bare answer, which
+            reasoning-gym's scorers compare with the oracle answer).
+        task_kwargs: difficulty settings passed to every task's generator,
+            e.g. {"max_terms": 2, "max_digits": 1} for basic_arithmetic.
+    Returns:
+        A Dataset with columns prompt (messages), answer (str), task (str) and
+        entry (the reasoning-gym entry as JSON, for the `reasoning_gym` reward).
+    Raises:
+        ValueError: an unknown task name (the message lists a few known ones).
+    """
+    import reasoning_gym
+    from reasoning_gym.factory import DATASETS
+
+    unknown = [t for t in tasks if t not in DATASETS]
+    if unknown:
+        raise ValueError(f"reasoning-gym has no task {unknown[0]!r}; known tasks include {', '.join(sorted(DATASETS)[:12])}, …")
+    per_task = max(size // len(tasks), 1)
+    rows = []
+    for task in tasks:
+        try:
+            items = reasoning_gym.create_dataset(task, size=per_task, seed=seed, **(task_kwargs or {}))
+        except TypeError as err:
+            raise ValueError(f"reasoning-gym task {task!r} does not take {task_kwargs}: {err}") from err
+        for item in items:
+            rows.append(
+                {
+                    "prompt": [{"role": "system", "content": system_prompt}, {"role": "user", "content": item["question"]}],
+                    "answer": str(item["answer"]),
+                    "task": task,
+                    "entry": json.dumps(item, default=str),
+                }
+            )
+    interleaved = [rows[t * per_task + i] for i in range(per_task) for t in range(len(tasks))]
+    return Dataset.from_list(interleaved)
+
+
+def load_dataset_spec(spec: str, split: str = "train", size: int = 1000, seed: int = 0) -> Dataset:
+    """A Dataset from a command-line spec.
+
+    Args:
+        spec: "reasoning-gym:<task>[,<task>][?key=value&key=value]" (the query
+            sets task difficulty, e.g. "reasoning-gym:basic_arithmetic?max_terms=2"),
+            a local .json/.jsonl/.csv/.parquet file, or a hub dataset name (needs network).
+        split: the split of a hub dataset.
+        size, seed: rows and seed for reasoning-gym specs.
+    Raises:
+        ValueError: a local path with an unsupported extension, or a dataset without a "prompt" column.
+    """
+    if spec.startswith("reasoning-gym:"):
+        tasks, _, query = spec.split(":", 1)[1].partition("?")
+        kwargs = {k: _number(v) for k, v in parse_qsl(query)}
+        dataset = reasoning_gym_dataset([t.strip() for t in tasks.split(",") if t.strip()], size=size, seed=seed, task_kwargs=kwargs)
+    elif os.path.exists(spec):
+        ext = os.path.splitext(spec)[1].lower()
+        if ext not in LOCAL_FORMATS:
+            raise ValueError(f"dataset file {spec!r}: use a .json, .jsonl, .csv or .parquet file.")
+        dataset = load_dataset(LOCAL_FORMATS[ext], data_files=spec, split="train")
+    else:
+        dataset = load_dataset(spec, split=split)
+    check_dataset(dataset, spec)
+    return dataset
+
+
+def _number(text: str):
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def check_dataset(dataset, name: str = "train_dataset") -> None:
+    """Refuse, before any compute, a dataset that cannot feed a GRPO run.
+
+    Raises:
+        ValueError: no "prompt" column, or no rows.
+    """
+    columns = getattr(dataset, "column_names", None) or (list(dataset[0]) if len(dataset) else [])
+    if "prompt" not in columns:
+        raise ValueError(f"{name} has no 'prompt' column (columns: {columns}); rename the column holding the prompts to 'prompt'.")
+    if len(dataset) == 0:
+        raise ValueError(f"{name} is empty; give it at least one prompt.")
+
+
+def is_conversational(prompt) -> bool:
+    """True for a prompt given as chat messages ([{"role": …, "content": …}, …])."""
+    return isinstance(prompt, list) and len(prompt) > 0 and isinstance(prompt[0], dict) and "role" in prompt[0]
+
+
+class PromptEncoder:
+    """Prompts (text or messages) → left-padded token ids, cut to max_prompt_length.
+
+    Chat prompts are rendered with the tokenizer's chat template and the
+    generation prompt; the rendered text is tokenised without adding special
+    tokens, since templates already carry their own BOS (TRL does the same).
+    Prompts longer than `max_prompt_length` tokens lose their left part.
+
+    Args:
+        tokenizer: a transformers tokenizer with padding_side "left".
+        max_prompt_length: tokens, or None for no limit.
+    """
+
+    def __init__(self, tokenizer, max_prompt_length: int | None):
+        self.tokenizer = tokenizer
+        self.max_prompt_length = max_prompt_length
+
+    def render(self, prompt) -> str:
+        """The prompt text the model sees."""
+        if is_conversational(prompt):
+            return self.tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+        if isinstance(prompt, str):
+            return prompt
+        raise TypeError(f"prompt {prompt!r} is neither text nor a list of chat messages.")
+
+    def __call__(self, prompts: list) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Returns (prompt_ids (B, P), prompt_mask (B, P), number of prompts truncated)."""
+        ids = [self.tokenizer(self.render(p), add_special_tokens=False)["input_ids"] for p in prompts]
+        limit = self.max_prompt_length
+        truncated = sum(1 for x in ids if limit is not None and len(x) > limit)
+        if limit is not None:
+            ids = [x[-limit:] for x in ids]
+        width = max(len(x) for x in ids)
+        pad = self.tokenizer.pad_token_id
+        prompt_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids])
+        prompt_mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
+        return prompt_ids, prompt_mask, truncated
+
+
+class PromptOrder:
+    """The order prompts are drawn in: a seeded permutation per epoch, endless.
+
+    Every process holds the same order (same seed) and takes its own share of
+    each draw, so no prompt is split or repeated across processes.
+
+    Args:
+        size: rows in the dataset.
+        seed: permutation seed (epoch e uses seed + e).
+        shuffle: False keeps the dataset order (TRL's shuffle_dataset).
+    """
+
+    def __init__(self, size: int, seed: int, shuffle: bool = True):
+        self.size, self.seed, self.shuffle = size, seed, shuffle
+        self.epoch, self.position = 0, 0
+
+    def _permutation(self) -> list[int]:
+        if not self.shuffle:
+            return list(range(self.size))
+        return torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
+
+    def take(self, count: int) -> list[int]:
+        """The next `count` row indices, wrapping into a new epoch as needed."""
+        out = []
+        while len(out) < count:
+            order = self._permutation()
+            chunk = order[self.position : self.position + count - len(out)]
+            out += chunk
+            self.position += len(chunk)
+            if self.position >= self.size:
+                self.epoch, self.position = self.epoch + 1, 0
+        return out
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.position = state["epoch"], state["position"]

@@ -1,0 +1,450 @@
+"""The GRPO maths as pure tensor functions: log-probs, advantages, the per-token
+objectives of the GRPO family, KL estimators and loss aggregation.
+
+Shapes: B sequences (completions) in a micro-batch, T completion tokens, V the
+vocabulary; G completions per prompt. Every function takes tensors and plain
+numbers and returns tensors; none reads a config, the trainer or calls
+`.item()`, so each is testable on a 2×3 example by hand (tests/test_losses.py).
+
+The split follows STYLE.md: a per-token objective (`POLICY_OBJECTIVES`) makes a
+(B, T) loss; an aggregation (`AGGREGATIONS`) reduces it by `loss_type` with a
+normaliser fixed for the whole optimizer step (`StepCounts`); advantages are
+computed on rewards shaped (num_prompts, G) so the group is in the shape.
+
+Not here: the model forward (trainer.py), reward calling (rewards.py).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+# ---------------------------------------------------------------------------
+# log-probs and entropy
+# ---------------------------------------------------------------------------
+
+
+def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits)[index] without a full (B, T, V) log-softmax tensor.
+
+    Args:
+        logits: (B, T, V), already divided by the sampling temperature.
+        index: (B, T) token ids whose log-probs are wanted.
+    Returns:
+        (B, T) log-probs. Computed one sequence at a time as
+        `logit[index] − logsumexp(logit)`, so the peak extra memory is one
+        (T, V) row instead of (B, T, V) (the same trick as TRL's helper).
+    """
+    picked = logits.gather(-1, index.unsqueeze(-1)).squeeze(-1)  # (B, T)
+    logsumexp = torch.stack([torch.logsumexp(row.float(), dim=-1) for row in logits])  # (B, T)
+    return picked.float() - logsumexp
+
+
+@torch.no_grad()
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Per-token entropy H = −Σ_v p_v log p_v of the sampling distribution, in nats.
+
+    Args:
+        logits: (B, T, V), divided by the sampling temperature.
+    Returns:
+        (B, T) entropies, computed one sequence at a time (memory as above),
+        without gradient (a metric and a token filter, never a loss term).
+    """
+    rows = []
+    for row in logits:  # (T, V)
+        logp = torch.log_softmax(row.float(), dim=-1)
+        rows.append(-(logp.exp() * logp).sum(-1))
+    return torch.stack(rows)
+
+
+# ---------------------------------------------------------------------------
+# advantages
+# ---------------------------------------------------------------------------
+
+
+def group_advantages(
+    rewards: torch.Tensor, scale_rewards: str = "group", batch_std: torch.Tensor | None = None, eps: float = 1e-4
+) -> torch.Tensor:
+    """Group-relative advantages Â = (r − mean_group) / (std + eps).
+
+    DeepSeekMath (arXiv 2402.03300) §4.1.2, outcome supervision. The std is the
+    unbiased (n − 1) one, as in TRL.
+
+    Args:
+        rewards: (num_prompts, G) total reward per completion.
+        scale_rewards: "group" (std within the group), "batch" (std of the
+            whole rollout, `batch_std`), "none" (no scaling; Dr. GRPO).
+        batch_std: scalar tensor, the std over the rollout on all processes;
+            required for "batch".
+        eps: added to the std (TRL: 1e-4).
+    Returns:
+        (num_prompts, G). A group whose rewards are all equal gets exactly 0,
+        never a float residue of the mean divided by a tiny std.
+    Raises:
+        ValueError: unknown `scale_rewards`, or "batch" without `batch_std`.
+    """
+    centred = rewards - rewards.mean(dim=1, keepdim=True)
+    if scale_rewards == "group":
+        scale = rewards.std(dim=1, keepdim=True) + eps
+    elif scale_rewards == "batch":
+        if batch_std is None:
+            raise ValueError("scale_rewards='batch' needs batch_std, the std of all rewards of the rollout.")
+        scale = batch_std + eps
+    elif scale_rewards == "none":
+        scale = torch.ones_like(centred[:, :1])
+    else:
+        raise ValueError(f"scale_rewards={scale_rewards!r}: use 'group', 'batch' or 'none'.")
+    constant = (rewards == rewards[:, :1]).all(dim=1, keepdim=True)  # equal rewards: no signal
+    return torch.where(constant, torch.zeros_like(centred), centred / scale)
+
+
+def weighted_rewards(rewards: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Σ_k w_k r_k over the reward functions, NaN (= not applicable) skipped.
+
+    Args:
+        rewards: (N, R), NaN where a function returned None.
+        weights: (R,).
+    Returns:
+        (N,) weighted sum (TRL's `nansum` behaviour).
+    """
+    return torch.nansum(rewards * weights, dim=-1)
+
+
+def normalize_then_sum(rewards: torch.Tensor, weights: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
+    """GDPO: normalise each reward within its group, then take the weighted sum.
+
+    Each reward k gets its own group advantage (r_k − mean_group) / (std_group
+    + eps), so a reward with a large range cannot drown a small one (GDPO,
+    "Group reward-Decoupled normalization Policy Optimization", arXiv 2601.05242).
+    NaN entries (not applicable) contribute 0.
+
+    Args:
+        rewards: (num_prompts, G, R).
+        weights: (R,).
+    Returns:
+        (num_prompts, G) advantages.
+    """
+    present = ~torch.isnan(rewards)
+    count = present.sum(dim=1, keepdim=True)  # (P, 1, R)
+    filled = torch.where(present, rewards, torch.zeros_like(rewards))
+    mean = filled.sum(dim=1, keepdim=True) / count.clamp(min=1)
+    var = torch.where(present, (rewards - mean) ** 2, torch.zeros_like(rewards)).sum(dim=1, keepdim=True)
+    std = (var / (count - 1).clamp(min=1)).sqrt()
+    constant = torch.where(present, rewards == filled.amax(dim=1, keepdim=True), torch.ones_like(present)).all(1, keepdim=True)
+    normed = torch.where(present & ~constant, (rewards - mean) / (std + eps), torch.zeros_like(rewards))
+    return (normed * weights).sum(dim=-1)
+
+
+# ---------------------------------------------------------------------------
+# importance ratios
+# ---------------------------------------------------------------------------
+
+
+def log_importance_weights(
+    logps: torch.Tensor, old_logps: torch.Tensor, mask: torch.Tensor, level: str = "token"
+) -> torch.Tensor:
+    """log ρ, the log importance weight of π_θ against π_old.
+
+    Args:
+        logps: (B, T) log π_θ, with gradient.
+        old_logps: (B, T) log π_old, no gradient.
+        mask: (B, T) 1 on completion tokens.
+        level: "token": log ρ_t = log π_θ − log π_old (PPO/GRPO).
+            "sequence": GSPO (arXiv 2507.18071) eq. (7) and its token form
+            (§4.3, GSPO-token): log s_i = mean_t(log ρ_t) over the sequence's
+            tokens, used at every token as sg[log s_i] + log π_θ − sg[log π_θ],
+            so the value is the sequence ratio and the gradient is the mean
+            token gradient.
+    Returns:
+        (B, T) log ratios (0 where mask is 0 for "sequence": ignored later).
+    Raises:
+        ValueError: unknown level.
+    """
+    log_ratio = logps - old_logps
+    if level == "token":
+        return log_ratio
+    if level == "sequence":
+        seq = (log_ratio * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)  # (B, 1)
+        return seq.detach() + logps - logps.detach()
+    raise ValueError(f"importance_sampling_level={level!r}: use 'token' or 'sequence'.")
+
+
+# ---------------------------------------------------------------------------
+# per-token objectives: one signature, selected by loss_type
+# ---------------------------------------------------------------------------
+
+
+class Objective(NamedTuple):
+    """A per-token objective's output: all (B, T)."""
+
+    loss: torch.Tensor  # per-token loss (to be minimised)
+    clipped_low: torch.Tensor  # bool: lower bound active (gradient zeroed / weight truncated)
+    clipped_high: torch.Tensor  # bool: upper bound active
+
+
+def clipped_surrogate(
+    log_ratio, logps, advantages, *, epsilon_low, epsilon_high, delta=None, temperature_pos=1.0, temperature_neg=1.0
+) -> Objective:
+    """PPO/GRPO clipped surrogate: −min(ρÂ, clip(ρ, 1−ε_low, 1+ε_high)Â).
+
+    DeepSeekMath eq. (3) per token; clip-higher ε_high from DAPO (arXiv
+    2503.14476) eq. (10); optional two-sided bound ρ ≤ δ on the unclipped
+    branch (INTELLECT-2, arXiv 2505.07291 §3.3), which matters for Â < 0 where
+    the min would otherwise let ρÂ grow without bound.
+
+    Args:
+        log_ratio: (B, T) log ρ (from `log_importance_weights`).
+        logps: (B, T) log π_θ (unused here; part of the uniform signature).
+        advantages: (B, 1) or (B, T) Â.
+    Returns:
+        `Objective`; `clipped_low` marks Â < 0 tokens with ρ < 1 − ε_low,
+        `clipped_high` marks Â > 0 tokens with ρ > 1 + ε_high or Â < 0 tokens
+        with ρ > δ: exactly the tokens whose gradient the clip zeroes.
+    """
+    ratio = torch.exp(log_ratio)
+    clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
+    unclipped = ratio if delta is None else torch.clamp(ratio, max=delta)
+    loss = -torch.min(unclipped * advantages, clipped * advantages)
+    low = (ratio < 1 - epsilon_low) & (advantages < 0)
+    high = (ratio > 1 + epsilon_high) & (advantages > 0)
+    if delta is not None:
+        high = high | ((ratio > delta) & (advantages < 0))
+    return Objective(loss, low, high)
+
+
+def cispo(
+    log_ratio, logps, advantages, *, epsilon_low, epsilon_high, delta=None, temperature_pos=1.0, temperature_neg=1.0
+) -> Objective:
+    """CISPO: −sg[min(ρ, 1 + ε_high)] · Â · log π_θ.
+
+    MiniMax-M1 (arXiv 2506.13585) eq. (4)–(5) with no lower bound, as the
+    paper uses it: the importance weight is clipped and detached, so every
+    token keeps a gradient (none is zeroed, unlike the PPO clip).
+
+    Returns:
+        `Objective`; `clipped_high` marks tokens whose weight was truncated.
+    """
+    ratio = torch.exp(log_ratio)
+    weight = torch.clamp(ratio, max=1 + epsilon_high).detach()
+    loss = -weight * advantages * logps
+    return Objective(loss, torch.zeros_like(ratio, dtype=torch.bool), ratio > 1 + epsilon_high)
+
+
+def sapo(
+    log_ratio, logps, advantages, *, epsilon_low, epsilon_high, delta=None, temperature_pos=1.0, temperature_neg=1.05
+) -> Objective:
+    """SAPO: a soft, temperature-gated ratio instead of the hard clip.
+
+    Soft Adaptive Policy Optimization (arXiv 2511.20347) eq. (5): per token
+    −f_τ(ρ)·Â with f_τ(ρ) = 4·σ(τ(ρ − 1))/τ, τ = τ_pos for Â > 0 and τ_neg
+    otherwise. f_τ(1) = 2/τ and f_τ'(1) = 1, so on-policy the gradient is the
+    plain policy gradient; off-policy it decays smoothly instead of dropping to 0.
+
+    Returns:
+        `Objective` with no hard clipping (both masks all False).
+    """
+    ratio = torch.exp(log_ratio)
+    tau = torch.where(advantages > 0, torch.full_like(advantages, temperature_pos), torch.full_like(advantages, temperature_neg))
+    gate = 4 * torch.sigmoid(tau * (ratio - 1)) / tau
+    none = torch.zeros_like(ratio, dtype=torch.bool)
+    return Objective(-gate * advantages, none, none)
+
+
+# ---------------------------------------------------------------------------
+# KL estimators
+# ---------------------------------------------------------------------------
+
+
+def kl_k3(logps: torch.Tensor, ref_logps: torch.Tensor) -> torch.Tensor:
+    """Schulman's k3 estimator of KL(π_θ‖π_ref) per token: e^(r) − r − 1, r = log π_ref − log π_θ.
+
+    DeepSeekMath eq. (4). Unbiased, always ≥ 0; exactly 0 where the two agree.
+    Args and result: (B, T).
+    """
+    diff = ref_logps - logps
+    return torch.exp(diff) - diff - 1
+
+
+def kl_full(logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Tensor:
+    """Exact per-token KL(π_θ‖π_ref) = Σ_v π_θ(v)(log π_θ(v) − log π_ref(v)).
+
+    Args:
+        logits, ref_logits: (B, T, V), both divided by the sampling temperature;
+            gradient flows through `logits` only.
+    Returns:
+        (B, T), computed one sequence at a time to bound memory.
+    """
+    rows = []
+    for row, ref_row in zip(logits, ref_logits):
+        logp = torch.log_softmax(row.float(), dim=-1)
+        ref_logp = torch.log_softmax(ref_row.float(), dim=-1)
+        rows.append((logp.exp() * (logp - ref_logp)).sum(-1))
+    return torch.stack(rows)
+
+
+# ---------------------------------------------------------------------------
+# token filter
+# ---------------------------------------------------------------------------
+
+
+def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float) -> torch.Tensor:
+    """Keep only the top-`quantile` fraction of active tokens by entropy.
+
+    "Beyond the 80/20 rule" (arXiv 2506.01939): training on the ~20 % highest
+    entropy ("forking") tokens matches or beats training on all of them.
+
+    Args:
+        entropy: (B, T) per-token entropy (no gradient).
+        mask: (B, T) 1 on completion tokens.
+        quantile: ρ in (0, 1]; 1.0 keeps every active token.
+    Returns:
+        (B, T) float mask, a subset of `mask`.
+    """
+    active = mask.bool()
+    if quantile >= 1.0 or not active.any():
+        return mask.float()
+    threshold = torch.quantile(entropy[active].float(), 1 - quantile)
+    return (active & (entropy >= threshold)).float()
+
+
+# ---------------------------------------------------------------------------
+# aggregation: one signature, selected by loss_type
+# ---------------------------------------------------------------------------
+
+
+class StepCounts(NamedTuple):
+    """Normalisers fixed for one optimizer step (before its first micro-batch).
+
+    tokens: active completion tokens in the step on all processes, divided by
+        the world size (DDP averages gradients over processes, so each process
+        divides by its share of the global count).
+    sequences: completions per process in the step.
+    micro_batches: micro-batches per process in the step.
+    max_completion_length: L, in tokens (Dr. GRPO's constant).
+    """
+
+    tokens: float
+    sequences: float
+    micro_batches: int
+    max_completion_length: int
+
+
+def aggregate_grpo(per_token_loss, mask, counts: StepCounts):
+    """Mean over each sequence's tokens, then mean over the step's sequences (DeepSeekMath eq. 3)."""
+    per_seq = (per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    return per_seq.sum() / counts.sequences
+
+
+def aggregate_bnpo(per_token_loss, mask, counts: StepCounts):
+    """Token mean within the micro-batch, averaged over the step's micro-batches (TRL's "bnpo")."""
+    return (per_token_loss * mask).sum() / mask.sum().clamp(min=1) / counts.micro_batches
+
+
+def aggregate_dapo(per_token_loss, mask, counts: StepCounts):
+    """Token mean over every active token of the optimizer step, all processes (DAPO eq. 8).
+
+    The sum is divided by the step's token count, not the micro-batch's, so the
+    gradient does not depend on how the step is split into micro-batches or processes.
+    """
+    return (per_token_loss * mask).sum() / max(counts.tokens, 1.0)
+
+
+def aggregate_dr_grpo(per_token_loss, mask, counts: StepCounts):
+    """Sum over tokens divided by the constant L × sequences (Dr. GRPO, arXiv 2503.20783, eq. 2).
+
+    No length normalisation per sequence, so long wrong answers are not
+    favoured (the bias Dr. GRPO identifies in eq. 3's 1/|o_i|).
+    """
+    return (per_token_loss * mask).sum() / (counts.sequences * counts.max_completion_length)
+
+
+# loss_type → (per-token objective, aggregation). Every objective takes
+# (log_ratio, logps, advantages, **bounds); every aggregation (loss, mask, counts).
+LOSS_TYPES = {
+    "grpo": (clipped_surrogate, aggregate_grpo),
+    "bnpo": (clipped_surrogate, aggregate_bnpo),
+    "dapo": (clipped_surrogate, aggregate_dapo),
+    "dr_grpo": (clipped_surrogate, aggregate_dr_grpo),
+    "cispo": (cispo, aggregate_dapo),
+    "sapo": (sapo, aggregate_dapo),
+}
+
+
+class LossOutput(NamedTuple):
+    """`grpo_loss` result: the scalar to backpropagate and metric sums over active tokens."""
+
+    loss: torch.Tensor  # scalar, this micro-batch's share of the step's loss
+    metrics: dict[str, torch.Tensor]  # detached sums; divide by metrics["tokens"]
+
+
+def grpo_loss(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    counts: StepCounts,
+    *,
+    loss_type: str = "dapo",
+    epsilon_low: float = 0.2,
+    epsilon_high: float = 0.2,
+    delta: float | None = None,
+    importance_sampling_level: str = "token",
+    temperature_pos: float = 1.0,
+    temperature_neg: float = 1.05,
+    beta: float = 0.0,
+    per_token_kl: torch.Tensor | None = None,
+    policy_mask: torch.Tensor | None = None,
+) -> LossOutput:
+    """The GRPO objective for one micro-batch: objective per token, + β·KL, aggregated.
+
+    Args:
+        logps: (B, T) log π_θ at the sampling temperature, with gradient.
+        old_logps: (B, T) log π_old (= logps.detach() when the policy cannot
+            have moved since generation; then ρ = 1 exactly).
+        advantages: (B,) Â, one per completion.
+        mask: (B, T) completion mask (1 up to and including the first EOS).
+        counts: the optimizer step's normalisers.
+        per_token_kl: (B, T) KL(π_θ‖π_ref) per token, required when beta > 0.
+        policy_mask: (B, T) tokens that carry the policy term (e.g. the top
+            entropy ones); default `mask`. The KL term always uses `mask`.
+    Returns:
+        `LossOutput`. Metric sums (over `mask`): clip_low, clip_high,
+        clip_region, kl (to π_ref), kl_old (k3 KL(π_θ‖π_old)), tokens.
+    Raises:
+        ValueError: unknown loss_type, or beta > 0 without per_token_kl.
+    """
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"loss_type={loss_type!r}: use one of {', '.join(LOSS_TYPES)}.")
+    objective, aggregate = LOSS_TYPES[loss_type]
+    mask = mask.float()
+    log_ratio = log_importance_weights(logps, old_logps, mask, importance_sampling_level)
+    out = objective(
+        log_ratio,
+        logps,
+        advantages.unsqueeze(-1),
+        epsilon_low=epsilon_low,
+        epsilon_high=epsilon_high,
+        delta=delta,
+        temperature_pos=temperature_pos,
+        temperature_neg=temperature_neg,
+    )
+    per_token = out.loss * (mask if policy_mask is None else policy_mask)
+    if beta > 0:
+        if per_token_kl is None:
+            raise ValueError("beta > 0 needs per_token_kl, the per-token KL(π_θ‖π_ref).")
+        per_token = per_token + beta * per_token_kl
+    loss = aggregate(per_token, mask, counts)
+
+    with torch.no_grad():
+        low, high = out.clipped_low.float() * mask, out.clipped_high.float() * mask
+        metrics = {
+            "clip_low": low.sum(),
+            "clip_high": high.sum(),
+            "clip_region": ((low + high) > 0).float().sum(),
+            "kl_old": (kl_k3(logps, old_logps) * mask).sum(),
+            "tokens": mask.sum(),
+        }
+        if per_token_kl is not None:
+            metrics["kl"] = (per_token_kl * mask).sum()
+    return LossOutput(loss, metrics)

@@ -1,0 +1,211 @@
+"""Metric aggregation and output: phase timers, logging windows, metrics.jsonl,
+the completions table and trackers.
+
+Metrics are kept as sums over a logging window (tokens, completions, steps)
+and reduced across processes once per logging step, so every logged mean is
+a true mean over the window, never the last micro-batch's value.
+
+Not here: computing any metric's value (losses.py, trainer.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+
+import torch
+
+PHASES = ("generate", "score", "old_logps", "ref_logps", "update")
+
+
+class PhaseTimer:
+    """Wall-clock seconds per named phase (`generate`, `score`, `old_logps`, `ref_logps`, `update`)."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def __call__(self, phase: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] += time.perf_counter() - start
+
+    def pop(self) -> dict[str, float]:
+        """Seconds per phase since the last pop, then reset."""
+        out = {phase: self.seconds.get(phase, 0.0) for phase in PHASES}
+        self.seconds.clear()
+        return out
+
+
+class Window:
+    """Sums of metrics over a logging window, reduced across processes on demand.
+
+    `add(name, value)` adds a number or 0-d tensor to a sum; `extreme(name,
+    value)` keeps a min (name ending "_min") or max ("_max").
+    """
+
+    def __init__(self):
+        self.sums: dict[str, float] = defaultdict(float)
+        self.extremes: dict[str, float] = {}
+
+    def add(self, name: str, value) -> None:
+        self.sums[name] += float(value)
+
+    def extreme(self, name: str, value) -> None:
+        value = float(value)
+        pick = min if name.endswith("_min") else max
+        self.extremes[name] = pick(self.extremes.get(name, value), value)
+
+    def reduce(self, accelerator) -> tuple[dict[str, float], dict[str, float]]:
+        """(sums, extremes) over all processes: one all-reduce and one gather per call."""
+        names = sorted(self.sums)
+        sums = torch.tensor([self.sums[n] for n in names], dtype=torch.float64, device=accelerator.device)
+        ext_names = sorted(self.extremes)
+        ext = torch.tensor([self.extremes[n] for n in ext_names], dtype=torch.float64, device=accelerator.device)
+        if accelerator.num_processes > 1:
+            sums = accelerator.reduce(sums, reduction="sum")
+            gathered = accelerator.gather(ext.unsqueeze(0))  # (world, E)
+            ext = torch.stack(
+                [gathered[:, i].min() if n.endswith("_min") else gathered[:, i].max() for i, n in enumerate(ext_names)]
+            ) if ext_names else ext
+        return dict(zip(names, sums.tolist())), dict(zip(ext_names, ext.tolist()))
+
+
+class MetricsLog:
+    """Writes metrics.jsonl and completions.jsonl in output_dir, prints a line per log, feeds trackers.
+
+    Only the main process writes; the others call nothing here.
+    """
+
+    def __init__(self, output_dir: str, accelerator, console):
+        self.accelerator = accelerator
+        self.console = console
+        self.metrics_path = os.path.join(output_dir, "metrics.jsonl")
+        self.completions_path = os.path.join(output_dir, "completions.jsonl")
+        os.makedirs(output_dir, exist_ok=True)
+
+    def reset(self) -> None:
+        """Start fresh files (a new run, not a resumed one, in an existing output_dir)."""
+        for path in (self.metrics_path, self.completions_path):
+            if os.path.exists(path):
+                os.remove(path)
+
+    def write(self, record: dict) -> None:
+        """Append one record, print its key numbers, send it to trackers."""
+        with open(self.metrics_path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        keys = ("loss", "reward", "reward_std", "kl_old", "clip_region", "completion_length", "grad_norm", "learning_rate")
+        shown = "  ".join(f"{k} {record[k]:.4g}" for k in keys if k in record)
+        self.console.print(f"step {record['step']:>5}  {shown}")
+        self.accelerator.log({k: v for k, v in record.items() if isinstance(v, (int, float))}, step=record["step"])
+
+    def completions(self, step: int, rollout, reward_names: list[str], num_to_print: int | None) -> None:
+        """Every completion of `rollout` to completions.jsonl; a table of the first few to the console."""
+        with open(self.completions_path, "a") as f:
+            for i in range(len(rollout)):
+                f.write(
+                    json.dumps(
+                        {
+                            "step": step,
+                            "prompt": rollout.prompts[i],
+                            "completion": rollout.completions[i],
+                            "rewards": dict(zip(reward_names, _floats(rollout.rewards[i]))),
+                            "advantage": float(rollout.advantages[i]),
+                        },
+                        default=str,
+                    )
+                    + "\n"
+                )
+        if num_to_print == 0:
+            return
+        from rich.table import Table
+
+        table = Table(title=f"completions at step {step}", show_lines=True)
+        for column in ("prompt", "completion", *reward_names, "advantage"):
+            table.add_column(column, overflow="fold")
+        for i in range(len(rollout) if num_to_print is None else min(num_to_print, len(rollout))):
+            prompt = rollout.prompts[i]
+            prompt = prompt[-1]["content"] if isinstance(prompt, list) else prompt
+            completion = rollout.completions[i]
+            completion = completion[-1]["content"] if isinstance(completion, list) else completion
+            values = [f"{v:.3g}" for v in _floats(rollout.rewards[i])]
+            table.add_row(str(prompt)[-200:], str(completion)[:300], *values, f"{float(rollout.advantages[i]):.3g}")
+        self.console.print(table)
+
+
+def rollout_metrics(rollout, reward_names: list[str], weights: torch.Tensor, num_generations: int) -> dict[str, float]:
+    """Sums (and extremes) describing one rollout, for a logging window.
+
+    Keys: completions, reward_sum, group_std_sum (n − 1 std per group), groups,
+    zero_std_groups (groups of equal rewards: no learning signal),
+    rewards/<name>_sum and _count (applicable completions only),
+    completion_length_sum/_min/_max (tokens), completion_tokens, truncated,
+    truncated_prompts.
+    """
+    rewards = rollout.rewards.to(weights.device)
+    total = torch.nansum(rewards * weights, dim=-1)  # (N,) as the advantages saw it
+    groups = total.view(-1, num_generations)  # (num_prompts, G)
+    lengths = rollout.completion_mask.sum(-1).float()
+    out = {
+        "completions": len(rollout),
+        "reward_sum": float(total.sum()),
+        "completion_length_sum": float(lengths.sum()),
+        "completion_length_min": float(lengths.min()),
+        "completion_length_max": float(lengths.max()),
+        "completion_tokens": float(lengths.sum()),
+        "truncated": float(rollout.is_truncated.sum()),
+        "truncated_prompts": float(rollout.num_truncated_prompts),
+        "group_std_sum": float(groups.std(dim=1).sum()),
+        "groups": groups.shape[0],
+        "zero_std_groups": float((groups == groups[:, :1]).all(dim=1).sum()),
+    }
+    for k, name in enumerate(reward_names):
+        column = rewards[:, k]
+        present = ~torch.isnan(column)
+        out[f"rewards/{name}_sum"] = float(column[present].sum())
+        out[f"rewards/{name}_count"] = float(present.sum())
+    return out
+
+
+def window_record(step: int, sums: dict, extremes: dict, seconds: dict, reward_names: list[str]) -> dict:
+    """One metrics.jsonl record from a window's reduced sums (see `Window`) and this process's phase seconds.
+
+    Means are over tokens (loss terms, KL, entropy, clip fractions), completions
+    (rewards, lengths) or optimizer steps (loss, grad_norm), as each quantity's
+    definition needs; a metric whose denominator is empty in the window is left out.
+    """
+    record: dict = {"step": step}
+
+    def mean(key: str, over: str, name: str | None = None) -> None:
+        if key in sums and sums.get(over, 0) > 0:
+            record[name or key] = sums[key] / sums[over]
+
+    mean("loss", "steps")
+    mean("grad_norm", "steps")
+    mean("reward_sum", "completions", "reward")
+    mean("group_std_sum", "groups", "reward_std")
+    mean("zero_std_groups", "groups", "frac_reward_zero_std")
+    for name in reward_names:
+        mean(f"rewards/{name}_sum", f"rewards/{name}_count", f"rewards/{name}")
+    mean("completion_length_sum", "completions", "completion_length")
+    record.update({k: v for k, v in extremes.items() if k.startswith("completion_length")})
+    mean("truncated", "completions", "clipped_ratio")
+    if "truncated_prompts" in sums:
+        record["truncated_prompts"] = int(sums["truncated_prompts"])
+    for key in ("kl", "kl_old", "entropy", "clip_low", "clip_high", "clip_region"):
+        mean(key, "tokens")
+    record.update({f"seconds/{phase}": round(s, 4) for phase, s in seconds.items()})
+    if seconds.get("generate", 0) > 0 and "completion_tokens" in sums:
+        record["generation_tokens_per_second"] = sums["completion_tokens"] / seconds["generate"]
+    if seconds.get("update", 0) > 0 and "tokens" in sums:
+        record["train_tokens_per_second"] = sums["tokens"] / seconds["update"]
+    return record
+
+
+def _floats(row: torch.Tensor) -> list:
+    return [None if v != v else v for v in row.tolist()]  # NaN (not applicable) → None

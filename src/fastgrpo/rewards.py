@@ -1,0 +1,178 @@
+"""Calling reward functions, checking what they return, and the built-in rewards.
+
+The protocol is TRL's: a reward function is a plain callable
+
+    fn(prompts, completions, completion_ids, **columns) -> list[float | None]
+
+called once per rollout with N aligned lists (N completions). `completions`
+are strings, or `[{"role": "assistant", "content": text}]` when the prompts are
+chat messages; every dataset column other than "prompt" arrives as a keyword
+list. None means "not applicable" and is skipped in the weighted sum.
+
+Built-ins (`fastgrpo train --reward NAME`): `length` (the TRL quick-start
+reward), `format` (answer inside <answer>…</answer>), `reasoning_gym`
+(reasoning-gym's own scorer for the row's task), and any `module:function`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import numbers
+import re
+from collections.abc import Callable, Sequence
+
+import torch
+
+RewardFunc = Callable[..., list]
+
+
+def reward_name(fn: RewardFunc) -> str:
+    """The name a reward is logged under (`rewards/<name>`): the function's `__name__`."""
+    return getattr(fn, "__name__", type(fn).__name__)
+
+
+def score(funcs: Sequence[RewardFunc], prompts: list, completions: list, completion_ids: list, **columns) -> torch.Tensor:
+    """Call every reward function once and stack their values.
+
+    Args:
+        funcs: R reward functions.
+        prompts, completions, completion_ids: N aligned entries each.
+        columns: extra dataset columns, N entries each.
+    Returns:
+        (N, R) float32 rewards, NaN where a function returned None.
+    Raises:
+        ValueError: a function returned the wrong number of values, or a
+            completion got None from every function.
+        TypeError: a function returned something that is not a list of numbers/None.
+    """
+    n = len(completions)
+    table = torch.empty(n, len(funcs), dtype=torch.float32)
+    for k, fn in enumerate(funcs):
+        values = fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
+        name = reward_name(fn)
+        if isinstance(values, torch.Tensor):
+            values = values.tolist()
+        if not isinstance(values, (list, tuple)):
+            raise TypeError(f"reward function {name!r} returned {type(values).__name__}; return a list of {n} floats (None = not applicable).")
+        if len(values) != n:
+            raise ValueError(f"reward function {name!r} returned {len(values)} values for {n} completions; return one per completion.")
+        for i, v in enumerate(values):
+            if v is None:
+                table[i, k] = math.nan
+            elif isinstance(v, numbers.Real) and not isinstance(v, bool):
+                table[i, k] = float(v)
+            else:
+                raise TypeError(f"reward function {name!r} returned {v!r} ({type(v).__name__}) for completion {i}; return a float or None.")
+    none_at_all = torch.isnan(table).all(dim=1)
+    if none_at_all.any():
+        i = int(none_at_all.nonzero()[0])
+        names = ", ".join(reward_name(f) for f in funcs)
+        raise ValueError(
+            f"completion {i} got None from every reward function ({names}); at least one must apply to each completion."
+        )
+    return table
+
+
+# ---------------------------------------------------------------------------
+# built-in rewards
+# ---------------------------------------------------------------------------
+
+
+def completion_text(completion) -> str:
+    """The text of a completion, whether a string or a list of chat messages."""
+    if isinstance(completion, str):
+        return completion
+    return completion[-1]["content"]
+
+
+def reward_len(completions, **kwargs) -> list[float]:
+    """−|100 − characters|: the TRL quick-start reward; peaks at 100-character completions."""
+    return [-abs(100 - len(completion_text(c))) for c in completions]
+
+
+ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def extract_answer(text: str) -> str | None:
+    """The text inside the last <answer>…</answer> pair, stripped; None if there is none."""
+    found = ANSWER.findall(text)
+    return found[-1].strip() if found else None
+
+
+def format_reward(completions, **kwargs) -> list[float]:
+    """1.0 when the completion gives its answer as <answer>…</answer> and stops there, 0.5 when it
+    contains such a pair followed by more text, 0.0 otherwise.
+
+    The half credit gives a tiny model a gradient towards the tags before it
+    learns to stop after them.
+    """
+    scores = []
+    for c in completions:
+        text = completion_text(c).strip()
+        if extract_answer(text) is None:
+            scores.append(0.0)
+        else:
+            scores.append(1.0 if text.endswith("</answer>") else 0.5)
+    return scores
+
+
+def reasoning_gym_reward(completions, entry=None, **kwargs) -> list[float]:
+    """reasoning-gym's own score (0…1) of the row's task for the completion's answer.
+
+    The answer is the text inside <answer>…</answer> when present, else the
+    whole completion, stripped. reasoning-gym's default scorer gives 1.0 for
+    the exact answer and len(answer)/len(text) when the answer appears inside
+    longer text, so terse correct replies score highest. Needs the `entry`
+    column written by `data.reasoning_gym_dataset` (the entry as JSON).
+
+    Raises:
+        ValueError: no `entry` column.
+    """
+    import reasoning_gym
+
+    if entry is None:
+        raise ValueError(
+            "reward 'reasoning_gym' needs the dataset column 'entry' (a reasoning-gym entry as JSON); "
+            "load the data with --dataset reasoning-gym:<task> or data.reasoning_gym_dataset()."
+        )
+    scores = []
+    for c, raw in zip(completions, entry):
+        item = json.loads(raw)
+        text = completion_text(c)
+        answer = extract_answer(text)
+        scorer = reasoning_gym.get_score_answer_fn(item["metadata"]["source_dataset"])
+        scores.append(float(scorer(text.strip() if answer is None else answer, item)))
+    return scores
+
+
+BUILTIN_REWARDS: dict[str, RewardFunc] = {
+    "length": reward_len,
+    "format": format_reward,
+    "reasoning_gym": reasoning_gym_reward,
+}
+
+
+def resolve_reward(spec: str | RewardFunc) -> RewardFunc:
+    """A reward function from a built-in name, "module:function", or a callable.
+
+    Raises:
+        ValueError: an unknown name or a module/function that cannot be found.
+    """
+    if callable(spec):
+        return spec
+    if spec in BUILTIN_REWARDS:
+        return BUILTIN_REWARDS[spec]
+    if ":" in spec:
+        module_name, _, attr = spec.partition(":")
+        try:
+            fn = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as err:
+            raise ValueError(f"reward {spec!r}: cannot import {attr!r} from {module_name!r} ({err}).") from err
+        if not callable(fn):
+            raise ValueError(f"reward {spec!r} is not callable.")
+        return fn
+    raise ValueError(
+        f"reward {spec!r} is unknown; use one of {', '.join(BUILTIN_REWARDS)} or 'module:function'."
+    )

@@ -1,0 +1,142 @@
+"""The rollout record and `collect()`: prompts → G completions each → rewards → advantages.
+
+A `Rollout` is everything one generation produced for this process, as
+tensors (DESIGN.md, "Data that flows"). Groups of G completions are
+contiguous rows; micro-batches are row slices with their padding trimmed, so
+a micro-batch of short completions costs only its own tokens.
+
+Not here: generating (generation.py), calling reward functions (rewards.py),
+the advantage maths (losses.py), log-prob passes (trainer.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+
+import torch
+
+
+def completion_mask(completion_ids: torch.Tensor, eos_token_ids: Sequence[int]) -> torch.Tensor:
+    """1 on every token up to and including the first EOS, 0 after.
+
+    Args:
+        completion_ids: (N, T) generated tokens (right-padded; pad may equal EOS).
+        eos_token_ids: every id that ends a completion.
+    Returns:
+        (N, T) long mask. A completion without EOS is all ones (truncated).
+    """
+    is_eos = torch.isin(completion_ids, torch.tensor(list(eos_token_ids), device=completion_ids.device))
+    # eos_before[t] = number of EOS strictly before t: 0 means t is at or before the first EOS.
+    eos_before = is_eos.long().cumsum(-1) - is_eos.long()
+    return (eos_before == 0).long()
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One rollout of N completions (N = generation_batch_size / world_size).
+
+    Rows i·G … i·G+G−1 are the G completions of prompt i (the group).
+    """
+
+    prompt_ids: torch.Tensor  # (N, P) prompt tokens, left-padded
+    prompt_mask: torch.Tensor  # (N, P) 1 on real prompt tokens
+    completion_ids: torch.Tensor  # (N, T) sampled tokens, right-padded
+    completion_mask: torch.Tensor  # (N, T) 1 up to and including the first EOS
+    is_truncated: torch.Tensor  # (N,) bool: no EOS within max_completion_length
+    rewards: torch.Tensor  # (N, R) r per reward function; NaN = not applicable
+    advantages: torch.Tensor  # (N,) Â, group-relative
+    prompts: list  # N prompts as in the dataset (text or messages)
+    completions: list  # N completions as reward functions saw them
+    old_logps: torch.Tensor | None = None  # (N, T) log π_old; None: π_old = π_θ detached
+    ref_logps: torch.Tensor | None = None  # (N, T) log π_ref; None when beta = 0
+    num_truncated_prompts: int = 0  # prompts cut to max_prompt_length (left side)
+
+    def __len__(self) -> int:
+        return self.completion_ids.shape[0]
+
+    def select(self, rows: slice) -> Rollout:
+        """Rows `rows` with all-padding columns trimmed: prompt columns on the left, completion columns on the right."""
+        prompt_mask, completion_mask_ = self.prompt_mask[rows], self.completion_mask[rows]
+        first_prompt = int((prompt_mask.sum(0) > 0).long().argmax())  # left padding: first used column
+        length = max(int(completion_mask_.sum(-1).max()), 1)
+        cut_prompt = lambda t: t[rows, first_prompt:]  # noqa: E731
+        cut = lambda t: None if t is None else t[rows, :length]  # noqa: E731
+        return dataclasses.replace(
+            self,
+            prompt_ids=cut_prompt(self.prompt_ids),
+            prompt_mask=cut_prompt(self.prompt_mask),
+            completion_ids=cut(self.completion_ids),
+            completion_mask=cut(self.completion_mask),
+            is_truncated=self.is_truncated[rows],
+            rewards=self.rewards[rows],
+            advantages=self.advantages[rows],
+            prompts=self.prompts[rows],
+            completions=self.completions[rows],
+            old_logps=cut(self.old_logps),
+            ref_logps=cut(self.ref_logps),
+        )
+
+    def micro_batches(self, size: int) -> list[Rollout]:
+        """Consecutive views of `size` completions each (the last N/size of them); N must divide."""
+        if len(self) % size:
+            raise ValueError(f"a rollout of {len(self)} completions does not split into micro-batches of {size}.")
+        return [self.select(slice(start, start + size)) for start in range(0, len(self), size)]
+
+
+def collect(
+    rows: list[dict],
+    *,
+    num_generations: int,
+    encode: Callable[[list], tuple[torch.Tensor, torch.Tensor, int]],
+    generate: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    decode: Callable[[torch.Tensor, torch.Tensor, list], list],
+    score: Callable[..., torch.Tensor],
+    advantages: Callable[[torch.Tensor], torch.Tensor],
+    eos_token_ids: Sequence[int],
+    timer: Callable[[str], AbstractContextManager],
+) -> Rollout:
+    """Generate G completions for each prompt row, score them and compute Â.
+
+    Args:
+        rows: B dataset rows (dicts with "prompt" and any other columns).
+        encode: prompts → (prompt_ids (B, P), prompt_mask (B, P), number truncated).
+        generate: (prompt_ids, prompt_mask) with rows repeated G times →
+            completion_ids (B·G, T).
+        decode: (completion_ids, completion_mask, prompts) → completions as
+            reward functions take them (text, or assistant messages).
+        score: (prompts, completions, completion_ids, **columns) → rewards (B·G, R).
+        advantages: rewards (B·G, R) → Â (B·G,) (group maths in losses.py).
+        timer: phase timer; phases "generate" and "score".
+    Returns:
+        A `Rollout` of B·G completions, groups contiguous, without π_old/π_ref log-probs.
+    """
+    prompts = [row["prompt"] for row in rows]
+    prompt_ids, prompt_mask, num_truncated = encode(prompts)
+    prompt_ids = prompt_ids.repeat_interleave(num_generations, dim=0)  # (B·G, P), groups contiguous
+    prompt_mask = prompt_mask.repeat_interleave(num_generations, dim=0)
+    with timer("generate"):
+        completion_ids = generate(prompt_ids, prompt_mask)  # (B·G, T)
+    mask = completion_mask(completion_ids, eos_token_ids)
+    is_eos = torch.isin(completion_ids, torch.tensor(list(eos_token_ids), device=completion_ids.device))
+    repeated = [p for p in prompts for _ in range(num_generations)]
+    with timer("score"):
+        completions = decode(completion_ids, mask, repeated)
+        columns = {key: [row[key] for row in rows for _ in range(num_generations)] for key in rows[0] if key != "prompt"}
+        token_lists = [ids[m.bool()].tolist() for ids, m in zip(completion_ids, mask)]
+        rewards = score(repeated, completions, token_lists, **columns)
+        adv = advantages(rewards)
+    return Rollout(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        completion_ids=completion_ids,
+        completion_mask=mask,
+        is_truncated=~is_eos.any(-1),
+        rewards=rewards,
+        advantages=adv,
+        prompts=repeated,
+        completions=completions,
+        num_truncated_prompts=num_truncated,
+    )
