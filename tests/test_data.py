@@ -1,0 +1,62 @@
+"""Prompt rendering and tokenisation, dataset loading and the prompt order."""
+
+import json
+
+import pytest
+from datasets import Dataset
+
+from fastgrpo.data import PromptEncoder, PromptOrder, check_dataset, load_dataset_spec
+
+
+def test_chat_prompt_has_one_bos_and_the_generation_prompt(tokenizer):
+    ids, mask, truncated = PromptEncoder(tokenizer, None)([[{"role": "user", "content": "hi"}]])
+    text = tokenizer.decode(ids[0])
+    assert text.endswith("<|im_start|>assistant\n")
+    assert ids[0].tolist().count(tokenizer.bos_token_id) == text.count("<|im_start|>")  # no extra BOS added
+    assert truncated == 0 and mask.all()
+
+
+def test_long_prompts_lose_their_left_part_and_are_counted(tokenizer):
+    encode = PromptEncoder(tokenizer, max_prompt_length=4)
+    long_text = "one two three four five six seven eight"
+    ids, mask, truncated = encode([long_text, "hi"])
+    assert truncated == 1
+    full = tokenizer(long_text, add_special_tokens=False)["input_ids"]
+    assert ids[0].tolist() == full[-4:]  # the end of the prompt is kept
+    assert mask[1].tolist() == [0, 0, 0, 1] and ids[1, 0].item() == tokenizer.pad_token_id  # left padding
+
+
+def test_reasoning_gym_spec_with_difficulty(tmp_path):
+    ds = load_dataset_spec("reasoning-gym:basic_arithmetic?min_terms=2&max_terms=2&max_digits=1", size=6, seed=1)
+    assert len(ds) == 6 and set(ds.column_names) == {"prompt", "answer", "task", "entry"}
+    assert ds[0]["prompt"][-1]["role"] == "user"
+    assert json.loads(ds[0]["entry"])["answer"] == ds[0]["answer"]
+    with pytest.raises(ValueError, match="reasoning-gym has no task 'nope'"):
+        load_dataset_spec("reasoning-gym:nope", size=2)
+
+
+def test_local_files_and_missing_prompt_column(tmp_path):
+    good = tmp_path / "d.jsonl"
+    good.write_text('{"prompt": "a", "answer": 1}\n{"prompt": "b", "answer": 2}\n')
+    assert load_dataset_spec(str(good))["prompt"] == ["a", "b"]
+    bad = tmp_path / "e.jsonl"
+    bad.write_text('{"question": "a"}\n')
+    with pytest.raises(ValueError, match="no 'prompt' column"):
+        load_dataset_spec(str(bad))
+    text = tmp_path / "d.txt"
+    text.write_text("x")
+    with pytest.raises(ValueError, match="use a .json, .jsonl, .csv or .parquet"):
+        load_dataset_spec(str(text))
+    with pytest.raises(ValueError, match="is empty"):
+        check_dataset(Dataset.from_dict({"prompt": []}), "train_dataset")
+
+
+def test_prompt_order_is_a_seeded_permutation_per_epoch_and_resumable():
+    order = PromptOrder(5, seed=3)
+    first = order.take(3) + order.take(3)  # wraps into epoch 1 after 5
+    assert sorted(first[:5]) == [0, 1, 2, 3, 4]
+    state = order.state_dict()
+    again = PromptOrder(5, seed=3)
+    again.load_state_dict(state)
+    assert again.take(4) == order.take(4)
+    assert PromptOrder(4, seed=0, shuffle=False).take(6) == [0, 1, 2, 3, 0, 1]

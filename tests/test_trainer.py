@@ -1,0 +1,223 @@
+"""The loop end to end on a tiny random model: π_old rules, μ-reuse counts, resume, logging.
+
+Every run is a few optimizer steps of a 3 M-parameter model on CPU.
+"""
+
+import json
+import os
+
+import pytest
+import torch
+
+import fastgrpo.trainer as trainer_module
+from fastgrpo import GRPOConfig, GRPOTrainer
+
+
+def reward_even_tokens(completion_ids, **kwargs):
+    """Fraction of completion tokens with an even id: mean 0.5 for a random model, learnable."""
+    return [sum(1 for t in ids if t % 2 == 0) / max(len(ids), 1) for ids in completion_ids]
+
+
+def config(tmp_path, **overrides):
+    values = dict(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, gradient_accumulation_steps=2,
+        num_generations=4, max_prompt_length=32, max_completion_length=8, max_steps=4, num_iterations=1,
+        learning_rate=1e-3, logging_steps=1, save_steps=1000, disable_tqdm=True, seed=0,
+    )
+    values.update(overrides)
+    return GRPOConfig(**values)
+
+
+def read_metrics(output_dir):
+    with open(os.path.join(output_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def record_losses(monkeypatch):
+    """Wrap the trainer's grpo_loss: record (step-call index, logps, old_logps, loss) per micro-batch."""
+    calls = []
+    real = trainer_module.grpo_loss
+
+    def spy(logps, old_logps, *args, **kwargs):
+        out = real(logps, old_logps, *args, **kwargs)
+        calls.append((logps.detach().clone(), old_logps.detach().clone(), out.loss.detach().clone()))
+        return out
+
+    monkeypatch.setattr(trainer_module, "grpo_loss", spy)
+    return calls
+
+
+@pytest.mark.parametrize("num_iterations,steps_per_generation", [(1, 4), (4, 2)])
+def test_first_update_of_each_rollout_has_ratio_exactly_one(tmp_path, monkeypatch, tokenizer, make_model, prompts, num_iterations, steps_per_generation):
+    # GA = 2 micro-batches per step, so a rollout of `steps_per_generation` micro-batches feeds
+    # μ × steps_per_generation / 2 optimizer steps; the first of them sees the generating policy.
+    calls = record_losses(monkeypatch)
+    args = config(tmp_path, num_iterations=num_iterations, steps_per_generation=steps_per_generation, max_steps=2 * args_steps(num_iterations, steps_per_generation))
+    trainer = GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
+    trainer.train()
+    per_rollout = args.steps_per_rollout
+    metrics = read_metrics(args.output_dir)
+    for record in metrics:
+        first_of_rollout = (record["step"] - 1) % per_rollout == 0
+        if first_of_rollout:
+            assert record["kl_old"] == 0.0 and record["clip_region"] == 0.0 and record["clip_low"] == 0.0
+    # Micro-batch calls of each rollout's first step: log π_θ == log π_old bit for bit (ρ = 1).
+    GA = args.gradient_accumulation_steps
+    calls_per_rollout = per_rollout * GA
+    for r in range(2):
+        for logps, old, _ in calls[r * calls_per_rollout : r * calls_per_rollout + GA]:
+            assert torch.equal(logps, old)
+    # Later steps of a reused rollout see a moved policy: some ratio differs from 1.
+    if num_iterations > 1:
+        assert any(not torch.equal(lp, old) for lp, old, _ in calls[GA:calls_per_rollout])
+        assert any(record["kl_old"] > 0 for record in metrics)
+
+
+def args_steps(num_iterations, steps_per_generation, GA=2):
+    return num_iterations * steps_per_generation // GA
+
+
+def test_first_step_loss_is_identical_for_mu_1_and_mu_4(tmp_path, monkeypatch, tokenizer, make_model, prompts):
+    losses = {}
+    for mu in (1, 4):
+        calls = record_losses(monkeypatch)
+        args = config(tmp_path / f"mu{mu}", num_iterations=mu, max_steps=1)
+        GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer).train()
+        losses[mu] = torch.stack([loss for _, _, loss in calls[: args.gradient_accumulation_steps]])
+        monkeypatch.undo()
+    assert torch.equal(losses[1], losses[4])
+
+
+def test_each_rollout_is_used_mu_times_steps_per_pass(tmp_path, tokenizer, make_model, prompts):
+    # μ = 3 passes; a rollout of 4 micro-batches with GA = 2 gives 2 steps per pass: 6 steps per rollout.
+    args = config(tmp_path, num_iterations=3, steps_per_generation=4, max_steps=12)
+    trainer = GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
+    generate_calls, steps_per_rollout = [], {}
+    real_generate, real_step = trainer.generate, trainer._optimizer_step
+
+    def counting_generate(*a, **k):
+        generate_calls.append(1)
+        return real_generate(*a, **k)
+
+    def counting_step(rollout, *a, **k):
+        steps_per_rollout[id(rollout)] = steps_per_rollout.get(id(rollout), 0) + 1
+        return real_step(rollout, *a, **k)
+
+    trainer.generate, trainer._optimizer_step = counting_generate, counting_step
+    trainer.train()
+    assert len(generate_calls) == 2  # 12 steps / 6 per rollout
+    assert sorted(steps_per_rollout.values()) == [6, 6]
+
+
+@pytest.mark.parametrize("num_iterations,steps_per_generation,expected_passes_per_rollout", [
+    (1, 2, 2),  # μ=1, one step per rollout: the 2 training micro-batches only, π_old = π_θ detached
+    (1, 4, 4 + 2),  # two steps per rollout: micro-batches 3–4 need π_old before step 1 updates the policy
+    (2, 2, 2 * 2),  # μ=2, one step per pass: step 1 captures π_old for free, no extra pass
+])
+def test_old_logps_passes_only_where_needed(tmp_path, tokenizer, make_model, prompts, num_iterations, steps_per_generation, expected_passes_per_rollout):
+    args = config(tmp_path, num_iterations=num_iterations, steps_per_generation=steps_per_generation)
+    args.max_steps = args.steps_per_rollout  # one rollout
+    trainer = GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
+    passes = []
+    real = trainer._logps
+    trainer._logps = lambda model, mb: passes.append(1) or real(model, mb)
+    trainer.train()
+    assert len(passes) == expected_passes_per_rollout
+
+
+def test_resume_reproduces_the_uninterrupted_run(tmp_path, tokenizer, make_model, prompts):
+    # μ = 2 and 2 steps per pass: 4 steps per rollout. A checkpoint at step 3 sits inside the
+    # first rollout's reuse window (it carries the rollout); step 5 generates the second rollout.
+    common = dict(num_iterations=2, steps_per_generation=4, max_steps=6, save_steps=3)
+    full = config(tmp_path / "full", **common)
+    GRPOTrainer(make_model(), reward_even_tokens, args=full, train_dataset=prompts, processing_class=tokenizer).train()
+    reference = {r["step"]: r for r in read_metrics(full.output_dir)}
+
+    resumed = config(tmp_path / "full", **common)  # same output_dir: resume_from_checkpoint path below
+    trainer = GRPOTrainer(make_model(), reward_even_tokens, args=resumed, train_dataset=prompts, processing_class=tokenizer)
+    os.rename(os.path.join(full.output_dir, "metrics.jsonl"), os.path.join(full.output_dir, "metrics-full.jsonl"))
+    output = trainer.train(resume_from_checkpoint=os.path.join(full.output_dir, "checkpoint-3"))
+    assert output.global_step == 6
+    after = {r["step"]: r for r in read_metrics(full.output_dir)}
+    assert sorted(after) == [4, 5, 6]
+    for step in (4, 5, 6):
+        assert after[step]["loss"] == pytest.approx(reference[step]["loss"], rel=1e-5, abs=1e-7)
+    assert after[5]["reward"] == pytest.approx(reference[5]["reward"])  # same regenerated rollout
+
+
+def test_checkpoints_are_complete_and_pruned(tmp_path, tokenizer, make_model, prompts):
+    args = config(tmp_path, max_steps=4, save_steps=1, save_total_limit=2)
+    GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer).train()
+    names = sorted(n for n in os.listdir(args.output_dir) if n.startswith("checkpoint-") or n.startswith(".tmp"))
+    assert names == ["checkpoint-3", "checkpoint-4"]
+    for f in ("model.safetensors", "config.json", "tokenizer.json", "trainer_state.pt", "rng_state_0.pt"):
+        assert os.path.exists(os.path.join(args.output_dir, "checkpoint-4", f))
+
+
+def test_metrics_and_completions_are_logged(tmp_path, tokenizer, make_model, prompts):
+    args = config(tmp_path, max_steps=2, log_completions=True, num_completions_to_print=2)
+    GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer).train()
+    records = read_metrics(args.output_dir)
+    assert [r["step"] for r in records] == [1, 2]
+    for key in ("loss", "reward", "reward_std", "rewards/reward_even_tokens", "completion_length", "completion_length_min",
+                "completion_length_max", "clipped_ratio", "kl_old", "clip_low", "clip_high", "clip_region", "entropy",
+                "grad_norm", "learning_rate", "seconds/generate", "seconds/update", "generation_tokens_per_second"):
+        assert key in records[0], key
+    with open(os.path.join(args.output_dir, "completions.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    assert len(rows) == 2 * args.generation_batch_size  # every completion of both rollouts
+    assert set(rows[0]) == {"step", "prompt", "completion", "rewards", "advantage"}
+
+
+def test_tiny_model_raises_a_learnable_reward(tmp_path, tokenizer, make_model, prompts):
+    # The even-token reward starts at ≈ 0.5 with real spread inside each group; GRPO with μ = 2
+    # reuse must push it up clearly within 40 steps of a 3 M-parameter model.
+    args = config(tmp_path, num_iterations=2, per_device_train_batch_size=8, gradient_accumulation_steps=1,
+                  num_generations=8, steps_per_generation=2, max_steps=40, learning_rate=3e-3, logging_steps=4)
+    GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer).train()
+    rewards = [r["reward"] for r in read_metrics(args.output_dir) if "reward" in r]
+    first, last = sum(rewards[:2]) / 2, sum(rewards[-2:]) / 2
+    assert first < 0.62 and last > first + 0.15, rewards
+
+
+def test_constant_reward_gives_zero_loss_and_no_update(tmp_path, tokenizer, make_model, prompts):
+    # Equal rewards in every group: Â = 0 exactly, so the loss and the gradient are exactly 0.
+    args = config(tmp_path, max_steps=1)
+    model = make_model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    trainer = GRPOTrainer(model, lambda completions, **k: [0.35] * len(completions), args=args, train_dataset=prompts, processing_class=tokenizer)
+    trainer.train()
+    assert read_metrics(args.output_dir)[0]["loss"] == 0.0
+    after = trainer.accelerator.unwrap_model(trainer.model).state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_bad_inputs_are_refused_before_any_compute(tmp_path, tokenizer, make_model, prompts):
+    args = config(tmp_path)
+    with pytest.raises(ValueError, match="'prompt' column"):
+        GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts.rename_column("prompt", "question"), processing_class=tokenizer)
+    with pytest.raises(ValueError, match="reward_weights has 2 values for 1"):
+        GRPOTrainer(make_model(), reward_even_tokens, args=config(tmp_path, reward_weights=[1.0, 2.0]), train_dataset=prompts, processing_class=tokenizer)
+    with pytest.raises(ValueError, match="unknown"):
+        GRPOTrainer(make_model(), "no_such_reward", args=args, train_dataset=prompts, processing_class=tokenizer)
+    with pytest.raises(ValueError, match="resume_from_checkpoint=True"):
+        GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer).train(resume_from_checkpoint=True)
+
+
+@pytest.mark.parametrize("loss_type,extra", [
+    ("grpo", {}), ("bnpo", {}), ("dr_grpo", {"scale_rewards": "none"}), ("cispo", {}), ("sapo", {}),
+    ("dapo", {"importance_sampling_level": "sequence", "epsilon": 3e-4, "epsilon_high": 4e-4}),
+    ("dapo", {"beta": 0.04}), ("dapo", {"beta": 0.04, "kl_estimator": "full", "sync_ref_model": True, "ref_model_sync_steps": 1}),
+    ("dapo", {"scale_rewards": "batch", "mask_truncated_completions": True, "top_entropy_quantile": 0.2, "delta": 1.5}),
+    ("dapo", {"multi_objective_aggregation": "normalize_then_sum", "target_kl": 1e-9, "num_iterations": 4}),
+])
+def test_every_variant_trains(tmp_path, tokenizer, make_model, prompts, loss_type, extra):
+    args = config(tmp_path, loss_type=loss_type, max_steps=2, num_iterations=extra.pop("num_iterations", 2), **extra)
+    output = GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer).train()
+    assert output.global_step == 2
+    records = read_metrics(args.output_dir)
+    assert all(r["loss"] == r["loss"] for r in records)  # finite, not NaN
+    if args.beta > 0:
+        assert records[0]["kl"] == 0.0  # π_θ = π_ref before the first update
+    if args.target_kl is not None:
+        assert records[-1]["target_kl_stops"] >= 1  # KL > 1e-9 after one update: the rollout is dropped
