@@ -130,14 +130,21 @@ class GRPOConfig:
         self._validate()
 
     def _resolve_batches(self) -> None:
+        # Checked before the arithmetic below, which would divide by zero or
+        # read steps_per_generation=0 as "not set".
+        for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "world_size", "steps_per_generation", "generation_batch_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name}={value}: use 1 or more.")
         per_step = self.per_device_train_batch_size * self.gradient_accumulation_steps * self.world_size
+        user_set_steps = self.steps_per_generation is not None
         if self.generation_batch_size is not None and self.steps_per_generation is not None:
             raise ValueError(
                 f"generation_batch_size={self.generation_batch_size} and steps_per_generation="
                 f"{self.steps_per_generation} are both set; set only one of them."
             )
         if self.generation_batch_size is None:
-            steps = self.steps_per_generation or self.gradient_accumulation_steps
+            steps = self.steps_per_generation if user_set_steps else self.gradient_accumulation_steps
             self.generation_batch_size = self.per_device_train_batch_size * steps * self.world_size
         per_micro = self.per_device_train_batch_size * self.world_size
         if self.generation_batch_size % per_micro:
@@ -147,11 +154,15 @@ class GRPOConfig:
             )
         self.steps_per_generation = self.generation_batch_size // per_micro
         if self.steps_per_generation % self.gradient_accumulation_steps:
+            fix = (
+                f"steps_per_generation that is a multiple of {self.gradient_accumulation_steps}"
+                if user_set_steps
+                else f"generation_batch_size that is a multiple of {per_step}"
+            )
             raise ValueError(
                 f"a rollout of {self.generation_batch_size} completions makes {self.steps_per_generation} "
                 f"micro-batches per process, not a whole number of optimizer steps of "
-                f"gradient_accumulation_steps={self.gradient_accumulation_steps}; use a generation_batch_size "
-                f"that is a multiple of {per_step}."
+                f"gradient_accumulation_steps={self.gradient_accumulation_steps}; use a {fix}."
             )
 
     def _validate(self) -> None:
@@ -166,7 +177,8 @@ class GRPOConfig:
             self.generation_batch_size % (G * self.world_size) == 0,
             f"generation_batch_size={self.generation_batch_size} does not split into whole groups of "
             f"num_generations={G} on each of {self.world_size} process(es); use a multiple of "
-            f"{_lcm(G * self.world_size, self.per_device_train_batch_size * self.world_size)}.",
+            # whole groups on each process and whole optimizer steps (checked above)
+            f"{_lcm(G * self.world_size, self.per_device_train_batch_size * self.gradient_accumulation_steps * self.world_size)}.",
         )
         need(per_process > 0, f"generation_batch_size={self.generation_batch_size} is empty per process.")
         need(self.max_steps == -1 or self.max_steps > 0, f"max_steps={self.max_steps}: use a positive number (or -1 for num_train_epochs).")

@@ -131,7 +131,10 @@ def normalize_then_sum(rewards: torch.Tensor, weights: torch.Tensor, eps: float 
     mean = filled.sum(dim=1, keepdim=True) / count.clamp(min=1)
     var = torch.where(present, (rewards - mean) ** 2, torch.zeros_like(rewards)).sum(dim=1, keepdim=True)
     std = (var / (count - 1).clamp(min=1)).sqrt()
-    constant = torch.where(present, rewards == filled.amax(dim=1, keepdim=True), torch.ones_like(present)).all(1, keepdim=True)
+    # Compare with the max of the *present* rewards: filling NaN with 0 would make
+    # a group of equal negative rewards look non-constant and leak a float residue / eps.
+    top = torch.where(present, rewards, torch.full_like(rewards, -torch.inf)).amax(dim=1, keepdim=True)
+    constant = torch.where(present, rewards == top, torch.ones_like(present)).all(1, keepdim=True)
     normed = torch.where(present & ~constant, (rewards - mean) / (std + eps), torch.zeros_like(rewards))
     return (normed * weights).sum(dim=-1)
 
@@ -157,7 +160,8 @@ def log_importance_weights(
             so the value is the sequence ratio and the gradient is the mean
             token gradient.
     Returns:
-        (B, T) log ratios (0 where mask is 0 for "sequence": ignored later).
+        (B, T) log ratios. For "sequence" every position, masked ones
+        included, holds the sequence value; the loss masks them later.
     Raises:
         ValueError: unknown level.
     """

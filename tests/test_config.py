@@ -1,0 +1,220 @@
+"""GRPOConfig: every invalid combination is refused up front with one sentence
+naming the fix, and the batch arithmetic matches DESIGN.md's "Batch semantics".
+
+Run: python -m pytest tests/test_config.py -q
+"""
+
+import re
+
+import pytest
+
+from fastgrpo.config import LOSS_TYPES, GRPOConfig
+
+
+@pytest.fixture(autouse=True)
+def single_process(monkeypatch):
+    # world_size is read from the launcher's WORLD_SIZE; tests choose it explicitly.
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+
+
+def refused(match, **kwargs) -> str:
+    """Assert GRPOConfig(**kwargs) raises a one-sentence ValueError matching `match`."""
+    with pytest.raises(ValueError, match=match) as info:
+        GRPOConfig(**kwargs)
+    message = str(info.value)
+    assert message.endswith("."), message
+    assert not re.search(r"[.;?!] [A-Z]", message), f"more than one sentence: {message}"
+    assert "\n" not in message
+    return message
+
+
+# ---------------------------------------------------------------------------
+# batch arithmetic
+# ---------------------------------------------------------------------------
+
+
+def test_trl_seed_config_arithmetic(tmp_path):
+    # The TRL quick-start script's config, unchanged but for the import.
+    cfg = GRPOConfig(
+        output_dir=str(tmp_path), logging_steps=5, gradient_accumulation_steps=4, per_device_train_batch_size=4,
+        num_generations=8, max_prompt_length=64, max_completion_length=64, log_completions=True, max_steps=200,
+        num_iterations=4,
+    )
+    # generation_batch_size default = one optimizer step = per_device 4 × GA 4 × world 1 = 16 completions
+    assert cfg.world_size == 1
+    assert cfg.generation_batch_size == 16
+    # = 16/8 = 2 prompts per rollout, 16/4 = 4 micro-batches per rollout
+    assert cfg.prompts_per_rollout == 2
+    assert cfg.steps_per_generation == 4
+    # steps_per_rollout = μ × steps_per_generation / GA = 4 × 4 / 4 = 4 optimizer steps,
+    # so max_steps = 200 takes 50 rollouts.
+    assert cfg.steps_per_rollout == 4
+    assert cfg.max_steps // cfg.steps_per_rollout == 50
+    # TRL defaults that the seed relies on
+    assert cfg.loss_type == "dapo" and cfg.epsilon == 0.2 and cfg.epsilon_high == 0.2 and cfg.beta == 0.0
+
+
+def test_generation_batch_size_default_counts_all_processes(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    cfg = GRPOConfig(per_device_train_batch_size=4, gradient_accumulation_steps=4, num_generations=8)
+    # 4 × 4 × 2 processes = 32 completions; steps_per_generation counts micro-batches per process: 32/(4·2) = 4
+    assert (cfg.world_size, cfg.generation_batch_size, cfg.steps_per_generation) == (2, 32, 4)
+    assert cfg.steps_per_rollout == 1
+
+
+def test_steps_per_generation_sets_the_rollout():
+    cfg = GRPOConfig(per_device_train_batch_size=4, gradient_accumulation_steps=2, steps_per_generation=4, num_generations=8, num_iterations=3)
+    # 4 micro-batches of 4 = 16 completions = 2 optimizer steps of GA 2; × μ = 3 → 6 steps per rollout
+    assert (cfg.generation_batch_size, cfg.steps_per_generation, cfg.steps_per_rollout) == (16, 4, 6)
+
+
+def test_explicit_generation_batch_size():
+    cfg = GRPOConfig(per_device_train_batch_size=4, gradient_accumulation_steps=2, generation_batch_size=32, num_generations=8, world_size=2)
+    # 32/(4 × 2) = 4 micro-batches per process = 2 optimizer steps; μ = 1
+    assert (cfg.steps_per_generation, cfg.steps_per_rollout, cfg.prompts_per_rollout) == (4, 2, 4)
+
+
+def test_defaults_resolved():
+    cfg = GRPOConfig()
+    assert cfg.epsilon_high == cfg.epsilon  # None → ε
+    assert GRPOConfig(loss_type="cispo").epsilon_high == 5.0  # CISPO's default truncation
+    assert GRPOConfig(epsilon_high=0.28).epsilon_high == 0.28
+    assert GRPOConfig(scale_rewards=True).scale_rewards == "group"  # TRL's older spelling
+    assert GRPOConfig(scale_rewards=False).scale_rewards == "none"
+    assert GRPOConfig(report_to="none").report_to == []
+    assert GRPOConfig(report_to="wandb").report_to == ["wandb"]
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_every_loss_type_accepted(loss_type):
+    assert GRPOConfig(loss_type=loss_type).loss_type == loss_type
+
+
+# ---------------------------------------------------------------------------
+# refused combinations
+# ---------------------------------------------------------------------------
+
+
+def test_epsilon_high_below_epsilon():
+    msg = refused("epsilon_high=0.1 is below epsilon=0.2", epsilon=0.2, epsilon_high=0.1)
+    assert "epsilon_high ≥ epsilon" in msg
+    GRPOConfig(epsilon=0.2, epsilon_high=0.2)  # equal is fine
+    # CISPO has no lower clip, so its epsilon_high (the weight cap) is not tied to epsilon
+    GRPOConfig(loss_type="cispo", epsilon=0.2, epsilon_high=0.1)
+
+
+@pytest.mark.parametrize("loss_type", ["cispo", "sapo"])
+def test_sequence_level_with_token_only_objective(loss_type):
+    msg = refused(r"importance_sampling_level='sequence' does not combine", loss_type=loss_type, importance_sampling_level="sequence")
+    assert "use loss_type 'grpo', 'bnpo', 'dapo' or 'dr_grpo'" in msg
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dapo", "dr_grpo"])
+def test_sequence_level_with_clipped_objective_accepted(loss_type):
+    GRPOConfig(loss_type=loss_type, importance_sampling_level="sequence")
+
+
+def test_unknown_importance_sampling_level():
+    refused("use 'token' or 'sequence'", importance_sampling_level="seq")
+
+
+@pytest.mark.parametrize("delta", [1.1, 1.28])
+def test_delta_inside_trust_region(delta):
+    # must exceed 1 + epsilon_high = 1.28, or the two-sided bound clips inside the region
+    msg = refused(rf"delta={delta} must exceed 1 \+ epsilon_high = 1.28", epsilon_high=0.28, delta=delta)
+    assert "use e.g. 2.08, or None" in msg
+    GRPOConfig(epsilon_high=0.28, delta=1.29)
+
+
+def test_delta_with_cispo_or_sapo():
+    refused("set delta=None", loss_type="sapo", delta=2.0)
+
+
+@pytest.mark.parametrize("g", [1, 0])
+def test_group_of_fewer_than_two(g):
+    refused(rf"num_generations={g}: .* use 2 or more", num_generations=g)
+
+
+def test_rollout_not_whole_groups_suggests_a_value_that_works():
+    # 12 completions = 3 micro-batches of 4 = 3 steps of GA 1, but not whole groups of 8;
+    # lcm(8, 4·1·1) = 8 fixes it.
+    msg = refused(r"generation_batch_size=12 does not split into whole groups of num_generations=8", per_device_train_batch_size=4, generation_batch_size=12, num_generations=8)
+    assert msg.endswith("use a multiple of 8.")
+    # G = 3 with micro-batches of 4 and GA 2: the fix must be whole groups AND whole
+    # optimizer steps: lcm(3, 4·2) = 24 (lcm(3, 4) = 12 would make 3 micro-batches,
+    # not whole steps of GA 2).
+    msg = refused(r"does not split into whole groups", per_device_train_batch_size=4, gradient_accumulation_steps=2, num_generations=3)
+    suggested = int(re.search(r"multiple of (\d+)\.$", msg).group(1))
+    assert suggested == 24
+    cfg = GRPOConfig(per_device_train_batch_size=4, gradient_accumulation_steps=2, num_generations=3, generation_batch_size=suggested)
+    assert cfg.steps_per_rollout == 3
+
+
+def test_groups_split_per_process():
+    # 16 completions over 4 processes = 4 each: not a group of 8 on each process
+    refused(r"on each of 4 process\(es\); use a multiple of 32", per_device_train_batch_size=2, gradient_accumulation_steps=2, num_generations=8, world_size=4)
+
+
+def test_rollout_not_whole_micro_batches():
+    refused(r"generation_batch_size=10 is not a whole number of micro-batches .* use a multiple of 4", per_device_train_batch_size=4, generation_batch_size=10, num_generations=2)
+
+
+def test_rollout_not_whole_optimizer_steps():
+    # 8 completions = 2 micro-batches of 4, but an optimizer step needs GA = 4 of them (16 completions)
+    refused(
+        r"makes 2 micro-batches per process, not a whole number of optimizer steps of gradient_accumulation_steps=4; "
+        r"use a generation_batch_size that is a multiple of 16",
+        per_device_train_batch_size=4, gradient_accumulation_steps=4, generation_batch_size=8, num_generations=8,
+    )
+    # on 2 processes one optimizer step is 4 × 4 × 2 = 32 completions
+    refused(r"use a generation_batch_size that is a multiple of 32", per_device_train_batch_size=4, gradient_accumulation_steps=4, generation_batch_size=16, num_generations=8, world_size=2)
+    # set through steps_per_generation: the fix names that field (setting generation_batch_size too would be refused)
+    refused(r"use a steps_per_generation that is a multiple of 4", per_device_train_batch_size=4, gradient_accumulation_steps=4, steps_per_generation=6, num_generations=8)
+
+
+def test_generation_batch_size_and_steps_per_generation_both_set():
+    refused(r"generation_batch_size=16 and steps_per_generation=4 are both set; set only one of them", generation_batch_size=16, steps_per_generation=4)
+
+
+@pytest.mark.parametrize(
+    "name", ["per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation", "generation_batch_size", "num_iterations"]
+)
+def test_zero_counts_refused_not_divided_by(name):
+    # a ValueError naming the field, not a ZeroDivisionError, and steps_per_generation=0
+    # is not silently read as "unset"
+    refused(rf"{name}=0: use 1 or more", **{name: 0})
+
+
+def test_unknown_loss_type():
+    msg = refused(r"loss_type='ppo' is unknown", loss_type="ppo")
+    assert msg.endswith("use one of grpo, bnpo, dapo, dr_grpo, cispo, sapo.")
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(scale_rewards="std"), "use one of group, batch, none"),
+        (dict(kl_estimator="k2"), "use one of k3, full"),
+        (dict(beta=-0.1), "use 0"),
+        (dict(sync_ref_model=True), "set beta > 0 or sync_ref_model=False"),
+        (dict(top_entropy_quantile=0.0), r"use a value in \(0, 1\]"),
+        (dict(temperature=0.0), "positive temperature"),
+        (dict(epsilon=1.0), r"use a value in \[0, 1\)"),
+        (dict(max_steps=0), "use a positive number"),
+        (dict(target_kl=0.0), "use a positive value or None"),
+        (dict(multi_objective_aggregation="mean"), "'sum_then_normalize' or 'normalize_then_sum'"),
+        (dict(report_to="mlflow"), "use 'none', 'tensorboard' or 'wandb'"),
+    ],
+)
+def test_other_bad_values(kwargs, match):
+    refused(match, **kwargs)
+
+
+def test_unknown_field_suggests_the_closest():
+    with pytest.raises(TypeError, match=r"no field 'num_generation'; did you mean 'num_generations'\?"):
+        GRPOConfig(num_generation=8)
+    with pytest.raises(TypeError, match=r"did you mean 'epsilon_high'\?"):
+        GRPOConfig(epsilon_hi=0.28)
+    # a TrainingArguments field with no close match still names itself
+    with pytest.raises(TypeError, match=r"no field 'ddp_backend'"):
+        GRPOConfig(ddp_backend="nccl")
