@@ -1,0 +1,277 @@
+"""One benchmark run: one system (fastgrpo or TRL) on one configuration, alone in its process.
+
+    python benchmarks/worker.py SPEC.json OUT.json      (run.py writes SPEC and reads OUT)
+
+It measures this machine's dense matmul peak, builds the prompts, trains, and
+writes every raw measurement: per-step end times, per-rollout rewards and
+token counts, the time spent in each phase, every log-prob pass (with or
+without gradient) and the peak resident memory of the whole process.
+
+Both systems get the same instrumentation from outside their code:
+
+| phase      | fastgrpo                                  | TRL                                                  |
+| ---------- | ----------------------------------------- | ---------------------------------------------------- |
+| rollout    | `GRPOTrainer._collect`                    | `GRPOTrainer._generate_and_score_completions`        |
+| logps      | `_logps` calls without gradient (π_old, π_ref) | `_get_per_token_logps_and_entropies` without gradient |
+| update     | `_optimizer_step` (fwd, bwd, clip, AdamW) | `training_step` less the rollout inside it, `_clip_grad_norm`, and `optimizer.step` (callbacks) |
+| step end   | entry of `_after_step`                    | `on_step_end` callback                               |
+
+generation = rollout − logps (prompt encoding, sampling, decoding, rewards,
+advantages). Checkpoints are off in both (TRL `save_strategy="no"`; fastgrpo's
+`save_checkpoint` is replaced by a no-op, since it always saves at
+`max_steps`), so no run times a disk write. This file imports `trl` only in a
+TRL run, so a fastgrpo process carries none of TRL's memory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+
+import torch
+
+SYSTEM_PROMPT = "You are a helpful assistant."
+TOPICS = (
+    "the ocean", "a mountain", "coffee", "a library", "the moon", "winter", "a bicycle", "bread", "a river",
+    "the desert", "a violin", "rain", "a garden", "trains", "a lighthouse", "chess", "honey", "a forest",
+    "the wind", "a market", "clouds", "a candle", "bees", "a bridge", "snow", "a museum", "tea", "a volcano",
+    "the stars", "a harbour", "maps", "a clock", "owls", "a city at night", "glass", "a festival",
+)
+TEMPLATES = (
+    "Write a short note about {}.", "Describe {} to a child.", "Give one fact about {}.",
+    "Why do people like {}?", "Write a haiku about {}.", "Explain {} in plain words.",
+    "What is special about {}?", "Tell a tiny story about {}.",
+)
+
+
+def prompts(count: int) -> list[list[dict]]:
+    """`count` chat prompts, the same list in the same order in every run (no randomness)."""
+    rows = [f.format(t) for f in TEMPLATES for t in TOPICS]
+    rows = (rows * (count // len(rows) + 1))[:count]
+    return [[{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": r}] for r in rows]
+
+
+def completion_text(completion) -> str:
+    return completion[-1]["content"] if isinstance(completion, list) else completion
+
+
+def reward_len(completions, **kwargs) -> list[float]:
+    """−|100 − characters|: the TRL quick-start length reward (the seed's reward)."""
+    return [-abs(100 - len(completion_text(c))) for c in completions]
+
+
+def matmul_peak(dtype: torch.dtype = torch.float32, n: int = 2048, repeats: int = 6) -> float:
+    """Best FLOP/s of an (n × n) @ (n × n) `torch.matmul` at the current thread count."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    torch.matmul(a, b)  # warm-up
+    best = 0.0
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.matmul(a, b)
+        best = max(best, 2 * n**3 / (time.perf_counter() - start))
+    return best
+
+
+class Recorder:
+    """Timestamps (seconds since `start()`) of phases, steps, rollouts and log-prob passes."""
+
+    def __init__(self):
+        self.t0 = time.perf_counter()
+        self.phases: list[tuple[str, float, float]] = []  # (phase, start, end)
+        self.step_ends: list[float] = []
+        self.rollouts: list[dict] = []  # one per reward call: time, rewards, completion tokens
+        self.passes: list[dict] = []  # one per log-prob forward: grad, tokens, seconds
+
+    def start(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    @contextmanager
+    def phase(self, name: str):
+        start = self.now()
+        try:
+            yield
+        finally:
+            self.phases.append((name, start, self.now()))
+
+    def seconds(self, name: str) -> float:
+        return sum(end - start for phase, start, end in self.phases if phase == name)
+
+    def timed(self, name: str, fn):
+        def wrapper(*args, **kwargs):
+            with self.phase(name):
+                return fn(*args, **kwargs)
+
+        return wrapper
+
+    def reward(self, fn):
+        """The reward function, recording each call's rewards and completion token counts."""
+
+        def wrapper(prompts=None, completions=None, completion_ids=None, **kwargs):
+            values = fn(completions=completions, **kwargs)
+            self.rollouts.append(
+                {"time": self.now(), "rewards": [float(v) for v in values], "completion_tokens": [len(ids) for ids in completion_ids]}
+            )
+            return values
+
+        wrapper.__name__ = fn.__name__
+        return wrapper
+
+    def log_pass(self, grad: bool, tokens: int, logit_tokens: int, start: float) -> None:
+        self.passes.append({"grad": grad, "tokens": tokens, "logit_tokens": logit_tokens, "start": start, "end": self.now()})
+
+
+def config_values(spec: dict, output_dir: str) -> dict:
+    """The GRPOConfig fields both systems receive (TRL names; identical values)."""
+    return {
+        "output_dir": output_dir, "seed": spec["seed"], "max_steps": spec["steps"], "shuffle_dataset": False,
+        "learning_rate": spec["learning_rate"], "lr_scheduler_type": "constant", "warmup_steps": 0,
+        "weight_decay": 0.0, "max_grad_norm": 1.0,
+        "per_device_train_batch_size": spec["per_device_train_batch_size"],
+        "gradient_accumulation_steps": spec["gradient_accumulation_steps"],
+        "num_generations": spec["num_generations"], "num_iterations": spec["num_iterations"],
+        "max_completion_length": spec["max_completion_length"], "temperature": 1.0, "top_p": 1.0, "top_k": 0,
+        "beta": spec["beta"], "epsilon": 0.2, "loss_type": "dapo", "scale_rewards": "group",
+        # TRL defaults to bf16 autocast and gradient checkpointing; fastgrpo to neither on CPU. Same work: both off.
+        "bf16": False, "gradient_checkpointing": False, "disable_dropout": True,
+        "logging_steps": 10, "report_to": "none", "disable_tqdm": True, "log_completions": False,
+    }
+
+
+def token_count(mask: torch.Tensor) -> int:
+    return int(mask.sum())
+
+
+def run_fastgrpo(spec: dict, dataset, reward, rec: Recorder, output_dir: str):
+    import fastgrpo.trainer as fast_trainer
+    from fastgrpo import GRPOConfig, GRPOTrainer
+
+    fast_trainer.ckpt.save_checkpoint = lambda *args, **kwargs: None  # no disk writes timed (see module docstring)
+    args = GRPOConfig(**config_values(spec, output_dir), max_prompt_length=spec["max_prompt_length"], save_steps=10**9)
+    trainer = GRPOTrainer(model=spec["model_path"], reward_funcs=reward, args=args, train_dataset=dataset)
+
+    logps = trainer._logps
+
+    def timed_logps(model, mb):
+        start, grad = rec.now(), torch.is_grad_enabled()
+        out = logps(model, mb)
+        completion = token_count(mb.completion_mask)
+        rec.log_pass(grad, token_count(mb.prompt_mask) + completion, completion, start)
+        return out
+
+    after_step = trainer._after_step
+
+    def mark_step(*args, **kwargs):
+        rec.step_ends.append(rec.now())
+        return after_step(*args, **kwargs)
+
+    trainer._logps = timed_logps
+    trainer._collect = rec.timed("rollout", trainer._collect)
+    trainer._optimizer_step = rec.timed("update", trainer._optimizer_step)
+    trainer._after_step = mark_step
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    return trainer, model
+
+
+def run_trl(spec: dict, dataset, reward, rec: Recorder, output_dir: str):
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    args = GRPOConfig(**config_values(spec, output_dir), save_strategy="no")
+    trainer = GRPOTrainer(model=spec["model_path"], reward_funcs=reward, args=args, train_dataset=dataset)
+
+    logps = trainer._get_per_token_logps_and_entropies
+
+    def timed_logps(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+        start, grad = rec.now(), torch.is_grad_enabled()
+        out = logps(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
+        rec.log_pass(grad, token_count(attention_mask), token_count(attention_mask[:, -logits_to_keep:]), start)
+        return out
+
+    training_step = trainer.training_step
+
+    def timed_training_step(*args, **kwargs):
+        start, rollout_before = rec.now(), rec.seconds("rollout")
+        out = training_step(*args, **kwargs)
+        rollout_inside = rec.seconds("rollout") - rollout_before
+        rec.phases.append(("update", start, rec.now() - rollout_inside))  # the update's own seconds
+        return out
+
+    class Marks(TrainerCallback):
+        def on_pre_optimizer_step(self, args, state, control, **kwargs):
+            self.start = rec.now()
+
+        def on_optimizer_step(self, args, state, control, **kwargs):
+            rec.phases.append(("update", self.start, rec.now()))
+
+        def on_step_end(self, args, state, control, **kwargs):
+            rec.step_ends.append(rec.now())
+
+    trainer._get_per_token_logps_and_entropies = timed_logps
+    trainer._generate_and_score_completions = rec.timed("rollout", trainer._generate_and_score_completions)
+    trainer.training_step = timed_training_step
+    trainer._clip_grad_norm = rec.timed("update", trainer._clip_grad_norm)
+    trainer.add_callback(Marks())
+    return trainer, trainer.model
+
+
+def model_counts(model) -> dict:
+    """Parameters for the FLOP count: the LM head's matmul is paid only on the completion tokens."""
+    total = sum(p.numel() for p in model.parameters())
+    embedding = model.get_input_embeddings().weight.numel()
+    head = model.get_output_embeddings().weight
+    tied = head.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+    body = total - embedding - (0 if tied else head.numel())  # params every token's forward multiplies by
+    return {"parameters": total, "body_parameters": body, "head_parameters": head.numel()}
+
+
+def main(spec_path: str, out_path: str) -> None:
+    import_start = time.perf_counter()
+    with open(spec_path) as f:
+        spec = json.load(f)
+    torch.set_num_threads(spec["threads"])
+    peak = matmul_peak()
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(spec["model_path"])
+    rows = prompts(spec["num_prompts"])
+    prompt_tokens = [len(tokenizer.apply_chat_template(r, tokenize=True, add_generation_prompt=True, return_dict=True)["input_ids"]) for r in rows]
+    if max(prompt_tokens) > spec["max_prompt_length"]:
+        raise ValueError(f"a prompt has {max(prompt_tokens)} tokens > max_prompt_length; TRL would not truncate it, fastgrpo would")
+    dataset = Dataset.from_list([{"prompt": r} for r in rows])
+    rec = Recorder()
+    reward = rec.reward(reward_len)
+    output_dir = tempfile.mkdtemp(prefix=f"bench-{spec['system']}-")
+    build = run_fastgrpo if spec["system"] == "fastgrpo" else run_trl
+    setup_start = time.perf_counter()
+    trainer, model = build(spec, dataset, reward, rec, output_dir)
+    setup_seconds = time.perf_counter() - setup_start
+    rec.start()
+    trainer.train()
+    train_seconds = rec.now()
+    peak_after = matmul_peak()
+    result = {
+        "system": spec["system"], "spec": spec, "threads": torch.get_num_threads(),
+        "matmul_peak_flops": max(peak, peak_after), "matmul_peak_before_after": [peak, peak_after],
+        "setup_seconds": setup_seconds, "import_and_setup_seconds": time.perf_counter() - import_start - train_seconds,
+        "train_seconds": train_seconds, "steps_done": len(rec.step_ends),
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux reports KiB
+        "prompt_tokens_by_row": prompt_tokens, **model_counts(model),
+        "step_ends": rec.step_ends, "rollouts": rec.rollouts, "passes": rec.passes,
+        "phases": [list(p) for p in rec.phases],
+    }
+    with open(out_path, "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,69 @@
+"""The benchmark harness really runs fastgrpo and TRL on one tiny case, and its JSON carries every figure.
+
+Needs TRL in the test environment (`pip install trl==1.16.0 matplotlib`; the
+benchmark environment, benchmarks/requirements.txt, has both). Asserts no
+timing: the numbers are the benchmark's business, not the test's.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="trl is not installed (pip install trl==1.16.0 matplotlib)"),
+]
+
+GROUP_FIELDS = {
+    "seconds_per_step", "phase_seconds_per_step", "completion_tokens_per_second", "generation_tokens_per_second",
+    "peak_rss_bytes", "time_to_target_seconds", "reward_at_equal_time", "limit_fraction", "matmul_peak_flops",
+}
+RUN_FIELDS = {
+    "system", "spec", "threads", "matmul_peak_flops", "train_seconds", "steps_done", "peak_rss_bytes",
+    "step_ends", "rollouts", "passes", "phases", "parameters", "body_parameters", "head_parameters",
+}
+
+
+def test_harness_runs_both_systems_and_writes_every_field(tmp_path):
+    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "run.py"), "--cases", "tiny", "--mus", "1",
+           "--steps", "2", "--pairs", "1", "--out", str(tmp_path), "--date", "test"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    with open(tmp_path / "test-tiny.json") as f:
+        case = json.load(f)
+    assert {r["system"] for r in case["runs"]} == {"fastgrpo", "trl"}
+    assert [r["system"] for r in case["runs"]] == ["fastgrpo", "trl"]  # alternation, fastgrpo first
+    for run in case["runs"]:
+        assert RUN_FIELDS <= set(run)
+        assert run["steps_done"] == 2
+        assert len(run["rollouts"]) == 2 and all(len(r["rewards"]) == 16 for r in run["rollouts"])
+        assert any(p["grad"] for p in run["passes"])  # the update's forward passes were seen
+    # Same work: identical prompts, config values and weights folder for both systems.
+    fast, trl = case["runs"]
+    assert fast["prompt_tokens_by_row"] == trl["prompt_tokens_by_row"]
+    assert {k: v for k, v in fast["spec"].items() if k != "system"} == {k: v for k, v in trl["spec"].items() if k != "system"}
+    assert fast["parameters"] == trl["parameters"]
+
+    summary = case["summary"]
+    assert set(summary["groups"]) == {"fastgrpo/mu1", "trl/mu1"}
+    for group in summary["groups"].values():
+        assert GROUP_FIELDS <= set(group)
+        assert set(group["phase_seconds_per_step"]) == {"generation", "logps", "update", "other"}
+        assert set(group["limit_fraction"]) == {"generation", "logps", "update", "all"}
+        assert group["peak_rss_bytes"] > 0 and group["matmul_peak_flops"] > 0
+    assert set(summary["ratios"]["mu1"]["median"]) == {"seconds_per_step", "peak_rss_bytes", "completion_tokens_per_second"}
+    assert {"target", "r0", "baseline_final", "equal_time_seconds", "speedup_fastgrpo_mu4_vs_trl_mu1",
+            "speedup_fastgrpo_mu4_vs_trl_mu4"} <= set(summary["time_to_reward"])
+    assert {"trl", "transformers", "torch", "fastgrpo"} <= set(case["versions"])
+    assert "| fastgrpo | 1 |" in case["table"] and "| trl | 1 |" in case["table"]
+    for png in case["plots"]:
+        assert os.path.getsize(png) > 1000
