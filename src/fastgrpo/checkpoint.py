@@ -2,8 +2,9 @@
 
 A checkpoint folder `checkpoint-<step>` holds the model (safetensors, loadable
 with `from_pretrained`) and tokenizer, `trainer_state.pt` (optimizer,
-scheduler, step, data position, and the rollout in use when saved inside a
-reuse window), and `rng_state_<rank>.pt` per process. It is written under a
+scheduler, step, data position), and per process `rng_state_<rank>.pt` and
+`process_state_<rank>.pt` (that process's own share of the state: the rollout
+in use when saved inside a reuse window). It is written under a
 temporary name and renamed into place, so a crash mid-save never leaves a
 half checkpoint that resume would pick, and the last good one is never touched.
 
@@ -44,13 +45,19 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(output_dir: str, step: int, accelerator, model, tokenizer, trainer_state: dict, save_total_limit: int | None) -> str:
+def save_checkpoint(
+    output_dir: str, step: int, accelerator, model, tokenizer, trainer_state: dict, save_total_limit: int | None,
+    process_state: dict | None = None,
+) -> str:
     """Write `output_dir/checkpoint-<step>` atomically; every process must call it.
 
     Args:
-        trainer_state: optimizer/scheduler state dicts, step, data position,
-            optional rollout — anything `torch.save` takes.
+        trainer_state: what every process shares (optimizer/scheduler state
+            dicts, step, data position) — anything `torch.save` takes; the
+            main process writes it.
         save_total_limit: keep at most this many checkpoints (oldest pruned), None = all.
+        process_state: this process's own entries (its share of the rollout),
+            written by each process and merged into the trainer state on load.
     Returns:
         The checkpoint's path.
     """
@@ -61,6 +68,7 @@ def save_checkpoint(output_dir: str, step: int, accelerator, model, tokenizer, t
         os.makedirs(tmp)
     accelerator.wait_for_everyone()
     torch.save(rng_state(), os.path.join(tmp, f"rng_state_{accelerator.process_index}.pt"))
+    torch.save(process_state or {}, os.path.join(tmp, f"process_state_{accelerator.process_index}.pt"))
     state_dict = accelerator.get_state_dict(model)  # gathers shards under FSDP/DeepSpeed
     if accelerator.is_main_process:
         accelerator.unwrap_model(model).save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
@@ -111,11 +119,21 @@ def resolve_checkpoint(resume_from_checkpoint, output_dir: str) -> str | None:
 
 
 def load_checkpoint(path: str, accelerator, model) -> dict:
-    """Load weights into `model` and this process's RNG state; return the trainer state dict."""
+    """Load weights into `model` and this process's RNG state; return the trainer state with this process's entries.
+
+    Resumed on another number of processes than saved it, the per-process
+    files no longer fit: every process keeps its freshly seeded RNG and gets
+    no process entries (so the trainer generates a new rollout).
+    """
     weights = load_file(os.path.join(path, "model.safetensors"))
     missing, unexpected = accelerator.unwrap_model(model).load_state_dict(weights, strict=False)
     tied = set(getattr(accelerator.unwrap_model(model), "_tied_weights_keys", None) or [])
     if unexpected or [k for k in missing if k not in tied]:
         raise ValueError(f"checkpoint {path!r} does not fit this model (missing {missing[:3]}, unexpected {unexpected[:3]}).")
-    set_rng_state(torch.load(os.path.join(path, f"rng_state_{accelerator.process_index}.pt"), weights_only=False))
-    return torch.load(os.path.join(path, "trainer_state.pt"), weights_only=False)
+    state = torch.load(os.path.join(path, "trainer_state.pt"), weights_only=False)
+    saved_by = len([name for name in os.listdir(path) if re.fullmatch(r"rng_state_\d+\.pt", name)])
+    if saved_by == accelerator.num_processes:
+        rank = accelerator.process_index
+        set_rng_state(torch.load(os.path.join(path, f"rng_state_{rank}.pt"), weights_only=False))
+        state.update(torch.load(os.path.join(path, f"process_state_{rank}.pt"), weights_only=False))  # on the device it left
+    return state

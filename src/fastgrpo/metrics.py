@@ -15,6 +15,7 @@ import os
 import time
 from collections import defaultdict
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
@@ -76,6 +77,23 @@ class Window:
         return dict(zip(names, sums.tolist())), dict(zip(ext_names, ext.tolist()))
 
 
+@dataclass(frozen=True)
+class CompletionRows:
+    """What completions.jsonl keeps of a rollout, on the CPU: cheap to hold until the log and to gather."""
+
+    prompts: list  # N prompts
+    completions: list  # N completions as reward functions saw them
+    rewards: torch.Tensor  # (N, R)
+    advantages: torch.Tensor  # (N,)
+
+    @classmethod
+    def of(cls, rollout) -> CompletionRows:
+        return cls(rollout.prompts, rollout.completions, rollout.rewards.cpu(), rollout.advantages.cpu())
+
+    def __len__(self) -> int:
+        return len(self.completions)
+
+
 class MetricsLog:
     """Writes metrics.jsonl and completions.jsonl in output_dir, prints a line per log, feeds trackers.
 
@@ -105,7 +123,7 @@ class MetricsLog:
         self.accelerator.log({k: v for k, v in record.items() if isinstance(v, (int, float))}, step=record["step"])
 
     def completions(self, step: int, rollout, reward_names: list[str], num_to_print: int | None) -> None:
-        """Every completion of `rollout` to completions.jsonl; a table of the first few to the console."""
+        """Every completion of `rollout` (a Rollout or its CompletionRows) to completions.jsonl; a table of the first few to the console."""
         with open(self.completions_path, "a") as f:
             for i in range(len(rollout)):
                 f.write(

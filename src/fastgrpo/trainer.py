@@ -36,6 +36,7 @@ from . import checkpoint as ckpt
 from .config import GRPOConfig
 from .data import PromptEncoder, PromptOrder, check_dataset, is_conversational
 from .generation import TransformersGenerator
+from .launch import cpu_launch_error, cpu_only
 from .losses import (
     StepCounts,
     entropy_from_logits,
@@ -48,7 +49,7 @@ from .losses import (
     selective_log_softmax,
     weighted_rewards,
 )
-from .metrics import MetricsLog, PhaseTimer, Window, rollout_metrics, window_record
+from .metrics import CompletionRows, MetricsLog, PhaseTimer, Window, rollout_metrics, window_record
 from .models import disable_dropout, load_model, load_tokenizer, prepare_tokenizer, reference_model
 from .rewards import resolve_reward, reward_name, score
 from .rollout import Rollout, collect
@@ -96,16 +97,22 @@ class GRPOTrainer:
             raise ValueError(f"reward_weights has {len(weights)} values for {len(self.reward_funcs)} reward functions; give one weight per function.")
 
         bf16 = a.bf16 if a.bf16 is not None else bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
-        self.accelerator = acc = Accelerator(mixed_precision="bf16" if bf16 else "no", log_with=a.report_to or None, project_dir=a.output_dir)
+        if (launch_error := cpu_launch_error()) is not None:
+            raise ValueError(launch_error)
+        # cpu=True without GPUs: only then does accelerate join torchrun's processes into one gloo group.
+        self.accelerator = acc = Accelerator(
+            cpu=cpu_only(), mixed_precision="bf16" if bf16 else "no", log_with=a.report_to or None, project_dir=a.output_dir
+        )
         if acc.num_processes != a.world_size:
             raise ValueError(f"GRPOConfig was built for world_size={a.world_size} but {acc.num_processes} processes run; build the config inside the launched script.")
-        set_seed(a.seed)
+        set_seed(a.seed, device_specific=True)  # each process samples its own completions; PromptOrder has its own seed
         self.console = Console()
         self.reward_weights = torch.tensor(weights, dtype=torch.float32, device=acc.device)
 
         name = model if isinstance(model, str) else model.config._name_or_path
-        self.tokenizer = prepare_tokenizer(processing_class) if processing_class is not None else load_tokenizer(name)
-        policy = load_model(model, a.model_init_kwargs)
+        with acc.main_process_first():  # a built-in model's first load converts it, once
+            self.tokenizer = prepare_tokenizer(processing_class) if processing_class is not None else load_tokenizer(name)
+            policy = load_model(model, a.model_init_kwargs)
         if a.disable_dropout:
             disable_dropout(policy)
         if a.gradient_checkpointing:
@@ -133,7 +140,7 @@ class GRPOTrainer:
         self.order = PromptOrder(len(train_dataset), a.seed, a.shuffle_dataset)
         # π_old = π_θ detached (no pass) when the policy cannot move between generation and last use.
         self.needs_old_logps = not (a.num_iterations == 1 and a.steps_per_generation == a.gradient_accumulation_steps)
-        self.step, self.timer, self.window, self.fresh_rollouts = 0, PhaseTimer(), Window(), []
+        self.step, self.timer, self.window, self.fresh_completions = 0, PhaseTimer(), Window(), []
         self.target_kl_stops, self.last_metrics, self.loss_sum = 0, {}, 0.0
         self.log = MetricsLog(a.output_dir, acc, self.console) if acc.is_main_process else None
 
@@ -156,7 +163,8 @@ class GRPOTrainer:
                     self._after_step(rollout, done, progress)
                     if self.step >= self.max_steps or stop_reuse:
                         break
-        self.accelerator.end_training()
+        for tracker in self.accelerator.trackers:  # not end_training(): it ends the process group save_model needs
+            tracker.finish()
         return TrainOutput(self.step, self.loss_sum / max(self.step, 1), self.last_metrics)
 
     # ------------------------------------------------------------------ rollout
@@ -172,7 +180,8 @@ class GRPOTrainer:
             eos_token_ids=self.eos_token_ids, timer=self.timer,
         )
         rollout = dataclasses.replace(rollout, ref_logps=self._ref_logps(rollout), old_logps=self._old_logps(rollout))
-        self.fresh_rollouts.append(rollout)
+        if a.log_completions:
+            self.fresh_completions.append(CompletionRows.of(rollout))
         self.window.add("rollouts", 1)
         for key, value in rollout_metrics(rollout, self.reward_names, self.reward_weights, a.num_generations).items():
             (self.window.extreme if key.endswith(("_min", "_max")) else self.window.add)(key, value)
@@ -273,9 +282,10 @@ class GRPOTrainer:
             self.window.add(key, value)
         self.window.add("grad_norm", grad_norm)
         self.window.add("steps", 1)
-        self.loss_sum += float(sums["loss"])
-        kl_old = sums["kl_old"] / sums["tokens"].clamp(min=1)
-        return float(acc.reduce(kl_old, reduction="mean")) if acc.num_processes > 1 else float(kl_old)
+        kl_old = torch.stack([sums["kl_old"], sums["tokens"]])
+        if acc.num_processes > 1:  # a token mean over all processes: the same target_kl decision on each
+            kl_old = acc.reduce(kl_old, reduction="sum")
+        return float(kl_old[0] / kl_old[1].clamp(min=1))
 
     def _loss_mask(self, mb: Rollout) -> torch.Tensor:
         """Completion tokens that carry loss; none for truncated ones when mask_truncated_completions (DAPO)."""
@@ -307,25 +317,26 @@ class GRPOTrainer:
         if self.step % every(a.save_steps) == 0 or self.step == self.max_steps:
             state = {
                 "step": self.step, "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                "order": self.order.state_dict(), "target_kl_stops": self.target_kl_stops,
-                "rollout": rollout if done < a.steps_per_rollout else None, "done": done,
+                "order": self.order.state_dict(), "target_kl_stops": self.target_kl_stops, "done": done,
                 "ref_model": self.ref_model.state_dict() if a.sync_ref_model else None, "config": a.to_dict(),
             }
-            ckpt.save_checkpoint(a.output_dir, self.step, self.accelerator, self.model, self.tokenizer, state, a.save_total_limit)
+            own = {"rollout": rollout if done < a.steps_per_rollout else None}  # this process's share of the rollout
+            ckpt.save_checkpoint(a.output_dir, self.step, self.accelerator, self.model, self.tokenizer, state, a.save_total_limit, own)
 
     def _log(self) -> None:
         acc = self.accelerator
         sums, extremes = self.window.reduce(acc)
         record = window_record(self.step, sums, extremes, self.timer.pop(), self.reward_names)
         record.update(learning_rate=self.scheduler.get_last_lr()[0], target_kl_stops=self.target_kl_stops)
-        rows = []
-        if self.args.log_completions:
-            rows = gather_object([r for r in self.fresh_rollouts]) if acc.num_processes > 1 else self.fresh_rollouts
+        self.loss_sum += sums.get("loss", 0.0) / acc.num_processes  # Σ over processes of each one's share
+        rows = self.fresh_completions
+        if self.args.log_completions and acc.num_processes > 1:
+            rows = gather_object(rows)  # every process's completions, in process order
         if self.log is not None:
             self.log.write(record)
             for r in rows:
                 self.log.completions(self.step, r, self.reward_names, self.args.num_completions_to_print)
-        self.last_metrics, self.window, self.fresh_rollouts = record, Window(), []
+        self.last_metrics, self.window, self.fresh_completions = record, Window(), []
 
     def _resume(self, resume_from_checkpoint) -> tuple[Rollout | None, int]:
         path = ckpt.resolve_checkpoint(resume_from_checkpoint, self.args.output_dir)
@@ -340,8 +351,9 @@ class GRPOTrainer:
         self.step, self.target_kl_stops = state["step"], state["target_kl_stops"]
         if state["ref_model"] is not None:
             self.ref_model.load_state_dict(state["ref_model"])
-        self.console.print(f"resumed from {path} at step {self.step}")
-        return state["rollout"], state["done"]
+        if self.accelerator.is_main_process:
+            self.console.print(f"resumed from {path} at step {self.step}")
+        return state.get("rollout"), state["done"]  # no rollout: resumed on another number of processes
 
     def _progress(self) -> Progress:
         columns = (TextColumn("GRPO"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())

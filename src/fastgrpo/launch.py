@@ -1,0 +1,47 @@
+"""How this process was launched: the two facts accelerate does not work out for us.
+
+fastgrpo runs under `torchrun` and `accelerate launch` with no code of its own
+for distribution (docs/distributed.md). Two launcher details need a look at
+the environment before the `Accelerator` is built:
+
+- On a machine without GPUs, accelerate joins torchrun's processes into one
+  gloo group only when asked for the CPU; otherwise every process believes it
+  is alone. `cpu_only()` says when to ask.
+- `accelerate launch --cpu --num_processes N` starts several CPU processes
+  only through mpirun; without it, it runs the script once. `cpu_launch_error()`
+  refuses that run, which would otherwise train on one process unnoticed.
+
+Not here: anything that communicates (accelerate and torch.distributed do).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+# Variables a launcher sets in every process it starts (torchrun, MPI implementations).
+WORLD_SIZE_VARIABLES = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+
+
+def cpu_only() -> bool:
+    """True on a machine without an accelerator device (CUDA, XPU, NPU, MPS, …)."""
+    accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6
+    return not (accelerator.is_available() if accelerator is not None else torch.cuda.is_available())
+
+
+def cpu_launch_error() -> str | None:
+    """A message when `accelerate launch --cpu --num_processes N>1` started this as its only process, else None.
+
+    accelerate marks that request by setting ACCELERATE_USE_CPU and MASTER_ADDR
+    for the one process it starts, without any world size.
+    """
+    env = os.environ
+    asked_cpu = env.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
+    if not asked_cpu or "MASTER_ADDR" not in env or any(name in env for name in WORLD_SIZE_VARIABLES):
+        return None
+    return (
+        "`accelerate launch --cpu --num_processes N` started only this one process (accelerate starts several CPU "
+        "processes only through mpirun); launch with `accelerate launch --multi_gpu --num_processes N` (it runs on "
+        "CPUs too: fastgrpo then uses gloo) or `torchrun --nproc_per_node N`, or drop --num_processes for one process."
+    )
