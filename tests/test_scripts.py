@@ -1,0 +1,59 @@
+"""End to end on the real SmolLM2-135M-Instruct: TRL's seed script with only the import
+changed, and the command line (few steps each; these are the slowest tests)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from fastgrpo.cli import build_parser, main, resolve_job
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_trl_seed_script_runs_with_only_the_import_changed(tmp_path):
+    source = open(os.path.join(ROOT, "examples", "trl_seed_script.py")).read()
+    assert "from fastgrpo import GRPOConfig, GRPOTrainer" in source
+    script = tmp_path / "seed.py"
+    script.write_text(source.replace("max_steps=200", "max_steps=4").replace("logging_steps=5", "logging_steps=2"))
+    subprocess.run([sys.executable, str(script)], cwd=tmp_path, check=True, timeout=900)
+    with open(tmp_path / "SmolLM2-135M-GRPO" / "metrics.jsonl") as f:
+        records = [json.loads(line) for line in f]
+    assert [r["step"] for r in records] == [2, 4]
+    assert records[0]["kl_old"] > 0  # μ = 4: later steps of the rollout measure the moved policy
+    assert os.path.exists(tmp_path / "SmolLM2-135M-GRPO" / "checkpoint-4" / "model.safetensors")
+
+
+def test_cli_flags_override_yaml_which_overrides_the_builtin_job(tmp_path):
+    run = tmp_path / "run.yaml"
+    run.write_text(yaml.safe_dump({"num_iterations": 2, "learning_rate": 1e-5, "reward": "length,format", "model": "m"}))
+    ns = build_parser().parse_args(["train", "--config", str(run), "--num_iterations", "3", "--bf16", "false", "--top_k", "5"])
+    job, fields = resolve_job(ns)
+    assert job["model"] == "m" and job["reward"] == ["length", "format"]
+    assert job["dataset"].startswith("reasoning-gym:basic_arithmetic")  # the built-in job's
+    assert fields["num_iterations"] == 3 and fields["learning_rate"] == 1e-5 and fields["bf16"] is False and fields["top_k"] == 5
+
+
+def test_cli_refuses_bad_values_before_loading_anything(capsys):
+    assert main(["train", "--num_generations", "1"]) == 2
+    assert "num_generations=1" in capsys.readouterr().err
+    assert main(["train", "--reward", "nope"]) == 2
+    assert "reward 'nope' is unknown" in capsys.readouterr().err
+
+
+def test_cli_trains_on_a_local_file_with_a_builtin_reward(tmp_path):
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"Write a word about {w}."}) + "\n" for w in ("cats", "dogs", "rain", "sun")))
+    out = tmp_path / "out"
+    code = subprocess.run(
+        [sys.executable, "-m", "fastgrpo.cli", "train", "--dataset", str(data), "--reward", "length", "--output_dir", str(out),
+         "--max_steps", "2", "--num_generations", "4", "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "1",
+         "--max_completion_length", "8", "--logging_steps", "1", "--save_steps", "2", "--disable_tqdm", "true"],
+        cwd=tmp_path, timeout=600,
+    ).returncode
+    assert code == 0
+    assert os.path.exists(out / "model.safetensors") and os.path.exists(out / "checkpoint-2")
+    assert len(open(out / "metrics.jsonl").read().splitlines()) == 2
