@@ -1,0 +1,108 @@
+"""A few GRPO steps on the tiny model with fixed completions; run by tests/test_distributed.py.
+
+    python tests/dist_script.py OUT --max_steps 4           # one process
+    torchrun --standalone --nproc_per_node 2 tests/dist_script.py OUT --max_steps 3
+    accelerate launch --config_file examples/accelerate/ddp.yaml --num_processes 2 tests/dist_script.py OUT --max_steps 4 --resume
+
+The global batch is the same on any number of processes (16 completions per
+rollout and per optimizer step: 4 prompts × G = 4), so every number the run
+produces must not depend on how many processes share it. Completions are not
+sampled: `fixed_completions` makes completion j of a group depend only on the
+prompt and j, so a 1-process and a 2-process run train on the same tokens and
+the comparison tests the distributed maths (dapo's global token count, the
+batch reward std, DDP's gradient average, per-process checkpoints), not sampling.
+
+Prompts 4k, 4k+1 get long completions and 4k+2, 4k+3 short ones; without
+shuffling, the first two prompts of each rollout go to process 0, so the two
+processes hold different token counts (a local dapo normaliser would show).
+
+Writes OUT/record_<rank>.pt: this process's advantages per rollout and its
+weights after each optimizer step (name → tensor), besides the trainer's own
+metrics.jsonl, completions.jsonl and checkpoint-<step>.
+"""
+
+import argparse
+import os
+import re
+import sys
+
+import torch
+from datasets import Dataset
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from conftest import tiny_model  # noqa: E402
+
+from fastgrpo import GRPOConfig, GRPOTrainer  # noqa: E402
+from fastgrpo.models import load_tokenizer  # noqa: E402
+
+G, T = 4, 12  # completions per prompt, max completion tokens
+
+
+def fixed_completions(tokenizer, eos_token_id: int):
+    """A generator (prompt_ids (N, P), prompt_mask (N, P)) → (N, T) whose row i depends only on its prompt and i mod G."""
+
+    def generate(prompt_ids, prompt_mask):
+        out = torch.full((len(prompt_ids), T), tokenizer.pad_token_id)
+        for i, (ids, mask) in enumerate(zip(prompt_ids, prompt_mask)):
+            n = int(re.search(r"Count to (\d+)", tokenizer.decode(ids[mask.bool()])).group(1))
+            j = i % G  # rows of a group are contiguous, and every process holds whole groups
+            length = (8 if n % 4 < 2 else 2) + j  # tokens including EOS: 8–11 or 2–5
+            out[i, : length - 1] = 200 + (n * 31 + j * 17 + torch.arange(length - 1) * 7) % 500
+            out[i, length - 1] = eos_token_id
+        return out.to(prompt_ids.device)
+
+    return generate
+
+
+def reward_fixed(completion_ids, **kwargs):
+    """Longer is better, plus a token-dependent part: unequal rewards within every group."""
+    return [len(ids) + 0.1 * (ids[0] % 5) for ids in completion_ids]
+
+
+def train(output_dir: str, max_steps: int, resume: bool = False) -> None:
+    """Train to `max_steps` (resuming from the latest checkpoint if asked) and write OUT/record_<rank>[_resumed].pt."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    args = GRPOConfig(
+        output_dir=output_dir, seed=0, shuffle_dataset=False, max_steps=max_steps,
+        num_generations=G, generation_batch_size=16, per_device_train_batch_size=4,
+        gradient_accumulation_steps=4 // world_size,  # 16 completions per optimizer step on any world size
+        num_iterations=2,  # step 2 of each rollout sees ratio ≠ 1 and π_old captured at step 1
+        max_prompt_length=64, max_completion_length=T, learning_rate=1e-3,
+        loss_type="dapo", scale_rewards="batch",  # the two quantities that need all processes
+        lr_scheduler_type="constant",  # the same learning rate whatever max_steps a run is given
+        logging_steps=1, save_steps=1000, log_completions=True, num_completions_to_print=0, disable_tqdm=True,
+    )
+    tokenizer = load_tokenizer("smollm2-135m-instruct")
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"Count to {n}."}]} for n in range(32)])
+    trainer = GRPOTrainer(tiny_model(tokenizer), reward_fixed, args=args, train_dataset=dataset, processing_class=tokenizer)
+    trainer.generate = fixed_completions(tokenizer, tokenizer.eos_token_id)
+
+    advantages, weights = [], {}
+    collect, optimizer_step = trainer._collect, trainer._optimizer_step
+
+    def recording_collect():
+        rollout = collect()
+        advantages.append(rollout.advantages.cpu().clone())
+        return rollout
+
+    def recording_optimizer_step(*a, **k):
+        kl_old = optimizer_step(*a, **k)
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        weights[trainer.step + 1] = {name: p.detach().cpu().clone() for name, p in model.named_parameters()}
+        return kl_old
+
+    trainer._collect, trainer._optimizer_step = recording_collect, recording_optimizer_step
+    trainer.train(resume_from_checkpoint=True if resume else None)
+    trainer.save_model()  # after train(): the process group must still be up
+    rank = trainer.accelerator.process_index
+    name = f"record_{rank}{'_resumed' if resume else ''}.pt"
+    torch.save({"advantages": advantages, "weights": weights}, os.path.join(output_dir, name))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("output_dir")
+    parser.add_argument("--max_steps", type=int, required=True)
+    parser.add_argument("--resume", action="store_true")
+    cli = parser.parse_args()
+    train(cli.output_dir, cli.max_steps, cli.resume)
