@@ -131,6 +131,7 @@ def train(ns: argparse.Namespace) -> None:
         )
     trainer.train(resume_from_checkpoint=ns.resume)
     trainer.save_model(args.output_dir)
+    trainer.accelerator.end_training()  # trackers closed, process group destroyed (multi-process runs)
     if trainer.accelerator.is_main_process:
         out = os.path.abspath(args.output_dir)
         trainer.console.print(

@@ -70,10 +70,9 @@ class Window:
         ext = torch.tensor([self.extremes[n] for n in ext_names], dtype=torch.float64, device=accelerator.device)
         if accelerator.num_processes > 1:
             sums = accelerator.reduce(sums, reduction="sum")
-            gathered = accelerator.gather(ext.unsqueeze(0))  # (world, E)
-            ext = torch.stack(
-                [gathered[:, i].min() if n.endswith("_min") else gathered[:, i].max() for i, n in enumerate(ext_names)]
-            ) if ext_names else ext
+            if ext_names:  # every process holds the same keys, so all take this branch or none
+                gathered = accelerator.gather(ext.unsqueeze(0))  # (world, E)
+                ext = torch.stack([gathered[:, i].min() if n.endswith("_min") else gathered[:, i].max() for i, n in enumerate(ext_names)])
         return dict(zip(names, sums.tolist())), dict(zip(ext_names, ext.tolist()))
 
 

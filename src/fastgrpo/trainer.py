@@ -103,6 +103,8 @@ class GRPOTrainer:
         self.accelerator = acc = Accelerator(
             cpu=cpu_only(), mixed_precision="bf16" if bf16 else "no", log_with=a.report_to or None, project_dir=a.output_dir
         )
+        if a.report_to:  # TensorBoard/W&B through accelerate's trackers, under output_dir
+            acc.init_trackers("fastgrpo", config={k: v for k, v in a.to_dict().items() if isinstance(v, (int, float, str, bool))})
         if acc.num_processes != a.world_size:
             raise ValueError(f"GRPOConfig was built for world_size={a.world_size} but {acc.num_processes} processes run; build the config inside the launched script.")
         set_seed(a.seed, device_specific=True)  # each process samples its own completions; PromptOrder has its own seed
@@ -368,15 +370,18 @@ class GRPOTrainer:
         a, acc = self.args, self.accelerator
         rows = [self.eval_dataset[i] for i in range(acc.process_index, len(self.eval_dataset), acc.num_processes)]
         chunk = max(a.per_device_eval_batch_size // a.num_generations, 1)
-        window = Window()
+        window = Window()  # the same keys on every process, even one without eval rows
+        for key in ["reward_sum", "completions"] + [f"rewards/{n}_{part}" for n in self.reward_names for part in ("sum", "count")]:
+            window.add(key, 0.0)
         for start in range(0, len(rows), chunk):
             rollout = collect(
                 rows[start : start + chunk], num_generations=a.num_generations, encode=self._encode, generate=self.generate,
                 decode=self._decode, score=partial(score, self.reward_funcs), advantages=lambda r: torch.zeros(len(r)),
                 eos_token_ids=self.eos_token_ids, timer=PhaseTimer(),
             )
-            for key, value in rollout_metrics(rollout, self.reward_names, self.reward_weights, a.num_generations).items():
-                (window.extreme if key.endswith(("_min", "_max")) else window.add)(key, value)
+            values = rollout_metrics(rollout, self.reward_names, self.reward_weights, a.num_generations)
+            for key in list(window.sums):
+                window.add(key, values[key])
         sums, _ = window.reduce(acc)
         metrics = {"eval_reward": sums["reward_sum"] / max(sums["completions"], 1)}
         for name in self.reward_names:
