@@ -103,7 +103,11 @@ def summarize(runs: list[dict]) -> dict:
     if not baseline:  # no TRL μ=1 in this case: fall back to any μ=1 run
         baseline = [f["reward_curve"][-1][1] for r, f in zip(runs, figures) if r["spec"]["num_iterations"] == 1]
     r_end = _median(baseline)
-    target = r0 + 0.5 * (r_end - r0) if r_end is not None and r_end > r0 else None
+    # A rise within the noise of one rollout's mean (2 standard errors of its 16–odd rewards) is no rise:
+    # then there is no target, and time to target is reported as not measurable rather than as luck.
+    noise = 2 * statistics.mean(statistics.stdev(r["rollouts"][0]["rewards"]) for r in runs) / len(runs[0]["rollouts"][0]["rewards"]) ** 0.5
+    clear_rise = r_end is not None and r_end - r0 > noise
+    target = r0 + 0.5 * (r_end - r0) if clear_rise else None
     equal_time = min(f["reward_curve"][-1][0] for f in figures)
     for f in figures:
         hits = [t for t, v in f["reward_curve"] if target is not None and v >= target]
@@ -142,7 +146,7 @@ def summarize(runs: list[dict]) -> dict:
         return b / a if a and b else None
 
     time_to_reward = {
-        "rolling_rollouts": ROLLING, "r0": r0, "baseline_final": r_end, "target": target, "equal_time_seconds": equal_time,
+        "rolling_rollouts": ROLLING, "r0": r0, "baseline_final": r_end, "noise": noise, "clear_rise": clear_rise, "target": target, "equal_time_seconds": equal_time,
         "speedup_fastgrpo_mu4_vs_trl_mu1": speedup("fastgrpo/mu4", "trl/mu1"),
         "speedup_fastgrpo_mu4_vs_trl_mu4": speedup("fastgrpo/mu4", "trl/mu4"),
         "speedup_fastgrpo_mu1_vs_trl_mu1": speedup("fastgrpo/mu1", "trl/mu1"),
@@ -180,7 +184,8 @@ def markdown_table(case: dict) -> str:
         )
     t = s["time_to_reward"]
     note = (
-        f"\nTarget reward {_fmt(t['target'], '.1f')} (r0 {_fmt(t['r0'], '.1f')}, TRL μ=1 final {_fmt(t['baseline_final'], '.1f')}); "
+        f"\nTarget reward {_fmt(t['target'], '.1f')} (r0 {_fmt(t['r0'], '.1f')}, TRL μ=1 final {_fmt(t['baseline_final'], '.1f')}, "
+        f"noise ±{_fmt(t['noise'], '.1f')}{'' if t['clear_rise'] else ': the baseline did not clearly rise, so no target'}); "
         f"equal wall-clock {_fmt(t['equal_time_seconds'], '.0f')} s. Time-to-target speed-up: fastgrpo μ=4 vs TRL μ=1 "
         f"{_fmt(t['speedup_fastgrpo_mu4_vs_trl_mu1'])}×, vs TRL μ=4 {_fmt(t['speedup_fastgrpo_mu4_vs_trl_mu4'])}×; "
         f"fastgrpo μ=1 vs TRL μ=1 {_fmt(t['speedup_fastgrpo_mu1_vs_trl_mu1'])}×.\n"

@@ -61,7 +61,7 @@ def test_harness_runs_both_systems_and_writes_every_field(tmp_path):
         assert set(group["limit_fraction"]) == {"generation", "logps", "update", "all"}
         assert group["peak_rss_bytes"] > 0 and group["matmul_peak_flops"] > 0
     assert set(summary["ratios"]["mu1"]["median"]) == {"seconds_per_step", "peak_rss_bytes", "completion_tokens_per_second"}
-    assert {"target", "r0", "baseline_final", "equal_time_seconds", "speedup_fastgrpo_mu4_vs_trl_mu1",
+    assert {"target", "r0", "baseline_final", "clear_rise", "equal_time_seconds", "speedup_fastgrpo_mu4_vs_trl_mu1",
             "speedup_fastgrpo_mu4_vs_trl_mu4"} <= set(summary["time_to_reward"])
     assert {"trl", "transformers", "torch", "fastgrpo"} <= set(case["versions"])
     assert "| fastgrpo | 1 |" in case["table"] and "| trl | 1 |" in case["table"]
