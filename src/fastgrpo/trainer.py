@@ -230,7 +230,8 @@ class GRPOTrainer:
         ref = torch.zeros(rollout.completion_ids.shape, device=rollout.completion_ids.device)
         with self.timer("ref_logps"):
             for start in range(0, len(rollout), size):
-                logps, _ = self._logps(self.ref_model, rollout.select(slice(start, start + size)))
+                with self.accelerator.autocast():  # π_ref in the policy's precision: KL is 0 where they agree
+                    logps, _ = self._logps(self.ref_model, rollout.select(slice(start, start + size)))
                 ref[start : start + size, : logps.shape[1]] = logps
         return ref
 
@@ -300,7 +301,7 @@ class GRPOTrainer:
         """Per-token KL(π_θ‖π_ref): k3 from stored log π_ref, or exact over the vocabulary."""
         if self.args.kl_estimator == "k3":
             return kl_k3(logps, mb.ref_logps)
-        with torch.no_grad():
+        with torch.no_grad(), self.accelerator.autocast():
             _, ref_logits = self._logps(self.ref_model, mb)
         return kl_full(logits, ref_logits)
 
