@@ -86,6 +86,7 @@ class Recorder:
         self.step_ends: list[float] = []
         self.rollouts: list[dict] = []  # one per reward call: time, rewards, completion tokens
         self.passes: list[dict] = []  # one per log-prob forward: grad, tokens, seconds
+        self.patches: list[str] = []  # corrections applied to a system so both do the same work
 
     def start(self) -> None:
         self.t0 = time.perf_counter()
@@ -172,6 +173,11 @@ def run_fastgrpo(spec: dict, dataset, reward, rec: Recorder, output_dir: str):
         rec.step_ends.append(rec.now())
         return after_step(*args, **kwargs)
 
+    # fastgrpo 0.1.0 passes top_k=None for "off", which transformers fills with its default 50 (TRL passes 0):
+    # sample from the full distribution in both, as the config says. A no-op once generation.py passes 0.
+    if args.top_k == 0 and trainer.generate.config.top_k is None:
+        trainer.generate.config.top_k = 0
+        rec.patches.append("fastgrpo generation top_k None -> 0")
     trainer._logps = timed_logps
     trainer._collect = rec.timed("rollout", trainer._collect)
     trainer._optimizer_step = rec.timed("update", trainer._optimizer_step)
@@ -266,7 +272,7 @@ def main(spec_path: str, out_path: str) -> None:
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux reports KiB
         "prompt_tokens_by_row": prompt_tokens, **model_counts(model),
         "step_ends": rec.step_ends, "rollouts": rec.rollouts, "passes": rec.passes,
-        "phases": [list(p) for p in rec.phases],
+        "phases": [list(p) for p in rec.phases], "patches": rec.patches,
     }
     with open(out_path, "w") as f:
         json.dump(result, f)
