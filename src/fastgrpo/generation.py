@@ -56,7 +56,7 @@ class TransformersGenerator:
             max_new_tokens=max_completion_length,
             temperature=temperature,
             top_p=top_p,
-            top_k=top_k if top_k > 0 else None,
+            top_k=top_k,  # 0 disables it; None would let transformers fill in its default of 50
             min_p=min_p,
             repetition_penalty=repetition_penalty,
             eos_token_id=list(eos_token_ids),
