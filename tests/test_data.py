@@ -31,6 +31,8 @@ def test_reasoning_gym_spec_with_difficulty(tmp_path):
     assert len(ds) == 6 and set(ds.column_names) == {"prompt", "answer", "task", "entry"}
     assert ds[0]["prompt"][-1]["role"] == "user"
     assert json.loads(ds[0]["entry"])["answer"] == ds[0]["answer"]
+    shots = load_dataset_spec("reasoning-gym:basic_arithmetic?max_terms=2&few_shot=2", size=2, seed=1)[0]["prompt"]
+    assert [m["role"] for m in shots] == ["system", "user", "assistant", "user", "assistant", "user"]
     with pytest.raises(ValueError, match="reasoning-gym has no task 'nope'"):
         load_dataset_spec("reasoning-gym:nope", size=2)
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fastgrpo.losses import weighted_rewards
-from fastgrpo.rewards import format_reward, reasoning_gym_reward, resolve_reward, reward_len, score
+from fastgrpo.rewards import brevity_reward, format_reward, reasoning_gym_reward, resolve_reward, reward_len, score
 
 
 def call(*funcs, n=3):
@@ -51,6 +51,7 @@ def test_no_applicable_reward_is_an_error():
 def test_builtin_rewards():
     assert reward_len(["x" * 100, [{"role": "assistant", "content": "x" * 97}]]) == [0, -3]
     assert format_reward(["<answer>4</answer>", "so <answer>4</answer> ok", "4"]) == [1.0, 0.5, 0.0]
+    assert brevity_reward(["", " 42 ", "x" * 150]) == [1.0, 0.98, 0.0]  # 1 − characters/100, stripped, floored
     entry = json.dumps({"question": "Calculate 2 + 2.", "answer": "4", "metadata": {"source_dataset": "basic_arithmetic"}})
     # exact answer 1.0; tags win; "the answer is 4" holds "4" in 15 characters: 1/15 (reasoning-gym's partial credit)
     got = reasoning_gym_reward(["4", "<answer>4</answer>", "the answer is 4", "5"], entry=[entry] * 4)
@@ -62,7 +63,7 @@ def test_builtin_rewards():
 def test_resolve_reward():
     assert resolve_reward("length") is reward_len
     assert resolve_reward("fastgrpo.rewards:format_reward") is format_reward
-    with pytest.raises(ValueError, match="unknown; use one of length, format, reasoning_gym"):
+    with pytest.raises(ValueError, match="unknown; use one of length, format, brevity, reasoning_gym"):
         resolve_reward("lenght")
     with pytest.raises(ValueError, match="cannot import"):
         resolve_reward("fastgrpo.rewards:nope")

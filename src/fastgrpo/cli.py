@@ -23,32 +23,35 @@ import yaml
 
 from .config import GRPOConfig
 
-# The built-in job: SmolLM2-135M-Instruct learns to answer easy reasoning-gym
-# arithmetic with the bare result. reasoning-gym's scorer gives 1 for the exact
-# answer and len(answer)/len(reply) when the reply merely contains it, so the
-# reward rises as the model drops the chatter (within minutes on 2 CPU cores).
+# The built-in job: SmolLM2-135M-Instruct on easy reasoning-gym arithmetic,
+# asked for "only the final answer". Two rewards, logged apart: reasoning-gym's
+# own scorer (correctness; 1 for the exact answer, partial credit when the
+# reply merely contains it) and brevity (1 − characters/100). The untrained
+# model is chatty (~100 characters), so brevity has spread in every group and
+# rises within minutes on 2 CPU cores; correctness (≈ 5 % exact at the start)
+# is the slow part a 135M model only creeps on.
 BUILTIN_JOB = {
     "model": "smollm2-135m-instruct",
     "dataset": "reasoning-gym:basic_arithmetic?min_terms=2&max_terms=2&min_digits=1&max_digits=1",
-    "reward": ["reasoning_gym"],
+    "reward": ["reasoning_gym", "brevity"],
     "dataset_size": 1000,
     "config": {
         "output_dir": "grpo-output",
-        "learning_rate": 2e-5,
-        "num_iterations": 4,
+        "learning_rate": 1e-5,  # TRL's 1e-6 barely moves a 135M model in 48 steps
+        "lr_scheduler_type": "constant",
+        "num_iterations": 4,  # μ: each rollout feeds 4 passes
         "num_generations": 8,
         "per_device_train_batch_size": 8,
-        "gradient_accumulation_steps": 2,
+        "gradient_accumulation_steps": 1,
+        "steps_per_generation": 2,  # 16 completions per rollout → 2 × μ = 8 optimizer steps per rollout
         "max_prompt_length": 128,
-        "max_completion_length": 32,
-        "max_steps": 64,
-        "logging_steps": 4,
-        "save_steps": 64,
+        "max_completion_length": 32,  # answers are a few tokens; the untrained model's chatter is cut here
+        "max_steps": 48,
+        "logging_steps": 8,  # one line per rollout
+        "save_steps": 48,
         "save_total_limit": 1,
         "log_completions": True,
         "num_completions_to_print": 2,
-        "warmup_ratio": 0.0,
-        "lr_scheduler_type": "constant",
     },
 }
 JOB_KEYS = ("model", "dataset", "reward", "dataset_size")

@@ -24,7 +24,12 @@ REASONING_GYM_SYSTEM = "Reply with only the final answer, nothing else."
 
 
 def reasoning_gym_dataset(
-    tasks: list[str], size: int = 1000, seed: int = 0, system_prompt: str = REASONING_GYM_SYSTEM, task_kwargs: dict | None = None
+    tasks: list[str],
+    size: int = 1000,
+    seed: int = 0,
+    system_prompt: str = REASONING_GYM_SYSTEM,
+    task_kwargs: dict | None = None,
+    few_shot: int = 0,
 ) -> Dataset:
     """Rows from reasoning-gym tasks, as chat prompts with scoring data.
 
@@ -37,6 +42,9 @@ def reasoning_gym_dataset(
             reasoning-gym's scorers compare with the oracle answer).
         task_kwargs: difficulty settings passed to every task's generator,
             e.g. {"max_terms": 2, "max_digits": 1} for basic_arithmetic.
+        few_shot: solved examples of the same task (drawn with another seed)
+            put before each question as user/assistant turns, so a small model
+            sees the answer format; 0 for none.
     Returns:
         A Dataset with columns prompt (messages), answer (str), task (str) and
         entry (the reasoning-gym entry as JSON, for the `reasoning_gym` reward).
@@ -56,10 +64,14 @@ def reasoning_gym_dataset(
             items = reasoning_gym.create_dataset(task, size=per_task, seed=seed, **(task_kwargs or {}))
         except TypeError as err:
             raise ValueError(f"reasoning-gym task {task!r} does not take {task_kwargs}: {err}") from err
+        shots = []
+        if few_shot:
+            for example in reasoning_gym.create_dataset(task, size=few_shot, seed=seed + 10_000, **(task_kwargs or {})):
+                shots += [{"role": "user", "content": example["question"]}, {"role": "assistant", "content": str(example["answer"])}]
         for item in items:
             rows.append(
                 {
-                    "prompt": [{"role": "system", "content": system_prompt}, {"role": "user", "content": item["question"]}],
+                    "prompt": [{"role": "system", "content": system_prompt}, *shots, {"role": "user", "content": item["question"]}],
                     "answer": str(item["answer"]),
                     "task": task,
                     "entry": json.dumps(item, default=str),
@@ -74,7 +86,8 @@ def load_dataset_spec(spec: str, split: str = "train", size: int = 1000, seed: i
 
     Args:
         spec: "reasoning-gym:<task>[,<task>][?key=value&key=value]" (the query
-            sets task difficulty, e.g. "reasoning-gym:basic_arithmetic?max_terms=2"),
+            sets task difficulty, e.g. "reasoning-gym:basic_arithmetic?max_terms=2",
+            and `few_shot=N` solved examples before each question),
             a local .json/.jsonl/.csv/.parquet file, or a hub dataset name (needs network).
         split: the split of a hub dataset.
         size, seed: rows and seed for reasoning-gym specs.
@@ -84,7 +97,10 @@ def load_dataset_spec(spec: str, split: str = "train", size: int = 1000, seed: i
     if spec.startswith("reasoning-gym:"):
         tasks, _, query = spec.split(":", 1)[1].partition("?")
         kwargs = {k: _number(v) for k, v in parse_qsl(query)}
-        dataset = reasoning_gym_dataset([t.strip() for t in tasks.split(",") if t.strip()], size=size, seed=seed, task_kwargs=kwargs)
+        few_shot = int(kwargs.pop("few_shot", 0))
+        dataset = reasoning_gym_dataset(
+            [t.strip() for t in tasks.split(",") if t.strip()], size=size, seed=seed, task_kwargs=kwargs, few_shot=few_shot
+        )
     elif os.path.exists(spec):
         ext = os.path.splitext(spec)[1].lower()
         if ext not in LOCAL_FORMATS:

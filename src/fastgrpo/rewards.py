@@ -10,7 +10,8 @@ chat messages; every dataset column other than "prompt" arrives as a keyword
 list. None means "not applicable" and is skipped in the weighted sum.
 
 Built-ins (`fastgrpo train --reward NAME`): `length` (the TRL quick-start
-reward), `format` (answer inside <answer>…</answer>), `reasoning_gym`
+reward), `format` (answer inside <answer>…</answer>), `brevity` (short
+replies), `reasoning_gym`
 (reasoning-gym's own scorer for the row's task), and any `module:function`.
 """
 
@@ -92,6 +93,16 @@ def reward_len(completions, **kwargs) -> list[float]:
     return [-abs(100 - len(completion_text(c))) for c in completions]
 
 
+def brevity_reward(completions, **kwargs) -> list[float]:
+    """max(0, 1 − characters/100): 1.0 for an empty reply, 0 from 100 characters on.
+
+    Rewards following an instruction such as "reply with only the final
+    answer"; pair it with a correctness reward so that terse and right beats
+    terse and wrong.
+    """
+    return [max(0.0, 1.0 - len(completion_text(c).strip()) / 100) for c in completions]
+
+
 ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
@@ -150,6 +161,7 @@ def reasoning_gym_reward(completions, entry=None, **kwargs) -> list[float]:
 BUILTIN_REWARDS: dict[str, RewardFunc] = {
     "length": reward_len,
     "format": format_reward,
+    "brevity": brevity_reward,
     "reasoning_gym": reasoning_gym_reward,
 }
 
