@@ -171,13 +171,15 @@ def test_metrics_and_completions_are_logged(tmp_path, tokenizer, make_model, pro
 
 def test_tiny_model_raises_a_learnable_reward(tmp_path, tokenizer, make_model, prompts):
     # The even-token reward starts at ≈ 0.5 with real spread inside each group; GRPO with μ = 2
-    # reuse must push it up clearly within 40 steps of a 3 M-parameter model.
+    # reuse must push it up clearly within 24 steps of a 3 M-parameter model. Sampling from the
+    # top 20 tokens keeps a random model's choices few enough for 24 steps to reshape (from the
+    # full 49 152-token distribution each token is seen too rarely to learn which ids pay).
     args = config(tmp_path, num_iterations=2, per_device_train_batch_size=8, gradient_accumulation_steps=1,
-                  num_generations=8, steps_per_generation=2, max_steps=40, learning_rate=3e-3, logging_steps=4)
+                  num_generations=8, steps_per_generation=2, max_steps=24, learning_rate=3e-3, logging_steps=4, top_k=20)
     GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer).train()
-    rewards = [r["reward"] for r in read_metrics(args.output_dir) if "reward" in r]
-    first, last = sum(rewards[:2]) / 2, sum(rewards[-2:]) / 2
-    assert first < 0.62 and last > first + 0.15, rewards
+    rewards = [r["reward"] for r in read_metrics(args.output_dir) if "reward" in r]  # one rollout per record
+    first, last = rewards[0], sum(rewards[-2:]) / 2  # the untrained model's rollout vs the last two
+    assert first < 0.65 and last > first + 0.2, rewards
 
 
 def test_constant_reward_gives_zero_loss_and_no_update(tmp_path, tokenizer, make_model, prompts):
