@@ -287,11 +287,6 @@ def kl_full(logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Tensor:
     return torch.stack(rows)
 
 
-# ---------------------------------------------------------------------------
-# token filter
-# ---------------------------------------------------------------------------
-
-
 def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float) -> torch.Tensor:
     """Keep only the top-`quantile` fraction of active tokens by entropy.
 
