@@ -42,6 +42,10 @@ def test_cli_refuses_bad_values_before_loading_anything(capsys):
     assert "num_generations=1" in capsys.readouterr().err
     assert main(["train", "--reward", "nope"]) == 2
     assert "reward 'nope' is unknown" in capsys.readouterr().err
+    assert main(["train", "--model", "./no-such-model", "--dataset", "reasoning-gym:basic_arithmetic", "--dataset_size", "8"]) == 2
+    assert "model './no-such-model' does not exist" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # a misspelt flag is an error, never a prefix match
+        main(["train", "--num_generation", "4"])
 
 
 def test_cli_trains_on_a_local_file_with_a_builtin_reward(tmp_path):

@@ -75,19 +75,24 @@ def _parse_value(text: str, annotation):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fastgrpo", description="GRPO fine-tuning with multi-step rollout reuse.")
+    from .rewards import BUILTIN_REWARDS
+
+    # allow_abbrev=False: a misspelt flag (--num_generation) must be an error, not a prefix match.
+    parser = argparse.ArgumentParser(prog="fastgrpo", description="GRPO fine-tuning with multi-step rollout reuse.", allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
-    train = sub.add_parser("train", help="train a model with GRPO (no arguments: the built-in job)")
+    train = sub.add_parser("train", help="train a model with GRPO (no arguments: the built-in job)", allow_abbrev=False)
     train.add_argument("--config", help="YAML file of GRPOConfig fields plus model/dataset/reward")
     train.add_argument("--model", help="smollm2-135m-instruct, a local folder or .gguf file, or a hub id")
     train.add_argument("--dataset", help="reasoning-gym:<task>[,<task>], a local json/jsonl/csv/parquet file, or a hub name")
-    train.add_argument("--reward", action="append", help="length, format, reasoning_gym or module:function (repeatable or comma-separated)")
+    train.add_argument("--reward", action="append", help=f"{', '.join(BUILTIN_REWARDS)} or module:function (repeatable or comma-separated)")
     train.add_argument("--dataset_size", type=int, help="rows generated for reasoning-gym datasets")
     train.add_argument("--resume", nargs="?", const=True, help="resume from the latest checkpoint in output_dir, or from PATH")
     hints = typing.get_type_hints(GRPOConfig)
     for f in dataclasses.fields(GRPOConfig):
         if f.name != "world_size":
-            train.add_argument(f"--{f.name}", dest=f"cfg_{f.name}", metavar=f.name.upper(), help=f"GRPOConfig.{f.name} ({hints[f.name]})".replace("%", "%%"))
+            default = BUILTIN_JOB["config"].get(f.name, f.default)
+            kind = getattr(hints[f.name], "__name__", str(hints[f.name]))
+            train.add_argument(f"--{f.name}", dest=f"cfg_{f.name}", metavar=kind, help=f"default {default!r}".replace("%", "%%"))
     return parser
 
 
@@ -118,6 +123,7 @@ def resolve_job(ns: argparse.Namespace) -> tuple[dict, dict]:
 
 
 def train(ns: argparse.Namespace) -> None:
+    from .checkpoint import checkpoints
     from .data import load_dataset_spec
     from .rewards import resolve_reward
     from .trainer import GRPOTrainer
@@ -139,7 +145,7 @@ def train(ns: argparse.Namespace) -> None:
         out = os.path.abspath(args.output_dir)
         trainer.console.print(
             f"done. final model: {out}\n  metrics:     {os.path.join(out, 'metrics.jsonl')}\n"
-            f"  completions: {os.path.join(out, 'completions.jsonl')}\n  checkpoints: {out}/checkpoint-<step>"
+            f"  completions: {os.path.join(out, 'completions.jsonl')}\n  checkpoints: {', '.join(checkpoints(out)) or 'none'}"
         )
 
 

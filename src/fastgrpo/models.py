@@ -72,7 +72,12 @@ def resolve_model_path(name: str) -> str:
     Returns:
         A local safetensors folder (aliases and GGUF files, converted once) or
         `name` unchanged.
+    Raises:
+        ValueError: a local-looking path (./, /, ~, .gguf) that does not exist.
     """
+    looks_local = name.startswith((".", "/", "~")) or name.endswith(".gguf")
+    if looks_local and not os.path.exists(os.path.expanduser(name)):
+        raise ValueError(f"model {name!r} does not exist; give a local folder, a .gguf file, a hub id or 'smollm2-135m-instruct'.")
     if name in BUILTIN_MODELS:
         package, gguf_file = BUILTIN_MODELS[name]
         target = os.path.join(cache_dir(), name)
@@ -102,16 +107,9 @@ def prepare_tokenizer(tokenizer):
 
 
 def load_model(model: str | PreTrainedModel, init_kwargs: dict | None = None) -> PreTrainedModel:
-    """A causal LM from a name (see `resolve_model_path`) or an already built model.
-
-    Raises:
-        ValueError: a local-looking path that does not exist.
-    """
+    """A causal LM from a name (see `resolve_model_path`, which raises for a missing local path) or an already built model."""
     if isinstance(model, PreTrainedModel):
         return model
-    looks_local = model.startswith((".", "/", "~")) or model.endswith(".gguf")
-    if looks_local and not os.path.exists(os.path.expanduser(model)):
-        raise ValueError(f"model {model!r} does not exist; give a local folder, a .gguf file, a hub id or 'smollm2-135m-instruct'.")
     kwargs = {"dtype": torch.float32, **(init_kwargs or {})}
     return AutoModelForCausalLM.from_pretrained(resolve_model_path(model), **kwargs)
 
