@@ -39,6 +39,7 @@ from . import runs
 from .config import GRPOConfig
 from .data import PromptEncoder, PromptOrder, check_dataset, is_conversational
 from .generation import TransformersGenerator
+from .interrupt import StopOnInterrupt, TrainingInterrupted
 from .launch import cpu_launch_error, cpu_only
 from .losses import (
     StepCounts,
@@ -52,7 +53,6 @@ from .losses import (
     selective_log_softmax,
     weighted_rewards,
 )
-from .interrupt import StopOnInterrupt, TrainingInterrupted
 from .metrics import CompletionRows, MetricsLog, PhaseTimer, Window, rollout_metrics, window_record
 from .models import disable_dropout, load_model, load_tokenizer, prepare_tokenizer, reference_model
 from .rewards import check_columns, resolve_reward, reward_names, score
@@ -80,9 +80,11 @@ class GRPOTrainer:
         eval_dataset: optional rows for `evaluate()` (every `eval_steps`).
         processing_class: the tokenizer; default: the model's own.
     Raises:
-        ValueError/TypeError: a missing dataset or "prompt" column, reward
-            weights that do not match the functions, a world size that does not
-            match the config — all before any model is loaded.
+        ValueError/TypeError: a missing or empty dataset, a missing or empty
+            prompt (naming the row), a column the reward protocol reserves,
+            reward weights that do not match the functions, a world size that
+            does not match the config, an output_dir that is a file or not
+            writable — all before any model is loaded.
     """
 
     def __init__(self, model, reward_funcs, args: GRPOConfig | None = None, train_dataset=None, eval_dataset=None, processing_class=None):
@@ -155,7 +157,14 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ the loop
     def train(self, resume_from_checkpoint=None) -> TrainOutput:
-        """Run until `max_steps` optimizer steps are done; resume from a checkpoint if asked (True = latest)."""
+        """Run until `max_steps` optimizer steps are done; resume from a checkpoint if asked (True = latest that loads).
+
+        Raises:
+            ValueError: a new run in an output_dir holding another run (unless
+                `overwrite_output_dir`); a resume that changes a `runs.STATE_FIELDS` field.
+            CorruptCheckpointError, CheckpointWriteError: see checkpoint.py.
+            TrainingInterrupted: after Ctrl-C, once this step's checkpoint is saved.
+        """
         a = self.args
         rollout, done = self._resume(resume_from_checkpoint)
         schedule = [(i, s) for i in range(a.num_iterations) for s in range(a.steps_per_generation // a.gradient_accumulation_steps)]
@@ -170,7 +179,7 @@ class GRPOTrainer:
                     self.target_kl_stops += int(stop_reuse and done < a.steps_per_rollout)
                     done = a.steps_per_rollout if stop_reuse else done
                     self._after_step(rollout, done, progress)
-                    if interrupt.requested(self.accelerator):  # Ctrl-C: this step is whole; save it and stop
+                    if self.step < self.max_steps and interrupt.requested(self.accelerator):  # Ctrl-C: save this whole step, stop
                         self._stop_interrupted(rollout, done)
                     if self.step >= self.max_steps or stop_reuse:
                         break
@@ -220,7 +229,7 @@ class GRPOTrainer:
         valid = ~torch.isnan(rewards).all(dim=-1)  # False: no reward applies, Â = 0, out of the group statistics
         batch_std = None
         if a.scale_rewards == "batch":  # all processes, valid completions only
-            batch_std = self.accelerator.gather(total)[self.accelerator.gather(valid)].std()
+            batch_std = self.accelerator.gather(total)[self.accelerator.gather(valid.float()) > 0].std()
         return group_advantages(total.view(-1, G), a.scale_rewards, batch_std, valid=valid.view(-1, G)).view(-1)
 
     @torch.no_grad()
@@ -337,6 +346,7 @@ class GRPOTrainer:
             self._save(rollout, done)
 
     def _save(self, rollout: Rollout, done: int) -> str:
+        """Write checkpoint-<step> (every process calls it); returns its path."""
         a = self.args
         state = {
             "step": self.step, "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
