@@ -93,6 +93,11 @@ def test_async_rewards_are_awaited_concurrently():
     assert time.perf_counter() - start < 0.55
     assert table.tolist() == [[1.0, -10.0, 2.0], [1.0, 0.0, 2.0], [1.0, -10.0, 2.0]]
 
+    async def from_a_running_loop():  # as in a notebook: score() is called while an event loop runs
+        return call(slow_one, slow_two)
+
+    assert asyncio.run(from_a_running_loop()).tolist() == [[1.0, 2.0]] * 3
+
 
 def test_errors_inside_a_reward_function_keep_their_traceback():
     def buggy(completions, **kw):
