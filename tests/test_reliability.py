@@ -51,8 +51,11 @@ def test_advantages_leave_rows_without_reward_out_of_the_group():
         adv = group_advantages(rewards, scale, eps=0.0, valid=valid)
         expected = [-1.0, 0.0, 0.0, 1.0] if scale == "group" else [-2.0, 0.0, 0.0, 2.0]
         assert adv.tolist() == [expected, [0.0] * 4, [0.0] * 4]
+    assert group_advantages(rewards, "batch", torch.tensor(2.0), eps=0.0, valid=valid)[0].tolist() == [-1.0, 0.0, 0.0, 1.0]
+    with pytest.raises(ValueError, match="'batch' needs batch_std"):
+        group_advantages(rewards, "batch", valid=valid)
     all_valid = torch.ones_like(valid)
-    assert torch.equal(group_advantages(rewards, valid=all_valid), group_advantages(rewards))  # the mask changes nothing when all apply
+    assert torch.allclose(group_advantages(rewards, valid=all_valid), group_advantages(rewards))  # all valid: the plain formula
 
 
 def test_rows_without_reward_train_with_zero_advantage_and_log_the_fraction(tmp_path, tokenizer, make_model, prompts):

@@ -81,14 +81,14 @@ def group_advantages(
         eps: added to the std (TRL: 1e-4).
         valid: (num_prompts, G) bool, False for completions no reward applies
             to; they get Â = 0 and are left out of their group's mean and std.
-            None: all valid.
+            None: all valid (the plain formula).
     Returns:
         (num_prompts, G). A group whose (valid) rewards are all equal gets
         exactly 0, never a float residue of the mean divided by a tiny std.
     Raises:
         ValueError: unknown `scale_rewards`, or "batch" without `batch_std`.
     """
-    if valid is not None and not bool(valid.all()):
+    if valid is not None:
         return _masked_group_advantages(rewards, valid, scale_rewards, batch_std, eps)
     centred = rewards - rewards.mean(dim=1, keepdim=True)
     if scale_rewards == "group":

@@ -230,7 +230,8 @@ class GRPOTrainer:
         batch_std = None
         if a.scale_rewards == "batch":  # all processes, valid completions only
             batch_std = self.accelerator.gather(total)[self.accelerator.gather(valid.float()) > 0].std()
-        return group_advantages(total.view(-1, G), a.scale_rewards, batch_std, valid=valid.view(-1, G)).view(-1)
+        valid = None if valid.all() else valid.view(-1, G)
+        return group_advantages(total.view(-1, G), a.scale_rewards, batch_std, valid=valid).view(-1)
 
     @torch.no_grad()
     def _old_logps(self, rollout: Rollout) -> torch.Tensor | None:
