@@ -107,6 +107,8 @@ def test_errors_inside_a_reward_function_keep_their_traceback():
         call(buggy)
     assert isinstance(info.value.__cause__, ZeroDivisionError)
     assert "return [1 / 0" in "".join(traceback.format_exception(info.value))  # the user's own line is in the traceback
+    with pytest.raises(ValueError, match="needs the dataset column 'entry'"):  # a built-in's own error stays one line
+        call(reasoning_gym_reward)
 
 
 def test_partial_rewards_get_distinct_names():

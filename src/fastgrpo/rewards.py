@@ -133,6 +133,8 @@ def _call(fn: RewardFunc, name: str, kwargs: dict):
     try:
         return fn(**kwargs)
     except Exception as err:
+        if fn in BUILTIN_REWARDS.values():  # fastgrpo's own rewards raise fastgrpo's own clear errors
+            raise
         raise RewardFunctionError(f"reward function {name!r} raised {type(err).__name__}: {err}") from err
 
 

@@ -24,7 +24,8 @@ LOGS = ("metrics.jsonl", "completions.jsonl")
 # Per-process sizes, not generation_batch_size: that one also scales with the number of processes, and a
 # resume on another number of processes is allowed (it generates a new rollout; checkpoint.load_checkpoint).
 STATE_FIELDS = (
-    "per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation", "num_generations", "num_iterations", "max_prompt_length", "max_completion_length", "loss_type",
+    "per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation", "num_generations",
+    "num_iterations", "max_prompt_length", "max_completion_length", "loss_type",
     "importance_sampling_level", "temperature", "beta", "kl_estimator", "scale_rewards", "multi_objective_aggregation",
     "reward_weights", "seed", "shuffle_dataset", "lr_scheduler_type", "sync_ref_model",
 )
