@@ -1,13 +1,21 @@
 """Reward calling: the TRL protocol, None handling, and clear errors naming the function."""
 
+import asyncio
+import functools
 import json
 import math
+import time
+import traceback
 
+import numpy as np
 import pytest
 import torch
 
 from fastgrpo.losses import weighted_rewards
-from fastgrpo.rewards import brevity_reward, format_reward, reasoning_gym_reward, resolve_reward, reward_len, score
+from fastgrpo.rewards import (
+    RewardFunctionError, brevity_reward, check_columns, format_reward, reasoning_gym_reward, resolve_reward, reward_len,
+    reward_names, score,
+)
 
 
 def call(*funcs, n=3):
@@ -40,12 +48,84 @@ def test_non_number_names_the_function_and_value():
         call(stringy)
 
 
-def test_no_applicable_reward_is_an_error():
-    def never(completions, **kw):
-        return [None] * len(completions)
+def test_rows_no_reward_applies_to_are_nan_with_one_warning():
+    def never_second(completions, **kw):
+        return [1.0, None, 2.0]
 
-    with pytest.raises(ValueError, match="completion 0 got None from every reward function \\(never\\)"):
-        call(never)
+    with pytest.warns(UserWarning, match=r"got None from every reward function \(never_second\)"):
+        table = call(never_second)
+    assert math.isnan(table[1, 0]) and table[[0, 2], 0].tolist() == [1.0, 2.0]
+
+
+@pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan, np.float32("nan")])
+def test_non_finite_reward_is_refused_naming_function_value_and_row(bad):
+    def blows_up(completions, **kw):
+        return [1.0, 2.0, bad]
+
+    with pytest.raises(ValueError, match=rf"'blows_up' returned {float(bad)} for completion 2; rewards must be finite"):
+        call(blows_up)
+
+
+def test_numpy_arrays_and_tensors_are_accepted_and_checked():
+    as_numpy = lambda completions, **kw: np.array([1.0, 2.0, 3.0])  # noqa: E731
+    as_tensor = lambda completions, **kw: torch.tensor([4, 5, 6])  # noqa: E731
+    assert call(as_numpy, as_tensor).tolist() == [[1.0, 4.0], [2.0, 5.0], [3.0, 6.0]]
+    with pytest.raises(ValueError, match="returned 2 values for 3"):
+        call(lambda completions, **kw: np.array([1.0, 2.0]))
+    with pytest.raises(ValueError, match="returned inf for completion 0"):
+        call(lambda completions, **kw: torch.tensor([math.inf, 1.0, 1.0]))
+    with pytest.raises(TypeError, match=r"shape \(3, 1\)"):
+        call(lambda completions, **kw: np.ones((3, 1)))
+
+
+def test_async_rewards_are_awaited_concurrently():
+    # Two async rewards that each sleep 0.3 s: awaited one after the other they would take 0.6 s.
+    async def slow_one(completions, **kw):
+        await asyncio.sleep(0.3)
+        return [1.0] * len(completions)
+
+    async def slow_two(completions, **kw):
+        await asyncio.sleep(0.3)
+        return [2.0] * len(completions)
+
+    start = time.perf_counter()
+    table = call(slow_one, reward_len, slow_two)
+    assert time.perf_counter() - start < 0.55
+    assert table.tolist() == [[1.0, -10.0, 2.0], [1.0, 0.0, 2.0], [1.0, -10.0, 2.0]]
+
+    async def from_a_running_loop():  # as in a notebook: score() is called while an event loop runs
+        return call(slow_one, slow_two)
+
+    assert asyncio.run(from_a_running_loop()).tolist() == [[1.0, 2.0]] * 3
+
+
+def test_errors_inside_a_reward_function_keep_their_traceback():
+    def buggy(completions, **kw):
+        return [1 / 0 for _ in completions]
+
+    with pytest.raises(RewardFunctionError, match="'buggy' raised ZeroDivisionError") as info:
+        call(buggy)
+    assert isinstance(info.value.__cause__, ZeroDivisionError)
+    assert "return [1 / 0" in "".join(traceback.format_exception(info.value))  # the user's own line is in the traceback
+    with pytest.raises(ValueError, match="needs the dataset column 'entry'"):  # a built-in's own error stays one line
+        call(reasoning_gym_reward)
+
+
+def test_partial_rewards_get_distinct_names():
+    def scaled(completions, factor, **kw):
+        return [factor] * len(completions)
+
+    funcs = [functools.partial(scaled, factor=1.0), functools.partial(scaled, factor=2.0), reward_len, reward_len]
+    assert reward_names(funcs) == ["scaled", "scaled_2", "reward_len", "reward_len_2"]
+
+
+def test_reserved_columns_are_refused_and_trainer_state_is_passed():
+    with pytest.raises(ValueError, match="column named 'completions'"):
+        check_columns([{"prompt": "p", "completions": "x"}])
+    seen = []
+    score([lambda completions, trainer_state, **kw: seen.append(trainer_state) or [0.0]], ["p"], ["c"], [[1]],
+          reward_kwargs={"trainer_state": "STATE"})
+    assert seen == ["STATE"]
 
 
 def test_builtin_rewards():

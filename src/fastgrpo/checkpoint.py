@@ -4,9 +4,15 @@ A checkpoint folder `checkpoint-<step>` holds the model (safetensors, loadable
 with `from_pretrained`) and tokenizer, `trainer_state.pt` (optimizer,
 scheduler, step, data position), and per process `rng_state_<rank>.pt` and
 `process_state_<rank>.pt` (that process's own share of the state: the rollout
-in use when saved inside a reuse window). It is written under a
-temporary name and renamed into place, so a crash mid-save never leaves a
-half checkpoint that resume would pick, and the last good one is never touched.
+in use when saved inside a reuse window), and last `manifest.json` (step, the
+run's id, every file's size in bytes). It is written under a temporary name
+and renamed into place, so a crash mid-save never leaves a half checkpoint
+that resume would pick, and the last good one is never touched; a failed
+write removes the temporary folder and says which checkpoint failed. On load
+the manifest is checked first and every file is read before anything is
+applied, so a corrupt checkpoint is refused by name and file, and
+`resume_from_checkpoint=True` falls back to the newest one that loads.
+Pruning (`save_total_limit`) only touches checkpoints of the same run id.
 
 Resume rule (DESIGN.md): a checkpoint saved inside a rollout's reuse window
 carries that rollout (tokens, advantages, π_old/π_ref log-probs) and how many
@@ -17,16 +23,27 @@ generates a new rollout. A rollout with no step left is never trained on.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
 import shutil
+import warnings
 
 import numpy as np
 import torch
 from safetensors.torch import load_file
 
 PREFIX = "checkpoint-"
+MANIFEST = "manifest.json"
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (disk full, permissions); the temporary folder is gone."""
+
+
+class CorruptCheckpointError(ValueError):
+    """A checkpoint folder that is incomplete or whose files cannot be read."""
 
 
 def rng_state() -> dict:
@@ -47,7 +64,7 @@ def set_rng_state(state: dict) -> None:
 
 def save_checkpoint(
     output_dir: str, step: int, accelerator, model, tokenizer, trainer_state: dict, save_total_limit: int | None,
-    process_state: dict | None = None,
+    process_state: dict | None = None, run_id: str = "",
 ) -> str:
     """Write `output_dir/checkpoint-<step>` atomically; every process must call it.
 
@@ -55,85 +72,166 @@ def save_checkpoint(
         trainer_state: what every process shares (optimizer/scheduler state
             dicts, step, data position) — anything `torch.save` takes; the
             main process writes it.
-        save_total_limit: keep at most this many checkpoints (oldest pruned), None = all.
+        save_total_limit: keep at most this many of this run's checkpoints
+            (oldest pruned), None = all.
         process_state: this process's own entries (its share of the rollout),
             written by each process and merged into the trainer state on load.
+        run_id: the run's id, written to the manifest; pruning only touches checkpoints with the same id.
     Returns:
         The checkpoint's path.
+    Raises:
+        CheckpointWriteError: a write failed (e.g. disk full), naming the
+            checkpoint; the temporary folder is removed, earlier checkpoints are untouched.
     """
     final = os.path.join(output_dir, f"{PREFIX}{step}")
     tmp = os.path.join(output_dir, f".tmp-{PREFIX}{step}")
-    if accelerator.is_main_process:
+    try:
+        if accelerator.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+            os.makedirs(tmp)
+        accelerator.wait_for_everyone()
+        torch.save(rng_state(), os.path.join(tmp, f"rng_state_{accelerator.process_index}.pt"))
+        torch.save(process_state or {}, os.path.join(tmp, f"process_state_{accelerator.process_index}.pt"))
+        state_dict = accelerator.get_state_dict(model)  # gathers shards under FSDP/DeepSpeed
+        if accelerator.is_main_process:
+            accelerator.unwrap_model(model).save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
+            torch.save(trainer_state, os.path.join(tmp, "trainer_state.pt"))
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            write_manifest(tmp, step, run_id)  # last: its presence says every file above was written
+            shutil.rmtree(final, ignore_errors=True)  # only when re-saving the same step
+            os.replace(tmp, final)
+    except OSError as err:
         shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
-    accelerator.wait_for_everyone()
-    torch.save(rng_state(), os.path.join(tmp, f"rng_state_{accelerator.process_index}.pt"))
-    torch.save(process_state or {}, os.path.join(tmp, f"process_state_{accelerator.process_index}.pt"))
-    state_dict = accelerator.get_state_dict(model)  # gathers shards under FSDP/DeepSpeed
+        last = checkpoints(output_dir)
+        raise CheckpointWriteError(
+            f"could not write checkpoint {final!r} ({err.strerror or err}); its temporary folder was removed and "
+            f"{repr(last[-1]) + ' is untouched' if last else 'there is no earlier checkpoint'}. Free space, then resume with "
+            "resume_from_checkpoint=True (fastgrpo train --resume)."
+        ) from err
     if accelerator.is_main_process:
-        accelerator.unwrap_model(model).save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        torch.save(trainer_state, os.path.join(tmp, "trainer_state.pt"))
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        shutil.rmtree(final, ignore_errors=True)  # only when re-saving the same step
-        os.replace(tmp, final)
-        prune(output_dir, save_total_limit)
+        prune(output_dir, save_total_limit, run_id)
     accelerator.wait_for_everyone()
     return final
 
 
-def checkpoints(output_dir: str) -> list[str]:
-    """Complete checkpoint folders in `output_dir`, oldest step first."""
+def write_manifest(folder: str, step: int, run_id: str) -> None:
+    """`manifest.json`: the step, the run id and the size in bytes of every other file in `folder`."""
+    files = {name: os.path.getsize(os.path.join(folder, name)) for name in sorted(os.listdir(folder)) if name != MANIFEST}
+    with open(os.path.join(folder, MANIFEST), "w") as f:
+        json.dump({"step": step, "run_id": run_id, "files": files}, f, indent=1)
+
+
+def read_manifest(path: str) -> dict:
+    """The checkpoint's manifest, after checking every listed file is there with its size.
+
+    Raises:
+        CorruptCheckpointError: no or unreadable manifest, or a missing or
+            truncated file, naming the checkpoint and the file.
+    """
+    try:
+        with open(os.path.join(path, MANIFEST)) as f:
+            manifest = json.load(f)
+    except (OSError, ValueError) as err:
+        raise CorruptCheckpointError(f"checkpoint {path!r} is incomplete: {MANIFEST} cannot be read ({err}).") from None
+    for name, size in manifest["files"].items():
+        file = os.path.join(path, name)
+        if not os.path.isfile(file):
+            raise CorruptCheckpointError(f"checkpoint {path!r} is incomplete: {name} is missing.")
+        if os.path.getsize(file) != size:
+            raise CorruptCheckpointError(f"checkpoint {path!r} is corrupt: {name} holds {os.path.getsize(file)} bytes, the manifest says {size}.")
+    return manifest
+
+
+def checkpoints(output_dir: str, run_id: str | None = None) -> list[str]:
+    """Checkpoint folders in `output_dir`, oldest step first; with `run_id`, only that run's (by manifest)."""
     if not os.path.isdir(output_dir):
         return []
     found = [(int(m.group(1)), name) for name in os.listdir(output_dir) if (m := re.fullmatch(PREFIX + r"(\d+)", name))]
-    return [os.path.join(output_dir, name) for _, name in sorted(found)]
+    paths = [os.path.join(output_dir, name) for _, name in sorted(found)]
+    return paths if run_id is None else [p for p in paths if _run_id(p) == run_id]
 
 
-def prune(output_dir: str, save_total_limit: int | None) -> None:
-    """Delete the oldest checkpoints beyond `save_total_limit`."""
+def _run_id(path: str) -> str | None:
+    try:
+        with open(os.path.join(path, MANIFEST)) as f:
+            return json.load(f).get("run_id")
+    except (OSError, ValueError):
+        return None
+
+
+def prune(output_dir: str, save_total_limit: int | None, run_id: str) -> None:
+    """Delete this run's oldest checkpoints beyond `save_total_limit`; other runs' folders are never touched."""
     if save_total_limit is None:
         return
-    for path in checkpoints(output_dir)[:-save_total_limit]:
+    for path in checkpoints(output_dir, run_id)[:-save_total_limit]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def resolve_checkpoint(resume_from_checkpoint, output_dir: str) -> str | None:
-    """The folder to resume from: None/False → none, True → latest in output_dir, str → that path.
+def load_checkpoint(resume_from_checkpoint, output_dir: str, accelerator, model) -> tuple[str | None, dict | None]:
+    """Resolve and load a checkpoint: None/False → (None, None); True → the newest in output_dir that loads; str → that folder.
+
+    Loads the weights into `model` and this process's RNG state, and returns
+    (path, trainer state with this process's entries and the manifest's
+    `run_id`). Resumed on another number of processes than saved it, the
+    per-process files no longer fit: every process keeps its freshly seeded
+    RNG and gets no process entries (so the trainer generates a new rollout).
 
     Raises:
-        ValueError: True with no checkpoint in output_dir, or a path that is not a checkpoint.
+        ValueError: True with no checkpoint in output_dir; a path that is not a
+            checkpoint; a checkpoint that does not fit the model.
+        CorruptCheckpointError: the given checkpoint, or with True every
+            checkpoint, is incomplete or unreadable (naming checkpoint and file);
+            with True each skipped one is a warning.
     """
     if resume_from_checkpoint in (None, False):
-        return None
+        return None, None
     if resume_from_checkpoint is True:
         found = checkpoints(output_dir)
         if not found:
             raise ValueError(f"resume_from_checkpoint=True but {output_dir!r} holds no checkpoint-<step> folder; train without it first.")
-        return found[-1]
-    path = str(resume_from_checkpoint)
-    if not os.path.isfile(os.path.join(path, "trainer_state.pt")):
-        raise ValueError(f"{path!r} is not a fastgrpo checkpoint (no trainer_state.pt); give a checkpoint-<step> folder or True.")
-    return path
-
-
-def load_checkpoint(path: str, accelerator, model) -> dict:
-    """Load weights into `model` and this process's RNG state; return the trainer state with this process's entries.
-
-    Resumed on another number of processes than saved it, the per-process
-    files no longer fit: every process keeps its freshly seeded RNG and gets
-    no process entries (so the trainer generates a new rollout).
-    """
-    weights = load_file(os.path.join(path, "model.safetensors"))
-    missing, unexpected = accelerator.unwrap_model(model).load_state_dict(weights, strict=False)
-    tied = set(getattr(accelerator.unwrap_model(model), "_tied_weights_keys", None) or [])
+        for path in reversed(found):
+            try:
+                parts = _read(path, accelerator)
+                break
+            except CorruptCheckpointError as err:
+                if path == found[0]:
+                    raise
+                warnings.warn(f"{err} Falling back to the checkpoint before it.", stacklevel=2)
+    else:
+        path = str(resume_from_checkpoint)
+        if not os.path.isfile(os.path.join(path, "trainer_state.pt")) and not os.path.isfile(os.path.join(path, MANIFEST)):
+            raise ValueError(f"{path!r} is not a fastgrpo checkpoint (no trainer_state.pt); give a checkpoint-<step> folder or True.")
+        parts = _read(path, accelerator)
+    unwrapped = accelerator.unwrap_model(model)
+    missing, unexpected = unwrapped.load_state_dict(parts["weights"], strict=False)
+    tied = set(getattr(unwrapped, "_tied_weights_keys", None) or [])
     if unexpected or [k for k in missing if k not in tied]:
         raise ValueError(f"checkpoint {path!r} does not fit this model (missing {missing[:3]}, unexpected {unexpected[:3]}).")
-    state = torch.load(os.path.join(path, "trainer_state.pt"), weights_only=False)
-    saved_by = len([name for name in os.listdir(path) if re.fullmatch(r"rng_state_\d+\.pt", name)])
-    if saved_by == accelerator.num_processes:
-        rank = accelerator.process_index
-        set_rng_state(torch.load(os.path.join(path, f"rng_state_{rank}.pt"), weights_only=False))
-        state.update(torch.load(os.path.join(path, f"process_state_{rank}.pt"), weights_only=False))  # on the device it left
-    return state
+    if parts["rng"] is not None:
+        set_rng_state(parts["rng"])
+    return path, {**parts["state"], **parts["process"], "run_id": parts["run_id"]}
+
+
+def _read(path: str, accelerator) -> dict:
+    """Every file this process needs from checkpoint `path`, read into memory; nothing applied yet."""
+    manifest = read_manifest(path)
+    saved_by = len([name for name in manifest["files"] if re.fullmatch(r"rng_state_\d+\.pt", name)])
+    fits = saved_by == accelerator.num_processes
+    rank = accelerator.process_index
+
+    def read(name: str, loader):
+        try:
+            return loader(os.path.join(path, name))
+        except Exception as err:  # safetensors, zip and unpickling errors all mean "this file is damaged"
+            raise CorruptCheckpointError(f"checkpoint {path!r}: {name} cannot be read ({type(err).__name__}: {err}).") from None
+
+    torch_load = lambda file: torch.load(file, weights_only=False)  # noqa: E731
+    return {
+        "weights": read("model.safetensors", load_file),
+        "state": read("trainer_state.pt", torch_load),
+        "rng": read(f"rng_state_{rank}.pt", torch_load) if fits else None,
+        "process": read(f"process_state_{rank}.pt", torch_load) if fits else {},  # on the device it left
+        "run_id": manifest["run_id"],
+    }

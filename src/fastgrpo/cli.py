@@ -21,7 +21,9 @@ import typing
 
 import yaml
 
+from .checkpoint import CheckpointWriteError
 from .config import GRPOConfig
+from .interrupt import TrainingInterrupted
 
 # The built-in job: SmolLM2-135M-Instruct on easy reasoning-gym arithmetic,
 # asked for "only the final answer". Two rewards, logged apart: reasoning-gym's
@@ -155,9 +157,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if ns.command == "train":
             train(ns)
-    except (ValueError, TypeError) as err:
+    except (ValueError, TypeError, CheckpointWriteError) as err:  # fastgrpo's own checks; errors in user code keep their traceback
         print(f"fastgrpo: error: {err}", file=sys.stderr)
         return 2
+    except TrainingInterrupted as err:  # Ctrl-C: the checkpoint is saved, the message says how to resume
+        print(f"fastgrpo: {err}", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -42,6 +42,7 @@ class GRPOConfig:
 
     # --- where and how long -------------------------------------------------
     output_dir: str = "grpo-output"  # like TRL (trainer_output), under the cwd
+    overwrite_output_dir: bool = False  # a new run in a folder holding another run's checkpoints/logs: False refuses, True removes them
     seed: int = 42
     max_steps: int = -1  # optimizer steps; -1: num_train_epochs over the dataset
     num_train_epochs: float = 3.0  # only read when max_steps == -1

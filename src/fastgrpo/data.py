@@ -92,7 +92,8 @@ def load_dataset_spec(spec: str, split: str = "train", size: int = 1000, seed: i
         split: the split of a hub dataset.
         size, seed: rows and seed for reasoning-gym specs.
     Raises:
-        ValueError: a local path with an unsupported extension, or a dataset without a "prompt" column.
+        ValueError: a local path with an unsupported extension, a malformed
+            JSON-lines row (file and line number), or a dataset `check_dataset` refuses.
     """
     if spec.startswith("reasoning-gym:"):
         tasks, _, query = spec.split(":", 1)[1].partition("?")
@@ -105,6 +106,8 @@ def load_dataset_spec(spec: str, split: str = "train", size: int = 1000, seed: i
         ext = os.path.splitext(spec)[1].lower()
         if ext not in LOCAL_FORMATS:
             raise ValueError(f"dataset file {spec!r}: use a .json, .jsonl, .csv or .parquet file.")
+        if ext == ".jsonl":
+            check_json_lines(spec)
         dataset = load_dataset(LOCAL_FORMATS[ext], data_files=spec, split="train")
     else:
         dataset = load_dataset(spec, split=split)
@@ -124,14 +127,44 @@ def _number(text: str):
 def check_dataset(dataset, name: str = "train_dataset") -> None:
     """Refuse, before any compute, a dataset that cannot feed a GRPO run.
 
+    Reads the "prompt" column once (a pass over the rows, no model).
+
     Raises:
-        ValueError: no "prompt" column, or no rows.
+        ValueError: no "prompt" column, no rows, or a row whose prompt is
+            missing, empty ("" or no messages) or neither text nor chat
+            messages (naming the row and the fix).
     """
     columns = getattr(dataset, "column_names", None) or (list(dataset[0]) if len(dataset) else [])
     if "prompt" not in columns:
         raise ValueError(f"{name} has no 'prompt' column (columns: {columns}); rename the column holding the prompts to 'prompt'.")
     if len(dataset) == 0:
         raise ValueError(f"{name} is empty; give it at least one prompt.")
+    prompts = dataset["prompt"] if hasattr(dataset, "column_names") else [row.get("prompt") for row in dataset]
+    for i, prompt in enumerate(prompts):
+        if prompt is None:
+            raise ValueError(f"{name} row {i} has no prompt (None); fill it in or drop the row.")
+        if not isinstance(prompt, (str, list)):
+            raise ValueError(f"{name} row {i}: prompt {prompt!r} is {type(prompt).__name__}; give text or a list of chat messages.")
+        if len(prompt) == 0:
+            raise ValueError(f"{name} row {i} has an empty prompt ({prompt!r}); the model needs at least one token to continue. Drop the row.")
+
+
+def check_json_lines(path: str) -> None:
+    """Parse a .jsonl file line by line before `datasets` reads it, so a bad row is one clear line.
+
+    Raises:
+        ValueError: a line that is not a JSON object, naming the file and the line number (1-based).
+    """
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}, line {number}: not valid JSON ({err.msg} at column {err.colno}); fix or remove that line.") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}, line {number}: a JSON {type(row).__name__}, not an object with a 'prompt' field.")
 
 
 def is_conversational(prompt) -> bool:

@@ -64,7 +64,8 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
 
 
 def group_advantages(
-    rewards: torch.Tensor, scale_rewards: str = "group", batch_std: torch.Tensor | None = None, eps: float = 1e-4
+    rewards: torch.Tensor, scale_rewards: str = "group", batch_std: torch.Tensor | None = None, eps: float = 1e-4,
+    valid: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Group-relative advantages Â = (r − mean_group) / (std + eps).
 
@@ -78,12 +79,17 @@ def group_advantages(
         batch_std: scalar tensor, the std over the rollout on all processes;
             required for "batch".
         eps: added to the std (TRL: 1e-4).
+        valid: (num_prompts, G) bool, False for completions no reward applies
+            to; they get Â = 0 and are left out of their group's mean and std.
+            None: all valid (the plain formula).
     Returns:
-        (num_prompts, G). A group whose rewards are all equal gets exactly 0,
-        never a float residue of the mean divided by a tiny std.
+        (num_prompts, G). A group whose (valid) rewards are all equal gets
+        exactly 0, never a float residue of the mean divided by a tiny std.
     Raises:
         ValueError: unknown `scale_rewards`, or "batch" without `batch_std`.
     """
+    if valid is not None:
+        return _masked_group_advantages(rewards, valid, scale_rewards, batch_std, eps)
     centred = rewards - rewards.mean(dim=1, keepdim=True)
     if scale_rewards == "group":
         scale = rewards.std(dim=1, keepdim=True) + eps
@@ -97,6 +103,24 @@ def group_advantages(
         raise ValueError(f"scale_rewards={scale_rewards!r}: use 'group', 'batch' or 'none'.")
     constant = (rewards == rewards[:, :1]).all(dim=1, keepdim=True)  # equal rewards: no signal
     return torch.where(constant, torch.zeros_like(centred), centred / scale)
+
+
+def _masked_group_advantages(rewards, valid, scale_rewards, batch_std, eps) -> torch.Tensor:
+    """`group_advantages` over the valid entries only: mean and (n − 1) std of each group's valid rewards."""
+    count = valid.sum(dim=1, keepdim=True)  # (P, 1) valid completions per group
+    filled = torch.where(valid, rewards, torch.zeros_like(rewards))  # NaN/garbage at invalid ones never enters a sum
+    centred = torch.where(valid, rewards - filled.sum(dim=1, keepdim=True) / count.clamp(min=1), torch.zeros_like(rewards))
+    if scale_rewards == "group":
+        scale = (centred.pow(2).sum(dim=1, keepdim=True) / (count - 1).clamp(min=1)).sqrt() + eps
+    elif scale_rewards == "batch" and batch_std is not None:
+        scale = batch_std + eps
+    elif scale_rewards == "none":
+        scale = torch.ones_like(centred[:, :1])
+    else:
+        return group_advantages(rewards, scale_rewards, batch_std, eps)  # raises the unmasked function's error
+    top = torch.where(valid, rewards, torch.full_like(rewards, -torch.inf)).amax(dim=1, keepdim=True)
+    constant = torch.where(valid, rewards == top, torch.ones_like(valid)).all(dim=1, keepdim=True)
+    return torch.where(valid & ~constant, centred / scale, torch.zeros_like(centred))
 
 
 def weighted_rewards(rewards: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

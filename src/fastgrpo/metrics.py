@@ -106,11 +106,19 @@ class MetricsLog:
         self.completions_path = os.path.join(output_dir, "completions.jsonl")
         os.makedirs(output_dir, exist_ok=True)
 
-    def reset(self) -> None:
-        """Start fresh files (a new run, not a resumed one, in an existing output_dir)."""
+    def cut_back(self, step: int) -> None:
+        """Drop records after `step` from both logs (resuming from checkpoint-<step>): no step logged twice.
+
+        Each file is rewritten under a temporary name and renamed into place.
+        """
         for path in (self.metrics_path, self.completions_path):
-            if os.path.exists(path):
-                os.remove(path)
+            if not os.path.exists(path):
+                continue
+            with open(path) as f:
+                kept = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
+            with open(path + ".tmp", "w") as f:
+                f.writelines(kept)
+            os.replace(path + ".tmp", path)
 
     def write(self, record: dict) -> None:
         """Append one record, print its key numbers, send it to trackers."""
@@ -141,17 +149,18 @@ class MetricsLog:
         if num_to_print == 0:
             return
         from rich.table import Table
+        from rich.text import Text  # prompts and completions as plain text: "[/INST]" is not rich markup
 
         table = Table(title=f"completions at step {step}", show_lines=True)
         for column in ("prompt", "completion", *reward_names, "advantage"):
-            table.add_column(column, overflow="fold")
+            table.add_column(Text(column), overflow="fold")
         for i in range(len(rollout) if num_to_print is None else min(num_to_print, len(rollout))):
             prompt = rollout.prompts[i]
             prompt = prompt[-1]["content"] if isinstance(prompt, list) else prompt
             completion = rollout.completions[i]
             completion = completion[-1]["content"] if isinstance(completion, list) else completion
-            values = [f"{v:.3g}" for v in _floats(rollout.rewards[i])]
-            table.add_row(str(prompt)[-200:], str(completion)[:300], *values, f"{float(rollout.advantages[i]):.3g}")
+            values = ["None" if v is None else f"{v:.3g}" for v in _floats(rollout.rewards[i])]
+            table.add_row(Text(str(prompt)[-200:]), Text(str(completion)[:300]), *values, f"{float(rollout.advantages[i]):.3g}")
         self.console.print(table)
 
 
@@ -160,6 +169,7 @@ def rollout_metrics(rollout, reward_names: list[str], weights: torch.Tensor, num
 
     Keys: completions, reward_sum, group_std_sum (n − 1 std per group), groups,
     zero_std_groups (groups of equal rewards: no learning signal),
+    reward_none (completions no reward function applied to),
     rewards/<name>_sum and _count (applicable completions only),
     completion_length_sum/_min/_max (tokens), completion_tokens, truncated,
     truncated_prompts.
@@ -180,6 +190,7 @@ def rollout_metrics(rollout, reward_names: list[str], weights: torch.Tensor, num
         "group_std_sum": float(groups.std(dim=1).sum()),
         "groups": groups.shape[0],
         "zero_std_groups": float((groups == groups[:, :1]).all(dim=1).sum()),
+        "reward_none": float(torch.isnan(rewards).all(dim=-1).sum()),  # no reward applied: Â = 0
     }
     for k, name in enumerate(reward_names):
         column = rewards[:, k]
@@ -207,6 +218,7 @@ def window_record(step: int, sums: dict, extremes: dict, seconds: dict, reward_n
     mean("reward_sum", "completions", "reward")
     mean("group_std_sum", "groups", "reward_std")
     mean("zero_std_groups", "groups", "frac_reward_zero_std")
+    mean("reward_none", "completions", "frac_reward_none")
     for name in reward_names:
         mean(f"rewards/{name}_sum", f"rewards/{name}_count", f"rewards/{name}")
     mean("completion_length_sum", "completions", "completion_length")

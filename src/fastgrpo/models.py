@@ -73,11 +73,15 @@ def resolve_model_path(name: str) -> str:
         A local safetensors folder (aliases and GGUF files, converted once) or
         `name` unchanged.
     Raises:
-        ValueError: a local-looking path (./, /, ~, .gguf) that does not exist.
+        ValueError: a local-looking path (./, /, ~, .gguf) that does not
+            exist, or a name that is neither a local path nor a model the hub
+            (or its local cache) has (see `check_hub_model`).
     """
     looks_local = name.startswith((".", "/", "~")) or name.endswith(".gguf")
     if looks_local and not os.path.exists(os.path.expanduser(name)):
         raise ValueError(f"model {name!r} does not exist; give a local folder, a .gguf file, a hub id or 'smollm2-135m-instruct'.")
+    if name not in BUILTIN_MODELS and not os.path.exists(name):
+        check_hub_model(name)
     if name in BUILTIN_MODELS:
         package, gguf_file = BUILTIN_MODELS[name]
         target = os.path.join(cache_dir(), name)
@@ -92,9 +96,57 @@ def resolve_model_path(name: str) -> str:
     return name
 
 
+HUB_TIMEOUT_SECONDS = 5.0  # one quick probe, not huggingface_hub's retries (≈ 64 s when offline)
+
+
+def check_hub_model(name: str) -> None:
+    """Make sure a name that is no local path is a hub model: in the local hub cache, or answered by the hub now.
+
+    Respects HF_HUB_OFFLINE (then only the cache counts) and asks the hub once,
+    with a `HUB_TIMEOUT_SECONDS` timeout.
+
+    Raises:
+        ValueError: saying both that `name` is not a local path and why the
+            hub cannot supply it (offline, unreachable, or no such model).
+    """
+    import huggingface_hub
+    from huggingface_hub.errors import HFValidationError, RepositoryNotFoundError
+
+    not_local = f"model {name!r} is not a local folder or file (looked in {os.getcwd()})"
+    try:
+        cached = huggingface_hub.try_to_load_from_cache(name, "config.json")
+    except HFValidationError:
+        raise ValueError(f"{not_local}, nor a valid hub id (owner/name); give a local folder, a .gguf file or 'smollm2-135m-instruct'.") from None
+    if isinstance(cached, str):
+        return
+    offline = os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")  # read now, not at import
+    if offline or huggingface_hub.is_offline_mode():
+        raise ValueError(f"{not_local}, and HF_HUB_OFFLINE is set, so the hub was not asked and its local cache does not hold it.")
+    try:
+        huggingface_hub.HfApi().model_info(name, timeout=HUB_TIMEOUT_SECONDS)
+    except RepositoryNotFoundError:
+        raise ValueError(f"{not_local}, and the hub has no model {name!r} (or it is private: log in with `hf auth login`).") from None
+    except Exception as err:  # connection refused, DNS, timeout, proxy: all mean "cannot reach"
+        raise ValueError(f"{not_local}, and the hub could not be reached ({type(err).__name__}); check the path, or the network.") from None
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+
+
 def load_tokenizer(name: str):
-    """The tokenizer for a model name, set for left padding (pad = EOS when it has no pad token)."""
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(name))
+    """The tokenizer for a model name, set for left padding (pad = EOS when it has no pad token).
+
+    Raises:
+        ValueError: a name `resolve_model_path` refuses, or a local folder
+            holding none of `TOKENIZER_FILES` (naming the folder and the files).
+    """
+    path = resolve_model_path(name)
+    if os.path.isdir(path) and not any(os.path.exists(os.path.join(path, f)) for f in TOKENIZER_FILES):
+        raise ValueError(
+            f"model folder {path!r} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); copy the tokenizer files "
+            "into it, or pass the tokenizer as processing_class."
+        )
+    tokenizer = AutoTokenizer.from_pretrained(path)
     return prepare_tokenizer(tokenizer)
 
 

@@ -1,79 +1,186 @@
 """Calling reward functions, checking what they return, and the built-in rewards.
 
-The protocol is TRL's: a reward function is a plain callable
+The protocol is TRL's: a reward function is a plain callable (or `async def`)
 
-    fn(prompts, completions, completion_ids, **columns) -> list[float | None]
+    fn(prompts, completions, completion_ids, trainer_state, **columns) -> list[float | None]
 
 called once per rollout with N aligned lists (N completions). `completions`
 are strings, or `[{"role": "assistant", "content": text}]` when the prompts are
 chat messages; every dataset column other than "prompt" arrives as a keyword
-list. None means "not applicable" and is skipped in the weighted sum.
+list, and the trainer's extra keywords (`trainer_state`, as TRL passes it) come
+with them. None means "not applicable" and is skipped in the weighted sum; a
+list, tuple, numpy array or 1-D torch tensor is accepted. Async functions are
+awaited, all of them concurrently.
 
 Built-ins (`fastgrpo train --reward NAME`): `length` (the TRL quick-start
 reward), `format` (answer inside <answer>…</answer>), `brevity` (short
 replies), `reasoning_gym`
 (reasoning-gym's own scorer for the row's task), and any `module:function`.
+
+Not here: turning rewards into advantages (losses.py).
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import functools
 import importlib
+import inspect
 import json
 import math
 import numbers
 import re
+import warnings
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 
 RewardFunc = Callable[..., list]
 
+# Keywords the reward protocol itself passes: a dataset column of the same name would collide with them.
+RESERVED_COLUMNS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric", "reward_kwargs")
+
+
+class RewardFunctionError(RuntimeError):
+    """A reward function raised; the user's own exception is chained (`__cause__`) with its traceback."""
+
 
 def reward_name(fn: RewardFunc) -> str:
-    """The name a reward is logged under (`rewards/<name>`): the function's `__name__`."""
+    """The name a reward is logged under (`rewards/<name>`): the function's `__name__`;
+    a `functools.partial` is named after the function it wraps."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
     return getattr(fn, "__name__", type(fn).__name__)
 
 
-def score(funcs: Sequence[RewardFunc], prompts: list, completions: list, completion_ids: list, **columns) -> torch.Tensor:
-    """Call every reward function once and stack their values.
+def reward_names(funcs: Sequence[RewardFunc]) -> list[str]:
+    """Distinct log names for R reward functions: `reward_name`, duplicates suffixed `_2`, `_3`, …
+
+    Two rewards under one name would overwrite each other in metrics.jsonl and
+    completions.jsonl.
+    """
+    names: list[str] = []
+    for fn in funcs:
+        base = name = reward_name(fn)
+        k = 1
+        while name in names:
+            k += 1
+            name = f"{base}_{k}"
+        names.append(name)
+    return names
+
+
+def check_columns(dataset, dataset_name: str = "train_dataset") -> None:
+    """Refuse dataset columns that the reward protocol passes itself (checked when the trainer is built).
+
+    Raises:
+        ValueError: a column named like one of `RESERVED_COLUMNS`, naming it.
+    """
+    columns = getattr(dataset, "column_names", None) or list(dataset[0])
+    clash = [c for c in columns if c in RESERVED_COLUMNS]
+    if clash:
+        raise ValueError(
+            f"{dataset_name} has a column named {clash[0]!r}, which reward functions already receive as an argument; "
+            f"rename the column (reserved: {', '.join(RESERVED_COLUMNS)})."
+        )
+
+
+def score(
+    funcs: Sequence[RewardFunc], prompts: list, completions: list, completion_ids: list,
+    reward_kwargs: dict | None = None, **columns,
+) -> torch.Tensor:
+    """Call every reward function once (async ones concurrently) and stack their values.
 
     Args:
         funcs: R reward functions.
         prompts, completions, completion_ids: N aligned entries each.
+        reward_kwargs: extra keywords for every function (the trainer passes
+            `trainer_state`); None for none.
         columns: extra dataset columns, N entries each.
     Returns:
-        (N, R) float32 rewards, NaN where a function returned None.
+        (N, R) float32 rewards, NaN where a function returned None. A row that
+        is NaN everywhere (no function applies) is allowed: it gets Â = 0
+        (see `losses.group_advantages`), with a warning.
     Raises:
-        ValueError: a function returned the wrong number of values, or a
-            completion got None from every function.
-        TypeError: a function returned something that is not a list of numbers/None.
+        ValueError: a function returned the wrong number of values, or inf/NaN
+            (naming the function, the value and the completion).
+        TypeError: a function returned something that is not a sequence of numbers/None.
+        RewardFunctionError: a function raised; its own exception is chained.
     """
     n = len(completions)
+    names = reward_names(funcs)
+    kwargs = dict(prompts=prompts, completions=completions, completion_ids=completion_ids, **(reward_kwargs or {}), **columns)
+    results = [_call(fn, name, kwargs) for fn, name in zip(funcs, names)]
+    pending = [k for k, r in enumerate(results) if inspect.isawaitable(r)]
+    if pending:
+        for k, value in zip(pending, _await_all([results[k] for k in pending], [names[k] for k in pending])):
+            results[k] = value
     table = torch.empty(n, len(funcs), dtype=torch.float32)
-    for k, fn in enumerate(funcs):
-        values = fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
-        name = reward_name(fn)
-        if isinstance(values, torch.Tensor):
-            values = values.tolist()
-        if not isinstance(values, (list, tuple)):
-            raise TypeError(f"reward function {name!r} returned {type(values).__name__}; return a list of {n} floats (None = not applicable).")
-        if len(values) != n:
-            raise ValueError(f"reward function {name!r} returned {len(values)} values for {n} completions; return one per completion.")
-        for i, v in enumerate(values):
-            if v is None:
-                table[i, k] = math.nan
-            elif isinstance(v, numbers.Real) and not isinstance(v, bool):
-                table[i, k] = float(v)
-            else:
-                raise TypeError(f"reward function {name!r} returned {v!r} ({type(v).__name__}) for completion {i}; return a float or None.")
-    none_at_all = torch.isnan(table).all(dim=1)
-    if none_at_all.any():
-        i = int(none_at_all.nonzero()[0])
-        names = ", ".join(reward_name(f) for f in funcs)
-        raise ValueError(
-            f"completion {i} got None from every reward function ({names}); at least one must apply to each completion."
+    for k, (name, values) in enumerate(zip(names, results)):
+        table[:, k] = _column(name, values, n)
+    if torch.isnan(table).all(dim=1).any():
+        warnings.warn(
+            f"some completions got None from every reward function ({', '.join(names)}); they get advantage 0 and are "
+            "left out of their group's mean and std (logged as frac_reward_none).",
+            stacklevel=2,
         )
     return table
+
+
+def _call(fn: RewardFunc, name: str, kwargs: dict):
+    try:
+        return fn(**kwargs)
+    except Exception as err:
+        if fn in BUILTIN_REWARDS.values():  # fastgrpo's own rewards raise fastgrpo's own clear errors
+            raise
+        raise RewardFunctionError(f"reward function {name!r} raised {type(err).__name__}: {err}") from err
+
+
+def _await_all(awaitables: list, names: list[str]) -> list:
+    """Await the async reward functions' results concurrently, in a private event loop."""
+
+    async def gather():
+        return await asyncio.gather(*awaitables, return_exceptions=True)
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # the usual case: no loop in this thread
+        results = asyncio.run(gather())
+    else:  # called from inside a running loop (a notebook): run ours in a thread
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            results = pool.submit(asyncio.run, gather()).result()
+    for name, value in zip(names, results):
+        if isinstance(value, Exception):
+            raise RewardFunctionError(f"reward function {name!r} raised {type(value).__name__}: {value}") from value
+    return results
+
+
+def _column(name: str, values, n: int) -> torch.Tensor:
+    """One function's N values → (N,) float32, NaN for None; refuses anything else."""
+    if isinstance(values, (np.ndarray, torch.Tensor)):
+        if values.ndim != 1:
+            raise TypeError(f"reward function {name!r} returned an array of shape {tuple(values.shape)}; return {n} values, shape ({n},).")
+        values = values.tolist()
+    if not isinstance(values, (list, tuple)):
+        raise TypeError(f"reward function {name!r} returned {type(values).__name__}; return a list of {n} floats (None = not applicable).")
+    if len(values) != n:
+        raise ValueError(f"reward function {name!r} returned {len(values)} values for {n} completions; return one per completion.")
+    column = torch.empty(n, dtype=torch.float32)
+    for i, v in enumerate(values):
+        if v is None:
+            column[i] = math.nan
+        elif isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_)):
+            if not math.isfinite(v):
+                raise ValueError(
+                    f"reward function {name!r} returned {float(v)} for completion {i}; rewards must be finite "
+                    "(return None when a reward does not apply)."
+                )
+            column[i] = float(v)
+        else:
+            raise TypeError(f"reward function {name!r} returned {v!r} ({type(v).__name__}) for completion {i}; return a float or None.")
+    return column
 
 
 # ---------------------------------------------------------------------------

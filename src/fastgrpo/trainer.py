@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import uuid
 from contextlib import nullcontext
 from functools import partial
 from typing import NamedTuple
@@ -33,9 +35,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from transformers import get_scheduler
 
 from . import checkpoint as ckpt
+from . import runs
 from .config import GRPOConfig
 from .data import PromptEncoder, PromptOrder, check_dataset, is_conversational
 from .generation import TransformersGenerator
+from .interrupt import StopOnInterrupt, TrainingInterrupted
 from .launch import cpu_launch_error, cpu_only
 from .losses import (
     StepCounts,
@@ -51,7 +55,7 @@ from .losses import (
 )
 from .metrics import CompletionRows, MetricsLog, PhaseTimer, Window, rollout_metrics, window_record
 from .models import disable_dropout, load_model, load_tokenizer, prepare_tokenizer, reference_model
-from .rewards import resolve_reward, reward_name, score
+from .rewards import check_columns, resolve_reward, reward_names, score
 from .rollout import Rollout, collect
 
 
@@ -76,9 +80,11 @@ class GRPOTrainer:
         eval_dataset: optional rows for `evaluate()` (every `eval_steps`).
         processing_class: the tokenizer; default: the model's own.
     Raises:
-        ValueError/TypeError: a missing dataset or "prompt" column, reward
-            weights that do not match the functions, a world size that does not
-            match the config — all before any model is loaded.
+        ValueError/TypeError: a missing or empty dataset, a missing or empty
+            prompt (naming the row), a column the reward protocol reserves,
+            reward weights that do not match the functions, a world size that
+            does not match the config, an output_dir that is a file or not
+            writable — all before any model is loaded.
     """
 
     def __init__(self, model, reward_funcs, args: GRPOConfig | None = None, train_dataset=None, eval_dataset=None, processing_class=None):
@@ -86,12 +92,14 @@ class GRPOTrainer:
         if train_dataset is None:
             raise ValueError("train_dataset is required: a datasets.Dataset (or list of dicts) with a 'prompt' column.")
         check_dataset(train_dataset)
+        check_columns(train_dataset)
         if eval_dataset is not None:
             check_dataset(eval_dataset, "eval_dataset")
+            check_columns(eval_dataset, "eval_dataset")
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
         self.reward_funcs = [resolve_reward(f) for f in funcs]
-        self.reward_names = [reward_name(f) for f in self.reward_funcs]
+        self.reward_names = reward_names(self.reward_funcs)
         weights = a.reward_weights if a.reward_weights is not None else [1.0] * len(self.reward_funcs)
         if len(weights) != len(self.reward_funcs):
             raise ValueError(f"reward_weights has {len(weights)} values for {len(self.reward_funcs)} reward functions; give one weight per function.")
@@ -99,6 +107,7 @@ class GRPOTrainer:
         bf16 = a.bf16 if a.bf16 is not None else bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
         if (launch_error := cpu_launch_error()) is not None:
             raise ValueError(launch_error)
+        runs.check_output_dir(a.output_dir)
         # cpu=True without GPUs: only then does accelerate join torchrun's processes into one gloo group.
         self.accelerator = acc = Accelerator(
             cpu=cpu_only(), mixed_precision="bf16" if bf16 else "no", log_with=a.report_to or None, project_dir=a.output_dir
@@ -143,16 +152,23 @@ class GRPOTrainer:
         # π_old = π_θ detached (no pass) when the policy cannot move between generation and last use.
         self.needs_old_logps = not (a.num_iterations == 1 and a.steps_per_generation == a.gradient_accumulation_steps)
         self.step, self.timer, self.window, self.fresh_completions = 0, PhaseTimer(), Window(), []
-        self.target_kl_stops, self.last_metrics, self.loss_sum = 0, {}, 0.0
+        self.target_kl_stops, self.last_metrics, self.loss_sum, self.run_id = 0, {}, 0.0, uuid.uuid4().hex
         self.log = MetricsLog(a.output_dir, acc, self.console) if acc.is_main_process else None
 
     # ------------------------------------------------------------------ the loop
     def train(self, resume_from_checkpoint=None) -> TrainOutput:
-        """Run until `max_steps` optimizer steps are done; resume from a checkpoint if asked (True = latest)."""
+        """Run until `max_steps` optimizer steps are done; resume from a checkpoint if asked (True = latest that loads).
+
+        Raises:
+            ValueError: a new run in an output_dir holding another run (unless
+                `overwrite_output_dir`); a resume that changes a `runs.STATE_FIELDS` field.
+            CorruptCheckpointError, CheckpointWriteError: see checkpoint.py.
+            TrainingInterrupted: after Ctrl-C, once this step's checkpoint is saved.
+        """
         a = self.args
         rollout, done = self._resume(resume_from_checkpoint)
         schedule = [(i, s) for i in range(a.num_iterations) for s in range(a.steps_per_generation // a.gradient_accumulation_steps)]
-        with self._progress() as progress:
+        with self._progress() as progress, StopOnInterrupt() as interrupt:
             while self.step < self.max_steps:
                 if rollout is None or done >= a.steps_per_rollout:
                     rollout, done = self._collect(), 0  # generate G completions per prompt, score, Â, π_ref, π_old
@@ -163,6 +179,8 @@ class GRPOTrainer:
                     self.target_kl_stops += int(stop_reuse and done < a.steps_per_rollout)
                     done = a.steps_per_rollout if stop_reuse else done
                     self._after_step(rollout, done, progress)
+                    if self.step < self.max_steps and interrupt.requested(self.accelerator):  # Ctrl-C: save this whole step, stop
+                        self._stop_interrupted(rollout, done)
                     if self.step >= self.max_steps or stop_reuse:
                         break
         for tracker in self.accelerator.trackers:  # not end_training(): it ends the process group save_model needs
@@ -178,7 +196,7 @@ class GRPOTrainer:
         rollout = collect(
             [self.train_dataset[i] for i in indices], num_generations=a.num_generations,
             encode=self._encode, generate=self.generate, decode=self._decode,
-            score=partial(score, self.reward_funcs), advantages=self._advantages,
+            score=partial(score, self.reward_funcs, reward_kwargs=self._reward_kwargs()), advantages=self._advantages,
             eos_token_ids=self.eos_token_ids, timer=self.timer,
         )
         rollout = dataclasses.replace(rollout, ref_logps=self._ref_logps(rollout), old_logps=self._old_logps(rollout))
@@ -188,6 +206,10 @@ class GRPOTrainer:
         for key, value in rollout_metrics(rollout, self.reward_names, self.reward_weights, a.num_generations).items():
             (self.window.extreme if key.endswith(("_min", "_max")) else self.window.add)(key, value)
         return rollout
+
+    def _reward_kwargs(self) -> dict:
+        """Extra keywords every reward function receives (TRL passes `trainer_state`)."""
+        return {"trainer_state": getattr(self, "state", None)}
 
     def _encode(self, prompts):
         ids, mask, truncated = self.encode(prompts)
@@ -204,8 +226,12 @@ class GRPOTrainer:
         if a.multi_objective_aggregation == "normalize_then_sum":
             return normalize_then_sum(rewards.view(-1, G, rewards.shape[1]), self.reward_weights).view(-1)
         total = weighted_rewards(rewards, self.reward_weights)
-        batch_std = self.accelerator.gather(total).std() if a.scale_rewards == "batch" else None  # all processes
-        return group_advantages(total.view(-1, G), a.scale_rewards, batch_std).view(-1)
+        valid = ~torch.isnan(rewards).all(dim=-1)  # False: no reward applies, Â = 0, out of the group statistics
+        batch_std = None
+        if a.scale_rewards == "batch":  # all processes, valid completions only
+            batch_std = self.accelerator.gather(total)[self.accelerator.gather(valid.float()) > 0].std()
+        valid = None if valid.all() else valid.view(-1, G)
+        return group_advantages(total.view(-1, G), a.scale_rewards, batch_std, valid=valid).view(-1)
 
     @torch.no_grad()
     def _old_logps(self, rollout: Rollout) -> torch.Tensor | None:
@@ -318,13 +344,30 @@ class GRPOTrainer:
         if self.eval_dataset is not None and a.eval_steps and self.step % a.eval_steps == 0:
             self.evaluate()
         if self.step % every(a.save_steps) == 0 or self.step == self.max_steps:
-            state = {
-                "step": self.step, "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                "order": self.order.state_dict(), "target_kl_stops": self.target_kl_stops, "done": done,
-                "ref_model": self.ref_model.state_dict() if a.sync_ref_model else None, "config": a.to_dict(),
-            }
-            own = {"rollout": rollout if done < a.steps_per_rollout else None}  # this process's share of the rollout
-            ckpt.save_checkpoint(a.output_dir, self.step, self.accelerator, self.model, self.tokenizer, state, a.save_total_limit, own)
+            self._save(rollout, done)
+
+    def _save(self, rollout: Rollout, done: int) -> str:
+        """Write checkpoint-<step> (every process calls it); returns its path."""
+        a = self.args
+        state = {
+            "step": self.step, "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+            "order": self.order.state_dict(), "target_kl_stops": self.target_kl_stops, "done": done,
+            "ref_model": self.ref_model.state_dict() if a.sync_ref_model else None, "config": a.to_dict(),
+        }
+        own = {"rollout": rollout if done < a.steps_per_rollout else None}  # this process's share of the rollout
+        return ckpt.save_checkpoint(
+            a.output_dir, self.step, self.accelerator, self.model, self.tokenizer, state, a.save_total_limit, own, self.run_id
+        )
+
+    def _stop_interrupted(self, rollout: Rollout, done: int) -> None:
+        """After Ctrl-C: save this step's checkpoint (unless just saved) and raise `TrainingInterrupted` with a resume hint."""
+        path = os.path.join(self.args.output_dir, f"{ckpt.PREFIX}{self.step}")
+        if path not in ckpt.checkpoints(self.args.output_dir, self.run_id):
+            path = self._save(rollout, done)
+        raise TrainingInterrupted(
+            f"interrupted at step {self.step}/{self.max_steps}; saved {path}. Resume with "
+            "trainer.train(resume_from_checkpoint=True), or the same fastgrpo train command plus --resume."
+        )
 
     def _log(self) -> None:
         acc = self.accelerator
@@ -342,21 +385,39 @@ class GRPOTrainer:
         self.last_metrics, self.window, self.fresh_completions = record, Window(), []
 
     def _resume(self, resume_from_checkpoint) -> tuple[Rollout | None, int]:
-        path = ckpt.resolve_checkpoint(resume_from_checkpoint, self.args.output_dir)
+        """Start a new run (claiming output_dir) or resume a checkpoint: state, changed settings, logs cut back."""
+        a, acc = self.args, self.accelerator
+        path, state = ckpt.load_checkpoint(resume_from_checkpoint, a.output_dir, acc, self.model)
         if path is None:
-            if self.log is not None:
-                self.log.reset()
+            removed = runs.claim_output_dir(a.output_dir, a.overwrite_output_dir) if acc.is_main_process else []
+            acc.wait_for_everyone()
+            if removed:
+                self.console.print(f"overwrite_output_dir: removed the previous run's {', '.join(removed)} from {a.output_dir}")
             return None, 0
-        state = ckpt.load_checkpoint(path, self.accelerator, self.model)
+        changed = runs.config_changes(state["config"], a.to_dict())  # refuses a change to the saved state's meaning
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        self._apply_optimizer_settings()
         self.order.load_state_dict(state["order"])
-        self.step, self.target_kl_stops = state["step"], state["target_kl_stops"]
+        self.step, self.target_kl_stops, self.run_id = state["step"], state["target_kl_stops"], state["run_id"]
         if state["ref_model"] is not None:
             self.ref_model.load_state_dict(state["ref_model"])
-        if self.accelerator.is_main_process:
-            self.console.print(f"resumed from {path} at step {self.step}")
+        if self.log is not None:
+            self.log.cut_back(self.step)
+            self.console.print(f"resumed from {path} at step {self.step}", markup=False)
+            if changed:
+                listed = ", ".join(f"{k} {old!r} → {new!r}" for k, old, new in changed)
+                self.console.print(f"changed since the checkpoint, applied: {listed}", markup=False, soft_wrap=True)
         return state.get("rollout"), state["done"]  # no rollout: resumed on another number of processes
+
+    def _apply_optimizer_settings(self) -> None:
+        """This config's optimizer settings over the loaded ones (load_state_dict restores the saved lr, betas, …)."""
+        a, scheduler = self.args, self.scheduler
+        scheduler.base_lrs = [a.learning_rate] * len(scheduler.base_lrs)
+        for group, factor in zip(self.optimizer.param_groups, scheduler.lr_lambdas):
+            group.update(lr=a.learning_rate * factor(scheduler.last_epoch), initial_lr=a.learning_rate,
+                         betas=(a.adam_beta1, a.adam_beta2), eps=a.adam_epsilon, weight_decay=a.weight_decay)
+        scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
     def _progress(self) -> Progress:
         columns = (TextColumn("GRPO"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
@@ -377,7 +438,8 @@ class GRPOTrainer:
         for start in range(0, len(rows), chunk):
             rollout = collect(
                 rows[start : start + chunk], num_generations=a.num_generations, encode=self._encode, generate=self.generate,
-                decode=self._decode, score=partial(score, self.reward_funcs), advantages=lambda r: torch.zeros(len(r)),
+                decode=self._decode, score=partial(score, self.reward_funcs, reward_kwargs=self._reward_kwargs()),
+                advantages=lambda r: torch.zeros(len(r)),
                 eos_token_ids=self.eos_token_ids, timer=PhaseTimer(),
             )
             values = rollout_metrics(rollout, self.reward_names, self.reward_weights, a.num_generations)

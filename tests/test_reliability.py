@@ -1,0 +1,278 @@
+"""Bad input is refused before compute; a fault loses nothing; resume never duplicates or mixes runs (issue 12).
+
+One test per kind of bad input or fault; docs/reliability.md lists them. Trainer
+runs are a few optimizer steps of the tiny random model from conftest.py.
+"""
+
+import errno
+import json
+import os
+import shutil
+import signal
+
+import pytest
+import torch
+from datasets import Dataset
+from rich.console import Console
+from test_trainer import config, read_metrics, reward_even_tokens
+
+import fastgrpo.checkpoint as ckpt
+import fastgrpo.runs as runs
+from fastgrpo import GRPOTrainer
+from fastgrpo.cli import main
+from fastgrpo.data import load_dataset_spec
+from fastgrpo.interrupt import StopOnInterrupt, TrainingInterrupted
+from fastgrpo.losses import group_advantages
+from fastgrpo.metrics import CompletionRows, MetricsLog
+from fastgrpo.models import load_tokenizer, resolve_model_path
+
+NOT_LOADED = "./this-model-must-not-be-loaded"  # loading it would raise "does not exist": our check must come first
+
+
+def train(tmp_path, tokenizer, make_model, prompts, reward=reward_even_tokens, resume=None, **overrides):
+    trainer = GRPOTrainer(make_model(), reward, args=config(tmp_path, **overrides), train_dataset=prompts, processing_class=tokenizer)
+    return trainer, trainer.train(resume_from_checkpoint=resume)
+
+
+def steps(path):
+    with open(path) as f:
+        return [json.loads(line)["step"] for line in f]
+
+
+# ---------------------------------------------------------------- rewards
+
+
+def test_advantages_leave_rows_without_reward_out_of_the_group():
+    # Group 0: valid rewards 1, 3, 5 (row 1 has none): mean 3, n−1 std sqrt((4+0+4)/2) = 2 → Â = −1, 0, 0, 1.
+    # Group 1: the two valid rewards are equal → all 0. Group 2: nothing valid → all 0.
+    rewards = torch.tensor([[1.0, 0.0, 3.0, 5.0], [2.0, 2.0, 0.0, 9.0], [0.0, 0.0, 0.0, 0.0]])
+    valid = torch.tensor([[True, False, True, True], [True, True, False, False], [False] * 4])
+    for scale in ("group", "none"):
+        adv = group_advantages(rewards, scale, eps=0.0, valid=valid)
+        expected = [-1.0, 0.0, 0.0, 1.0] if scale == "group" else [-2.0, 0.0, 0.0, 2.0]
+        assert adv.tolist() == [expected, [0.0] * 4, [0.0] * 4]
+    assert group_advantages(rewards, "batch", torch.tensor(2.0), eps=0.0, valid=valid)[0].tolist() == [-1.0, 0.0, 0.0, 1.0]
+    with pytest.raises(ValueError, match="'batch' needs batch_std"):
+        group_advantages(rewards, "batch", valid=valid)
+    all_valid = torch.ones_like(valid)
+    assert torch.allclose(group_advantages(rewards, valid=all_valid), group_advantages(rewards))  # all valid: the plain formula
+
+
+def test_rows_without_reward_train_with_zero_advantage_and_log_the_fraction(tmp_path, tokenizer, make_model, prompts):
+    def first_of_four_unscored(completion_ids, **kw):  # completion 0 of every group of G = 4 gets None
+        return [None if i % 4 == 0 else float(len(ids)) for i, ids in enumerate(completion_ids)]
+
+    with pytest.warns(UserWarning, match="got None from every reward function"):
+        trainer, out = train(tmp_path, tokenizer, make_model, prompts, first_of_four_unscored, max_steps=2, log_completions=True)
+    assert out.global_step == 2
+    assert [r["frac_reward_none"] for r in read_metrics(trainer.args.output_dir)] == [0.25, 0.25]
+    with open(os.path.join(trainer.args.output_dir, "completions.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    unscored = [r for r in rows if r["rewards"]["first_of_four_unscored"] is None]
+    assert len(unscored) == len(rows) // 4 and all(r["advantage"] == 0.0 for r in unscored)
+
+
+def test_non_finite_reward_stops_before_the_update(tmp_path, tokenizer, make_model, prompts):
+    model = make_model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    trainer = GRPOTrainer(model, lambda completions, **kw: [float("inf")] + [1.0] * (len(completions) - 1),
+                          args=config(tmp_path), train_dataset=prompts, processing_class=tokenizer)
+    with pytest.raises(ValueError, match="'<lambda>' returned inf for completion 0"):
+        trainer.train()
+    after = trainer.accelerator.unwrap_model(trainer.model).state_dict()
+    assert all(torch.equal(before[k], after[k].cpu()) for k in before)  # no NaN step was taken
+
+
+def test_reward_functions_receive_trainer_state(tmp_path, tokenizer, make_model, prompts):
+    seen = []
+
+    def spy(completions, trainer_state, **kw):
+        seen.append(trainer_state)
+        return [0.0] * len(completions)
+
+    train(tmp_path, tokenizer, make_model, prompts, spy, max_steps=1)
+    assert seen == [None]  # this trainer has no `state` object yet: TRL's keyword is present, empty
+
+
+# ---------------------------------------------------------------- data, model, output_dir
+
+
+@pytest.mark.parametrize("rows,match", [
+    ([], "is empty"),
+    ([{"prompt": "Count to 3."}, {"prompt": None}], "row 1 has no prompt"),
+    ([{"prompt": ""}, {"prompt": ""}], "row 0 has an empty prompt"),
+    ([{"prompt": [{"role": "user", "content": "hi"}]}, {"prompt": []}], "row 1 has an empty prompt"),
+    ([{"prompt": "a", "completions": "x"}], "column named 'completions'"),
+    ([{"prompt": "a", "trainer_state": 1}], "column named 'trainer_state'"),
+])
+def test_bad_datasets_are_refused_before_the_model_loads(tmp_path, rows, match):
+    dataset = Dataset.from_list(rows) if rows else Dataset.from_dict({"prompt": []})
+    with pytest.raises(ValueError, match=match):
+        GRPOTrainer(NOT_LOADED, reward_even_tokens, args=config(tmp_path), train_dataset=dataset)
+
+
+def test_malformed_json_lines_name_file_and_line(tmp_path, capsys):
+    path = tmp_path / "data.jsonl"
+    path.write_text('{"prompt": "a"}\n{"prompt": "b"}\n{"prompt": "c",\n')
+    with pytest.raises(ValueError, match=r"data.jsonl, line 3: not valid JSON"):
+        load_dataset_spec(str(path))
+    assert main(["train", "--dataset", str(path), "--output_dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "line 3" in err  # one line, no traceback
+
+
+def test_output_dir_that_is_a_file_or_not_writable_is_refused_before_the_model_loads(tmp_path, monkeypatch, prompts):
+    a_file = tmp_path / "out"
+    a_file.write_text("x")
+    with pytest.raises(ValueError, match="output_dir .* is a file"):
+        GRPOTrainer(NOT_LOADED, reward_even_tokens, args=config(tmp_path), train_dataset=prompts)
+
+    def denied(*args, **kwargs):  # tests run as root, where chmod cannot make a folder read-only
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(runs.tempfile, "TemporaryFile", denied)
+    with pytest.raises(ValueError, match="is not writable \\(Permission denied\\)"):
+        GRPOTrainer(NOT_LOADED, reward_even_tokens, args=config(tmp_path / "elsewhere"), train_dataset=prompts)
+
+
+def test_unknown_model_name_says_not_local_and_not_on_the_hub_at_once(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ValueError, match="'some-folder' is not a local folder or file .* HF_HUB_OFFLINE is set"):
+        resolve_model_path("some-folder")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    import huggingface_hub
+
+    def unreachable(self, *args, **kwargs):
+        raise ConnectionError("connection refused")
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", unreachable)
+    with pytest.raises(ValueError, match="not a local folder or file .* the hub could not be reached \\(ConnectionError\\)"):
+        resolve_model_path("some-folder")
+
+
+def test_model_folder_without_tokenizer_names_folder_and_files(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match=f"model folder '{tmp_path}' has no tokenizer \\(none of tokenizer.json"):
+        load_tokenizer(str(tmp_path))
+
+
+def test_rich_markup_in_prompts_and_completions_is_printed_literally(tmp_path):
+    console = Console(record=True, width=200)
+    log = MetricsLog(str(tmp_path), accelerator=None, console=console)
+    rows = CompletionRows(["[INST] Count to 3. [/INST]"], ["[/bold] 1 2 3 [red]"], torch.tensor([[float("nan")]]), torch.zeros(1))
+    log.completions(1, rows, ["[b]"], num_to_print=1)
+    text = console.export_text()
+    assert "[INST] Count to 3. [/INST]" in text and "[/bold] 1 2 3 [red]" in text and "None" in text
+
+
+# ---------------------------------------------------------------- output_dir ownership and resume
+
+
+def test_a_new_run_refuses_a_folder_holding_another_run(tmp_path, tokenizer, make_model, prompts):
+    first, _ = train(tmp_path, tokenizer, make_model, prompts, max_steps=2, save_steps=1)
+    with pytest.raises(ValueError, match="already holds a run \\(checkpoint-1, checkpoint-2, metrics.jsonl\\).*overwrite_output_dir=True"):
+        train(tmp_path, tokenizer, make_model, prompts, max_steps=1)
+    assert steps(os.path.join(first.args.output_dir, "metrics.jsonl")) == [1, 2]  # untouched by the refused run
+    second, _ = train(tmp_path, tokenizer, make_model, prompts, max_steps=1, overwrite_output_dir=True)
+    assert sorted(n for n in os.listdir(second.args.output_dir) if n.startswith("checkpoint-")) == ["checkpoint-1"]
+    assert ckpt._run_id(os.path.join(second.args.output_dir, "checkpoint-1")) == second.run_id != first.run_id
+
+
+def test_pruning_only_touches_this_runs_checkpoints(tmp_path):
+    for step, run in [(1, "a"), (2, "a"), (3, "a"), (10, "b")]:
+        folder = tmp_path / f"checkpoint-{step}"
+        folder.mkdir()
+        ckpt.write_manifest(str(folder), step, run)
+    ckpt.prune(str(tmp_path), 1, "a")
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint-10", "checkpoint-3"]  # run b's higher step survives
+
+
+def test_resume_cuts_logs_back_to_the_checkpoint_step(tmp_path, tokenizer, make_model, prompts):
+    # A run killed after step 3 whose last checkpoint is step 2: logs hold steps 1–3, resume must not log step 3 twice.
+    common = dict(max_steps=4, save_steps=2, log_completions=True, num_completions_to_print=0)
+    trainer, _ = train(tmp_path, tokenizer, make_model, prompts, **common)
+    out = trainer.args.output_dir
+    shutil.rmtree(os.path.join(out, "checkpoint-4"))
+    for name in ("metrics.jsonl", "completions.jsonl"):  # as if killed after logging step 3
+        with open(os.path.join(out, name)) as f:
+            kept = [line for line in f if json.loads(line)["step"] <= 3]
+        with open(os.path.join(out, name), "w") as f:
+            f.writelines(kept)
+    train(tmp_path, tokenizer, make_model, prompts, resume=True, **common)
+    assert steps(os.path.join(out, "metrics.jsonl")) == [1, 2, 3, 4]
+    per_step = trainer.args.generation_batch_size
+    assert steps(os.path.join(out, "completions.jsonl")) == [s for s in (1, 2, 3, 4) for _ in range(per_step)]
+
+
+def test_corrupt_latest_checkpoint_is_named_and_true_falls_back(tmp_path, tokenizer, make_model, prompts):
+    trainer, _ = train(tmp_path, tokenizer, make_model, prompts, max_steps=2, save_steps=1)
+    latest = os.path.join(trainer.args.output_dir, "checkpoint-2")
+    weights = os.path.join(latest, "model.safetensors")
+    os.truncate(weights, os.path.getsize(weights) // 2)
+    with pytest.raises(ckpt.CorruptCheckpointError, match="checkpoint-2' is corrupt: model.safetensors holds"):
+        train(tmp_path, tokenizer, make_model, prompts, resume=latest, max_steps=3, save_steps=1)
+    with pytest.warns(UserWarning, match="checkpoint-2' is corrupt.*Falling back"):
+        resumed, out = train(tmp_path, tokenizer, make_model, prompts, resume=True, max_steps=3, save_steps=1)
+    assert out.global_step == 3
+    assert steps(os.path.join(trainer.args.output_dir, "metrics.jsonl")) == [1, 2, 3]  # resumed at 1: step 2 logged once
+    with pytest.raises(ckpt.CorruptCheckpointError, match="manifest.json cannot be read"):
+        os.remove(os.path.join(trainer.args.output_dir, "checkpoint-1", "manifest.json"))
+        ckpt.read_manifest(os.path.join(trainer.args.output_dir, "checkpoint-1"))
+
+
+def test_resume_with_changed_config(tmp_path, tokenizer, make_model, prompts, capsys):
+    train(tmp_path, tokenizer, make_model, prompts, max_steps=2, save_steps=1, lr_scheduler_type="constant")
+    with pytest.raises(ValueError, match="per_device_train_batch_size=2, but the checkpoint was saved with per_device_train_batch_size=4"):
+        train(tmp_path, tokenizer, make_model, prompts, resume=True, max_steps=3, lr_scheduler_type="constant",
+              per_device_train_batch_size=2, gradient_accumulation_steps=4)
+    trainer, _ = train(tmp_path, tokenizer, make_model, prompts, resume=True, max_steps=3, lr_scheduler_type="constant",
+                       learning_rate=5e-4, logging_steps=2)
+    assert [g["lr"] for g in trainer.optimizer.param_groups] == [5e-4]  # applied, not the saved 1e-3
+    notice = [line for line in capsys.readouterr().out.splitlines() if "applied" in line]
+    assert len(notice) == 1  # one notice listing every change
+    for change in ("learning_rate 0.001 → 0.0005", "max_steps 2 → 3", "logging_steps 1 → 2"):
+        assert change in notice[0]
+
+
+def test_failed_checkpoint_write_is_named_cleaned_up_and_keeps_the_last_good_one(tmp_path, tokenizer, make_model, prompts, monkeypatch):
+    real_save = ckpt.torch.save
+
+    def disk_full_at_step_2(obj, path):
+        if "checkpoint-2" in path and path.endswith("trainer_state.pt"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_save(obj, path)
+
+    monkeypatch.setattr(ckpt.torch, "save", disk_full_at_step_2)
+    with pytest.raises(ckpt.CheckpointWriteError, match="could not write checkpoint .*checkpoint-2' \\(No space left on device\\).*checkpoint-1' is untouched"):
+        train(tmp_path, tokenizer, make_model, prompts, max_steps=3, save_steps=1)
+    out = str(tmp_path / "out")
+    assert sorted(os.listdir(out)) == ["checkpoint-1", "metrics.jsonl"]  # no .tmp-checkpoint-2 left
+    ckpt.read_manifest(os.path.join(out, "checkpoint-1"))  # complete
+
+
+def test_ctrl_c_saves_the_current_step_and_says_how_to_resume(tmp_path, tokenizer, make_model, prompts):
+    calls = []
+
+    def interrupted_in_second_rollout(completion_ids, **kw):  # one rollout per optimizer step here
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGINT)  # the handler only sets a flag: this rollout and its step finish
+        return reward_even_tokens(completion_ids)
+
+    with pytest.raises(TrainingInterrupted, match="interrupted at step 2/4; saved .*checkpoint-2. Resume with trainer.train\\(resume_from_checkpoint=True\\)"):
+        train(tmp_path, tokenizer, make_model, prompts, interrupted_in_second_rollout, save_steps=1000)
+    out = str(tmp_path / "out")
+    assert [os.path.basename(p) for p in ckpt.checkpoints(out)] == ["checkpoint-2"]
+    _, result = train(tmp_path, tokenizer, make_model, prompts, resume=True, save_steps=1000)
+    assert result.global_step == 4 and steps(os.path.join(out, "metrics.jsonl")) == [1, 2, 3, 4]
+
+
+def test_second_ctrl_c_aborts_at_once():
+    before = signal.getsignal(signal.SIGINT)
+    with StopOnInterrupt() as interrupt:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert interrupt.flag
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is before
