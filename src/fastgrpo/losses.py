@@ -16,6 +16,7 @@ Not here: the model forward (trainer.py), reward calling (rewards.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -171,6 +172,39 @@ def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None)
     """Σ of `values` over active positions (all of them, or along `dim`); masked ones never contribute."""
     kept = masked(values, mask)
     return kept.sum() if dim is None else kept.sum(dim)
+
+
+def rollout_advantages(
+    rewards: torch.Tensor,
+    weights: torch.Tensor,
+    num_generations: int,
+    scale_rewards: str,
+    aggregation: str,
+    gather: Callable[[torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """Â for this process's completions from their per-function rewards (TRL 1.16's advantage block).
+
+    "sum_then_normalize": weighted sum, then `group_advantages` (the "batch"
+    std over every process). "normalize_then_sum": `normalize_then_sum`, then
+    `batch_normalize` over every process (GDPO).
+
+    Args:
+        rewards: (N, R), NaN where a function does not apply; groups of G contiguous.
+        weights: (R,).
+        gather: (N,) → (N·world_size,), every process's values (identity on one process).
+    Returns:
+        (N,) advantages.
+    Raises:
+        ValueError: unknown `scale_rewards` or `aggregation`.
+    """
+    if aggregation == "normalize_then_sum":
+        summed = normalize_then_sum(rewards.view(-1, num_generations, rewards.shape[1]), weights).view(-1)
+        return batch_normalize(summed, gather(summed))
+    if aggregation != "sum_then_normalize":
+        raise ValueError(f"multi_objective_aggregation={aggregation!r}: use 'sum_then_normalize' or 'normalize_then_sum'.")
+    total = weighted_rewards(rewards, weights)
+    batch_std = gather(total).std() if scale_rewards == "batch" else None
+    return group_advantages(total.view(-1, num_generations), scale_rewards, batch_std).view(-1)
 
 
 # ---------------------------------------------------------------------------

@@ -39,19 +39,16 @@ from .generation import TransformersGenerator
 from .launch import cpu_launch_error, cpu_only
 from .losses import (
     StepCounts,
-    batch_normalize,
     entropy_from_logits,
     entropy_threshold,
-    group_advantages,
     grpo_loss,
     high_entropy_mask,
     kl_full,
     kl_k3,
     masked_sum,
-    normalize_then_sum,
+    rollout_advantages,
     selective_log_softmax,
     step_tokens,
-    weighted_rewards,
 )
 from .metrics import CompletionRows, MetricsLog, PhaseTimer, Window, rollout_metrics, window_record
 from .models import disable_dropout, load_model, load_tokenizer, prepare_tokenizer, reference_model
@@ -203,14 +200,11 @@ class GRPOTrainer:
 
     def _advantages(self, rewards: torch.Tensor) -> torch.Tensor:
         """(N, R) rewards → (N,) Â, groups of G in the shape (num_prompts, G)."""
-        a, G = self.args, self.args.num_generations
-        rewards = rewards.to(self.reward_weights.device)
-        if a.multi_objective_aggregation == "normalize_then_sum":
-            summed = normalize_then_sum(rewards.view(-1, G, rewards.shape[1]), self.reward_weights).view(-1)
-            return batch_normalize(summed, self.accelerator.gather(summed))  # over all processes, as TRL
-        total = weighted_rewards(rewards, self.reward_weights)
-        batch_std = self.accelerator.gather(total).std() if a.scale_rewards == "batch" else None  # all processes
-        return group_advantages(total.view(-1, G), a.scale_rewards, batch_std).view(-1)
+        a = self.args
+        return rollout_advantages(
+            rewards.to(self.reward_weights.device), self.reward_weights, a.num_generations, a.scale_rewards,
+            a.multi_objective_aggregation, gather=self.accelerator.gather,  # batch statistics over all processes
+        )
 
     @torch.no_grad()
     def _old_logps(self, rollout: Rollout) -> torch.Tensor | None:
