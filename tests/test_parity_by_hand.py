@@ -24,6 +24,7 @@ from fastgrpo.losses import (
     high_entropy_mask,
     kl_k3,
     normalize_then_sum,
+    rollout_advantages,
     step_tokens,
 )
 from fastgrpo.models import disable_dropout
@@ -65,6 +66,19 @@ def test_item_2_normalize_then_sum_normalises_the_sum_over_the_batch():
     assert abs(expected - 0.70707) < 1e-5
     # every sum equal (no signal anywhere): exactly 0, not 0/1e-4 residue
     assert batch_normalize(torch.full((2,), 0.3, dtype=F64), torch.full((4,), 0.3, dtype=F64)).eq(0).all()
+
+
+@pytest.mark.parametrize("aggregation", ["sum_then_normalize", "normalize_then_sum"])
+def test_unscorable_completion_is_in_no_baseline(aggregation):
+    # G = 3, rewards (0, 1, unscorable), scale "none": the baseline is mean(0, 1) = 0.5, not
+    # mean(0, 1, 0) = 1/3 (nansum would read "no reward" as 0): Â = (−0.5, 0.5, 0), as TRL 1.16.
+    rewards = torch.tensor([[0.0], [1.0], [math.nan]], dtype=F64)
+    adv = rollout_advantages(rewards, torch.ones(1, dtype=F64), 3, "none", aggregation, gather=lambda mine: mine)
+    if aggregation == "sum_then_normalize":
+        assert adv.tolist() == [-0.5, 0.5, 0.0]
+    else:  # group-normalised ±0.5/(√0.5 + 1e-4), then over the batch (±x)/(√2·x + 1e-4) ≈ ±0.70707
+        x = 0.5 / (math.sqrt(0.5) + 1e-4)
+        torch.testing.assert_close(adv, torch.tensor([-1, 1, 0], dtype=F64) * x / (math.sqrt(2) * x + 1e-4))
 
 
 @pytest.mark.parametrize("correct,grad", [(True, 1.0), (False, 1 - math.exp(-1))])

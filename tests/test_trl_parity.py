@@ -35,10 +35,8 @@ from fastgrpo.losses import (
     grpo_loss,
     high_entropy_mask,
     kl_k3,
-    normalize_then_sum,
     rollout_advantages,
     step_tokens,
-    weighted_rewards,
 )
 
 F64 = torch.float64
@@ -120,6 +118,7 @@ def data(case, rollout):
     is_truncated = (lengths == T) & (torch.rand(P, N, generator=g) < 0.7)  # no EOS within T
     rewards = torch.rand(P * N, 2, generator=g, dtype=F64).round(decimals=1)  # ties within groups happen
     rewards[3, 1] = float("nan")  # one function not applicable to one completion
+    rewards[6] = float("nan")  # an unscorable completion: no function applies
     ref = -torch.rand(P, N, T, generator=g, dtype=F64) * 2
     loss_mask = completion_mask * (~is_truncated).unsqueeze(-1).long() if case.mask_truncated else completion_mask
     return SimpleNamespace(loss_mask=loss_mask, rewards=rewards, ref=ref)
@@ -202,16 +201,21 @@ def train(case, system, fastgrpo_epsilon_high=None):
 
 
 def our_advantages(rewards, weights, case):
-    """fastgrpo's advantages, each process computing its own share; `gather` returns every process's sums."""
+    """fastgrpo's advantages, each process computing its own share of (num_processes·N, R) rewards.
+
+    A first pass records what each process hands to `gather`; the second pass
+    gives every process the concatenation, as accelerate's gather would.
+    """
     per_process = rewards.view(case.num_processes, -1, rewards.shape[1])
-    if case.aggregation == "normalize_then_sum":
-        sums = [normalize_then_sum(r.view(-1, case.G, r.shape[1]), weights).view(-1) for r in per_process]
-    else:
-        sums = [weighted_rewards(r, weights) for r in per_process]
-    everyone = torch.cat(sums)
-    return torch.cat([
-        rollout_advantages(r, weights, case.G, case.scale_rewards, case.aggregation, lambda mine: everyone) for r in per_process
-    ])
+    sent = []
+
+    def advantages(r, gather):
+        return rollout_advantages(r, weights, case.G, case.scale_rewards, case.aggregation, gather)
+
+    for r in per_process:
+        advantages(r, lambda mine: sent.append(mine) or mine)
+    everyone = torch.cat(sent) if sent else None
+    return torch.cat([advantages(r, lambda mine: everyone) for r in per_process])
 
 
 ALL = ["grpo", "bnpo", "dapo", "dr_grpo", "cispo", "sapo"]
@@ -257,6 +261,7 @@ def test_trl_advantages_equal_ours_and_are_not_trivial():
     # The advantage block alone, for every mode, on 2 processes of 3 groups of 4 with ties and a NaN.
     rewards = torch.rand(24, 2, generator=torch.Generator().manual_seed(1), dtype=F64).round(decimals=1)
     rewards[5, 0] = float("nan")
+    rewards[13] = float("nan")  # unscorable: left out of the baselines, Â = 0
     rewards[8:12] = 0.5  # one group with no signal
     weights = torch.tensor([1.0, 2.0], dtype=F64)
     for aggregation in ("sum_then_normalize", "normalize_then_sum"):
@@ -295,3 +300,21 @@ def test_defaults_are_trls_except_the_documented_ones():
         "disable_tqdm",  # False vs None, which transformers resolves to False at the default log level
     }
     assert GRPOConfig().max_completion_length == theirs["max_completion_length"] == 512
+
+
+def test_disable_dropout_also_turns_off_functional_dropout_unlike_trl():
+    # Llama attention applies config.attention_dropout functionally; TRL's helper zeroes
+    # nn.Dropout modules only, so two training-mode passes still differ after it.
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from trl.trainer.utils import disable_dropout_in_model
+
+    from fastgrpo.models import disable_dropout
+
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, attention_dropout=0.5)
+    ids = torch.arange(12).view(2, 6)
+    theirs, ours = LlamaForCausalLM(config).train(), LlamaForCausalLM(config).train()
+    disable_dropout_in_model(theirs)
+    disable_dropout(ours)
+    assert not torch.equal(theirs(ids).logits, theirs(ids).logits)
+    assert torch.equal(ours(ids).logits, ours(ids).logits)

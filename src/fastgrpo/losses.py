@@ -64,40 +64,64 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------------------
 
 
+def nan_stats(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and unbiased (n − 1) std of the non-NaN entries along `dim` (kept), TRL's nanmean/nanstd.
+
+    NaN marks a reward that does not apply. With fewer than 2 entries the std is 0
+    (TRL's is NaN; either way such a group gets Â = 0, see `no_signal`).
+    """
+    present = ~torch.isnan(x)
+    count = present.sum(dim, keepdim=True)
+    mean = torch.where(present, x, 0.0).sum(dim, keepdim=True) / count.clamp(min=1)
+    var = torch.where(present, (x - mean) ** 2, 0.0).sum(dim, keepdim=True) / (count - 1).clamp(min=1)
+    return mean, var.sqrt()
+
+
+def no_signal(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """True where the non-NaN entries along `dim` (kept) are all equal, or absent: nothing to compare.
+
+    Compared with the max of the present entries, so such a group gets Â = 0
+    exactly, never a float residue of the mean divided by a tiny std.
+    """
+    present = ~torch.isnan(x)
+    top = torch.where(present, x, -torch.inf).amax(dim, keepdim=True)
+    return torch.where(present, x == top, True).all(dim, keepdim=True)
+
+
 def group_advantages(
     rewards: torch.Tensor, scale_rewards: str = "group", batch_std: torch.Tensor | None = None, eps: float = 1e-4
 ) -> torch.Tensor:
     """Group-relative advantages Â = (r − mean_group) / (std + eps).
 
     DeepSeekMath (arXiv 2402.03300) §4.1.2, outcome supervision. The std is the
-    unbiased (n − 1) one, as in TRL.
+    unbiased (n − 1) one, as in TRL. A NaN reward (an unscorable completion)
+    is left out of its group's mean and std and gets Â = 0, as in TRL 1.16.
 
     Args:
-        rewards: (num_prompts, G) total reward per completion.
+        rewards: (num_prompts, G) total reward per completion, NaN = unscorable.
         scale_rewards: "group" (std within the group), "batch" (std of the
             whole rollout, `batch_std`), "none" (no scaling; Dr. GRPO).
         batch_std: scalar tensor, the std over the rollout on all processes;
             required for "batch".
         eps: added to the std (TRL: 1e-4).
     Returns:
-        (num_prompts, G). A group whose rewards are all equal gets exactly 0,
-        never a float residue of the mean divided by a tiny std.
+        (num_prompts, G). A group whose rewards are all equal gets exactly 0.
     Raises:
         ValueError: unknown `scale_rewards`, or "batch" without `batch_std`.
     """
-    centred = rewards - rewards.mean(dim=1, keepdim=True)
+    mean, std = nan_stats(rewards, 1)
     if scale_rewards == "group":
-        scale = rewards.std(dim=1, keepdim=True) + eps
+        scale = std + eps
     elif scale_rewards == "batch":
         if batch_std is None:
             raise ValueError("scale_rewards='batch' needs batch_std, the std of all rewards of the rollout.")
         scale = batch_std + eps
     elif scale_rewards == "none":
-        scale = torch.ones_like(centred[:, :1])
+        scale = torch.ones_like(mean)
     else:
         raise ValueError(f"scale_rewards={scale_rewards!r}: use 'group', 'batch' or 'none'.")
-    constant = (rewards == rewards[:, :1]).all(dim=1, keepdim=True)  # equal rewards: no signal
-    return torch.where(constant, torch.zeros_like(centred), centred / scale)
+    keep = ~torch.isnan(rewards) & ~no_signal(rewards, 1)
+    return torch.where(keep, (rewards - mean) / scale, 0.0)
 
 
 def weighted_rewards(rewards: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -124,20 +148,11 @@ def normalize_then_sum(rewards: torch.Tensor, weights: torch.Tensor, eps: float 
         rewards: (num_prompts, G, R).
         weights: (R,).
     Returns:
-        (num_prompts, G) advantages.
+        (num_prompts, G) weighted sums (`batch_normalize` makes them advantages).
     """
-    present = ~torch.isnan(rewards)
-    count = present.sum(dim=1, keepdim=True)  # (P, 1, R)
-    filled = torch.where(present, rewards, torch.zeros_like(rewards))
-    mean = filled.sum(dim=1, keepdim=True) / count.clamp(min=1)
-    var = torch.where(present, (rewards - mean) ** 2, torch.zeros_like(rewards)).sum(dim=1, keepdim=True)
-    std = (var / (count - 1).clamp(min=1)).sqrt()
-    # Compare with the max of the *present* rewards: filling NaN with 0 would make
-    # a group of equal negative rewards look non-constant and leak a float residue / eps.
-    top = torch.where(present, rewards, torch.full_like(rewards, -torch.inf)).amax(dim=1, keepdim=True)
-    constant = torch.where(present, rewards == top, torch.ones_like(present)).all(1, keepdim=True)
-    normed = torch.where(present & ~constant, (rewards - mean) / (std + eps), torch.zeros_like(rewards))
-    return (normed * weights).sum(dim=-1)
+    mean, std = nan_stats(rewards, 1)
+    keep = ~torch.isnan(rewards) & ~no_signal(rewards, 1)
+    return (torch.where(keep, (rewards - mean) / (std + eps), 0.0) * weights).sum(dim=-1)
 
 
 def batch_normalize(values: torch.Tensor, everyone: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
@@ -148,30 +163,15 @@ def batch_normalize(values: torch.Tensor, everyone: torch.Tensor, eps: float = 1
     the batch, so Â has unit scale whatever the weights.
 
     Args:
-        values: (N,) this process's weighted sums.
-        everyone: (N·world_size,) the same on all processes (gathered).
+        values: (N,) this process's weighted sums; NaN = unscorable (Â = 0).
+        everyone: (N·world_size,) the same on all processes (gathered); NaN left out.
     Returns:
         (N,) advantages. A rollout whose sums are all equal gets exactly 0.
     """
-    if bool((everyone == everyone[0]).all()):
+    mean, std = nan_stats(everyone, 0)
+    if bool(no_signal(everyone, 0).all()):
         return torch.zeros_like(values)
-    return (values - everyone.mean()) / (everyone.std() + eps)
-
-
-def masked(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """`values` where `mask` is non-zero, exactly 0 elsewhere (NaN and inf included).
-
-    torch.where, not a product: 0 · inf and 0 · NaN are NaN, so a non-finite
-    value at a masked position would otherwise reach the loss, its gradient
-    and the metrics. Shapes broadcast; the result has the broadcast shape.
-    """
-    return torch.where(mask.bool(), values, torch.zeros((), dtype=values.dtype, device=values.device))
-
-
-def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    """Σ of `values` over active positions (all of them, or along `dim`); masked ones never contribute."""
-    kept = masked(values, mask)
-    return kept.sum() if dim is None else kept.sum(dim)
+    return torch.where(torch.isnan(values), 0.0, (values - mean) / (std + eps))
 
 
 def rollout_advantages(
@@ -188,6 +188,9 @@ def rollout_advantages(
     std over every process). "normalize_then_sum": `normalize_then_sum`, then
     `batch_normalize` over every process (GDPO).
 
+    A completion for which every function returned None is unscorable: it is
+    left out of every mean and std and gets Â = 0 (TRL 1.16).
+
     Args:
         rewards: (N, R), NaN where a function does not apply; groups of G contiguous.
         weights: (R,).
@@ -197,14 +200,32 @@ def rollout_advantages(
     Raises:
         ValueError: unknown `scale_rewards` or `aggregation`.
     """
+    unscorable = torch.isnan(rewards).all(dim=-1)  # every function returned None: Â = 0, in no baseline (TRL)
     if aggregation == "normalize_then_sum":
         summed = normalize_then_sum(rewards.view(-1, num_generations, rewards.shape[1]), weights).view(-1)
+        summed = torch.where(unscorable, torch.nan, summed)
         return batch_normalize(summed, gather(summed))
     if aggregation != "sum_then_normalize":
         raise ValueError(f"multi_objective_aggregation={aggregation!r}: use 'sum_then_normalize' or 'normalize_then_sum'.")
-    total = weighted_rewards(rewards, weights)
-    batch_std = gather(total).std() if scale_rewards == "batch" else None
+    total = torch.where(unscorable, torch.nan, weighted_rewards(rewards, weights))
+    batch_std = nan_stats(gather(total), 0)[1] if scale_rewards == "batch" else None
     return group_advantages(total.view(-1, num_generations), scale_rewards, batch_std).view(-1)
+
+
+def masked(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """`values` where `mask` is non-zero, exactly 0 elsewhere (NaN and inf included).
+
+    torch.where, not a product: 0 · inf and 0 · NaN are NaN, so a non-finite
+    value at a masked position would otherwise reach the loss, its gradient
+    and the metrics. Shapes broadcast; the result has the broadcast shape.
+    """
+    return torch.where(mask.bool(), values, torch.zeros((), dtype=values.dtype, device=values.device))
+
+
+def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Σ of `values` over active positions (all of them, or along `dim`); masked ones never contribute."""
+    kept = masked(values, mask)
+    return kept.sum() if dim is None else kept.sum(dim)
 
 
 # ---------------------------------------------------------------------------
