@@ -509,9 +509,9 @@ def _step_gradient(loss_type, splits, counts_for=None, **kw):
 
 @pytest.mark.parametrize("loss_type", ["dapo", "dr_grpo", "grpo", "cispo", "sapo"])
 def test_step_gradient_does_not_depend_on_micro_batch_split(loss_type):
-    # dapo/cispo/sapo: each token's gradient is (its per-token term)/step tokens, with
-    # the step's token count fixed in StepCounts, so 1×8, 4×2 and 8×1 agree.
-    # dr_grpo divides by step sequences × L, grpo by |o_i| × step sequences: also fixed.
+    # dapo/cispo: each token's gradient is (its per-token term)/step tokens, with
+    # the token count fixed in StepCounts, so 1×8, 4×2 and 8×1 agree.
+    # dr_grpo divides by step sequences × L, grpo and sapo by |o_i| × step sequences: also fixed.
     loss_1, grad_1 = _step_gradient(loss_type, 1, epsilon_high=0.28)
     for splits in (4, 8):
         loss_k, grad_k = _step_gradient(loss_type, splits, epsilon_high=0.28)
