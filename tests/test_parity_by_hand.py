@@ -144,6 +144,30 @@ def test_item_6_entropy_threshold_over_all_processes():
     assert high_entropy_mask(mine, torch.ones(1, 2), entropy_threshold(mine.flatten(), 0.5)).tolist() == [[0.0, 1.0]]
 
 
+def test_item_6_trainer_gathers_every_processs_entropies():
+    # The trainer's glue: pad this process's active entropies with −1, all-gather, drop the padding.
+    # Process 0 (this one) has active (0, 1) and a padded 9.0; process 1 has (2, 3, 4).
+    # Gathered active: 0, 1, 2, 3, 4; ρ = 0.5 → threshold = median = 2 → process 0 keeps nothing.
+    other = torch.tensor([2.0, 3.0, 4.0])
+
+    class TwoProcesses:
+        num_processes = 2
+
+        def pad_across_processes(self, local, dim, pad_index):
+            return torch.nn.functional.pad(local, (0, 3 - len(local)), value=pad_index)
+
+        def gather(self, padded):
+            return torch.cat([padded, other])
+
+    trainer = object.__new__(GRPOTrainer)  # only the two attributes _entropy_mask reads
+    trainer.accelerator, trainer.args = TwoProcesses(), GRPOConfig(top_entropy_quantile=0.5)
+    keep = trainer._entropy_mask(torch.tensor([[0.0, 1.0, 9.0]]), torch.tensor([[1.0, 1.0, 0.0]]))
+    assert keep.tolist() == [[0.0, 0.0, 0.0]]
+    # ρ = 1: no filter at all (every active token carries the policy term)
+    trainer.args = GRPOConfig()
+    assert trainer._entropy_mask(torch.tensor([[0.0, 1.0, 9.0]]), torch.tensor([[1.0, 1.0, 0.0]])) is None
+
+
 def test_item_7_every_dropout_is_off(tokenizer):
     # Llama attention applies config.attention_dropout functionally in training mode
     # (there is no nn.Dropout module): two training-mode passes differ until it is off.

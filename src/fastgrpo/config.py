@@ -3,8 +3,8 @@
 Field names and defaults are TRL's (`trl.GRPOConfig`), so a TRL script runs with
 only its import changed; the defaults that differ (disable_dropout,
 gradient_checkpointing, num_completions_to_print, output_dir) are listed with
-their reasons in the README's "Differences from TRL". Counts are completions, not prompts (DESIGN.md, "Batch
-semantics"). Every inconsistent combination is refused here, in
+their reasons in the README's "Differences from TRL". Counts are completions,
+not prompts (DESIGN.md, "Batch semantics"). Every inconsistent combination is refused here, in
 `__post_init__`, with one sentence naming the value and the fix, before any
 model is loaded.
 
