@@ -10,20 +10,18 @@ import math
 import pytest
 import torch
 
+from fastgrpo.advantages import group_advantages, normalize_then_sum, weighted_rewards
 from fastgrpo.losses import (
     LOSS_TYPES,
     StepCounts,
     entropy_from_logits,
     entropy_threshold,
-    group_advantages,
     grpo_loss,
     high_entropy_mask,
     kl_full,
     kl_k3,
     log_importance_weights,
-    normalize_then_sum,
     selective_log_softmax,
-    weighted_rewards,
 )
 
 F64 = torch.float64

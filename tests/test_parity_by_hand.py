@@ -15,18 +15,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from fastgrpo import GRPOConfig, GRPOTrainer
 from fastgrpo.data import PromptEncoder
-from fastgrpo.losses import (
-    LOSS_TYPES,
-    StepCounts,
-    batch_normalize,
-    entropy_threshold,
-    grpo_loss,
-    high_entropy_mask,
-    kl_k3,
-    normalize_then_sum,
-    rollout_advantages,
-    step_tokens,
-)
+from fastgrpo.advantages import batch_normalize, normalize_then_sum, rollout_advantages
+from fastgrpo.losses import LOSS_TYPES, StepCounts, entropy_threshold, grpo_loss, high_entropy_mask, kl_k3, step_tokens
 from fastgrpo.models import disable_dropout
 
 F64 = torch.float64

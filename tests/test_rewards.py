@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from fastgrpo.losses import weighted_rewards
+from fastgrpo.advantages import weighted_rewards
 from fastgrpo.rewards import brevity_reward, format_reward, reasoning_gym_reward, resolve_reward, reward_len, score
 
 

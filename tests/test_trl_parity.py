@@ -29,15 +29,8 @@ import trl
 from trl.trainer import grpo_trainer as trl_module
 
 from fastgrpo import GRPOConfig
-from fastgrpo.losses import (
-    StepCounts,
-    entropy_threshold,
-    grpo_loss,
-    high_entropy_mask,
-    kl_k3,
-    rollout_advantages,
-    step_tokens,
-)
+from fastgrpo.advantages import rollout_advantages
+from fastgrpo.losses import StepCounts, entropy_threshold, grpo_loss, high_entropy_mask, kl_k3, step_tokens
 
 F64 = torch.float64
 T = 6  # max_completion_length, tokens

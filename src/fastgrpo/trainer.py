@@ -13,7 +13,7 @@ Usage (TRL's API; only the import differs):
                           args=GRPOConfig(num_iterations=4), train_dataset=ds)
     trainer.train()
 
-Not here: the maths (losses.py), the rollout record (rollout.py), checkpoint
+Not here: the maths (losses.py, advantages.py), the rollout record (rollout.py), checkpoint
 files (checkpoint.py), metric output (metrics.py).
 """
 
@@ -33,6 +33,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from transformers import get_scheduler
 
 from . import checkpoint as ckpt
+from .advantages import rollout_advantages
 from .config import GRPOConfig
 from .data import PromptEncoder, PromptOrder, check_dataset, is_conversational
 from .generation import TransformersGenerator
@@ -46,7 +47,6 @@ from .losses import (
     kl_full,
     kl_k3,
     masked_sum,
-    rollout_advantages,
     selective_log_softmax,
     step_tokens,
 )
