@@ -139,12 +139,13 @@ def test_rollout_not_whole_groups_suggests_a_value_that_works():
     # 12 completions = 3 micro-batches of 4 = 3 steps of GA 1, but not whole groups of 8;
     # lcm(8, 4·1·1) = 8 fixes it.
     msg = refused(r"generation_batch_size=12 does not split into whole groups of num_generations=8", per_device_train_batch_size=4, generation_batch_size=12, num_generations=8)
-    assert msg.endswith("use a multiple of 8.")
+    # item 13: the values of G that would split the 12 completions: its divisors ≥ 2
+    assert msg.endswith("use a multiple of 8, or num_generations in {2, 3, 4, 6, 12}.")
     # G = 3 with micro-batches of 4 and GA 2: the fix must be whole groups AND whole
     # optimizer steps: lcm(3, 4·2) = 24 (lcm(3, 4) = 12 would make 3 micro-batches,
     # not whole steps of GA 2).
     msg = refused(r"does not split into whole groups", per_device_train_batch_size=4, gradient_accumulation_steps=2, num_generations=3)
-    suggested = int(re.search(r"multiple of (\d+)\.$", msg).group(1))
+    suggested = int(re.search(r"multiple of (\d+)[.,]", msg).group(1))
     assert suggested == 24
     cfg = GRPOConfig(per_device_train_batch_size=4, gradient_accumulation_steps=2, num_generations=3, generation_batch_size=suggested)
     assert cfg.steps_per_rollout == 3

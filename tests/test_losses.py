@@ -10,19 +10,18 @@ import math
 import pytest
 import torch
 
+from fastgrpo.advantages import group_advantages, normalize_then_sum, weighted_rewards
 from fastgrpo.losses import (
     LOSS_TYPES,
     StepCounts,
     entropy_from_logits,
-    group_advantages,
+    entropy_threshold,
     grpo_loss,
     high_entropy_mask,
     kl_full,
     kl_k3,
     log_importance_weights,
-    normalize_then_sum,
     selective_log_softmax,
-    weighted_rewards,
 )
 
 F64 = torch.float64
@@ -160,31 +159,30 @@ def test_log_importance_weights_token():
     logps = leaf(LOGPS)
     old = torch.tensor([[-1.1, -1.8, -0.5], [-1.0, -0.7, -2.0]], dtype=F64)
     lr = log_importance_weights(logps, old, MASK, "token")
-    # log ρ_t = log π_θ − log π_old, token by token
-    close(lr, [[0.1, -0.2, 0.0], [-0.5, 0.0, -1.0]])
-    # ∂ log ρ_t / ∂ log π_θ,t = 1 on every token
+    # log ρ_t = log π_θ − log π_old, token by token; exactly 0 at the masked (1, 1), (1, 2)
+    close(lr, [[0.1, -0.2, 0.0], [-0.5, 0.0, 0.0]])
+    # ∂ log ρ_t / ∂ log π_θ,t = 1 on every active token, 0 on masked ones
     lr.sum().backward()
-    close(logps.grad, 1.0)
+    close(logps.grad, MASK)
 
 
 def test_log_importance_weights_sequence_gspo():
     logps = leaf(LOGPS)
     old = torch.tensor([[-1.1, -1.8, -0.5], [-1.0, -0.7, -2.0]], dtype=F64)
     lr = log_importance_weights(logps, old, MASK, "sequence")
-    # GSPO: log s_i = mean of log ρ over the sequence's tokens, at every token:
-    #   row 0: (0.1 − 0.2 + 0.0)/3 = −1/30; row 1: only token 0 counts: −0.5
-    close(lr, [[-1 / 30] * 3, [-0.5] * 3])
-    # The sequence objective's gradient: ∂ (Σ_t m_t log s_i,t / |o_i|) / ∂ log π_θ,t = m_t/|o_i|
+    # GSPO: log s_i = mean of log ρ over the sequence's tokens, at every active token:
+    #   row 0: (0.1 − 0.2 + 0.0)/3 = −1/30; row 1: only token 0 counts: −0.5 (masked: 0)
+    close(lr, [[-1 / 30] * 3, [-0.5, 0.0, 0.0]])
+    # The sequence objective's gradient: ∂ (Σ_t m_t log s_i / |o_i|) / ∂ log π_θ,t = m_t/|o_i|
     #   row 0: 1/3 each; row 1: 1 on token 0, 0 on the masked ones.
-    # (Without the stop-gradient on log s_i this would be 2·m_t/|o_i|.)
     ((lr * MASK).sum(-1) / MASK.sum(-1)).sum().backward()
     close(logps.grad, [[1 / 3, 1 / 3, 1 / 3], [1.0, 0.0, 0.0]])
-    # GSPO-token (§4.3): each token's weight differentiates through its own
-    # log-prob only: ∂ log s_i,t / ∂ log π_θ,t' = [t = t'].
+    # The gradient flows through the mean (TRL's form): one position's value
+    # moves with every token of its sequence, ∂ log s_i / ∂ log π_θ,t' = m_t'/|o_i|.
     logps.grad = None
     lr = log_importance_weights(logps, old, MASK, "sequence")
     lr[0, 1].backward()
-    close(logps.grad, [[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+    close(logps.grad, [[1 / 3, 1 / 3, 1 / 3], [0.0, 0.0, 0.0]])
 
 
 def test_log_importance_weights_refuses_unknown_level():
@@ -221,10 +219,10 @@ ON_POLICY = {
     # row 1: −(−1)·(−1.5) = −1.5; Σ = 0.25, / 10 = 0.025.
     # gradient −w·Â/10 = the plain policy gradient, same as dapo.
     "cispo": (0.025, [[-0.05] * 3, [0.1, 0.0, 0.0]]),
-    # SAPO: −(2/τ)·Â with τ_pos = 1 (Â > 0), τ_neg = 1.05 (Â < 0):
-    # row 0: 3 × (−2·0.5) = −3; row 1: +2/1.05; Σ = −3 + 1.9047619, / 10.
-    # gradient f'(1)·ρ·(−Â)/10 = −Â/10, same as dapo.
-    "sapo": ((-3 + 2 / 1.05) / 10, [[-0.05] * 3, [0.1, 0.0, 0.0]]),
+    # SAPO: −(2/τ)·Â with τ_pos = 1 (Â > 0), τ_neg = 1.05 (Â < 0), aggregated per
+    # sequence like grpo (as TRL): row 0 mean −2·0.5 = −1; row 1: +2/1.05; / 4 sequences.
+    # gradient f'(1)·ρ·(−Â)/(|o_i|·4) = the grpo gradient.
+    "sapo": ((-1 + 2 / 1.05) / 4, [[-1 / 24] * 3, [0.25, 0.0, 0.0]]),
 }
 
 
@@ -267,7 +265,7 @@ def test_grpo_loss_policy_mask_drops_policy_term_only():
     logps = leaf(LOGPS)
     keep = torch.tensor([[1, 0, 0], [1, 0, 0]], dtype=F64)  # e.g. the high-entropy tokens
     kl = torch.full((2, 3), 0.2, dtype=F64)
-    out = grpo_loss(logps, logps.detach(), ADV, MASK, STEP, beta=1.0, per_token_kl=kl, policy_mask=keep)
+    out = grpo_loss(logps, logps.detach(), ADV, MASK, STEP, beta=1.0, per_token_kl=kl, use_bias_correction_kl=False, policy_mask=keep)
     # policy term on 2 tokens: −0.5 + 1.0 = 0.5; KL on all 4 active tokens: 0.8; (0.5 + 0.8)/10
     close(out.loss, 0.13)
     out.loss.backward()
@@ -447,19 +445,36 @@ def test_kl_full_two_token_vocab_and_k3_expectation():
 def test_high_entropy_mask_keeps_top_fraction():
     entropy = torch.tensor([[0.1, 0.9, 0.5], [0.7, 0.3, 2.0]])
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    active = entropy[mask.bool()]  # the 2.0 is padding: never in the quantile, never kept
+
+    def keep(q):
+        return high_entropy_mask(entropy, mask, entropy_threshold(active, q)).tolist()
+
     # 5 active entropies sorted (0.1, 0.3, 0.5, 0.7, 0.9); keep the top 40 %:
     # threshold = 0.6-quantile = 0.5 + 0.4·(0.7 − 0.5) = 0.58 → keep 0.9 and 0.7.
-    # The 2.0 is padding and never kept.
-    assert high_entropy_mask(entropy, mask, 0.4).tolist() == [[0, 1, 0], [1, 0, 0]]
+    close(entropy_threshold(active, 0.4), 0.58, atol=1e-6)
+    assert keep(0.4) == [[0, 1, 0], [1, 0, 0]]
     # top 20 % of 5 tokens: only the 0.9
-    assert high_entropy_mask(entropy, mask, 0.2).tolist() == [[0, 1, 0], [0, 0, 0]]
+    assert keep(0.2) == [[0, 1, 0], [0, 0, 0]]
     # top 50 %: threshold = median of the active tokens = 0.5 exactly; ties are kept
     # (≥, as TRL) → 0.5, 0.7, 0.9. Taking the quantile over the padding too would
     # give 0.6 and keep only two.
-    assert high_entropy_mask(entropy, mask, 0.5).tolist() == [[0, 1, 1], [1, 0, 0]]
-    assert high_entropy_mask(entropy, mask, 1.0).tolist() == mask.float().tolist()
-    # nothing active: the (empty) mask itself
-    assert high_entropy_mask(entropy, torch.zeros(2, 3), 0.2).sum() == 0
+    assert keep(0.5) == [[0, 1, 1], [1, 0, 0]]
+    # nothing active anywhere: no threshold, no token kept (TRL's all-False mask)
+    assert entropy_threshold(torch.zeros(0), 0.2) is None
+    assert high_entropy_mask(entropy, torch.zeros(2, 3), None).sum() == 0
+
+
+def test_entropy_threshold_is_over_all_processes():
+    # Item 6: process 0 holds entropies (0, 1), process 1 holds (2, 3); quantile 0.5.
+    # One process holding all four: threshold = median(0, 1, 2, 3) = 1.5 → process 0
+    # keeps none of its tokens. Its own micro-batch alone would give 0.5 and keep the 1.
+    mask = torch.ones(1, 2)
+    process_0 = torch.tensor([[0.0, 1.0]])
+    everyone = torch.tensor([0.0, 1.0, 2.0, 3.0])
+    close(entropy_threshold(everyone, 0.5), 1.5)
+    assert high_entropy_mask(process_0, mask, entropy_threshold(everyone, 0.5)).tolist() == [[0, 0]]
+    assert high_entropy_mask(process_0, mask, entropy_threshold(process_0.flatten(), 0.5)).tolist() == [[0, 1]]
 
 
 # ---------------------------------------------------------------------------
@@ -492,9 +507,9 @@ def _step_gradient(loss_type, splits, counts_for=None, **kw):
 
 @pytest.mark.parametrize("loss_type", ["dapo", "dr_grpo", "grpo", "cispo", "sapo"])
 def test_step_gradient_does_not_depend_on_micro_batch_split(loss_type):
-    # dapo/cispo/sapo: each token's gradient is (its per-token term)/step tokens, with
-    # the step's token count fixed in StepCounts, so 1×8, 4×2 and 8×1 agree.
-    # dr_grpo divides by step sequences × L, grpo by |o_i| × step sequences: also fixed.
+    # dapo/cispo: each token's gradient is (its per-token term)/step tokens, with
+    # the token count fixed in StepCounts, so 1×8, 4×2 and 8×1 agree.
+    # dr_grpo divides by step sequences × L, grpo and sapo by |o_i| × step sequences: also fixed.
     loss_1, grad_1 = _step_gradient(loss_type, 1, epsilon_high=0.28)
     for splits in (4, 8):
         loss_k, grad_k = _step_gradient(loss_type, splits, epsilon_high=0.28)

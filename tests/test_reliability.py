@@ -22,7 +22,7 @@ from fastgrpo import GRPOTrainer
 from fastgrpo.cli import main
 from fastgrpo.data import load_dataset_spec
 from fastgrpo.interrupt import StopOnInterrupt, TrainingInterrupted
-from fastgrpo.losses import group_advantages
+from fastgrpo.advantages import group_advantages
 from fastgrpo.metrics import CompletionRows, MetricsLog
 from fastgrpo.models import load_tokenizer, resolve_model_path
 
@@ -43,19 +43,17 @@ def steps(path):
 
 
 def test_advantages_leave_rows_without_reward_out_of_the_group():
-    # Group 0: valid rewards 1, 3, 5 (row 1 has none): mean 3, n−1 std sqrt((4+0+4)/2) = 2 → Â = −1, 0, 0, 1.
-    # Group 1: the two valid rewards are equal → all 0. Group 2: nothing valid → all 0.
-    rewards = torch.tensor([[1.0, 0.0, 3.0, 5.0], [2.0, 2.0, 0.0, 9.0], [0.0, 0.0, 0.0, 0.0]])
-    valid = torch.tensor([[True, False, True, True], [True, True, False, False], [False] * 4])
+    # NaN = no reward applies. Group 0: rewards 1, 3, 5 (row 1 has none): mean 3, n−1 std sqrt((4+0+4)/2) = 2
+    # → Â = −1, 0, 0, 1. Group 1: the two scored rewards are equal → all 0. Group 2: nothing scored → all 0.
+    nan = float("nan")
+    rewards = torch.tensor([[1.0, nan, 3.0, 5.0], [2.0, 2.0, nan, nan], [nan] * 4])
     for scale in ("group", "none"):
-        adv = group_advantages(rewards, scale, eps=0.0, valid=valid)
+        adv = group_advantages(rewards, scale, eps=0.0)
         expected = [-1.0, 0.0, 0.0, 1.0] if scale == "group" else [-2.0, 0.0, 0.0, 2.0]
         assert adv.tolist() == [expected, [0.0] * 4, [0.0] * 4]
-    assert group_advantages(rewards, "batch", torch.tensor(2.0), eps=0.0, valid=valid)[0].tolist() == [-1.0, 0.0, 0.0, 1.0]
+    assert group_advantages(rewards, "batch", torch.tensor(2.0), eps=0.0)[0].tolist() == [-1.0, 0.0, 0.0, 1.0]
     with pytest.raises(ValueError, match="'batch' needs batch_std"):
-        group_advantages(rewards, "batch", valid=valid)
-    all_valid = torch.ones_like(valid)
-    assert torch.allclose(group_advantages(rewards, valid=all_valid), group_advantages(rewards))  # all valid: the plain formula
+        group_advantages(rewards, "batch")
 
 
 def test_rows_without_reward_train_with_zero_advantage_and_log_the_fraction(tmp_path, tokenizer, make_model, prompts):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from fastgrpo.losses import weighted_rewards
+from fastgrpo.advantages import weighted_rewards
 from fastgrpo.rewards import (
     RewardFunctionError, brevity_reward, check_columns, format_reward, reasoning_gym_reward, resolve_reward, reward_len,
     reward_names, score,

@@ -1,8 +1,10 @@
 """`GRPOConfig`: every knob of a fastgrpo run, its default and its validation.
 
 Field names and defaults are TRL's (`trl.GRPOConfig`), so a TRL script runs with
-only its import changed. Counts are completions, not prompts (DESIGN.md, "Batch
-semantics"). Every inconsistent combination is refused here, in
+only its import changed; the defaults that differ (disable_dropout,
+gradient_checkpointing, num_completions_to_print, output_dir) are listed with
+their reasons in the README's "Differences from TRL". Counts are completions,
+not prompts (DESIGN.md, "Batch semantics"). Every inconsistent combination is refused here, in
 `__post_init__`, with one sentence naming the value and the fix, before any
 model is loaded.
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -51,8 +54,8 @@ class GRPOConfig:
     # --- optimizer and schedule (TRL/transformers defaults) -------------------
     learning_rate: float = 1e-6  # TRL's default; small because RL gradients are noisy
     lr_scheduler_type: str = "linear"
-    warmup_ratio: float = 0.0
-    warmup_steps: int = 0  # overrides warmup_ratio when > 0
+    warmup_ratio: float = 0.0  # older scripts' spelling of a fractional warmup_steps
+    warmup_steps: float = 0  # ≥ 1: optimizer steps; below 1: a fraction of them (TRL 1.16); wins when > 0
     weight_decay: float = 0.0
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
@@ -69,7 +72,7 @@ class GRPOConfig:
 
     # --- generation ------------------------------------------------------------
     max_prompt_length: int | None = 512  # tokens; longer prompts lose their left part
-    max_completion_length: int = 256  # tokens
+    max_completion_length: int = 512  # tokens
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0: off
@@ -85,6 +88,7 @@ class GRPOConfig:
     sapo_temperature_pos: float = 1.0
     sapo_temperature_neg: float = 1.05
     beta: float = 0.0  # β: KL(π_θ‖π_ref) weight; π_ref is loaded only when > 0
+    use_bias_correction_kl: bool = True  # KL term × ρ (TRL 1.16's default; DeepSeek-V3.2)
     kl_estimator: str = "k3"  # "k3" (Schulman) or "full" (exact, over the vocabulary)
     sync_ref_model: bool = False  # TR-DPO: π_ref ← α·π_θ + (1−α)·π_ref
     ref_model_mixup_alpha: float = 0.6
@@ -179,7 +183,8 @@ class GRPOConfig:
             f"generation_batch_size={self.generation_batch_size} does not split into whole groups of "
             f"num_generations={G} on each of {self.world_size} process(es); use a multiple of "
             # whole groups on each process and whole optimizer steps (checked above)
-            f"{_lcm(G * self.world_size, self.per_device_train_batch_size * self.gradient_accumulation_steps * self.world_size)}.",
+            f"{_lcm(G * self.world_size, self.per_device_train_batch_size * self.gradient_accumulation_steps * self.world_size)}"
+            f"{_group_sizes_that_fit(per_process)}.",
         )
         need(per_process > 0, f"generation_batch_size={self.generation_batch_size} is empty per process.")
         need(self.max_steps == -1 or self.max_steps > 0, f"max_steps={self.max_steps}: use a positive number (or -1 for num_train_epochs).")
@@ -189,6 +194,8 @@ class GRPOConfig:
         need(self.max_prompt_length is None or self.max_prompt_length >= 1, f"max_prompt_length={self.max_prompt_length}: use 1 or more, or None for no limit.")
         need(self.learning_rate > 0, f"learning_rate={self.learning_rate}: use a positive value such as 1e-6.")
         need(0 <= self.warmup_ratio < 1, f"warmup_ratio={self.warmup_ratio}: use a value in [0, 1).")
+        need(self.warmup_steps >= 0, f"warmup_steps={self.warmup_steps}: use 0 (none), a fraction below 1, or a step count.")
+        need(self.max_grad_norm >= 0, f"max_grad_norm={self.max_grad_norm}: use a positive norm, or 0 for no clipping.")
         need(self.temperature > 0, f"temperature={self.temperature}: sampling needs a positive temperature (log-probs are taken at it).")
         need(0 < self.top_p <= 1, f"top_p={self.top_p}: use a value in (0, 1].")
         need(self.top_k >= 0, f"top_k={self.top_k}: use 0 (off) or a positive count.")
@@ -248,15 +255,31 @@ class GRPOConfig:
         """Prompts in one rollout, all processes (B = generation_batch_size / G)."""
         return self.generation_batch_size // self.num_generations
 
+    def num_warmup_steps(self, max_steps: int) -> int:
+        """Warm-up optimizer steps, transformers' `get_warmup_steps` rule.
+
+        warmup_steps ≥ 1 is a count; 0 < warmup_steps < 1 is a fraction of
+        `max_steps` (rounded up); warmup_steps = 0 falls back to warmup_ratio
+        (the field older transformers/TRL scripts use), also a fraction.
+        """
+        if self.warmup_steps >= 1:
+            return int(self.warmup_steps)
+        fraction = self.warmup_steps if self.warmup_steps > 0 else self.warmup_ratio
+        return math.ceil(fraction * max_steps)
+
     def to_dict(self) -> dict:
         """The fields as a plain dict (for YAML, checkpoints and logs)."""
         return dataclasses.asdict(self)
 
 
 def _lcm(a: int, b: int) -> int:
-    from math import gcd
+    return a * b // math.gcd(a, b)
 
-    return a * b // gcd(a, b)
+
+def _group_sizes_that_fit(per_process: int) -> str:
+    """The num_generations values (≥ 2) that split `per_process` completions into whole groups, as message text."""
+    fits = [g for g in range(2, per_process + 1) if per_process % g == 0]
+    return f", or num_generations in {{{', '.join(map(str, fits))}}}" if fits else ""
 
 
 _FIELDS = {f.name for f in dataclasses.fields(GRPOConfig)}

@@ -178,6 +178,8 @@ class PromptEncoder:
     Chat prompts are rendered with the tokenizer's chat template and the
     generation prompt; the rendered text is tokenised without adding special
     tokens, since templates already carry their own BOS (TRL does the same).
+    Text prompts get exactly what the tokenizer adds (e.g. its BOS), as
+    `tokenizer(text)` would.
     Prompts longer than `max_prompt_length` tokens lose their left part.
 
     Args:
@@ -199,7 +201,7 @@ class PromptEncoder:
 
     def __call__(self, prompts: list) -> tuple[torch.Tensor, torch.Tensor, int]:
         """Returns (prompt_ids (B, P), prompt_mask (B, P), number of prompts truncated)."""
-        ids = [self.tokenizer(self.render(p), add_special_tokens=False)["input_ids"] for p in prompts]
+        ids = [self.tokenizer(self.render(p), add_special_tokens=not is_conversational(p))["input_ids"] for p in prompts]
         limit = self.max_prompt_length
         truncated = sum(1 for x in ids if limit is not None and len(x) > limit)
         if limit is not None:

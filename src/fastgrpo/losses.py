@@ -1,17 +1,18 @@
-"""The GRPO maths as pure tensor functions: log-probs, advantages, the per-token
-objectives of the GRPO family, KL estimators and loss aggregation.
+"""The GRPO maths as pure tensor functions: log-probs, the per-token objectives
+of the GRPO family, KL estimators and loss aggregation.
 
 Shapes: B sequences (completions) in a micro-batch, T completion tokens, V the
 vocabulary; G completions per prompt. Every function takes tensors and plain
 numbers and returns tensors; none reads a config, the trainer or calls
 `.item()`, so each is testable on a 2×3 example by hand (tests/test_losses.py).
 
-The split follows STYLE.md: a per-token objective (`POLICY_OBJECTIVES`) makes a
-(B, T) loss; an aggregation (`AGGREGATIONS`) reduces it by `loss_type` with a
-normaliser fixed for the whole optimizer step (`StepCounts`); advantages are
-computed on rewards shaped (num_prompts, G) so the group is in the shape.
+The split follows STYLE.md: a per-token objective makes a (B, T) loss; an
+aggregation reduces it by `loss_type` (`LOSS_TYPES`) with normalisers fixed
+for the optimizer step (`StepCounts`). Masked positions never contribute,
+whatever they hold (`masked`).
 
-Not here: the model forward (trainer.py), reward calling (rewards.py).
+Not here: advantages (advantages.py), the model forward (trainer.py),
+reward calling (rewards.py).
 """
 
 from __future__ import annotations
@@ -58,109 +59,20 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     return torch.stack(rows)
 
 
-# ---------------------------------------------------------------------------
-# advantages
-# ---------------------------------------------------------------------------
+def masked(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """`values` where `mask` is non-zero, exactly 0 elsewhere (NaN and inf included).
 
-
-def group_advantages(
-    rewards: torch.Tensor, scale_rewards: str = "group", batch_std: torch.Tensor | None = None, eps: float = 1e-4,
-    valid: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Group-relative advantages Â = (r − mean_group) / (std + eps).
-
-    DeepSeekMath (arXiv 2402.03300) §4.1.2, outcome supervision. The std is the
-    unbiased (n − 1) one, as in TRL.
-
-    Args:
-        rewards: (num_prompts, G) total reward per completion.
-        scale_rewards: "group" (std within the group), "batch" (std of the
-            whole rollout, `batch_std`), "none" (no scaling; Dr. GRPO).
-        batch_std: scalar tensor, the std over the rollout on all processes;
-            required for "batch".
-        eps: added to the std (TRL: 1e-4).
-        valid: (num_prompts, G) bool, False for completions no reward applies
-            to; they get Â = 0 and are left out of their group's mean and std.
-            None: all valid (the plain formula).
-    Returns:
-        (num_prompts, G). A group whose (valid) rewards are all equal gets
-        exactly 0, never a float residue of the mean divided by a tiny std.
-    Raises:
-        ValueError: unknown `scale_rewards`, or "batch" without `batch_std`.
+    torch.where, not a product: 0 · inf and 0 · NaN are NaN, so a non-finite
+    value at a masked position would otherwise reach the loss, its gradient
+    and the metrics. Shapes broadcast; the result has the broadcast shape.
     """
-    if valid is not None:
-        return _masked_group_advantages(rewards, valid, scale_rewards, batch_std, eps)
-    centred = rewards - rewards.mean(dim=1, keepdim=True)
-    if scale_rewards == "group":
-        scale = rewards.std(dim=1, keepdim=True) + eps
-    elif scale_rewards == "batch":
-        if batch_std is None:
-            raise ValueError("scale_rewards='batch' needs batch_std, the std of all rewards of the rollout.")
-        scale = batch_std + eps
-    elif scale_rewards == "none":
-        scale = torch.ones_like(centred[:, :1])
-    else:
-        raise ValueError(f"scale_rewards={scale_rewards!r}: use 'group', 'batch' or 'none'.")
-    constant = (rewards == rewards[:, :1]).all(dim=1, keepdim=True)  # equal rewards: no signal
-    return torch.where(constant, torch.zeros_like(centred), centred / scale)
+    return torch.where(mask.bool(), values, torch.zeros((), dtype=values.dtype, device=values.device))
 
 
-def _masked_group_advantages(rewards, valid, scale_rewards, batch_std, eps) -> torch.Tensor:
-    """`group_advantages` over the valid entries only: mean and (n − 1) std of each group's valid rewards."""
-    count = valid.sum(dim=1, keepdim=True)  # (P, 1) valid completions per group
-    filled = torch.where(valid, rewards, torch.zeros_like(rewards))  # NaN/garbage at invalid ones never enters a sum
-    centred = torch.where(valid, rewards - filled.sum(dim=1, keepdim=True) / count.clamp(min=1), torch.zeros_like(rewards))
-    if scale_rewards == "group":
-        scale = (centred.pow(2).sum(dim=1, keepdim=True) / (count - 1).clamp(min=1)).sqrt() + eps
-    elif scale_rewards == "batch" and batch_std is not None:
-        scale = batch_std + eps
-    elif scale_rewards == "none":
-        scale = torch.ones_like(centred[:, :1])
-    else:
-        return group_advantages(rewards, scale_rewards, batch_std, eps)  # raises the unmasked function's error
-    top = torch.where(valid, rewards, torch.full_like(rewards, -torch.inf)).amax(dim=1, keepdim=True)
-    constant = torch.where(valid, rewards == top, torch.ones_like(valid)).all(dim=1, keepdim=True)
-    return torch.where(valid & ~constant, centred / scale, torch.zeros_like(centred))
-
-
-def weighted_rewards(rewards: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """Σ_k w_k r_k over the reward functions, NaN (= not applicable) skipped.
-
-    Args:
-        rewards: (N, R), NaN where a function returned None.
-        weights: (R,).
-    Returns:
-        (N,) weighted sum (TRL's `nansum` behaviour).
-    """
-    return torch.nansum(rewards * weights, dim=-1)
-
-
-def normalize_then_sum(rewards: torch.Tensor, weights: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
-    """GDPO: normalise each reward within its group, then take the weighted sum.
-
-    Each reward k gets its own group advantage (r_k − mean_group) / (std_group
-    + eps), so a reward with a large range cannot drown a small one (GDPO,
-    "Group reward-Decoupled normalization Policy Optimization", arXiv 2601.05242).
-    NaN entries (not applicable) contribute 0.
-
-    Args:
-        rewards: (num_prompts, G, R).
-        weights: (R,).
-    Returns:
-        (num_prompts, G) advantages.
-    """
-    present = ~torch.isnan(rewards)
-    count = present.sum(dim=1, keepdim=True)  # (P, 1, R)
-    filled = torch.where(present, rewards, torch.zeros_like(rewards))
-    mean = filled.sum(dim=1, keepdim=True) / count.clamp(min=1)
-    var = torch.where(present, (rewards - mean) ** 2, torch.zeros_like(rewards)).sum(dim=1, keepdim=True)
-    std = (var / (count - 1).clamp(min=1)).sqrt()
-    # Compare with the max of the *present* rewards: filling NaN with 0 would make
-    # a group of equal negative rewards look non-constant and leak a float residue / eps.
-    top = torch.where(present, rewards, torch.full_like(rewards, -torch.inf)).amax(dim=1, keepdim=True)
-    constant = torch.where(present, rewards == top, torch.ones_like(present)).all(1, keepdim=True)
-    normed = torch.where(present & ~constant, (rewards - mean) / (std + eps), torch.zeros_like(rewards))
-    return (normed * weights).sum(dim=-1)
+def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Σ of `values` over active positions (all of them, or along `dim`); masked ones never contribute."""
+    kept = masked(values, mask)
+    return kept.sum() if dim is None else kept.sum(dim)
 
 
 # ---------------------------------------------------------------------------
@@ -178,23 +90,22 @@ def log_importance_weights(
         old_logps: (B, T) log π_old, no gradient.
         mask: (B, T) 1 on completion tokens.
         level: "token": log ρ_t = log π_θ − log π_old (PPO/GRPO).
-            "sequence": GSPO (arXiv 2507.18071) eq. (7) and its token form
-            (§4.3, GSPO-token): log s_i = mean_t(log ρ_t) over the sequence's
-            tokens, used at every token as sg[log s_i] + log π_θ − sg[log π_θ],
-            so the value is the sequence ratio and the gradient is the mean
-            token gradient.
+            "sequence": GSPO (arXiv 2507.18071) eq. (7): log s_i =
+            mean_t(log ρ_t) over the sequence's active tokens, with gradient
+            through the mean (as TRL), so a token whose policy term is masked
+            (e.g. by `top_entropy_quantile`) still moves with its sequence.
     Returns:
-        (B, T) log ratios. For "sequence" every position, masked ones
-        included, holds the sequence value; the loss masks them later.
+        (B, T) log ratios; 0 at masked positions, whatever log π there (NaN
+        included). For "sequence" every active position holds the sequence value.
     Raises:
         ValueError: unknown level.
     """
-    log_ratio = logps - old_logps
+    log_ratio = masked(logps - old_logps, mask)
     if level == "token":
         return log_ratio
     if level == "sequence":
-        seq = (log_ratio * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)  # (B, 1)
-        return seq.detach() + logps - logps.detach()
+        seq = log_ratio.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)  # (B, 1)
+        return masked(seq.expand_as(log_ratio), mask)
     raise ValueError(f"importance_sampling_level={level!r}: use 'token' or 'sequence'.")
 
 
@@ -311,24 +222,38 @@ def kl_full(logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Tensor:
     return torch.stack(rows)
 
 
-def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float) -> torch.Tensor:
-    """Keep only the top-`quantile` fraction of active tokens by entropy.
+def entropy_threshold(active_entropies: torch.Tensor, quantile: float) -> torch.Tensor | None:
+    """The entropy at the (1 − ρ)-quantile of the active tokens of every process.
 
     "Beyond the 80/20 rule" (arXiv 2506.01939): training on the ~20 % highest
-    entropy ("forking") tokens matches or beats training on all of them.
+    entropy ("forking") tokens matches or beats training on all of them. As
+    TRL's `get_high_entropy_mask`, the quantile is taken over the gathered
+    micro-batch of all processes, as if one process held every token.
+
+    Args:
+        active_entropies: (K,) entropies of the active tokens, all processes.
+        quantile: ρ in (0, 1].
+    Returns:
+        A scalar threshold, or None when no token is active anywhere.
+    """
+    if active_entropies.numel() == 0:
+        return None
+    return torch.quantile(active_entropies.float(), 1 - quantile)
+
+
+def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, threshold: torch.Tensor | None) -> torch.Tensor:
+    """Active tokens whose entropy is ≥ `threshold` (ties kept, as TRL).
 
     Args:
         entropy: (B, T) per-token entropy (no gradient).
         mask: (B, T) 1 on completion tokens.
-        quantile: ρ in (0, 1]; 1.0 keeps every active token.
+        threshold: from `entropy_threshold`; None keeps no token (nothing active).
     Returns:
         (B, T) float mask, a subset of `mask`.
     """
-    active = mask.bool()
-    if quantile >= 1.0 or not active.any():
-        return mask.float()
-    threshold = torch.quantile(entropy[active].float(), 1 - quantile)
-    return (active & (entropy >= threshold)).float()
+    if threshold is None:
+        return torch.zeros_like(mask, dtype=torch.float)
+    return (mask.bool() & (entropy >= threshold)).float()
 
 
 # ---------------------------------------------------------------------------
@@ -339,9 +264,8 @@ def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float
 class StepCounts(NamedTuple):
     """Normalisers fixed for one optimizer step (before its first micro-batch).
 
-    tokens: active completion tokens in the step on all processes, divided by
-        the world size (DDP averages gradients over processes, so each process
-        divides by its share of the global count).
+    tokens: the dapo/cispo normaliser (`step_tokens`): active tokens per
+        optimizer step and per process, averaged over the rollout.
     sequences: completions per process in the step.
     micro_batches: micro-batches per process in the step.
     max_completion_length: L, in tokens (Dr. GRPO's constant).
@@ -353,24 +277,44 @@ class StepCounts(NamedTuple):
     max_completion_length: int
 
 
+def step_tokens(rollout_tokens: float, num_processes: int, optimizer_steps: int) -> float:
+    """The dapo/cispo normaliser of every optimizer step of one rollout, in tokens.
+
+    TRL 1.16's `num_items_in_batch / num_processes · GA / steps_per_generation`:
+    the rollout's active tokens on all processes, divided by the world size
+    (DDP averages gradients over processes) and by the optimizer steps one pass
+    over the rollout makes. Every step of the rollout divides by the same
+    number, so every token of the rollout weighs the same, whichever step it
+    falls in and however a step is split into micro-batches.
+
+    Args:
+        rollout_tokens: active (loss-carrying) completion tokens of the rollout, all processes.
+        num_processes: world size.
+        optimizer_steps: steps_per_generation / gradient_accumulation_steps.
+    Returns:
+        The normaliser, at least 1 / (num_processes · optimizer_steps) (TRL clamps the count at 1).
+    """
+    return max(rollout_tokens, 1.0) / num_processes / optimizer_steps
+
+
 def aggregate_grpo(per_token_loss, mask, counts: StepCounts):
     """Mean over each sequence's tokens, then mean over the step's sequences (DeepSeekMath eq. 3)."""
-    per_seq = (per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    per_seq = masked_sum(per_token_loss, mask, -1) / mask.sum(-1).clamp(min=1)
     return per_seq.sum() / counts.sequences
 
 
 def aggregate_bnpo(per_token_loss, mask, counts: StepCounts):
     """Token mean within the micro-batch, averaged over the step's micro-batches (TRL's "bnpo")."""
-    return (per_token_loss * mask).sum() / mask.sum().clamp(min=1) / counts.micro_batches
+    return masked_sum(per_token_loss, mask) / mask.sum().clamp(min=1) / counts.micro_batches
 
 
 def aggregate_dapo(per_token_loss, mask, counts: StepCounts):
-    """Token mean over every active token of the optimizer step, all processes (DAPO eq. 8).
+    """Σ over active tokens / the rollout's tokens per step (DAPO eq. 8, TRL's normaliser).
 
-    The sum is divided by the step's token count, not the micro-batch's, so the
-    gradient does not depend on how the step is split into micro-batches or processes.
+    `counts.tokens` is fixed for the whole rollout (`step_tokens`), so the
+    gradient does not depend on how a step is split into micro-batches or processes.
     """
-    return (per_token_loss * mask).sum() / max(counts.tokens, 1.0)
+    return masked_sum(per_token_loss, mask) / counts.tokens
 
 
 def aggregate_dr_grpo(per_token_loss, mask, counts: StepCounts):
@@ -379,7 +323,7 @@ def aggregate_dr_grpo(per_token_loss, mask, counts: StepCounts):
     No length normalisation per sequence, so long wrong answers are not
     favoured (the bias Dr. GRPO identifies in eq. 3's 1/|o_i|).
     """
-    return (per_token_loss * mask).sum() / (counts.sequences * counts.max_completion_length)
+    return masked_sum(per_token_loss, mask) / (counts.sequences * counts.max_completion_length)
 
 
 # loss_type → (per-token objective, aggregation). Every objective takes
@@ -390,7 +334,7 @@ LOSS_TYPES = {
     "dapo": (clipped_surrogate, aggregate_dapo),
     "dr_grpo": (clipped_surrogate, aggregate_dr_grpo),
     "cispo": (cispo, aggregate_dapo),
-    "sapo": (sapo, aggregate_dapo),
+    "sapo": (sapo, aggregate_grpo),  # per sequence, as TRL
 }
 
 
@@ -417,6 +361,7 @@ def grpo_loss(
     temperature_neg: float = 1.05,
     beta: float = 0.0,
     per_token_kl: torch.Tensor | None = None,
+    use_bias_correction_kl: bool = True,
     policy_mask: torch.Tensor | None = None,
 ) -> LossOutput:
     """The GRPO objective for one micro-batch: objective per token, + β·KL, aggregated.
@@ -429,18 +374,25 @@ def grpo_loss(
         mask: (B, T) completion mask (1 up to and including the first EOS).
         counts: the optimizer step's normalisers.
         per_token_kl: (B, T) KL(π_θ‖π_ref) per token, required when beta > 0.
+        use_bias_correction_kl: multiply the per-token KL by ρ (with gradient
+            through ρ), the importance-sampling correction for tokens sampled
+            from π_old (DeepSeek-V3.2, arXiv 2512.02556; TRL 1.16's default).
         policy_mask: (B, T) tokens that carry the policy term (e.g. the top
             entropy ones); default `mask`. The KL term always uses `mask`.
     Returns:
         `LossOutput`. Metric sums (over `mask`): clip_low, clip_high,
         clip_region, kl (to π_ref), kl_old (k3 KL(π_θ‖π_old)), tokens.
+        Masked positions never contribute, whatever their values (NaN, inf).
     Raises:
         ValueError: unknown loss_type, or beta > 0 without per_token_kl.
     """
     if loss_type not in LOSS_TYPES:
         raise ValueError(f"loss_type={loss_type!r}: use one of {', '.join(LOSS_TYPES)}.")
+    if beta > 0 and per_token_kl is None:
+        raise ValueError("beta > 0 needs per_token_kl, the per-token KL(π_θ‖π_ref).")
     objective, aggregate = LOSS_TYPES[loss_type]
     mask = mask.float()
+    logps, old_logps = masked(logps, mask), masked(old_logps, mask)  # finite everywhere from here on
     log_ratio = log_importance_weights(logps, old_logps, mask, importance_sampling_level)
     out = objective(
         log_ratio,
@@ -452,22 +404,23 @@ def grpo_loss(
         temperature_pos=temperature_pos,
         temperature_neg=temperature_neg,
     )
-    per_token = out.loss * (mask if policy_mask is None else policy_mask)
+    per_token = masked(out.loss, mask if policy_mask is None else policy_mask)
+    if per_token_kl is not None:
+        per_token_kl = masked(per_token_kl, mask)
     if beta > 0:
-        if per_token_kl is None:
-            raise ValueError("beta > 0 needs per_token_kl, the per-token KL(π_θ‖π_ref).")
-        per_token = per_token + beta * per_token_kl
+        kl_term = per_token_kl * torch.exp(log_ratio) if use_bias_correction_kl else per_token_kl
+        per_token = per_token + beta * kl_term
     loss = aggregate(per_token, mask, counts)
 
     with torch.no_grad():
-        low, high = out.clipped_low.float() * mask, out.clipped_high.float() * mask
+        low, high = out.clipped_low & mask.bool(), out.clipped_high & mask.bool()
         metrics = {
-            "clip_low": low.sum(),
-            "clip_high": high.sum(),
-            "clip_region": ((low + high) > 0).float().sum(),
-            "kl_old": (kl_k3(logps, old_logps) * mask).sum(),
+            "clip_low": low.sum().float(),
+            "clip_high": high.sum().float(),
+            "clip_region": (low | high).sum().float(),
+            "kl_old": masked_sum(kl_k3(logps, old_logps), mask),
             "tokens": mask.sum(),
         }
         if per_token_kl is not None:
-            metrics["kl"] = (per_token_kl * mask).sum()
+            metrics["kl"] = per_token_kl.sum()
     return LossOutput(loss, metrics)

@@ -18,7 +18,7 @@ import os
 import tempfile
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel
 
 BUILTIN_MODELS = {
     # alias: (package that ships the file, GGUF file name)
@@ -167,10 +167,22 @@ def load_model(model: str | PreTrainedModel, init_kwargs: dict | None = None) ->
 
 
 def disable_dropout(model: torch.nn.Module) -> None:
-    """Set every dropout probability to 0 (so π_old is reproducible and ρ = 1 at the first update)."""
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
+    """Set every dropout probability to 0, module or functional (so π_old is reproducible and ρ = 1 at the first update).
+
+    Zeroes `nn.Dropout` modules (all that TRL's `disable_dropout_in_model`
+    does) and every float field whose name contains "dropout" on the model's
+    config, its sub-configs and its modules: transformers' attention reads
+    e.g. `attention_dropout` from the module (copied from the config at
+    construction) and applies it functionally in training mode.
+    """
+    config = getattr(model, "config", None)
+    configs = [] if config is None else [config, *(v for v in vars(config).values() if isinstance(v, PretrainedConfig))]
+    for holder in [*model.modules(), *configs]:
+        if isinstance(holder, torch.nn.modules.dropout._DropoutNd):
+            holder.p = 0.0
+        for name, value in list(vars(holder).items()):
+            if "dropout" in name and isinstance(value, float):
+                setattr(holder, name, 0.0)
 
 
 def reference_model(policy: PreTrainedModel) -> PreTrainedModel:

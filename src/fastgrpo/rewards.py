@@ -102,7 +102,7 @@ def score(
     Returns:
         (N, R) float32 rewards, NaN where a function returned None. A row that
         is NaN everywhere (no function applies) is allowed: it gets Â = 0
-        (see `losses.group_advantages`), with a warning.
+        (see `advantages.rollout_advantages`), with a warning.
     Raises:
         ValueError: a function returned the wrong number of values, or inf/NaN
             (naming the function, the value and the completion).

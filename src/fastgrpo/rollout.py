@@ -6,7 +6,7 @@ contiguous rows; micro-batches are row slices with their padding trimmed, so
 a micro-batch of short completions costs only its own tokens.
 
 Not here: generating (generation.py), calling reward functions (rewards.py),
-the advantage maths (losses.py), log-prob passes (trainer.py).
+the advantage maths (advantages.py), log-prob passes (trainer.py).
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def collect(
         decode: (completion_ids, completion_mask, prompts) → completions as
             reward functions take them (text, or assistant messages).
         score: (prompts, completions, completion_ids, **columns) → rewards (B·G, R).
-        advantages: rewards (B·G, R) → Â (B·G,) (group maths in losses.py).
+        advantages: rewards (B·G, R) → Â (B·G,) (group maths in advantages.py).
         timer: phase timer; phases "generate" and "score".
     Returns:
         A `Rollout` of B·G completions, groups contiguous, without π_old/π_ref log-probs.

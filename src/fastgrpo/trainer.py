@@ -13,7 +13,7 @@ Usage (TRL's API; only the import differs):
                           args=GRPOConfig(num_iterations=4), train_dataset=ds)
     trainer.train()
 
-Not here: the maths (losses.py), the rollout record (rollout.py), checkpoint
+Not here: the maths (losses.py, advantages.py), the rollout record (rollout.py), checkpoint
 files (checkpoint.py), metric output (metrics.py).
 """
 
@@ -36,6 +36,7 @@ from transformers import get_scheduler
 
 from . import checkpoint as ckpt
 from . import runs
+from .advantages import rollout_advantages
 from .config import GRPOConfig
 from .data import PromptEncoder, PromptOrder, check_dataset, is_conversational
 from .generation import TransformersGenerator
@@ -44,14 +45,14 @@ from .launch import cpu_launch_error, cpu_only
 from .losses import (
     StepCounts,
     entropy_from_logits,
-    group_advantages,
+    entropy_threshold,
     grpo_loss,
     high_entropy_mask,
     kl_full,
     kl_k3,
-    normalize_then_sum,
+    masked_sum,
     selective_log_softmax,
-    weighted_rewards,
+    step_tokens,
 )
 from .metrics import CompletionRows, MetricsLog, PhaseTimer, Window, rollout_metrics, window_record
 from .models import disable_dropout, load_model, load_tokenizer, prepare_tokenizer, reference_model
@@ -139,7 +140,7 @@ class GRPOTrainer:
             [p for p in policy.parameters() if p.requires_grad],
             lr=a.learning_rate, betas=(a.adam_beta1, a.adam_beta2), eps=a.adam_epsilon, weight_decay=a.weight_decay,
         )
-        warmup = a.warmup_steps if a.warmup_steps > 0 else math.ceil(a.warmup_ratio * self.max_steps)
+        warmup = a.num_warmup_steps(self.max_steps)
         self.scheduler = get_scheduler(a.lr_scheduler_type, optimizer, num_warmup_steps=warmup, num_training_steps=self.max_steps)
         self.model, self.optimizer = acc.prepare(policy, optimizer)
         self.generate = TransformersGenerator(
@@ -221,17 +222,11 @@ class GRPOTrainer:
 
     def _advantages(self, rewards: torch.Tensor) -> torch.Tensor:
         """(N, R) rewards → (N,) Â, groups of G in the shape (num_prompts, G)."""
-        a, G = self.args, self.args.num_generations
-        rewards = rewards.to(self.reward_weights.device)
-        if a.multi_objective_aggregation == "normalize_then_sum":
-            return normalize_then_sum(rewards.view(-1, G, rewards.shape[1]), self.reward_weights).view(-1)
-        total = weighted_rewards(rewards, self.reward_weights)
-        valid = ~torch.isnan(rewards).all(dim=-1)  # False: no reward applies, Â = 0, out of the group statistics
-        batch_std = None
-        if a.scale_rewards == "batch":  # all processes, valid completions only
-            batch_std = self.accelerator.gather(total)[self.accelerator.gather(valid.float()) > 0].std()
-        valid = None if valid.all() else valid.view(-1, G)
-        return group_advantages(total.view(-1, G), a.scale_rewards, batch_std, valid=valid).view(-1)
+        a = self.args
+        return rollout_advantages(
+            rewards.to(self.reward_weights.device), self.reward_weights, a.num_generations, a.scale_rewards,
+            a.multi_objective_aggregation, gather=self.accelerator.gather,  # batch statistics over all processes
+        )
 
     @torch.no_grad()
     def _old_logps(self, rollout: Rollout) -> torch.Tensor | None:
@@ -279,10 +274,7 @@ class GRPOTrainer:
         rows = [slice((step_in_pass * GA + j) * size, (step_in_pass * GA + j + 1) * size) for j in range(GA)]
         batches = [rollout.select(r) for r in rows]
         masks = [self._loss_mask(mb) for mb in batches]
-        tokens = torch.stack([m.sum() for m in masks]).sum().float()
-        if acc.num_processes > 1:  # dapo: the step's tokens on all processes
-            tokens = acc.reduce(tokens, reduction="sum")
-        counts = StepCounts(float(tokens) / acc.num_processes, GA * size, GA, a.max_completion_length)
+        counts = StepCounts(self._step_tokens(rollout), GA * size, GA, a.max_completion_length)
         sums: dict[str, torch.Tensor] = {}
         with self.timer("update"):
             self.model.train()
@@ -298,12 +290,12 @@ class GRPOTrainer:
                         epsilon_high=a.epsilon_high, delta=a.delta, importance_sampling_level=a.importance_sampling_level,
                         temperature_pos=a.sapo_temperature_pos, temperature_neg=a.sapo_temperature_neg, beta=a.beta,
                         per_token_kl=self._kl(logps, logits, mb) if a.beta > 0 else None,
-                        policy_mask=high_entropy_mask(entropy, mask, a.top_entropy_quantile),
+                        use_bias_correction_kl=a.use_bias_correction_kl, policy_mask=self._entropy_mask(entropy, mask),
                     )
                     acc.backward(out.loss)
-                for key, value in {**out.metrics, "loss": out.loss.detach(), "entropy": (entropy * mask).sum()}.items():
+                for key, value in {**out.metrics, "loss": out.loss.detach(), "entropy": masked_sum(entropy, mask)}.items():
                     sums[key] = sums.get(key, 0) + value
-            grad_norm = acc.clip_grad_norm_(self.model.parameters(), a.max_grad_norm)
+            grad_norm = acc.clip_grad_norm_(self.model.parameters(), a.max_grad_norm if a.max_grad_norm > 0 else math.inf)  # 0: no clip
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
@@ -322,6 +314,25 @@ class GRPOTrainer:
         if self.args.mask_truncated_completions:
             mask = mask * (~mb.is_truncated).float().unsqueeze(-1)
         return mask
+
+    def _step_tokens(self, rollout: Rollout) -> float:
+        """dapo/cispo normaliser: the rollout's loss tokens on all processes, per process and optimizer step (TRL's)."""
+        acc, a = self.accelerator, self.args
+        tokens = self._loss_mask(rollout).sum()
+        if acc.num_processes > 1:
+            tokens = acc.reduce(tokens, reduction="sum")
+        return step_tokens(float(tokens), acc.num_processes, a.steps_per_generation // a.gradient_accumulation_steps)
+
+    def _entropy_mask(self, entropy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:
+        """top_entropy_quantile's policy tokens; the threshold is over this micro-batch on all processes (TRL's)."""
+        acc = self.accelerator
+        if self.args.top_entropy_quantile >= 1.0:
+            return None
+        active = entropy[mask.bool()].float()
+        if acc.num_processes > 1:  # -1: padding sentinel, entropies are ≥ 0
+            active = acc.gather(acc.pad_across_processes(active, dim=0, pad_index=-1.0))
+            active = active[active >= 0]
+        return high_entropy_mask(entropy, mask, entropy_threshold(active, self.args.top_entropy_quantile))
 
     def _kl(self, logps, logits, mb: Rollout) -> torch.Tensor:
         """Per-token KL(π_θ‖π_ref): k3 from stored log π_ref, or exact over the vocabulary."""

@@ -1,0 +1,315 @@
+"""fastgrpo's maths against TRL 1.16's own code, on identical random tensors (issue 11).
+
+TRL's `GRPOTrainer._compute_loss` and `get_high_entropy_mask` run unchanged on
+a stand-in `self` (no model: the policy is a (processes, N, T) parameter θ
+with log π = −softplus(θ), so π_θ is a Bernoulli per token and has an exact
+entropy). TRL's advantage block is cut from the source of
+`_generate_and_score_completions` and executed as it is. Both systems train
+the same θ for whole optimizer steps: every process's micro-batches, DDP's
+gradient mean over processes, μ passes over each of two rollouts, plain SGD,
+float64. The weights and every micro-batch loss must agree to 1e-6 (they
+agree to ~1e-8: TRL's `nanstd` computes Bessel's factor count/(count − 1) in
+float32, everything else is float64 on both sides).
+
+Documented differences (README, "Differences from TRL") are asserted as
+differences at the end.
+
+The library never imports TRL; this test does, as the oracle.
+"""
+
+import dataclasses
+import inspect
+import textwrap
+import types
+from collections import defaultdict
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+import trl
+from trl.trainer import grpo_trainer as trl_module
+
+from fastgrpo import GRPOConfig
+from fastgrpo.advantages import rollout_advantages
+from fastgrpo.losses import StepCounts, entropy_threshold, grpo_loss, high_entropy_mask, kl_k3, step_tokens
+
+F64 = torch.float64
+T = 6  # max_completion_length, tokens
+LR = 50.0  # large enough that μ = 2 passes leave the trust region (asserted below)
+
+
+def _trl_advantage_block():
+    """TRL's advantage code: from `if self.multi_objective_aggregation == ...` to its `nan_to_num`."""
+    source = inspect.getsource(trl.GRPOTrainer._generate_and_score_completions)
+    start = source.index('        if self.multi_objective_aggregation == "sum_then_normalize":')
+    end = source.index("\n", source.index("advantages = torch.nan_to_num(advantages, nan=0.0)", start))
+    return compile(textwrap.dedent(source[start:end]), "trl-advantages", "exec")
+
+
+TRL_ADVANTAGES = _trl_advantage_block()
+
+
+def trl_advantages(rewards, weights, G, scale_rewards, aggregation):
+    """TRL's advantages for every process's rewards (num_processes·N, R), in process order."""
+    this = SimpleNamespace(multi_objective_aggregation=aggregation, reward_weights=weights,
+                           scale_rewards=scale_rewards, reward_funcs=[None] * rewards.shape[1])
+    names = {"self": this, "rewards_per_func": rewards, "num_generations": G, "device": rewards.device,
+             "unscorable_mask": torch.isnan(rewards).all(dim=1), "nanstd": trl_module.nanstd, "torch": torch}
+    exec(TRL_ADVANTAGES, names)
+    return names["advantages"]
+
+
+class Processes:
+    """Stand-in accelerator: `gather` of the entropy padding TRL sends returns every process's."""
+
+    def __init__(self, num_processes):
+        self.num_processes, self.peers = num_processes, None
+
+    def pad_across_processes(self, local, dim=0, pad_index=0):
+        width = max(len(p) for p in self.peers)
+        self.padded = [F.pad(p, (0, width - len(p)), value=pad_index) for p in self.peers]
+        return self.padded[0]
+
+    def gather(self, tensor):
+        padded, self.padded = getattr(self, "padded", None), None
+        return torch.cat(padded) if padded is not None else tensor  # metrics: this process's own values
+
+    def reduce(self, tensor, reduction="sum"):
+        return tensor
+
+
+@dataclasses.dataclass
+class Case:
+    loss_type: str = "dapo"
+    num_processes: int = 2
+    GA: int = 2  # gradient_accumulation_steps
+    steps_per_generation: int = 4
+    num_iterations: int = 2  # μ
+    B: int = 4  # per_device_train_batch_size
+    G: int = 4
+    epsilon: float = 0.2
+    epsilon_high: float | None = None
+    delta: float | None = None
+    level: str = "token"
+    beta: float = 0.0
+    bias_correction: bool = True
+    top_entropy_quantile: float = 1.0
+    mask_truncated: bool = False
+    scale_rewards: str = "group"
+    aggregation: str = "sum_then_normalize"
+
+    @property
+    def N(self):  # completions per process per rollout
+        return self.B * self.steps_per_generation
+
+
+def data(case, rollout):
+    """One rollout's fixed tensors for every process, seeded by the rollout index."""
+    g = torch.Generator().manual_seed(100 + rollout)
+    P, N = case.num_processes, case.N
+    lengths = torch.randint(1, T + 1, (P, N), generator=g)
+    completion_mask = (torch.arange(T) < lengths.unsqueeze(-1)).long()  # (P, N, T)
+    is_truncated = (lengths == T) & (torch.rand(P, N, generator=g) < 0.7)  # no EOS within T
+    rewards = torch.rand(P * N, 2, generator=g, dtype=F64).round(decimals=1)  # ties within groups happen
+    rewards[3, 1] = float("nan")  # one function not applicable to one completion
+    rewards[6] = float("nan")  # an unscorable completion: no function applies
+    ref = -torch.rand(P, N, T, generator=g, dtype=F64) * 2
+    loss_mask = completion_mask * (~is_truncated).unsqueeze(-1).long() if case.mask_truncated else completion_mask
+    return SimpleNamespace(loss_mask=loss_mask, rewards=rewards, ref=ref)
+
+
+def policy(theta):
+    """log π (P, N, T) and the per-token entropy of the Bernoulli π_θ (no gradient)."""
+    logps = -F.softplus(theta)  # log σ(−θ)
+    p = logps.exp().detach()
+    return logps, -(p * p.log() + (1 - p) * (1 - p).log())
+
+
+def trl_stub(case, processes, current):
+    """The `self` TRL's `_compute_loss` reads, with TRL's config semantics."""
+    epsilon_high = case.epsilon_high if case.epsilon_high is not None else case.epsilon
+    this = SimpleNamespace(
+        top_entropy_quantile=case.top_entropy_quantile, aux_loss_enabled=False, off_policy_mask_threshold=None,
+        importance_sampling_level=case.level, beta=case.beta, loss_type=case.loss_type, epsilon_low=case.epsilon,
+        epsilon_high=epsilon_high, use_vllm=False, vllm_importance_sampling_correction=False,
+        model=SimpleNamespace(training=True), current_gradient_accumulation_steps=case.GA, max_completion_length=T,
+        accelerator=processes, _entropy_bonus_enabled=False, _metrics={"train": defaultdict(list)},
+        args=SimpleNamespace(use_bias_correction_kl=case.bias_correction, delta=case.delta, sapo_temperature_pos=1.0,
+                             sapo_temperature_neg=1.05, steps_per_generation=case.steps_per_generation),
+    )
+    this.get_high_entropy_mask = types.MethodType(trl.GRPOTrainer.get_high_entropy_mask, this)
+    this._get_per_token_logps_and_entropies = lambda model, *args, **kwargs: (*current, None)
+    return this
+
+
+def train(case, system, fastgrpo_epsilon_high=None):
+    """Two rollouts, μ passes each; returns (final θ, every micro-batch loss, clipped-token count)."""
+    P, N, GA = case.num_processes, case.N, case.GA
+    theta = (torch.randn(P, N, T, generator=torch.Generator().manual_seed(0), dtype=F64)).requires_grad_()
+    weights = torch.tensor([1.0, 0.5], dtype=F64)
+    processes, losses, clipped = Processes(P), [], 0
+    for rollout in range(2):
+        d = data(case, rollout)
+        old = policy(theta)[0].detach()  # π_old: the policy that generated the rollout
+        if system == "trl":
+            adv = trl_advantages(d.rewards, weights, case.G, case.scale_rewards, case.aggregation).view(P, N)
+            num_items_in_batch = d.loss_mask.sum()  # TRL: gather(loss_mask.sum()).sum(), the whole rollout
+        else:
+            adv = our_advantages(d.rewards, weights, case).view(P, N)
+            counts_tokens = step_tokens(float(d.loss_mask.sum()), P, case.steps_per_generation // GA)
+        for _ in range(case.num_iterations):
+            for step in range(case.steps_per_generation // GA):
+                theta.grad = None
+                entropy_all = policy(theta)[1]
+                for j in range(GA):
+                    rows = slice((step * GA + j) * case.B, (step * GA + j + 1) * case.B)
+                    processes.peers = [entropy_all[q, rows][d.loss_mask[q, rows].bool()].float() for q in range(P)]
+                    for q in range(P):
+                        (logps, entropy), mask = policy(theta[q, rows]), d.loss_mask[q, rows]
+                        if system == "trl":
+                            inputs = {
+                                "prompt_ids": torch.zeros(case.B, 1, dtype=torch.long), "prompt_mask": torch.ones(case.B, 1, dtype=torch.long),
+                                "completion_ids": torch.zeros(case.B, T, dtype=torch.long), "completion_mask": mask,
+                                "advantages": adv[q, rows], "old_per_token_logps": old[q, rows],
+                                "ref_per_token_logps": d.ref[q, rows], "num_items_in_batch": num_items_in_batch,
+                            }
+                            loss = trl_module.GRPOTrainer._compute_loss(trl_stub(case, processes, (logps, entropy)), None, inputs)
+                        else:
+                            keep = None
+                            if case.top_entropy_quantile < 1:
+                                keep = high_entropy_mask(entropy, mask, entropy_threshold(torch.cat(processes.peers), case.top_entropy_quantile))
+                            out = grpo_loss(
+                                logps, old[q, rows], adv[q, rows], mask.to(F64), StepCounts(counts_tokens, GA * case.B, GA, T),
+                                loss_type=case.loss_type, epsilon_low=case.epsilon,
+                                epsilon_high=fastgrpo_epsilon_high or (case.epsilon_high or case.epsilon),
+                                delta=case.delta, importance_sampling_level=case.level, beta=case.beta,
+                                per_token_kl=kl_k3(logps, d.ref[q, rows]) if case.beta > 0 else None,
+                                use_bias_correction_kl=case.bias_correction, policy_mask=keep,
+                            )
+                            loss, clipped = out.loss, clipped + int(out.metrics["clip_region"])
+                        loss.backward()
+                        losses.append(loss.detach())
+                with torch.no_grad():
+                    theta -= LR * theta.grad / P  # DDP: the mean of the processes' gradients
+    return theta.detach(), torch.stack(losses), clipped
+
+
+def our_advantages(rewards, weights, case):
+    """fastgrpo's advantages, each process computing its own share of (num_processes·N, R) rewards.
+
+    A first pass records what each process hands to `gather`; the second pass
+    gives every process the concatenation, as accelerate's gather would.
+    """
+    per_process = rewards.view(case.num_processes, -1, rewards.shape[1])
+    sent = []
+
+    def advantages(r, gather):
+        return rollout_advantages(r, weights, case.G, case.scale_rewards, case.aggregation, gather)
+
+    for r in per_process:
+        advantages(r, lambda mine: sent.append(mine) or mine)
+    everyone = torch.cat(sent) if sent else None
+    return torch.cat([advantages(r, lambda mine: everyone) for r in per_process])
+
+
+ALL = ["grpo", "bnpo", "dapo", "dr_grpo", "cispo", "sapo"]
+CLIPPED = ["grpo", "bnpo", "dapo", "dr_grpo"]
+CASES = (
+    [Case(loss_type=t) for t in ALL]
+    + [Case(loss_type=t, num_processes=1, steps_per_generation=2, num_iterations=1) for t in ALL]  # TRL's default shape
+    + [Case(loss_type=t, epsilon_high=0.28) for t in CLIPPED]
+    + [Case(loss_type=t, delta=1.5, epsilon_high=0.28) for t in CLIPPED]
+    + [Case(loss_type=t, level="sequence") for t in CLIPPED]
+    + [Case(loss_type=t, beta=0.1, bias_correction=b) for t in ALL for b in (True, False)]
+    + [Case(loss_type=t, top_entropy_quantile=0.3) for t in ALL]
+    + [Case(loss_type=t, level="sequence", top_entropy_quantile=0.5, beta=0.1) for t in ("grpo", "dapo")]
+    + [Case(loss_type=t, mask_truncated=True) for t in ALL]
+    + [Case(loss_type=t, scale_rewards=s) for t in ("grpo", "dapo") for s in ("batch", "none")]
+    + [Case(loss_type=t, aggregation="normalize_then_sum") for t in ("grpo", "dapo")]
+    + [Case(loss_type=t, num_processes=1, GA=3, steps_per_generation=6) for t in ("dapo", "cispo")]
+)
+
+
+def case_id(case):
+    default = Case(loss_type=case.loss_type)
+    return "-".join([case.loss_type] + [f"{f.name}={getattr(case, f.name)}" for f in dataclasses.fields(case)
+                                        if f.name != "loss_type" and getattr(case, f.name) != getattr(default, f.name)])
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_whole_training_equals_trl(case):
+    # cispo: TRL's bound is epsilon_high itself, fastgrpo's is 1 + epsilon_high (a documented
+    # difference, asserted below), so fastgrpo gets TRL's bound − 1 here.
+    trl_high = case.epsilon_high if case.epsilon_high is not None else case.epsilon
+    ours_high = trl_high - 1 if case.loss_type == "cispo" else None
+    theta_trl, losses_trl, _ = train(case, "trl")
+    theta_ours, losses_ours, clipped = train(case, "fastgrpo", ours_high)
+    torch.testing.assert_close(losses_ours, losses_trl, rtol=0, atol=1e-6)
+    torch.testing.assert_close(theta_ours, theta_trl, rtol=0, atol=1e-6)
+    assert not torch.equal(theta_ours, torch.randn(theta_ours.shape, generator=torch.Generator().manual_seed(0), dtype=F64))
+    if case.loss_type in CLIPPED and case.num_iterations > 1:
+        assert clipped > 0  # the run left the trust region, so the clip branches were compared too
+
+
+def test_trl_advantages_equal_ours_and_are_not_trivial():
+    # The advantage block alone, for every mode, on 2 processes of 3 groups of 4 with ties and a NaN.
+    rewards = torch.rand(24, 2, generator=torch.Generator().manual_seed(1), dtype=F64).round(decimals=1)
+    rewards[5, 0] = float("nan")
+    rewards[13] = float("nan")  # unscorable: left out of the baselines, Â = 0
+    rewards[8:12] = 0.5  # one group with no signal
+    weights = torch.tensor([1.0, 2.0], dtype=F64)
+    for aggregation in ("sum_then_normalize", "normalize_then_sum"):
+        for scale in ("group", "batch", "none"):
+            theirs = trl_advantages(rewards, weights, 4, scale, aggregation)
+            ours = our_advantages(rewards, weights, Case(num_processes=2, G=4, aggregation=aggregation, scale_rewards=scale))
+            torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
+            assert ours.abs().max() > 0.1
+
+
+# ---------------------------------------------------------------------------
+# documented differences (README, "Differences from TRL"), asserted as differences
+# ---------------------------------------------------------------------------
+
+
+def test_cispo_bound_differs_from_trl_for_the_same_epsilon_high():
+    # TRL clamps ρ at epsilon_high; fastgrpo at 1 + epsilon_high (MiniMax-M1's form).
+    case = Case(loss_type="cispo", epsilon_high=1.1)
+    theta_trl, losses_trl, _ = train(case, "trl")
+    theta_ours, losses_ours, _ = train(case, "fastgrpo", 1.1)
+    assert (theta_ours - theta_trl).abs().max() > 1e-3
+
+
+def test_defaults_are_trls_except_the_documented_ones():
+    def defaults(cls):
+        return {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
+
+    ours, theirs = defaults(GRPOConfig), defaults(trl.GRPOConfig)
+    differ = {name for name in ours if name in theirs and ours[name] != theirs[name]}
+    assert differ == {
+        "output_dir",  # grpo-output vs TRL's None (→ trainer_output)
+        "disable_dropout",  # True: π_old captured from the training forward needs a deterministic policy
+        "gradient_checkpointing",  # False: speed first; the default model fits without it
+        "num_completions_to_print",  # 4 per log step instead of every completion
+        "disable_tqdm",  # False vs None, which transformers resolves to False at the default log level
+    }
+    assert GRPOConfig().max_completion_length == theirs["max_completion_length"] == 512
+
+
+def test_disable_dropout_also_turns_off_functional_dropout_unlike_trl():
+    # Llama attention applies config.attention_dropout functionally; TRL's helper zeroes
+    # nn.Dropout modules only, so two training-mode passes still differ after it.
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from trl.trainer.utils import disable_dropout_in_model
+
+    from fastgrpo.models import disable_dropout
+
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, attention_dropout=0.5)
+    ids = torch.arange(12).view(2, 6)
+    theirs, ours = LlamaForCausalLM(config).train(), LlamaForCausalLM(config).train()
+    disable_dropout_in_model(theirs)
+    disable_dropout(ours)
+    assert not torch.equal(theirs(ids).logits, theirs(ids).logits)
+    assert torch.equal(ours(ids).logits, ours(ids).logits)
