@@ -33,6 +33,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from transformers import get_scheduler
 
 from . import checkpoint as ckpt
+from .callbacks import TrainerEvents
 from .config import GRPOConfig
 from .data import PromptEncoder, PromptOrder, check_dataset, is_conversational
 from .generation import TransformersGenerator
@@ -51,6 +52,7 @@ from .losses import (
 )
 from .metrics import CompletionRows, MetricsLog, PhaseTimer, Window, rollout_metrics, window_record
 from .models import disable_dropout, load_model, load_tokenizer, prepare_tokenizer, reference_model
+from .optimizers import build_optimizer, check_optimizer_name
 from .rewards import resolve_reward, reward_name, score
 from .rollout import Rollout, collect
 
@@ -75,14 +77,21 @@ class GRPOTrainer:
         train_dataset: rows with a "prompt" column (text or chat messages).
         eval_dataset: optional rows for `evaluate()` (every `eval_steps`).
         processing_class: the tokenizer; default: the model's own.
+        callbacks: `transformers.TrainerCallback` instances or classes (callbacks.py).
+    Attributes:
+        state: a `transformers.TrainerState` (global_step, log_history, best_metric), as Trainer keeps it.
     Raises:
         ValueError/TypeError: a missing dataset or "prompt" column, reward
             weights that do not match the functions, a world size that does not
             match the config — all before any model is loaded.
     """
 
-    def __init__(self, model, reward_funcs, args: GRPOConfig | None = None, train_dataset=None, eval_dataset=None, processing_class=None):
+    def __init__(
+        self, model, reward_funcs, args: GRPOConfig | None = None, train_dataset=None, eval_dataset=None, processing_class=None,
+        callbacks=None,
+    ):
         self.args = a = args if args is not None else GRPOConfig()
+        check_optimizer_name(a.optim)
         if train_dataset is None:
             raise ValueError("train_dataset is required: a datasets.Dataset (or list of dicts) with a 'prompt' column.")
         check_dataset(train_dataset)
@@ -118,7 +127,7 @@ class GRPOTrainer:
         if a.disable_dropout:
             disable_dropout(policy)
         if a.gradient_checkpointing:
-            policy.gradient_checkpointing_enable()
+            policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs=a.gradient_checkpointing_kwargs)
         self.ref_model = reference_model(policy).to(acc.device) if a.beta > 0 else None
         eos = policy.generation_config.eos_token_id
         eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
@@ -126,25 +135,39 @@ class GRPOTrainer:
 
         num_rollouts = math.ceil(a.num_train_epochs * len(train_dataset) / a.prompts_per_rollout)
         self.max_steps = a.max_steps if a.max_steps > 0 else num_rollouts * a.steps_per_rollout
-        optimizer = torch.optim.AdamW(
-            [p for p in policy.parameters() if p.requires_grad],
-            lr=a.learning_rate, betas=(a.adam_beta1, a.adam_beta2), eps=a.adam_epsilon, weight_decay=a.weight_decay,
-        )
+        optimizer = build_optimizer(a, policy)
         warmup = a.warmup_steps if a.warmup_steps > 0 else math.ceil(a.warmup_ratio * self.max_steps)
-        self.scheduler = get_scheduler(a.lr_scheduler_type, optimizer, num_warmup_steps=warmup, num_training_steps=self.max_steps)
+        self.scheduler = get_scheduler(
+            a.lr_scheduler_type, optimizer, num_warmup_steps=warmup, num_training_steps=self.max_steps,
+            scheduler_specific_kwargs=a.lr_scheduler_kwargs,
+        )
         self.model, self.optimizer = acc.prepare(policy, optimizer)
         self.generate = TransformersGenerator(
             acc.unwrap_model(self.model), max_completion_length=a.max_completion_length, eos_token_ids=self.eos_token_ids,
             pad_token_id=self.tokenizer.pad_token_id, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
             min_p=a.min_p, repetition_penalty=a.repetition_penalty,
         )
-        self.encode = PromptEncoder(self.tokenizer, a.max_prompt_length)
-        self.order = PromptOrder(len(train_dataset), a.seed, a.shuffle_dataset)
+        self.encode = PromptEncoder(self.tokenizer, a.max_prompt_length, a.chat_template_kwargs)
+        self.order = PromptOrder(len(train_dataset), a.data_seed if a.data_seed is not None else a.seed, a.shuffle_dataset)
         # π_old = π_θ detached (no pass) when the policy cannot move between generation and last use.
         self.needs_old_logps = not (a.num_iterations == 1 and a.steps_per_generation == a.gradient_accumulation_steps)
         self.step, self.timer, self.window, self.fresh_completions = 0, PhaseTimer(), Window(), []
         self.target_kl_stops, self.last_metrics, self.loss_sum = 0, {}, 0.0
         self.log = MetricsLog(a.output_dir, acc, self.console) if acc.is_main_process else None
+        self.events = TrainerEvents(a, callbacks, self.model, self.tokenizer, self.optimizer, self.scheduler, acc.is_main_process)
+        self.state, self.epochs_done = self.events.state, 0
+
+    def add_callback(self, callback) -> None:
+        """Add a `transformers.TrainerCallback` (instance or class), as `Trainer.add_callback`."""
+        self.events.add(callback)
+
+    def pop_callback(self, callback):
+        """Remove and return a callback (instance or class), as `Trainer.pop_callback`."""
+        return self.events.handler.pop_callback(callback)
+
+    def remove_callback(self, callback) -> None:
+        """Remove a callback (instance or class), as `Trainer.remove_callback`."""
+        self.events.handler.remove_callback(callback)
 
     # ------------------------------------------------------------------ the loop
     def train(self, resume_from_checkpoint=None) -> TrainOutput:
@@ -152,21 +175,28 @@ class GRPOTrainer:
         a = self.args
         rollout, done = self._resume(resume_from_checkpoint)
         schedule = [(i, s) for i in range(a.num_iterations) for s in range(a.steps_per_generation // a.gradient_accumulation_steps)]
+        self.events.train_begin(self.max_steps, self.step, self._epoch())
+        if a.eval_on_start and self.eval_dataset is not None:
+            self.evaluate()
         with self._progress() as progress:
-            while self.step < self.max_steps:
+            while self.step < self.max_steps and not self.events.control.should_training_stop:
                 if rollout is None or done >= a.steps_per_rollout:
                     rollout, done = self._collect(), 0  # generate G completions per prompt, score, Â, π_ref, π_old
                 for iteration, step_in_pass in schedule[done:]:  # μ passes over the same rollout
+                    self.events.step_begin()
                     kl_old = self._optimizer_step(rollout, step_in_pass, capture_old=(iteration == 0 and step_in_pass == 0))
                     self.step, done = self.step + 1, done + 1
                     stop_reuse = a.target_kl is not None and kl_old > a.target_kl
                     self.target_kl_stops += int(stop_reuse and done < a.steps_per_rollout)
                     done = a.steps_per_rollout if stop_reuse else done
                     self._after_step(rollout, done, progress)
-                    if self.step >= self.max_steps or stop_reuse:
+                    if self.step >= self.max_steps or stop_reuse or self.events.control.should_training_stop:
                         break
+        if self.window.sums.get("steps"):  # stopped by a callback between logging steps: log the rest
+            self._log()
         for tracker in self.accelerator.trackers:  # not end_training(): it ends the process group save_model needs
             tracker.finish()
+        self.events.train_end(self.loss_sum / max(self.step, 1))
         return TrainOutput(self.step, self.loss_sum / max(self.step, 1), self.last_metrics)
 
     # ------------------------------------------------------------------ rollout
@@ -313,18 +343,34 @@ class GRPOTrainer:
             with torch.no_grad():
                 for ref, p in zip(self.ref_model.parameters(), self.accelerator.unwrap_model(self.model).parameters()):
                     ref.mul_(1 - a.ref_model_mixup_alpha).add_(p.detach(), alpha=a.ref_model_mixup_alpha)
-        if self.step % every(a.logging_steps) == 0 or self.step == self.max_steps:
+        epoch_end = done >= a.steps_per_rollout and self.order.epoch > self.epochs_done  # this rollout finished a pass
+        self.epochs_done = self.order.epoch if epoch_end else self.epochs_done
+        control = self.events.step_end(
+            self.step, self._epoch(),
+            log=self.step % every(a.logging_steps) == 0 or self.step == self.max_steps or (a.logging_first_step and self.step == 1),
+            evaluate=self.eval_dataset is not None and (
+                (a.eval_strategy == "steps" and self.step % every(a.eval_steps) == 0) or (a.eval_strategy == "epoch" and epoch_end)
+            ),
+            save=(a.save_strategy == "steps" and (self.step % every(a.save_steps) == 0 or self.step == self.max_steps))
+            or (a.save_strategy == "epoch" and epoch_end),
+        )  # callbacks may add a log, an evaluation or a save, or stop training
+        if control.should_log:
             self._log()
-        if self.eval_dataset is not None and a.eval_steps and self.step % a.eval_steps == 0:
+        if control.should_evaluate and self.eval_dataset is not None:
             self.evaluate()
-        if self.step % every(a.save_steps) == 0 or self.step == self.max_steps:
+        if control.should_save:
             state = {
                 "step": self.step, "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                 "order": self.order.state_dict(), "target_kl_stops": self.target_kl_stops, "done": done,
                 "ref_model": self.ref_model.state_dict() if a.sync_ref_model else None, "config": a.to_dict(),
             }
             own = {"rollout": rollout if done < a.steps_per_rollout else None}  # this process's share of the rollout
-            ckpt.save_checkpoint(a.output_dir, self.step, self.accelerator, self.model, self.tokenizer, state, a.save_total_limit, own)
+            path = ckpt.save_checkpoint(a.output_dir, self.step, self.accelerator, self.model, self.tokenizer, state, a.save_total_limit, own)
+            self.events.save(path)
+
+    def _epoch(self) -> float:
+        """Passes over the training prompts so far (TrainerState.epoch): whole epochs plus the drawn fraction."""
+        return self.order.epoch + self.order.position / self.order.size
 
     def _log(self) -> None:
         acc = self.accelerator
@@ -335,6 +381,7 @@ class GRPOTrainer:
         rows = self.fresh_completions
         if self.args.log_completions and acc.num_processes > 1:
             rows = gather_object(rows)  # every process's completions, in process order
+        self.events.log(record)
         if self.log is not None:
             self.log.write(record)
             for r in rows:
@@ -389,6 +436,7 @@ class GRPOTrainer:
             metrics[f"eval_rewards/{name}"] = sums[f"rewards/{name}_sum"] / max(sums[f"rewards/{name}_count"], 1)
         if self.log is not None:
             self.log.write({"step": self.step, **metrics})
+        self.events.evaluate(metrics)
         return metrics
 
     def save_model(self, output_dir: str | None = None) -> None:
