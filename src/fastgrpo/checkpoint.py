@@ -74,6 +74,7 @@ def save_checkpoint(
         accelerator.unwrap_model(model).save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         torch.save(trainer_state, os.path.join(tmp, "trainer_state.pt"))
+        make_readable(tmp)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         shutil.rmtree(final, ignore_errors=True)  # only when re-saving the same step
@@ -81,6 +82,20 @@ def save_checkpoint(
         prune(output_dir, save_total_limit)
     accelerator.wait_for_everyone()
     return final
+
+
+def make_readable(folder: str) -> None:
+    """Give the files in `folder` the permissions of every other file the run writes (0666 less the umask).
+
+    safetensors writes model.safetensors owner-only (0600) whatever the umask;
+    saved models are meant to be read by others like the logs beside them.
+    """
+    umask = os.umask(0)
+    os.umask(umask)
+    for name in os.listdir(folder):
+        path = os.path.join(folder, name)
+        if os.path.isfile(path):
+            os.chmod(path, 0o666 & ~umask)
 
 
 def checkpoints(output_dir: str) -> list[str]:

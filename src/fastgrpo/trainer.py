@@ -446,4 +446,5 @@ class GRPOTrainer:
         if self.accelerator.is_main_process:
             self.accelerator.unwrap_model(self.model).save_pretrained(output_dir, state_dict=state_dict, safe_serialization=True)
             self.tokenizer.save_pretrained(output_dir)
+            ckpt.make_readable(output_dir)
         self.accelerator.wait_for_everyone()
