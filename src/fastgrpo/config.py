@@ -14,8 +14,10 @@ name in neither raises a `TypeError` naming the closest field.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import difflib
+import json
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -26,6 +28,8 @@ LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo", "cispo", "sapo")
 # Objectives whose importance weight is defined per token (no sequence-level form).
 TOKEN_ONLY_LOSS_TYPES = ("cispo", "sapo")
 SCALE_REWARDS = ("group", "batch", "none")
+# Fields that take a dict, or its JSON text (from the command line), as transformers' TrainingArguments do.
+DICT_FIELDS = ("lr_scheduler_kwargs", "generation_kwargs", "chat_template_kwargs", "gradient_checkpointing_kwargs", "model_init_kwargs")
 STRATEGIES = ("no", "steps", "epoch")  # save_strategy / eval_strategy (transformers' IntervalStrategy)
 TRACKERS = ("tensorboard", "wandb", "trackio", "all")
 # generation_kwargs keys that are sampling settings of their own here (TRL passes them to the engine).
@@ -59,7 +63,7 @@ class GRPOConfig:
     # --- optimizer and schedule (TRL/transformers defaults) -------------------
     learning_rate: float = 1e-6  # TRL's default; small because RL gradients are noisy
     lr_scheduler_type: str = "linear"
-    lr_scheduler_kwargs: dict | None = None  # extra arguments of the scheduler (transformers' get_scheduler)
+    lr_scheduler_kwargs: dict | str | None = None  # extra arguments of the scheduler (transformers' get_scheduler)
     optim: str = "adamw_torch"  # a transformers optimizer name (OptimizerNames), built by transformers' factory
     optim_args: str | None = None  # "key=value,…" for the optimizer (transformers' meaning)
     warmup_ratio: float = 0.0
@@ -86,8 +90,8 @@ class GRPOConfig:
     top_k: int = 0  # 0: off
     min_p: float | None = None
     repetition_penalty: float = 1.0
-    generation_kwargs: dict | None = None  # sampling keys above may be given here instead (TRL); others refused
-    chat_template_kwargs: dict | None = None  # passed to apply_chat_template, e.g. {"enable_thinking": False}
+    generation_kwargs: dict | str | None = None  # sampling keys above may be given here instead (TRL); others refused
+    chat_template_kwargs: dict | str | None = None  # passed to apply_chat_template, e.g. {"enable_thinking": False}
 
     # --- objective (see losses.py for each variant's paper) -------------------
     loss_type: str = "dapo"
@@ -108,15 +112,15 @@ class GRPOConfig:
 
     # --- rewards and advantages -------------------------------------------------
     reward_weights: list[float] | None = None
-    scale_rewards: str | bool = "group"  # TRL also accepts True/False
+    scale_rewards: str = "group"  # TRL also accepts True/False
     multi_objective_aggregation: str = "sum_then_normalize"
 
     # --- model -------------------------------------------------------------------
     disable_dropout: bool = True  # dropout would make π_old irreproducible
     bf16: bool | None = None  # None: on where the device supports it (not on CPU)
     gradient_checkpointing: bool = False
-    gradient_checkpointing_kwargs: dict | None = None  # passed to gradient_checkpointing_enable
-    model_init_kwargs: dict | None = None
+    gradient_checkpointing_kwargs: dict | str | None = None  # passed to gradient_checkpointing_enable
+    model_init_kwargs: dict | str | None = None
 
     # --- logging and saving --------------------------------------------------------
     logging_steps: float = 10
@@ -136,7 +140,7 @@ class GRPOConfig:
     disable_tqdm: bool | None = False  # None: False
 
     # Filled in by __post_init__ (world size read from the launcher's environment).
-    world_size: int = field(default=-1, repr=False)
+    world_size: int = field(default=-1, repr=False, metadata={"help": argparse.SUPPRESS})
 
     def __post_init__(self) -> None:
         if self.world_size == -1:
@@ -157,6 +161,15 @@ class GRPOConfig:
             self.output_dir = "grpo-output"
         if self.disable_tqdm is None:
             self.disable_tqdm = False
+        for name in DICT_FIELDS:
+            text = getattr(self, name)
+            if isinstance(text, str):
+                try:
+                    setattr(self, name, json.loads(text))
+                except json.JSONDecodeError as err:
+                    raise ValueError(f"{name}={text!r} is not JSON ({err}); give a dict, e.g. '{{\"key\": 1}}'.") from err
+            if not isinstance(getattr(self, name), (dict, type(None))):
+                raise ValueError(f"{name}={getattr(self, name)!r}: give a dict (or its JSON text), or None.")
         for key, value in (self.generation_kwargs or {}).items():
             if key not in SAMPLING_KEYS:
                 fix = "use max_completion_length" if key in ("max_new_tokens", "max_tokens") else "remove it"
