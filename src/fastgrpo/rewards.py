@@ -7,7 +7,10 @@ The protocol is TRL's: a reward function is a plain callable
 called once per rollout with N aligned lists (N completions). `completions`
 are strings, or `[{"role": "assistant", "content": text}]` when the prompts are
 chat messages; every dataset column other than "prompt" arrives as a keyword
-list. None means "not applicable" and is skipped in the weighted sum.
+list, and the trainer adds TRL's `trainer_state`, `log_extra` and `log_metric`.
+None means "not applicable" and is skipped in the weighted sum. An `async def`
+function is awaited. A sequence-classification reward model (hub id, local
+folder or instance) is wrapped by reward_models.py into such a callable.
 
 Built-ins (`fastgrpo train --reward NAME`): `length` (the TRL quick-start
 reward), `format` (answer inside <answer>…</answer>), `brevity` (short
@@ -17,7 +20,9 @@ replies), `reasoning_gym`
 
 from __future__ import annotations
 
+import asyncio
 import importlib
+import inspect
 import json
 import math
 import numbers
@@ -34,12 +39,16 @@ def reward_name(fn: RewardFunc) -> str:
     return getattr(fn, "__name__", type(fn).__name__)
 
 
-def score(funcs: Sequence[RewardFunc], prompts: list, completions: list, completion_ids: list, **columns) -> torch.Tensor:
+def score(
+    funcs: Sequence[RewardFunc], prompts: list, completions: list, completion_ids: list, reward_kwargs: dict | None = None, **columns
+) -> torch.Tensor:
     """Call every reward function once and stack their values.
 
     Args:
         funcs: R reward functions.
         prompts, completions, completion_ids: N aligned entries each.
+        reward_kwargs: keyword arguments for every function beyond the columns
+            (the trainer's: trainer_state, log_extra, log_metric, as TRL passes them).
         columns: extra dataset columns, N entries each.
     Returns:
         (N, R) float32 rewards, NaN where a function returned None.
@@ -51,7 +60,9 @@ def score(funcs: Sequence[RewardFunc], prompts: list, completions: list, complet
     n = len(completions)
     table = torch.empty(n, len(funcs), dtype=torch.float32)
     for k, fn in enumerate(funcs):
-        values = fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
+        values = fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns, **(reward_kwargs or {}))
+        if inspect.isawaitable(values):  # an async reward function (TRL awaits them too)
+            values = asyncio.run(_awaited(values))
         name = reward_name(fn)
         if isinstance(values, torch.Tensor):
             values = values.tolist()
@@ -74,6 +85,10 @@ def score(funcs: Sequence[RewardFunc], prompts: list, completions: list, complet
             f"completion {i} got None from every reward function ({names}); at least one must apply to each completion."
         )
     return table
+
+
+async def _awaited(awaitable):
+    return await awaitable
 
 
 # ---------------------------------------------------------------------------
@@ -166,12 +181,23 @@ BUILTIN_REWARDS: dict[str, RewardFunc] = {
 }
 
 
-def resolve_reward(spec: str | RewardFunc) -> RewardFunc:
-    """A reward function from a built-in name, "module:function", or a callable.
+def resolve_reward(spec, processing_class=None, init_kwargs: dict | None = None) -> RewardFunc:
+    """A reward function from a built-in name, "module:function", a callable, or a reward model.
 
+    Args:
+        spec: a callable; a built-in name; "module:function"; a sequence-classification
+            model as a `PreTrainedModel`, a local folder or a hub id ("org/name").
+        processing_class: the reward model's tokenizer (TRL's reward_processing_classes entry).
+        init_kwargs: `from_pretrained` arguments for a reward model given by name.
     Raises:
         ValueError: an unknown name or a module/function that cannot be found.
     """
+    from transformers import PreTrainedModel
+
+    from .reward_models import RewardModel, looks_like_model
+
+    if isinstance(spec, PreTrainedModel) or (isinstance(spec, str) and ":" not in spec and spec not in BUILTIN_REWARDS and looks_like_model(spec)):
+        return RewardModel(spec, processing_class, init_kwargs)
     if callable(spec):
         return spec
     if spec in BUILTIN_REWARDS:
@@ -186,5 +212,6 @@ def resolve_reward(spec: str | RewardFunc) -> RewardFunc:
             raise ValueError(f"reward {spec!r} is not callable.")
         return fn
     raise ValueError(
-        f"reward {spec!r} is unknown; use one of {', '.join(BUILTIN_REWARDS)} or 'module:function'."
+        f"reward {spec!r} is unknown; use one of {', '.join(BUILTIN_REWARDS)}, 'module:function', "
+        f"or a reward model (a local folder or a hub id 'org/name')."
     )

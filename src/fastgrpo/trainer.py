@@ -50,9 +50,10 @@ from .losses import (
     selective_log_softmax,
     weighted_rewards,
 )
-from .metrics import CompletionRows, MetricsLog, PhaseTimer, Window, rollout_metrics, window_record
+from .metrics import CompletionRows, MetricsLog, PhaseTimer, RewardHooks, Window, rollout_metrics, window_record
 from .models import disable_dropout, load_model, load_tokenizer, prepare_tokenizer, reference_model
 from .optimizers import build_optimizer, check_optimizer_name
+from .reward_models import RewardModel
 from .rewards import resolve_reward, reward_name, score
 from .rollout import Rollout, collect
 
@@ -71,12 +72,15 @@ class GRPOTrainer:
     Args:
         model: "smollm2-135m-instruct", a local folder or .gguf file, a hub
             id, or a `PreTrainedModel`.
-        reward_funcs: a callable, a built-in reward name, "module:function",
-            or a list of them (see rewards.py for the protocol).
+        reward_funcs: a callable, a built-in reward name, "module:function", a
+            sequence-classification reward model (instance, local folder or hub
+            id; reward_models.py), or a list of them (see rewards.py for the protocol).
         args: `GRPOConfig`; default `GRPOConfig()`.
         train_dataset: rows with a "prompt" column (text or chat messages).
         eval_dataset: optional rows for `evaluate()` (every `eval_steps`).
         processing_class: the tokenizer; default: the model's own.
+        reward_processing_classes: tokenizers of the reward models, one per
+            reward_funcs entry (None for functions) or a single one (TRL's).
         callbacks: `transformers.TrainerCallback` instances or classes (callbacks.py).
     Attributes:
         state: a `transformers.TrainerState` (global_step, log_history, best_metric), as Trainer keeps it.
@@ -88,7 +92,7 @@ class GRPOTrainer:
 
     def __init__(
         self, model, reward_funcs, args: GRPOConfig | None = None, train_dataset=None, eval_dataset=None, processing_class=None,
-        callbacks=None,
+        reward_processing_classes=None, callbacks=None,
     ):
         self.args = a = args if args is not None else GRPOConfig()
         check_optimizer_name(a.optim)
@@ -99,7 +103,10 @@ class GRPOTrainer:
             check_dataset(eval_dataset, "eval_dataset")
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-        self.reward_funcs = [resolve_reward(f) for f in funcs]
+        procs = reward_processing_classes if isinstance(reward_processing_classes, (list, tuple)) else [reward_processing_classes] * len(funcs)
+        if len(procs) != len(funcs):
+            raise ValueError(f"reward_processing_classes has {len(procs)} entries for {len(funcs)} reward_funcs; give one per entry (None for functions).")
+        self.reward_funcs = [resolve_reward(f, p, a.model_init_kwargs) for f, p in zip(funcs, procs)]
         self.reward_names = [reward_name(f) for f in self.reward_funcs]
         weights = a.reward_weights if a.reward_weights is not None else [1.0] * len(self.reward_funcs)
         if len(weights) != len(self.reward_funcs):
@@ -119,6 +126,9 @@ class GRPOTrainer:
         set_seed(a.seed, device_specific=True)  # each process samples its own completions; PromptOrder has its own seed
         self.console = Console()
         self.reward_weights = torch.tensor(weights, dtype=torch.float32, device=acc.device)
+        for fn in self.reward_funcs:
+            if isinstance(fn, RewardModel):
+                fn.prepare(acc.device, acc.autocast)  # scored in the policy's precision
 
         name = model if isinstance(model, str) else model.config._name_or_path
         with acc.main_process_first():  # a built-in model's first load converts it, once
@@ -156,6 +166,9 @@ class GRPOTrainer:
         self.log = MetricsLog(a.output_dir, acc, self.console) if acc.is_main_process else None
         self.events = TrainerEvents(a, callbacks, self.model, self.tokenizer, self.optimizer, self.scheduler, acc.is_main_process)
         self.state, self.epochs_done = self.events.state, 0
+        self.reward_hooks = RewardHooks(lambda: self.window)
+        # What TRL passes every reward function beside the columns.
+        self.reward_kwargs = {"trainer_state": self.state, "log_extra": self.reward_hooks.log_extra, "log_metric": self.reward_hooks.log_metric}
 
     def add_callback(self, callback) -> None:
         """Add a `transformers.TrainerCallback` (instance or class), as `Trainer.add_callback`."""
@@ -208,12 +221,13 @@ class GRPOTrainer:
         rollout = collect(
             [self.train_dataset[i] for i in indices], num_generations=a.num_generations,
             encode=self._encode, generate=self.generate, decode=self._decode,
-            score=partial(score, self.reward_funcs), advantages=self._advantages,
+            score=partial(score, self.reward_funcs, reward_kwargs=self.reward_kwargs), advantages=self._advantages,
             eos_token_ids=self.eos_token_ids, timer=self.timer,
         )
         rollout = dataclasses.replace(rollout, ref_logps=self._ref_logps(rollout), old_logps=self._old_logps(rollout))
+        extra = self.reward_hooks.pop_columns()
         if a.log_completions:
-            self.fresh_completions.append(CompletionRows.of(rollout))
+            self.fresh_completions.append(CompletionRows.of(rollout, extra))
         self.window.add("rollouts", 1)
         for key, value in rollout_metrics(rollout, self.reward_names, self.reward_weights, a.num_generations).items():
             (self.window.extreme if key.endswith(("_min", "_max")) else self.window.add)(key, value)
@@ -424,7 +438,7 @@ class GRPOTrainer:
         for start in range(0, len(rows), chunk):
             rollout = collect(
                 rows[start : start + chunk], num_generations=a.num_generations, encode=self._encode, generate=self.generate,
-                decode=self._decode, score=partial(score, self.reward_funcs), advantages=lambda r: torch.zeros(len(r)),
+                decode=self._decode, score=partial(score, self.reward_funcs, reward_kwargs=self.reward_kwargs), advantages=lambda r: torch.zeros(len(r)),
                 eos_token_ids=self.eos_token_ids, timer=PhaseTimer(),
             )
             values = rollout_metrics(rollout, self.reward_names, self.reward_weights, a.num_generations)
