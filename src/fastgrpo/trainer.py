@@ -28,6 +28,7 @@ from typing import NamedTuple
 import torch
 from accelerate import Accelerator
 from accelerate.utils import gather_object, set_seed
+from datasets import IterableDataset
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from transformers import get_scheduler
@@ -35,7 +36,8 @@ from transformers import get_scheduler
 from . import checkpoint as ckpt
 from .callbacks import TrainerEvents
 from .config import GRPOConfig
-from .data import PromptEncoder, PromptOrder, check_dataset, is_conversational
+from .data import PromptEncoder, PromptOrder, is_conversational
+from .dataset_kinds import StreamOrder, check_train_dataset, eval_sets
 from .generation import TransformersGenerator
 from .launch import cpu_launch_error, cpu_only
 from .losses import (
@@ -98,9 +100,8 @@ class GRPOTrainer:
         check_optimizer_name(a.optim)
         if train_dataset is None:
             raise ValueError("train_dataset is required: a datasets.Dataset (or list of dicts) with a 'prompt' column.")
-        check_dataset(train_dataset)
-        if eval_dataset is not None:
-            check_dataset(eval_dataset, "eval_dataset")
+        check_train_dataset(train_dataset, a.max_steps)
+        self.eval_sets = eval_sets(eval_dataset) if eval_dataset is not None else None  # {metric prefix: rows}
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
         procs = reward_processing_classes if isinstance(reward_processing_classes, (list, tuple)) else [reward_processing_classes] * len(funcs)
@@ -143,8 +144,10 @@ class GRPOTrainer:
         eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         self.eos_token_ids = sorted(eos | {self.tokenizer.eos_token_id})
 
-        num_rollouts = math.ceil(a.num_train_epochs * len(train_dataset) / a.prompts_per_rollout)
-        self.max_steps = a.max_steps if a.max_steps > 0 else num_rollouts * a.steps_per_rollout
+        if a.max_steps > 0:
+            self.max_steps = a.max_steps
+        else:
+            self.max_steps = math.ceil(a.num_train_epochs * len(train_dataset) / a.prompts_per_rollout) * a.steps_per_rollout
         optimizer = build_optimizer(a, policy)
         warmup = a.warmup_steps if a.warmup_steps > 0 else math.ceil(a.warmup_ratio * self.max_steps)
         self.scheduler = get_scheduler(
@@ -158,7 +161,11 @@ class GRPOTrainer:
             min_p=a.min_p, repetition_penalty=a.repetition_penalty,
         )
         self.encode = PromptEncoder(self.tokenizer, a.max_prompt_length, a.chat_template_kwargs)
-        self.order = PromptOrder(len(train_dataset), a.data_seed if a.data_seed is not None else a.seed, a.shuffle_dataset)
+        self.streaming = isinstance(train_dataset, IterableDataset)  # rows come in stream order, not by index
+        if self.streaming:
+            self.order = StreamOrder(train_dataset)
+        else:
+            self.order = PromptOrder(len(train_dataset), a.data_seed if a.data_seed is not None else a.seed, a.shuffle_dataset)
         # π_old = π_θ detached (no pass) when the policy cannot move between generation and last use.
         self.needs_old_logps = not (a.num_iterations == 1 and a.steps_per_generation == a.gradient_accumulation_steps)
         self.step, self.timer, self.window, self.fresh_completions = 0, PhaseTimer(), Window(), []
@@ -217,9 +224,9 @@ class GRPOTrainer:
         """One rollout for this process: its share of the next B prompts, whole groups only."""
         a, acc = self.args, self.accelerator
         share = a.prompts_per_rollout // acc.num_processes
-        indices = self.order.take(a.prompts_per_rollout)[acc.process_index * share : (acc.process_index + 1) * share]
+        drawn = self.order.take(a.prompts_per_rollout)[acc.process_index * share : (acc.process_index + 1) * share]
         rollout = collect(
-            [self.train_dataset[i] for i in indices], num_generations=a.num_generations,
+            drawn if self.streaming else [self.train_dataset[i] for i in drawn], num_generations=a.num_generations,
             encode=self._encode, generate=self.generate, decode=self._decode,
             score=partial(score, self.reward_funcs, reward_kwargs=self.reward_kwargs), advantages=self._advantages,
             eos_token_ids=self.eos_token_ids, timer=self.timer,
@@ -384,7 +391,7 @@ class GRPOTrainer:
 
     def _epoch(self) -> float:
         """Passes over the training prompts so far (TrainerState.epoch): whole epochs plus the drawn fraction."""
-        return self.order.epoch + self.order.position / self.order.size
+        return self.order.epoch + (self.order.position / self.order.size if self.order.size else 0.0)
 
     def _log(self) -> None:
         acc = self.accelerator
@@ -427,10 +434,32 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ public helpers
     @torch.no_grad()
-    def evaluate(self) -> dict:
-        """Mean reward of G sampled completions per eval prompt (each process scores its share)."""
+    def evaluate(self, eval_dataset=None, metric_key_prefix: str = "eval") -> dict:
+        """Mean reward of G sampled completions per eval prompt (each process scores its share).
+
+        Args:
+            eval_dataset: rows, or a dict / DatasetDict of them (each evaluated, metrics
+                prefixed `<prefix>_<name>_`); default: the trainer's eval_dataset.
+            metric_key_prefix: "eval" gives eval_reward and eval_rewards/<fn> (transformers' naming).
+        Returns:
+            {"<prefix>_reward": mean weighted reward, "<prefix>_rewards/<fn>": each reward's mean}.
+        Raises:
+            ValueError: no eval dataset here or in the trainer, or one of a kind evaluation cannot read.
+        """
+        sets = eval_sets(eval_dataset) if eval_dataset is not None else self.eval_sets
+        if sets is None:
+            raise ValueError("evaluate() needs an eval_dataset: pass one to evaluate() or to GRPOTrainer.")
+        metrics = {}
+        for prefix, rows in sets.items():
+            metrics.update(self._mean_rewards(rows, metric_key_prefix + prefix[len("eval") :]))
+        if self.log is not None:
+            self.log.write({"step": self.step, **metrics})
+        self.events.evaluate(metrics)
+        return metrics
+
+    def _mean_rewards(self, dataset, prefix: str) -> dict:
         a, acc = self.args, self.accelerator
-        rows = [self.eval_dataset[i] for i in range(acc.process_index, len(self.eval_dataset), acc.num_processes)]
+        rows = [dataset[i] for i in range(acc.process_index, len(dataset), acc.num_processes)]
         chunk = max(a.per_device_eval_batch_size // a.num_generations, 1)
         window = Window()  # the same keys on every process, even one without eval rows
         for key in ["reward_sum", "completions"] + [f"rewards/{n}_{part}" for n in self.reward_names for part in ("sum", "count")]:
@@ -441,16 +470,14 @@ class GRPOTrainer:
                 decode=self._decode, score=partial(score, self.reward_funcs, reward_kwargs=self.reward_kwargs), advantages=lambda r: torch.zeros(len(r)),
                 eos_token_ids=self.eos_token_ids, timer=PhaseTimer(),
             )
+            self.reward_hooks.pop_columns()  # log_extra columns describe training rollouts only
             values = rollout_metrics(rollout, self.reward_names, self.reward_weights, a.num_generations)
             for key in list(window.sums):
                 window.add(key, values[key])
         sums, _ = window.reduce(acc)
-        metrics = {"eval_reward": sums["reward_sum"] / max(sums["completions"], 1)}
+        metrics = {f"{prefix}_reward": sums["reward_sum"] / max(sums["completions"], 1)}
         for name in self.reward_names:
-            metrics[f"eval_rewards/{name}"] = sums[f"rewards/{name}_sum"] / max(sums[f"rewards/{name}_count"], 1)
-        if self.log is not None:
-            self.log.write({"step": self.step, **metrics})
-        self.events.evaluate(metrics)
+            metrics[f"{prefix}_rewards/{name}"] = sums[f"rewards/{name}_sum"] / max(sums[f"rewards/{name}_count"], 1)
         return metrics
 
     def save_model(self, output_dir: str | None = None) -> None:
