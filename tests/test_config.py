@@ -1,5 +1,5 @@
 """GRPOConfig: every invalid combination is refused up front with one sentence
-naming the fix, and the batch arithmetic matches DESIGN.md's "Batch semantics".
+naming the fix, and the batch arithmetic matches docs/design.md's "Batch semantics".
 
 Run: python -m pytest tests/test_config.py -q
 """

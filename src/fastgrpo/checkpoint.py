@@ -8,7 +8,7 @@ in use when saved inside a reuse window). It is written under a
 temporary name and renamed into place, so a crash mid-save never leaves a
 half checkpoint that resume would pick, and the last good one is never touched.
 
-Resume rule (DESIGN.md): a checkpoint saved inside a rollout's reuse window
+Resume rule (docs/design.md): a checkpoint saved inside a rollout's reuse window
 carries that rollout (tokens, advantages, π_old/π_ref log-probs) and how many
 of its optimizer steps were done; resuming continues the same rollout from
 the next step. One saved at the end of a window carries none, and resuming

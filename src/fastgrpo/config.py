@@ -1,7 +1,7 @@
 """`GRPOConfig`: every knob of a fastgrpo run, its default and its validation.
 
 Field names and defaults are TRL's (`trl.GRPOConfig`), so a TRL script runs with
-only its import changed. Counts are completions, not prompts (DESIGN.md, "Batch
+only its import changed. Counts are completions, not prompts (docs/design.md, "Batch
 semantics"). Every inconsistent combination is refused here, in
 `__post_init__`, with one sentence naming the value and the fix, before any
 model is loaded.

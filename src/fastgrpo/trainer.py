@@ -1,6 +1,6 @@
 """`GRPOTrainer`: set-up, the GRPO loop with μ passes over each rollout, save/resume, evaluate.
 
-The loop (DESIGN.md) reads top to bottom in `train()`: collect a rollout, then
+The loop (docs/design.md) reads top to bottom in `train()`: collect a rollout, then
 μ passes over it, one optimizer step per `gradient_accumulation_steps`
 micro-batches. accelerate supplies the device, mixed precision, gradient
 synchronisation (`no_sync` during accumulation) and multi-process
