@@ -96,3 +96,11 @@ def test_strategies_and_best_metric_follow_transformers():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         GRPOConfig(report_to="trackio")
+
+
+@pytest.mark.parametrize("loss_type,warns", [("grpo", False), ("dapo", True), ("bnpo", True), ("dr_grpo", True)])
+def test_sequence_level_with_a_token_sum_warns_like_trl(loss_type, warns):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        GRPOConfig(loss_type=loss_type, importance_sampling_level="sequence")
+    assert any("GSPO's setup is loss_type='grpo'" in str(w.message) for w in caught) == warns

@@ -154,6 +154,7 @@ class GRPOConfig:
             self.report_to = [] if self.report_to in ("none", "") else [self.report_to]
         self._resolve_batches()
         self._validate()
+        self._warn_like_trl()
 
     def _apply_trl_spellings(self) -> None:
         """TRL's None defaults and generation_kwargs, turned into the fields that hold them here."""
@@ -294,6 +295,16 @@ class GRPOConfig:
         need(self.eval_steps is None or self.eval_steps > 0, f"eval_steps={self.eval_steps}: use a positive number of steps, or None.")
         for tracker in self.report_to:
             need(tracker in TRACKERS, f"report_to={tracker!r}: use 'none' or one of {', '.join(TRACKERS)}.")
+
+    def _warn_like_trl(self) -> None:
+        """The questionable combinations TRL's GRPOTrainer warns about (and still runs)."""
+        if self.importance_sampling_level == "sequence" and self.loss_type in ("bnpo", "dr_grpo", "dapo"):
+            warnings.warn(
+                f"importance_sampling_level='sequence' with loss_type={self.loss_type!r} sums per-token contributions, which "
+                "weights each sequence by its length instead of optimizing the per-sequence objective; GSPO's setup is "
+                "loss_type='grpo'.",
+                stacklevel=4,
+            )
 
     # --- derived counts ------------------------------------------------------------
     @property

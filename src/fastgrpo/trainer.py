@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from contextlib import nullcontext
 from functools import partial
 from typing import NamedTuple
@@ -132,6 +133,8 @@ class GRPOTrainer:
                 fn.prepare(acc.device, acc.autocast)  # scored in the policy's precision
 
         name = model if isinstance(model, str) else model.config._name_or_path
+        if not isinstance(model, str) and a.model_init_kwargs is not None:  # TRL warns the same
+            warnings.warn("model_init_kwargs is set but the model is already instantiated; model_init_kwargs is ignored.", stacklevel=2)
         with acc.main_process_first():  # a built-in model's first load converts it, once
             self.tokenizer = prepare_tokenizer(processing_class) if processing_class is not None else load_tokenizer(name)
             policy = load_model(model, a.model_init_kwargs)
