@@ -118,3 +118,15 @@ def test_logging_first_step_and_save_epoch(tmp_path, tokenizer, make_model, prom
 def test_bad_callback_is_refused_before_training(tmp_path, tokenizer, make_model, prompts):
     with pytest.raises(TypeError, match="transformers.TrainerCallback"):
         GRPOTrainer(make_model(), reward_even_tokens, args=config(tmp_path), train_dataset=prompts, processing_class=tokenizer, callbacks=[print])
+
+
+def test_state_survives_a_resume(tmp_path, tokenizer, make_model, prompts):
+    args = config(tmp_path, max_steps=2, save_strategy="steps", save_steps=2)
+    first = GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
+    first.train()
+    assert os.path.isfile(os.path.join(args.output_dir, "checkpoint-2", "trainer_state.json"))
+    args = config(tmp_path, max_steps=4, save_strategy="no")
+    second = GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
+    second.train(resume_from_checkpoint=True)
+    # step 2's record from the first run (its train summary was logged after the save), then steps 4 and the summary
+    assert [r["step"] for r in second.state.log_history] == [2, 4, 4]

@@ -20,10 +20,14 @@ Not here: when to log, evaluate or save (trainer.py), what a record holds (metri
 from __future__ import annotations
 
 import math
+import os
 import time
 
 from transformers import TrainerCallback, TrainerControl, TrainerState
 from transformers.trainer_callback import CallbackHandler
+
+
+STATE_FILE = "trainer_state.json"  # transformers' name for the saved TrainerState
 
 
 class _Handler(CallbackHandler):
@@ -109,10 +113,22 @@ class TrainerEvents:
             self.state.best_metric, self.state.best_global_step = metrics[key], self.state.global_step
 
     def save(self, checkpoint: str) -> None:
-        """After a checkpoint is written: name it the best one if it holds the best step, call on_save."""
+        """After a checkpoint is written: name it the best one if it holds the best step, write
+        trainer_state.json into it (as Trainer does), call on_save."""
         if self.state.best_global_step == self.state.global_step:
             self.state.best_model_checkpoint = checkpoint
+        if self.state.is_world_process_zero:
+            self.state.save_to_json(os.path.join(checkpoint, STATE_FILE))
         self.control = self.handler.on_save(self.args, self.state, self.control)
+
+    def resume(self, checkpoint: str) -> None:
+        """Restore log_history and the best metric from a checkpoint's trainer_state.json, when it has one."""
+        path = os.path.join(checkpoint, STATE_FILE)
+        if os.path.isfile(path):
+            saved = TrainerState.load_from_json(path)
+            s = self.state
+            s.log_history, s.best_metric, s.best_global_step = saved.log_history, saved.best_metric, saved.best_global_step
+            s.best_model_checkpoint = saved.best_model_checkpoint
 
     def train_end(self, training_loss: float) -> None:
         """Log the run's summary (train_runtime, train_loss, as Trainer does) and call on_train_end."""

@@ -419,6 +419,7 @@ class GRPOTrainer:
                 self.log.reset()
             return None, 0
         state = ckpt.load_checkpoint(path, self.accelerator, self.model)
+        self.events.resume(path)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.order.load_state_dict(state["order"])
