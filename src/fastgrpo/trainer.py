@@ -462,6 +462,7 @@ class GRPOTrainer:
         return metrics
 
     def _mean_rewards(self, dataset, prefix: str) -> dict:
+        """{prefix_reward, prefix_rewards/<fn>} over one eval dataset, all processes."""
         a, acc = self.args, self.accelerator
         rows = [dataset[i] for i in range(acc.process_index, len(dataset), acc.num_processes)]
         chunk = max(a.per_device_eval_batch_size // a.num_generations, 1)
