@@ -177,8 +177,6 @@ class GRPOTrainer:
         self.events = TrainerEvents(a, callbacks, self.model, self.tokenizer, self.optimizer, self.scheduler, acc.is_main_process)
         self.state, self.epochs_done = self.events.state, 0
         self.reward_hooks = RewardHooks(lambda: self.window)
-        # What TRL passes every reward function beside the columns.
-        self.reward_kwargs = {"trainer_state": self.state, "log_extra": self.reward_hooks.log_extra, "log_metric": self.reward_hooks.log_metric}
 
     def add_callback(self, callback) -> None:
         """Add a `transformers.TrainerCallback` (instance or class), as `Trainer.add_callback`."""
@@ -231,7 +229,7 @@ class GRPOTrainer:
         rollout = collect(
             drawn if self.streaming else [self.train_dataset[i] for i in drawn], num_generations=a.num_generations,
             encode=self._encode, generate=self.generate, decode=self._decode,
-            score=partial(score, self.reward_funcs, reward_kwargs=self.reward_kwargs), advantages=self._advantages,
+            score=partial(score, self.reward_funcs, reward_kwargs=self._reward_kwargs()), advantages=self._advantages,
             eos_token_ids=self.eos_token_ids, timer=self.timer,
         )
         rollout = dataclasses.replace(rollout, ref_logps=self._ref_logps(rollout), old_logps=self._old_logps(rollout))
@@ -242,6 +240,10 @@ class GRPOTrainer:
         for key, value in rollout_metrics(rollout, self.reward_names, self.reward_weights, a.num_generations).items():
             (self.window.extreme if key.endswith(("_min", "_max")) else self.window.add)(key, value)
         return rollout
+
+    def _reward_kwargs(self) -> dict:
+        """Extra keywords every reward function receives, as TRL passes them: trainer_state, log_extra, log_metric."""
+        return {"trainer_state": self.state, "log_extra": self.reward_hooks.log_extra, "log_metric": self.reward_hooks.log_metric}
 
     def _encode(self, prompts):
         ids, mask, truncated = self.encode(prompts)
@@ -472,7 +474,8 @@ class GRPOTrainer:
         for start in range(0, len(rows), chunk):
             rollout = collect(
                 rows[start : start + chunk], num_generations=a.num_generations, encode=self._encode, generate=self.generate,
-                decode=self._decode, score=partial(score, self.reward_funcs, reward_kwargs=self.reward_kwargs), advantages=lambda r: torch.zeros(len(r)),
+                decode=self._decode, score=partial(score, self.reward_funcs, reward_kwargs=self._reward_kwargs()),
+                advantages=lambda r: torch.zeros(len(r)),
                 eos_token_ids=self.eos_token_ids, timer=PhaseTimer(),
             )
             self.reward_hooks.pop_columns()  # log_extra columns describe training rollouts only
