@@ -28,8 +28,8 @@ def config(tmp_path, **overrides):
 class Recorder(TrainerCallback):
     """Every event with the state's global_step; optionally stops or saves at a step."""
 
-    def __init__(self, stop_at=None, save_at=None):
-        self.events, self.stop_at, self.save_at, self.logs = [], stop_at, save_at, []
+    def __init__(self, stop_at=None, save_at=None, log_at=None):
+        self.events, self.stop_at, self.save_at, self.log_at, self.logs = [], stop_at, save_at, log_at, []
 
     def on_init_end(self, args, state, control, **kwargs):
         self.events.append(("on_init_end", state.global_step))
@@ -52,6 +52,8 @@ class Recorder(TrainerCallback):
             control.should_training_stop = True
         if state.global_step == self.save_at:
             control.should_save = True
+        if state.global_step == self.log_at:
+            control.should_log = True
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         self.events.append(("on_log", state.global_step))
@@ -59,7 +61,7 @@ class Recorder(TrainerCallback):
 
 
 def test_events_in_transformers_order_and_state(tmp_path, tokenizer, make_model, prompts):
-    rec = Recorder(save_at=3)
+    rec = Recorder(save_at=3, log_at=1)
     args = config(tmp_path)
     trainer = GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer, callbacks=[rec])
     trainer.train()
@@ -71,8 +73,8 @@ def test_events_in_transformers_order_and_state(tmp_path, tokenizer, make_model,
     assert not [d for d in os.listdir(args.output_dir) if d.startswith("checkpoint-") and d != "checkpoint-3"]
     state = trainer.state
     assert isinstance(state, TrainerState) and state.global_step == 4 and state.max_steps == 4
-    # logging_steps=2 over 4 steps: records at steps 2 and 4, then Trainer's run summary
-    assert [r["step"] for r in state.log_history] == [2, 4, 4]
+    # logging_steps=2 over 4 steps: records at steps 2 and 4, one at step 1 asked by the callback, then the run summary
+    assert [r["step"] for r in state.log_history] == [1, 2, 4, 4]
     assert "seconds/generate" in rec.logs[0] and "reward" in rec.logs[0]  # phase timings reach on_log
     assert "train_runtime" in state.log_history[-1] and "train_loss" in state.log_history[-1]
     assert state.log_history[0]["epoch"] > 0
@@ -108,10 +110,15 @@ def test_logging_first_step_and_save_epoch(tmp_path, tokenizer, make_model, prom
     # A rollout is 4 completions = 1 prompt (G = 4) and feeds 1 optimizer step, so 3 prompts make an
     # epoch of 3 steps: with max_steps 4 the only epoch end is at step 3.
     n = 3
-    args = config(tmp_path, max_steps=n + 1, logging_steps=100, logging_first_step=True, save_strategy="epoch")
-    trainer = GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts.select(range(n)), processing_class=tokenizer)
+    args = config(tmp_path, max_steps=n + 1, logging_steps=100, logging_first_step=True, save_strategy="epoch", eval_strategy="epoch")
+    trainer = GRPOTrainer(
+        make_model(), reward_even_tokens, args=args, train_dataset=prompts.select(range(n)), eval_dataset=prompts.select(range(1)),
+        processing_class=tokenizer,
+    )
     trainer.train()
-    assert [r["step"] for r in trainer.state.log_history[:-1]] == [1, n + 1]  # first step, then the end
+    history = trainer.state.log_history[:-1]
+    assert [r["step"] for r in history if "loss" in r] == [1, n + 1]  # first step, then the end
+    assert [r["step"] for r in history if "eval_reward" in r] == [n]  # the epoch's end
     assert sorted(d for d in os.listdir(args.output_dir) if d.startswith("checkpoint-")) == [f"checkpoint-{n}"]
 
 

@@ -56,17 +56,18 @@ class RewardModel:
         model.config.pad_token_id = tokenizer.pad_token_id
         self.model, self.tokenizer = model.eval().requires_grad_(False), tokenizer
         self.__name__ = name.rstrip("/").split("/")[-1]
-        self.autocast = nullcontext
+        self.autocast, self.chat_template_kwargs = nullcontext, {}
 
-    def prepare(self, device: torch.device, autocast) -> None:
-        """Move the model to the policy's device and score under the policy's precision (`autocast`: a context factory)."""
+    def prepare(self, device: torch.device, autocast, chat_template_kwargs: dict | None = None) -> None:
+        """Move the model to the policy's device, score under the policy's precision (`autocast`: a context
+        factory) and render chats with the run's chat_template_kwargs (as TRL does)."""
         self.model.to(device)
-        self.autocast = autocast
+        self.autocast, self.chat_template_kwargs = autocast, chat_template_kwargs or {}
 
     def texts(self, prompts: list, completions: list) -> list[str]:
         """What the model reads: chat prompt + completion through its chat template, or text concatenated (TRL)."""
         if is_conversational(prompts[0]):
-            return [self.tokenizer.apply_chat_template(p + c, tokenize=False) for p, c in zip(prompts, completions)]
+            return [self.tokenizer.apply_chat_template(p + c, tokenize=False, **self.chat_template_kwargs) for p, c in zip(prompts, completions)]
         return [p + c for p, c in zip(prompts, completions)]
 
     @torch.no_grad()

@@ -130,7 +130,7 @@ class GRPOTrainer:
         self.reward_weights = torch.tensor(weights, dtype=torch.float32, device=acc.device)
         for fn in self.reward_funcs:
             if isinstance(fn, RewardModel):
-                fn.prepare(acc.device, acc.autocast)  # scored in the policy's precision
+                fn.prepare(acc.device, acc.autocast, a.chat_template_kwargs)  # scored in the policy's precision
 
         name = model if isinstance(model, str) else model.config._name_or_path
         if not isinstance(model, str) and a.model_init_kwargs is not None:  # TRL warns the same
