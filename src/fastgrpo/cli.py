@@ -125,15 +125,22 @@ def check_types(values: dict, source: str) -> None:
         if name not in hints:
             continue  # TRL's other fields are checked by GRPOConfig (trl_fields.py); unknown names too
         kinds = typing.get_args(hints[name]) if typing.get_origin(hints[name]) in (typing.Union, types.UnionType) else (hints[name],)
-        kinds = tuple(typing.get_origin(k) or k for k in kinds)
-        fits = any(
-            value is None if k is type(None) else isinstance(value, (int, float)) and not isinstance(value, bool) if k is float
-            else isinstance(value, int) and not isinstance(value, bool) if k is int else isinstance(value, k)
-            for k in kinds
-        )
+        kinds = tuple(typing.get_origin(k) or k for k in kinds)  # list[float] → list
+        fits = any(_fits(value, kind) for kind in kinds)
         if not fits:
             expected = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
             raise ValueError(f"{source}: {name}: expected {expected}, got {value!r} ({type(value).__name__}).")
+
+
+def _fits(value, kind) -> bool:
+    """YAML's value against one annotated type: an int is a float too, a bool is neither."""
+    if kind is type(None):
+        return value is None
+    if kind in (int, float) and isinstance(value, bool):
+        return False
+    if kind is float:
+        return isinstance(value, (int, float))
+    return isinstance(value, kind)
 
 
 def resolve_job(ns: argparse.Namespace) -> tuple[dict, dict, dict]:

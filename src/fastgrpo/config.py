@@ -184,7 +184,7 @@ class GRPOConfig:
         if self.eval_strategy == "steps" and self.eval_steps is None:
             self.eval_steps = self.logging_steps  # transformers' default
         if self.eval_strategy == "no" and self.eval_steps is not None:
-            warnings.warn(f"eval_steps={self.eval_steps} has no effect with eval_strategy='no'; set eval_strategy='steps' to evaluate.", stacklevel=3)
+            warnings.warn(f"eval_steps={self.eval_steps} has no effect with eval_strategy='no'; set eval_strategy='steps' to evaluate.", stacklevel=5)
 
     def _resolve_batches(self) -> None:
         # Checked before the arithmetic below, which would divide by zero or
@@ -303,7 +303,7 @@ class GRPOConfig:
                 f"importance_sampling_level='sequence' with loss_type={self.loss_type!r} sums per-token contributions, which "
                 "weights each sequence by its length instead of optimizing the per-sequence objective; GSPO's setup is "
                 "loss_type='grpo'.",
-                stacklevel=4,
+                stacklevel=5,  # the caller of GRPOConfig(...)
             )
 
     # --- derived counts ------------------------------------------------------------

@@ -182,7 +182,7 @@ def check_trl_field(name: str, value) -> None:
         ValueError: a value fastgrpo cannot honour; the message names the field and the fix.
     """
     entry = TRL_FIELDS[name]
-    if entry.accepts is ANY or any(value == ok and type(value) is type(ok) or (value is ok) for ok in entry.accepts):
+    if entry.accepts is ANY or any(type(value) is type(ok) and value == ok for ok in entry.accepts):  # False is not 0
         return
     accepted = " or ".join(repr(v) for v in entry.accepts)
     raise ValueError(f"{name}={value!r} is not supported by fastgrpo (accepted: {accepted}): {entry.instead}.")
