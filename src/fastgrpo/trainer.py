@@ -79,8 +79,10 @@ class GRPOTrainer:
             sequence-classification reward model (instance, local folder or hub
             id; reward_models.py), or a list of them (see rewards.py for the protocol).
         args: `GRPOConfig`; default `GRPOConfig()`.
-        train_dataset: rows with a "prompt" column (text or chat messages).
-        eval_dataset: optional rows for `evaluate()` (every `eval_steps`).
+        train_dataset: rows with a "prompt" column (text or chat messages): a
+            Dataset, a list of dicts or an IterableDataset (dataset_kinds.py).
+        eval_dataset: optional rows, or a dict / DatasetDict of them, for
+            `evaluate()` (run as `eval_strategy` says).
         processing_class: the tokenizer; default: the model's own.
         reward_processing_classes: tokenizers of the reward models, one per
             reward_funcs entry (None for functions) or a single one (TRL's).
