@@ -17,9 +17,8 @@ Both systems get the same instrumentation from outside their code:
 | step end   | entry of `_after_step`                    | `on_step_end` callback                               |
 
 generation = rollout − logps (prompt encoding, sampling, decoding, rewards,
-advantages). Checkpoints are off in both (TRL `save_strategy="no"`; fastgrpo's
-`save_checkpoint` is replaced by a no-op, since it always saves at
-`max_steps`), so no run times a disk write. This file imports `trl` only in a
+advantages). Checkpoints are off in both (`save_strategy="no"`), so no run
+times a disk write. This file imports `trl` only in a
 TRL run, so a fastgrpo process carries none of TRL's memory.
 """
 
@@ -151,11 +150,9 @@ def token_count(mask: torch.Tensor) -> int:
 
 
 def run_fastgrpo(spec: dict, dataset, reward, rec: Recorder, output_dir: str):
-    import fastgrpo.trainer as fast_trainer
     from fastgrpo import GRPOConfig, GRPOTrainer
 
-    fast_trainer.ckpt.save_checkpoint = lambda *args, **kwargs: None  # no disk writes timed (see module docstring)
-    args = GRPOConfig(**config_values(spec, output_dir), max_prompt_length=spec["max_prompt_length"], save_steps=10**9)
+    args = GRPOConfig(**config_values(spec, output_dir), max_prompt_length=spec["max_prompt_length"], save_strategy="no")
     trainer = GRPOTrainer(model=spec["model_path"], reward_funcs=reward, args=args, train_dataset=dataset)
 
     logps = trainer._logps

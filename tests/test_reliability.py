@@ -85,11 +85,11 @@ def test_reward_functions_receive_trainer_state(tmp_path, tokenizer, make_model,
     seen = []
 
     def spy(completions, trainer_state, **kw):
-        seen.append(trainer_state)
+        seen.append(trainer_state.global_step)  # steps done before this rollout
         return [0.0] * len(completions)
 
-    train(tmp_path, tokenizer, make_model, prompts, spy, max_steps=1)
-    assert seen == [None]  # this trainer has no `state` object yet: TRL's keyword is present, empty
+    train(tmp_path, tokenizer, make_model, prompts, spy, max_steps=2)  # one optimizer step per rollout
+    assert seen == [0, 1]
 
 
 # ---------------------------------------------------------------- data, model, output_dir
@@ -114,7 +114,7 @@ def test_malformed_json_lines_name_file_and_line(tmp_path, capsys):
     path.write_text('{"prompt": "a"}\n{"prompt": "b"}\n{"prompt": "c",\n')
     with pytest.raises(ValueError, match=r"data.jsonl, line 3: not valid JSON"):
         load_dataset_spec(str(path))
-    assert main(["train", "--dataset", str(path), "--output_dir", str(tmp_path / "out")]) == 2
+    assert main(["train", "--dataset", str(path), "--reward", "length", "--output_dir", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "line 3" in err  # one line, no traceback
 

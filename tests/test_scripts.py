@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from fastgrpo.cli import build_parser, main, resolve_job
+from fastgrpo.cli import main, resolve_job, train_parser
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -30,8 +30,8 @@ def test_trl_seed_script_runs_with_only_the_import_changed(tmp_path):
 def test_cli_flags_override_yaml_which_overrides_the_builtin_job(tmp_path):
     run = tmp_path / "run.yaml"
     run.write_text(yaml.safe_dump({"num_iterations": 2, "learning_rate": 1e-5, "reward": "length,format", "model": "m"}))
-    ns = build_parser().parse_args(["train", "--config", str(run), "--num_iterations", "3", "--bf16", "false", "--top_k", "5"])
-    job, fields = resolve_job(ns)
+    ns = train_parser().parse_args(["--config", str(run), "--num_iterations", "3", "--bf16", "false", "--top_k", "5"])
+    job, fields, _ = resolve_job(ns)
     assert job["model"] == "m" and job["reward"] == ["length", "format"]
     assert job["dataset"].startswith("reasoning-gym:basic_arithmetic")  # the built-in job's
     assert fields["num_iterations"] == 3 and fields["learning_rate"] == 1e-5 and fields["bf16"] is False and fields["top_k"] == 5
@@ -42,7 +42,7 @@ def test_cli_refuses_bad_values_before_loading_anything(capsys):
     assert "num_generations=1" in capsys.readouterr().err
     assert main(["train", "--reward", "nope"]) == 2
     assert "reward 'nope' is unknown" in capsys.readouterr().err
-    assert main(["train", "--model", "./no-such-model", "--dataset", "reasoning-gym:basic_arithmetic", "--dataset_size", "8"]) == 2
+    assert main(["train", "--model", "./no-such-model", "--dataset", "reasoning-gym:basic_arithmetic", "--dataset_size", "8", "--reward", "length"]) == 2
     assert "model './no-such-model' does not exist" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # a misspelt flag is an error, never a prefix match
         main(["train", "--num_generation", "4"])

@@ -226,7 +226,7 @@ def test_every_variant_trains(tmp_path, tokenizer, make_model, prompts, loss_typ
 
 
 def test_eval_and_tensorboard(tmp_path, tokenizer, make_model, prompts):
-    args = config(tmp_path, max_steps=2, eval_steps=2, report_to="tensorboard")
+    args = config(tmp_path, max_steps=2, eval_strategy="steps", eval_steps=2, report_to="tensorboard")
     trainer = GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, eval_dataset=prompts.select(range(3)), processing_class=tokenizer)
     trainer.train()
     evals = [r for r in read_metrics(args.output_dir) if "eval_reward" in r]

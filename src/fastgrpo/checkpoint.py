@@ -14,7 +14,7 @@ applied, so a corrupt checkpoint is refused by name and file, and
 `resume_from_checkpoint=True` falls back to the newest one that loads.
 Pruning (`save_total_limit`) only touches checkpoints of the same run id.
 
-Resume rule (DESIGN.md): a checkpoint saved inside a rollout's reuse window
+Resume rule (docs/design.md): a checkpoint saved inside a rollout's reuse window
 carries that rollout (tokens, advantages, π_old/π_ref log-probs) and how many
 of its optimizer steps were done; resuming continues the same rollout from
 the next step. One saved at the end of a window carries none, and resuming
@@ -97,6 +97,7 @@ def save_checkpoint(
             accelerator.unwrap_model(model).save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
             torch.save(trainer_state, os.path.join(tmp, "trainer_state.pt"))
+            make_readable(tmp)
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
             write_manifest(tmp, step, run_id)  # last: its presence says every file above was written
@@ -114,6 +115,20 @@ def save_checkpoint(
         prune(output_dir, save_total_limit, run_id)
     accelerator.wait_for_everyone()
     return final
+
+
+def make_readable(folder: str) -> None:
+    """Give the files in `folder` the permissions of every other file the run writes (0666 less the umask).
+
+    safetensors writes model.safetensors owner-only (0600) whatever the umask;
+    saved models are meant to be read by others like the logs beside them.
+    """
+    umask = os.umask(0)
+    os.umask(umask)
+    for name in os.listdir(folder):
+        path = os.path.join(folder, name)
+        if os.path.isfile(path):
+            os.chmod(path, 0o666 & ~umask)
 
 
 def write_manifest(folder: str, step: int, run_id: str) -> None:

@@ -1,14 +1,23 @@
 """`fastgrpo train`: the command line.
 
     fastgrpo train                                  # the built-in job (README)
-    fastgrpo train --config run.yaml                # fields from YAML
+    fastgrpo train --config examples/run.yaml       # model, dataset, reward and GRPOConfig fields from YAML
     fastgrpo train --model ./my-model --dataset data.jsonl --reward mymod:score --num_iterations 4
 
-Every `GRPOConfig` field is a flag (`--num_iterations 4`, `--bf16 true`).
-Precedence: the built-in job's values < the YAML file < flags. `--model`,
-`--dataset` and `--reward` take the same values as in the YAML (`model:`,
-`dataset:`, `reward:`). Works under `accelerate launch` and `torchrun`
-(`python -m fastgrpo.cli train …`).
+Every `GRPOConfig` field is a flag, parsed by transformers' `HfArgumentParser`
+as TRL's CLI parses it (`--num_iterations 4`, `--bf16 false`, `--reward_weights
+1 0.5`, dict fields as JSON: `--generation_kwargs '{"top_k": 20}'`). TRL's
+model-config LoRA options (`--use_peft`, `--lora_r`, …) build a `peft_config`.
+
+Which values apply: the built-in job's (model, dataset, rewards and its
+GRPOConfig values) only when neither a model nor a dataset is given; a run of
+your own starts from GRPOConfig's defaults and must name its rewards. Then the
+YAML file, then flags. `--reward module:function` imports from the current
+folder. Works under `accelerate launch` and `torchrun` (`python -m fastgrpo.cli
+train …`).
+
+`fastgrpo --help` imports nothing heavy; `fastgrpo train --help` imports
+transformers' argument parser only; torch and the trainer load when a run starts.
 """
 
 from __future__ import annotations
@@ -17,13 +26,10 @@ import argparse
 import dataclasses
 import os
 import sys
+import types
 import typing
 
-import yaml
-
-from .checkpoint import CheckpointWriteError
 from .config import GRPOConfig
-from .interrupt import TrainingInterrupted
 
 # The built-in job: SmolLM2-135M-Instruct on easy reasoning-gym arithmetic,
 # asked for "only the final answer". Two rewards, logged apart: reasoning-gym's
@@ -57,90 +63,150 @@ BUILTIN_JOB = {
     },
 }
 JOB_KEYS = ("model", "dataset", "reward", "dataset_size")
+# rewards.BUILTIN_REWARDS' names, listed here so that --help needs no torch (a test keeps them equal).
+BUILTIN_REWARD_NAMES = ("length", "format", "brevity", "reasoning_gym")
 
 
-def _parse_value(text: str, annotation):
-    """Parse a flag's text by the field's annotation (bool, int, float, str, lists, None)."""
-    if text.lower() in ("none", "null") and "None" in str(annotation):
-        return None
-    kind = str(annotation)
-    if "bool" in kind and text.lower() in ("true", "false", "1", "0", "yes", "no"):
-        return text.lower() in ("true", "1", "yes")
-    if "list[float]" in kind:
-        return [float(x) for x in text.split(",")]
-    for cast in ((int,) if "int" in kind else ()) + ((float,) if "float" in kind else ()):
-        try:
-            return cast(text)
-        except ValueError:
-            continue
-    return text
+@dataclasses.dataclass
+class LoraOptions:
+    """TRL's `ModelConfig` LoRA options (names and defaults); used only when use_peft is true."""
+
+    use_peft: bool = False
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.05
+    lora_target_modules: list[str] | None = None
+    lora_task_type: str = "CAUSAL_LM"
+
+
+LORA_KEYS = tuple(f.name for f in dataclasses.fields(LoraOptions))
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .rewards import BUILTIN_REWARDS
-
-    # allow_abbrev=False: a misspelt flag (--num_generation) must be an error, not a prefix match.
+    """The `fastgrpo` parser: a light top level whose `train` subcommand is parsed by `train_parser()`."""
     parser = argparse.ArgumentParser(prog="fastgrpo", description="GRPO fine-tuning with multi-step rollout reuse.", allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
-    train = sub.add_parser("train", help="train a model with GRPO (no arguments: the built-in job)", allow_abbrev=False)
-    train.add_argument("--config", help="YAML file of GRPOConfig fields plus model/dataset/reward")
-    train.add_argument("--model", help="smollm2-135m-instruct, a local folder or .gguf file, or a hub id")
-    train.add_argument("--dataset", help="reasoning-gym:<task>[,<task>], a local json/jsonl/csv/parquet file, or a hub name")
-    train.add_argument("--reward", action="append", help=f"{', '.join(BUILTIN_REWARDS)} or module:function (repeatable or comma-separated)")
-    train.add_argument("--dataset_size", type=int, help="rows generated for reasoning-gym datasets")
-    train.add_argument("--resume", nargs="?", const=True, help="resume from the latest checkpoint in output_dir, or from PATH")
-    hints = typing.get_type_hints(GRPOConfig)
-    for f in dataclasses.fields(GRPOConfig):
-        if f.name != "world_size":
-            default = BUILTIN_JOB["config"].get(f.name, f.default)
-            kind = getattr(hints[f.name], "__name__", str(hints[f.name]))
-            train.add_argument(f"--{f.name}", dest=f"cfg_{f.name}", metavar=kind, help=f"default {default!r}".replace("%", "%%"))
+    sub.add_parser("train", help="train a model with GRPO (no arguments: the built-in job; `fastgrpo train --help` lists the flags)", add_help=False)
     return parser
 
 
-def resolve_job(ns: argparse.Namespace) -> tuple[dict, dict]:
-    """(job values, config fields): built-in job < YAML < flags.
+def train_parser() -> argparse.ArgumentParser:
+    """`fastgrpo train`'s flags: the job's, then GRPOConfig's and the LoRA options via transformers' HfArgumentParser.
+
+    Every default is suppressed, so the parsed namespace holds only what was given (the precedence rule needs it).
+    """
+    from transformers import HfArgumentParser
+
+    # allow_abbrev=False: a misspelt flag (--num_generation) must be an error, not a prefix match.
+    parser = HfArgumentParser((GRPOConfig, LoraOptions), prog="fastgrpo train", allow_abbrev=False)
+    builtin = {**BUILTIN_JOB["config"], **{k: BUILTIN_JOB[k] for k in JOB_KEYS}}
+    for action in parser._actions:
+        if action.dest != "help":
+            shown = f"default {action.default!r}" + (f"; built-in job {builtin[action.dest]!r}" if action.dest in builtin else "")
+            action.help, action.default = (action.help if action.help == argparse.SUPPRESS else shown.replace("%", "%%")), argparse.SUPPRESS
+    job = parser.add_argument_group("the job")
+    job.add_argument("--config", default=argparse.SUPPRESS, help="YAML file of GRPOConfig fields plus model/dataset/reward (examples/run.yaml)")
+    job.add_argument("--model", default=argparse.SUPPRESS, help="smollm2-135m-instruct, a local folder or .gguf file, or a hub id")
+    job.add_argument("--dataset", default=argparse.SUPPRESS, help="reasoning-gym:<task>[,<task>], a local json/jsonl/csv/parquet file, or a hub name")
+    job.add_argument("--reward", action="append", default=argparse.SUPPRESS, help=f"{', '.join(BUILTIN_REWARD_NAMES)} or module:function (repeatable or comma-separated)")
+    job.add_argument("--dataset_size", type=int, default=argparse.SUPPRESS, help="rows generated for reasoning-gym datasets")
+    job.add_argument("--resume", nargs="?", const=True, default=argparse.SUPPRESS, help="resume from the latest checkpoint in output_dir, or from PATH")
+    return parser
+
+
+def check_types(values: dict, source: str) -> None:
+    """Refuse a YAML value whose type does not fit its GRPOConfig / LoRA field.
 
     Raises:
-        ValueError: a YAML file that is not a mapping.
+        ValueError: names the field, the expected type and the value.
     """
-    job = {k: BUILTIN_JOB[k] for k in JOB_KEYS}
-    fields = dict(BUILTIN_JOB["config"])
-    if ns.config:
-        with open(ns.config) as f:
+    hints = {**typing.get_type_hints(GRPOConfig), **typing.get_type_hints(LoraOptions)}
+    for name, value in values.items():
+        if name not in hints:
+            continue  # TRL's other fields are checked by GRPOConfig (trl_fields.py); unknown names too
+        kinds = typing.get_args(hints[name]) if typing.get_origin(hints[name]) in (typing.Union, types.UnionType) else (hints[name],)
+        kinds = tuple(typing.get_origin(k) or k for k in kinds)  # list[float] → list
+        fits = any(_fits(value, kind) for kind in kinds)
+        if not fits:
+            expected = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
+            raise ValueError(f"{source}: {name}: expected {expected}, got {value!r} ({type(value).__name__}).")
+
+
+def _fits(value, kind) -> bool:
+    """YAML's value against one annotated type: an int is a float too, a bool is neither."""
+    if kind is type(None):
+        return value is None
+    if kind in (int, float) and isinstance(value, bool):
+        return False
+    if kind is float:
+        return isinstance(value, (int, float))
+    return isinstance(value, kind)
+
+
+def resolve_job(ns: argparse.Namespace) -> tuple[dict, dict, dict]:
+    """(job values, GRPOConfig fields, LoRA options) from the parsed flags and the YAML file.
+
+    The built-in job's values are the base only when neither model nor dataset
+    is given; otherwise GRPOConfig's defaults are, and the rewards must be named.
+
+    Raises:
+        ValueError: a YAML file that is not a mapping or has a mistyped value, or a job of
+            your own without rewards (the message lists the built-in ones).
+    """
+    given = vars(ns)
+    loaded: dict = {}
+    if "config" in given:
+        import yaml
+
+        with open(given["config"]) as f:
             loaded = yaml.safe_load(f) or {}
         if not isinstance(loaded, dict):
-            raise ValueError(f"{ns.config}: expected a mapping of field: value, got {type(loaded).__name__}.")
-        job.update({k: loaded.pop(k) for k in JOB_KEYS if k in loaded})
-        fields.update(loaded)
-    hints = typing.get_type_hints(GRPOConfig)
-    for name, value in vars(ns).items():
-        if name.startswith("cfg_") and value is not None:
-            fields[name[4:]] = _parse_value(value, hints[name[4:]])
-        elif name in JOB_KEYS and value is not None:
-            job[name] = value
+            raise ValueError(f"{given['config']}: expected a mapping of field: value, got {type(loaded).__name__}.")
+        check_types({k: v for k, v in loaded.items() if k not in JOB_KEYS}, given["config"])
+    chosen = {**{k: loaded[k] for k in JOB_KEYS if k in loaded}, **{k: given[k] for k in JOB_KEYS if k in given}}
+    builtin = "model" not in chosen and "dataset" not in chosen
+    job = {**{k: BUILTIN_JOB[k] for k in JOB_KEYS if builtin or k != "reward"}, **chosen}
+    if "reward" not in job:
+        raise ValueError(
+            f"a job with its own model or dataset needs --reward (or reward: in the YAML): one or more of "
+            f"{', '.join(BUILTIN_REWARD_NAMES)} or module:function."
+        )
     rewards = job["reward"] if isinstance(job["reward"], list) else [job["reward"]]
     job["reward"] = [r.strip() for spec in rewards for r in str(spec).split(",") if r.strip()]
-    return job, fields
+    fields = {**(BUILTIN_JOB["config"] if builtin else {}), **{k: v for k, v in loaded.items() if k not in JOB_KEYS}}
+    fields.update({k: v for k, v in given.items() if k not in JOB_KEYS + ("config", "resume")})
+    lora = {k: fields.pop(k) for k in LORA_KEYS if k in fields}
+    return job, fields, lora
+
+
+def peft_kwargs(lora: dict) -> dict:
+    """GRPOTrainer keyword arguments for TRL's LoRA options: {"peft_config": …} when use_peft, else {}."""
+    if not lora.get("use_peft"):
+        return {}
+    from .models import lora_config
+
+    return {"peft_config": lora_config(**{k: v for k, v in {**dataclasses.asdict(LoraOptions()), **lora}.items() if k != "use_peft"})}
 
 
 def train(ns: argparse.Namespace) -> None:
+    job, fields, lora = resolve_job(ns)
+    args = GRPOConfig(**fields)  # bad values are refused here, before anything loads
+    if os.getcwd() not in sys.path:  # --reward module:function finds modules in the current folder
+        sys.path.insert(0, os.getcwd())
     from .checkpoint import checkpoints
     from .data import load_dataset_spec
     from .rewards import resolve_reward
     from .trainer import GRPOTrainer
 
-    job, fields = resolve_job(ns)
-    args = GRPOConfig(**fields)  # bad values are refused here, before anything loads
     rewards = [resolve_reward(r) for r in job["reward"]]
     dataset = load_dataset_spec(job["dataset"], size=job["dataset_size"], seed=args.seed)
-    trainer = GRPOTrainer(model=job["model"], reward_funcs=rewards, args=args, train_dataset=dataset)
+    trainer = GRPOTrainer(model=job["model"], reward_funcs=rewards, args=args, train_dataset=dataset, **peft_kwargs(lora))
     if trainer.accelerator.is_main_process:
         trainer.console.print(
             f"fastgrpo: {job['model']} on {job['dataset']} ({len(dataset)} prompts), rewards {', '.join(job['reward'])}; "
             f"{trainer.max_steps} steps, μ={args.num_iterations}, G={args.num_generations}, rollout={args.generation_batch_size} completions"
         )
-    trainer.train(resume_from_checkpoint=ns.resume)
+    trainer.train(resume_from_checkpoint=getattr(ns, "resume", None))
     trainer.save_model(args.output_dir)
     trainer.accelerator.end_training()  # trackers closed, process group destroyed (multi-process runs)
     if trainer.accelerator.is_main_process:
@@ -153,9 +219,14 @@ def train(ns: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `fastgrpo` console script."""
-    ns = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    command, rest = build_parser().parse_known_args(argv[:1])
+    ns = train_parser().parse_args(argv[1:] + rest)
+    from .checkpoint import CheckpointWriteError  # imports torch: only once a run starts, never for --help
+    from .interrupt import TrainingInterrupted
+
     try:
-        if ns.command == "train":
+        if command.command == "train":
             train(ns)
     except (ValueError, TypeError, CheckpointWriteError) as err:  # fastgrpo's own checks; errors in user code keep their traceback
         print(f"fastgrpo: error: {err}", file=sys.stderr)

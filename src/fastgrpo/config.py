@@ -4,27 +4,39 @@ Field names and defaults are TRL's (`trl.GRPOConfig`), so a TRL script runs with
 only its import changed; the defaults that differ (disable_dropout,
 gradient_checkpointing, num_completions_to_print, output_dir) are listed with
 their reasons in the README's "Differences from TRL". Counts are completions,
-not prompts (DESIGN.md, "Batch semantics"). Every inconsistent combination is refused here, in
+not prompts (docs/design.md, "Batch semantics"). Every inconsistent combination is refused here, in
 `__post_init__`, with one sentence naming the value and the fix, before any
 model is loaded.
 
-Deliberately not here: the hundred-odd `transformers.TrainingArguments` fields
-that a GRPO run never reads. Passing one raises a `TypeError` naming the
-closest field we do have.
+The rest of TRL's fields (the `transformers.TrainingArguments` it inherits,
+vLLM settings, variants fastgrpo lacks) are in trl_fields.py: a value that
+matches what fastgrpo does is accepted, any other is refused with the fix. A
+name in neither raises a `TypeError` naming the closest field.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import difflib
+import json
 import math
 import os
+import warnings
 from dataclasses import dataclass, field
+
+from .trl_fields import TRL_FIELDS, check_trl_field
 
 LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo", "cispo", "sapo")
 # Objectives whose importance weight is defined per token (no sequence-level form).
 TOKEN_ONLY_LOSS_TYPES = ("cispo", "sapo")
 SCALE_REWARDS = ("group", "batch", "none")
+# Fields that take a dict, or its JSON text (from the command line), as transformers' TrainingArguments do.
+DICT_FIELDS = ("lr_scheduler_kwargs", "generation_kwargs", "chat_template_kwargs", "gradient_checkpointing_kwargs", "model_init_kwargs")
+STRATEGIES = ("no", "steps", "epoch")  # save_strategy / eval_strategy (transformers' IntervalStrategy)
+TRACKERS = ("tensorboard", "wandb", "trackio", "all")
+# generation_kwargs keys that are sampling settings of their own here (TRL passes them to the engine).
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 KL_ESTIMATORS = ("k3", "full")
 
 
@@ -44,9 +56,10 @@ class GRPOConfig:
     """
 
     # --- where and how long -------------------------------------------------
-    output_dir: str = "grpo-output"  # like TRL (trainer_output), under the cwd
+    output_dir: str | None = "grpo-output"  # like TRL (trainer_output), under the cwd; None: this default
     overwrite_output_dir: bool = False  # a new run in a folder holding another run's checkpoints/logs: False refuses, True removes them
     seed: int = 42
+    data_seed: int | None = None  # seeds the prompt order; None: seed (transformers' meaning)
     max_steps: int = -1  # optimizer steps; -1: num_train_epochs over the dataset
     num_train_epochs: float = 3.0  # only read when max_steps == -1
     shuffle_dataset: bool = True
@@ -54,6 +67,9 @@ class GRPOConfig:
     # --- optimizer and schedule (TRL/transformers defaults) -------------------
     learning_rate: float = 1e-6  # TRL's default; small because RL gradients are noisy
     lr_scheduler_type: str = "linear"
+    lr_scheduler_kwargs: dict | str | None = None  # extra arguments of the scheduler (transformers' get_scheduler)
+    optim: str = "adamw_torch"  # a transformers optimizer name (OptimizerNames), built by transformers' factory
+    optim_args: str | None = None  # "key=value,…" for the optimizer (transformers' meaning)
     warmup_ratio: float = 0.0  # older scripts' spelling of a fractional warmup_steps
     warmup_steps: float = 0  # ≥ 1: optimizer steps; below 1: a fraction of them (TRL 1.16); wins when > 0
     weight_decay: float = 0.0
@@ -78,6 +94,8 @@ class GRPOConfig:
     top_k: int = 0  # 0: off
     min_p: float | None = None
     repetition_penalty: float = 1.0
+    generation_kwargs: dict | str | None = None  # sampling keys above may be given here instead (TRL); others refused
+    chat_template_kwargs: dict | str | None = None  # passed to apply_chat_template, e.g. {"enable_thinking": False}
 
     # --- objective (see losses.py for each variant's paper) -------------------
     loss_type: str = "dapo"
@@ -99,32 +117,40 @@ class GRPOConfig:
 
     # --- rewards and advantages -------------------------------------------------
     reward_weights: list[float] | None = None
-    scale_rewards: str | bool = "group"  # TRL also accepts True/False
+    scale_rewards: str = "group"  # TRL also accepts True/False
     multi_objective_aggregation: str = "sum_then_normalize"
 
     # --- model -------------------------------------------------------------------
     disable_dropout: bool = True  # dropout would make π_old irreproducible
     bf16: bool | None = None  # None: on where the device supports it (not on CPU)
     gradient_checkpointing: bool = False
-    model_init_kwargs: dict | None = None
+    gradient_checkpointing_kwargs: dict | str | None = None  # passed to gradient_checkpointing_enable
+    model_init_kwargs: dict | str | None = None
 
     # --- logging and saving --------------------------------------------------------
     logging_steps: float = 10
+    logging_first_step: bool = False  # also log after the first optimizer step
     log_completions: bool = False
     num_completions_to_print: int | None = 4
     report_to: str | list[str] = "none"
+    save_strategy: str = "steps"  # "steps": every save_steps and at the end; "epoch": after each pass over the prompts; "no"
     save_steps: float = 500
     save_total_limit: int | None = None
-    eval_steps: int | None = None  # evaluate on eval_dataset every this many steps
+    eval_strategy: str = "no"  # "steps": every eval_steps (default logging_steps); "epoch"; "no"
+    eval_steps: float | None = None
+    eval_on_start: bool = False  # evaluate once before the first step
     per_device_eval_batch_size: int = 8
-    disable_tqdm: bool = False
+    metric_for_best_model: str | None = None  # a logged or eval metric; tracked in trainer.state.best_metric
+    greater_is_better: bool | None = None  # None: True unless the metric's name ends in "loss" (transformers)
+    disable_tqdm: bool | None = False  # None: False
 
     # Filled in by __post_init__ (world size read from the launcher's environment).
-    world_size: int = field(default=-1, repr=False)
+    world_size: int = field(default=-1, repr=False, metadata={"help": argparse.SUPPRESS})
 
     def __post_init__(self) -> None:
         if self.world_size == -1:
             self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self._apply_trl_spellings()
         if isinstance(self.scale_rewards, bool):  # TRL's older spelling
             self.scale_rewards = "group" if self.scale_rewards else "none"
         if self.epsilon_high is None:
@@ -133,6 +159,37 @@ class GRPOConfig:
             self.report_to = [] if self.report_to in ("none", "") else [self.report_to]
         self._resolve_batches()
         self._validate()
+        self._warn_like_trl()
+
+    def _apply_trl_spellings(self) -> None:
+        """TRL's None defaults and generation_kwargs, turned into the fields that hold them here."""
+        if self.output_dir is None:
+            self.output_dir = "grpo-output"
+        if self.disable_tqdm is None:
+            self.disable_tqdm = False
+        for name in DICT_FIELDS:
+            text = getattr(self, name)
+            if isinstance(text, str):
+                try:
+                    setattr(self, name, json.loads(text))
+                except json.JSONDecodeError as err:
+                    raise ValueError(f"{name}={text!r} is not JSON ({err}); give a dict, e.g. '{{\"key\": 1}}'.") from err
+            if not isinstance(getattr(self, name), (dict, type(None))):
+                raise ValueError(f"{name}={getattr(self, name)!r}: give a dict (or its JSON text), or None.")
+        for key, value in (self.generation_kwargs or {}).items():
+            if key not in SAMPLING_KEYS:
+                fix = "use max_completion_length" if key in ("max_new_tokens", "max_tokens") else "remove it"
+                raise ValueError(
+                    f"generation_kwargs[{key!r}] cannot be honoured: fastgrpo samples with its own settings "
+                    f"({', '.join(SAMPLING_KEYS)}); {fix}."
+                )
+            setattr(self, key, value)  # TRL lets generation_kwargs override the sampling fields
+        if self.metric_for_best_model is not None and self.greater_is_better is None:
+            self.greater_is_better = not self.metric_for_best_model.endswith("loss")
+        if self.eval_strategy == "steps" and self.eval_steps is None:
+            self.eval_steps = self.logging_steps  # transformers' default
+        if self.eval_strategy == "no" and self.eval_steps is not None:
+            warnings.warn(f"eval_steps={self.eval_steps} has no effect with eval_strategy='no'; set eval_strategy='steps' to evaluate.", stacklevel=5)
 
     def _resolve_batches(self) -> None:
         # Checked before the arithmetic below, which would divide by zero or
@@ -241,8 +298,21 @@ class GRPOConfig:
         need(self.logging_steps > 0, f"logging_steps={self.logging_steps}: use a positive number of steps.")
         need(self.save_steps > 0, f"save_steps={self.save_steps}: use a positive number of steps.")
         need(self.save_total_limit is None or self.save_total_limit >= 1, f"save_total_limit={self.save_total_limit}: keep at least 1, or None.")
+        for name in ("save_strategy", "eval_strategy"):
+            need(getattr(self, name) in STRATEGIES, f"{name}={getattr(self, name)!r}: use one of {', '.join(STRATEGIES)}.")
+        need(self.eval_steps is None or self.eval_steps > 0, f"eval_steps={self.eval_steps}: use a positive number of steps, or None.")
         for tracker in self.report_to:
-            need(tracker in ("tensorboard", "wandb", "all"), f"report_to={tracker!r}: use 'none', 'tensorboard' or 'wandb'.")
+            need(tracker in TRACKERS, f"report_to={tracker!r}: use 'none' or one of {', '.join(TRACKERS)}.")
+
+    def _warn_like_trl(self) -> None:
+        """The questionable combinations TRL's GRPOTrainer warns about (and still runs)."""
+        if self.importance_sampling_level == "sequence" and self.loss_type in ("bnpo", "dr_grpo", "dapo"):
+            warnings.warn(
+                f"importance_sampling_level='sequence' with loss_type={self.loss_type!r} sums per-token contributions, which "
+                "weights each sequence by its length instead of optimizing the per-sequence objective; GSPO's setup is "
+                "loss_type='grpo'.",
+                stacklevel=5,  # the caller of GRPOConfig(...)
+            )
 
     # --- derived counts ------------------------------------------------------------
     @property
@@ -286,16 +356,29 @@ _FIELDS = {f.name for f in dataclasses.fields(GRPOConfig)}
 _dataclass_init = GRPOConfig.__init__
 
 
-def _init_with_clear_unknowns(self, *args, **kwargs):
+def _init_with_trl_fields(self, *args, **kwargs):
+    """The dataclass __init__, after TRL's other fields are checked (trl_fields.py) and set aside."""
+    trl_values = {name: kwargs.pop(name) for name in list(kwargs) if name not in _FIELDS and name in TRL_FIELDS}
     unknown = sorted(set(kwargs) - _FIELDS)
     if unknown:
         name = unknown[0]
-        close = difflib.get_close_matches(name, sorted(_FIELDS), n=1)
+        close = difflib.get_close_matches(name, sorted(_FIELDS | set(TRL_FIELDS)), n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
         raise TypeError(
-            f"GRPOConfig has no field {name!r}; {hint}fastgrpo honours the fields listed in the README's config table."
+            f"GRPOConfig has no field {name!r}; {hint}fastgrpo takes TRL's GRPOConfig fields (README, \"Configuration\")."
         )
+    for name, value in trl_values.items():
+        check_trl_field(name, value)
+    object.__setattr__(self, "_trl_values", trl_values)
     _dataclass_init(self, *args, **kwargs)
 
 
-GRPOConfig.__init__ = _init_with_clear_unknowns
+def _trl_field_value(self, name: str):
+    """`args.<TRL field>` for a field kept in trl_fields.py: the value given, or TRL's default."""
+    if name in TRL_FIELDS:
+        return self.__dict__.get("_trl_values", {}).get(name, TRL_FIELDS[name].default)
+    raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
+GRPOConfig.__init__ = _init_with_trl_fields
+GRPOConfig.__getattr__ = _trl_field_value

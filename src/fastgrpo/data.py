@@ -185,16 +185,19 @@ class PromptEncoder:
     Args:
         tokenizer: a transformers tokenizer with padding_side "left".
         max_prompt_length: tokens, or None for no limit.
+        chat_template_kwargs: extra variables for the chat template, e.g.
+            {"enable_thinking": False} (TRL's chat_template_kwargs).
     """
 
-    def __init__(self, tokenizer, max_prompt_length: int | None):
+    def __init__(self, tokenizer, max_prompt_length: int | None, chat_template_kwargs: dict | None = None):
         self.tokenizer = tokenizer
         self.max_prompt_length = max_prompt_length
+        self.chat_template_kwargs = chat_template_kwargs or {}
 
     def render(self, prompt) -> str:
         """The prompt text the model sees."""
         if is_conversational(prompt):
-            return self.tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+            return self.tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True, **self.chat_template_kwargs)
         if isinstance(prompt, str):
             return prompt
         raise TypeError(f"prompt {prompt!r} is neither text nor a list of chat messages.")

@@ -14,6 +14,7 @@ import json
 import os
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -84,10 +85,11 @@ class CompletionRows:
     completions: list  # N completions as reward functions saw them
     rewards: torch.Tensor  # (N, R)
     advantages: torch.Tensor  # (N,)
+    extra: dict | None = None  # column → N values that reward functions logged with log_extra
 
     @classmethod
-    def of(cls, rollout) -> CompletionRows:
-        return cls(rollout.prompts, rollout.completions, rollout.rewards.cpu(), rollout.advantages.cpu())
+    def of(cls, rollout, extra: dict | None = None) -> CompletionRows:
+        return cls(rollout.prompts, rollout.completions, rollout.rewards.cpu(), rollout.advantages.cpu(), extra)
 
     def __len__(self) -> int:
         return len(self.completions)
@@ -141,6 +143,7 @@ class MetricsLog:
                             "completion": rollout.completions[i],
                             "rewards": dict(zip(reward_names, _floats(rollout.rewards[i]))),
                             "advantage": float(rollout.advantages[i]),
+                            **{column: values[i] for column, values in (getattr(rollout, "extra", None) or {}).items() if i < len(values)},
                         },
                         default=str,
                     )
@@ -200,6 +203,35 @@ def rollout_metrics(rollout, reward_names: list[str], weights: torch.Tensor, num
     return out
 
 
+class RewardHooks:
+    """TRL's `log_metric` and `log_extra` for reward functions.
+
+    `log_metric(name, value)` adds a scalar that is averaged over the logging
+    window (all processes; every process must log the same names) and logged
+    as `name`; `log_extra(column, values)` adds a column (N values) to this
+    rollout's rows in completions.jsonl.
+    """
+
+    def __init__(self, window: Callable[[], Window]):
+        self.window = window  # the trainer's current logging window
+        self.columns: dict[str, list] = defaultdict(list)
+
+    def log_metric(self, name: str, value: float) -> None:
+        self.window().add(f"{name}{USER_SUM}", value)
+        self.window().add(f"{name}{USER_COUNT}", 1)
+
+    def log_extra(self, column: str, values: list) -> None:
+        self.columns[column].extend(values)
+
+    def pop_columns(self) -> dict[str, list]:
+        """The columns logged since the last pop (one rollout's), then reset."""
+        out, self.columns = dict(self.columns), defaultdict(list)
+        return out
+
+
+USER_SUM, USER_COUNT = "/user_sum", "/user_count"  # window keys of log_metric values
+
+
 def window_record(step: int, sums: dict, extremes: dict, seconds: dict, reward_names: list[str]) -> dict:
     """One metrics.jsonl record from a window's reduced sums (see `Window`) and this process's phase seconds.
 
@@ -228,6 +260,9 @@ def window_record(step: int, sums: dict, extremes: dict, seconds: dict, reward_n
         record["truncated_prompts"] = int(sums["truncated_prompts"])
     for key in ("kl", "kl_old", "entropy", "clip_low", "clip_high", "clip_region"):
         mean(key, "tokens")
+    for key in sums:
+        if key.endswith(USER_SUM):  # reward functions' log_metric values: mean over the window
+            mean(key, key[: -len(USER_SUM)] + USER_COUNT, key[: -len(USER_SUM)])
     record.update({f"seconds/{phase}": round(s, 4) for phase, s in seconds.items()})
     if seconds.get("generate", 0) > 0 and "completion_tokens" in sums:
         record["generation_tokens_per_second"] = sums["completion_tokens"] / seconds["generate"]

@@ -7,17 +7,18 @@ The protocol is TRL's: a reward function is a plain callable (or `async def`)
 called once per rollout with N aligned lists (N completions). `completions`
 are strings, or `[{"role": "assistant", "content": text}]` when the prompts are
 chat messages; every dataset column other than "prompt" arrives as a keyword
-list, and the trainer's extra keywords (`trainer_state`, as TRL passes it) come
-with them. None means "not applicable" and is skipped in the weighted sum; a
-list, tuple, numpy array or 1-D torch tensor is accepted. Async functions are
-awaited, all of them concurrently.
+list, and the trainer adds TRL's `trainer_state`, `log_extra` and `log_metric`.
+None means "not applicable" and is skipped in the weighted sum; a list, tuple,
+numpy array or 1-D torch tensor is accepted. Async functions are awaited, all
+of them concurrently. A sequence-classification reward model (hub id, local
+folder or instance) is wrapped by reward_models.py into such a callable.
 
 Built-ins (`fastgrpo train --reward NAME`): `length` (the TRL quick-start
 reward), `format` (answer inside <answer>…</answer>), `brevity` (short
 replies), `reasoning_gym`
 (reasoning-gym's own scorer for the row's task), and any `module:function`.
 
-Not here: turning rewards into advantages (losses.py).
+Not here: turning rewards into advantages (advantages.py).
 """
 
 from __future__ import annotations
@@ -78,7 +79,9 @@ def check_columns(dataset, dataset_name: str = "train_dataset") -> None:
     Raises:
         ValueError: a column named like one of `RESERVED_COLUMNS`, naming it.
     """
-    columns = getattr(dataset, "column_names", None) or list(dataset[0])
+    columns = getattr(dataset, "column_names", None)
+    if columns is None:  # a list of dicts, or an IterableDataset whose features are unknown: its first row
+        columns = list(next(iter(dataset), {}))
     clash = [c for c in columns if c in RESERVED_COLUMNS]
     if clash:
         raise ValueError(
@@ -273,12 +276,23 @@ BUILTIN_REWARDS: dict[str, RewardFunc] = {
 }
 
 
-def resolve_reward(spec: str | RewardFunc) -> RewardFunc:
-    """A reward function from a built-in name, "module:function", or a callable.
+def resolve_reward(spec, processing_class=None, init_kwargs: dict | None = None) -> RewardFunc:
+    """A reward function from a built-in name, "module:function", a callable, or a reward model.
 
+    Args:
+        spec: a callable; a built-in name; "module:function"; a sequence-classification
+            model as a `PreTrainedModel`, a local folder or a hub id ("org/name").
+        processing_class: the reward model's tokenizer (TRL's reward_processing_classes entry).
+        init_kwargs: `from_pretrained` arguments for a reward model given by name.
     Raises:
         ValueError: an unknown name or a module/function that cannot be found.
     """
+    from transformers import PreTrainedModel
+
+    from .reward_models import RewardModel, looks_like_model
+
+    if isinstance(spec, PreTrainedModel) or (isinstance(spec, str) and ":" not in spec and spec not in BUILTIN_REWARDS and looks_like_model(spec)):
+        return RewardModel(spec, processing_class, init_kwargs)
     if callable(spec):
         return spec
     if spec in BUILTIN_REWARDS:
@@ -293,5 +307,6 @@ def resolve_reward(spec: str | RewardFunc) -> RewardFunc:
             raise ValueError(f"reward {spec!r} is not callable.")
         return fn
     raise ValueError(
-        f"reward {spec!r} is unknown; use one of {', '.join(BUILTIN_REWARDS)} or 'module:function'."
+        f"reward {spec!r} is unknown; use one of {', '.join(BUILTIN_REWARDS)}, 'module:function', "
+        f"or a reward model (a local folder or a hub id 'org/name')."
     )

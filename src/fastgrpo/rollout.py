@@ -1,7 +1,7 @@
 """The rollout record and `collect()`: prompts → G completions each → rewards → advantages.
 
 A `Rollout` is everything one generation produced for this process, as
-tensors (DESIGN.md, "Data that flows"). Groups of G completions are
+tensors (docs/design.md, "Data that flows"). Groups of G completions are
 contiguous rows; micro-batches are row slices with their padding trimmed, so
 a micro-batch of short completions costs only its own tokens.
 

@@ -1,6 +1,6 @@
 """`GRPOTrainer`: set-up, the GRPO loop with μ passes over each rollout, save/resume, evaluate.
 
-The loop (DESIGN.md) reads top to bottom in `train()`: collect a rollout, then
+The loop (docs/design.md) reads top to bottom in `train()`: collect a rollout, then
 μ passes over it, one optimizer step per `gradient_accumulation_steps`
 micro-batches. accelerate supplies the device, mixed precision, gradient
 synchronisation (`no_sync` during accumulation) and multi-process
@@ -23,6 +23,7 @@ import dataclasses
 import math
 import os
 import uuid
+import warnings
 from contextlib import nullcontext
 from functools import partial
 from typing import NamedTuple
@@ -30,6 +31,7 @@ from typing import NamedTuple
 import torch
 from accelerate import Accelerator
 from accelerate.utils import gather_object, set_seed
+from datasets import IterableDataset
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from transformers import get_scheduler
@@ -37,8 +39,10 @@ from transformers import get_scheduler
 from . import checkpoint as ckpt
 from . import runs
 from .advantages import rollout_advantages
+from .callbacks import TrainerEvents
 from .config import GRPOConfig
-from .data import PromptEncoder, PromptOrder, check_dataset, is_conversational
+from .data import PromptEncoder, PromptOrder, is_conversational
+from .dataset_kinds import StreamOrder, check_train_dataset, eval_sets
 from .generation import TransformersGenerator
 from .interrupt import StopOnInterrupt, TrainingInterrupted
 from .launch import cpu_launch_error, cpu_only
@@ -54,8 +58,10 @@ from .losses import (
     selective_log_softmax,
     step_tokens,
 )
-from .metrics import CompletionRows, MetricsLog, PhaseTimer, Window, rollout_metrics, window_record
+from .metrics import CompletionRows, MetricsLog, PhaseTimer, RewardHooks, Window, rollout_metrics, window_record
 from .models import disable_dropout, load_model, load_tokenizer, prepare_tokenizer, reference_model
+from .optimizers import build_optimizer, check_optimizer_name
+from .reward_models import RewardModel
 from .rewards import check_columns, resolve_reward, reward_names, score
 from .rollout import Rollout, collect
 
@@ -74,12 +80,20 @@ class GRPOTrainer:
     Args:
         model: "smollm2-135m-instruct", a local folder or .gguf file, a hub
             id, or a `PreTrainedModel`.
-        reward_funcs: a callable, a built-in reward name, "module:function",
-            or a list of them (see rewards.py for the protocol).
+        reward_funcs: a callable, a built-in reward name, "module:function", a
+            sequence-classification reward model (instance, local folder or hub
+            id; reward_models.py), or a list of them (see rewards.py for the protocol).
         args: `GRPOConfig`; default `GRPOConfig()`.
-        train_dataset: rows with a "prompt" column (text or chat messages).
-        eval_dataset: optional rows for `evaluate()` (every `eval_steps`).
+        train_dataset: rows with a "prompt" column (text or chat messages): a
+            Dataset, a list of dicts or an IterableDataset (dataset_kinds.py).
+        eval_dataset: optional rows, or a dict / DatasetDict of them, for
+            `evaluate()` (run as `eval_strategy` says).
         processing_class: the tokenizer; default: the model's own.
+        reward_processing_classes: tokenizers of the reward models, one per
+            reward_funcs entry (None for functions) or a single one (TRL's).
+        callbacks: `transformers.TrainerCallback` instances or classes (callbacks.py).
+    Attributes:
+        state: a `transformers.TrainerState` (global_step, log_history, best_metric), as Trainer keeps it.
     Raises:
         ValueError/TypeError: a missing or empty dataset, a missing or empty
             prompt (naming the row), a column the reward protocol reserves,
@@ -88,18 +102,24 @@ class GRPOTrainer:
             writable — all before any model is loaded.
     """
 
-    def __init__(self, model, reward_funcs, args: GRPOConfig | None = None, train_dataset=None, eval_dataset=None, processing_class=None):
+    def __init__(
+        self, model, reward_funcs, args: GRPOConfig | None = None, train_dataset=None, eval_dataset=None, processing_class=None,
+        reward_processing_classes=None, callbacks=None,
+    ):
         self.args = a = args if args is not None else GRPOConfig()
+        check_optimizer_name(a.optim)
         if train_dataset is None:
             raise ValueError("train_dataset is required: a datasets.Dataset (or list of dicts) with a 'prompt' column.")
-        check_dataset(train_dataset)
-        check_columns(train_dataset)
-        if eval_dataset is not None:
-            check_dataset(eval_dataset, "eval_dataset")
-            check_columns(eval_dataset, "eval_dataset")
+        check_train_dataset(train_dataset, a.max_steps)
+        self.eval_sets = eval_sets(eval_dataset) if eval_dataset is not None else None  # {metric prefix: rows}
+        for name, rows in [("train_dataset", train_dataset), *(((f"{k} dataset", v) for k, v in (self.eval_sets or {}).items()))]:
+            check_columns(rows, name)
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-        self.reward_funcs = [resolve_reward(f) for f in funcs]
+        procs = reward_processing_classes if isinstance(reward_processing_classes, (list, tuple)) else [reward_processing_classes] * len(funcs)
+        if len(procs) != len(funcs):
+            raise ValueError(f"reward_processing_classes has {len(procs)} entries for {len(funcs)} reward_funcs; give one per entry (None for functions).")
+        self.reward_funcs = [resolve_reward(f, p, a.model_init_kwargs) for f, p in zip(funcs, procs)]
         self.reward_names = reward_names(self.reward_funcs)
         weights = a.reward_weights if a.reward_weights is not None else [1.0] * len(self.reward_funcs)
         if len(weights) != len(self.reward_funcs):
@@ -120,41 +140,66 @@ class GRPOTrainer:
         set_seed(a.seed, device_specific=True)  # each process samples its own completions; PromptOrder has its own seed
         self.console = Console()
         self.reward_weights = torch.tensor(weights, dtype=torch.float32, device=acc.device)
+        for fn in self.reward_funcs:
+            if isinstance(fn, RewardModel):
+                fn.prepare(acc.device, acc.autocast, a.chat_template_kwargs)  # scored in the policy's precision
 
         name = model if isinstance(model, str) else model.config._name_or_path
+        if not isinstance(model, str) and a.model_init_kwargs is not None:  # TRL warns the same
+            warnings.warn("model_init_kwargs is set but the model is already instantiated; model_init_kwargs is ignored.", stacklevel=2)
         with acc.main_process_first():  # a built-in model's first load converts it, once
             self.tokenizer = prepare_tokenizer(processing_class) if processing_class is not None else load_tokenizer(name)
             policy = load_model(model, a.model_init_kwargs)
         if a.disable_dropout:
             disable_dropout(policy)
         if a.gradient_checkpointing:
-            policy.gradient_checkpointing_enable()
+            policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs=a.gradient_checkpointing_kwargs)
         self.ref_model = reference_model(policy).to(acc.device) if a.beta > 0 else None
         eos = policy.generation_config.eos_token_id
         eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         self.eos_token_ids = sorted(eos | {self.tokenizer.eos_token_id})
 
-        num_rollouts = math.ceil(a.num_train_epochs * len(train_dataset) / a.prompts_per_rollout)
-        self.max_steps = a.max_steps if a.max_steps > 0 else num_rollouts * a.steps_per_rollout
-        optimizer = torch.optim.AdamW(
-            [p for p in policy.parameters() if p.requires_grad],
-            lr=a.learning_rate, betas=(a.adam_beta1, a.adam_beta2), eps=a.adam_epsilon, weight_decay=a.weight_decay,
+        if a.max_steps > 0:
+            self.max_steps = a.max_steps
+        else:
+            self.max_steps = math.ceil(a.num_train_epochs * len(train_dataset) / a.prompts_per_rollout) * a.steps_per_rollout
+        optimizer = build_optimizer(a, policy)
+        self.scheduler = get_scheduler(
+            a.lr_scheduler_type, optimizer, num_warmup_steps=a.num_warmup_steps(self.max_steps), num_training_steps=self.max_steps,
+            scheduler_specific_kwargs=a.lr_scheduler_kwargs,
         )
-        warmup = a.num_warmup_steps(self.max_steps)
-        self.scheduler = get_scheduler(a.lr_scheduler_type, optimizer, num_warmup_steps=warmup, num_training_steps=self.max_steps)
         self.model, self.optimizer = acc.prepare(policy, optimizer)
         self.generate = TransformersGenerator(
             acc.unwrap_model(self.model), max_completion_length=a.max_completion_length, eos_token_ids=self.eos_token_ids,
             pad_token_id=self.tokenizer.pad_token_id, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
             min_p=a.min_p, repetition_penalty=a.repetition_penalty,
         )
-        self.encode = PromptEncoder(self.tokenizer, a.max_prompt_length)
-        self.order = PromptOrder(len(train_dataset), a.seed, a.shuffle_dataset)
+        self.encode = PromptEncoder(self.tokenizer, a.max_prompt_length, a.chat_template_kwargs)
+        self.streaming = isinstance(train_dataset, IterableDataset)  # rows come in stream order, not by index
+        if self.streaming:
+            self.order = StreamOrder(train_dataset)
+        else:
+            self.order = PromptOrder(len(train_dataset), a.data_seed if a.data_seed is not None else a.seed, a.shuffle_dataset)
         # π_old = π_θ detached (no pass) when the policy cannot move between generation and last use.
         self.needs_old_logps = not (a.num_iterations == 1 and a.steps_per_generation == a.gradient_accumulation_steps)
         self.step, self.timer, self.window, self.fresh_completions = 0, PhaseTimer(), Window(), []
         self.target_kl_stops, self.last_metrics, self.loss_sum, self.run_id = 0, {}, 0.0, uuid.uuid4().hex
         self.log = MetricsLog(a.output_dir, acc, self.console) if acc.is_main_process else None
+        self.events = TrainerEvents(a, callbacks, self.model, self.tokenizer, self.optimizer, self.scheduler, acc.is_main_process)
+        self.state, self.epochs_done = self.events.state, 0
+        self.reward_hooks = RewardHooks(lambda: self.window)
+
+    def add_callback(self, callback) -> None:
+        """Add a `transformers.TrainerCallback` (instance or class), as `Trainer.add_callback`."""
+        self.events.add(callback)
+
+    def pop_callback(self, callback):
+        """Remove and return a callback (instance or class), as `Trainer.pop_callback`."""
+        return self.events.handler.pop_callback(callback)
+
+    def remove_callback(self, callback) -> None:
+        """Remove a callback (instance or class), as `Trainer.remove_callback`."""
+        self.events.handler.remove_callback(callback)
 
     # ------------------------------------------------------------------ the loop
     def train(self, resume_from_checkpoint=None) -> TrainOutput:
@@ -169,11 +214,15 @@ class GRPOTrainer:
         a = self.args
         rollout, done = self._resume(resume_from_checkpoint)
         schedule = [(i, s) for i in range(a.num_iterations) for s in range(a.steps_per_generation // a.gradient_accumulation_steps)]
+        self.events.train_begin(self.max_steps, self.step, self._epoch())
+        if a.eval_on_start and self.eval_dataset is not None:
+            self.evaluate()
         with self._progress() as progress, StopOnInterrupt() as interrupt:
-            while self.step < self.max_steps:
+            while self.step < self.max_steps and not self.events.control.should_training_stop:
                 if rollout is None or done >= a.steps_per_rollout:
                     rollout, done = self._collect(), 0  # generate G completions per prompt, score, Â, π_ref, π_old
                 for iteration, step_in_pass in schedule[done:]:  # μ passes over the same rollout
+                    self.events.step_begin()
                     kl_old = self._optimizer_step(rollout, step_in_pass, capture_old=(iteration == 0 and step_in_pass == 0))
                     self.step, done = self.step + 1, done + 1
                     stop_reuse = a.target_kl is not None and kl_old > a.target_kl
@@ -182,10 +231,13 @@ class GRPOTrainer:
                     self._after_step(rollout, done, progress)
                     if self.step < self.max_steps and interrupt.requested(self.accelerator):  # Ctrl-C: save this whole step, stop
                         self._stop_interrupted(rollout, done)
-                    if self.step >= self.max_steps or stop_reuse:
+                    if self.step >= self.max_steps or stop_reuse or self.events.control.should_training_stop:
                         break
+        if self.window.sums.get("steps"):  # stopped by a callback between logging steps: log the rest
+            self._log()
         for tracker in self.accelerator.trackers:  # not end_training(): it ends the process group save_model needs
             tracker.finish()
+        self.events.train_end(self.loss_sum / max(self.step, 1))
         return TrainOutput(self.step, self.loss_sum / max(self.step, 1), self.last_metrics)
 
     # ------------------------------------------------------------------ rollout
@@ -193,24 +245,25 @@ class GRPOTrainer:
         """One rollout for this process: its share of the next B prompts, whole groups only."""
         a, acc = self.args, self.accelerator
         share = a.prompts_per_rollout // acc.num_processes
-        indices = self.order.take(a.prompts_per_rollout)[acc.process_index * share : (acc.process_index + 1) * share]
+        drawn = self.order.take(a.prompts_per_rollout)[acc.process_index * share : (acc.process_index + 1) * share]
         rollout = collect(
-            [self.train_dataset[i] for i in indices], num_generations=a.num_generations,
+            drawn if self.streaming else [self.train_dataset[i] for i in drawn], num_generations=a.num_generations,
             encode=self._encode, generate=self.generate, decode=self._decode,
             score=partial(score, self.reward_funcs, reward_kwargs=self._reward_kwargs()), advantages=self._advantages,
             eos_token_ids=self.eos_token_ids, timer=self.timer,
         )
         rollout = dataclasses.replace(rollout, ref_logps=self._ref_logps(rollout), old_logps=self._old_logps(rollout))
+        extra = self.reward_hooks.pop_columns()
         if a.log_completions:
-            self.fresh_completions.append(CompletionRows.of(rollout))
+            self.fresh_completions.append(CompletionRows.of(rollout, extra))
         self.window.add("rollouts", 1)
         for key, value in rollout_metrics(rollout, self.reward_names, self.reward_weights, a.num_generations).items():
             (self.window.extreme if key.endswith(("_min", "_max")) else self.window.add)(key, value)
         return rollout
 
     def _reward_kwargs(self) -> dict:
-        """Extra keywords every reward function receives (TRL passes `trainer_state`)."""
-        return {"trainer_state": getattr(self, "state", None)}
+        """Extra keywords every reward function receives, as TRL passes them: trainer_state, log_extra, log_metric."""
+        return {"trainer_state": self.state, "log_extra": self.reward_hooks.log_extra, "log_metric": self.reward_hooks.log_metric}
 
     def _encode(self, prompts):
         ids, mask, truncated = self.encode(prompts)
@@ -350,15 +403,26 @@ class GRPOTrainer:
             with torch.no_grad():
                 for ref, p in zip(self.ref_model.parameters(), self.accelerator.unwrap_model(self.model).parameters()):
                     ref.mul_(1 - a.ref_model_mixup_alpha).add_(p.detach(), alpha=a.ref_model_mixup_alpha)
-        if self.step % every(a.logging_steps) == 0 or self.step == self.max_steps:
+        epoch_end = done >= a.steps_per_rollout and self.order.epoch > self.epochs_done  # this rollout finished a pass
+        self.epochs_done = self.order.epoch if epoch_end else self.epochs_done
+        control = self.events.step_end(
+            self.step, self._epoch(),
+            log=self.step % every(a.logging_steps) == 0 or self.step == self.max_steps or (a.logging_first_step and self.step == 1),
+            evaluate=self.eval_dataset is not None and (
+                (a.eval_strategy == "steps" and self.step % every(a.eval_steps) == 0) or (a.eval_strategy == "epoch" and epoch_end)
+            ),
+            save=(a.save_strategy == "steps" and (self.step % every(a.save_steps) == 0 or self.step == self.max_steps))
+            or (a.save_strategy == "epoch" and epoch_end),
+        )  # callbacks may add a log, an evaluation or a save, or stop training
+        if control.should_log:
             self._log()
-        if self.eval_dataset is not None and a.eval_steps and self.step % a.eval_steps == 0:
+        if control.should_evaluate and self.eval_dataset is not None:
             self.evaluate()
-        if self.step % every(a.save_steps) == 0 or self.step == self.max_steps:
+        if control.should_save:
             self._save(rollout, done)
 
     def _save(self, rollout: Rollout, done: int) -> str:
-        """Write checkpoint-<step> (every process calls it); returns its path."""
+        """Write checkpoint-<step> (every process calls it), then the callbacks' on_save; returns its path."""
         a = self.args
         state = {
             "step": self.step, "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
@@ -366,9 +430,11 @@ class GRPOTrainer:
             "ref_model": self.ref_model.state_dict() if a.sync_ref_model else None, "config": a.to_dict(),
         }
         own = {"rollout": rollout if done < a.steps_per_rollout else None}  # this process's share of the rollout
-        return ckpt.save_checkpoint(
+        path = ckpt.save_checkpoint(
             a.output_dir, self.step, self.accelerator, self.model, self.tokenizer, state, a.save_total_limit, own, self.run_id
         )
+        self.events.save(path)
+        return path
 
     def _stop_interrupted(self, rollout: Rollout, done: int) -> None:
         """After Ctrl-C: save this step's checkpoint (unless just saved) and raise `TrainingInterrupted` with a resume hint."""
@@ -380,6 +446,10 @@ class GRPOTrainer:
             "trainer.train(resume_from_checkpoint=True), or the same fastgrpo train command plus --resume."
         )
 
+    def _epoch(self) -> float:
+        """Passes over the training prompts so far (TrainerState.epoch): whole epochs plus the drawn fraction."""
+        return self.order.epoch + (self.order.position / self.order.size if self.order.size else 0.0)
+
     def _log(self) -> None:
         acc = self.accelerator
         sums, extremes = self.window.reduce(acc)
@@ -389,6 +459,7 @@ class GRPOTrainer:
         rows = self.fresh_completions
         if self.args.log_completions and acc.num_processes > 1:
             rows = gather_object(rows)  # every process's completions, in process order
+        self.events.log(record)
         if self.log is not None:
             self.log.write(record)
             for r in rows:
@@ -406,6 +477,7 @@ class GRPOTrainer:
                 self.console.print(f"overwrite_output_dir: removed the previous run's {', '.join(removed)} from {a.output_dir}")
             return None, 0
         changed = runs.config_changes(state["config"], a.to_dict())  # refuses a change to the saved state's meaning
+        self.events.resume(path)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self._apply_optimizer_settings()
@@ -425,9 +497,10 @@ class GRPOTrainer:
         """This config's optimizer settings over the loaded ones (load_state_dict restores the saved lr, betas, …)."""
         a, scheduler = self.args, self.scheduler
         scheduler.base_lrs = [a.learning_rate] * len(scheduler.base_lrs)
+        settings = {"betas": (a.adam_beta1, a.adam_beta2), "eps": a.adam_epsilon, "weight_decay": a.weight_decay}
         for group, factor in zip(self.optimizer.param_groups, scheduler.lr_lambdas):
-            group.update(lr=a.learning_rate * factor(scheduler.last_epoch), initial_lr=a.learning_rate,
-                         betas=(a.adam_beta1, a.adam_beta2), eps=a.adam_epsilon, weight_decay=a.weight_decay)
+            group.update(lr=a.learning_rate * factor(scheduler.last_epoch), initial_lr=a.learning_rate)
+            group.update({k: v for k, v in settings.items() if k in group})  # only what this optimizer (optim) has
         scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
     def _progress(self) -> Progress:
@@ -438,10 +511,33 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ public helpers
     @torch.no_grad()
-    def evaluate(self) -> dict:
-        """Mean reward of G sampled completions per eval prompt (each process scores its share)."""
+    def evaluate(self, eval_dataset=None, metric_key_prefix: str = "eval") -> dict:
+        """Mean reward of G sampled completions per eval prompt (each process scores its share).
+
+        Args:
+            eval_dataset: rows, or a dict / DatasetDict of them (each evaluated, metrics
+                prefixed `<prefix>_<name>_`); default: the trainer's eval_dataset.
+            metric_key_prefix: "eval" gives eval_reward and eval_rewards/<fn> (transformers' naming).
+        Returns:
+            {"<prefix>_reward": mean weighted reward, "<prefix>_rewards/<fn>": each reward's mean}.
+        Raises:
+            ValueError: no eval dataset here or in the trainer, or one of a kind evaluation cannot read.
+        """
+        sets = eval_sets(eval_dataset) if eval_dataset is not None else self.eval_sets
+        if sets is None:
+            raise ValueError("evaluate() needs an eval_dataset: pass one to evaluate() or to GRPOTrainer.")
+        metrics = {}
+        for prefix, rows in sets.items():
+            metrics.update(self._mean_rewards(rows, metric_key_prefix + prefix[len("eval") :]))
+        if self.log is not None:
+            self.log.write({"step": self.step, **metrics})
+        self.events.evaluate(metrics)
+        return metrics
+
+    def _mean_rewards(self, dataset, prefix: str) -> dict:
+        """{prefix_reward, prefix_rewards/<fn>} over one eval dataset, all processes."""
         a, acc = self.args, self.accelerator
-        rows = [self.eval_dataset[i] for i in range(acc.process_index, len(self.eval_dataset), acc.num_processes)]
+        rows = [dataset[i] for i in range(acc.process_index, len(dataset), acc.num_processes)]
         chunk = max(a.per_device_eval_batch_size // a.num_generations, 1)
         window = Window()  # the same keys on every process, even one without eval rows
         for key in ["reward_sum", "completions"] + [f"rewards/{n}_{part}" for n in self.reward_names for part in ("sum", "count")]:
@@ -453,15 +549,14 @@ class GRPOTrainer:
                 advantages=lambda r: torch.zeros(len(r)),
                 eos_token_ids=self.eos_token_ids, timer=PhaseTimer(),
             )
+            self.reward_hooks.pop_columns()  # log_extra columns describe training rollouts only
             values = rollout_metrics(rollout, self.reward_names, self.reward_weights, a.num_generations)
             for key in list(window.sums):
                 window.add(key, values[key])
         sums, _ = window.reduce(acc)
-        metrics = {"eval_reward": sums["reward_sum"] / max(sums["completions"], 1)}
+        metrics = {f"{prefix}_reward": sums["reward_sum"] / max(sums["completions"], 1)}
         for name in self.reward_names:
-            metrics[f"eval_rewards/{name}"] = sums[f"rewards/{name}_sum"] / max(sums[f"rewards/{name}_count"], 1)
-        if self.log is not None:
-            self.log.write({"step": self.step, **metrics})
+            metrics[f"{prefix}_rewards/{name}"] = sums[f"rewards/{name}_sum"] / max(sums[f"rewards/{name}_count"], 1)
         return metrics
 
     def save_model(self, output_dir: str | None = None) -> None:
@@ -471,4 +566,5 @@ class GRPOTrainer:
         if self.accelerator.is_main_process:
             self.accelerator.unwrap_model(self.model).save_pretrained(output_dir, state_dict=state_dict, safe_serialization=True)
             self.tokenizer.save_pretrained(output_dir)
+            ckpt.make_readable(output_dir)
         self.accelerator.wait_for_everyone()

@@ -1,0 +1,149 @@
+"""`transformers.TrainerCallback` support and `trainer.state`, kept as transformers' `Trainer` keeps them.
+
+`TrainerEvents` owns the `TrainerState` (global_step, epoch, log_history with
+every logged record, best_metric / best_global_step / best_model_checkpoint)
+and the `TrainerControl`, and calls the user's callbacks at the events
+transformers' Trainer calls them: on_init_end, on_train_begin, on_step_begin,
+on_step_end, on_log, on_evaluate, on_save, on_train_end. The trainer decides
+its own schedule (log / evaluate / save at this step) and sets the control
+flags before on_step_end, as transformers' `DefaultFlowCallback` does, so a
+callback can add a save, a log or an evaluation, or stop training
+(`control.should_training_stop`), and the trainer honours it.
+
+Every logged record reaches `on_log` with the step's phase seconds
+(`seconds/generate`, `seconds/update`, …), so timing and monitoring code
+needs no private hook.
+
+Not here: when to log, evaluate or save (trainer.py), what a record holds (metrics.py).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+
+from transformers import TrainerCallback, TrainerControl, TrainerState
+from transformers.trainer_callback import CallbackHandler
+
+
+STATE_FILE = "trainer_state.json"  # transformers' name for the saved TrainerState
+
+
+class _Handler(CallbackHandler):
+    """transformers' CallbackHandler without its warning about a missing DefaultFlowCallback (fastgrpo schedules itself)."""
+
+    def __init__(self, callbacks, model, processing_class, optimizer, lr_scheduler):
+        self.callbacks = []
+        for cb in callbacks:
+            self.add_callback(cb)
+        self.model, self.processing_class, self.optimizer, self.lr_scheduler = model, processing_class, optimizer, lr_scheduler
+        self.train_dataloader = self.eval_dataloader = None
+
+
+class TrainerEvents:
+    """The state, the control and the callbacks of one trainer.
+
+    Args:
+        args: the GRPOConfig (passed to every callback as `args`).
+        callbacks: `TrainerCallback` instances or classes (a class is instantiated, as in transformers).
+        model, processing_class, optimizer, lr_scheduler: passed to callbacks as keyword arguments.
+        is_main_process: whether this process is the main one (state.is_world_process_zero).
+    Raises:
+        TypeError: a callback that is not a `transformers.TrainerCallback`.
+    """
+
+    def __init__(self, args, callbacks, model, processing_class, optimizer, lr_scheduler, is_main_process: bool):
+        for cb in callbacks or []:
+            check_callback(cb)
+        self.args = args
+        self.handler = _Handler(callbacks or [], model, processing_class, optimizer, lr_scheduler)
+        self.state = TrainerState(is_local_process_zero=is_main_process, is_world_process_zero=is_main_process)
+        self.control = TrainerControl()
+        self.started = 0.0
+        self.handler.on_init_end(args, self.state, self.control)
+
+    def add(self, callback) -> None:
+        """Add a callback instance or class (transformers' `Trainer.add_callback`)."""
+        check_callback(callback)
+        self.handler.add_callback(callback)
+
+    def train_begin(self, max_steps: int, global_step: int, epoch: float) -> None:
+        """Fill the state's run constants (as Trainer does) and call on_train_begin."""
+        a, s = self.args, self.state
+        s.max_steps, s.global_step, s.epoch = max_steps, global_step, epoch
+        s.logging_steps, s.save_steps = _absolute(a.logging_steps, max_steps), _absolute(a.save_steps, max_steps)
+        s.eval_steps = _absolute(a.eval_steps, max_steps) if a.eval_steps is not None else s.logging_steps
+        s.train_batch_size = a.per_device_train_batch_size
+        s.num_train_epochs = math.ceil(a.num_train_epochs)
+        self.started = time.perf_counter()
+        self.control = self.handler.on_train_begin(a, s, self.control)
+
+    def step_begin(self) -> None:
+        """on_step_begin (the log/evaluate/save flags start cleared)."""
+        self.control = self.handler.on_step_begin(self.args, self.state, self.control)
+
+    def step_end(self, global_step: int, epoch: float, log: bool, evaluate: bool, save: bool) -> TrainerControl:
+        """Record the step, set the trainer's own flags, call on_step_end; returns the control callbacks may have changed."""
+        self.state.global_step, self.state.epoch = global_step, epoch
+        c = self.control
+        c.should_log, c.should_evaluate, c.should_save = c.should_log or log, c.should_evaluate or evaluate, c.should_save or save
+        self.control = self.handler.on_step_end(self.args, self.state, c)
+        return self.control
+
+    def log(self, record: dict) -> None:
+        """Append a logged record to state.log_history (with epoch and step, as Trainer does) and call on_log."""
+        logs = {**record, "epoch": self.state.epoch}
+        logs.pop("step", None)
+        self.state.log_history.append({**logs, "step": self.state.global_step})
+        self.control = self.handler.on_log(self.args, self.state, self.control, logs)
+
+    def evaluate(self, metrics: dict) -> None:
+        """Log eval metrics, call on_evaluate, then update best_metric (transformers' order: a callback sees the previous best)."""
+        self.log(metrics)
+        self.control = self.handler.on_evaluate(self.args, self.state, self.control, metrics)
+        name = self.args.metric_for_best_model
+        if name is None:
+            return
+        key = name if name.startswith("eval_") else f"eval_{name}"
+        if key not in metrics:
+            raise ValueError(f"metric_for_best_model={name!r}: evaluation reports {', '.join(sorted(metrics))}; use one of them.")
+        better = (lambda x, y: x > y) if self.args.greater_is_better else (lambda x, y: x < y)
+        if self.state.best_metric is None or better(metrics[key], self.state.best_metric):
+            self.state.best_metric, self.state.best_global_step = metrics[key], self.state.global_step
+
+    def save(self, checkpoint: str) -> None:
+        """After a checkpoint is written: name it the best one if it holds the best step, write
+        trainer_state.json into it (as Trainer does), call on_save."""
+        if self.state.best_global_step == self.state.global_step:
+            self.state.best_model_checkpoint = checkpoint
+        if self.state.is_world_process_zero:
+            self.state.save_to_json(os.path.join(checkpoint, STATE_FILE))
+        self.control = self.handler.on_save(self.args, self.state, self.control)
+
+    def resume(self, checkpoint: str) -> None:
+        """Restore log_history and the best metric from a checkpoint's trainer_state.json, when it has one."""
+        path = os.path.join(checkpoint, STATE_FILE)
+        if os.path.isfile(path):
+            saved = TrainerState.load_from_json(path)
+            s = self.state
+            s.log_history, s.best_metric, s.best_global_step = saved.log_history, saved.best_metric, saved.best_global_step
+            s.best_model_checkpoint = saved.best_model_checkpoint
+
+    def train_end(self, training_loss: float) -> None:
+        """Log the run's summary (train_runtime, train_loss, as Trainer does) and call on_train_end."""
+        runtime = time.perf_counter() - self.started
+        self.log({"train_runtime": round(runtime, 4), "train_steps_per_second": round(self.state.global_step / max(runtime, 1e-9), 3), "train_loss": training_loss})
+        self.control = self.handler.on_train_end(self.args, self.state, self.control)
+
+
+def check_callback(callback) -> None:
+    """Raise TypeError unless `callback` is a TrainerCallback instance or subclass."""
+    is_class = isinstance(callback, type) and issubclass(callback, TrainerCallback)
+    if not (is_class or isinstance(callback, TrainerCallback)):
+        raise TypeError(f"callback {callback!r} is a {type(callback).__name__}; pass a transformers.TrainerCallback instance or class.")
+
+
+def _absolute(steps: float, max_steps: int) -> int:
+    """A logging/eval/save interval in steps; below 1 it is a fraction of max_steps (transformers' rule)."""
+    return int(steps) if steps >= 1 else max(1, math.ceil(steps * max_steps))

@@ -1,0 +1,57 @@
+"""The optimizer named by `optim`, built by transformers' own optimizer factory.
+
+`GRPOConfig.optim` takes transformers' optimizer names (`adamw_torch`,
+`adamw_torch_fused`, `sgd`, `adafactor`, `adamw_8bit` with bitsandbytes, …) and
+`optim_args`, exactly as `transformers.Trainer` reads them
+(`Trainer.get_optimizer_cls_and_kwargs`). Weight decay applies to every
+trainable parameter (fastgrpo's rule, unlike Trainer's exclusion of norms and
+biases; the default weight_decay is 0).
+
+Not here: the learning-rate schedule (trainer.py, transformers' get_scheduler).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+
+def check_optimizer_name(optim: str) -> None:
+    """Raise ValueError, before any model loads, for a name transformers does not know.
+
+    Raises:
+        ValueError: `optim` is not a `transformers.training_args.OptimizerNames` value.
+    """
+    from transformers.training_args import OptimizerNames
+
+    names = [o.value for o in OptimizerNames]
+    if optim not in names:
+        raise ValueError(f"optim={optim!r} is not a transformers optimizer name; use e.g. 'adamw_torch', 'adamw_torch_fused' or 'sgd' (all: {', '.join(names)}).")
+
+
+def build_optimizer(args, model: torch.nn.Module) -> torch.optim.Optimizer:
+    """The optimizer over `model`'s trainable parameters, from `args.optim` and `args.optim_args`.
+
+    Args:
+        args: a GRPOConfig (optim, optim_args, optim_target_modules, learning_rate,
+            adam_beta1, adam_beta2, adam_epsilon, weight_decay).
+        model: the policy.
+    Returns:
+        A torch optimizer (transformers' choice of class and arguments for the name).
+    Raises:
+        ValueError: an optimizer whose package is missing or that does not run here; the message names `optim`.
+    """
+    from transformers import Trainer
+
+    view = SimpleNamespace(  # only the TrainingArguments fields transformers' factory reads
+        optim=args.optim, optim_args=args.optim_args, optim_target_modules=args.optim_target_modules,
+        learning_rate=args.learning_rate, adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2,
+        adam_epsilon=args.adam_epsilon, weight_decay=args.weight_decay, parallel_mode=None,
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+    )
+    try:
+        cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(view, model)
+    except (ImportError, ValueError, NotImplementedError) as err:
+        raise ValueError(f"optim={args.optim!r} cannot be built here ({err}); use optim='adamw_torch'.") from err
+    return cls([p for p in model.parameters() if p.requires_grad], weight_decay=args.weight_decay, **kwargs)

@@ -1,0 +1,187 @@
+"""TRL 1.16 `GRPOConfig` fields that fastgrpo does not keep as its own: accepted or refused.
+
+`GRPOConfig` (config.py) honours most of TRL's fields as dataclass fields. The
+rest of TRL's `GRPOConfig` (the ~190 fields it has with the
+`transformers.TrainingArguments` it inherits) is listed here, each with TRL's
+default and the values that describe what fastgrpo does anyway:
+
+- `ANY`: the field changes nothing a fastgrpo run computes (names, hub and
+  logging-verbosity settings, data-loader and DDP tuning, options read only by
+  a feature that is off), so every value is accepted;
+- a tuple: the values fastgrpo already behaves as; any other value raises a
+  `ValueError` naming the field and what to do instead.
+
+A name in neither config.py nor this table keeps config.py's `TypeError`
+naming the closest field. Accepted values are kept and read back as
+attributes (`args.run_name`), with TRL's default when not given.
+
+Not here: fields fastgrpo honours (config.py), warnings about combinations
+(config.py, where the fields live).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+ANY = object()  # sentinel: every value is accepted
+
+
+class TrlField(NamedTuple):
+    """One TRL field fastgrpo does not keep: TRL's default, the accepted values, what to do instead."""
+
+    default: object
+    accepts: object  # ANY or a tuple of accepted values
+    instead: str = ""  # the fix, for a refused value
+
+
+_ENGINE = "fastgrpo samples with its own engine (transformers generate); remove it"
+_ACCELERATE = "configure it with `accelerate launch --config_file …` (examples/accelerate/); remove it here"
+_NO_ENTROPY_BONUS = "fastgrpo has no entropy bonus; use top_entropy_quantile to focus the loss on high-entropy tokens"
+
+TRL_FIELDS: dict[str, TrlField] = {
+    # --- optimizer, precision, compilation --------------------------------------------
+    "optim_target_modules": TrlField(None, (None,), "GaLore/APOLLO optimizers are not supported; use optim='adamw_torch'"),
+    "average_tokens_across_devices": TrlField(True, (True,), "loss_type='dapo' always normalises by the step's tokens on all processes"),
+    "label_smoothing_factor": TrlField(0.0, (0.0, 0), "GRPO has no labels to smooth; remove it"),
+    "fp16": TrlField(False, (False,), "fp16 training is not supported; use bf16=True"),
+    "bf16_full_eval": TrlField(False, (False,), "evaluation runs in the training precision; remove it"),
+    "fp16_full_eval": TrlField(False, (False,), "evaluation runs in the training precision; remove it"),
+    "tf32": TrlField(None, (None, False), "set torch.backends.cuda.matmul.allow_tf32 = True in your script instead"),
+    "activation_checkpointing": TrlField(None, (None, False), "use gradient_checkpointing=True"),
+    "activation_checkpointing_kwargs": TrlField(None, (None,), "use gradient_checkpointing_kwargs"),
+    "torch_compile": TrlField(False, (False,), "torch.compile is not wired in; remove it"),
+    "torch_compile_backend": TrlField(None, ANY),
+    "torch_compile_mode": TrlField(None, ANY),
+    "use_liger_kernel": TrlField(False, (False,), "Liger kernels are not supported; fastgrpo takes log-probs one sequence at a time without a full (B, T, V) log-softmax"),
+    "liger_kernel_config": TrlField(None, ANY),
+    "use_cache": TrlField(False, ANY),  # training forwards never use the KV cache; generation always does
+    "neftune_noise_alpha": TrlField(None, (None,), "NEFTune noise is not supported in GRPO; remove it"),
+    "torch_empty_cache_steps": TrlField(None, ANY),
+    "auto_find_batch_size": TrlField(False, (False,), "a smaller batch would split groups (TRL refuses it too); lower per_device_train_batch_size instead"),
+    "cast_lm_head_to_fp32": TrlField(False, (False,), "the LM head runs in the policy's precision and its logits are cast to float32 before the log-softmax; remove it"),
+    "router_aux_loss_coef": TrlField(None, (None,), "mixture-of-experts auxiliary losses are not added; remove it"),
+    # --- logging and trackers --------------------------------------------------------
+    "logging_strategy": TrlField("steps", ("steps",), "fastgrpo logs every logging_steps; set logging_steps"),
+    "log_on_each_node": TrlField(True, ANY),
+    "logging_nan_inf_filter": TrlField(True, ANY),
+    "include_num_input_tokens_seen": TrlField("no", ("no", False), "token counts are logged as generation/train tokens per second; remove it"),
+    "log_level": TrlField("passive", ANY),
+    "log_level_replica": TrlField("warning", ANY),
+    "run_name": TrlField(None, ANY),
+    "project": TrlField("huggingface", ANY),
+    "trackio_space_id": TrlField(None, ANY),
+    "trackio_bucket_id": TrlField(None, ANY),
+    "trackio_static_space_id": TrlField(None, ANY),
+    "log_multimodal": TrlField(True, ANY),
+    "log_unique_prompts": TrlField(False, ANY),
+    "log_completions_hub_repo": TrlField(None, (None,), "completions are written to output_dir/completions.jsonl; upload that file yourself"),
+    "skip_memory_metrics": TrlField(True, ANY),
+    # --- evaluation ------------------------------------------------------------------
+    "eval_delay": TrlField(0, (0, 0.0), "evaluation starts at the first eval_steps; remove it"),
+    "prediction_loss_only": TrlField(False, ANY),
+    "eval_do_concat_batches": TrlField(True, ANY),
+    "eval_use_gather_object": TrlField(False, ANY),
+    "eval_accumulation_steps": TrlField(None, ANY),
+    "include_for_metrics": TrlField([], ANY),
+    "batch_eval_metrics": TrlField(False, (False,), "evaluate() reports mean rewards, not compute_metrics; remove it"),
+    "num_generations_eval": TrlField(None, (None,), "evaluation samples num_generations completions per prompt; remove it"),
+    "load_best_model_at_end": TrlField(False, (False,), "load the best checkpoint yourself (trainer.state.best_model_checkpoint names it)"),
+    # --- saving and the hub ----------------------------------------------------------
+    "save_on_each_node": TrlField(False, (False,), "the main process writes every checkpoint to output_dir; use a shared file system"),
+    "save_only_model": TrlField(False, ANY),  # checkpoints always hold the optimizer, for an exact resume
+    "enable_jit_checkpoint": TrlField(False, (False,), "checkpoints are written every save_steps; remove it"),
+    "push_to_hub": TrlField(False, (False,), "save with trainer.save_model() and upload the folder with huggingface_hub"),
+    "hub_token": TrlField(None, ANY),
+    "hub_private_repo": TrlField(None, ANY),
+    "hub_model_id": TrlField(None, ANY),
+    "hub_strategy": TrlField("every_save", ANY),
+    "hub_always_push": TrlField(False, ANY),
+    "hub_revision": TrlField(None, ANY),
+    "ignore_data_skip": TrlField(False, ANY),  # resuming never re-reads skipped data: the prompt order is saved
+    "restore_callback_states_from_checkpoint": TrlField(False, (False,), "callbacks start fresh on resume; remove it"),
+    "resume_from_checkpoint": TrlField(None, ANY),  # read by scripts, passed to train() (as in transformers)
+    # --- determinism, devices, distribution --------------------------------------------
+    "full_determinism": TrlField(False, (False,), "call torch.use_deterministic_algorithms(True) in your script"),
+    "use_cpu": TrlField(False, (False,), "hide the GPUs (CUDA_VISIBLE_DEVICES=) to train on the CPU"),
+    "accelerator_config": TrlField(None, (None,), _ACCELERATE),
+    "parallelism_config": TrlField(None, (None,), _ACCELERATE),
+    "fsdp": TrlField(None, (None, ""), _ACCELERATE),
+    "fsdp_config": TrlField(None, (None,), _ACCELERATE),
+    "deepspeed": TrlField(None, (None,), _ACCELERATE),
+    "ddp_find_unused_parameters": TrlField(None, ANY),
+    "ddp_bucket_cap_mb": TrlField(None, ANY),
+    "ddp_broadcast_buffers": TrlField(None, ANY),
+    "ddp_static_graph": TrlField(None, ANY),
+    "ddp_backend": TrlField(None, ANY),  # accelerate picks nccl/gloo
+    "ddp_timeout": TrlField(1800, ANY),
+    "local_rank": TrlField(-1, ANY),
+    "debug": TrlField("", ("", []), "remove it"),
+    "do_train": TrlField(False, ANY),
+    "do_eval": TrlField(False, ANY),
+    "do_predict": TrlField(False, ANY),
+    "trust_remote_code": TrlField(False, (False,), "pass model_init_kwargs={'trust_remote_code': True}"),
+    "ds3_gather_for_generation": TrlField(True, ANY),
+    # --- data loading (fastgrpo draws rows itself; no DataLoader) ------------------------
+    "dataloader_drop_last": TrlField(False, ANY),
+    "dataloader_num_workers": TrlField(0, ANY),
+    "dataloader_pin_memory": TrlField(True, ANY),
+    "dataloader_persistent_workers": TrlField(False, ANY),
+    "dataloader_prefetch_factor": TrlField(None, ANY),
+    "dataloader_multiprocessing_context": TrlField(None, ANY),
+    "dataloader_in_order": TrlField(True, ANY),
+    "remove_unused_columns": TrlField(False, ANY),  # every column reaches the reward functions
+    "label_names": TrlField(None, ANY),
+    "train_sampling_strategy": TrlField("random", ("random",), "use shuffle_dataset=False for the dataset's own order"),
+    "length_column_name": TrlField("length", ANY),
+    "pad_to_multiple_of": TrlField("auto", ANY),  # padding width only; no value changes a result
+    # --- generation engines ----------------------------------------------------------
+    "cache_implementation": TrlField(None, (None,), "generation uses transformers' default KV cache; remove it"),
+    "use_vllm": TrlField(False, (False,), _ENGINE),
+    "vllm_mode": TrlField("colocate", ANY),  # the vllm_* fields are read only with use_vllm=True
+    "vllm_model_impl": TrlField("vllm", ANY),
+    "vllm_enable_sleep_mode": TrlField(False, ANY),
+    "vllm_structured_outputs_regex": TrlField(None, ANY),
+    "vllm_server_base_url": TrlField(None, ANY),
+    "vllm_server_host": TrlField("0.0.0.0", ANY),
+    "vllm_server_port": TrlField(8000, ANY),
+    "vllm_server_timeout": TrlField(240.0, ANY),
+    "vllm_group_port": TrlField(51216, ANY),
+    "vllm_gpu_memory_utilization": TrlField(0.3, ANY),
+    "vllm_max_model_length": TrlField(None, ANY),
+    "vllm_tensor_parallel_size": TrlField(1, ANY),
+    "vllm_importance_sampling_correction": TrlField(True, ANY),
+    "vllm_importance_sampling_mode": TrlField("sequence_mask", ANY),
+    "vllm_importance_sampling_clip_max": TrlField(3.0, ANY),
+    "vllm_importance_sampling_clip_min": TrlField(None, ANY),
+    "vllm_importance_sampling_cap": TrlField(None, ANY),
+    "use_transformers_continuous_batching": TrlField(False, (False,), _ENGINE),
+    "transformers_continuous_batching_config": TrlField(None, ANY),
+    "use_transformers_paged": TrlField(False, (False,), _ENGINE),
+    "max_tool_calling_iterations": TrlField(None, (None,), "tool calling is not supported; remove it"),
+    # --- objective variants fastgrpo does not implement -----------------------------------
+    "vespo_k_pos": TrlField(2.0, ANY),  # read only with loss_type="vespo", which config.py refuses
+    "vespo_lambda_pos": TrlField(3.0, ANY),
+    "vespo_k_neg": TrlField(3.0, ANY),
+    "vespo_lambda_neg": TrlField(2.0, ANY),
+    "entropy_coef": TrlField(0.0, (0.0, 0), _NO_ENTROPY_BONUS),
+    "use_adaptive_entropy": TrlField(False, (False,), _NO_ENTROPY_BONUS),
+    "entropy_coef_min": TrlField(0.0, ANY),  # read only with use_adaptive_entropy=True
+    "entropy_coef_max": TrlField(1.0, ANY),
+    "entropy_coef_delta": TrlField(0.005, ANY),
+    "entropy_target": TrlField(0.2, ANY),
+    "off_policy_mask_threshold": TrlField(None, (None,), "fastgrpo's rollouts are never stale beyond their reuse window; bound the drift with target_kl"),
+    # Honoured as a GRPOConfig field on the parity branch; until then only TRL's default.
+}
+
+
+def check_trl_field(name: str, value) -> None:
+    """Accept `value` for the TRL field `name`, or refuse it.
+
+    Raises:
+        ValueError: a value fastgrpo cannot honour; the message names the field and the fix.
+    """
+    entry = TRL_FIELDS[name]
+    if entry.accepts is ANY or any(type(value) is type(ok) and value == ok for ok in entry.accepts):  # False is not 0
+        return
+    accepted = " or ".join(repr(v) for v in entry.accepts)
+    raise ValueError(f"{name}={value!r} is not supported by fastgrpo (accepted: {accepted}): {entry.instead}.")

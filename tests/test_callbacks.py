@@ -1,0 +1,139 @@
+"""transformers callbacks and trainer.state on the tiny model: events, control flags, log_history, best metric.
+
+Each run is a few optimizer steps of the 3 M-parameter model from conftest.py.
+"""
+
+import os
+
+import pytest
+from transformers import EarlyStoppingCallback, PrinterCallback, TrainerCallback, TrainerState
+
+from fastgrpo import GRPOConfig, GRPOTrainer
+
+
+def reward_even_tokens(completion_ids, **kwargs):
+    return [sum(1 for t in ids if t % 2 == 0) / max(len(ids), 1) for ids in completion_ids]
+
+
+def config(tmp_path, **overrides):
+    values = dict(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, gradient_accumulation_steps=1,
+        num_generations=4, max_prompt_length=32, max_completion_length=4, max_steps=4, learning_rate=1e-3,
+        logging_steps=2, save_strategy="no", disable_tqdm=True, seed=0,
+    )
+    values.update(overrides)
+    return GRPOConfig(**values)
+
+
+class Recorder(TrainerCallback):
+    """Every event with the state's global_step; optionally stops or saves at a step."""
+
+    def __init__(self, stop_at=None, save_at=None, log_at=None):
+        self.events, self.stop_at, self.save_at, self.log_at, self.logs = [], stop_at, save_at, log_at, []
+
+    def on_init_end(self, args, state, control, **kwargs):
+        self.events.append(("on_init_end", state.global_step))
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.events.append(("on_train_begin", state.global_step))
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.events.append(("on_step_begin", state.global_step))
+
+    def on_save(self, args, state, control, **kwargs):
+        self.events.append(("on_save", state.global_step))
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.events.append(("on_train_end", state.global_step))
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.events.append(("on_step_end", state.global_step))
+        if state.global_step == self.stop_at:
+            control.should_training_stop = True
+        if state.global_step == self.save_at:
+            control.should_save = True
+        if state.global_step == self.log_at:
+            control.should_log = True
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.events.append(("on_log", state.global_step))
+        self.logs.append(dict(logs))
+
+
+def test_events_in_transformers_order_and_state(tmp_path, tokenizer, make_model, prompts):
+    rec = Recorder(save_at=3, log_at=1)
+    args = config(tmp_path)
+    trainer = GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer, callbacks=[rec])
+    trainer.train()
+    names = [n for n, _ in rec.events]
+    assert names[:2] == ["on_init_end", "on_train_begin"] and names[-2:] == ["on_log", "on_train_end"]
+    assert names.count("on_step_begin") == names.count("on_step_end") == 4
+    # save_strategy="no": the only checkpoint is the one the callback asked for at step 3
+    assert ("on_save", 3) in rec.events and os.listdir(args.output_dir).count("checkpoint-3") == 1
+    assert not [d for d in os.listdir(args.output_dir) if d.startswith("checkpoint-") and d != "checkpoint-3"]
+    state = trainer.state
+    assert isinstance(state, TrainerState) and state.global_step == 4 and state.max_steps == 4
+    # logging_steps=2 over 4 steps: records at steps 2 and 4, one at step 1 asked by the callback, then the run summary
+    assert [r["step"] for r in state.log_history] == [1, 2, 4, 4]
+    assert "seconds/generate" in rec.logs[0] and "reward" in rec.logs[0]  # phase timings reach on_log
+    assert "train_runtime" in state.log_history[-1] and "train_loss" in state.log_history[-1]
+    assert state.log_history[0]["epoch"] > 0
+
+
+def test_a_callback_stops_training(tmp_path, tokenizer, make_model, prompts):
+    rec = Recorder(stop_at=1)
+    trainer = GRPOTrainer(make_model(), reward_even_tokens, args=config(tmp_path), train_dataset=prompts, processing_class=tokenizer)
+    trainer.add_callback(rec)
+    out = trainer.train()
+    assert out.global_step == 1 and trainer.state.global_step == 1
+    assert [r["step"] for r in trainer.state.log_history[:-1]] == [1]  # the unlogged window is logged on stop
+
+
+def test_early_stopping_callback_on_eval_reward(tmp_path, tokenizer, make_model, prompts, capsys):
+    # eval every step; patience 1 and a threshold no change can beat: the second evaluation
+    # cannot improve on the first by more than 10 (rewards lie in [0, 1]), so training stops at step 2.
+    args = config(tmp_path, max_steps=6, eval_strategy="steps", eval_steps=1, metric_for_best_model="eval_reward")
+    trainer = GRPOTrainer(
+        make_model(), reward_even_tokens, args=args, train_dataset=prompts, eval_dataset=prompts.select(range(2)),
+        processing_class=tokenizer, callbacks=[EarlyStoppingCallback(early_stopping_patience=1, early_stopping_threshold=10.0), PrinterCallback],
+    )
+    trainer.train()
+    assert trainer.state.global_step == 2
+    evals = [r for r in trainer.state.log_history if "eval_reward" in r]
+    assert [r["step"] for r in evals] == [1, 2]
+    best = max(evals, key=lambda r: r["eval_reward"])  # greater_is_better: True for a name not ending in "loss"
+    assert trainer.state.best_metric == best["eval_reward"] and trainer.state.best_global_step == best["step"]
+    assert "'eval_reward'" in capsys.readouterr().out  # PrinterCallback printed the logs
+
+
+def test_logging_first_step_and_save_epoch(tmp_path, tokenizer, make_model, prompts):
+    # A rollout is 4 completions = 1 prompt (G = 4) and feeds 1 optimizer step, so 3 prompts make an
+    # epoch of 3 steps: with max_steps 4 the only epoch end is at step 3.
+    n = 3
+    args = config(tmp_path, max_steps=n + 1, logging_steps=100, logging_first_step=True, save_strategy="epoch", eval_strategy="epoch")
+    trainer = GRPOTrainer(
+        make_model(), reward_even_tokens, args=args, train_dataset=prompts.select(range(n)), eval_dataset=prompts.select(range(1)),
+        processing_class=tokenizer,
+    )
+    trainer.train()
+    history = trainer.state.log_history[:-1]
+    assert [r["step"] for r in history if "loss" in r] == [1, n + 1]  # first step, then the end
+    assert [r["step"] for r in history if "eval_reward" in r] == [n]  # the epoch's end
+    assert sorted(d for d in os.listdir(args.output_dir) if d.startswith("checkpoint-")) == [f"checkpoint-{n}"]
+
+
+def test_bad_callback_is_refused_before_training(tmp_path, tokenizer, make_model, prompts):
+    with pytest.raises(TypeError, match="transformers.TrainerCallback"):
+        GRPOTrainer(make_model(), reward_even_tokens, args=config(tmp_path), train_dataset=prompts, processing_class=tokenizer, callbacks=[print])
+
+
+def test_state_survives_a_resume(tmp_path, tokenizer, make_model, prompts):
+    args = config(tmp_path, max_steps=2, save_strategy="steps", save_steps=2)
+    first = GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
+    first.train()
+    assert os.path.isfile(os.path.join(args.output_dir, "checkpoint-2", "trainer_state.json"))
+    args = config(tmp_path, max_steps=4, save_strategy="no")
+    second = GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
+    second.train(resume_from_checkpoint=True)
+    # step 2's record from the first run (its train summary was logged after the save), then steps 4 and the summary
+    assert [r["step"] for r in second.state.log_history] == [2, 4, 4]

@@ -1,0 +1,102 @@
+"""The command line: which values apply, typed YAML and flags, LoRA options, --help time, the example run file.
+
+The run tests call `cli.main` in-process on the tiny model (a few seconds each).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from fastgrpo import cli
+from fastgrpo.cli import BUILTIN_JOB, main, resolve_job, train_parser
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLE = os.path.join(ROOT, "examples", "run.yaml")
+
+
+def parse(*argv):
+    return resolve_job(train_parser().parse_args(list(argv)))
+
+
+def test_builtin_job_values_apply_to_the_builtin_job_only():
+    job, fields, _ = parse("--num_iterations", "2")
+    assert job["model"] == BUILTIN_JOB["model"] and fields["max_steps"] == 48 and fields["num_iterations"] == 2
+    job, fields, _ = parse("--dataset", "data.jsonl", "--reward", "length")
+    assert job["dataset"] == "data.jsonl" and fields == {}  # GRPOConfig's defaults, not the built-in job's
+
+
+def test_own_job_without_reward_is_refused_listing_the_rewards(capsys):
+    assert main(["train", "--model", "./no-such-model"]) == 2  # refused before the model path is even looked at
+    err = capsys.readouterr().err
+    assert "needs --reward" in err and "length, format, brevity, reasoning_gym" in err
+
+
+def test_builtin_reward_names_match_the_library():
+    from fastgrpo.rewards import BUILTIN_REWARDS
+
+    assert tuple(BUILTIN_REWARDS) == cli.BUILTIN_REWARD_NAMES
+
+
+def test_flags_are_typed_by_hf_argument_parser(capsys):
+    _, fields, _ = parse("--reward_weights", "1", "0.5", "--generation_kwargs", '{"top_k": 20}', "--bf16", "false", "--report_to", "tensorboard")
+    assert fields["reward_weights"] == [1.0, 0.5] and fields["bf16"] is False and fields["report_to"] == ["tensorboard"]
+    from fastgrpo import GRPOConfig
+
+    assert GRPOConfig(**fields).generation_kwargs == {"top_k": 20}  # JSON text → dict, as TrainingArguments does
+    with pytest.raises(SystemExit):
+        train_parser().parse_args(["--num_iterations", "four"])
+    assert "--num-iterations: invalid int value: 'four'" in capsys.readouterr().err
+
+
+def test_mistyped_yaml_value_names_field_and_type(tmp_path):
+    run = tmp_path / "run.yaml"
+    run.write_text(yaml.safe_dump({"num_iterations": "four", "model": "m", "reward": "length"}))
+    with pytest.raises(ValueError, match=r"num_iterations: expected int, got 'four'"):
+        parse("--config", str(run))
+    run.write_text(yaml.safe_dump({"learning_rate": 1, "bf16": None, "model": "m", "reward": "length"}))
+    assert parse("--config", str(run))[1] == {"learning_rate": 1, "bf16": None}  # an int is a float; None fits bool | None
+
+
+def test_lora_options_parse_into_lora_config_arguments(monkeypatch):
+    _, fields, lora = parse("--use_peft", "--lora_r", "8", "--lora_target_modules", "q_proj", "v_proj", "--reward", "length", "--model", "m")
+    assert lora == {"use_peft": True, "lora_r": 8, "lora_target_modules": ["q_proj", "v_proj"]} and "lora_r" not in fields
+    seen = {}
+    monkeypatch.setattr("fastgrpo.models.lora_config", lambda **kw: seen.update(kw) or "cfg", raising=False)
+    assert cli.peft_kwargs(lora) == {"peft_config": "cfg"}
+    assert seen == {"lora_r": 8, "lora_alpha": 32, "lora_dropout": 0.05, "lora_target_modules": ["q_proj", "v_proj"], "lora_task_type": "CAUSAL_LM"}
+    assert cli.peft_kwargs({}) == {}
+
+
+def test_help_is_fast():
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "fastgrpo.cli", "--help"], capture_output=True, text=True, timeout=60)
+    elapsed = time.perf_counter() - start
+    assert out.returncode == 0 and "train" in out.stdout
+    assert elapsed < 2.0, f"fastgrpo --help took {elapsed:.2f} s"
+
+
+def test_example_yaml_runs_with_reward_from_the_current_folder(tmp_path, monkeypatch, tokenizer, make_model):
+    # The example file as shipped, with flags swapping in the tiny model and a 1-step run;
+    # the reward module lives in the current folder (no PYTHONPATH).
+    model_dir = tmp_path / "tiny"
+    make_model().save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    (tmp_path / "myrewards.py").write_text("def short(completions, **kwargs):\n    return [-float(len(str(c))) for c in completions]\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    example = yaml.safe_load(open(EXAMPLE))
+    assert {"model", "dataset", "reward", "num_iterations"} <= set(example)
+    code = main([
+        "train", "--config", EXAMPLE, "--model", str(model_dir), "--reward", "brevity,myrewards:short", "--dataset_size", "8",
+        "--max_steps", "2", "--per_device_train_batch_size", "4", "--num_generations", "4", "--steps_per_generation", "1",
+        "--max_completion_length", "4", "--num_iterations", "2", "--output_dir", "out", "--disable_tqdm", "true",
+    ])
+    assert code == 0
+    records = [json.loads(line) for line in open(tmp_path / "out" / "metrics.jsonl")]
+    assert [r["step"] for r in records] == [1, 2]  # logging_first_step from the YAML, then the end
+    assert "rewards/short" in records[0] and "rewards/brevity_reward" in records[0]

@@ -1,0 +1,81 @@
+"""Datasets as TRL takes them: IterableDataset for training, dicts of eval datasets, evaluate(eval_dataset=…)."""
+
+import pytest
+from datasets import Dataset, DatasetDict, IterableDataset
+
+from fastgrpo import GRPOConfig, GRPOTrainer
+from fastgrpo.dataset_kinds import StreamOrder
+
+
+def reward_even_tokens(completion_ids, **kwargs):
+    return [sum(1 for t in ids if t % 2 == 0) / max(len(ids), 1) for ids in completion_ids]
+
+
+def config(tmp_path, **overrides):
+    values = dict(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=4, max_prompt_length=32,
+        max_completion_length=4, max_steps=3, learning_rate=1e-3, logging_steps=1, save_strategy="no", disable_tqdm=True,
+    )
+    values.update(overrides)
+    return GRPOConfig(**values)
+
+
+def stream(n):
+    return IterableDataset.from_generator(lambda: ({"prompt": f"Count to {i}.", "n": i} for i in range(n)))
+
+
+def test_stream_order_reads_in_order_wraps_and_resumes():
+    order = StreamOrder(stream(3))
+    assert [r["n"] for r in order.take(2)] == [0, 1]
+    assert [r["n"] for r in order.take(2)] == [2, 0]  # the stream ends: epoch 1 starts over
+    state = order.state_dict()
+    assert state == {"epoch": 1, "position": 1}
+    resumed = StreamOrder(stream(3))
+    resumed.load_state_dict(state)
+    assert [r["n"] for r in resumed.take(2)] == [1, 2]
+
+
+def test_iterable_dataset_trains(tmp_path, tokenizer, make_model):
+    seen = []
+
+    def spy(completions, n, **kwargs):
+        seen.extend(n)
+        return [0.5] * len(completions)
+
+    # 1 prompt per rollout (4 completions, G = 4), 1 step per rollout: 3 steps read prompts 0, 1, 0.
+    trainer = GRPOTrainer(make_model(), spy, args=config(tmp_path), train_dataset=stream(2), processing_class=tokenizer)
+    trainer.train()
+    assert seen == [0] * 4 + [1] * 4 + [0] * 4 and trainer.state.global_step == 3
+
+
+def test_iterable_dataset_needs_max_steps(tmp_path, prompts):
+    with pytest.raises(ValueError, match="IterableDataset, which has no length; set max_steps"):
+        GRPOTrainer("/no/model", reward_even_tokens, args=config(tmp_path, max_steps=-1), train_dataset=stream(2))
+
+
+@pytest.mark.parametrize(
+    "train,match",
+    [
+        (DatasetDict({"train": Dataset.from_list([{"prompt": "a"}])}), r"DatasetDict of splits \['train'\]; pass one split"),
+        (42, "train_dataset is a int"),
+        ("prompts.jsonl", "train_dataset is a str"),
+    ],
+)
+def test_other_train_kinds_are_refused_naming_the_type(tmp_path, train, match):
+    with pytest.raises(ValueError, match=match):
+        GRPOTrainer("/no/model", reward_even_tokens, args=config(tmp_path), train_dataset=train)
+
+
+def test_dict_of_eval_datasets_prefixes_metrics_and_evaluate_takes_a_dataset(tmp_path, tokenizer, make_model, prompts):
+    evals = DatasetDict({"easy": prompts.select(range(2)), "hard": prompts.select(range(2, 3))})
+    trainer = GRPOTrainer(
+        make_model(), reward_even_tokens, args=config(tmp_path, max_steps=1, eval_strategy="steps", eval_steps=1),
+        train_dataset=prompts, eval_dataset=evals, processing_class=tokenizer,
+    )
+    trainer.train()
+    logged = [r for r in trainer.state.log_history if "eval_easy_reward" in r]
+    assert len(logged) == 1 and "eval_hard_reward" in logged[0] and "eval_hard_rewards/reward_even_tokens" in logged[0]
+    metrics = trainer.evaluate(eval_dataset=prompts.select(range(1)), metric_key_prefix="test")
+    assert set(metrics) == {"test_reward", "test_rewards/reward_even_tokens"}
+    with pytest.raises(ValueError, match="eval dataset is a int"):
+        trainer.evaluate(eval_dataset=3)

@@ -1,0 +1,99 @@
+"""Reward models as reward functions (TRL's protocol), and what reward functions receive from the trainer.
+
+Tiny random models on CPU; expected scores come from calling the model on each text alone (no padding).
+"""
+
+import copy
+import json
+import os
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForSequenceClassification, TrainerState
+
+from fastgrpo import GRPOConfig, GRPOTrainer
+from fastgrpo.reward_models import RewardModel
+from fastgrpo.rewards import resolve_reward
+
+
+def tiny_reward_model(tokenizer, seed=1):
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, num_labels=1, pad_token_id=tokenizer.pad_token_id,
+    )
+    return LlamaForSequenceClassification(config)
+
+
+def alone(model, tokenizer, text):
+    ids = tokenizer(text, return_tensors="pt", add_special_tokens=False)
+    with torch.no_grad():
+        return float(model(**ids).logits[0, 0])
+
+
+def test_scores_prompt_plus_completion_at_the_last_real_token_with_pad_eq_eos(tokenizer):
+    tok = copy.deepcopy(tokenizer)
+    tok.pad_token = None  # no pad token: TRL pads with EOS and tells the model
+    model = tiny_reward_model(tokenizer)
+    rm = RewardModel(model, tok)
+    assert tok.pad_token_id == tok.eos_token_id == model.config.pad_token_id
+    prompts, completions = ["2 + 2 =", "Name a colour:"], [" 4", " a long answer about blue and green"]
+    got = rm(prompts=prompts, completions=completions)
+    want = [alone(model, tok, p + c) for p, c in zip(prompts, completions)]  # right padding changes nothing
+    assert got == pytest.approx(want, abs=1e-5)
+
+
+def test_chat_prompts_go_through_the_reward_tokenizers_template(tokenizer):
+    model = tiny_reward_model(tokenizer)
+    rm = RewardModel(model, tokenizer)
+    prompt = [{"role": "user", "content": "Hi"}]
+    completion = [{"role": "assistant", "content": "Hello!"}]
+    text = tokenizer.apply_chat_template(prompt + completion, tokenize=False)
+    assert rm(prompts=[prompt], completions=[completion]) == pytest.approx([alone(model, tokenizer, text)], abs=1e-5)
+
+
+def test_a_local_folder_is_a_reward_model_named_after_it(tmp_path, tokenizer):
+    folder = tmp_path / "my-rm"
+    tiny_reward_model(tokenizer).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    rm = resolve_reward(str(folder))
+    assert isinstance(rm, RewardModel) and rm.__name__ == "my-rm"
+    with pytest.raises(ValueError, match="reward 'nope' is unknown.*hub id"):
+        resolve_reward("nope")
+
+
+def test_reward_model_mixed_with_a_function_and_what_functions_receive(tmp_path, tokenizer, make_model, prompts):
+    seen = {}
+
+    def spy(completions, trainer_state, log_metric, log_extra, n, **kwargs):
+        seen["state"], seen["n"] = trainer_state, n
+        log_metric("spy_metric", 2.0)
+        log_extra("spy_column", [len(str(c)) for c in completions])
+        return [0.0] * len(completions)
+
+    async def async_reward(completions, **kwargs):
+        return [1.0] * len(completions)
+
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=4, max_prompt_length=32,
+        max_completion_length=4, max_steps=1, logging_steps=1, save_strategy="no", disable_tqdm=True, log_completions=True,
+        num_completions_to_print=0,
+    )
+    trainer = GRPOTrainer(
+        make_model(), [tiny_reward_model(tokenizer), spy, async_reward], args=args, train_dataset=prompts,
+        processing_class=tokenizer, reward_processing_classes=[tokenizer, None, None],
+    )
+    trainer.train()
+    assert isinstance(seen["state"], TrainerState) and len(seen["n"]) == 4  # the dataset column, repeated G times
+    record = [json.loads(line) for line in open(os.path.join(args.output_dir, "metrics.jsonl"))][0]
+    assert record["spy_metric"] == 2.0 and record["rewards/async_reward"] == 1.0
+    # an instance built from a config has no path: it is logged under its class name
+    assert {"rewards/LlamaForSequenceClassification", "rewards/spy", "rewards/async_reward"} <= set(record)
+    rows = [json.loads(line) for line in open(os.path.join(args.output_dir, "completions.jsonl"))]
+    assert all("spy_column" in r for r in rows)
+
+
+def test_reward_processing_classes_must_match(tmp_path, tokenizer, make_model, prompts):
+    with pytest.raises(ValueError, match="reward_processing_classes has 2 entries for 1 reward_funcs"):
+        GRPOTrainer(make_model(), [lambda completions, **k: [0.0] * len(completions)], args=GRPOConfig(output_dir=str(tmp_path)),
+                    train_dataset=prompts, processing_class=tokenizer, reward_processing_classes=[None, None])
