@@ -1,7 +1,8 @@
 """Checkpoints: write-then-rename, prune, find the latest, load.
 
 A checkpoint folder `checkpoint-<step>` holds the model (safetensors, loadable
-with `from_pretrained`) and tokenizer, `trainer_state.pt` (optimizer,
+with `from_pretrained`; for a LoRA policy the adapters alone, loadable with
+`peft.PeftModel.from_pretrained`) and tokenizer, `trainer_state.pt` (optimizer,
 scheduler, step, data position), and per process `rng_state_<rank>.pt` and
 `process_state_<rank>.pt` (that process's own share of the state: the rollout
 in use when saved inside a reuse window). It is written under a
@@ -25,6 +26,8 @@ import shutil
 import numpy as np
 import torch
 from safetensors.torch import load_file
+
+from .models import is_peft_model, load_adapters
 
 PREFIX = "checkpoint-"
 
@@ -125,11 +128,14 @@ def load_checkpoint(path: str, accelerator, model) -> dict:
     files no longer fit: every process keeps its freshly seeded RNG and gets
     no process entries (so the trainer generates a new rollout).
     """
-    weights = load_file(os.path.join(path, "model.safetensors"))
-    missing, unexpected = accelerator.unwrap_model(model).load_state_dict(weights, strict=False)
-    tied = set(getattr(accelerator.unwrap_model(model), "_tied_weights_keys", None) or [])
-    if unexpected or [k for k in missing if k not in tied]:
-        raise ValueError(f"checkpoint {path!r} does not fit this model (missing {missing[:3]}, unexpected {unexpected[:3]}).")
+    if is_peft_model(accelerator.unwrap_model(model)):  # adapters only: the base weights never change
+        load_adapters(accelerator.unwrap_model(model), path)
+    else:
+        weights = load_file(os.path.join(path, "model.safetensors"))
+        missing, unexpected = accelerator.unwrap_model(model).load_state_dict(weights, strict=False)
+        tied = set(getattr(accelerator.unwrap_model(model), "_tied_weights_keys", None) or [])
+        if unexpected or [k for k in missing if k not in tied]:
+            raise ValueError(f"checkpoint {path!r} does not fit this model (missing {missing[:3]}, unexpected {unexpected[:3]}).")
     state = torch.load(os.path.join(path, "trainer_state.pt"), weights_only=False)
     saved_by = len([name for name in os.listdir(path) if re.fullmatch(r"rng_state_\d+\.pt", name)])
     if saved_by == accelerator.num_processes:

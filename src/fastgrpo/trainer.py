@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from functools import partial
 from typing import NamedTuple
 
@@ -50,7 +50,19 @@ from .losses import (
     weighted_rewards,
 )
 from .metrics import CompletionRows, MetricsLog, PhaseTimer, Window, rollout_metrics, window_record
-from .models import disable_dropout, load_model, load_tokenizer, prepare_tokenizer, reference_model
+from .models import (
+    adapters_disabled,
+    add_adapters,
+    check_peft_config,
+    disable_dropout,
+    enable_gradient_checkpointing,
+    is_peft_model,
+    load_model,
+    load_tokenizer,
+    merged_copy,
+    prepare_tokenizer,
+    reference_model,
+)
 from .rewards import resolve_reward, reward_name, score
 from .rollout import Rollout, collect
 
@@ -68,20 +80,23 @@ class GRPOTrainer:
 
     Args:
         model: "smollm2-135m-instruct", a local folder or .gguf file, a hub
-            id, or a `PreTrainedModel`.
+            id, a `PreTrainedModel`, or a peft `PeftModel` (its adapters train).
         reward_funcs: a callable, a built-in reward name, "module:function",
             or a list of them (see rewards.py for the protocol).
         args: `GRPOConfig`; default `GRPOConfig()`.
         train_dataset: rows with a "prompt" column (text or chat messages).
         eval_dataset: optional rows for `evaluate()` (every `eval_steps`).
         processing_class: the tokenizer; default: the model's own.
+        peft_config: a `peft.PeftConfig` (e.g. `LoraConfig`, see `models.lora_config`):
+            train adapters only; with beta > 0, π_ref is the model with them disabled.
     Raises:
         ValueError/TypeError: a missing dataset or "prompt" column, reward
             weights that do not match the functions, a world size that does not
-            match the config — all before any model is loaded.
+            match the config, a peft_config that is not one or comes with a
+            PeftModel or sync_ref_model — all before any model is loaded.
     """
 
-    def __init__(self, model, reward_funcs, args: GRPOConfig | None = None, train_dataset=None, eval_dataset=None, processing_class=None):
+    def __init__(self, model, reward_funcs, args: GRPOConfig | None = None, train_dataset=None, eval_dataset=None, processing_class=None, peft_config=None):
         self.args = a = args if args is not None else GRPOConfig()
         if train_dataset is None:
             raise ValueError("train_dataset is required: a datasets.Dataset (or list of dicts) with a 'prompt' column.")
@@ -95,6 +110,10 @@ class GRPOTrainer:
         weights = a.reward_weights if a.reward_weights is not None else [1.0] * len(self.reward_funcs)
         if len(weights) != len(self.reward_funcs):
             raise ValueError(f"reward_weights has {len(weights)} values for {len(self.reward_funcs)} reward functions; give one weight per function.")
+        if peft_config is not None:
+            check_peft_config(peft_config)
+        if a.sync_ref_model and (peft_config is not None or is_peft_model(model)):
+            raise ValueError("sync_ref_model=True with adapters: π_ref is the base model under the adapters and cannot move; set sync_ref_model=False or train without peft.")
 
         bf16 = a.bf16 if a.bf16 is not None else bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
         if (launch_error := cpu_launch_error()) is not None:
@@ -115,11 +134,14 @@ class GRPOTrainer:
         with acc.main_process_first():  # a built-in model's first load converts it, once
             self.tokenizer = prepare_tokenizer(processing_class) if processing_class is not None else load_tokenizer(name)
             policy = load_model(model, a.model_init_kwargs)
-        if a.disable_dropout:
+        if peft_config is not None:
+            policy = add_adapters(policy, peft_config)
+        if a.disable_dropout:  # after add_adapters: the adapters' dropout too
             disable_dropout(policy)
         if a.gradient_checkpointing:
-            policy.gradient_checkpointing_enable()
-        self.ref_model = reference_model(policy).to(acc.device) if a.beta > 0 else None
+            enable_gradient_checkpointing(policy)
+        # π_ref: a frozen copy, or for an adapted policy the same model with its adapters disabled (`reference()`).
+        self.ref_model = reference_model(policy).to(acc.device) if a.beta > 0 and not is_peft_model(policy) else None
         eos = policy.generation_config.eos_token_id
         eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         self.eos_token_ids = sorted(eos | {self.tokenizer.eos_token_id})
@@ -224,16 +246,25 @@ class GRPOTrainer:
     @torch.no_grad()
     def _ref_logps(self, rollout: Rollout) -> torch.Tensor | None:
         """log π_ref per completion token (k3 KL only; the exact KL needs π_ref's logits at update time)."""
-        if self.ref_model is None or self.args.kl_estimator != "k3":
+        if self.args.beta == 0 or self.args.kl_estimator != "k3":
             return None
         size = self.args.per_device_train_batch_size
         ref = torch.zeros(rollout.completion_ids.shape, device=rollout.completion_ids.device)
         with self.timer("ref_logps"):
             for start in range(0, len(rollout), size):
-                with self.accelerator.autocast():  # π_ref in the policy's precision: KL is 0 where they agree
-                    logps, _ = self._logps(self.ref_model, rollout.select(slice(start, start + size)))
+                with self.accelerator.autocast(), self.reference() as ref_model:  # π_ref in the policy's precision: KL is 0 where they agree
+                    logps, _ = self._logps(ref_model, rollout.select(slice(start, start + size)))
                 ref[start : start + size, : logps.shape[1]] = logps
         return ref
+
+    @contextmanager
+    def reference(self):
+        """The model to run for π_ref: the frozen copy, or the (unwrapped) adapted policy with its adapters disabled."""
+        if self.ref_model is not None:
+            yield self.ref_model
+        else:
+            with adapters_disabled(self.accelerator.unwrap_model(self.model)) as base:
+                yield base
 
     def _logps(self, model, mb: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
         """(log-probs (B, T), logits (B, T, V)) of the completion tokens, at the sampling temperature."""
@@ -301,8 +332,8 @@ class GRPOTrainer:
         """Per-token KL(π_θ‖π_ref): k3 from stored log π_ref, or exact over the vocabulary."""
         if self.args.kl_estimator == "k3":
             return kl_k3(logps, mb.ref_logps)
-        with torch.no_grad(), self.accelerator.autocast():
-            _, ref_logits = self._logps(self.ref_model, mb)
+        with torch.no_grad(), self.accelerator.autocast(), self.reference() as ref_model:
+            _, ref_logits = self._logps(ref_model, mb)
         return kl_full(logits, ref_logits)
 
     # ------------------------------------------------------------------ bookkeeping
@@ -391,11 +422,22 @@ class GRPOTrainer:
             self.log.write({"step": self.step, **metrics})
         return metrics
 
-    def save_model(self, output_dir: str | None = None) -> None:
-        """Save the policy (safetensors) and tokenizer to `output_dir` (default args.output_dir); main process writes."""
+    def save_model(self, output_dir: str | None = None, merge_adapters: bool = False) -> None:
+        """Save the policy (safetensors) and tokenizer to `output_dir` (default args.output_dir); main process writes.
+
+        With adapters it writes them alone (`adapter_model.safetensors`, loadable with
+        `peft.PeftModel.from_pretrained`), or with `merge_adapters=True` the base
+        weights with the adapters merged in (loadable with `from_pretrained`).
+        """
         output_dir = output_dir or self.args.output_dir
+        policy = self.accelerator.unwrap_model(self.model)
+        if merge_adapters and not is_peft_model(policy):
+            raise ValueError("merge_adapters=True but the policy has no adapters; call save_model() without it.")
         state_dict = self.accelerator.get_state_dict(self.model)
         if self.accelerator.is_main_process:
-            self.accelerator.unwrap_model(self.model).save_pretrained(output_dir, state_dict=state_dict, safe_serialization=True)
+            if merge_adapters:
+                merged_copy(policy).save_pretrained(output_dir, safe_serialization=True)
+            else:
+                policy.save_pretrained(output_dir, state_dict=state_dict, safe_serialization=True)
             self.tokenizer.save_pretrained(output_dir)
         self.accelerator.wait_for_everyone()
