@@ -5,6 +5,7 @@ rank-8 adapters (TRL's α/r = 2) on every linear layer unless a test says otherw
 """
 
 import os
+import sys
 
 import pytest
 import torch
@@ -171,3 +172,28 @@ def test_bad_peft_inputs_are_refused(tmp_path, tokenizer, make_model, prompts):
     plain = GRPOTrainer(make_model(), reward_even_tokens, args=config(tmp_path), train_dataset=prompts, processing_class=tokenizer)
     with pytest.raises(ValueError, match="no adapters"):
         plain.save_model(str(tmp_path / "x"), merge_adapters=True)
+
+
+@pytest.mark.slow
+def test_two_processes_train_adapters_as_one(tmp_path):
+    # tests/dist_script.py --lora: fixed completions, beta 0.04 (π_ref = adapters disabled inside DDP), gradient
+    # checkpointing; 2 steps (μ = 2: step 2 reuses the rollout) on 1 process and on 2 (torchrun, gloo). As in
+    # test_distributed.py, results agree to fp32 summation order, not bit for bit.
+    from test_distributed import SCRIPT, free_port, run
+
+    one, two = str(tmp_path / "one"), str(tmp_path / "two")
+    run([sys.executable, SCRIPT, one, "--max_steps", "2", "--lora"])
+    run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()), SCRIPT, two, "--max_steps", "2", "--lora"])
+    expected, logged = ({r["step"]: r for r in read_metrics(d)} for d in (one, two))
+    for step in (1, 2):
+        for key in ("loss", "kl", "kl_old", "grad_norm"):
+            assert logged[step][key] == pytest.approx(expected[step][key], rel=1e-5, abs=1e-7), (step, key)
+    assert expected[1]["kl"] == 0.0 and expected[2]["kl"] > 0
+    reference = torch.load(os.path.join(one, "record_0.pt"))["weights"]
+    for rank in range(2):
+        weights_by_step = torch.load(os.path.join(two, f"record_{rank}.pt"))["weights"]
+        for step in (1, 2):
+            for name, value in reference[step].items():
+                torch.testing.assert_close(weights_by_step[step][name], value, rtol=0, atol=1e-6, msg=lambda m: f"{rank} {step} {name}: {m}")
+    assert max(v.abs().max() for n, v in reference[2].items() if "lora_B" in n) > 1e-4  # the adapters moved
+    assert os.path.exists(os.path.join(two, "adapter_model.safetensors"))  # save_model after train(): the adapter
