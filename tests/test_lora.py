@@ -169,9 +169,12 @@ def test_bad_peft_inputs_are_refused(tmp_path, tokenizer, make_model, prompts):
         trainer_with_lora(tmp_path, make_model, tokenizer, prompts, beta=0.04, sync_ref_model=True)
     with pytest.raises(ValueError, match="lora_r=0"):
         lora_config(lora_r=0)
-    plain = GRPOTrainer(make_model(), reward_even_tokens, args=config(tmp_path), train_dataset=prompts, processing_class=tokenizer)
+    plain = GRPOTrainer(make_model(), reward_even_tokens, args=config(tmp_path, max_steps=1), train_dataset=prompts, processing_class=tokenizer)
     with pytest.raises(ValueError, match="no adapters"):
         plain.save_model(str(tmp_path / "x"), merge_adapters=True)
+    plain.train()  # checkpoint-1 of a run without adapters
+    with pytest.raises(ValueError, match="holds no adapters"):
+        trainer_with_lora(tmp_path, make_model, tokenizer, prompts, max_steps=2).train(resume_from_checkpoint=True)
 
 
 @pytest.mark.slow

@@ -232,12 +232,15 @@ def load_adapters(model: torch.nn.Module, folder: str) -> None:
     """Load `folder/adapter_model.safetensors` (written by `PeftModel.save_pretrained`) into `model`'s adapters.
 
     Raises:
-        ValueError: the file's adapter tensors are not exactly the model's.
+        ValueError: no adapter file (a checkpoint of a run without adapters), or its tensors are not exactly the model's.
     """
     from peft import get_peft_model_state_dict, set_peft_model_state_dict
     from safetensors.torch import load_file
 
-    weights = load_file(os.path.join(folder, "adapter_model.safetensors"))
+    path = os.path.join(folder, "adapter_model.safetensors")
+    if not os.path.isfile(path):
+        raise ValueError(f"{folder!r} holds no adapters (no adapter_model.safetensors): it was saved by a run without peft_config; resume it without peft_config.")
+    weights = load_file(path)
     expected = set(get_peft_model_state_dict(model))
     if set(weights) != expected:
         raise ValueError(f"{folder!r} holds adapters that do not fit this model (missing {sorted(expected - set(weights))[:3]}, unexpected {sorted(set(weights) - expected)[:3]}); resume with the same peft_config.")
