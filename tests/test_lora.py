@@ -89,6 +89,29 @@ def test_reference_is_the_base_model_kl_zero_at_step_one_ratio_one_at_each_first
         assert torch.equal(policy(input_ids=ids).logits, policy(input_ids=ids).logits)
 
 
+@pytest.mark.parametrize("kl_estimator", ["k3", "full"])  # full: π_ref runs inside the update, between forward and backward
+def test_trained_adapters_given_as_a_peft_model_are_their_own_reference(tmp_path, tokenizer, make_model, prompts, kl_estimator):
+    # A PeftModel whose adapters are already trained (B ≠ 0, as after SFT): π_ref must be that initial policy, not
+    # the base under it (TRL's "ref" adapter). KL is then exactly 0 at step 1 and the frozen copy never moves.
+    model = get_peft_model(make_model(), lora())
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=0.02)
+    initial = {n: p.detach().clone() for n, p in model.named_parameters() if ".default." in n}
+    trainer = GRPOTrainer(model, reward_even_tokens, args=config(tmp_path, max_steps=2, beta=0.04, kl_estimator=kl_estimator),
+                          train_dataset=prompts, processing_class=tokenizer)
+    trainer.train()
+    metrics = {r["step"]: r for r in read_metrics(trainer.args.output_dir)}
+    assert metrics[1]["kl"] == 0.0 and metrics[2]["kl"] > 0  # with adapters disabled, step 1's KL would be > 0
+    params = dict(model.named_parameters())
+    for name, value in initial.items():
+        ref = name.replace(".default.", ".ref.")
+        assert torch.equal(params[ref], value) and not params[ref].requires_grad  # the frozen copy
+        assert params[name].requires_grad
+    assert any(not torch.equal(params[n], v) for n, v in initial.items())  # the given adapters trained
+
+
 def test_gradient_checkpointing_trains_the_adapters_as_without_it(tmp_path, tokenizer, make_model, prompts):
     # Checkpointing recomputes the same forward in the backward pass: the adapters must get the same
     # gradients (a frozen embedding must not cut the graph), so the weights agree to fp32 rounding.
@@ -165,6 +188,10 @@ def test_bad_peft_inputs_are_refused(tmp_path, tokenizer, make_model, prompts):
     with pytest.raises(ValueError, match="already a PeftModel"):
         GRPOTrainer(get_peft_model(make_model(), lora()), reward_even_tokens, args=config(tmp_path), train_dataset=prompts,
                     processing_class=tokenizer, peft_config=lora())
+    get_peft_model(make_model(), lora()).save_pretrained(str(tmp_path / "saved"))
+    frozen = PeftModel.from_pretrained(make_model(), str(tmp_path / "saved"))  # inference mode: nothing trains
+    with pytest.raises(ValueError, match="is_trainable=True"):
+        GRPOTrainer(frozen, reward_even_tokens, args=config(tmp_path), train_dataset=prompts, processing_class=tokenizer)
     with pytest.raises(ValueError, match="sync_ref_model=True with adapters"):
         trainer_with_lora(tmp_path, make_model, tokenizer, prompts, beta=0.04, sync_ref_model=True)
     with pytest.raises(ValueError, match="lora_r=0"):

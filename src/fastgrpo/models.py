@@ -9,8 +9,9 @@ under a second.
 
 LoRA goes through peft (imported only when adapters are used): `lora_config`
 builds TRL's ModelConfig defaults, `add_adapters` wraps a model, and π_ref of
-an adapted policy is the same model with its adapters disabled
-(`adapters_disabled`), never a second copy.
+an adapted policy is the same model run as its initial self (`as_reference`):
+adapters disabled for fresh ones, or a frozen copy of adapters that came
+already trained (TRL's "ref" adapter); never a second copy of the base.
 
 Not here: the training forward (trainer.py).
 """
@@ -207,17 +208,53 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
         model.enable_input_require_grads()
 
 
+REFERENCE_ADAPTER = "ref"  # TRL's name for the frozen copy
+
+
+def check_trainable(model: torch.nn.Module) -> None:
+    """Refuse a model with nothing to train (a `PeftModel.from_pretrained` without `is_trainable=True`).
+
+    Raises:
+        ValueError: no parameter requires a gradient.
+    """
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError("the model has no trainable parameters; load a PeftModel with PeftModel.from_pretrained(base, path, is_trainable=True).")
+
+
+def add_reference_adapter(model: torch.nn.Module) -> None:
+    """Freeze a copy of a `PeftModel`'s active adapter as "ref", π_ref for adapters that may come already trained.
+
+    As TRL does for a PeftModel passed with beta > 0: disabling such adapters
+    would make π_ref the base model, not the initial policy. The copy is
+    adapter-sized; it never trains and `as_reference` runs the model with it.
+    """
+    name = model.active_adapter
+    model.add_adapter(REFERENCE_ADAPTER, model.peft_config[name])  # stays inactive and frozen
+    with torch.no_grad():
+        for param_name, param in model.named_parameters():
+            if f".{name}." in param_name:
+                model.get_parameter(param_name.replace(f".{name}.", f".{REFERENCE_ADAPTER}.")).copy_(param)
+
+
 @contextmanager
-def adapters_disabled(model: torch.nn.Module):
-    """Run an adapted model as its base model inside the block (π_ref of a LoRA policy: no second copy).
+def as_reference(model: torch.nn.Module):
+    """Run an adapted model as π_ref inside the block: with its "ref" copy if it has one, else with adapters disabled.
 
     Args:
         model: a `PeftModel` (the unwrapped module, not a DDP wrapper).
     Yields:
-        `model`, with every adapter bypassed until the block ends.
+        `model`, computing π_ref until the block ends (then the trained adapter is active again).
     """
-    with model.disable_adapter():
+    if REFERENCE_ADAPTER not in model.peft_config:
+        with model.disable_adapter():  # fresh adapters start at B = 0: the base model is the initial policy
+            yield model
+        return
+    trained = model.active_adapter
+    model.set_adapter(REFERENCE_ADAPTER)  # peft also flips requires_grad; set back below
+    try:
         yield model
+    finally:
+        model.set_adapter(trained)
 
 
 def merged_copy(model: torch.nn.Module) -> PreTrainedModel:

@@ -51,9 +51,11 @@ from .losses import (
 )
 from .metrics import CompletionRows, MetricsLog, PhaseTimer, Window, rollout_metrics, window_record
 from .models import (
-    adapters_disabled,
     add_adapters,
+    add_reference_adapter,
+    as_reference,
     check_peft_config,
+    check_trainable,
     disable_dropout,
     enable_gradient_checkpointing,
     is_peft_model,
@@ -136,11 +138,14 @@ class GRPOTrainer:
             policy = load_model(model, a.model_init_kwargs)
         if peft_config is not None:
             policy = add_adapters(policy, peft_config)
+        if is_peft_model(model) and a.beta > 0:  # adapters given, maybe trained: π_ref = a frozen copy of them
+            add_reference_adapter(policy)
+        check_trainable(policy)
         if a.disable_dropout:  # after add_adapters: the adapters' dropout too
             disable_dropout(policy)
         if a.gradient_checkpointing:
             enable_gradient_checkpointing(policy)
-        # π_ref: a frozen copy, or for an adapted policy the same model with its adapters disabled (`reference()`).
+        # π_ref: a frozen copy, or for an adapted policy the same model as its initial self (`reference()`).
         self.ref_model = reference_model(policy).to(acc.device) if a.beta > 0 and not is_peft_model(policy) else None
         eos = policy.generation_config.eos_token_id
         eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
@@ -259,12 +264,12 @@ class GRPOTrainer:
 
     @contextmanager
     def reference(self):
-        """The model to run for π_ref: the frozen copy, or the (unwrapped) adapted policy with its adapters disabled."""
+        """The model to run for π_ref: the frozen copy, or the (unwrapped) adapted policy as its initial self (`as_reference`)."""
         if self.ref_model is not None:
             yield self.ref_model
         else:
-            with adapters_disabled(self.accelerator.unwrap_model(self.model)) as base:
-                yield base
+            with as_reference(self.accelerator.unwrap_model(self.model)) as ref_model:
+                yield ref_model
 
     def _logps(self, model, mb: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
         """(log-probs (B, T), logits (B, T, V)) of the completion tokens, at the sampling temperature."""
