@@ -8,7 +8,7 @@ folder under `$FASTGRPO_CACHE` (default `~/.cache/fastgrpo`); later loads take
 under a second.
 
 LoRA goes through peft (imported only when adapters are used): `lora_config`
-builds TRL's ModelConfig defaults, `add_adapters` wraps a model, and π_ref of
+builds TRL's ModelConfig defaults, `prepare_adapters` wraps a model, and π_ref of
 an adapted policy is the same model run as its initial self (`as_reference`):
 adapters disabled for fresh ones, or a frozen copy of adapters that came
 already trained (TRL's "ref" adapter); never a second copy of the base.
@@ -171,29 +171,47 @@ def is_peft_model(model: torch.nn.Module) -> bool:
     return peft is not None and isinstance(model, peft.PeftModel)
 
 
-def check_peft_config(peft_config) -> None:
-    """Refuse a `peft_config` that is not a peft config (e.g. a dict), before any model is loaded.
+def check_peft_inputs(model, peft_config, sync_ref_model: bool) -> None:
+    """Refuse adapter settings that cannot work, before any model is loaded (TRL refuses the first two too).
 
+    Args:
+        model: what the trainer was given (a name, a model or a `PeftModel`).
+        peft_config: the trainer's `peft_config` or None.
+        sync_ref_model: `GRPOConfig.sync_ref_model`.
     Raises:
-        TypeError: anything but a `peft.PeftConfig`.
+        TypeError: a `peft_config` that is not a `peft.PeftConfig` (e.g. a dict).
+        ValueError: a `PeftModel` together with a `peft_config`; `sync_ref_model` with adapters.
     """
-    from peft import PeftConfig
+    adapted = peft_config is not None or is_peft_model(model)
+    if peft_config is not None:
+        from peft import PeftConfig
 
-    if not isinstance(peft_config, PeftConfig):
-        raise TypeError(f"peft_config must be a peft.PeftConfig such as peft.LoraConfig(r=16, lora_alpha=32), not {type(peft_config).__name__}; fastgrpo.models.lora_config() builds one from TRL's names.")
+        if not isinstance(peft_config, PeftConfig):
+            raise TypeError(f"peft_config must be a peft.PeftConfig such as peft.LoraConfig(r=16, lora_alpha=32), not {type(peft_config).__name__}; fastgrpo.models.lora_config() builds one from TRL's names.")
+        if is_peft_model(model):
+            raise ValueError("model is already a PeftModel and peft_config was given too; pass the PeftModel alone (its adapters train) or a plain model with peft_config.")
+    if adapted and sync_ref_model:
+        raise ValueError("sync_ref_model=True with adapters: π_ref lives in the same weights as the policy and cannot move apart from it; set sync_ref_model=False or train without peft.")
 
 
-def add_adapters(model: torch.nn.Module, peft_config) -> torch.nn.Module:
-    """Wrap `model` in peft adapters (`peft.get_peft_model`, as TRL does): only the adapters train.
+def prepare_adapters(model: torch.nn.Module, peft_config, reference_copy: bool) -> torch.nn.Module:
+    """The policy to train: `model` wrapped in adapters if `peft_config` is given (`peft.get_peft_model`, as TRL does).
 
+    Args:
+        model: the loaded model, or a `PeftModel` the user built.
+        peft_config: a `peft.PeftConfig` or None (train `model` as it is).
+        reference_copy: also freeze a copy of the active adapter as π_ref (`add_reference_adapter`).
     Raises:
-        ValueError: `model` is already a `PeftModel` (give it without `peft_config`, or a plain model with one).
+        ValueError: nothing in the result trains (`check_trainable`).
     """
-    if is_peft_model(model):
-        raise ValueError("model is already a PeftModel and peft_config was given too; pass the PeftModel alone (its adapters train) or a plain model with peft_config.")
-    from peft import get_peft_model
+    if peft_config is not None:
+        from peft import get_peft_model
 
-    return get_peft_model(model, peft_config)
+        model = get_peft_model(model, peft_config)
+    if reference_copy:
+        add_reference_adapter(model)
+    check_trainable(model)
+    return model
 
 
 def enable_gradient_checkpointing(model: torch.nn.Module) -> None:

@@ -51,17 +51,15 @@ from .losses import (
 )
 from .metrics import CompletionRows, MetricsLog, PhaseTimer, Window, rollout_metrics, window_record
 from .models import (
-    add_adapters,
-    add_reference_adapter,
     as_reference,
-    check_peft_config,
-    check_trainable,
+    check_peft_inputs,
     disable_dropout,
     enable_gradient_checkpointing,
     is_peft_model,
     load_model,
     load_tokenizer,
     merged_copy,
+    prepare_adapters,
     prepare_tokenizer,
     reference_model,
 )
@@ -90,7 +88,8 @@ class GRPOTrainer:
         eval_dataset: optional rows for `evaluate()` (every `eval_steps`).
         processing_class: the tokenizer; default: the model's own.
         peft_config: a `peft.PeftConfig` (e.g. `LoraConfig`, see `models.lora_config`):
-            train adapters only; with beta > 0, π_ref is the model with them disabled.
+            train adapters only; with beta > 0, π_ref is the same model run as
+            it started (adapters disabled), never a second copy.
     Raises:
         ValueError/TypeError: a missing dataset or "prompt" column, reward
             weights that do not match the functions, a world size that does not
@@ -112,10 +111,7 @@ class GRPOTrainer:
         weights = a.reward_weights if a.reward_weights is not None else [1.0] * len(self.reward_funcs)
         if len(weights) != len(self.reward_funcs):
             raise ValueError(f"reward_weights has {len(weights)} values for {len(self.reward_funcs)} reward functions; give one weight per function.")
-        if peft_config is not None:
-            check_peft_config(peft_config)
-        if a.sync_ref_model and (peft_config is not None or is_peft_model(model)):
-            raise ValueError("sync_ref_model=True with adapters: π_ref is the base model under the adapters and cannot move; set sync_ref_model=False or train without peft.")
+        check_peft_inputs(model, peft_config, a.sync_ref_model)
 
         bf16 = a.bf16 if a.bf16 is not None else bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
         if (launch_error := cpu_launch_error()) is not None:
@@ -136,12 +132,9 @@ class GRPOTrainer:
         with acc.main_process_first():  # a built-in model's first load converts it, once
             self.tokenizer = prepare_tokenizer(processing_class) if processing_class is not None else load_tokenizer(name)
             policy = load_model(model, a.model_init_kwargs)
-        if peft_config is not None:
-            policy = add_adapters(policy, peft_config)
-        if is_peft_model(model) and a.beta > 0:  # adapters given, maybe trained: π_ref = a frozen copy of them
-            add_reference_adapter(policy)
-        check_trainable(policy)
-        if a.disable_dropout:  # after add_adapters: the adapters' dropout too
+        # Adapters given (maybe trained) with beta > 0: π_ref = a frozen copy of them; fresh ones: adapters disabled.
+        policy = prepare_adapters(policy, peft_config, reference_copy=is_peft_model(model) and a.beta > 0)
+        if a.disable_dropout:  # after the adapters: their dropout too
             disable_dropout(policy)
         if a.gradient_checkpointing:
             enable_gradient_checkpointing(policy)
