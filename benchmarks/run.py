@@ -56,6 +56,13 @@ CASES = {
         "description": "beta = 0.04 (π_ref in play: a reference model in memory and a π_ref log-prob pass), tiny model, μ = 1.",
         "model": "tiny", "mus": [1], "steps": 4, "pairs": 1, "learning_rate": 1e-3, "beta": 0.04,
     },
+    "lora": {
+        "description": "LoRA with TRL ModelConfig's defaults (r 16, α 32, dropout 0.05, q/v projections) in both, SmolLM2, μ = 4; "
+        "fastgrpo-full = fastgrpo fine-tuning every weight, alternating in the same pairs.",
+        "model": "smollm2-135m-instruct", "mus": [4], "steps": 4, "pairs": 3, "learning_rate": 2e-5,
+        "lora": {"lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "lora_target_modules": None},
+        "systems": ("fastgrpo", "trl", "fastgrpo-full"),
+    },
 }
 DEFAULT_SUITE = ["smollm2", "tiny", "beta"]
 
@@ -127,7 +134,7 @@ def run_case(name: str, case: dict, out_dir: str, date: str, threads: int, steps
     path = os.path.join(out_dir, f"{date}-{name}.json")
     base = {
         **SEED_CONFIG, "model_path": model_path(case["model"]), "model": case["model"], "threads": threads,
-        "learning_rate": case["learning_rate"], "beta": case.get("beta", 0.0),
+        "learning_rate": case["learning_rate"], "beta": case.get("beta", 0.0), "lora": case.get("lora"),
     }
     base["steps_per_generation"] = base["gradient_accumulation_steps"]  # generation_batch_size default: one step's worth
     record = {"case": name, "description": case["description"], "date": date, "versions": versions(), "config": base, "runs": []}
@@ -138,8 +145,9 @@ def run_case(name: str, case: dict, out_dir: str, date: str, threads: int, steps
             n = steps or case.get("steps_by_mu", {}).get(mu) or case["steps"]
             n = max(mu, n - n % mu)  # whole rollouts only
             spec = {**base, "num_iterations": mu, "steps": n, "num_prompts": 2 * n + 64}
-            for system in ("fastgrpo", "trl"):
-                record["runs"].append(run_one({**spec, "system": system}, log))
+            for system in case.get("systems", ("fastgrpo", "trl")):
+                full = system == "fastgrpo-full"  # every weight trains: the LoRA case's own baseline
+                record["runs"].append(run_one({**spec, "system": system, **({"lora": None} if full else {})}, log))
                 with open(path, "w") as f:  # keep what is done if a later run fails
                     json.dump(record, f)
     report.render(path)

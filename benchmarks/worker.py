@@ -149,11 +149,20 @@ def token_count(mask: torch.Tensor) -> int:
     return int(mask.sum())
 
 
+def peft_config(spec: dict):
+    """The same `peft.LoraConfig` for both systems (fastgrpo's `lora_config`, TRL ModelConfig's names), or None."""
+    if spec.get("lora") is None:
+        return None
+    from fastgrpo.models import lora_config
+
+    return lora_config(**spec["lora"])
+
+
 def run_fastgrpo(spec: dict, dataset, reward, rec: Recorder, output_dir: str):
     from fastgrpo import GRPOConfig, GRPOTrainer
 
     args = GRPOConfig(**config_values(spec, output_dir), max_prompt_length=spec["max_prompt_length"], save_strategy="no")
-    trainer = GRPOTrainer(model=spec["model_path"], reward_funcs=reward, args=args, train_dataset=dataset)
+    trainer = GRPOTrainer(model=spec["model_path"], reward_funcs=reward, args=args, train_dataset=dataset, peft_config=peft_config(spec))
 
     logps = trainer._logps
 
@@ -188,7 +197,7 @@ def run_trl(spec: dict, dataset, reward, rec: Recorder, output_dir: str):
     from trl import GRPOConfig, GRPOTrainer
 
     args = GRPOConfig(**config_values(spec, output_dir), save_strategy="no")
-    trainer = GRPOTrainer(model=spec["model_path"], reward_funcs=reward, args=args, train_dataset=dataset)
+    trainer = GRPOTrainer(model=spec["model_path"], reward_funcs=reward, args=args, train_dataset=dataset, peft_config=peft_config(spec))
 
     logps = trainer._get_per_token_logps_and_entropies
 
@@ -253,7 +262,7 @@ def main(spec_path: str, out_path: str) -> None:
     rec = Recorder()
     reward = rec.reward(reward_len)
     output_dir = tempfile.mkdtemp(prefix=f"bench-{spec['system']}-")
-    build = run_fastgrpo if spec["system"] == "fastgrpo" else run_trl
+    build = run_trl if spec["system"] == "trl" else run_fastgrpo  # "fastgrpo-full": the LoRA case's full fine-tune
     setup_start = time.perf_counter()
     trainer, model = build(spec, dataset, reward, rec, output_dir)
     setup_seconds = time.perf_counter() - setup_start

@@ -3,6 +3,7 @@
     python tests/dist_script.py OUT --max_steps 4           # one process
     torchrun --standalone --nproc_per_node 2 tests/dist_script.py OUT --max_steps 3
     accelerate launch --config_file examples/accelerate/ddp.yaml --num_processes 2 tests/dist_script.py OUT --max_steps 4 --resume
+    ... --lora                                               # rank-8 adapters, beta 0.04, gradient checkpointing
 
 The global batch is the same on any number of processes (16 completions per
 rollout and per optimizer step: 4 prompts × G = 4), so every number the run
@@ -33,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import tiny_model  # noqa: E402
 
 from fastgrpo import GRPOConfig, GRPOTrainer  # noqa: E402
-from fastgrpo.models import load_tokenizer  # noqa: E402
+from fastgrpo.models import load_tokenizer, lora_config  # noqa: E402
 
 G, T = 4, 12  # completions per prompt, max completion tokens
 
@@ -59,7 +60,7 @@ def reward_fixed(completion_ids, **kwargs):
     return [len(ids) + 0.1 * (ids[0] % 5) for ids in completion_ids]
 
 
-def train(output_dir: str, max_steps: int, resume: bool = False) -> None:
+def train(output_dir: str, max_steps: int, resume: bool = False, lora: bool = False) -> None:
     """Train to `max_steps` (resuming from the latest checkpoint if asked) and write OUT/record_<rank>[_resumed].pt."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     args = GRPOConfig(
@@ -71,10 +72,12 @@ def train(output_dir: str, max_steps: int, resume: bool = False) -> None:
         loss_type="dapo", scale_rewards="batch",  # the two quantities that need all processes
         lr_scheduler_type="constant",  # the same learning rate whatever max_steps a run is given
         logging_steps=1, save_steps=1000, log_completions=True, num_completions_to_print=0, disable_tqdm=True,
+        **(dict(beta=0.04, gradient_checkpointing=True) if lora else {}),  # π_ref = adapters disabled, under DDP
     )
     tokenizer = load_tokenizer("smollm2-135m-instruct")
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"Count to {n}."}]} for n in range(32)])
-    trainer = GRPOTrainer(tiny_model(tokenizer), reward_fixed, args=args, train_dataset=dataset, processing_class=tokenizer)
+    peft_config = lora_config(lora_r=8, lora_alpha=16, lora_target_modules="all-linear") if lora else None
+    trainer = GRPOTrainer(tiny_model(tokenizer), reward_fixed, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=peft_config)
     trainer.generate = fixed_completions(tokenizer, tokenizer.eos_token_id)
 
     advantages, weights = [], {}
@@ -104,5 +107,6 @@ if __name__ == "__main__":
     parser.add_argument("output_dir")
     parser.add_argument("--max_steps", type=int, required=True)
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--lora", action="store_true")
     cli = parser.parse_args()
-    train(cli.output_dir, cli.max_steps, cli.resume)
+    train(cli.output_dir, cli.max_steps, cli.resume, cli.lora)

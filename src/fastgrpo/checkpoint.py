@@ -1,7 +1,8 @@
 """Checkpoints: write-then-rename, prune, find the latest, load.
 
 A checkpoint folder `checkpoint-<step>` holds the model (safetensors, loadable
-with `from_pretrained`) and tokenizer, `trainer_state.pt` (optimizer,
+with `from_pretrained`; for a LoRA policy the adapters alone, loadable with
+`peft.PeftModel.from_pretrained`) and tokenizer, `trainer_state.pt` (optimizer,
 scheduler, step, data position), and per process `rng_state_<rank>.pt` and
 `process_state_<rank>.pt` (that process's own share of the state: the rollout
 in use when saved inside a reuse window), and last `manifest.json` (step, the
@@ -34,8 +35,11 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
+from .models import is_peft_model, load_adapters
+
 PREFIX = "checkpoint-"
 MANIFEST = "manifest.json"
+ADAPTER_FILE = "adapter_model.safetensors"  # what a peft model saves instead of model.safetensors
 
 
 class CheckpointWriteError(OSError):
@@ -202,13 +206,15 @@ def load_checkpoint(resume_from_checkpoint, output_dir: str, accelerator, model)
     """
     if resume_from_checkpoint in (None, False):
         return None, None
+    unwrapped = accelerator.unwrap_model(model)
+    adapters = is_peft_model(unwrapped)
     if resume_from_checkpoint is True:
         found = checkpoints(output_dir)
         if not found:
             raise ValueError(f"resume_from_checkpoint=True but {output_dir!r} holds no checkpoint-<step> folder; train without it first.")
         for path in reversed(found):
             try:
-                parts = _read(path, accelerator)
+                parts = _read(path, accelerator, adapters)
                 break
             except CorruptCheckpointError as err:
                 if path == found[0]:
@@ -218,20 +224,31 @@ def load_checkpoint(resume_from_checkpoint, output_dir: str, accelerator, model)
         path = str(resume_from_checkpoint)
         if not os.path.isfile(os.path.join(path, "trainer_state.pt")) and not os.path.isfile(os.path.join(path, MANIFEST)):
             raise ValueError(f"{path!r} is not a fastgrpo checkpoint (no trainer_state.pt); give a checkpoint-<step> folder or True.")
-        parts = _read(path, accelerator)
-    unwrapped = accelerator.unwrap_model(model)
-    missing, unexpected = unwrapped.load_state_dict(parts["weights"], strict=False)
-    tied = set(getattr(unwrapped, "_tied_weights_keys", None) or [])
-    if unexpected or [k for k in missing if k not in tied]:
-        raise ValueError(f"checkpoint {path!r} does not fit this model (missing {missing[:3]}, unexpected {unexpected[:3]}).")
+        parts = _read(path, accelerator, adapters)
+    if adapters:  # adapters only: the base weights never change
+        load_adapters(unwrapped, path, parts["weights"])
+    else:
+        missing, unexpected = unwrapped.load_state_dict(parts["weights"], strict=False)
+        tied = set(getattr(unwrapped, "_tied_weights_keys", None) or [])
+        if unexpected or [k for k in missing if k not in tied]:
+            raise ValueError(f"checkpoint {path!r} does not fit this model (missing {missing[:3]}, unexpected {unexpected[:3]}).")
     if parts["rng"] is not None:
         set_rng_state(parts["rng"])
     return path, {**parts["state"], **parts["process"], "run_id": parts["run_id"]}
 
 
-def _read(path: str, accelerator) -> dict:
-    """Every file this process needs from checkpoint `path`, read into memory; nothing applied yet."""
+def _read(path: str, accelerator, adapters: bool) -> dict:
+    """Every file this process needs from checkpoint `path`, read into memory; nothing applied yet.
+
+    Raises:
+        ValueError: `adapters` (a LoRA policy) but the checkpoint holds full weights, or the reverse.
+    """
     manifest = read_manifest(path)
+    weights_file = ADAPTER_FILE if adapters else "model.safetensors"
+    if weights_file not in manifest["files"]:
+        if adapters:
+            raise ValueError(f"{path!r} holds no adapters (no {ADAPTER_FILE}): it was saved by a run without peft_config; resume it without peft_config.")
+        raise ValueError(f"{path!r} holds adapters, not model.safetensors: it was saved by a run with peft_config; resume it with the same peft_config.")
     saved_by = len([name for name in manifest["files"] if re.fullmatch(r"rng_state_\d+\.pt", name)])
     fits = saved_by == accelerator.num_processes
     rank = accelerator.process_index
@@ -244,7 +261,7 @@ def _read(path: str, accelerator) -> dict:
 
     torch_load = lambda file: torch.load(file, weights_only=False)  # noqa: E731
     return {
-        "weights": read("model.safetensors", load_file),
+        "weights": read(weights_file, load_file),
         "state": read("trainer_state.pt", torch_load),
         "rng": read(f"rng_state_{rank}.pt", torch_load) if fits else None,
         "process": read(f"process_state_{rank}.pt", torch_load) if fits else {},  # on the device it left

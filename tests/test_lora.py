@@ -1,0 +1,229 @@
+"""LoRA through peft on the tiny model: only adapters train, π_ref is the base model, resume and save are exact.
+
+Every run is a few optimizer steps of a 3 M-parameter model on CPU, with
+rank-8 adapters (TRL's α/r = 2) on every linear layer unless a test says otherwise.
+"""
+
+import os
+import sys
+
+import pytest
+import torch
+from peft import PeftModel, get_peft_model
+from transformers import AutoModelForCausalLM
+
+from fastgrpo import GRPOTrainer
+from fastgrpo.models import lora_config
+from test_trainer import config, read_metrics, record_losses, reward_even_tokens
+
+
+def lora(**overrides):
+    return lora_config(**{"lora_r": 8, "lora_alpha": 16, "lora_target_modules": "all-linear", **overrides})
+
+
+def trainer_with_lora(tmp_path, make_model, tokenizer, prompts, peft_config=None, **overrides):
+    peft_config = peft_config or lora()
+    return GRPOTrainer(make_model(), reward_even_tokens, args=config(tmp_path, **overrides), train_dataset=prompts,
+                       processing_class=tokenizer, peft_config=peft_config)
+
+
+def weights(trainer) -> dict[str, torch.Tensor]:
+    return {name: p.detach().clone() for name, p in trainer.accelerator.unwrap_model(trainer.model).state_dict().items()}
+
+
+def test_lora_config_has_trl_model_config_defaults():
+    from trl import ModelConfig  # the oracle: TRL's own field names and defaults
+
+    trl = ModelConfig()
+    ours = lora_config()
+    assert (ours.r, ours.lora_alpha, ours.lora_dropout) == (trl.lora_r, trl.lora_alpha, trl.lora_dropout) == (16, 32, 0.05)
+    assert ours.target_modules == trl.lora_target_modules and ours.task_type == trl.lora_task_type == "CAUSAL_LM"
+    assert set(lora_config(lora_target_modules=["q_proj", "v_proj"]).target_modules) == {"q_proj", "v_proj"}
+
+
+@pytest.mark.parametrize("given", ["peft_config", "PeftModel"])
+def test_only_adapters_change_and_base_weights_stay_bitwise(tmp_path, tokenizer, make_model, prompts, given):
+    # μ = 2 over 2 steps per pass: 4 optimizer steps, π_old captured and reused.
+    args = config(tmp_path, num_iterations=2, steps_per_generation=4, max_steps=4)
+    if given == "peft_config":
+        trainer = GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer, peft_config=lora())
+    else:  # a PeftModel passed as `model` (was taken for a path string)
+        trainer = GRPOTrainer(get_peft_model(make_model(), lora()), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
+    policy = trainer.accelerator.unwrap_model(trainer.model)
+    assert isinstance(policy, PeftModel) and trainer.generate.model is policy  # samples from the adapted weights
+    trainable = {name for name, p in policy.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in name for name in trainable)
+    before = weights(trainer)
+    trainer.train()
+    after = weights(trainer)
+    for name, value in before.items():
+        if "lora_B" in name:  # B starts at 0 (BA = 0: the adapted model starts as the base); every B has moved
+            assert not value.any() and after[name].any(), name
+        elif "lora_" not in name:
+            assert torch.equal(after[name], value), name  # frozen base: bit for bit
+
+
+@pytest.mark.parametrize("kl_estimator", ["k3", "full"])
+def test_reference_is_the_base_model_kl_zero_at_step_one_ratio_one_at_each_first_update(tmp_path, monkeypatch, tokenizer, make_model, prompts, kl_estimator):
+    # μ = 2, 2 steps per pass: 4 steps per rollout, 2 rollouts. lora_dropout 0.05 is in the config and
+    # switched off with every other dropout (disable_dropout=True).
+    calls = record_losses(monkeypatch)
+    trainer = trainer_with_lora(tmp_path, make_model, tokenizer, prompts, lora(lora_dropout=0.05), num_iterations=2,
+                                steps_per_generation=4, max_steps=8, beta=0.04, kl_estimator=kl_estimator)
+    assert trainer.ref_model is None  # no second copy: π_ref = the policy with its adapters disabled
+    trainer.train()
+    metrics = {r["step"]: r for r in read_metrics(trainer.args.output_dir)}
+    # Step 1: B = 0, so the adapted policy computes the base model's logits bit for bit (x·W + 0): KL = 0 exactly.
+    assert metrics[1]["kl"] == 0.0
+    assert metrics[2]["kl"] > 0 and metrics[8]["kl"] > 0  # the adapters moved; π_ref did not
+    GA, per_rollout = trainer.args.gradient_accumulation_steps, trainer.args.steps_per_rollout
+    for first in (1, 1 + per_rollout):  # each rollout's first step sees the policy that generated it
+        assert metrics[first]["kl_old"] == 0.0
+        for logps, old, _ in calls[(first - 1) * GA : first * GA]:
+            assert torch.equal(logps, old)
+    assert any(not torch.equal(lp, old) for lp, old, _ in calls[GA : per_rollout * GA])  # reuse: ρ ≠ 1 later
+    # While B = 0 the adapters' dropout cannot show; now B ≠ 0, two training-mode forwards agree only if it is off.
+    policy, ids = trainer.accelerator.unwrap_model(trainer.model), torch.tensor([[1, 200, 300, 400, 500]])
+    policy.train()
+    with torch.no_grad():
+        assert torch.equal(policy(input_ids=ids).logits, policy(input_ids=ids).logits)
+
+
+@pytest.mark.parametrize("kl_estimator", ["k3", "full"])  # full: π_ref runs inside the update, between forward and backward
+def test_trained_adapters_given_as_a_peft_model_are_their_own_reference(tmp_path, tokenizer, make_model, prompts, kl_estimator):
+    # A PeftModel whose adapters are already trained (B ≠ 0, as after SFT): π_ref must be that initial policy, not
+    # the base under it (TRL's "ref" adapter). KL is then exactly 0 at step 1 and the frozen copy never moves.
+    model = get_peft_model(make_model(), lora())
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=0.02)
+    initial = {n: p.detach().clone() for n, p in model.named_parameters() if ".default." in n}
+    trainer = GRPOTrainer(model, reward_even_tokens, args=config(tmp_path, max_steps=2, beta=0.04, kl_estimator=kl_estimator),
+                          train_dataset=prompts, processing_class=tokenizer)
+    trainer.train()
+    metrics = {r["step"]: r for r in read_metrics(trainer.args.output_dir)}
+    assert metrics[1]["kl"] == 0.0 and metrics[2]["kl"] > 0  # with adapters disabled, step 1's KL would be > 0
+    params = dict(model.named_parameters())
+    for name, value in initial.items():
+        ref = name.replace(".default.", ".ref.")
+        assert torch.equal(params[ref], value) and not params[ref].requires_grad  # the frozen copy
+        assert params[name].requires_grad
+    assert any(not torch.equal(params[n], v) for n, v in initial.items())  # the given adapters trained
+
+
+def test_gradient_checkpointing_trains_the_adapters_as_without_it(tmp_path, tokenizer, make_model, prompts):
+    # Checkpointing recomputes the same forward in the backward pass: the adapters must get the same
+    # gradients (a frozen embedding must not cut the graph), so the weights agree to fp32 rounding.
+    results = {}
+    for checkpointing in (False, True):
+        trainer = trainer_with_lora(tmp_path / str(checkpointing), make_model, tokenizer, prompts, max_steps=2,
+                                    gradient_checkpointing=checkpointing)
+        trainer.train()
+        results[checkpointing] = {k: v for k, v in weights(trainer).items() if "lora_B" in k}
+    assert all(v.abs().max() > 1e-4 for v in results[True].values())  # ≈ lr = 1e-3 per AdamW step
+    for name, value in results[False].items():
+        torch.testing.assert_close(results[True][name], value, rtol=0, atol=1e-6)
+
+
+def test_tiny_model_with_lora_raises_a_learnable_reward(tmp_path, tokenizer, make_model, prompts):
+    # As test_trainer's learnable-reward test, but only rank-8 adapters on every linear layer train (the tied
+    # embedding/LM head is frozen), so they get a larger constant rate and 40 steps: 0.57 → ≈ 0.89 when written.
+    args = dict(num_iterations=2, per_device_train_batch_size=8, gradient_accumulation_steps=1, num_generations=8,
+                steps_per_generation=2, max_steps=40, learning_rate=1e-2, lr_scheduler_type="constant", logging_steps=4, top_k=20)
+    trainer = trainer_with_lora(tmp_path, make_model, tokenizer, prompts, **args)
+    trainer.train()
+    rewards = [r["reward"] for r in read_metrics(trainer.args.output_dir) if "reward" in r]  # one rollout per record
+    first, last = rewards[0], sum(rewards[-2:]) / 2
+    assert first < 0.65 and last > first + 0.2, rewards
+
+
+def test_resume_with_lora_reproduces_the_uninterrupted_run(tmp_path, tokenizer, make_model, prompts):
+    # As test_trainer's resume test: checkpoint-3 sits inside the first rollout's reuse window (μ = 2, 4 steps
+    # per rollout). It holds the adapters and their AdamW moments; the base comes from the model as given.
+    common = dict(num_iterations=2, steps_per_generation=4, max_steps=6, save_steps=3, beta=0.04)
+    full = trainer_with_lora(tmp_path, make_model, tokenizer, prompts, **common)
+    full.train()
+    reference, final = {r["step"]: r for r in read_metrics(full.args.output_dir)}, weights(full)
+    checkpoint = os.path.join(full.args.output_dir, "checkpoint-3")
+    assert {"adapter_model.safetensors", "adapter_config.json", "trainer_state.pt"} <= set(os.listdir(checkpoint))
+    assert not os.path.exists(os.path.join(checkpoint, "model.safetensors"))  # adapters only, not the base
+
+    os.rename(os.path.join(full.args.output_dir, "metrics.jsonl"), os.path.join(full.args.output_dir, "metrics-full.jsonl"))
+    resumed = trainer_with_lora(tmp_path, make_model, tokenizer, prompts, **common)
+    assert resumed.train(resume_from_checkpoint=checkpoint).global_step == 6
+    after = {r["step"]: r for r in read_metrics(resumed.args.output_dir)}
+    assert sorted(after) == [4, 5, 6]
+    for step in (4, 5, 6):
+        for key in ("loss", "kl", "kl_old"):
+            assert after[step][key] == pytest.approx(reference[step][key], rel=1e-5, abs=1e-7), (step, key)
+    assert after[5]["reward"] == pytest.approx(reference[5]["reward"])  # the same regenerated rollout
+    for name, value in weights(resumed).items():
+        torch.testing.assert_close(value, final[name], rtol=0, atol=1e-7)
+
+
+def test_save_model_writes_the_adapter_or_merged_weights(tmp_path, tokenizer, make_model, prompts):
+    trainer = trainer_with_lora(tmp_path, make_model, tokenizer, prompts, max_steps=2)
+    trainer.train()
+    trainer.save_model(str(tmp_path / "adapter"))
+    trainer.save_model(str(tmp_path / "merged"), merge_adapters=True)
+    policy = trainer.accelerator.unwrap_model(trainer.model)
+    ids = torch.tensor([[1, 200, 300, 400, 500]])
+    with torch.no_grad():
+        expected = policy(input_ids=ids).logits
+        with policy.disable_adapter():
+            base = policy(input_ids=ids).logits
+        assert not torch.allclose(expected, base)  # the adapters changed the function
+        loaded = PeftModel.from_pretrained(make_model(), str(tmp_path / "adapter"))  # the same random base (seed 0)
+        assert torch.equal(loaded(input_ids=ids).logits, expected)
+        merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged"))  # W + α/r·BA: the same up to rounding
+        torch.testing.assert_close(merged(input_ids=ids).logits, expected, rtol=0, atol=1e-5)
+    assert "lora_A" in str(list(policy.state_dict())[:50])  # merging worked on a copy: the policy keeps its adapters
+    assert os.path.exists(tmp_path / "merged" / "tokenizer.json") and os.path.exists(tmp_path / "adapter" / "tokenizer.json")
+
+
+def test_bad_peft_inputs_are_refused(tmp_path, tokenizer, make_model, prompts):
+    with pytest.raises(TypeError, match="peft_config must be a peft.PeftConfig"):
+        trainer_with_lora(tmp_path, make_model, tokenizer, prompts, peft_config={"r": 8})
+    with pytest.raises(ValueError, match="already a PeftModel"):
+        GRPOTrainer(get_peft_model(make_model(), lora()), reward_even_tokens, args=config(tmp_path), train_dataset=prompts,
+                    processing_class=tokenizer, peft_config=lora())
+    get_peft_model(make_model(), lora()).save_pretrained(str(tmp_path / "saved"))
+    frozen = PeftModel.from_pretrained(make_model(), str(tmp_path / "saved"))  # inference mode: nothing trains
+    with pytest.raises(ValueError, match="is_trainable=True"):
+        GRPOTrainer(frozen, reward_even_tokens, args=config(tmp_path), train_dataset=prompts, processing_class=tokenizer)
+    with pytest.raises(ValueError, match="sync_ref_model=True with adapters"):
+        trainer_with_lora(tmp_path, make_model, tokenizer, prompts, beta=0.04, sync_ref_model=True)
+    with pytest.raises(ValueError, match="lora_r=0"):
+        lora_config(lora_r=0)
+    plain = GRPOTrainer(make_model(), reward_even_tokens, args=config(tmp_path, max_steps=1), train_dataset=prompts, processing_class=tokenizer)
+    with pytest.raises(ValueError, match="no adapters"):
+        plain.save_model(str(tmp_path / "x"), merge_adapters=True)
+    plain.train()  # checkpoint-1 of a run without adapters
+    with pytest.raises(ValueError, match="holds no adapters"):
+        trainer_with_lora(tmp_path, make_model, tokenizer, prompts, max_steps=2).train(resume_from_checkpoint=True)
+
+
+@pytest.mark.slow
+def test_two_processes_train_adapters_as_one(tmp_path):
+    # tests/dist_script.py --lora: fixed completions, beta 0.04 (π_ref = adapters disabled inside DDP), gradient
+    # checkpointing; 2 steps (μ = 2: step 2 reuses the rollout) on 1 process and on 2 (torchrun, gloo). As in
+    # test_distributed.py, results agree to fp32 summation order, not bit for bit.
+    from test_distributed import SCRIPT, free_port, run
+
+    one, two = str(tmp_path / "one"), str(tmp_path / "two")
+    run([sys.executable, SCRIPT, one, "--max_steps", "2", "--lora"])
+    run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()), SCRIPT, two, "--max_steps", "2", "--lora"])
+    expected, logged = ({r["step"]: r for r in read_metrics(d)} for d in (one, two))
+    for step in (1, 2):
+        for key in ("loss", "kl", "kl_old", "grad_norm"):
+            assert logged[step][key] == pytest.approx(expected[step][key], rel=1e-5, abs=1e-7), (step, key)
+    assert expected[1]["kl"] == 0.0 and expected[2]["kl"] > 0
+    reference = torch.load(os.path.join(one, "record_0.pt"))["weights"]
+    for rank in range(2):
+        weights_by_step = torch.load(os.path.join(two, f"record_{rank}.pt"))["weights"]
+        for step in (1, 2):
+            for name, value in reference[step].items():
+                torch.testing.assert_close(weights_by_step[step][name], value, rtol=0, atol=1e-6, msg=lambda m: f"{rank} {step} {name}: {m}")
+    assert max(v.abs().max() for n, v in reference[2].items() if "lora_B" in n) > 1e-4  # the adapters moved
+    assert os.path.exists(os.path.join(two, "adapter_model.safetensors"))  # save_model after train(): the adapter
