@@ -35,7 +35,7 @@ from transformers import get_scheduler
 from . import checkpoint as ckpt
 from .config import GRPOConfig
 from .data import PromptEncoder, PromptOrder, check_dataset, is_conversational
-from .generation import TransformersGenerator
+from .generation import build_generator
 from .launch import cpu_launch_error, cpu_only
 from .losses import (
     StepCounts,
@@ -133,8 +133,9 @@ class GRPOTrainer:
         warmup = a.warmup_steps if a.warmup_steps > 0 else math.ceil(a.warmup_ratio * self.max_steps)
         self.scheduler = get_scheduler(a.lr_scheduler_type, optimizer, num_warmup_steps=warmup, num_training_steps=self.max_steps)
         self.model, self.optimizer = acc.prepare(policy, optimizer)
-        self.generate = TransformersGenerator(
-            acc.unwrap_model(self.model), max_completion_length=a.max_completion_length, eos_token_ids=self.eos_token_ids,
+        self.generate = build_generator(
+            a.generation_backend, acc.unwrap_model(self.model), autocast_dtype=torch.bfloat16 if bf16 else None,
+            max_completion_length=a.max_completion_length, eos_token_ids=self.eos_token_ids,
             pad_token_id=self.tokenizer.pad_token_id, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
             min_p=a.min_p, repetition_penalty=a.repetition_penalty,
         )
