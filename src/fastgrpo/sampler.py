@@ -13,9 +13,9 @@ embedding, so LoRA layers injected by peft run too — with a KV cache it owns:
 - sampling uses transformers' own logits processors, built from the
   configured values only (never the model's `generation_config.json`).
 
-Randomness is drawn for all B·G rows at every step (exponential race: argmax
-p / E, E ~ Exp(1), which picks token i with probability p_i), so a row's
-tokens do not depend on which other rows are still running.
+Randomness is one uniform draw per row and step, drawn for all B·G rows
+whether they still run or not (inverse-CDF sampling: token i with probability
+p_i), so a row's tokens do not depend on which other rows are still running.
 
 Not here: choosing between this and transformers' `generate`, the fallback
 for other architectures (generation.py), masks after EOS (rollout.py).
@@ -176,8 +176,7 @@ class Sampler:
             for t in range(T):
                 logits = logits.float()
                 scores = self.processors(tokens[rows, : P + t], logits)  # (n, V)
-                noise = torch.empty(N, scores.shape[1], device=device).exponential_()[rows]  # one draw per row, live or not
-                token = (scores.softmax(-1) / noise).argmax(-1)  # (n,) exponential race: P(i) = p_i
+                token = _inverse_cdf(scores.softmax(-1), torch.rand(N, 1, device=device, dtype=torch.float64)[rows])  # (n,)
                 out[rows, t], tokens[rows, P + t] = token, token
                 logps[rows, t] = (logits / self.temperature).log_softmax(-1).gather(1, token[:, None]).squeeze(1)
                 live = ~torch.isin(token, eos)
@@ -189,6 +188,17 @@ class Sampler:
                     rows, token = rows[keep], token[keep]
                 logits = cache.decode(token, next_position[rows] + t, P + t)
         return Samples(out[:, : t + 1], logps[:, : t + 1])
+
+
+def _inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """Token i with probability probs[i]: the first index whose cumulative probability exceeds u · total.
+
+    probs (n, V), uniform (n, 1) in [0, 1) → (n,). The sum runs in float64 so a
+    token of probability 0 (cut by top-k/top-p/min-p) is never picked, and
+    scaling by the total absorbs the rounding of the float32 probabilities.
+    """
+    cdf = probs.double().cumsum(-1)  # (n, V)
+    return torch.searchsorted(cdf, uniform * cdf[:, -1:], right=True).squeeze(1).clamp(max=probs.shape[1] - 1)
 
 
 class _Cache:
