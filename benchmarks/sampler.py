@@ -19,6 +19,8 @@ matmul FLOPs at this run's measured 2048³ matmul FLOP/s and its bytes read
 step is timed at the mid-completion context (prompt + L/2), which is the mean
 step of an L-token completion since only attention grows with the context:
 (time of a (1 + k)-token call − time of a 1-token call) / k, best of 2, no EOS.
+Beside it, the same step's matmuls alone (`bare_matmuls`): what the GEMM
+reaches at these skinny shapes with the weights streamed from memory.
 
 Writes benchmarks/results/<date>-sampler.json and .md (the tables in docs/benchmarks.md).
 Not here: the trainer benchmark (run.py).
@@ -117,6 +119,24 @@ def matmul_params(model) -> int:
     return layers + model.lm_head.weight.numel()
 
 
+def bare_matmuls(model, batch: int, device: torch.device, autocast) -> float:
+    """Seconds of one decode step's matmuls alone: every decoder Linear, then the LM head, at `batch` rows, best of 3.
+
+    The same products as a step, in the same order, with nothing between them:
+    what this machine's GEMM reaches at these shapes, as opposed to the 2048³ peak.
+    """
+    linears = [m for m in model.model.layers.modules() if isinstance(m, torch.nn.Linear)] + [model.lm_head]
+    inputs = {m.in_features: torch.randn(batch, m.in_features, device=device) for m in linears}
+
+    def run():
+        with torch.no_grad(), torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
+            for m in linears:
+                m(inputs[m.in_features])
+
+    run()
+    return min(synced(run) for _ in range(3))
+
+
 def decode_table(model, tokenizer, ids, mask, device, autocast, peak: float, bandwidth: float, batches, lengths) -> list[dict]:
     """Decode seconds per step at each (batch, completion length) vs the compute/read limit."""
     config = model.config
@@ -137,14 +157,16 @@ def decode_table(model, tokenizer, ids, mask, device, autocast, peak: float, ban
                 one_mask = torch.ones_like(context_ids)
                 times[steps] = min(synced(lambda: sampler(context_ids, one_mask, batch)) for _ in range(2))  # noqa: B023
             step = (times[1 + k] - times[1]) / k
+            matmuls = bare_matmuls(model, batch, device, autocast)
             attention_flops = 4 * batch * config.num_hidden_layers * config.num_attention_heads * head_dim * context
             flops = 2 * batch * params + attention_flops
             kv_bytes = 2 * batch * config.num_hidden_layers * config.num_key_value_heads * head_dim * context * bytes_per
             limit = max(flops / peak, (params * bytes_per + kv_bytes) / bandwidth)
             rows.append({"batch": batch, "completion_length": length, "context": context, "step_seconds": step,
-                         "limit_seconds": limit, "fraction_of_limit": limit / step, "gflops_per_second": flops / step / 1e9,
+                         "limit_seconds": limit, "fraction_of_limit": limit / step, "bare_matmul_seconds": matmuls, "gflops_per_second": flops / step / 1e9,
                          "compute_bound": flops / peak >= (params * bytes_per + kv_bytes) / bandwidth})
-            print(f"decode batch {batch:3d} L {length:3d}: {step * 1e3:7.1f} ms/step, limit {limit * 1e3:6.1f} ms ({limit / step:.0%})", flush=True)
+            print(f"decode batch {batch:3d} L {length:3d}: {step * 1e3:7.1f} ms/step, limit {limit * 1e3:6.1f} ms ({limit / step:.0%}), "
+                  f"bare matmuls {matmuls * 1e3:6.1f} ms", flush=True)
     return rows
 
 
@@ -158,10 +180,12 @@ def markdown(result: dict) -> str:
         lines.append(f"| {i} | {run['fastgrpo']:.2f} | {run['fastgrpo_tokens']} | {run['peer']:.2f} | {run['peer_tokens']} | {run['fastgrpo'] / run['peer']:.2f} |")
     lines += [f"| median | {r['rollout_median']['fastgrpo']:.2f} | | {r['rollout_median']['peer']:.2f} | | {r['rollout_median']['ratio']:.2f} |", "",
               "## Decode step vs its limit (mid-completion context)", "",
-              "| batch | completion length | context | ms/step | limit ms | % of limit | GFLOP/s | bound |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+              "| batch | completion length | context | ms/step | limit ms | % of limit | GFLOP/s | bound | bare matmuls ms |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for d in r["decode"]:
         lines.append(f"| {d['batch']} | {d['completion_length']} | {d['context']} | {d['step_seconds'] * 1e3:.1f} | {d['limit_seconds'] * 1e3:.1f} | "
-                     f"{d['fraction_of_limit']:.0%} | {d['gflops_per_second']:.1f} | {'compute' if d['compute_bound'] else 'reads'} |")
+                     f"{d['fraction_of_limit']:.0%} | {d['gflops_per_second']:.1f} | {'compute' if d['compute_bound'] else 'reads'} | "
+                     f"{d['bare_matmul_seconds'] * 1e3:.1f} |")
     return "\n".join(lines) + "\n"
 
 
