@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
-from fastgrpo import GRPOTrainer
+from fastgrpo import GRPOConfig, GRPOTrainer
 from fastgrpo.generation import TransformersGenerator, build_generator
 from fastgrpo.rollout import completion_mask
 from fastgrpo.sampler import Sampler
@@ -131,6 +131,8 @@ def test_unsupported_model_falls_back_to_generate(tokenizer):
     assert isinstance(generate, TransformersGenerator)
     with pytest.raises(ValueError, match="generation_backend='vllm'"):
         build_generator("vllm", gpt2, **settings(tokenizer))
+    with pytest.raises(ValueError, match="generation_backend='vllm': use one of fastgrpo, transformers"):
+        GRPOConfig(generation_backend="vllm")
 
 
 def test_peft_adapter_is_sampled_from(tokenizer, make_model):
