@@ -179,11 +179,6 @@ def run_fastgrpo(spec: dict, dataset, reward, rec: Recorder, output_dir: str):
         rec.step_ends.append(rec.now())
         return after_step(*args, **kwargs)
 
-    # fastgrpo 0.1.0 passes top_k=None for "off", which transformers fills with its default 50 (TRL passes 0):
-    # sample from the full distribution in both, as the config says. A no-op once generation.py passes 0.
-    if args.top_k == 0 and trainer.generate.config.top_k is None:
-        trainer.generate.config.top_k = 0
-        rec.patches.append("fastgrpo generation top_k None -> 0")
     trainer._logps = timed_logps
     trainer._collect = rec.timed("rollout", trainer._collect)
     trainer._optimizer_step = rec.timed("update", trainer._optimizer_step)

@@ -40,9 +40,11 @@ G, T = 4, 12  # completions per prompt, max completion tokens
 
 
 def fixed_completions(tokenizer, eos_token_id: int):
-    """A generator (prompt_ids (N, P), prompt_mask (N, P)) → (N, T) whose row i depends only on its prompt and i mod G."""
+    """A generator (prompt_ids (B, P), prompt_mask (B, P), G) → (B·G, T) whose row i depends only on its prompt and i mod G."""
 
-    def generate(prompt_ids, prompt_mask):
+    def generate(prompt_ids, prompt_mask, num_generations):
+        prompt_ids = prompt_ids.repeat_interleave(num_generations, dim=0)
+        prompt_mask = prompt_mask.repeat_interleave(num_generations, dim=0)
         out = torch.full((len(prompt_ids), T), tokenizer.pad_token_id)
         for i, (ids, mask) in enumerate(zip(prompt_ids, prompt_mask)):
             n = int(re.search(r"Count to (\d+)", tokenizer.decode(ids[mask.bool()])).group(1))

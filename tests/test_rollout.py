@@ -58,7 +58,7 @@ def test_collect_repeats_prompts_in_contiguous_groups_and_scores_text_up_to_eos(
     def encode(prompts):
         return torch.tensor([[3, 4]] * len(prompts)), torch.ones(len(prompts), 2, dtype=torch.long), 0
 
-    def generate(ids, mask):
+    def generate(ids, mask, G):
         return torch.tensor([[8, EOS, PAD], [8, 8, EOS], [9, EOS, 9], [9, 9, 9]])
 
     def decode(ids, mask, prompts):

@@ -38,6 +38,7 @@ TRACKERS = ("tensorboard", "wandb", "trackio", "all")
 # generation_kwargs keys that are sampling settings of their own here (TRL passes them to the engine).
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 KL_ESTIMATORS = ("k3", "full")
+GENERATION_BACKENDS = ("fastgrpo", "transformers")  # generation.py's backends
 
 
 @dataclass
@@ -96,6 +97,7 @@ class GRPOConfig:
     repetition_penalty: float = 1.0
     generation_kwargs: dict | str | None = None  # sampling keys above may be given here instead (TRL); others refused
     chat_template_kwargs: dict | str | None = None  # passed to apply_chat_template, e.g. {"enable_thinking": False}
+    generation_backend: str = "fastgrpo"  # "fastgrpo" (own sampler, sampler.py) or "transformers" (generate)
 
     # --- objective (see losses.py for each variant's paper) -------------------
     loss_type: str = "dapo"
@@ -258,6 +260,10 @@ class GRPOConfig:
         need(self.top_k >= 0, f"top_k={self.top_k}: use 0 (off) or a positive count.")
         need(self.min_p is None or 0 <= self.min_p <= 1, f"min_p={self.min_p}: use a value in [0, 1] or None.")
         need(self.repetition_penalty > 0, f"repetition_penalty={self.repetition_penalty}: use a positive value (1.0 = off).")
+        need(
+            self.generation_backend in GENERATION_BACKENDS,
+            f"generation_backend={self.generation_backend!r}: use one of {', '.join(GENERATION_BACKENDS)}.",
+        )
         need(self.loss_type in LOSS_TYPES, f"loss_type={self.loss_type!r} is unknown; use one of {', '.join(LOSS_TYPES)}.")
         need(0 <= self.epsilon < 1, f"epsilon={self.epsilon}: use a value in [0, 1), e.g. 0.2.")
         need(

@@ -1,40 +1,54 @@
-"""Generation backends behind one small protocol: prompt tokens in, completion tokens out.
+"""Generation backends behind one small protocol: B prompts and G in, B·G completions out.
 
-The first backend is transformers' own `generate` (sampling, left padding, KV
-cache, stop at EOS). A vLLM backend for GPU users can implement the same
-`Generator` protocol; nothing else in fastgrpo needs to change.
+Two backends: fastgrpo's own `Sampler` (sampler.py: each prompt prefilled
+once, a static KV cache, finished rows leave the batch) and transformers' own
+`generate`. `build_generator` picks one from `generation_backend` and falls
+back to `generate`, with a one-line notice, for a model the sampler cannot
+run. A vLLM backend for GPU users can implement the same `Generator`
+protocol (vLLM's `SamplingParams(n=G)` takes the same unique prompts and G);
+nothing else in fastgrpo needs to change.
 
-Not here: repeating prompts G times (rollout.py), masks after EOS (rollout.py).
+Both backends sample with the configured values only: a model's own
+`generation_config.json` (a top_k, a minimum length …) never changes what is
+sampled, since the training log-probs assume the configured distribution.
+
+Not here: masks after EOS (rollout.py).
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Protocol
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel
 
+from .config import GENERATION_BACKENDS
+from .sampler import Sampler, decoder_of, unsupported_reason
+
 
 class Generator(Protocol):
-    """Anything that samples completions for left-padded prompts."""
+    """Anything that samples G completions for each of B left-padded prompts."""
 
-    def __call__(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> torch.Tensor:
-        """(N, P) prompt ids and mask → (N, T) completion ids, T ≤ max_completion_length."""
+    def __call__(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, num_generations: int) -> torch.Tensor:
+        """(B, P) prompt ids and mask, G → (B·G, T) completion ids, rows i·G … i·G+G−1 for prompt i, T ≤ max_completion_length."""
         ...
 
 
 class TransformersGenerator:
-    """Sampling with `model.generate` (KV cache on), one call per rollout.
+    """Sampling with `model.generate` (KV cache on), one call per rollout, prompts repeated G times.
 
     Args:
         model: the policy (the unwrapped module; DDP wrappers do not generate).
         max_completion_length: T, in tokens.
-        eos_token_ids: ids that end a completion; the first one after padding
-            fills finished rows (the mask in rollout.py hides it).
-        pad_token_id: padding id (may equal EOS).
+        eos_token_ids: ids that end a completion.
+        pad_token_id: padding id (may equal EOS); fills rows after their EOS.
         temperature, top_p, top_k, min_p, repetition_penalty: as in
             `transformers.GenerationConfig` (top_k 0 = off; TRL's meaning).
+    The model's own `generation_config` is swapped for transformers' defaults
+    during the call: `generate` would otherwise fill every value left unset
+    here (min_new_tokens, no_repeat_ngram_size, …) from it.
     """
 
     def __init__(
@@ -65,11 +79,44 @@ class TransformersGenerator:
         )
 
     @torch.no_grad()
-    def __call__(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> torch.Tensor:
-        was_training = self.model.training
+    def __call__(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, num_generations: int) -> torch.Tensor:
+        lm = decoder_of(self.model)
+        was_training, own_config = self.model.training, lm.generation_config
         self.model.eval()  # no dropout, and gradient checkpointing (train-only) keeps the cache on
+        lm.generation_config = GenerationConfig()
         try:
-            out = self.model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=self.config)
+            out = self.model.generate(
+                input_ids=prompt_ids.repeat_interleave(num_generations, dim=0),
+                attention_mask=prompt_mask.repeat_interleave(num_generations, dim=0),
+                generation_config=self.config,
+            )
         finally:
             self.model.train(was_training)
+            lm.generation_config = own_config
         return out[:, prompt_ids.shape[1] :]
+
+
+def build_generator(backend: str, model: torch.nn.Module, *, autocast_dtype: torch.dtype | None = None, **sampling) -> Generator:
+    """The `Generator` for `generation_backend`: fastgrpo's `Sampler`, or transformers' `generate`.
+
+    Args:
+        backend: "fastgrpo" or "transformers".
+        model: the policy (unwrapped from DDP; a peft model is fine).
+        autocast_dtype: the sampler's forward precision (None: the weights'); `generate`
+            runs under whatever the model's forward does.
+        **sampling: max_completion_length, eos_token_ids, pad_token_id and the
+            sampling values, as both backends take them.
+    Returns:
+        A `Sampler`, or a `TransformersGenerator` when asked for or when the
+        sampler cannot run this model (a one-line `UserWarning` says why).
+    Raises:
+        ValueError: an unknown backend.
+    """
+    if backend not in GENERATION_BACKENDS:
+        raise ValueError(f"generation_backend={backend!r}: use one of {', '.join(GENERATION_BACKENDS)}.")
+    if backend == "fastgrpo":
+        reason = unsupported_reason(model)
+        if reason is None:
+            return Sampler(model, autocast_dtype=autocast_dtype, **sampling)
+        warnings.warn(f"fastgrpo's sampler cannot run {reason}; generating with transformers' generate instead.", stacklevel=2)
+    return TransformersGenerator(model, **sampling)

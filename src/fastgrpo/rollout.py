@@ -91,7 +91,7 @@ def collect(
     *,
     num_generations: int,
     encode: Callable[[list], tuple[torch.Tensor, torch.Tensor, int]],
-    generate: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    generate: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor],
     decode: Callable[[torch.Tensor, torch.Tensor, list], list],
     score: Callable[..., torch.Tensor],
     advantages: Callable[[torch.Tensor], torch.Tensor],
@@ -103,8 +103,9 @@ def collect(
     Args:
         rows: B dataset rows (dicts with "prompt" and any other columns).
         encode: prompts → (prompt_ids (B, P), prompt_mask (B, P), number truncated).
-        generate: (prompt_ids, prompt_mask) with rows repeated G times →
-            completion_ids (B·G, T).
+        generate: (prompt_ids (B, P), prompt_mask (B, P), G) → completion_ids
+            (B·G, T), the `Generator` protocol (each prompt once: the backend
+            shares its prefill among the G completions).
         decode: (completion_ids, completion_mask, prompts) → completions as
             reward functions take them (text, or assistant messages).
         score: (prompts, completions, completion_ids, **columns) → rewards (B·G, R).
@@ -115,10 +116,10 @@ def collect(
     """
     prompts = [row["prompt"] for row in rows]
     prompt_ids, prompt_mask, num_truncated = encode(prompts)
+    with timer("generate"):
+        completion_ids = generate(prompt_ids, prompt_mask, num_generations)  # (B·G, T)
     prompt_ids = prompt_ids.repeat_interleave(num_generations, dim=0)  # (B·G, P), groups contiguous
     prompt_mask = prompt_mask.repeat_interleave(num_generations, dim=0)
-    with timer("generate"):
-        completion_ids = generate(prompt_ids, prompt_mask)  # (B·G, T)
     mask = completion_mask(completion_ids, eos_token_ids)
     is_eos = torch.isin(completion_ids, torch.tensor(list(eos_token_ids), device=completion_ids.device))
     repeated = [p for p in prompts for _ in range(num_generations)]

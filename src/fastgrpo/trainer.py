@@ -43,7 +43,7 @@ from .callbacks import TrainerEvents
 from .config import GRPOConfig
 from .data import PromptEncoder, PromptOrder, is_conversational
 from .dataset_kinds import StreamOrder, check_train_dataset, eval_sets
-from .generation import TransformersGenerator
+from .generation import build_generator
 from .interrupt import StopOnInterrupt, TrainingInterrupted
 from .launch import cpu_launch_error, cpu_only
 from .losses import (
@@ -189,8 +189,9 @@ class GRPOTrainer:
             scheduler_specific_kwargs=a.lr_scheduler_kwargs,
         )
         self.model, self.optimizer = acc.prepare(policy, optimizer)
-        self.generate = TransformersGenerator(
-            acc.unwrap_model(self.model), max_completion_length=a.max_completion_length, eos_token_ids=self.eos_token_ids,
+        self.generate = build_generator(
+            a.generation_backend, acc.unwrap_model(self.model), autocast_dtype=torch.bfloat16 if bf16 else None,
+            max_completion_length=a.max_completion_length, eos_token_ids=self.eos_token_ids,
             pad_token_id=self.tokenizer.pad_token_id, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
             min_p=a.min_p, repetition_penalty=a.repetition_penalty,
         )
