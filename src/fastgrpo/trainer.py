@@ -37,16 +37,14 @@ from .config import GRPOConfig
 from .data import PromptEncoder, PromptOrder, check_dataset, is_conversational
 from .generation import TransformersGenerator
 from .launch import cpu_launch_error, cpu_only
+from .logprobs import LogProbs, TokenStats, sharing_support
 from .losses import (
     StepCounts,
-    entropy_from_logits,
     group_advantages,
     grpo_loss,
     high_entropy_mask,
-    kl_full,
     kl_k3,
     normalize_then_sum,
-    selective_log_softmax,
     weighted_rewards,
 )
 from .metrics import CompletionRows, MetricsLog, PhaseTimer, Window, rollout_metrics, window_record
@@ -139,6 +137,9 @@ class GRPOTrainer:
             min_p=a.min_p, repetition_penalty=a.repetition_penalty,
         )
         self.encode = PromptEncoder(self.tokenizer, a.max_prompt_length)
+        self.log_probs = LogProbs(a.temperature, ref_autocast=acc.autocast)  # packed rows, each prompt once per group, chunked LM head
+        if (reason := sharing_support(policy)) is not None and acc.is_main_process:
+            self.console.print(f"fastgrpo: prompts are not shared between a group's completions ({reason}); packing only.")
         self.order = PromptOrder(len(train_dataset), a.seed, a.shuffle_dataset)
         # π_old = π_θ detached (no pass) when the policy cannot move between generation and last use.
         self.needs_old_logps = not (a.num_iterations == 1 and a.steps_per_generation == a.gradient_accumulation_steps)
@@ -217,8 +218,7 @@ class GRPOTrainer:
         with self.timer("old_logps"):
             for start in range(a.gradient_accumulation_steps * a.per_device_train_batch_size, len(rollout), a.per_device_train_batch_size):
                 rows = slice(start, start + a.per_device_train_batch_size)
-                logps, _ = self._logps(self.model, rollout.select(rows))
-                old[rows, : logps.shape[1]] = logps
+                old[rows] = self._logps(self.model, rollout.select(rows)).logps
         return old
 
     @torch.no_grad()
@@ -231,20 +231,12 @@ class GRPOTrainer:
         with self.timer("ref_logps"):
             for start in range(0, len(rollout), size):
                 with self.accelerator.autocast():  # π_ref in the policy's precision: KL is 0 where they agree
-                    logps, _ = self._logps(self.ref_model, rollout.select(slice(start, start + size)))
-                ref[start : start + size, : logps.shape[1]] = logps
+                    ref[start : start + size] = self._logps(self.ref_model, rollout.select(slice(start, start + size))).logps
         return ref
 
-    def _logps(self, model, mb: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
-        """(log-probs (B, T), logits (B, T, V)) of the completion tokens, at the sampling temperature."""
-        ids = torch.cat([mb.prompt_ids, mb.completion_ids], dim=1)  # (B, P+T)
-        attention = torch.cat([mb.prompt_mask, mb.completion_mask], dim=1)
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)  # as generate() numbers left-padded tokens
-        T = mb.completion_ids.shape[1]
-        # Logit t predicts token t+1: keep the T+1 last logits and drop the one after the last token.
-        logits = model(input_ids=ids, attention_mask=attention, position_ids=positions, logits_to_keep=T + 1, use_cache=False).logits
-        logits = logits[:, :-1].float() / self.args.temperature  # (B, T, V)
-        return selective_log_softmax(logits, mb.completion_ids), logits
+    def _logps(self, model, mb: Rollout, ref_model=None) -> TokenStats:
+        """Log-probs (B, T), entropy and, given `ref_model`, exact KL of the completion tokens at the sampling temperature (logprobs.py)."""
+        return self.log_probs(model, mb, ref_model)
 
     # ------------------------------------------------------------------ update
     def _optimizer_step(self, rollout: Rollout, step_in_pass: int, capture_old: bool) -> float:
@@ -262,20 +254,21 @@ class GRPOTrainer:
             self.model.train()
             for j, (mb, mask) in enumerate(zip(batches, masks)):
                 with acc.no_sync(self.model) if j < GA - 1 else nullcontext():
-                    logps, logits = self._logps(self.model, mb)
+                    stats = self._logps(self.model, mb, self.ref_model if a.beta > 0 and a.kl_estimator == "full" else None)
+                    logps, entropy = stats.logps, stats.entropy
                     old = logps.detach() if mb.old_logps is None or capture_old else mb.old_logps
                     if capture_old and rollout.old_logps is not None:  # π_old for free: the policy has not moved yet
                         rollout.old_logps[rows[j], : logps.shape[1]] = old
-                    entropy = entropy_from_logits(logits)
                     out = grpo_loss(
                         logps, old, mb.advantages, mask, counts, loss_type=a.loss_type, epsilon_low=a.epsilon,
                         epsilon_high=a.epsilon_high, delta=a.delta, importance_sampling_level=a.importance_sampling_level,
                         temperature_pos=a.sapo_temperature_pos, temperature_neg=a.sapo_temperature_neg, beta=a.beta,
-                        per_token_kl=self._kl(logps, logits, mb) if a.beta > 0 else None,
+                        per_token_kl=self._kl(stats, mb) if a.beta > 0 else None,
                         policy_mask=high_entropy_mask(entropy, mask, a.top_entropy_quantile),
                     )
                     acc.backward(out.loss)
-                for key, value in {**out.metrics, "loss": out.loss.detach(), "entropy": (entropy * mask).sum()}.items():
+                packing = {"padded_tokens": stats.padded_tokens, "real_tokens": stats.real_tokens, "packed_tokens": stats.packed_tokens}
+                for key, value in {**out.metrics, "loss": out.loss.detach(), "entropy": (entropy * mask).sum(), **packing}.items():
                     sums[key] = sums.get(key, 0) + value
             grad_norm = acc.clip_grad_norm_(self.model.parameters(), a.max_grad_norm)
             self.optimizer.step()
@@ -297,13 +290,9 @@ class GRPOTrainer:
             mask = mask * (~mb.is_truncated).float().unsqueeze(-1)
         return mask
 
-    def _kl(self, logps, logits, mb: Rollout) -> torch.Tensor:
-        """Per-token KL(π_θ‖π_ref): k3 from stored log π_ref, or exact over the vocabulary."""
-        if self.args.kl_estimator == "k3":
-            return kl_k3(logps, mb.ref_logps)
-        with torch.no_grad(), self.accelerator.autocast():
-            _, ref_logits = self._logps(self.ref_model, mb)
-        return kl_full(logits, ref_logits)
+    def _kl(self, stats: TokenStats, mb: Rollout) -> torch.Tensor:
+        """Per-token KL(π_θ‖π_ref): k3 from stored log π_ref, or exact over the vocabulary (computed in the policy pass)."""
+        return kl_k3(stats.logps, mb.ref_logps) if self.args.kl_estimator == "k3" else stats.kl
 
     # ------------------------------------------------------------------ bookkeeping
     def _after_step(self, rollout: Rollout, done: int, progress) -> None:
