@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fastgrpo.logprobs import ChunkedHead, LogProbs, chunkable_head, pack, sharing_support
+from fastgrpo.logprobs import ChunkedHead, LogProbs, chunkable_head, fallback_notices, pack, sharing_support
 from fastgrpo.losses import LOSS_TYPES, StepCounts, entropy_from_logits, grpo_loss, high_entropy_mask, kl_full, selective_log_softmax
 
 TAU = 0.7
@@ -194,9 +194,10 @@ def test_chunked_head_gradient_matches_autograd_in_float64():
 
 def test_fallbacks_are_named_and_give_the_same_logps(make_model):
     model, mb = make_model(), micro_batch()
-    assert sharing_support(model) is None and chunkable_head(model) is None
+    assert sharing_support(model) is None and chunkable_head(model) is None and fallback_notices(model) == []
     model.config._attn_implementation = "flash_attention_2"
     assert "flash_attention_2" in sharing_support(model)
+    assert fallback_notices(model) == ["prompts are not shared between a group's completions (attn_implementation='flash_attention_2' takes no custom 4D mask); packing only."]
     model.config._attn_implementation = "sdpa"
     model.config.sliding_window = 16
     assert "sliding" in sharing_support(model)
@@ -216,3 +217,19 @@ def test_bad_arguments_are_refused():
         LogProbs(1.0, chunk=0)
     with pytest.raises(ValueError, match="one B"):
         pack(torch.ones(2, 3), torch.ones(2, 3), torch.ones(3, 4), torch.ones(3, 4), share_prompts=True)
+
+
+def test_trainer_logs_what_packing_removed(tmp_path, tokenizer, make_model, prompts):
+    # per_device_train_batch_size 4 = G: each micro-batch is one group, so 3 of its 4 prompt copies are shared away.
+    from fastgrpo import GRPOConfig, GRPOTrainer
+
+    args = GRPOConfig(
+        output_dir=str(tmp_path), per_device_train_batch_size=4, gradient_accumulation_steps=1, num_generations=4,
+        max_prompt_length=32, max_completion_length=8, max_steps=1, learning_rate=1e-3, logging_steps=1, disable_tqdm=True,
+    )
+    trainer = GRPOTrainer(make_model(), lambda completion_ids, **kw: [float(len(c)) for c in completion_ids], args=args,
+                          train_dataset=prompts, processing_class=tokenizer)
+    record = trainer.train().metrics
+    # Real tokens: 4 copies of one prompt of p tokens + completions c; packed: p + c. So 1 − packed/real = 3p / (4p + c) > 0.
+    assert 0.0 <= record["pad_fraction"] < 1.0
+    assert 0.0 < record["shared_prompt_fraction"] < 0.75

@@ -163,16 +163,33 @@ def sharing_support(model) -> str | None:
 
 
 def chunkable_head(model) -> str | None:
-    """Why `model`'s LM head cannot be chunked here (not an `nn.Linear`, or logits transformed after it), or None."""
+    """Why `model`'s LM head cannot be chunked here, or None.
+
+    It cannot when the head is not an `nn.Linear` (e.g. a LoRA-adapted head), its
+    weight is sharded, or the config transforms logits after it (softcapping,
+    scaling). Then `LogProbs` calls the model's own head on the needed positions.
+    """
     inner = getattr(model, "module", model)
     head = inner.get_output_embeddings()
     if not isinstance(head, nn.Linear):
         return f"its output head is a {type(head).__name__}, not nn.Linear"
+    if hasattr(head.weight, "ds_id") or type(head.weight).__name__ == "DTensor" or "FullyShardedDataParallel" in type(model).__name__:
+        return "its head weight is sharded (FSDP / DeepSpeed ZeRO-3) and only gathered inside the model's forward"
     config = inner.config
     for name in _LOGIT_TRANSFORMS:
         if getattr(config, name, None) not in (None, 1, 1.0):
             return f"{config.model_type} transforms logits after the head ({name}={getattr(config, name)})"
     return None
+
+
+def fallback_notices(model) -> list[str]:
+    """One sentence per part of the fast path `model` cannot take (for the start-up console), else []."""
+    notes = []
+    if (reason := sharing_support(model)) is not None:
+        notes.append(f"prompts are not shared between a group's completions ({reason}); packing only.")
+    if (reason := chunkable_head(model)) is not None:
+        notes.append(f"the LM head runs unchunked through the model's forward ({reason}).")
+    return notes
 
 
 class ChunkedHead(torch.autograd.Function):

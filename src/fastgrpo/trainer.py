@@ -37,7 +37,7 @@ from .config import GRPOConfig
 from .data import PromptEncoder, PromptOrder, check_dataset, is_conversational
 from .generation import TransformersGenerator
 from .launch import cpu_launch_error, cpu_only
-from .logprobs import LogProbs, TokenStats, sharing_support
+from .logprobs import LogProbs, TokenStats, fallback_notices
 from .losses import (
     StepCounts,
     group_advantages,
@@ -138,8 +138,8 @@ class GRPOTrainer:
         )
         self.encode = PromptEncoder(self.tokenizer, a.max_prompt_length)
         self.log_probs = LogProbs(a.temperature, ref_autocast=acc.autocast)  # packed rows, each prompt once per group, chunked LM head
-        if (reason := sharing_support(policy)) is not None and acc.is_main_process:
-            self.console.print(f"fastgrpo: prompts are not shared between a group's completions ({reason}); packing only.")
+        for note in fallback_notices(policy) if acc.is_main_process else []:
+            self.console.print(f"fastgrpo: {note}")
         self.order = PromptOrder(len(train_dataset), a.seed, a.shuffle_dataset)
         # π_old = π_θ detached (no pass) when the policy cannot move between generation and last use.
         self.needs_old_logps = not (a.num_iterations == 1 and a.steps_per_generation == a.gradient_accumulation_steps)
