@@ -192,6 +192,21 @@ def test_chunked_head_gradient_matches_autograd_in_float64():
         torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-10)
 
 
+def test_frozen_head_gets_no_gradient_and_the_body_the_same_one(make_model):
+    # LoRA-style: the tied embedding/head frozen. The body's gradients are unchanged; the head's is skipped (None).
+    mb = micro_batch()
+    grads = []
+    for freeze in (False, True):
+        model = make_model()
+        model.lm_head.weight.requires_grad_(not freeze)
+        (LogProbs(TAU, chunk=4)(model, mb).logps * mb.completion_mask).sum().backward()
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    assert grads[1]["model.embed_tokens.weight"] is None
+    for name, grad in grads[1].items():
+        if grad is not None:
+            torch.testing.assert_close(grad, grads[0][name], atol=1e-6, rtol=1e-5)
+
+
 def test_fallbacks_are_named_and_give_the_same_logps(make_model):
     model, mb = make_model(), micro_batch()
     assert sharing_support(model) is None and chunkable_head(model) is None and fallback_notices(model) == []

@@ -138,7 +138,7 @@ def pack(
             mask = torch.zeros(length, length, dtype=mask_dtype, device=device).masked_fill(~allowed, torch.finfo(mask_dtype).min)[None, None]
     return PackedRow(
         input_ids=torch.cat(ids).unsqueeze(0), position_ids=torch.cat(positions).unsqueeze(0), attention_mask=mask,
-        source=torch.cat(source).long(), labels=completion_ids[completion_mask.bool()] if B else completion_ids.flatten(),
+        source=torch.cat(source).long(), labels=completion_ids[completion_mask.bool()],
         rows=torch.cat(rows).long(), cols=torch.cat(cols).long(),
         padded_tokens=B * (prompt_ids.shape[1] + T), real_tokens=int(prompt_mask.sum() + completion_mask.sum()),
     )
@@ -232,9 +232,10 @@ class ChunkedHead(torch.autograd.Function):
     def backward(ctx, grad_logps, _grad_entropy, grad_kl):
         hidden, weight, bias, labels, ref_hidden, ref_weight, ref_bias = ctx.saved_tensors
         tau, dtype = ctx.temperature, ctx.dtype
-        grad_hidden = torch.empty_like(hidden)
-        grad_weight = torch.zeros(weight.shape, dtype=_wide(dtype), device=weight.device)
-        grad_bias = torch.zeros(weight.shape[0], dtype=_wide(dtype), device=weight.device) if bias is not None else None
+        need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]  # a frozen head (LoRA) skips its (V, H) products
+        grad_hidden = torch.empty_like(hidden) if need_hidden else None
+        grad_weight = torch.zeros(weight.shape, dtype=_wide(dtype), device=weight.device) if need_weight else None
+        grad_bias = torch.zeros(weight.shape[0], dtype=_wide(dtype), device=weight.device) if need_bias else None
         with torch.autocast(hidden.device.type, enabled=False):
             for start in range(0, hidden.shape[0], ctx.chunk):
                 part = slice(start, start + ctx.chunk)
@@ -247,12 +248,15 @@ class ChunkedHead(torch.autograd.Function):
                     kl = (p * diff).sum(-1, keepdim=True)
                     grad_z += grad_kl[part, None] * p * (diff - kl)
                 grad_z = (grad_z / tau).to(dtype)  # ∂/∂(h Wᵀ + b)
-                grad_hidden[part] = (grad_z @ weight.to(dtype)).to(hidden.dtype)
-                grad_weight += grad_z.T @ hidden[part].to(dtype)
+                if need_hidden:
+                    grad_hidden[part] = (grad_z @ weight.to(dtype)).to(hidden.dtype)
+                if need_weight:
+                    grad_weight += grad_z.T @ hidden[part].to(dtype)
                 if grad_bias is not None:
                     grad_bias += grad_z.sum(0)
-        grad_bias = grad_bias.to(bias.dtype) if grad_bias is not None else None
-        return grad_hidden, grad_weight.to(weight.dtype), grad_bias, None, None, None, None, None, None
+        grad_weight = grad_weight.to(weight.dtype) if need_weight else None
+        grad_bias = grad_bias.to(bias.dtype) if need_bias else None
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None
 
 
 def _wide(dtype: torch.dtype) -> torch.dtype:
