@@ -248,3 +248,18 @@ def test_trainer_logs_what_packing_removed(tmp_path, tokenizer, make_model, prom
     # Real tokens: 4 copies of one prompt of p tokens + completions c; packed: p + c. So 1 − packed/real = 3p / (4p + c) > 0.
     assert 0.0 <= record["pad_fraction"] < 1.0
     assert 0.0 < record["shared_prompt_fraction"] < 0.75
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(make_model):
+    # The decoder hook that keeps the last hidden states fires once per forward, also when layers are recomputed.
+    mb = micro_batch()
+    grads = []
+    for checkpointing in (False, True):
+        model = make_model()
+        model.train()
+        if checkpointing:
+            model.gradient_checkpointing_enable()
+        (LogProbs(TAU, chunk=4)(model, mb).logps * mb.completion_mask).sum().backward()
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    for name, grad in grads[1].items():
+        torch.testing.assert_close(grad, grads[0][name], atol=1e-6, rtol=1e-5)
