@@ -5,7 +5,8 @@
 It measures this machine's dense matmul peak, builds the prompts, trains, and
 writes every raw measurement: per-step end times, per-rollout rewards and
 token counts, the time spent in each phase, every log-prob pass (with or
-without gradient) and the peak resident memory of the whole process.
+without gradient) and the peak resident memory of the whole process, split
+into weights, gradients, optimizer state, runtime and the rest (`memory_split`).
 
 Both systems get the same instrumentation from outside their code:
 
