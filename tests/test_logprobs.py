@@ -7,6 +7,7 @@ on the tiny random Llama (tied embeddings, so the head's gradient lands on the
 embedding too).
 """
 
+from contextlib import nullcontext
 from types import SimpleNamespace
 
 import pytest
@@ -127,7 +128,7 @@ def test_loss_and_gradients_equal_padded_packed_and_shared(make_model, loss_type
                     ref_logps, _, ref_logits = padded(ref_model, mb)
                 kl = kl_full(logits, ref_logits)
         else:
-            stats = LogProbs(TAU, share_prompts=mode == "shared", chunk=4)(model, mb, ref_model if estimator == "full" else None)
+            stats = LogProbs(TAU, share_prompts=mode == "shared", chunk=4)(model, mb, (lambda: nullcontext(ref_model)) if estimator == "full" else None)
             logps, entropy, kl = stats.logps, stats.entropy, stats.kl
             ref_logps = None if ref_model is None else LogProbs(TAU)(ref_model, mb).logps.detach()
         # π_old a little off π_θ so ratios leave the clip range both ways (deterministic perturbation).
@@ -149,9 +150,9 @@ def test_kl_full_equals_unchunked_and_is_zero_against_itself(make_model):
     _, _, logits = padded(model, mb)
     with torch.no_grad():
         _, _, ref_logits = padded(ref_model, mb)
-    stats = LogProbs(TAU, chunk=5)(model, mb, ref_model)
+    stats = LogProbs(TAU, chunk=5)(model, mb, lambda: nullcontext(ref_model))
     torch.testing.assert_close(stats.kl[mask], kl_full(logits, ref_logits)[mask], atol=1e-5, rtol=1e-5)
-    same = LogProbs(TAU)(model, mb, make_model())  # π_ref = π_θ (same seed): KL exactly 0 up to fp32 rounding
+    same = LogProbs(TAU)(model, mb, lambda: nullcontext(make_model()))  # π_ref = π_θ (same seed): KL exactly 0 up to fp32 rounding
     assert same.kl.abs().max() < 1e-5
 
 

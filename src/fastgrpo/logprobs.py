@@ -283,10 +283,14 @@ class LogProbs:
         chunk: tokens per LM-head chunk.
         ref_autocast: context factory around π_ref's forward (the trainer passes
             `accelerator.autocast`, so π_ref runs in the policy's precision).
-    Call: `log_probs(model, mb, ref_model=None) → TokenStats`, where `mb` has
+    Call: `log_probs(model, mb, reference=None) → TokenStats`, where `mb` has
     `prompt_ids`, `prompt_mask`, `completion_ids`, `completion_mask` (a `Rollout`
-    view). `ref_model` given: `kl` holds the exact KL(π_θ‖π_ref), π_ref run without
-    gradient on the same packed row.
+    view). `reference` given — a zero-argument callable returning a context
+    manager that yields π_ref, e.g. `lambda: nullcontext(ref_model)`, or one that
+    disables a LoRA adapter for its duration — `kl` holds the exact KL(π_θ‖π_ref),
+    π_ref run without gradient on the same packed row after the policy's forward.
+    π_ref has the policy's architecture (a copy, or the policy without its
+    adapter), so the policy decides packing and chunking for both.
     """
 
     def __init__(self, temperature: float, share_prompts: bool = True, chunk: int = CHUNK_TOKENS, ref_autocast=nullcontext):
@@ -296,34 +300,35 @@ class LogProbs:
             raise ValueError(f"chunk={chunk}: the LM head needs at least 1 token per chunk.")
         self.temperature, self.share_prompts, self.chunk, self.ref_autocast = temperature, share_prompts, chunk, ref_autocast
 
-    def __call__(self, model, mb, ref_model=None) -> TokenStats:
-        share = self.share_prompts and sharing_support(model) is None and (ref_model is None or sharing_support(ref_model) is None)
+    def __call__(self, model, mb, reference=None) -> TokenStats:
+        share = self.share_prompts and sharing_support(model) is None
         mask_dtype = None if _attention(model) == "sdpa" else _dtype(model)
         row = pack(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.completion_mask, share, mask_dtype)
         shape = mb.completion_ids.shape
-        if chunkable_head(model) is None and (ref_model is None or chunkable_head(ref_model) is None):
+        if chunkable_head(model) is None:
             hidden = _last_hidden(model, row)  # (n, H)
             ref_hidden = ref_head = None
-            if ref_model is not None:
-                with torch.no_grad(), self.ref_autocast():
+            if reference is not None:
+                with torch.no_grad(), self.ref_autocast(), reference() as ref_model:
                     ref_hidden, ref_head = _last_hidden(ref_model, row), _head(ref_model)
             head = _head(model)
             logps, entropy, kl = ChunkedHead.apply(
                 hidden, head.weight, head.bias, row.labels, self.temperature, ref_hidden,
-                None if ref_head is None else ref_head.weight, None if ref_head is None else ref_head.bias, self.chunk,
+                None if ref_head is None else ref_head.weight.detach(),
+                None if ref_head is None or ref_head.bias is None else ref_head.bias.detach(), self.chunk,
             )
         else:  # the model's own head on the needed positions only: (1, n, V) at most
             logits = _logits(model, row) / self.temperature
             logps = selective_log_softmax(logits, row.labels[None])[0]
             entropy = entropy_from_logits(logits)[0]
             kl = None
-            if ref_model is not None:
-                with torch.no_grad(), self.ref_autocast():
+            if reference is not None:
+                with torch.no_grad(), self.ref_autocast(), reference() as ref_model:
                     ref_logits = _logits(ref_model, row) / self.temperature
                 kl = kl_full(logits, ref_logits)[0]
         return TokenStats(
             logps=_scatter(logps, row, shape), entropy=_scatter(entropy.detach(), row, shape),
-            kl=_scatter(kl, row, shape) if ref_model is not None else None,
+            kl=_scatter(kl, row, shape) if reference is not None else None,
             padded_tokens=row.padded_tokens, real_tokens=row.real_tokens, packed_tokens=row.input_ids.shape[1],
         )
 

@@ -234,9 +234,9 @@ class GRPOTrainer:
                     ref[start : start + size] = self._logps(self.ref_model, rollout.select(slice(start, start + size))).logps
         return ref
 
-    def _logps(self, model, mb: Rollout, ref_model=None) -> TokenStats:
-        """Log-probs (B, T), entropy and, given `ref_model`, exact KL of the completion tokens at the sampling temperature (logprobs.py)."""
-        return self.log_probs(model, mb, ref_model)
+    def _logps(self, model, mb: Rollout, reference=None) -> TokenStats:
+        """Log-probs (B, T), entropy and, given `reference` (a context yielding π_ref), exact KL of the completion tokens at the sampling temperature (logprobs.py)."""
+        return self.log_probs(model, mb, reference)
 
     # ------------------------------------------------------------------ update
     def _optimizer_step(self, rollout: Rollout, step_in_pass: int, capture_old: bool) -> float:
@@ -254,7 +254,8 @@ class GRPOTrainer:
             self.model.train()
             for j, (mb, mask) in enumerate(zip(batches, masks)):
                 with acc.no_sync(self.model) if j < GA - 1 else nullcontext():
-                    stats = self._logps(self.model, mb, self.ref_model if a.beta > 0 and a.kl_estimator == "full" else None)
+                    reference = (lambda: nullcontext(self.ref_model)) if a.beta > 0 and a.kl_estimator == "full" else None
+                    stats = self._logps(self.model, mb, reference)
                     logps, entropy = stats.logps, stats.entropy
                     old = logps.detach() if mb.old_logps is None or capture_old else mb.old_logps
                     if capture_old and rollout.old_logps is not None:  # π_old for free: the policy has not moved yet
