@@ -25,6 +25,14 @@ Definitions (docs/benchmarks.md repeats them):
   completion tokens whose logits are kept; attention's quadratic term and pad
   tokens are not counted. Generation: 2 × body × (prompt + completion) + 2 ×
   head × completion per completion (KV cache: each token once).
+  "Non-pad tokens" are the tokens a system's forward really computed: TRL's
+  attention-mask tokens (its pads are computed but not counted), fastgrpo's
+  packed row (pads removed, each prompt once per group).
+- update tokens computed / padded: non-pad tokens of the update's passes over
+  the B × (P + T) tokens of the padded micro-batches.
+- memory split (worker.memory_split): weights, gradients, optimizer state
+  counted from the tensors; runtime = RSS after the imports; activations and
+  the rest = peak RSS − those four.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ import sys
 
 ROLLING = 3  # rollouts (48 completions at the seed configuration)
 PHASES = ("generation", "logps", "update", "other")
+MEMORY = ("weights", "gradients", "optimizer_state", "runtime", "activations_and_rest")
 
 
 def _median(values):
@@ -69,8 +78,12 @@ def run_figures(run: dict) -> dict:
     completion_tokens = sum(sum(r["completion_tokens"]) for r in rollouts)
     generation_flops = 2 * (body * (prompt_mean * sum(len(r["completion_tokens"]) for r in rollouts) + completion_tokens) + head * completion_tokens)
     fraction = lambda f, s: f / s / peak if s > 0 else None  # noqa: E731
+    grad_passes = [p for p in passes if p["grad"] and p.get("padded_tokens")]
     return {
         "seconds_per_step": window / steps,
+        "update_seconds_per_step": split["update"],
+        "update_tokens_computed_over_padded": sum(p["tokens"] for p in grad_passes) / sum(p["padded_tokens"] for p in grad_passes) if grad_passes else None,
+        "memory_split_bytes": run.get("memory_split_bytes"),
         "phase_seconds_per_step": split,
         "steady_steps": steps,
         "completion_tokens_per_second": completion_tokens / window,
@@ -120,6 +133,8 @@ def summarize(runs: list[dict]) -> dict:
         groups[f"{system}/mu{mu}"] = {
             "system": system, "num_iterations": mu, "runs": len(mine),
             "seconds_per_step": _median([f["seconds_per_step"] for f in mine]),
+            "update_tokens_computed_over_padded": _median([f["update_tokens_computed_over_padded"] for f in mine]),
+            "memory_split_bytes": {k: _median([(f["memory_split_bytes"] or {}).get(k) for f in mine]) for k in MEMORY},
             "phase_seconds_per_step": {p: _median([f["phase_seconds_per_step"][p] for f in mine]) for p in PHASES},
             "completion_tokens_per_second": _median([f["completion_tokens_per_second"] for f in mine]),
             "generation_tokens_per_second": _median([f["generation_tokens_per_second"] for f in mine]),
@@ -137,7 +152,7 @@ def summarize(runs: list[dict]) -> dict:
         pairs = list(zip(fast, trl))  # run order alternates fastgrpo, TRL: pair i = the i-th of each
         per_pair = {
             name: [a[name] / b[name] for a, b in pairs]
-            for name in ("seconds_per_step", "peak_rss_bytes", "completion_tokens_per_second")
+            for name in ("seconds_per_step", "update_seconds_per_step", "peak_rss_bytes", "completion_tokens_per_second")
         }
         ratios[f"mu{mu}"] = {"per_pair": per_pair, "median": {k: _median(v) for k, v in per_pair.items()}}
 
@@ -179,7 +194,8 @@ def markdown_table(case: dict) -> str:
     for mu, r in s["ratios"].items():
         m = r["median"]
         rows.append(
-            f"| **fastgrpo / TRL** | {mu[2:]} | **{_fmt(m['seconds_per_step'])}×** | | | | | {_fmt(m['completion_tokens_per_second'])}× "
+            f"| **fastgrpo / TRL** | {mu[2:]} | **{_fmt(m['seconds_per_step'])}×** | | | **{_fmt(m['update_seconds_per_step'])}×** | "
+            f"| {_fmt(m['completion_tokens_per_second'])}× "
             f"| **{_fmt(m['peak_rss_bytes'])}×** | | | |"
         )
     t = s["time_to_reward"]
@@ -190,7 +206,17 @@ def markdown_table(case: dict) -> str:
         f"{_fmt(t['speedup_fastgrpo_mu4_vs_trl_mu1'])}×, vs TRL μ=4 {_fmt(t['speedup_fastgrpo_mu4_vs_trl_mu4'])}×; "
         f"fastgrpo μ=1 vs TRL μ=1 {_fmt(t['speedup_fastgrpo_mu1_vs_trl_mu1'])}×.\n"
     )
-    return head + "\n".join(rows) + "\n" + note
+    memory = (
+        "\n| system | μ | weights | gradients | optimizer state | runtime | activations and rest | peak RSS (GiB) | update tokens computed / padded |\n"
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
+    )
+    for g in s["groups"].values():
+        m = g["memory_split_bytes"]
+        memory += (
+            f"| {g['system']} | {g['num_iterations']} | " + " | ".join(_fmt(m[k], ".2f", 1 / 2**30) for k in MEMORY)
+            + f" | {_fmt(g['peak_rss_bytes'], '.2f', 1 / 2**30)} | {_fmt(g['update_tokens_computed_over_padded'], '.2f')} |\n"
+        )
+    return head + "\n".join(rows) + "\n" + note + memory
 
 
 def plots(case: dict, prefix: str) -> list[str]:

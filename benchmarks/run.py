@@ -52,6 +52,12 @@ CASES = {
         "description": "Seed configuration on the built-in SmolLM2-135M-Instruct: seconds per step, phase split, memory.",
         "model": "smollm2-135m-instruct", "mus": [1, 4], "steps_by_mu": {1: 2, 4: 4}, "pairs": 1, "learning_rate": 2e-5,
     },
+    "long": {
+        "description": "Long prompts (≈ 256 tokens), completions ≤ 128, G = 8, SmolLM2: where a group's shared prompt "
+        "dominates the update's tokens.",
+        "model": "smollm2-135m-instruct", "mus": [1], "steps": 1, "pairs": 1, "learning_rate": 2e-5,
+        "context_sentences": 5, "max_prompt_length": 320, "max_completion_length": 128,
+    },
     "beta": {
         "description": "beta = 0.04 (π_ref in play: a reference model in memory and a π_ref log-prob pass), tiny model, μ = 1.",
         "model": "tiny", "mus": [1], "steps": 4, "pairs": 1, "learning_rate": 1e-3, "beta": 0.04,
@@ -135,6 +141,8 @@ def run_case(name: str, case: dict, out_dir: str, date: str, threads: int, steps
     base = {
         **SEED_CONFIG, "model_path": model_path(case["model"]), "model": case["model"], "threads": threads,
         "learning_rate": case["learning_rate"], "beta": case.get("beta", 0.0), "lora": case.get("lora"),
+        "context_sentences": case.get("context_sentences", 0),
+        **{k: case[k] for k in ("max_prompt_length", "max_completion_length") if k in case},
     }
     base["steps_per_generation"] = base["gradient_accumulation_steps"]  # generation_batch_size default: one step's worth
     record = {"case": name, "description": case["description"], "date": date, "versions": versions(), "config": base, "runs": []}

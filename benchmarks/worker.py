@@ -5,7 +5,8 @@
 It measures this machine's dense matmul peak, builds the prompts, trains, and
 writes every raw measurement: per-step end times, per-rollout rewards and
 token counts, the time spent in each phase, every log-prob pass (with or
-without gradient) and the peak resident memory of the whole process.
+without gradient) and the peak resident memory of the whole process, split
+into weights, gradients, optimizer state, runtime and the rest (`memory_split`).
 
 Both systems get the same instrumentation from outside their code:
 
@@ -48,11 +49,25 @@ TEMPLATES = (
 )
 
 
-def prompts(count: int) -> list[list[dict]]:
-    """`count` chat prompts, the same list in the same order in every run (no randomness)."""
-    rows = [f.format(t) for f in TEMPLATES for t in TOPICS]
+CONTEXT = (
+    "Background notes. {} has been described by writers, travellers and scientists for centuries, and each of them saw "
+    "something different in it: a shape, a sound, a use, a memory. Some wrote long essays, others a single line. "
+)
+
+
+def prompts(count: int, context_sentences: int = 0) -> list[list[dict]]:
+    """`count` chat prompts, the same list in the same order in every run (no randomness).
+
+    `context_sentences` > 0 puts that many copies of a background paragraph (≈ 45
+    tokens each) before the question: the long-prompt case, where a group's shared
+    prompt dominates the tokens.
+    """
+    rows = [(t, f.format(t)) for f in TEMPLATES for t in TOPICS]
     rows = (rows * (count // len(rows) + 1))[:count]
-    return [[{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": r}] for r in rows]
+    return [
+        [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": CONTEXT.format(t.capitalize()) * context_sentences + r}]
+        for t, r in rows
+    ]
 
 
 def completion_text(completion) -> str:
@@ -124,8 +139,11 @@ class Recorder:
         wrapper.__name__ = fn.__name__
         return wrapper
 
-    def log_pass(self, grad: bool, tokens: int, logit_tokens: int, start: float) -> None:
-        self.passes.append({"grad": grad, "tokens": tokens, "logit_tokens": logit_tokens, "start": start, "end": self.now()})
+    def log_pass(self, grad: bool, tokens: int, logit_tokens: int, start: float, padded_tokens: int | None = None) -> None:
+        """`tokens`: non-pad tokens the forward computed; `padded_tokens`: B × (P + T) of the padded batch."""
+        self.passes.append(
+            {"grad": grad, "tokens": tokens, "logit_tokens": logit_tokens, "padded_tokens": padded_tokens, "start": start, "end": self.now()}
+        )
 
 
 def config_values(spec: dict, output_dir: str) -> dict:
@@ -166,11 +184,11 @@ def run_fastgrpo(spec: dict, dataset, reward, rec: Recorder, output_dir: str):
 
     logps = trainer._logps
 
-    def timed_logps(model, mb):
+    def timed_logps(model, mb, *ref_model):
         start, grad = rec.now(), torch.is_grad_enabled()
-        out = logps(model, mb)
-        completion = token_count(mb.completion_mask)
-        rec.log_pass(grad, token_count(mb.prompt_mask) + completion, completion, start)
+        out = logps(model, mb, *ref_model)
+        # Tokens the packed row computed (pads removed, a group's prompt once): the FLOPs really spent.
+        rec.log_pass(grad, out.packed_tokens, token_count(mb.completion_mask), start, out.padded_tokens)
         return out
 
     after_step = trainer._after_step
@@ -199,7 +217,7 @@ def run_trl(spec: dict, dataset, reward, rec: Recorder, output_dir: str):
     def timed_logps(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
         start, grad = rec.now(), torch.is_grad_enabled()
         out = logps(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
-        rec.log_pass(grad, token_count(attention_mask), token_count(attention_mask[:, -logits_to_keep:]), start)
+        rec.log_pass(grad, token_count(attention_mask), token_count(attention_mask[:, -logits_to_keep:]), start, attention_mask.numel())
         return out
 
     training_step = trainer.training_step
@@ -239,6 +257,30 @@ def model_counts(model) -> dict:
     return {"parameters": total, "body_parameters": body, "head_parameters": head.numel()}
 
 
+def rss_bytes() -> int:
+    """Resident memory of this process now (Linux /proc/self/statm)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def memory_split(model, optimizer, peak_rss: int, runtime_rss: int) -> dict:
+    """Peak RSS split into weights, gradients, optimizer state, runtime and activations (the rest), in bytes.
+
+    weights: every parameter and buffer; gradients: one per trainable parameter
+    (both systems hold them all at the optimizer step); optimizer state: AdamW's
+    moments as allocated; runtime: RSS after the imports, before any model;
+    activations: peak − the four, i.e. autograd's saved tensors, logits and
+    temporaries at the worst moment, plus generation's KV cache and allocator slack.
+    """
+    size = lambda t: t.numel() * t.element_size()  # noqa: E731
+    weights = sum(size(p) for p in model.parameters()) + sum(size(b) for b in model.buffers())
+    gradients = sum(size(p) for p in model.parameters() if p.requires_grad)
+    inner = getattr(optimizer, "optimizer", optimizer)  # accelerate wraps it
+    state = sum(size(v) for s in inner.state.values() for v in s.values() if torch.is_tensor(v))
+    parts = {"weights": weights, "gradients": gradients, "optimizer_state": state, "runtime": runtime_rss}
+    return {**parts, "activations_and_rest": peak_rss - sum(parts.values()), "peak": peak_rss}
+
+
 def main(spec_path: str, out_path: str) -> None:
     import_start = time.perf_counter()
     with open(spec_path) as f:
@@ -248,8 +290,10 @@ def main(spec_path: str, out_path: str) -> None:
     from datasets import Dataset
     from transformers import AutoTokenizer
 
+    runtime_rss = rss_bytes()
+
     tokenizer = AutoTokenizer.from_pretrained(spec["model_path"])
-    rows = prompts(spec["num_prompts"])
+    rows = prompts(spec["num_prompts"], spec.get("context_sentences", 0))
     prompt_tokens = [len(tokenizer.apply_chat_template(r, tokenize=True, add_generation_prompt=True, return_dict=True)["input_ids"]) for r in rows]
     if max(prompt_tokens) > spec["max_prompt_length"]:
         raise ValueError(f"a prompt has {max(prompt_tokens)} tokens > max_prompt_length; TRL would not truncate it, fastgrpo would")
@@ -264,13 +308,15 @@ def main(spec_path: str, out_path: str) -> None:
     rec.start()
     trainer.train()
     train_seconds = rec.now()
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    memory = memory_split(model, trainer.optimizer, peak_rss, runtime_rss)
     peak_after = matmul_peak()
     result = {
         "system": spec["system"], "spec": spec, "threads": torch.get_num_threads(),
         "matmul_peak_flops": max(peak, peak_after), "matmul_peak_before_after": [peak, peak_after],
         "setup_seconds": setup_seconds, "import_and_setup_seconds": time.perf_counter() - import_start - train_seconds,
         "train_seconds": train_seconds, "steps_done": len(rec.step_ends),
-        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux reports KiB
+        "peak_rss_bytes": peak_rss, "memory_split_bytes": memory,
         "prompt_tokens_by_row": prompt_tokens, **model_counts(model),
         "step_ends": rec.step_ends, "rollouts": rec.rollouts, "passes": rec.passes,
         "phases": [list(p) for p in rec.phases], "patches": rec.patches,

@@ -25,10 +25,11 @@ pytestmark = [
 GROUP_FIELDS = {
     "seconds_per_step", "phase_seconds_per_step", "completion_tokens_per_second", "generation_tokens_per_second",
     "peak_rss_bytes", "time_to_target_seconds", "reward_at_equal_time", "limit_fraction", "matmul_peak_flops",
+    "memory_split_bytes", "update_tokens_computed_over_padded",
 }
 RUN_FIELDS = {
     "system", "spec", "threads", "matmul_peak_flops", "train_seconds", "steps_done", "peak_rss_bytes",
-    "step_ends", "rollouts", "passes", "phases", "parameters", "body_parameters", "head_parameters",
+    "step_ends", "rollouts", "passes", "phases", "parameters", "body_parameters", "head_parameters", "memory_split_bytes",
 }
 
 
@@ -60,7 +61,7 @@ def test_harness_runs_both_systems_and_writes_every_field(tmp_path):
         assert set(group["phase_seconds_per_step"]) == {"generation", "logps", "update", "other"}
         assert set(group["limit_fraction"]) == {"generation", "logps", "update", "all"}
         assert group["peak_rss_bytes"] > 0 and group["matmul_peak_flops"] > 0
-    assert set(summary["ratios"]["mu1"]["median"]) == {"seconds_per_step", "peak_rss_bytes", "completion_tokens_per_second"}
+    assert set(summary["ratios"]["mu1"]["median"]) == {"seconds_per_step", "update_seconds_per_step", "peak_rss_bytes", "completion_tokens_per_second"}
     assert {"target", "r0", "baseline_final", "clear_rise", "equal_time_seconds", "speedup_fastgrpo_mu4_vs_trl_mu1",
             "speedup_fastgrpo_mu4_vs_trl_mu4"} <= set(summary["time_to_reward"])
     assert {"trl", "transformers", "torch", "fastgrpo"} <= set(case["versions"])

@@ -1,7 +1,7 @@
 """fastgrpo's sampler against transformers' `generate` and the training forward, on the tiny random Llama.
 
 Greedy tokens equal `generate`'s; compaction changes no row; sampled tokens'
-log-probs equal `GRPOTrainer._logps`; next-token frequencies match the
+log-probs equal the training passes' (`logprobs.LogProbs`); next-token frequencies match the
 configured distribution; a model's generation_config.json changes nothing;
 unsupported models fall back; peft adapters are sampled from.
 """
@@ -12,8 +12,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
-from fastgrpo import GRPOConfig, GRPOTrainer
+from fastgrpo import GRPOConfig
 from fastgrpo.generation import TransformersGenerator, build_generator
+from fastgrpo.logprobs import LogProbs
 from fastgrpo.rollout import completion_mask
 from fastgrpo.sampler import Sampler
 
@@ -73,9 +74,8 @@ def test_sampled_logps_equal_training_forward(tokenizer, make_model):
         prompt_ids=ids.repeat_interleave(4, 0), prompt_mask=mask.repeat_interleave(4, 0),
         completion_ids=samples.completion_ids, completion_mask=completion_mask(samples.completion_ids, eos),
     )
-    trainer = SimpleNamespace(args=SimpleNamespace(temperature=0.7))
     with torch.no_grad():
-        logps, _ = GRPOTrainer._logps(trainer, model, batch)  # the loss's log π(token) at temperature 0.7
+        logps = LogProbs(temperature=0.7)(model, batch).logps  # the trainer's log π(token) at temperature 0.7 (packed, chunked)
     used = batch.completion_mask.bool()
     assert used.sum(-1).min() < used.shape[1]  # some rows ended early (compaction ran)
     torch.testing.assert_close(samples.logps[used], logps[used], atol=1e-5, rtol=0)

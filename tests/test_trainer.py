@@ -120,7 +120,7 @@ def test_old_logps_passes_only_where_needed(tmp_path, tokenizer, make_model, pro
     trainer = GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
     passes = []
     real = trainer._logps
-    trainer._logps = lambda model, mb: passes.append(1) or real(model, mb)
+    trainer._logps = lambda model, mb, *ref: passes.append(1) or real(model, mb, *ref)
     trainer.train()
     assert len(passes) == expected_passes_per_rollout
 

@@ -263,6 +263,9 @@ def window_record(step: int, sums: dict, extremes: dict, seconds: dict, reward_n
     for key in sums:
         if key.endswith(USER_SUM):  # reward functions' log_metric values: mean over the window
             mean(key, key[: -len(USER_SUM)] + USER_COUNT, key[: -len(USER_SUM)])
+    if sums.get("padded_tokens", 0) > 0:  # the update's passes (logprobs.py): padded layout tokens never computed
+        record["pad_fraction"] = 1 - sums["real_tokens"] / sums["padded_tokens"]
+        record["shared_prompt_fraction"] = 1 - sums["packed_tokens"] / sums["real_tokens"]
     record.update({f"seconds/{phase}": round(s, 4) for phase, s in seconds.items()})
     if seconds.get("generate", 0) > 0 and "completion_tokens" in sums:
         record["generation_tokens_per_second"] = sums["completion_tokens"] / seconds["generate"]

@@ -46,16 +46,14 @@ from .dataset_kinds import StreamOrder, check_train_dataset, eval_sets
 from .generation import build_generator
 from .interrupt import StopOnInterrupt, TrainingInterrupted
 from .launch import cpu_launch_error, cpu_only
+from .logprobs import LogProbs, TokenStats, fallback_notices
 from .losses import (
     StepCounts,
-    entropy_from_logits,
     entropy_threshold,
     grpo_loss,
     high_entropy_mask,
-    kl_full,
     kl_k3,
     masked_sum,
-    selective_log_softmax,
     step_tokens,
 )
 from .metrics import CompletionRows, MetricsLog, PhaseTimer, RewardHooks, Window, rollout_metrics, window_record
@@ -196,6 +194,9 @@ class GRPOTrainer:
             min_p=a.min_p, repetition_penalty=a.repetition_penalty,
         )
         self.encode = PromptEncoder(self.tokenizer, a.max_prompt_length, a.chat_template_kwargs)
+        self.log_probs = LogProbs(a.temperature, ref_autocast=acc.autocast)  # packed rows, each prompt once per group, chunked LM head
+        for note in fallback_notices(policy) if acc.is_main_process else []:
+            self.console.print(f"fastgrpo: {note}")
         self.streaming = isinstance(train_dataset, IterableDataset)  # rows come in stream order, not by index
         if self.streaming:
             self.order = StreamOrder(train_dataset)
@@ -312,7 +313,7 @@ class GRPOTrainer:
         with self.timer("old_logps"):
             for start in range(a.gradient_accumulation_steps * a.per_device_train_batch_size, len(rollout), a.per_device_train_batch_size):
                 rows = slice(start, start + a.per_device_train_batch_size)
-                logps, _ = self._logps(self.model, rollout.select(rows))
+                logps = self._logps(self.model, rollout.select(rows)).logps
                 old[rows, : logps.shape[1]] = logps
         return old
 
@@ -326,7 +327,7 @@ class GRPOTrainer:
         with self.timer("ref_logps"):
             for start in range(0, len(rollout), size):
                 with self.accelerator.autocast(), self.reference() as ref_model:  # π_ref in the policy's precision: KL is 0 where they agree
-                    logps, _ = self._logps(ref_model, rollout.select(slice(start, start + size)))
+                    logps = self._logps(ref_model, rollout.select(slice(start, start + size))).logps
                 ref[start : start + size, : logps.shape[1]] = logps
         return ref
 
@@ -339,16 +340,9 @@ class GRPOTrainer:
             with as_reference(self.accelerator.unwrap_model(self.model)) as ref_model:
                 yield ref_model
 
-    def _logps(self, model, mb: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
-        """(log-probs (B, T), logits (B, T, V)) of the completion tokens, at the sampling temperature."""
-        ids = torch.cat([mb.prompt_ids, mb.completion_ids], dim=1)  # (B, P+T)
-        attention = torch.cat([mb.prompt_mask, mb.completion_mask], dim=1)
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)  # as generate() numbers left-padded tokens
-        T = mb.completion_ids.shape[1]
-        # Logit t predicts token t+1: keep the T+1 last logits and drop the one after the last token.
-        logits = model(input_ids=ids, attention_mask=attention, position_ids=positions, logits_to_keep=T + 1, use_cache=False).logits
-        logits = logits[:, :-1].float() / self.args.temperature  # (B, T, V)
-        return selective_log_softmax(logits, mb.completion_ids), logits
+    def _logps(self, model, mb: Rollout, reference=None) -> TokenStats:
+        """Log-probs (B, T), entropy and, given `reference` (a context yielding π_ref), exact KL of the completion tokens at the sampling temperature (logprobs.py)."""
+        return self.log_probs(model, mb, reference)
 
     # ------------------------------------------------------------------ update
     def _optimizer_step(self, rollout: Rollout, step_in_pass: int, capture_old: bool) -> float:
@@ -363,20 +357,22 @@ class GRPOTrainer:
             self.model.train()
             for j, (mb, mask) in enumerate(zip(batches, masks)):
                 with acc.no_sync(self.model) if j < GA - 1 else nullcontext():
-                    logps, logits = self._logps(self.model, mb)
+                    reference = self.reference if a.beta > 0 and a.kl_estimator == "full" else None
+                    stats = self._logps(self.model, mb, reference)
+                    logps, entropy = stats.logps, stats.entropy
                     old = logps.detach() if mb.old_logps is None or capture_old else mb.old_logps
                     if capture_old and rollout.old_logps is not None:  # π_old for free: the policy has not moved yet
                         rollout.old_logps[rows[j], : logps.shape[1]] = old
-                    entropy = entropy_from_logits(logits)
                     out = grpo_loss(
                         logps, old, mb.advantages, mask, counts, loss_type=a.loss_type, epsilon_low=a.epsilon,
                         epsilon_high=a.epsilon_high, delta=a.delta, importance_sampling_level=a.importance_sampling_level,
                         temperature_pos=a.sapo_temperature_pos, temperature_neg=a.sapo_temperature_neg, beta=a.beta,
-                        per_token_kl=self._kl(logps, logits, mb) if a.beta > 0 else None,
+                        per_token_kl=self._kl(stats, mb) if a.beta > 0 else None,
                         use_bias_correction_kl=a.use_bias_correction_kl, policy_mask=self._entropy_mask(entropy, mask),
                     )
                     acc.backward(out.loss)
-                for key, value in {**out.metrics, "loss": out.loss.detach(), "entropy": masked_sum(entropy, mask)}.items():
+                packing = {"padded_tokens": stats.padded_tokens, "real_tokens": stats.real_tokens, "packed_tokens": stats.packed_tokens}
+                for key, value in {**out.metrics, "loss": out.loss.detach(), "entropy": masked_sum(entropy, mask), **packing}.items():
                     sums[key] = sums.get(key, 0) + value
             grad_norm = acc.clip_grad_norm_(self.model.parameters(), a.max_grad_norm if a.max_grad_norm > 0 else math.inf)  # 0: no clip
             self.optimizer.step()
@@ -417,13 +413,9 @@ class GRPOTrainer:
             active = active[active >= 0]
         return high_entropy_mask(entropy, mask, entropy_threshold(active, self.args.top_entropy_quantile))
 
-    def _kl(self, logps, logits, mb: Rollout) -> torch.Tensor:
-        """Per-token KL(π_θ‖π_ref): k3 from stored log π_ref, or exact over the vocabulary."""
-        if self.args.kl_estimator == "k3":
-            return kl_k3(logps, mb.ref_logps)
-        with torch.no_grad(), self.accelerator.autocast(), self.reference() as ref_model:
-            _, ref_logits = self._logps(ref_model, mb)
-        return kl_full(logits, ref_logits)
+    def _kl(self, stats: TokenStats, mb: Rollout) -> torch.Tensor:
+        """Per-token KL(π_θ‖π_ref): k3 from stored log π_ref, or exact over the vocabulary (computed in the policy pass)."""
+        return kl_k3(stats.logps, mb.ref_logps) if self.args.kl_estimator == "k3" else stats.kl
 
     # ------------------------------------------------------------------ bookkeeping
     def _after_step(self, rollout: Rollout, done: int, progress) -> None:

@@ -1,0 +1,266 @@
+"""Packed, prompt-shared, chunked log-prob passes (logprobs.py) against the padded computation they replace.
+
+The reference is the padded forward the trainer used before: left-padded prompts,
+right-padded completions, a 2D attention mask, position ids from its cumsum, full
+(B, T, V) logits / τ, and losses.py's unchunked helpers. Every comparison is fp32
+on the tiny random Llama (tied embeddings, so the head's gradient lands on the
+embedding too).
+"""
+
+from contextlib import nullcontext
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from fastgrpo.logprobs import ChunkedHead, LogProbs, chunkable_head, fallback_notices, pack, sharing_support
+from fastgrpo.losses import LOSS_TYPES, StepCounts, entropy_from_logits, grpo_loss, high_entropy_mask, kl_full, selective_log_softmax
+
+TAU = 0.7
+
+
+def micro_batch(seed=1, B=4, P=5, T=6):
+    """Two groups of two completions (rows 0–1 and 2–3 share a prompt), ragged prompts and completions."""
+    g = torch.Generator().manual_seed(seed)
+    prompt_ids = torch.randint(0, 1000, (B, P), generator=g)
+    prompt_mask = torch.ones(B, P, dtype=torch.long)
+    prompt_mask[2:, :2] = 0  # the second prompt is 3 tokens, left-padded
+    prompt_ids[1], prompt_ids[3] = prompt_ids[0], prompt_ids[2]
+    completion_ids = torch.randint(0, 1000, (B, T), generator=g)
+    completion_mask = torch.ones(B, T, dtype=torch.long)
+    completion_mask[1, 3:] = 0
+    completion_mask[3, 1:] = 0  # a one-token completion
+    return SimpleNamespace(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion_ids, completion_mask=completion_mask)
+
+
+def padded(model, mb):
+    """(logps, entropy, logits) from the padded batch, as trainer._logps computed them before packing."""
+    ids = torch.cat([mb.prompt_ids, mb.completion_ids], 1)
+    attention = torch.cat([mb.prompt_mask, mb.completion_mask], 1)
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)
+    T = mb.completion_ids.shape[1]
+    logits = model(input_ids=ids, attention_mask=attention, position_ids=positions, logits_to_keep=T + 1).logits[:, :-1] / TAU
+    return selective_log_softmax(logits, mb.completion_ids), entropy_from_logits(logits), logits
+
+
+def test_pack_layout_worked_by_hand():
+    # Prompts [7 8] (twice) and [9]; completions [1 2], [3], [4 5]. Shared layout:
+    #   ids       7 8 1 2 3 9 4 5
+    #   positions 0 1 2 3 2 0 1 2
+    # Token 0 of a completion is predicted by its prompt's last token (index 1 or 5),
+    # later tokens by the token before them: sources [1 2 | 1 | 5 6].
+    mb = SimpleNamespace(
+        prompt_ids=torch.tensor([[7, 8], [7, 8], [0, 9]]), prompt_mask=torch.tensor([[1, 1], [1, 1], [0, 1]]),
+        completion_ids=torch.tensor([[1, 2], [3, 0], [4, 5]]), completion_mask=torch.tensor([[1, 1], [1, 0], [1, 1]]),
+    )
+    row = pack(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.completion_mask, share_prompts=True)
+    assert row.input_ids.tolist() == [[7, 8, 1, 2, 3, 9, 4, 5]]
+    assert row.position_ids.tolist() == [[0, 1, 2, 3, 2, 0, 1, 2]]
+    assert row.source.tolist() == [1, 2, 1, 5, 6]
+    assert row.labels.tolist() == [1, 2, 3, 4, 5]
+    assert (row.rows.tolist(), row.cols.tolist()) == ([0, 0, 1, 2, 2], [0, 1, 0, 0, 1])
+    mask = row.attention_mask[0, 0]
+    assert mask[4].tolist() == [True, True, False, False, True, False, False, False]  # completion 2 sees its prompt, not completion 1
+    assert mask[7].tolist() == [False] * 5 + [True] * 3  # nothing of the first group
+    assert (row.padded_tokens, row.real_tokens) == (3 * 4, 10)  # real: prompts 2 + 2 + 1, completions 2 + 1 + 2
+    # Unshared: every completion has its own prompt copy; transformers' mask comes from the positions.
+    plain = pack(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.completion_mask, share_prompts=False)
+    assert plain.input_ids.tolist() == [[7, 8, 1, 2, 7, 8, 3, 9, 4, 5]] and plain.attention_mask is None
+    assert plain.position_ids.tolist() == [[0, 1, 2, 3, 0, 1, 2, 0, 1, 2]]
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("share", [False, True])
+def test_logps_and_entropy_equal_the_padded_pass(make_model, attention, share):
+    model = make_model()
+    model.config._attn_implementation = attention
+    mb = micro_batch()
+    logps, entropy, _ = padded(model, mb)
+    stats = LogProbs(TAU, share_prompts=share, chunk=3)(model, mb)
+    mask = mb.completion_mask.bool()
+    torch.testing.assert_close(stats.logps[mask], logps[mask], atol=1e-5, rtol=0)
+    torch.testing.assert_close(stats.entropy[mask], entropy[mask], atol=1e-4, rtol=1e-6)  # H ≈ ln 49 152 ≈ 10.8 nats
+    assert (stats.logps[~mask] == 0).all() and (stats.entropy[~mask] == 0).all()
+    # 4 × (5 + 6) = 44 padded; real: prompts 5+5+3+3 and completions 6+3+6+1 = 32; shared: two prompts fewer (5 + 3).
+    assert (stats.padded_tokens, stats.real_tokens, stats.packed_tokens) == (44, 32, 24 if share else 32)
+
+
+OPTIONS = [(loss_type, {}) for loss_type in LOSS_TYPES] + [
+    ("dapo", {"beta": 0.1, "kl_estimator": "full"}),
+    ("grpo", {"beta": 0.1, "kl_estimator": "k3"}),
+    ("dapo", {"importance_sampling_level": "sequence"}),
+    ("bnpo", {"top_entropy_quantile": 0.5}),
+]
+
+
+@pytest.mark.parametrize("loss_type,options", OPTIONS, ids=[f"{t}-{'-'.join(map(str, o.values()))}" for t, o in OPTIONS])
+def test_loss_and_gradients_equal_padded_packed_and_shared(make_model, loss_type, options):
+    beta, estimator = options.get("beta", 0.0), options.get("kl_estimator")
+    ref_model = make_model(seed=1) if beta > 0 else None
+    if ref_model is not None:
+        with torch.no_grad():
+            ref_model.lm_head.weight.mul_(10)  # as peaky as the policy below
+    mb = micro_batch()
+    mask = mb.completion_mask.float()
+    counts = StepCounts(float(mask.sum()), 4, 1, 6)
+    advantages = torch.tensor([1.0, -0.5, 0.8, -1.2])
+
+    def run(logps, entropy, kl, ref_logps, old):
+        per_token_kl = None
+        if beta > 0:
+            per_token_kl = kl if estimator == "full" else torch.exp(ref_logps - logps) - (ref_logps - logps) - 1
+        policy_mask = high_entropy_mask(entropy, mask, options.get("top_entropy_quantile", 1.0))
+        return grpo_loss(
+            logps, old, advantages, mask, counts, loss_type=loss_type, epsilon_low=0.2, epsilon_high=0.28, beta=beta,
+            importance_sampling_level=options.get("importance_sampling_level", "token"), per_token_kl=per_token_kl, policy_mask=policy_mask,
+        ).loss
+
+    results = []
+    for mode in ("padded", "packed", "shared"):
+        model = make_model()
+        with torch.no_grad():  # a peakier head: entropies spread over nats, so the top-entropy ranks are not rounding ties
+            model.lm_head.weight.mul_(10)
+        if mode == "padded":
+            logps, entropy, logits = padded(model, mb)
+            kl = ref_logps = None
+            if ref_model is not None:
+                with torch.no_grad():
+                    ref_logps, _, ref_logits = padded(ref_model, mb)
+                kl = kl_full(logits, ref_logits)
+        else:
+            stats = LogProbs(TAU, share_prompts=mode == "shared", chunk=4)(model, mb, (lambda: nullcontext(ref_model)) if estimator == "full" else None)
+            logps, entropy, kl = stats.logps, stats.entropy, stats.kl
+            ref_logps = None if ref_model is None else LogProbs(TAU)(ref_model, mb).logps.detach()
+        # π_old a little off π_θ so ratios leave the clip range both ways (deterministic perturbation).
+        old = (logps.detach() + 0.3 * torch.sin(torch.arange(24.0)).view(4, 6)) * mask
+        loss = run(logps, entropy, kl, ref_logps, old)
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (loss_pad, grads_pad) = results[0]
+    for loss, grads in results[1:]:
+        torch.testing.assert_close(loss, loss_pad, atol=1e-5, rtol=0)
+        for name, grad in grads.items():
+            torch.testing.assert_close(grad, grads_pad[name], atol=1e-5, rtol=1e-4, msg=lambda m: f"{name}: {m}")
+    assert grads_pad["model.embed_tokens.weight"].abs().sum() > 0  # tied head: its gradient is on the embedding
+
+
+def test_kl_full_equals_unchunked_and_is_zero_against_itself(make_model):
+    model, ref_model, mb = make_model(), make_model(seed=1), micro_batch()
+    mask = mb.completion_mask.bool()
+    _, _, logits = padded(model, mb)
+    with torch.no_grad():
+        _, _, ref_logits = padded(ref_model, mb)
+    stats = LogProbs(TAU, chunk=5)(model, mb, lambda: nullcontext(ref_model))
+    torch.testing.assert_close(stats.kl[mask], kl_full(logits, ref_logits)[mask], atol=1e-5, rtol=1e-5)
+    same = LogProbs(TAU)(model, mb, lambda: nullcontext(make_model()))  # π_ref = π_θ (same seed): KL exactly 0 up to fp32 rounding
+    assert same.kl.abs().max() < 1e-5
+
+
+def test_no_saved_tensor_spans_the_vocabulary(make_model):
+    # What autograd keeps for backward: nothing of shape (·, V) but the head weight itself, (V, H) or its transpose.
+    model, mb = make_model(), micro_batch()
+    V, H = model.config.vocab_size, model.config.hidden_size
+    shapes = []
+
+    def keep(t):
+        shapes.append(tuple(t.shape))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        LogProbs(TAU, chunk=4)(model, mb).logps.sum().backward()
+    assert (V, H) in shapes
+    assert [s for s in shapes if V in s and s not in ((V, H), (H, V))] == []
+
+
+def test_chunked_head_gradient_matches_autograd_in_float64():
+    # Small vocabulary: dlogp/dz = onehot − p and the KL term's p (log p − log q − KL), checked against autograd.
+    torch.manual_seed(0)
+    n, H, V = 7, 5, 11
+    hidden, weight, bias = (torch.randn(*s, dtype=torch.float64, requires_grad=True) for s in [(n, H), (V, H), (V,)])
+    ref_hidden, ref_weight = torch.randn(n, H, dtype=torch.float64), torch.randn(V, H, dtype=torch.float64)
+    labels = torch.randint(0, V, (n,))
+    g1, g2 = torch.randn(n, dtype=torch.float64), torch.randn(n, dtype=torch.float64)
+    logps, _, kl = ChunkedHead.apply(hidden, weight, bias, labels, 0.5, ref_hidden, ref_weight, None, 3)
+    ((logps * g1).sum() + (kl * g2).sum()).backward()
+    chunked = [t.grad.clone() for t in (hidden, weight, bias)]
+    for t in (hidden, weight, bias):
+        t.grad = None
+    logp = torch.log_softmax((hidden @ weight.T + bias) / 0.5, -1)
+    ref_logp = torch.log_softmax(ref_hidden @ ref_weight.T / 0.5, -1)
+    kl_ref = (logp.exp() * (logp - ref_logp)).sum(-1)
+    ((logp.gather(-1, labels[:, None]).squeeze(-1) * g1).sum() + (kl_ref * g2).sum()).backward()
+    for got, want in zip(chunked, (hidden.grad, weight.grad, bias.grad)):
+        torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-10)
+
+
+def test_frozen_head_gets_no_gradient_and_the_body_the_same_one(make_model):
+    # LoRA-style: the tied embedding/head frozen. The body's gradients are unchanged; the head's is skipped (None).
+    mb = micro_batch()
+    grads = []
+    for freeze in (False, True):
+        model = make_model()
+        model.lm_head.weight.requires_grad_(not freeze)
+        (LogProbs(TAU, chunk=4)(model, mb).logps * mb.completion_mask).sum().backward()
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    assert grads[1]["model.embed_tokens.weight"] is None
+    for name, grad in grads[1].items():
+        if grad is not None:
+            torch.testing.assert_close(grad, grads[0][name], atol=1e-6, rtol=1e-5)
+
+
+def test_fallbacks_are_named_and_give_the_same_logps(make_model):
+    model, mb = make_model(), micro_batch()
+    assert sharing_support(model) is None and chunkable_head(model) is None and fallback_notices(model) == []
+    model.config._attn_implementation = "flash_attention_2"
+    assert "flash_attention_2" in sharing_support(model)
+    assert fallback_notices(model) == ["prompts are not shared between a group's completions (attn_implementation='flash_attention_2' takes no custom 4D mask); packing only."]
+    model.config._attn_implementation = "sdpa"
+    model.config.sliding_window = 16
+    assert "sliding" in sharing_support(model)
+    model.config.sliding_window = None
+    # A logit transform after the head: the model's own head runs (Llama ignores the field, so values must agree).
+    model.config.final_logit_softcapping = 30.0
+    assert "final_logit_softcapping" in chunkable_head(model)
+    logps, _, _ = padded(model, mb)
+    mask = mb.completion_mask.bool()
+    torch.testing.assert_close(LogProbs(TAU)(model, mb).logps[mask], logps[mask], atol=1e-5, rtol=0)
+
+
+def test_bad_arguments_are_refused():
+    with pytest.raises(ValueError, match="temperature=0"):
+        LogProbs(0.0)
+    with pytest.raises(ValueError, match="chunk=0"):
+        LogProbs(1.0, chunk=0)
+    with pytest.raises(ValueError, match="one B"):
+        pack(torch.ones(2, 3), torch.ones(2, 3), torch.ones(3, 4), torch.ones(3, 4), share_prompts=True)
+
+
+def test_trainer_logs_what_packing_removed(tmp_path, tokenizer, make_model, prompts):
+    # per_device_train_batch_size 4 = G: each micro-batch is one group, so 3 of its 4 prompt copies are shared away.
+    from fastgrpo import GRPOConfig, GRPOTrainer
+
+    args = GRPOConfig(
+        output_dir=str(tmp_path), per_device_train_batch_size=4, gradient_accumulation_steps=1, num_generations=4,
+        max_prompt_length=32, max_completion_length=8, max_steps=1, learning_rate=1e-3, logging_steps=1, disable_tqdm=True,
+    )
+    trainer = GRPOTrainer(make_model(), lambda completion_ids, **kw: [float(len(c)) for c in completion_ids], args=args,
+                          train_dataset=prompts, processing_class=tokenizer)
+    record = trainer.train().metrics
+    # Real tokens: 4 copies of one prompt of p tokens + completions c; packed: p + c. So 1 − packed/real = 3p / (4p + c) > 0.
+    assert 0.0 <= record["pad_fraction"] < 1.0
+    assert 0.0 < record["shared_prompt_fraction"] < 0.75
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(make_model):
+    # The decoder hook that keeps the last hidden states fires once per forward, also when layers are recomputed.
+    mb = micro_batch()
+    grads = []
+    for checkpointing in (False, True):
+        model = make_model()
+        model.train()
+        if checkpointing:
+            model.gradient_checkpointing_enable()
+        (LogProbs(TAU, chunk=4)(model, mb).logps * mb.completion_mask).sum().backward()
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    for name, grad in grads[1].items():
+        torch.testing.assert_close(grad, grads[0][name], atol=1e-6, rtol=1e-5)
