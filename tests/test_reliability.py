@@ -274,3 +274,90 @@ def test_second_ctrl_c_aborts_at_once():
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
     assert signal.getsignal(signal.SIGINT) is before
+
+
+# ---------------------------------------------------------------- found by a bad-input sweep after the round-2 merge
+
+
+@pytest.mark.parametrize("field,value,error", [
+    ("temperature", "0.7", "temperature='0.7' is a str; give a float"),
+    ("num_generations", 2.5, "num_generations=2.5 is a float; give a int"),
+    ("seed", "abc", "seed='abc' is a str; give a int"),
+    ("disable_dropout", 1, "disable_dropout=1 is a int; give a bool"),
+    ("learning_rate", float("inf"), "learning_rate=inf: give a finite number"),
+    ("beta", float("nan"), "beta=nan: give a finite number"),
+    ("reward_weights", [1.0, float("nan")], "every value must be a finite number"),
+])
+def test_config_values_of_the_wrong_type_or_not_finite_name_the_field(tmp_path, field, value, error):
+    with pytest.raises((TypeError, ValueError), match=error.replace("(", r"\(").replace(")", r"\)")):
+        config(tmp_path, **{field: value})
+
+
+def test_config_keeps_trls_bool_spelling_and_an_int_for_a_float(tmp_path):
+    args = config(tmp_path, scale_rewards=False, learning_rate=1, max_grad_norm=float("inf"))  # inf: no clipping
+    assert args.scale_rewards == "none" and args.learning_rate == 1
+
+
+@pytest.mark.parametrize("kwargs,error", [
+    ({"args": "trl-args"}, "args is a builtins.str; give a fastgrpo GRPOConfig"),
+    ({"model": 5}, "model is a int; give a model name"),
+    ({"reward_funcs": []}, "reward_funcs is empty"),
+    ({"reward_funcs": None}, "reward_funcs is empty"),
+    ({"reward_funcs": [42]}, "reward_funcs entry 42 is a int"),
+])
+def test_trainer_arguments_of_the_wrong_kind_are_refused_before_loading(tmp_path, prompts, kwargs, error):
+    given = {"model": NOT_LOADED, "reward_funcs": reward_even_tokens, "args": config(tmp_path), "train_dataset": prompts, **kwargs}
+    with pytest.raises((TypeError, ValueError), match=error):
+        GRPOTrainer(**given)
+
+
+def test_non_finite_gradient_stops_before_the_optimizer_step(tmp_path, tokenizer, make_model, prompts):
+    model = make_model()
+    model.model.layers[0].mlp.down_proj.weight.register_hook(lambda grad: torch.full_like(grad, float("nan")))  # a NaN gradient
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    trainer = GRPOTrainer(model, reward_even_tokens, args=config(tmp_path, save_steps=1), train_dataset=prompts, processing_class=tokenizer)
+    with pytest.raises(FloatingPointError, match=r"step 1: the gradient norm is nan .* the weights were not updated"):
+        trainer.train()
+    after = trainer.accelerator.unwrap_model(trainer.model).state_dict()
+    assert all(torch.equal(before[k], after[k].cpu()) for k in before)  # no step was applied
+    assert not ckpt.checkpoints(trainer.args.output_dir)  # and no checkpoint of a broken step was written
+
+
+def test_sampler_refuses_non_finite_logits(tokenizer, make_model):
+    from fastgrpo.sampler import Sampler
+
+    model = make_model().eval()
+    with torch.no_grad():
+        model.model.layers[0].mlp.down_proj.weight[0, 0] = float("nan")
+    ids = torch.tensor([tokenizer("Hi")["input_ids"]])
+    sampler = Sampler(model, max_completion_length=4, eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id)
+    with pytest.raises(ValueError, match="logits hold inf or NaN at completion token 0"):
+        sampler(ids, torch.ones_like(ids), 2)
+
+
+@pytest.mark.parametrize("value", [1e308, -1e39])
+def test_reward_beyond_float32_names_the_function(tmp_path, tokenizer, make_model, prompts, value):
+    def huge(completions, **kw):
+        return [value] + [0.0] * (len(completions) - 1)
+
+    trainer = GRPOTrainer(make_model(), huge, args=config(tmp_path), train_dataset=prompts, processing_class=tokenizer)
+    with pytest.raises(ValueError, match="'huge' returned .* for completion 0; rewards must be finite numbers within"):
+        trainer.train()
+
+
+@pytest.mark.parametrize("argv,error", [
+    (["--config", "/no/such/run.yaml"], "cannot read it"),
+    (["--dataset_size", "0"], "dataset_size=0"),
+])
+def test_cli_file_and_size_errors_are_one_line(tmp_path, capsys, argv, error):
+    assert main(["train", *argv, "--output_dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and error in err
+
+
+def test_cli_yaml_syntax_error_is_one_line(tmp_path, capsys):
+    bad = tmp_path / "run.yaml"
+    bad.write_text("model: [unclosed\n")
+    assert main(["train", "--config", str(bad), "--output_dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "is not valid YAML" in err

@@ -158,8 +158,13 @@ def resolve_job(ns: argparse.Namespace) -> tuple[dict, dict, dict]:
     if "config" in given:
         import yaml
 
-        with open(given["config"]) as f:
-            loaded = yaml.safe_load(f) or {}
+        try:
+            with open(given["config"]) as f:
+                loaded = yaml.safe_load(f) or {}
+        except OSError as err:
+            raise ValueError(f"--config {given['config']}: cannot read it ({err.strerror or err}); give a YAML file.") from None
+        except yaml.YAMLError as err:
+            raise ValueError(f"--config {given['config']} is not valid YAML: {' '.join(str(err).split())}") from None
         if not isinstance(loaded, dict):
             raise ValueError(f"{given['config']}: expected a mapping of field: value, got {type(loaded).__name__}.")
         check_types({k: v for k, v in loaded.items() if k not in JOB_KEYS}, given["config"])
@@ -171,6 +176,11 @@ def resolve_job(ns: argparse.Namespace) -> tuple[dict, dict, dict]:
             f"a job with its own model or dataset needs --reward (or reward: in the YAML): one or more of "
             f"{', '.join(BUILTIN_REWARD_NAMES)} or module:function."
         )
+    for key in ("model", "dataset"):
+        if not isinstance(job[key], str):
+            raise ValueError(f"{key}: {job[key]!r} is a {type(job[key]).__name__}; give a name or a path (text).")
+    if not isinstance(job["dataset_size"], int) or isinstance(job["dataset_size"], bool) or job["dataset_size"] < 1:
+        raise ValueError(f"dataset_size={job['dataset_size']!r}: give the number of reasoning-gym rows to generate, 1 or more.")
     rewards = job["reward"] if isinstance(job["reward"], list) else [job["reward"]]
     job["reward"] = [r.strip() for spec in rewards for r in str(spec).split(",") if r.strip()]
     fields = {**(BUILTIN_JOB["config"] if builtin else {}), **{k: v for k, v in loaded.items() if k not in JOB_KEYS}}
@@ -228,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if command.command == "train":
             train(ns)
-    except (ValueError, TypeError, CheckpointWriteError) as err:  # fastgrpo's own checks; errors in user code keep their traceback
+    except (ValueError, TypeError, FloatingPointError, CheckpointWriteError) as err:  # fastgrpo's own checks; errors in user code keep their traceback
         print(f"fastgrpo: error: {err}", file=sys.stderr)
         return 2
     except TrainingInterrupted as err:  # Ctrl-C: the checkpoint is saved, the message says how to resume

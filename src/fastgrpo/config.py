@@ -22,6 +22,8 @@ import difflib
 import json
 import math
 import os
+import types
+import typing
 import warnings
 from dataclasses import dataclass, field
 
@@ -152,6 +154,7 @@ class GRPOConfig:
     def __post_init__(self) -> None:
         if self.world_size == -1:
             self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self._check_types()
         self._apply_trl_spellings()
         if isinstance(self.scale_rewards, bool):  # TRL's older spelling
             self.scale_rewards = "group" if self.scale_rewards else "none"
@@ -162,6 +165,31 @@ class GRPOConfig:
         self._resolve_batches()
         self._validate()
         self._warn_like_trl()
+
+    def _check_types(self) -> None:
+        """Refuse a value of the wrong type, or a NaN/inf number, naming the field — before any arithmetic on it.
+
+        The types are the fields' annotations (int, float, bool, str, dict,
+        list, None where allowed); an int is a float, a bool is neither.
+        Infinity is refused too, except `max_grad_norm` (inf: no clipping).
+        """
+        hints = typing.get_type_hints(GRPOConfig)
+        for f in dataclasses.fields(self):
+            kinds = _simple_types(hints[f.name])
+            kinds = kinds and kinds + _ALSO_ACCEPTED.get(f.name, ())
+            value = getattr(self, f.name)
+            if kinds is None or (value is None and type(None) in kinds):
+                continue
+            ok = isinstance(value, tuple(kinds)) and not (isinstance(value, bool) and bool not in kinds)
+            if not ok and float in kinds and isinstance(value, int) and not isinstance(value, bool):
+                ok = True  # an int where a float is expected
+            if not ok:
+                expected = " or ".join(k.__name__ for k in kinds)
+                raise TypeError(f"{f.name}={value!r} is a {type(value).__name__}; give a {expected}.")
+            if isinstance(value, float) and (math.isnan(value) or (math.isinf(value) and f.name != "max_grad_norm")):
+                raise ValueError(f"{f.name}={value}: give a finite number.")
+            if isinstance(value, list) and any(isinstance(v, float) and not math.isfinite(v) for v in value):
+                raise ValueError(f"{f.name}={value}: every value must be a finite number.")
 
     def _apply_trl_spellings(self) -> None:
         """TRL's None defaults and generation_kwargs, turned into the fields that hold them here."""
@@ -346,6 +374,22 @@ class GRPOConfig:
     def to_dict(self) -> dict:
         """The fields as a plain dict (for YAML, checkpoints and logs)."""
         return dataclasses.asdict(self)
+
+
+# Older TRL spellings a field takes beside its annotated type (annotated narrowly for HfArgumentParser).
+_ALSO_ACCEPTED = {"scale_rewards": (bool,)}
+
+
+def _simple_types(annotation) -> tuple | None:
+    """The runtime types an annotation like `int | None` or `list[float]` admits; None for anything else (not checked)."""
+    args = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else (annotation,)
+    kinds = []
+    for arg in args:
+        arg = typing.get_origin(arg) or arg  # list[float] → list
+        if arg not in (int, float, bool, str, dict, list, type(None)):
+            return None
+        kinds.append(arg)
+    return tuple(kinds)
 
 
 def _lcm(a: int, b: int) -> int:

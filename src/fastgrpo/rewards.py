@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 RewardFunc = Callable[..., list]
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)  # rewards are stored as float32
 
 # Keywords the reward protocol itself passes: a dataset column of the same name would collide with them.
 RESERVED_COLUMNS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric", "reward_kwargs")
@@ -175,10 +176,10 @@ def _column(name: str, values, n: int) -> torch.Tensor:
         if v is None:
             column[i] = math.nan
         elif isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_)):
-            if not math.isfinite(v):
+            if not math.isfinite(v) or abs(v) > FLOAT32_MAX:
                 raise ValueError(
-                    f"reward function {name!r} returned {float(v)} for completion {i}; rewards must be finite "
-                    "(return None when a reward does not apply)."
+                    f"reward function {name!r} returned {float(v)} for completion {i}; rewards must be finite numbers "
+                    f"within ±{FLOAT32_MAX:.3g} (float32; return None when a reward does not apply)."
                 )
             column[i] = float(v)
         else:
@@ -295,6 +296,11 @@ def resolve_reward(spec, processing_class=None, init_kwargs: dict | None = None)
         return RewardModel(spec, processing_class, init_kwargs)
     if callable(spec):
         return spec
+    if not isinstance(spec, str):
+        raise TypeError(
+            f"reward_funcs entry {spec!r} is a {type(spec).__name__}; give a callable, a built-in name "
+            f"({', '.join(BUILTIN_REWARDS)}), 'module:function', or a reward model."
+        )
     if spec in BUILTIN_REWARDS:
         return BUILTIN_REWARDS[spec]
     if ":" in spec:

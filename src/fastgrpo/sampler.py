@@ -156,6 +156,8 @@ class Sampler:
         Returns:
             `Samples` of B·G rows, T' ≤ max_completion_length columns (T' = the
             longest completion; generation stops once every row has ended).
+        Raises:
+            ValueError: the model's logits hold inf or NaN.
         """
         lm = decoder_of(self.model)
         device = prompt_ids.device
@@ -175,6 +177,11 @@ class Sampler:
             rows = torch.arange(N, device=device)  # original index of each live row, live rows first in the cache
             for t in range(T):
                 logits = logits.float()
+                if not torch.isfinite(logits).all():  # as generate() refuses it: never sample from a broken distribution
+                    raise ValueError(
+                        f"the model's logits hold inf or NaN at completion token {t}; its weights are not finite "
+                        "(a diverged run, or a bad checkpoint): resume from an earlier checkpoint or reload the model."
+                    )
                 scores = self.processors(tokens[rows, : P + t], logits)  # (n, V)
                 token = _inverse_cdf(scores.softmax(-1), torch.rand(N, 1, device=device, dtype=torch.float64)[rows])  # (n,)
                 out[rows, t], tokens[rows, P + t] = token, token

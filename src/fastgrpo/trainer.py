@@ -113,13 +113,24 @@ class GRPOTrainer:
             reward weights that do not match the functions, a world size that
             does not match the config, an output_dir that is a file or not
             writable, a peft_config that is not one or comes with a PeftModel
-            or sync_ref_model — all before any model is loaded.
+            or sync_ref_model, args that are not a fastgrpo GRPOConfig, a model
+            or reward of the wrong type, no reward function — all before any
+            model is loaded.
     """
 
     def __init__(
         self, model, reward_funcs, args: GRPOConfig | None = None, train_dataset=None, eval_dataset=None, processing_class=None,
         reward_processing_classes=None, callbacks=None, peft_config=None,
     ):
+        if args is not None and not isinstance(args, GRPOConfig):
+            raise TypeError(
+                f"args is a {type(args).__module__}.{type(args).__name__}; give a fastgrpo GRPOConfig "
+                "(`from fastgrpo import GRPOConfig`: TRL's field names, so only the import changes)."
+            )
+        if not isinstance(model, (str, os.PathLike, torch.nn.Module)):
+            raise TypeError(f"model is a {type(model).__name__}; give a model name or folder (text), a .gguf file, or a PreTrainedModel.")
+        if reward_funcs is None or (isinstance(reward_funcs, (list, tuple)) and not reward_funcs):
+            raise ValueError("reward_funcs is empty; give at least one reward function (TRL's protocol, see rewards.py) or reward model.")
         self.args = a = args if args is not None else GRPOConfig()
         check_optimizer_name(a.optim)
         if train_dataset is None:
@@ -232,6 +243,7 @@ class GRPOTrainer:
                 `overwrite_output_dir`); a resume that changes a `runs.STATE_FIELDS` field.
             CorruptCheckpointError, CheckpointWriteError: see checkpoint.py.
             TrainingInterrupted: after Ctrl-C, once this step's checkpoint is saved.
+            FloatingPointError: a non-finite gradient norm, before the optimizer step applies it.
         """
         a = self.args
         rollout, done = self._resume(resume_from_checkpoint)
@@ -375,6 +387,11 @@ class GRPOTrainer:
                 for key, value in {**out.metrics, "loss": out.loss.detach(), "entropy": masked_sum(entropy, mask), **packing}.items():
                     sums[key] = sums.get(key, 0) + value
             grad_norm = acc.clip_grad_norm_(self.model.parameters(), a.max_grad_norm if a.max_grad_norm > 0 else math.inf)  # 0: no clip
+            if not torch.isfinite(grad_norm):  # before optimizer.step: the weights and every checkpoint stay finite
+                raise FloatingPointError(
+                    f"step {self.step + 1}: the gradient norm is {float(grad_norm)} (loss {float(sums['loss'])}); the weights "
+                    "were not updated. Lower learning_rate, or check the model's weights and the rewards for inf/NaN."
+                )
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
