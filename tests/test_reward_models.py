@@ -13,7 +13,7 @@ from transformers import LlamaConfig, LlamaForSequenceClassification, TrainerSta
 
 from fastgrpo import GRPOConfig, GRPOTrainer
 from fastgrpo.reward_models import RewardModel
-from fastgrpo.rewards import resolve_reward
+from fastgrpo.rewards import resolve_reward, reward_len
 
 
 def tiny_reward_model(tokenizer, seed=1):
@@ -97,3 +97,21 @@ def test_reward_processing_classes_must_match(tmp_path, tokenizer, make_model, p
     with pytest.raises(ValueError, match="reward_processing_classes has 2 entries for 1 reward_funcs"):
         GRPOTrainer(make_model(), [lambda completions, **k: [0.0] * len(completions)], args=GRPOConfig(output_dir=str(tmp_path)),
                     train_dataset=prompts, processing_class=tokenizer, reward_processing_classes=[None, None])
+
+
+def test_single_processing_class_stands_for_one_entry_as_in_trl(tmp_path, tokenizer, make_model, prompts):
+    # TRL: a single reward_processing_classes object is a list of one, so with two reward_funcs it cannot match.
+    with pytest.raises(ValueError, match="has 1 entries for 2 reward_funcs; the numbers must match"):
+        GRPOTrainer(make_model(), [reward_len, reward_len], args=GRPOConfig(output_dir=str(tmp_path / 'out')), train_dataset=prompts,
+                    processing_class=tokenizer, reward_processing_classes=tokenizer)
+    trainer = GRPOTrainer(make_model(), reward_len, args=GRPOConfig(output_dir=str(tmp_path / 'out')), train_dataset=prompts,
+                          processing_class=tokenizer, reward_processing_classes=[None])
+    assert trainer.reward_processing_classes == [None]  # TRL's attribute: None for a function
+
+
+def test_get_high_entropy_mask_is_trls_quantile_rule(tmp_path, tokenizer, make_model, prompts):
+    # Active entropies 0, 1, 2, 3 (the 5th token is padding): the 0.5 quantile is 1.5, so tokens 2 and 3 are kept.
+    trainer = GRPOTrainer(make_model(), reward_len, args=GRPOConfig(output_dir=str(tmp_path / 'out')), train_dataset=prompts, processing_class=tokenizer)
+    entropies = torch.tensor([[0.0, 1.0, 2.0, 3.0, 9.0]])
+    mask = torch.tensor([[1, 1, 1, 1, 0]])
+    assert trainer.get_high_entropy_mask(entropies, mask, threshold=0.5).tolist() == [[False, False, True, True, False]]

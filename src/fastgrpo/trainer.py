@@ -141,11 +141,19 @@ class GRPOTrainer:
             check_columns(rows, name)
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-        procs = reward_processing_classes if isinstance(reward_processing_classes, (list, tuple)) else [reward_processing_classes] * len(funcs)
+        if reward_processing_classes is None:
+            procs = [None] * len(funcs)
+        else:  # TRL's rule: a single one stands for a list of one
+            procs = list(reward_processing_classes) if isinstance(reward_processing_classes, (list, tuple)) else [reward_processing_classes]
         if len(procs) != len(funcs):
-            raise ValueError(f"reward_processing_classes has {len(procs)} entries for {len(funcs)} reward_funcs; give one per entry (None for functions).")
+            raise ValueError(
+                f"reward_processing_classes has {len(procs)} entries for {len(funcs)} reward_funcs; the numbers must match "
+                "(one per entry, None for functions)."
+            )
         self.reward_funcs = [resolve_reward(f, p, a.model_init_kwargs) for f, p in zip(funcs, procs)]
         self.reward_names = reward_names(self.reward_funcs)
+        # TRL's attribute: each reward model's tokenizer, None for functions.
+        self.reward_processing_classes = [f.tokenizer if isinstance(f, RewardModel) else p for f, p in zip(self.reward_funcs, procs)]
         weights = a.reward_weights if a.reward_weights is not None else [1.0] * len(self.reward_funcs)
         if len(weights) != len(self.reward_funcs):
             raise ValueError(f"reward_weights has {len(weights)} values for {len(self.reward_funcs)} reward functions; give one weight per function.")
@@ -420,15 +428,20 @@ class GRPOTrainer:
         return step_tokens(float(tokens), acc.num_processes, a.steps_per_generation // a.gradient_accumulation_steps)
 
     def _entropy_mask(self, entropy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:
-        """top_entropy_quantile's policy tokens; the threshold is over this micro-batch on all processes (TRL's)."""
-        acc = self.accelerator
+        """top_entropy_quantile's policy tokens as a float mask, or None when every token carries the loss."""
         if self.args.top_entropy_quantile >= 1.0:
             return None
-        active = entropy[mask.bool()].float()
+        return self.get_high_entropy_mask(entropy, mask, 1 - self.args.top_entropy_quantile).float()
+
+    def get_high_entropy_mask(self, entropies: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.Tensor:
+        """TRL's method: (B, T) bool, active tokens whose entropy is ≥ the `threshold` quantile (in [0, 1]) of the
+        active tokens of this micro-batch on all processes, as if one process held them all."""
+        acc = self.accelerator
+        active = entropies[mask.bool()].float()
         if acc.num_processes > 1:  # -1: padding sentinel, entropies are ≥ 0
             active = acc.gather(acc.pad_across_processes(active, dim=0, pad_index=-1.0))
             active = active[active >= 0]
-        return high_entropy_mask(entropy, mask, entropy_threshold(active, self.args.top_entropy_quantile))
+        return high_entropy_mask(entropies, mask, entropy_threshold(active, 1 - threshold)).bool()
 
     def _kl(self, stats: TokenStats, mb: Rollout) -> torch.Tensor:
         """Per-token KL(π_θ‖π_ref): k3 from stored log π_ref, or exact over the vocabulary (computed in the policy pass)."""
