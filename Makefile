@@ -1,5 +1,5 @@
 # Two commands do all of the set-up on a fresh clone (README):
-#   make train   the built-in GRPO job on SmolLM2-135M-Instruct
+#   make train   the built-in GRPO job on SmolLM2-135M-Instruct (ARGS="--flag value …" adds fastgrpo train flags)
 #   make test    the test suite
 #   make bench   fastgrpo vs TRL benchmarks (own env: benchmarks/.venv; docs/benchmarks.md)
 # torch is installed first and pinned, so pip never pulls a CUDA build on CPU.
@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 train: $(STAMP)
-	$(VENV)/bin/fastgrpo train
+	$(VENV)/bin/fastgrpo train $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest
