@@ -85,3 +85,23 @@ def config_changes(saved: dict, current: dict) -> list[tuple[str, object, object
                 f"{name}={before!r}, or start a new run in another output_dir."
             )
     return changed
+
+
+def apply_optimizer_settings(optimizer, scheduler, args) -> None:
+    """A resumed run's own learning rate, betas, eps and weight decay over the loaded ones.
+
+    `optimizer.load_state_dict` restores the saved settings with the saved
+    state; a resume that changed them (a field outside `STATE_FIELDS`) means the
+    new ones. Only keys the optimizer (`optim`) has are set.
+
+    Args:
+        optimizer: a torch optimizer after `load_state_dict`.
+        scheduler: its `LambdaLR`-style scheduler after `load_state_dict`.
+        args: the run's GRPOConfig.
+    """
+    scheduler.base_lrs = [args.learning_rate] * len(scheduler.base_lrs)
+    settings = {"betas": (args.adam_beta1, args.adam_beta2), "eps": args.adam_epsilon, "weight_decay": args.weight_decay}
+    for group, factor in zip(optimizer.param_groups, scheduler.lr_lambdas):
+        group.update(lr=args.learning_rate * factor(scheduler.last_epoch), initial_lr=args.learning_rate)
+        group.update({k: v for k, v in settings.items() if k in group})
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]

@@ -42,9 +42,10 @@ from .advantages import rollout_advantages
 from .callbacks import TrainerEvents
 from .config import GRPOConfig
 from .data import PromptEncoder, PromptOrder, is_conversational
-from .dataset_kinds import StreamOrder, check_train_dataset, eval_sets
+from .dataset_kinds import StreamOrder, eval_sets
 from .generation import build_generator
 from .interrupt import StopOnInterrupt, TrainingInterrupted
+from .trainer_inputs import check_trainer_inputs
 from .launch import cpu_launch_error, cpu_only
 from .logprobs import LogProbs, TokenStats, fallback_notices
 from .losses import (
@@ -59,7 +60,6 @@ from .losses import (
 from .metrics import CompletionRows, MetricsLog, PhaseTimer, RewardHooks, Window, rollout_metrics, window_record
 from .models import (
     as_reference,
-    check_peft_inputs,
     disable_dropout,
     enable_gradient_checkpointing,
     is_peft_model,
@@ -70,9 +70,9 @@ from .models import (
     prepare_tokenizer,
     reference_model,
 )
-from .optimizers import build_optimizer, check_optimizer_name
+from .optimizers import build_optimizer
 from .reward_models import RewardModel
-from .rewards import check_columns, resolve_reward, reward_names, score
+from .rewards import score
 from .rollout import Rollout, collect
 
 
@@ -122,42 +122,11 @@ class GRPOTrainer:
         self, model, reward_funcs, args: GRPOConfig | None = None, train_dataset=None, eval_dataset=None, processing_class=None,
         reward_processing_classes=None, callbacks=None, peft_config=None,
     ):
-        if args is not None and not isinstance(args, GRPOConfig):
-            raise TypeError(
-                f"args is a {type(args).__module__}.{type(args).__name__}; give a fastgrpo GRPOConfig "
-                "(`from fastgrpo import GRPOConfig`: TRL's field names, so only the import changes)."
-            )
-        if not isinstance(model, (str, os.PathLike, torch.nn.Module)):
-            raise TypeError(f"model is a {type(model).__name__}; give a model name or folder (text), a .gguf file, or a PreTrainedModel.")
-        if reward_funcs is None or (isinstance(reward_funcs, (list, tuple)) and not reward_funcs):
-            raise ValueError("reward_funcs is empty; give at least one reward function (TRL's protocol, see rewards.py) or reward model.")
-        self.args = a = args if args is not None else GRPOConfig()
-        check_optimizer_name(a.optim)
-        if train_dataset is None:
-            raise ValueError("train_dataset is required: a datasets.Dataset (or list of dicts) with a 'prompt' column.")
-        check_train_dataset(train_dataset, a.max_steps)
-        self.eval_sets = eval_sets(eval_dataset) if eval_dataset is not None else None  # {metric prefix: rows}
-        for name, rows in [("train_dataset", train_dataset), *(((f"{k} dataset", v) for k, v in (self.eval_sets or {}).items()))]:
-            check_columns(rows, name)
-        self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
-        funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-        if reward_processing_classes is None:
-            procs = [None] * len(funcs)
-        else:  # TRL's rule: a single one stands for a list of one
-            procs = list(reward_processing_classes) if isinstance(reward_processing_classes, (list, tuple)) else [reward_processing_classes]
-        if len(procs) != len(funcs):
-            raise ValueError(
-                f"reward_processing_classes has {len(procs)} entries for {len(funcs)} reward_funcs; the numbers must match "
-                "(one per entry, None for functions)."
-            )
-        self.reward_funcs = [resolve_reward(f, p, a.model_init_kwargs) for f, p in zip(funcs, procs)]
-        self.reward_names = reward_names(self.reward_funcs)
-        # TRL's attribute: each reward model's tokenizer, None for functions.
-        self.reward_processing_classes = [f.tokenizer if isinstance(f, RewardModel) else p for f, p in zip(self.reward_funcs, procs)]
-        weights = a.reward_weights if a.reward_weights is not None else [1.0] * len(self.reward_funcs)
-        if len(weights) != len(self.reward_funcs):
-            raise ValueError(f"reward_weights has {len(weights)} values for {len(self.reward_funcs)} reward functions; give one weight per function.")
-        check_peft_inputs(model, peft_config, a.sync_ref_model)
+        checked = check_trainer_inputs(model, reward_funcs, args, train_dataset, eval_dataset, reward_processing_classes, peft_config)
+        self.args = a = checked.args
+        self.train_dataset, self.eval_dataset, self.eval_sets = train_dataset, eval_dataset, checked.eval_sets
+        self.reward_funcs, self.reward_names = checked.reward_funcs, checked.reward_names
+        self.reward_processing_classes, weights = checked.reward_processing_classes, checked.reward_weights
 
         bf16 = a.bf16 if a.bf16 is not None else bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
         if (launch_error := cpu_launch_error()) is not None:
@@ -532,7 +501,7 @@ class GRPOTrainer:
         self.events.resume(path)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        self._apply_optimizer_settings()
+        runs.apply_optimizer_settings(self.optimizer, self.scheduler, a)
         self.order.load_state_dict(state["order"])
         self.step, self.target_kl_stops, self.run_id = state["step"], state["target_kl_stops"], state["run_id"]
         if state["ref_model"] is not None:
@@ -544,16 +513,6 @@ class GRPOTrainer:
                 listed = ", ".join(f"{k} {old!r} → {new!r}" for k, old, new in changed)
                 self.console.print(f"changed since the checkpoint, applied: {listed}", markup=False, soft_wrap=True)
         return state.get("rollout"), state["done"]  # no rollout: resumed on another number of processes
-
-    def _apply_optimizer_settings(self) -> None:
-        """This config's optimizer settings over the loaded ones (load_state_dict restores the saved lr, betas, …)."""
-        a, scheduler = self.args, self.scheduler
-        scheduler.base_lrs = [a.learning_rate] * len(scheduler.base_lrs)
-        settings = {"betas": (a.adam_beta1, a.adam_beta2), "eps": a.adam_epsilon, "weight_decay": a.weight_decay}
-        for group, factor in zip(self.optimizer.param_groups, scheduler.lr_lambdas):
-            group.update(lr=a.learning_rate * factor(scheduler.last_epoch), initial_lr=a.learning_rate)
-            group.update({k: v for k, v in settings.items() if k in group})  # only what this optimizer (optim) has
-        scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
     def _progress(self) -> Progress:
         columns = (TextColumn("GRPO"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
