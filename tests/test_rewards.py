@@ -131,7 +131,8 @@ def test_reserved_columns_are_refused_and_trainer_state_is_passed():
 def test_builtin_rewards():
     assert reward_len(["x" * 100, [{"role": "assistant", "content": "x" * 97}]]) == [0, -3]
     assert format_reward(["<answer>4</answer>", "so <answer>4</answer> ok", "4"]) == [1.0, 0.5, 0.0]
-    assert brevity_reward(["", " 42 ", "x" * 150]) == [1.0, 0.98, 0.0]  # 1 − characters/100, stripped, floored
+    assert brevity_reward([" 42 ", "x" * 150, "7"]) == [0.98, 0.0, 0.99]  # 1 − characters/100, stripped, floored
+    assert brevity_reward(["", "  \n"]) == [0.0, 0.0]  # no answer is not a brief answer
     entry = json.dumps({"question": "Calculate 2 + 2.", "answer": "4", "metadata": {"source_dataset": "basic_arithmetic"}})
     # exact answer 1.0; tags win; "the answer is 4" holds "4" in 15 characters: 1/15 (reasoning-gym's partial credit)
     got = reasoning_gym_reward(["4", "<answer>4</answer>", "the answer is 4", "5"], entry=[entry] * 4)

@@ -205,13 +205,16 @@ def reward_len(completions, **kwargs) -> list[float]:
 
 
 def brevity_reward(completions, **kwargs) -> list[float]:
-    """max(0, 1 − characters/100): 1.0 for an empty reply, 0 from 100 characters on.
+    """max(0, 1 − characters/100) of the stripped reply; 0 from 100 characters on, and 0 for an empty reply.
 
     Rewards following an instruction such as "reply with only the final
     answer"; pair it with a correctness reward so that terse and right beats
-    terse and wrong.
+    terse and wrong. An empty reply answers nothing, so it scores 0, not the
+    maximum: with 1.0 for it, GRPO at μ = 1 drove SmolLM2 to empty replies
+    after ≈ 20–30 rollouts on the built-in job (docs/benchmarks.md, time to reward).
     """
-    return [max(0.0, 1.0 - len(completion_text(c).strip()) / 100) for c in completions]
+    lengths = [len(completion_text(c).strip()) for c in completions]
+    return [max(0.0, 1.0 - n / 100) if n else 0.0 for n in lengths]
 
 
 ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
