@@ -1,0 +1,265 @@
+"""Time to reward: wall-clock and rollouts until a target reward, fastgrpo's μ settings against TRL, several seeds.
+
+    python benchmarks/time_to_reward.py                                   # the built-in job's settings, 3 seeds
+    python benchmarks/time_to_reward.py --suite sweep --seeds 0           # learning rate × μ × ε, fastgrpo
+    python benchmarks/time_to_reward.py --suite addition                  # correctness only (reasoning-gym addition)
+    python benchmarks/time_to_reward.py --report benchmarks/results/<file>.json   # re-render tables and plots
+
+Every run is its own process (ttr_worker.py) with a wall-clock budget. Runs go
+seed by seed, every setting once per seed, so drift on a shared machine hits
+all settings alike. Figures (written to `<out>/<date>-ttr-<suite>.{json,md,png}`):
+
+- rolling reward: the mean reward (sum of the reward functions) of the
+  completions of the last ROLLING rollouts, at each rollout's scoring time
+  (seconds since `train()` began: generation, scoring and updates all count).
+- time to target: the first scoring time at which the rolling reward reaches
+  the suite's target; "—" if the budget ran out first. Median and range over seeds.
+- rollouts to target: the same, counted in rollouts (the seed's own measure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+ROLLING = 3  # rollouts: 48 completions on the built-in job
+
+BUILTIN = [  # (name, system, overrides): the issue's comparison on the built-in job
+    ("TRL μ=1", "trl", {"num_iterations": 1}),
+    ("fastgrpo μ=1", "fastgrpo", {"num_iterations": 1}),
+    ("TRL μ=4", "trl", {"num_iterations": 4}),
+    ("fastgrpo μ=2", "fastgrpo", {"num_iterations": 2}),
+    ("fastgrpo μ=4", "fastgrpo", {"num_iterations": 4}),
+    ("fastgrpo μ=4 target_kl=0.005", "fastgrpo", {"num_iterations": 4, "target_kl": 0.005}),
+]
+SWEEP = [  # fastgrpo only, around the built-in suite (lr 1e-5, ε 0.2): learning rate × μ, ε and target_kl at μ = 4
+    *[(f"fastgrpo μ={mu} lr=3e-05", "fastgrpo", {"num_iterations": mu, "learning_rate": 3e-5}) for mu in (1, 2, 4)],
+    ("fastgrpo μ=4 lr=3e-05 target_kl=0.005", "fastgrpo", {"num_iterations": 4, "learning_rate": 3e-5, "target_kl": 0.005}),
+    ("fastgrpo μ=4 ε=0.1", "fastgrpo", {"num_iterations": 4, "epsilon": 0.1}),
+    ("fastgrpo μ=4 ε=0.3", "fastgrpo", {"num_iterations": 4, "epsilon": 0.3}),
+    ("fastgrpo μ=4 target_kl=0.002", "fastgrpo", {"num_iterations": 4, "target_kl": 0.002}),
+    ("fastgrpo μ=4 target_kl=0.02", "fastgrpo", {"num_iterations": 4, "target_kl": 0.02}),
+]
+LR3 = [  # the sweep's fastest learning rate, side by side with TRL at the same rate
+    ("TRL μ=1 lr=3e-05", "trl", {"num_iterations": 1, "learning_rate": 3e-5}),
+    ("fastgrpo μ=1 lr=3e-05", "fastgrpo", {"num_iterations": 1, "learning_rate": 3e-5}),
+    ("fastgrpo μ=4 lr=3e-05 target_kl=0.005", "fastgrpo", {"num_iterations": 4, "learning_rate": 3e-5, "target_kl": 0.005}),
+]
+SUITES = {
+    "builtin": {"task": "arithmetic", "settings": BUILTIN, "target": 0.7, "budget": 150},
+    "sweep": {"task": "arithmetic", "settings": SWEEP, "target": 0.7, "budget": 150},
+    "lr3": {"task": "arithmetic", "settings": LR3, "target": 0.7, "budget": 120},
+    "addition": {"task": "addition", "settings": BUILTIN, "target": 0.4, "budget": 120},
+}
+
+
+def run_one(spec: dict, log) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        spec_path, out_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "out.json")
+        with open(spec_path, "w") as f:
+            json.dump(spec, f)
+        start = time.perf_counter()
+        proc = subprocess.run([sys.executable, os.path.join(HERE, "ttr_worker.py"), spec_path, out_path], capture_output=True, text=True,
+                              env={**os.environ, "OMP_NUM_THREADS": str(spec["threads"]), "TOKENIZERS_PARALLELISM": "false"})
+        if proc.returncode != 0:
+            raise RuntimeError(f"{spec['name']} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+        with open(out_path) as f:
+            result = json.load(f)
+    curve = rolling(result)
+    log(f"  seed {spec['seed']} {spec['name']:32s} {time.perf_counter() - start:6.1f} s, {len(curve)} rollouts, "
+        f"rolling reward {curve[0][1]:.2f} → {curve[-1][1]:.2f}")
+    return result
+
+
+def rollout_rewards(run: dict) -> list[tuple[float, list[float]]]:
+    """(scoring time, per-completion total reward) per rollout: the reward functions' values summed."""
+    names = list(dict.fromkeys(c["reward"] for c in run["calls"]))
+    out = []
+    for i in range(0, len(run["calls"]), len(names)):
+        group = run["calls"][i : i + len(names)]
+        out.append((max(c["time"] for c in group), [sum(vals) for vals in zip(*(c["values"] for c in group))]))
+    return out
+
+
+def rolling(run: dict) -> list[tuple[float, float]]:
+    """(scoring time, rolling reward) per rollout: mean over the last ROLLING rollouts' completions."""
+    rollouts = rollout_rewards(run)
+    out = []
+    for i, (t, _) in enumerate(rollouts):
+        values = [v for _, vals in rollouts[max(0, i - ROLLING + 1) : i + 1] for v in vals]
+        out.append((t, sum(values) / len(values)))
+    return out
+
+
+def to_target(run: dict, target: float) -> tuple[float | None, int | None]:
+    """(seconds, rollouts) until the rolling reward first reaches `target`; (None, None) if it never does."""
+    for i, (t, r) in enumerate(rolling(run)):
+        if r >= target:
+            return t, i + 1
+    return None, None
+
+
+def summary(record: dict) -> list[dict]:
+    """One row per setting: time and rollouts to target (median, range, reached/seeds), final rolling reward."""
+    rows = []
+    for name in dict.fromkeys(r["spec"]["name"] for r in record["runs"]):
+        runs = [r for r in record["runs"] if r["spec"]["name"] == name]
+        hits = [to_target(r, record["target"]) for r in runs]
+        secs = [s for s, _ in hits if s is not None]
+        rolls = [n for _, n in hits if n is not None]
+        rows.append({
+            "name": name, "seeds": len(runs), "reached": len(secs),
+            "seconds": statistics.median(secs) if len(secs) == len(runs) else None, "seconds_range": (min(secs), max(secs)) if secs else None,
+            "rollouts": statistics.median(rolls) if len(rolls) == len(runs) else None, "rollouts_range": (min(rolls), max(rolls)) if rolls else None,
+            "final": statistics.median(rolling(r)[-1][1] for r in runs),
+            "seconds_per_rollout": statistics.median(rolling(r)[-1][0] / len(rolling(r)) for r in runs),
+        })
+    return rows
+
+
+def markdown(record: dict) -> str:
+    base = next((r for r in summary(record) if r["name"].startswith("TRL μ=1")), None)
+    lines = [
+        f"Target: rolling reward ≥ {record['target']} (mean of the last {ROLLING} rollouts), budget {record['budget']} s per run, "
+        f"seeds {record['seeds']}, {record['threads']} thread(s). Medians over seeds, [min–max] of the seeds that reached it.", "",
+        f"| setting | reached | seconds to target | rollouts to target | s / rollout | final rolling reward | vs {base['name'] if base else 'TRL μ=1'} (time) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    fmt = lambda v, r: "—" if v is None else f"{v:.0f} [{r[0]:.0f}–{r[1]:.0f}]"  # noqa: E731
+    for row in summary(record):
+        ratio = "—" if not (base and base["seconds"] and row["seconds"]) else f"{base['seconds'] / row['seconds']:.2f}× sooner"
+        lines.append(f"| {row['name']} | {row['reached']}/{row['seeds']} | {fmt(row['seconds'], row['seconds_range'] or (0, 0))} | "
+                     f"{fmt(row['rollouts'], row['rollouts_range'] or (0, 0))} | {row['seconds_per_rollout']:.1f} | {row['final']:.2f} | {ratio} |")
+    return "\n".join(lines) + "\n"
+
+
+def phase_rows(record: dict) -> list[dict]:
+    """Per setting, medians over the runs that recorded phases: where a rollout's seconds go.
+
+    sampling = generation of the completions; rest of rollout = prompt encoding,
+    decoding, scoring, advantages and the π_old/π_ref passes; update = everything
+    else of the run (forward, backward, optimizer steps), per optimizer step and per rollout.
+    """
+    rows = []
+    for name in dict.fromkeys(r["spec"]["name"] for r in record["runs"]):
+        runs = [r for r in record["runs"] if r["spec"]["name"] == name and r.get("phase_seconds")]
+        if not runs:
+            continue
+        med = lambda f: statistics.median(f(r, len(rollout_rewards(r))) for r in runs)  # noqa: E731
+        rows.append({
+            "name": name, "runs": len(runs),
+            "sampling": med(lambda r, n: r["phase_seconds"]["generate"] / n),
+            "rest": med(lambda r, n: (r["phase_seconds"]["rollout"] - r["phase_seconds"]["generate"]) / n),
+            "update_per_step": med(lambda r, n: (r["train_seconds"] - r["phase_seconds"]["rollout"]) / r["steps"]),
+            "steps_per_rollout": med(lambda r, n: r["steps"] / n),
+            "update": med(lambda r, n: (r["train_seconds"] - r["phase_seconds"]["rollout"]) / n),
+            "sampling_share": med(lambda r, n: r["phase_seconds"]["generate"] / r["train_seconds"]),
+        })
+    return rows
+
+
+def phase_markdown(record: dict) -> str:
+    rows = phase_rows(record)
+    if not rows:
+        return ""
+    lines = ["", "Seconds per rollout by phase (medians over the seeds' runs):", "",
+             "| setting | runs | sampling | rest of rollout | update | optimizer steps per rollout | update per step | sampling share of the run |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        lines.append(f"| {r['name']} | {r['runs']} | {r['sampling']:.2f} | {r['rest']:.2f} | {r['update']:.2f} | {r['steps_per_rollout']:.1f} | "
+                     f"{r['update_per_step']:.2f} | {100 * r['sampling_share']:.0f} % |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(record: dict, path: str) -> None:
+    """Rolling reward vs wall-clock and vs rollouts: each setting's mean over seeds, shaded min–max."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (by_time, by_rollout) = plt.subplots(1, 2, figsize=(13, 4.8))
+    grid = [record["budget"] * i / 200 for i in range(201)]
+    for name in dict.fromkeys(r["spec"]["name"] for r in record["runs"]):
+        curves = [rolling(r) for r in record["runs"] if r["spec"]["name"] == name]
+        at = lambda c, t: next((r for s, r in reversed(c) if s <= t), None)  # noqa: E731  last value at or before t
+        ts, mean, low, high = [], [], [], []
+        for t in grid:
+            vals = [at(c, t) for c in curves]
+            if None not in vals and t <= min(c[-1][0] for c in curves):
+                ts.append(t), mean.append(sum(vals) / len(vals)), low.append(min(vals)), high.append(max(vals))
+        (line,) = by_time.step(ts, mean, where="post", label=name)
+        by_time.fill_between(ts, low, high, step="post", alpha=0.15, color=line.get_color())
+        n = min(len(c) for c in curves)
+        xs = range(1, n + 1)
+        per = [[c[i][1] for c in curves] for i in range(n)]
+        by_rollout.plot(xs, [sum(v) / len(v) for v in per], label=name, color=line.get_color())
+        by_rollout.fill_between(xs, [min(v) for v in per], [max(v) for v in per], alpha=0.15, color=line.get_color())
+    for ax, xlabel in ((by_time, "seconds since train() began"), (by_rollout, "rollouts")):
+        ax.axhline(record["target"], color="grey", linestyle=":", linewidth=1)
+        ax.set_xlabel(xlabel), ax.set_ylabel(f"rolling reward (last {ROLLING} rollouts)"), ax.grid(alpha=0.3)
+    by_rollout.legend(fontsize=8)
+    fig.suptitle(f"{record['suite']}: {record['task']}, {len(record['seeds'])} seeds (mean, min–max)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def render(path: str) -> str:
+    with open(path) as f:
+        record = json.load(f)
+    table = markdown(record) + phase_markdown(record)
+    with open(path[: -len(".json")] + ".md", "w") as f:
+        f.write(table)
+    plot(record, path[: -len(".json")] + ".png")
+    return table
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--suite", default="builtin", choices=sorted(SUITES))
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (data and training)")
+    parser.add_argument("--settings", help="comma-separated setting names to run (default: the suite's)")
+    parser.add_argument("--budget", type=float, help="wall-clock seconds per run (default: the suite's)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="built-in name or local folder")
+    parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    parser.add_argument("--report", help="re-render tables and plots of a results JSON, run nothing")
+    ns = parser.parse_args(argv)
+    if ns.report:
+        print(render(ns.report))
+        return 0
+    from fastgrpo.models import resolve_model_path
+    from ttr_worker import job_config
+
+    suite = SUITES[ns.suite]
+    wanted = set(ns.settings.split(",")) if ns.settings else None
+    settings = [s for s in suite["settings"] if wanted is None or s[0] in wanted]
+    seeds = [int(s) for s in ns.seeds.split(",")]
+    os.makedirs(ns.out, exist_ok=True)
+    path = os.path.join(ns.out, f"{datetime.date.today().isoformat()}-ttr-{ns.suite}.json")
+    record = {"suite": ns.suite, "task": suite["task"], "target": suite["target"], "budget": ns.budget or suite["budget"],
+              "seeds": seeds, "threads": ns.threads, "job": job_config(), "command": " ".join(["python", *sys.argv]), "runs": []}
+    log = lambda msg: print(msg, flush=True)  # noqa: E731
+    for seed in seeds:
+        for name, system, overrides in settings:
+            spec = {"name": name, "system": system, "overrides": overrides, "seed": seed, "task": suite["task"],
+                    "budget_seconds": record["budget"], "job": record["job"], "threads": ns.threads, "dataset_size": 400,
+                    "model_path": resolve_model_path(ns.model)}
+            record["runs"].append(run_one(spec, log))
+            with open(path, "w") as f:  # keep what is done if a later run fails
+                json.dump(record, f)
+    print(render(path))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
