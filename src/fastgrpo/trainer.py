@@ -43,7 +43,7 @@ from .callbacks import TrainerEvents
 from .config import GRPOConfig
 from .data import PromptEncoder, PromptOrder, is_conversational
 from .dataset_kinds import StreamOrder, eval_sets
-from .generation import build_generator
+from .generation import SamplingSettings, build_generator
 from .interrupt import StopOnInterrupt, TrainingInterrupted
 from .trainer_inputs import check_trainer_inputs
 from .launch import cpu_launch_error, cpu_only
@@ -175,12 +175,12 @@ class GRPOTrainer:
             scheduler_specific_kwargs=a.lr_scheduler_kwargs,
         )
         self.model, self.optimizer = acc.prepare(policy, optimizer)
-        self.generate = build_generator(
-            a.generation_backend, acc.unwrap_model(self.model), autocast_dtype=torch.bfloat16 if bf16 else None,
-            max_completion_length=a.max_completion_length, eos_token_ids=self.eos_token_ids,
-            pad_token_id=self.tokenizer.pad_token_id, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
-            min_p=a.min_p, repetition_penalty=a.repetition_penalty,
+        sampling = SamplingSettings(
+            max_completion_length=a.max_completion_length, eos_token_ids=self.eos_token_ids, pad_token_id=self.tokenizer.pad_token_id,
+            temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, min_p=a.min_p, repetition_penalty=a.repetition_penalty,
         )
+        autocast_dtype = torch.bfloat16 if bf16 else None
+        self.generate = build_generator(a.generation_backend, acc.unwrap_model(self.model), sampling, autocast_dtype=autocast_dtype)
         self.encode = PromptEncoder(self.tokenizer, a.max_prompt_length, a.chat_template_kwargs)
         self.log_probs = LogProbs(a.temperature, ref_autocast=acc.autocast)  # packed rows, each prompt once per group, chunked LM head
         for note in fallback_notices(policy) if acc.is_main_process else []:
