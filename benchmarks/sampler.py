@@ -45,7 +45,7 @@ sys.path.insert(0, HERE)
 from worker import matmul_peak, prompts, reward_len  # noqa: E402
 
 from fastgrpo.data import PromptEncoder  # noqa: E402
-from fastgrpo.generation import TransformersGenerator  # noqa: E402
+from fastgrpo.generation import SamplingSettings, TransformersGenerator  # noqa: E402
 from fastgrpo.models import load_model, load_tokenizer, resolve_model_path  # noqa: E402
 from fastgrpo.sampler import Sampler  # noqa: E402
 
@@ -152,8 +152,8 @@ def decode_table(model, tokenizer, ids, mask, device, autocast, peak: float, ban
             k = 4 if batch >= 64 else 8
             times = {}
             for steps in (1, 1 + k):
-                sampler = Sampler(model, max_completion_length=steps, eos_token_ids=[], pad_token_id=tokenizer.pad_token_id,
-                                  autocast_dtype=autocast)
+                no_eos = SamplingSettings(max_completion_length=steps, eos_token_ids=[], pad_token_id=tokenizer.pad_token_id)
+                sampler = Sampler(model, no_eos, autocast_dtype=autocast)
                 one_mask = torch.ones_like(context_ids)
                 times[steps] = min(synced(lambda: sampler(context_ids, one_mask, batch)) for _ in range(2))  # noqa: B023
             step = (times[1 + k] - times[1]) / k
@@ -208,10 +208,10 @@ def main() -> None:
     model = load_model(MODEL).to(device).eval()
     ids, mask, _ = PromptEncoder(tokenizer, MAX_PROMPT)(prompts(2))
     ids, mask = ids.to(device), mask.to(device)
-    sampling = dict(max_completion_length=T, eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id)
-    ours = Sampler(model, autocast_dtype=autocast, **sampling)
+    sampling = SamplingSettings(max_completion_length=T, eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id)
+    ours = Sampler(model, sampling, autocast_dtype=autocast)
     if args.skip_trl:
-        generate = TransformersGenerator(model, **sampling)
+        generate = TransformersGenerator(model, sampling)
         peer_name, peer = "transformers generate", lambda i, m, g: _autocast_call(generate, autocast, i, m, g)  # noqa: E731
     else:
         peer_name, peer = "TRL 1.16", trl_generator(resolve_model_path(MODEL), tokenizer, device, tempfile.mkdtemp())

@@ -9,6 +9,7 @@ import pytest
 from transformers import EarlyStoppingCallback, PrinterCallback, TrainerCallback, TrainerState
 
 from fastgrpo import GRPOConfig, GRPOTrainer
+from fastgrpo.callbacks import scheduled
 
 
 def reward_even_tokens(completion_ids, **kwargs):
@@ -137,3 +138,16 @@ def test_state_survives_a_resume(tmp_path, tokenizer, make_model, prompts):
     second.train(resume_from_checkpoint=True)
     # step 2's record from the first run (its train summary was logged after the save), then steps 4 and the summary
     assert [r["step"] for r in second.state.log_history] == [2, 4, 4]
+
+
+def test_schedule_by_hand(tmp_path):
+    args = config(tmp_path, max_steps=8, logging_steps=0.25, logging_first_step=True, eval_strategy="steps", eval_steps=3, save_strategy="epoch")
+    # logging_steps 0.25 of 8 steps = every 2; eval every 3 (only with an eval dataset); save at an epoch's end only.
+    assert scheduled(args, 1, 8, epoch_end=False, can_evaluate=True) == (True, False, False)  # logging_first_step
+    assert scheduled(args, 2, 8, epoch_end=False, can_evaluate=True) == (True, False, False)
+    assert scheduled(args, 3, 8, epoch_end=False, can_evaluate=True) == (False, True, False)
+    assert scheduled(args, 3, 8, epoch_end=False, can_evaluate=False) == (False, False, False)
+    assert scheduled(args, 7, 8, epoch_end=True, can_evaluate=True) == (False, False, True)
+    assert scheduled(args, 8, 8, epoch_end=False, can_evaluate=True) == (True, False, False)  # the last step always logs
+    steps = config(tmp_path, max_steps=8, save_strategy="steps", save_steps=3)
+    assert [scheduled(steps, s, 8, epoch_end=False, can_evaluate=False)[2] for s in range(1, 9)] == [False, False, True, False, False, True, False, True]

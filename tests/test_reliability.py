@@ -324,13 +324,14 @@ def test_non_finite_gradient_stops_before_the_optimizer_step(tmp_path, tokenizer
 
 
 def test_sampler_refuses_non_finite_logits(tokenizer, make_model):
+    from fastgrpo.generation import SamplingSettings
     from fastgrpo.sampler import Sampler
 
     model = make_model().eval()
     with torch.no_grad():
         model.model.layers[0].mlp.down_proj.weight[0, 0] = float("nan")
     ids = torch.tensor([tokenizer("Hi")["input_ids"]])
-    sampler = Sampler(model, max_completion_length=4, eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id)
+    sampler = Sampler(model, SamplingSettings(max_completion_length=4, eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id))
     with pytest.raises(ValueError, match="logits hold inf or NaN at completion token 0"):
         sampler(ids, torch.ones_like(ids), 2)
 

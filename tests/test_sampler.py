@@ -6,6 +6,7 @@ configured distribution; a model's generation_config.json changes nothing;
 unsupported models fall back; peft adapters are sampled from.
 """
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -13,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
 from fastgrpo import GRPOConfig
-from fastgrpo.generation import TransformersGenerator, build_generator
+from fastgrpo.generation import SamplingSettings, TransformersGenerator, build_generator
 from fastgrpo.logprobs import LogProbs
 from fastgrpo.rollout import completion_mask
 from fastgrpo.sampler import Sampler
@@ -28,7 +29,7 @@ def left_padded(tokenizer, texts):
 
 
 def settings(tokenizer, **values):
-    return dict(max_completion_length=T, eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id) | values
+    return replace(SamplingSettings(T, [tokenizer.eos_token_id], tokenizer.pad_token_id), **values)
 
 
 def test_greedy_equals_generate_with_rows_ending_at_different_steps(tokenizer, make_model):
@@ -36,12 +37,12 @@ def test_greedy_equals_generate_with_rows_ending_at_different_steps(tokenizer, m
     ids, mask = left_padded(tokenizer, ["Hello there, how are you today?", "Hi", "Count to ten, please, and then stop."])
     assert (mask == 0).any(-1).sum() == 2  # two prompts carry left padding
     greedy = settings(tokenizer, top_k=1, repetition_penalty=1.5)  # the penalty makes greedy rows vary their tokens
-    free = TransformersGenerator(model, **greedy)(ids, mask, 2)  # (6, T), no EOS reached
+    free = TransformersGenerator(model, greedy)(ids, mask, 2)  # (6, T), no EOS reached
     # EOS ids taken from the free run: row 0 ends at its step 3, row 4 at step 7, rows 2–3 never (checked below).
     eos = [int(free[0, 3]), int(free[4, 7])]
-    greedy["eos_token_ids"] = eos
-    reference = TransformersGenerator(model, **greedy)(ids, mask, 2)
-    ours = Sampler(model, **greedy)(ids, mask, 2)
+    greedy = replace(greedy, eos_token_ids=eos)
+    reference = TransformersGenerator(model, greedy)(ids, mask, 2)
+    ours = Sampler(model, greedy)(ids, mask, 2)
     lengths = completion_mask(reference, eos).sum(-1)
     assert len(set(lengths.tolist())) >= 3  # rows end at different steps (one runs to T)
     assert torch.equal(ours, reference)
@@ -52,10 +53,10 @@ def test_compaction_changes_no_row(tokenizer, make_model):
     ids, mask = left_padded(tokenizer, ["Count to 3.", "Name a colour, any colour you like."])
     sampling = settings(tokenizer, temperature=0.8, top_k=50, repetition_penalty=1.2)
     torch.manual_seed(7)
-    full = Sampler(model, **sampling | {"eos_token_ids": []})(ids, mask, 4)  # no EOS: all 8 rows run T steps
+    full = Sampler(model, replace(sampling, eos_token_ids=[]))(ids, mask, 4)  # no EOS: all 8 rows run T steps
     eos = [int(full[0, 2]), int(full[5, 6])]  # rows 0 and 5 now end early, and leave the batch
     torch.manual_seed(7)
-    compacted = Sampler(model, **sampling | {"eos_token_ids": eos})(ids, mask, 4)
+    compacted = Sampler(model, replace(sampling, eos_token_ids=eos))(ids, mask, 4)
     lengths = completion_mask(compacted, eos).sum(-1)
     assert lengths.min() < T and lengths.max() == T
     for row, length in enumerate(lengths.tolist()):  # every row: the same tokens up to its EOS, padding after
@@ -69,7 +70,7 @@ def test_sampled_logps_equal_training_forward(tokenizer, make_model):
     sampling = settings(tokenizer, temperature=0.7, top_p=0.9, top_k=40, min_p=0.01, repetition_penalty=1.1)
     eos = [tokenizer.eos_token_id] + list(range(300, 1300))  # ~2 % of the vocabulary ends a row: uneven lengths
     torch.manual_seed(0)
-    samples = Sampler(model, **sampling | {"eos_token_ids": eos}).sample(ids, mask, 4)
+    samples = Sampler(model, replace(sampling, eos_token_ids=eos)).sample(ids, mask, 4)
     batch = SimpleNamespace(
         prompt_ids=ids.repeat_interleave(4, 0), prompt_mask=mask.repeat_interleave(4, 0),
         completion_ids=samples.completion_ids, completion_mask=completion_mask(samples.completion_ids, eos),
@@ -85,7 +86,7 @@ def test_next_token_frequencies_match_softmax(tokenizer, make_model):
     model = make_model().eval()
     ids, mask = left_padded(tokenizer, ["Count to 3."])
     temperature, k, draws = 0.5, 20, 4000
-    sampler = Sampler(model, **settings(tokenizer, max_completion_length=1, temperature=temperature, top_k=k))
+    sampler = Sampler(model, settings(tokenizer, max_completion_length=1, temperature=temperature, top_k=k))
     torch.manual_seed(0)
     first = torch.cat([sampler(ids, mask, 200)[:, 0] for _ in range(draws // 200)])
     with torch.no_grad():
@@ -110,15 +111,15 @@ def test_generation_config_json_is_ignored(tokenizer, make_model, tmp_path, back
     assert loaded.generation_config.top_k == 5 and loaded.generation_config.min_new_tokens == T
     ids, mask = left_padded(tokenizer, ["Count to 3."])
     # top_k = 0 and temperature 1: the first token ranges over the vocabulary, not over the model's top 5.
-    generate = build_generator(backend, loaded, **settings(tokenizer, max_completion_length=1))
+    generate = build_generator(backend, loaded, settings(tokenizer, max_completion_length=1))
     torch.manual_seed(0)
     first = generate(ids, mask, 64)[:, 0]
     with torch.no_grad():
         top5 = loaded(input_ids=ids, attention_mask=mask).logits[0, -1].topk(5).indices
     assert (~torch.isin(first, top5)).sum() > 32
     # min_new_tokens and no_repeat_ngram_size not applied: greedy repeats a token and stops at the EOS it picks.
-    greedy = build_generator(backend, loaded, **settings(tokenizer, top_k=1, eos_token_ids=[int(first[0])]))
-    ref = build_generator(backend, make_model().eval(), **settings(tokenizer, top_k=1, eos_token_ids=[int(first[0])]))
+    greedy = build_generator(backend, loaded, settings(tokenizer, top_k=1, eos_token_ids=[int(first[0])]))
+    ref = build_generator(backend, make_model().eval(), settings(tokenizer, top_k=1, eos_token_ids=[int(first[0])]))
     assert torch.equal(greedy(ids, mask, 1), ref(ids, mask, 1))
     repeats = ref(ids, mask, 1)[0]
     assert len(set(repeats.tolist())) < len(repeats)  # the random model repeats itself when nothing forbids it
@@ -127,10 +128,10 @@ def test_generation_config_json_is_ignored(tokenizer, make_model, tmp_path, back
 def test_unsupported_model_falls_back_to_generate(tokenizer):
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=1, n_head=2))
     with pytest.warns(UserWarning, match="model_type 'gpt2'"):
-        generate = build_generator("fastgrpo", gpt2, **settings(tokenizer))
+        generate = build_generator("fastgrpo", gpt2, settings(tokenizer))
     assert isinstance(generate, TransformersGenerator)
     with pytest.raises(ValueError, match="generation_backend='vllm'"):
-        build_generator("vllm", gpt2, **settings(tokenizer))
+        build_generator("vllm", gpt2, settings(tokenizer))
     with pytest.raises(ValueError, match="generation_backend='vllm': use one of fastgrpo, transformers"):
         GRPOConfig(generation_backend="vllm")
 
@@ -140,9 +141,9 @@ def test_peft_adapter_is_sampled_from(tokenizer, make_model):
     model = peft.get_peft_model(make_model(), peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False)).eval()
     ids, mask = left_padded(tokenizer, ["Count to 3.", "Hi"])
     greedy = settings(tokenizer, top_k=1, repetition_penalty=1.5)
-    generate = build_generator("fastgrpo", model, **greedy)
+    generate = build_generator("fastgrpo", model, greedy)
     assert isinstance(generate, Sampler)
     adapted = generate(ids, mask, 2)
-    assert torch.equal(adapted, TransformersGenerator(model, **greedy)(ids, mask, 2))
+    assert torch.equal(adapted, TransformersGenerator(model, greedy)(ids, mask, 2))
     with model.disable_adapter():  # the adapter changes the tokens, so equality above used it
         assert not torch.equal(adapted, generate(ids, mask, 2))

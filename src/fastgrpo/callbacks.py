@@ -4,17 +4,18 @@
 every logged record, best_metric / best_global_step / best_model_checkpoint)
 and the `TrainerControl`, and calls the user's callbacks at the events
 transformers' Trainer calls them: on_init_end, on_train_begin, on_step_begin,
-on_step_end, on_log, on_evaluate, on_save, on_train_end. The trainer decides
-its own schedule (log / evaluate / save at this step) and sets the control
-flags before on_step_end, as transformers' `DefaultFlowCallback` does, so a
-callback can add a save, a log or an evaluation, or stop training
-(`control.should_training_stop`), and the trainer honours it.
+on_step_end, on_log, on_evaluate, on_save, on_train_end. `scheduled` says
+whether the trainer's own schedule logs, evaluates or saves at a step, and
+`step_end` sets those control flags before on_step_end, as transformers'
+`DefaultFlowCallback` does, so a callback can add a save, a log or an
+evaluation, or stop training (`control.should_training_stop`), and the
+trainer honours it.
 
 Every logged record reaches `on_log` with the step's phase seconds
 (`seconds/generate`, `seconds/update`, …), so timing and monitoring code
 needs no private hook.
 
-Not here: when to log, evaluate or save (trainer.py), what a record holds (metrics.py).
+Not here: what a record holds (metrics.py), doing the logging, evaluation or save (trainer.py).
 """
 
 from __future__ import annotations
@@ -135,6 +136,32 @@ class TrainerEvents:
         runtime = time.perf_counter() - self.started
         self.log({"train_runtime": round(runtime, 4), "train_steps_per_second": round(self.state.global_step / max(runtime, 1e-9), 3), "train_loss": training_loss})
         self.control = self.handler.on_train_end(self.args, self.state, self.control)
+
+
+def scheduled(args, step: int, max_steps: int, epoch_end: bool, can_evaluate: bool) -> tuple[bool, bool, bool]:
+    """(log, evaluate, save) after optimizer step `step` by the config's schedule, before callbacks add theirs.
+
+    Log every `logging_steps`, after step 1 with `logging_first_step`, and at the
+    last step; evaluate (with an eval dataset) every `eval_steps` or at an epoch's
+    end (`eval_strategy`); save every `save_steps` and at the last step, or at an
+    epoch's end (`save_strategy`). Intervals below 1 are fractions of `max_steps`
+    (`_absolute`, transformers' rule).
+
+    Args:
+        args: the GRPOConfig (the fields named above).
+        step: optimizer steps done, 1 … max_steps.
+        epoch_end: this step finished a pass over the training prompts.
+        can_evaluate: the trainer has an eval dataset.
+    """
+    a = args
+    log = step % _absolute(a.logging_steps, max_steps) == 0 or step == max_steps or (a.logging_first_step and step == 1)
+    evaluate = can_evaluate and (
+        (a.eval_strategy == "steps" and step % _absolute(a.eval_steps, max_steps) == 0) or (a.eval_strategy == "epoch" and epoch_end)
+    )
+    save = (a.save_strategy == "steps" and (step % _absolute(a.save_steps, max_steps) == 0 or step == max_steps)) or (
+        a.save_strategy == "epoch" and epoch_end
+    )
+    return log, evaluate, save
 
 
 def check_callback(callback) -> None:

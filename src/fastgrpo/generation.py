@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -26,6 +27,41 @@ from transformers import GenerationConfig, PreTrainedModel
 
 from .config import GENERATION_BACKENDS
 from .sampler import Sampler, decoder_of, unsupported_reason
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """What both backends sample with, built once from GRPOConfig's fields of the same names.
+
+    Fields:
+        max_completion_length: T, the most completion tokens per row (TRL's field;
+            transformers' `max_new_tokens`).
+        eos_token_ids: token ids that end a completion (transformers' `eos_token_id`
+            as a list); stored as a tuple.
+        pad_token_id: token id that fills a row after its EOS, as `generate` pads.
+        temperature: logits are divided by it before sampling (> 0; 1.0 = off);
+            training log-probs are taken at the same value (TRL's rule).
+        top_p: nucleus sampling, the smallest set of tokens whose probability reaches
+            it (1.0 = off), as transformers' `TopPLogitsWarper`.
+        top_k: keep the k most likely tokens (0 = off: TRL's meaning; transformers'
+            own default would be 50).
+        min_p: drop tokens below min_p × the top token's probability (None = off),
+            as transformers' `MinPLogitsWarper`.
+        repetition_penalty: transformers' `RepetitionPenaltyLogitsProcessor` over the
+            prompt and completion tokens so far (1.0 = off).
+    """
+
+    max_completion_length: int
+    eos_token_ids: Sequence[int]
+    pad_token_id: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float | None = None
+    repetition_penalty: float = 1.0
+
+    def __post_init__(self):
+        object.__setattr__(self, "eos_token_ids", tuple(self.eos_token_ids))  # no list the caller could change later
 
 
 class Generator(Protocol):
@@ -41,40 +77,24 @@ class TransformersGenerator:
 
     Args:
         model: the policy (the unwrapped module; DDP wrappers do not generate).
-        max_completion_length: T, in tokens.
-        eos_token_ids: ids that end a completion.
-        pad_token_id: padding id (may equal EOS); fills rows after their EOS.
-        temperature, top_p, top_k, min_p, repetition_penalty: as in
-            `transformers.GenerationConfig` (top_k 0 = off; TRL's meaning).
+        sampling: the `SamplingSettings`, passed to `transformers.GenerationConfig`.
     The model's own `generation_config` is swapped for transformers' defaults
     during the call: `generate` would otherwise fill every value left unset
     here (min_new_tokens, no_repeat_ngram_size, …) from it.
     """
 
-    def __init__(
-        self,
-        model: PreTrainedModel,
-        *,
-        max_completion_length: int,
-        eos_token_ids: Sequence[int],
-        pad_token_id: int,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        min_p: float | None = None,
-        repetition_penalty: float = 1.0,
-    ):
+    def __init__(self, model: PreTrainedModel, sampling: SamplingSettings):
         self.model = model
         self.config = GenerationConfig(
             do_sample=True,
-            max_new_tokens=max_completion_length,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,  # 0 disables it; None would let transformers fill in its default of 50
-            min_p=min_p,
-            repetition_penalty=repetition_penalty,
-            eos_token_id=list(eos_token_ids),
-            pad_token_id=pad_token_id,
+            max_new_tokens=sampling.max_completion_length,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,  # 0 disables it; None would let transformers fill in its default of 50
+            min_p=sampling.min_p,
+            repetition_penalty=sampling.repetition_penalty,
+            eos_token_id=list(sampling.eos_token_ids),
+            pad_token_id=sampling.pad_token_id,
             use_cache=True,
         )
 
@@ -96,16 +116,17 @@ class TransformersGenerator:
         return out[:, prompt_ids.shape[1] :]
 
 
-def build_generator(backend: str, model: torch.nn.Module, *, autocast_dtype: torch.dtype | None = None, **sampling) -> Generator:
+def build_generator(
+    backend: str, model: torch.nn.Module, sampling: SamplingSettings, *, autocast_dtype: torch.dtype | None = None
+) -> Generator:
     """The `Generator` for `generation_backend`: fastgrpo's `Sampler`, or transformers' `generate`.
 
     Args:
         backend: "fastgrpo" or "transformers".
         model: the policy (unwrapped from DDP; a peft model is fine).
+        sampling: the `SamplingSettings` both backends sample with.
         autocast_dtype: the sampler's forward precision (None: the weights'); `generate`
             runs under whatever the model's forward does.
-        **sampling: max_completion_length, eos_token_ids, pad_token_id and the
-            sampling values, as both backends take them.
     Returns:
         A `Sampler`, or a `TransformersGenerator` when asked for or when the
         sampler cannot run this model (a one-line `UserWarning` says why).
@@ -117,6 +138,6 @@ def build_generator(backend: str, model: torch.nn.Module, *, autocast_dtype: tor
     if backend == "fastgrpo":
         reason = unsupported_reason(model)
         if reason is None:
-            return Sampler(model, autocast_dtype=autocast_dtype, **sampling)
+            return Sampler(model, sampling, autocast_dtype=autocast_dtype)
         warnings.warn(f"fastgrpo's sampler cannot run {reason}; generating with transformers' generate instead.", stacklevel=2)
-    return TransformersGenerator(model, **sampling)
+    return TransformersGenerator(model, sampling)

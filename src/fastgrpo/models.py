@@ -204,6 +204,17 @@ def reference_model(policy: PreTrainedModel) -> PreTrainedModel:
     return ref
 
 
+@torch.no_grad()
+def sync_reference(ref_model: torch.nn.Module, policy: torch.nn.Module, alpha: float) -> None:
+    """TR-DPO's soft update of π_ref, in place: θ_ref ← α·θ + (1 − α)·θ_ref, parameter by parameter.
+
+    TR-DPO: arXiv 2404.09656; matches TRL's `SyncRefModelCallback` (sync_ref_model, ref_model_mixup_alpha = α).
+    `ref_model` is the frozen copy (`reference_model`); `policy` the unwrapped model it was copied from.
+    """
+    for ref, p in zip(ref_model.parameters(), policy.parameters()):
+        ref.mul_(1 - alpha).add_(p.detach(), alpha=alpha)
+
+
 
 # ---------------------------------------------------------------- LoRA (peft)
 def lora_config(

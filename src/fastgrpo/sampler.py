@@ -23,8 +23,7 @@ for other architectures (generation.py), masks after EOS (rollout.py).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +36,9 @@ from transformers import (
     TopPLogitsWarper,
 )
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+if TYPE_CHECKING:  # generation.py imports this module
+    from .generation import SamplingSettings
 
 # Decoders whose layers are exactly: RMSNorm → q/k/v/o attention with rotary embeddings → RMSNorm → MLP.
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -75,26 +77,24 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
     return None
 
 
-def logits_processors(
-    *, temperature: float, top_p: float, top_k: int, min_p: float | None, repetition_penalty: float
-) -> LogitsProcessorList:
-    """transformers' processors for these values, in the order `generate` applies them when sampling.
+def logits_processors(sampling: SamplingSettings) -> LogitsProcessorList:
+    """transformers' processors for these settings, in the order `generate` applies them when sampling.
 
     Matches `GenerationMixin._get_logits_processor` (transformers 5): the
     repetition penalty first, then temperature, top-k, top-p, min-p; a value
     that means "off" (1.0, 0, None) adds nothing.
     """
     processors = LogitsProcessorList()
-    if repetition_penalty != 1.0:
-        processors.append(RepetitionPenaltyLogitsProcessor(repetition_penalty))
-    if temperature != 1.0:
-        processors.append(TemperatureLogitsWarper(temperature))
-    if top_k != 0:
-        processors.append(TopKLogitsWarper(top_k=top_k, min_tokens_to_keep=1))
-    if top_p < 1.0:
-        processors.append(TopPLogitsWarper(top_p=top_p, min_tokens_to_keep=1))
-    if min_p is not None:
-        processors.append(MinPLogitsWarper(min_p=min_p, min_tokens_to_keep=1))
+    if sampling.repetition_penalty != 1.0:
+        processors.append(RepetitionPenaltyLogitsProcessor(sampling.repetition_penalty))
+    if sampling.temperature != 1.0:
+        processors.append(TemperatureLogitsWarper(sampling.temperature))
+    if sampling.top_k != 0:
+        processors.append(TopKLogitsWarper(top_k=sampling.top_k, min_tokens_to_keep=1))
+    if sampling.top_p < 1.0:
+        processors.append(TopPLogitsWarper(top_p=sampling.top_p, min_tokens_to_keep=1))
+    if sampling.min_p is not None:
+        processors.append(MinPLogitsWarper(min_p=sampling.min_p, min_tokens_to_keep=1))
     return processors
 
 
@@ -104,41 +104,20 @@ class Sampler:
     Args:
         model: a causal LM that `unsupported_reason` accepts (check first; the
             constructor raises otherwise), or a peft model around one.
-        max_completion_length: T, in tokens.
-        eos_token_ids: ids that end a completion.
-        pad_token_id: fills a row after its EOS (as `generate` does).
-        temperature, top_p, top_k, min_p, repetition_penalty: as in
-            `transformers.GenerationConfig` (top_k 0 = off).
+        sampling: the `SamplingSettings` (T = max_completion_length tokens, EOS and
+            padding ids, and the values transformers' `generate` samples with).
         autocast_dtype: e.g. torch.bfloat16 to run the forward under autocast
             (the trainer's mixed precision); None: the weights' own dtype.
     Raises:
         ValueError: the model is not one the sampler handles (the message says why).
     """
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        *,
-        max_completion_length: int,
-        eos_token_ids: Sequence[int],
-        pad_token_id: int,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        min_p: float | None = None,
-        repetition_penalty: float = 1.0,
-        autocast_dtype: torch.dtype | None = None,
-    ):
+    def __init__(self, model: torch.nn.Module, sampling: SamplingSettings, *, autocast_dtype: torch.dtype | None = None):
         if (reason := unsupported_reason(model)) is not None:
             raise ValueError(f"the fastgrpo sampler cannot run {reason}; use generation_backend='transformers'.")
         self.model = model
-        self.max_completion_length = max_completion_length
-        self.eos_token_ids = list(eos_token_ids)
-        self.pad_token_id = pad_token_id
-        self.temperature = temperature
-        self.processors = logits_processors(
-            temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, repetition_penalty=repetition_penalty
-        )
+        self.sampling = sampling
+        self.processors = logits_processors(sampling)
         self.autocast_dtype = autocast_dtype
 
     def __call__(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, num_generations: int) -> torch.Tensor:
@@ -163,7 +142,7 @@ class Sampler:
         device = prompt_ids.device
         autocast = torch.autocast(device.type, dtype=self.autocast_dtype or torch.float32, enabled=self.autocast_dtype is not None)
         B, P = prompt_ids.shape
-        G, T = num_generations, self.max_completion_length
+        G, T = num_generations, self.sampling.max_completion_length
         N, L = B * G, P + T
         with autocast:
             cache = _Cache(lm, N, L, device)
@@ -171,8 +150,8 @@ class Sampler:
             logits = cache.prefill(prompt_ids, prompt_mask.bool(), positions, G).repeat_interleave(G, dim=0)  # (N, V)
             tokens = torch.cat([prompt_ids, prompt_ids.new_zeros(B, T)], dim=1).repeat_interleave(G, dim=0)  # (N, L)
             next_position = (positions[:, -1] + 1).repeat_interleave(G)  # (N,)
-            eos = torch.tensor(self.eos_token_ids, device=device)
-            out = torch.full((N, T), self.pad_token_id, dtype=prompt_ids.dtype, device=device)
+            eos = torch.tensor(self.sampling.eos_token_ids, device=device)
+            out = torch.full((N, T), self.sampling.pad_token_id, dtype=prompt_ids.dtype, device=device)
             logps = torch.zeros(N, T, device=device)
             rows = torch.arange(N, device=device)  # original index of each live row, live rows first in the cache
             for t in range(T):
@@ -185,7 +164,7 @@ class Sampler:
                 scores = self.processors(tokens[rows, : P + t], logits)  # (n, V)
                 token = _inverse_cdf(scores.softmax(-1), torch.rand(N, 1, device=device, dtype=torch.float64)[rows])  # (n,)
                 out[rows, t], tokens[rows, P + t] = token, token
-                logps[rows, t] = (logits / self.temperature).log_softmax(-1).gather(1, token[:, None]).squeeze(1)
+                logps[rows, t] = (logits / self.sampling.temperature).log_softmax(-1).gather(1, token[:, None]).squeeze(1)
                 live = ~torch.isin(token, eos)
                 if t + 1 == T or not live.any():
                     break

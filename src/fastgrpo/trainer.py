@@ -1,4 +1,4 @@
-"""`GRPOTrainer`: set-up, the GRPO loop with μ passes over each rollout, save/resume, evaluate.
+"""`GRPOTrainer`: TRL's constructor and methods, and the GRPO loop with μ passes over each rollout.
 
 The loop (docs/design.md) reads top to bottom in `train()`: collect a rollout, then
 μ passes over it, one optimizer step per `gradient_accumulation_steps`
@@ -13,67 +13,47 @@ Usage (TRL's API; only the import differs):
                           args=GRPOConfig(num_iterations=4), train_dataset=ds)
     trainer.train()
 
-Not here: the maths (losses.py, advantages.py), the rollout record (rollout.py), checkpoint
-files (checkpoint.py), metric output (metrics.py).
+Not here: the maths (losses.py, advantages.py), the rollout record (rollout.py), building
+the accelerator and policy (trainer_setup.py), checkpoints and resume (trainer_checkpoints.py,
+checkpoint.py), evaluation (evaluation.py), metric output (metrics.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import uuid
-import warnings
+from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
 from functools import partial
 from typing import NamedTuple
 
 import torch
-from accelerate import Accelerator
-from accelerate.utils import gather_object, set_seed
+from accelerate.utils import gather_object
 from datasets import IterableDataset
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from transformers import get_scheduler
 
-from . import checkpoint as ckpt
-from . import runs
+from . import trainer_checkpoints
 from .advantages import rollout_advantages
-from .callbacks import TrainerEvents
+from .callbacks import TrainerEvents, scheduled
 from .config import GRPOConfig
 from .data import PromptEncoder, PromptOrder, is_conversational
 from .dataset_kinds import StreamOrder, eval_sets
-from .generation import build_generator
-from .interrupt import StopOnInterrupt, TrainingInterrupted
-from .trainer_inputs import check_trainer_inputs
-from .launch import cpu_launch_error, cpu_only
+from .evaluation import mean_rewards
+from .generation import SamplingSettings, build_generator
+from .interrupt import StopOnInterrupt
 from .logprobs import LogProbs, TokenStats, fallback_notices
-from .losses import (
-    StepCounts,
-    entropy_threshold,
-    grpo_loss,
-    high_entropy_mask,
-    kl_k3,
-    masked_sum,
-    step_tokens,
-)
+from .losses import StepCounts, entropy_threshold, grpo_loss, high_entropy_mask, kl_k3, masked_sum, step_tokens
 from .metrics import CompletionRows, MetricsLog, PhaseTimer, RewardHooks, Window, rollout_metrics, window_record
-from .models import (
-    as_reference,
-    disable_dropout,
-    enable_gradient_checkpointing,
-    is_peft_model,
-    load_model,
-    load_tokenizer,
-    merged_copy,
-    prepare_adapters,
-    prepare_tokenizer,
-    reference_model,
-)
+from .models import as_reference, sync_reference
 from .optimizers import build_optimizer
 from .reward_models import RewardModel
 from .rewards import score
 from .rollout import Rollout, collect
+from .trainer_inputs import check_trainer_inputs
+from .trainer_setup import build_accelerator, load_policy
 
 
 class TrainOutput(NamedTuple):
@@ -128,42 +108,14 @@ class GRPOTrainer:
         self.reward_funcs, self.reward_names = checked.reward_funcs, checked.reward_names
         self.reward_processing_classes, weights = checked.reward_processing_classes, checked.reward_weights
 
-        bf16 = a.bf16 if a.bf16 is not None else bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
-        if (launch_error := cpu_launch_error()) is not None:
-            raise ValueError(launch_error)
-        runs.check_output_dir(a.output_dir)
-        # cpu=True without GPUs: only then does accelerate join torchrun's processes into one gloo group.
-        self.accelerator = acc = Accelerator(
-            cpu=cpu_only(), mixed_precision="bf16" if bf16 else "no", log_with=a.report_to or None, project_dir=a.output_dir
-        )
-        if a.report_to:  # TensorBoard/W&B through accelerate's trackers, under output_dir
-            acc.init_trackers("fastgrpo", config={k: v for k, v in a.to_dict().items() if isinstance(v, (int, float, str, bool))})
-        if acc.num_processes != a.world_size:
-            raise ValueError(f"GRPOConfig was built for world_size={a.world_size} but {acc.num_processes} processes run; build the config inside the launched script.")
-        set_seed(a.seed, device_specific=True)  # each process samples its own completions; PromptOrder has its own seed
+        self.accelerator = acc = build_accelerator(a)  # device, precision, process group, trackers, seed
         self.console = Console()
         self.reward_weights = torch.tensor(weights, dtype=torch.float32, device=acc.device)
         for fn in self.reward_funcs:
             if isinstance(fn, RewardModel):
                 fn.prepare(acc.device, acc.autocast, a.chat_template_kwargs)  # scored in the policy's precision
 
-        name = model if isinstance(model, str) else model.config._name_or_path
-        if not isinstance(model, str) and a.model_init_kwargs is not None:  # TRL warns the same
-            warnings.warn("model_init_kwargs is set but the model is already instantiated; model_init_kwargs is ignored.", stacklevel=2)
-        with acc.main_process_first():  # a built-in model's first load converts it, once
-            self.tokenizer = prepare_tokenizer(processing_class) if processing_class is not None else load_tokenizer(name)
-            policy = load_model(model, a.model_init_kwargs)
-        # Adapters given (maybe trained) with beta > 0: π_ref = a frozen copy of them; fresh ones: adapters disabled.
-        policy = prepare_adapters(policy, peft_config, reference_copy=is_peft_model(model) and a.beta > 0)
-        if a.disable_dropout:  # after the adapters: their dropout too
-            disable_dropout(policy)
-        if a.gradient_checkpointing:
-            enable_gradient_checkpointing(policy, a.gradient_checkpointing_kwargs)
-        # π_ref: a frozen copy, or for an adapted policy the same model as its initial self (`reference()`).
-        self.ref_model = reference_model(policy).to(acc.device) if a.beta > 0 and not is_peft_model(policy) else None
-        eos = policy.generation_config.eos_token_id
-        eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-        self.eos_token_ids = sorted(eos | {self.tokenizer.eos_token_id})
+        self.tokenizer, policy, self.ref_model, self.eos_token_ids = load_policy(model, processing_class, peft_config, a, acc)
 
         if a.max_steps > 0:
             self.max_steps = a.max_steps
@@ -175,12 +127,12 @@ class GRPOTrainer:
             scheduler_specific_kwargs=a.lr_scheduler_kwargs,
         )
         self.model, self.optimizer = acc.prepare(policy, optimizer)
-        self.generate = build_generator(
-            a.generation_backend, acc.unwrap_model(self.model), autocast_dtype=torch.bfloat16 if bf16 else None,
-            max_completion_length=a.max_completion_length, eos_token_ids=self.eos_token_ids,
-            pad_token_id=self.tokenizer.pad_token_id, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
-            min_p=a.min_p, repetition_penalty=a.repetition_penalty,
+        sampling = SamplingSettings(
+            max_completion_length=a.max_completion_length, eos_token_ids=self.eos_token_ids, pad_token_id=self.tokenizer.pad_token_id,
+            temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, min_p=a.min_p, repetition_penalty=a.repetition_penalty,
         )
+        autocast_dtype = torch.bfloat16 if acc.mixed_precision == "bf16" else None
+        self.generate = build_generator(a.generation_backend, acc.unwrap_model(self.model), sampling, autocast_dtype=autocast_dtype)
         self.encode = PromptEncoder(self.tokenizer, a.max_prompt_length, a.chat_template_kwargs)
         self.log_probs = LogProbs(a.temperature, ref_autocast=acc.autocast)  # packed rows, each prompt once per group, chunked LM head
         for note in fallback_notices(policy) if acc.is_main_process else []:
@@ -223,7 +175,7 @@ class GRPOTrainer:
             FloatingPointError: a non-finite gradient norm, before the optimizer step applies it.
         """
         a = self.args
-        rollout, done = self._resume(resume_from_checkpoint)
+        rollout, done = trainer_checkpoints.resume(self, resume_from_checkpoint)
         schedule = [(i, s) for i in range(a.num_iterations) for s in range(a.steps_per_generation // a.gradient_accumulation_steps)]
         self.events.train_begin(self.max_steps, self.step, self._epoch())
         if a.eval_on_start and self.eval_dataset is not None:
@@ -241,7 +193,7 @@ class GRPOTrainer:
                     done = a.steps_per_rollout if stop_reuse else done
                     self._after_step(rollout, done, progress)
                     if self.step < self.max_steps and interrupt.requested(self.accelerator):  # Ctrl-C: save this whole step, stop
-                        self._stop_interrupted(rollout, done)
+                        trainer_checkpoints.stop_interrupted(self, rollout, done)
                     if self.step >= self.max_steps or stop_reuse or self.events.control.should_training_stop:
                         break
         if self.window.sums.get("steps"):  # stopped by a callback between logging steps: log the rest
@@ -257,20 +209,23 @@ class GRPOTrainer:
         a, acc = self.args, self.accelerator
         share = a.prompts_per_rollout // acc.num_processes
         drawn = self.order.take(a.prompts_per_rollout)[acc.process_index * share : (acc.process_index + 1) * share]
-        rollout = collect(
-            drawn if self.streaming else [self.train_dataset[i] for i in drawn], num_generations=a.num_generations,
-            encode=self._encode, generate=self.generate, decode=self._decode,
-            score=partial(score, self.reward_funcs, reward_kwargs=self._reward_kwargs()), advantages=self._advantages,
-            eos_token_ids=self.eos_token_ids, timer=self.timer,
-        )
+        rollout, extra = self._sample(drawn if self.streaming else [self.train_dataset[i] for i in drawn], self._advantages, self.timer)
         rollout = dataclasses.replace(rollout, ref_logps=self._ref_logps(rollout), old_logps=self._old_logps(rollout))
-        extra = self.reward_hooks.pop_columns()
         if a.log_completions:
             self.fresh_completions.append(CompletionRows.of(rollout, extra))
         self.window.add("rollouts", 1)
         for key, value in rollout_metrics(rollout, self.reward_names, self.reward_weights, a.num_generations).items():
             (self.window.extreme if key.endswith(("_min", "_max")) else self.window.add)(key, value)
         return rollout
+
+    def _sample(self, rows: list[dict], advantages: Callable[[torch.Tensor], torch.Tensor], timer: PhaseTimer) -> tuple[Rollout, dict]:
+        """B prompt rows → a Rollout of B·G scored completions (rollout.collect), and the reward functions' log_extra columns."""
+        rollout = collect(
+            rows, num_generations=self.args.num_generations, encode=self._encode, generate=self.generate, decode=self._decode,
+            score=partial(score, self.reward_funcs, reward_kwargs=self._reward_kwargs()), advantages=advantages,
+            eos_token_ids=self.eos_token_ids, timer=timer,
+        )
+        return rollout, self.reward_hooks.pop_columns()
 
     def _reward_kwargs(self) -> dict:
         """Extra keywords every reward function receives, as TRL passes them: trainer_state, log_extra, log_metric."""
@@ -418,54 +373,20 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ bookkeeping
     def _after_step(self, rollout: Rollout, done: int, progress) -> None:
-        a, every = self.args, lambda x: int(x) if x >= 1 else max(1, math.ceil(x * self.max_steps))
+        a = self.args
         progress.update(progress.task_ids[0], completed=self.step)
         if a.sync_ref_model and self.step % a.ref_model_sync_steps == 0:  # TR-DPO soft update
-            with torch.no_grad():
-                for ref, p in zip(self.ref_model.parameters(), self.accelerator.unwrap_model(self.model).parameters()):
-                    ref.mul_(1 - a.ref_model_mixup_alpha).add_(p.detach(), alpha=a.ref_model_mixup_alpha)
+            sync_reference(self.ref_model, self.accelerator.unwrap_model(self.model), a.ref_model_mixup_alpha)
         epoch_end = done >= a.steps_per_rollout and self.order.epoch > self.epochs_done  # this rollout finished a pass
         self.epochs_done = self.order.epoch if epoch_end else self.epochs_done
-        control = self.events.step_end(
-            self.step, self._epoch(),
-            log=self.step % every(a.logging_steps) == 0 or self.step == self.max_steps or (a.logging_first_step and self.step == 1),
-            evaluate=self.eval_dataset is not None and (
-                (a.eval_strategy == "steps" and self.step % every(a.eval_steps) == 0) or (a.eval_strategy == "epoch" and epoch_end)
-            ),
-            save=(a.save_strategy == "steps" and (self.step % every(a.save_steps) == 0 or self.step == self.max_steps))
-            or (a.save_strategy == "epoch" and epoch_end),
-        )  # callbacks may add a log, an evaluation or a save, or stop training
+        log, evaluate, save = scheduled(a, self.step, self.max_steps, epoch_end, can_evaluate=self.eval_dataset is not None)
+        control = self.events.step_end(self.step, self._epoch(), log, evaluate, save)  # callbacks may add any, or stop training
         if control.should_log:
             self._log()
         if control.should_evaluate and self.eval_dataset is not None:
             self.evaluate()
         if control.should_save:
-            self._save(rollout, done)
-
-    def _save(self, rollout: Rollout, done: int) -> str:
-        """Write checkpoint-<step> (every process calls it), then the callbacks' on_save; returns its path."""
-        a = self.args
-        state = {
-            "step": self.step, "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-            "order": self.order.state_dict(), "target_kl_stops": self.target_kl_stops, "done": done,
-            "ref_model": self.ref_model.state_dict() if a.sync_ref_model else None, "config": a.to_dict(),
-        }
-        own = {"rollout": rollout if done < a.steps_per_rollout else None}  # this process's share of the rollout
-        path = ckpt.save_checkpoint(
-            a.output_dir, self.step, self.accelerator, self.model, self.tokenizer, state, a.save_total_limit, own, self.run_id
-        )
-        self.events.save(path)
-        return path
-
-    def _stop_interrupted(self, rollout: Rollout, done: int) -> None:
-        """After Ctrl-C: save this step's checkpoint (unless just saved) and raise `TrainingInterrupted` with a resume hint."""
-        path = os.path.join(self.args.output_dir, f"{ckpt.PREFIX}{self.step}")
-        if path not in ckpt.checkpoints(self.args.output_dir, self.run_id):
-            path = self._save(rollout, done)
-        raise TrainingInterrupted(
-            f"interrupted at step {self.step}/{self.max_steps}; saved {path}. Resume with "
-            "trainer.train(resume_from_checkpoint=True), or the same fastgrpo train command plus --resume."
-        )
+            trainer_checkpoints.save(self, rollout, done)
 
     def _epoch(self) -> float:
         """Passes over the training prompts so far (TrainerState.epoch): whole epochs plus the drawn fraction."""
@@ -486,33 +407,6 @@ class GRPOTrainer:
             for r in rows:
                 self.log.completions(self.step, r, self.reward_names, self.args.num_completions_to_print)
         self.last_metrics, self.window, self.fresh_completions = record, Window(), []
-
-    def _resume(self, resume_from_checkpoint) -> tuple[Rollout | None, int]:
-        """Start a new run (claiming output_dir) or resume a checkpoint: state, changed settings, logs cut back."""
-        a, acc = self.args, self.accelerator
-        path, state = ckpt.load_checkpoint(resume_from_checkpoint, a.output_dir, acc, self.model)
-        if path is None:
-            removed = runs.claim_output_dir(a.output_dir, a.overwrite_output_dir) if acc.is_main_process else []
-            acc.wait_for_everyone()
-            if removed:
-                self.console.print(f"overwrite_output_dir: removed the previous run's {', '.join(removed)} from {a.output_dir}")
-            return None, 0
-        changed = runs.config_changes(state["config"], a.to_dict())  # refuses a change to the saved state's meaning
-        self.events.resume(path)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        runs.apply_optimizer_settings(self.optimizer, self.scheduler, a)
-        self.order.load_state_dict(state["order"])
-        self.step, self.target_kl_stops, self.run_id = state["step"], state["target_kl_stops"], state["run_id"]
-        if state["ref_model"] is not None:
-            self.ref_model.load_state_dict(state["ref_model"])
-        if self.log is not None:
-            self.log.cut_back(self.step)
-            self.console.print(f"resumed from {path} at step {self.step}", markup=False)
-            if changed:
-                listed = ", ".join(f"{k} {old!r} → {new!r}" for k, old, new in changed)
-                self.console.print(f"changed since the checkpoint, applied: {listed}", markup=False, soft_wrap=True)
-        return state.get("rollout"), state["done"]  # no rollout: resumed on another number of processes
 
     def _progress(self) -> Progress:
         columns = (TextColumn("GRPO"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
@@ -537,37 +431,13 @@ class GRPOTrainer:
         sets = eval_sets(eval_dataset) if eval_dataset is not None else self.eval_sets
         if sets is None:
             raise ValueError("evaluate() needs an eval_dataset: pass one to evaluate() or to GRPOTrainer.")
-        metrics = {}
-        for prefix, rows in sets.items():
-            metrics.update(self._mean_rewards(rows, metric_key_prefix + prefix[len("eval") :]))
+        metrics = mean_rewards(
+            sets, metric_key_prefix, self._sample, reward_names=self.reward_names, reward_weights=self.reward_weights,
+            num_generations=self.args.num_generations, batch_size=self.args.per_device_eval_batch_size, accelerator=self.accelerator,
+        )
         if self.log is not None:
             self.log.write({"step": self.step, **metrics})
         self.events.evaluate(metrics)
-        return metrics
-
-    def _mean_rewards(self, dataset, prefix: str) -> dict:
-        """{prefix_reward, prefix_rewards/<fn>} over one eval dataset, all processes."""
-        a, acc = self.args, self.accelerator
-        rows = [dataset[i] for i in range(acc.process_index, len(dataset), acc.num_processes)]
-        chunk = max(a.per_device_eval_batch_size // a.num_generations, 1)
-        window = Window()  # the same keys on every process, even one without eval rows
-        for key in ["reward_sum", "completions"] + [f"rewards/{n}_{part}" for n in self.reward_names for part in ("sum", "count")]:
-            window.add(key, 0.0)
-        for start in range(0, len(rows), chunk):
-            rollout = collect(
-                rows[start : start + chunk], num_generations=a.num_generations, encode=self._encode, generate=self.generate,
-                decode=self._decode, score=partial(score, self.reward_funcs, reward_kwargs=self._reward_kwargs()),
-                advantages=lambda r: torch.zeros(len(r)),
-                eos_token_ids=self.eos_token_ids, timer=PhaseTimer(),
-            )
-            self.reward_hooks.pop_columns()  # log_extra columns describe training rollouts only
-            values = rollout_metrics(rollout, self.reward_names, self.reward_weights, a.num_generations)
-            for key in list(window.sums):
-                window.add(key, values[key])
-        sums, _ = window.reduce(acc)
-        metrics = {f"{prefix}_reward": sums["reward_sum"] / max(sums["completions"], 1)}
-        for name in self.reward_names:
-            metrics[f"{prefix}_rewards/{name}"] = sums[f"rewards/{name}_sum"] / max(sums[f"rewards/{name}_count"], 1)
         return metrics
 
     def save_model(self, output_dir: str | None = None, merge_adapters: bool = False) -> None:
@@ -576,17 +446,8 @@ class GRPOTrainer:
         With adapters it writes them alone (`adapter_model.safetensors`, loadable with
         `peft.PeftModel.from_pretrained`), or with `merge_adapters=True` the base
         weights with the adapters merged in (loadable with `from_pretrained`).
+
+        Raises:
+            ValueError: merge_adapters=True for a policy without adapters.
         """
-        output_dir = output_dir or self.args.output_dir
-        policy = self.accelerator.unwrap_model(self.model)
-        if merge_adapters and not is_peft_model(policy):
-            raise ValueError("merge_adapters=True but the policy has no adapters; call save_model() without it.")
-        state_dict = self.accelerator.get_state_dict(self.model)
-        if self.accelerator.is_main_process:
-            if merge_adapters:
-                merged_copy(policy).save_pretrained(output_dir, safe_serialization=True)
-            else:
-                policy.save_pretrained(output_dir, state_dict=state_dict, safe_serialization=True)
-            self.tokenizer.save_pretrained(output_dir)
-            ckpt.make_readable(output_dir)
-        self.accelerator.wait_for_everyone()
+        trainer_checkpoints.save_model(self.accelerator, self.model, self.tokenizer, output_dir or self.args.output_dir, merge_adapters)

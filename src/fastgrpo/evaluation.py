@@ -1,0 +1,63 @@
+"""Evaluation: the mean reward of G sampled completions per eval prompt, over all processes.
+
+`mean_rewards` gives each process every num_processes-th row of each eval
+dataset, samples and scores them in chunks of `per_device_eval_batch_size`
+completions, and sums over all processes before dividing, so every process
+returns the same means and a process without rows still joins the reduction.
+Nothing here trains: no advantages, no π_old/π_ref passes, no phase timing.
+
+Not here: which objects are eval datasets (dataset_kinds.eval_sets), when
+evaluation runs (`eval_strategy`, trainer.py), writing the metrics (metrics.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import torch
+
+from .metrics import PhaseTimer, Window, rollout_metrics
+from .rollout import Rollout
+
+# (rows, advantages, timer) → (rollout, reward functions' log_extra columns): the trainer's own sampling and scoring.
+Sample = Callable[[list[dict], Callable[[torch.Tensor], torch.Tensor], PhaseTimer], tuple[Rollout, dict]]
+
+
+def mean_rewards(
+    sets: Mapping[str, Sequence[dict]], metric_key_prefix: str, sample: Sample, *, reward_names: list[str],
+    reward_weights: torch.Tensor, num_generations: int, batch_size: int, accelerator,
+) -> dict[str, float]:
+    """Mean weighted reward and each reward function's mean, per eval dataset, over all processes.
+
+    Args:
+        sets: {"eval": rows} or {"eval_<name>": rows} (dataset_kinds.eval_sets).
+        metric_key_prefix: replaces "eval" in each set's name (transformers' argument).
+        sample: G scored completions per row, as the trainer samples for training.
+        reward_names: the R reward functions' log names.
+        reward_weights: (R,) weights of the weighted sum (TRL's reward_weights).
+        num_generations: G, completions per prompt.
+        batch_size: per_device_eval_batch_size, completions per `sample` call (at least one prompt's G).
+        accelerator: splits the rows and sums the metrics over processes.
+    Returns:
+        {"<prefix>_reward": mean weighted reward per completion, "<prefix>_rewards/<fn>":
+        mean of each function over the completions it applied to (not None)}; 0.0 for none.
+    """
+    acc, prompts_per_call = accelerator, max(batch_size // num_generations, 1)
+    metrics = {}
+    for set_name, dataset in sets.items():
+        prefix = metric_key_prefix + set_name[len("eval") :]  # "eval" or "eval_<name>" → "<prefix>[_<name>]"
+        rows = [dataset[i] for i in range(acc.process_index, len(dataset), acc.num_processes)]
+        window = Window()  # the same keys on every process, even one without eval rows
+        for key in ["reward_sum", "completions"] + [f"rewards/{n}_{part}" for n in reward_names for part in ("sum", "count")]:
+            window.add(key, 0.0)
+        for start in range(0, len(rows), prompts_per_call):
+            # No advantages (nothing trains on these); log_extra columns describe training rollouts only.
+            rollout, _ = sample(rows[start : start + prompts_per_call], lambda r: torch.zeros(len(r)), PhaseTimer())
+            values = rollout_metrics(rollout, reward_names, reward_weights, num_generations)
+            for key in list(window.sums):
+                window.add(key, values[key])
+        sums, _ = window.reduce(acc)
+        metrics[f"{prefix}_reward"] = sums["reward_sum"] / max(sums["completions"], 1)
+        for name in reward_names:
+            metrics[f"{prefix}_rewards/{name}"] = sums[f"rewards/{name}_sum"] / max(sums[f"rewards/{name}_count"], 1)
+    return metrics

@@ -1,0 +1,102 @@
+"""What `GRPOTrainer` builds before it trains: the accelerator, then the policy, its tokenizer and π_ref.
+
+- `build_accelerator`: refuses a broken launch or an unwritable output_dir, picks
+  the precision (`bf16`; None: on where CUDA supports it), starts the trackers,
+  checks the world size and seeds each process.
+- `load_policy`: the tokenizer and model (loaded once on the main process
+  first), adapters, dropout off, gradient checkpointing, π_ref, and the EOS ids.
+
+Not here: checking the trainer's arguments (trainer_inputs.py), how models and
+adapters load (models.py), the optimizer and scheduler (trainer.py, optimizers.py).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import NamedTuple
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from transformers import PreTrainedTokenizerBase
+
+from . import runs
+from .config import GRPOConfig
+from .launch import cpu_launch_error, cpu_only
+from .models import (
+    disable_dropout,
+    enable_gradient_checkpointing,
+    is_peft_model,
+    load_model,
+    load_tokenizer,
+    prepare_adapters,
+    prepare_tokenizer,
+    reference_model,
+)
+
+
+def build_accelerator(args: GRPOConfig) -> Accelerator:
+    """The run's `Accelerator`: device, mixed precision ("bf16" or "no"), process group and trackers.
+
+    Raises:
+        ValueError: `accelerate launch --cpu` started one process of several
+            (launch.cpu_launch_error); output_dir is a file or not writable
+            (runs.check_output_dir); the config was built for another world size.
+    """
+    a = args
+    bf16 = a.bf16 if a.bf16 is not None else bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    if (launch_error := cpu_launch_error()) is not None:
+        raise ValueError(launch_error)
+    runs.check_output_dir(a.output_dir)
+    # cpu=True without GPUs: only then does accelerate join torchrun's processes into one gloo group.
+    acc = Accelerator(cpu=cpu_only(), mixed_precision="bf16" if bf16 else "no", log_with=a.report_to or None, project_dir=a.output_dir)
+    if a.report_to:  # TensorBoard/W&B through accelerate's trackers, under output_dir
+        acc.init_trackers("fastgrpo", config={k: v for k, v in a.to_dict().items() if isinstance(v, (int, float, str, bool))})
+    if acc.num_processes != a.world_size:
+        raise ValueError(f"GRPOConfig was built for world_size={a.world_size} but {acc.num_processes} processes run; build the config inside the launched script.")
+    set_seed(a.seed, device_specific=True)  # each process samples its own completions; PromptOrder has its own seed
+    return acc
+
+
+class Policy(NamedTuple):
+    """What `load_policy` returns."""
+
+    tokenizer: PreTrainedTokenizerBase  # left padding, pad = EOS when it has none (models.prepare_tokenizer)
+    model: torch.nn.Module  # π_θ: adapters, dropout and gradient checkpointing as configured; not yet prepared
+    ref_model: torch.nn.Module | None  # π_ref's frozen copy on the device; None with beta = 0 or adapters (`as_reference`)
+    eos_token_ids: list[int]  # sorted: the model's generation_config EOS ids and the tokenizer's
+
+
+def load_policy(model, processing_class, peft_config, args: GRPOConfig, accelerator: Accelerator) -> Policy:
+    """Load the policy and tokenizer and make them ready to train, as TRL's GRPOTrainer does.
+
+    Args:
+        model: a name, folder, .gguf file or hub id (models.load_model), a
+            `PreTrainedModel`, or a peft `PeftModel`.
+        processing_class: the tokenizer, or None for the model's own.
+        peft_config: a `peft.PeftConfig` or None.
+        args: model_init_kwargs, beta, disable_dropout, gradient_checkpointing(_kwargs) are read.
+        accelerator: the main process loads first (a built-in model's first load converts it once).
+    Warns:
+        UserWarning: model_init_kwargs set for an already built model (ignored, as TRL warns).
+    Raises:
+        ValueError: see models.load_tokenizer, models.resolve_model_path and models.prepare_adapters.
+    """
+    a = args
+    name = model if isinstance(model, str) else model.config._name_or_path
+    if not isinstance(model, str) and a.model_init_kwargs is not None:  # TRL warns the same
+        warnings.warn("model_init_kwargs is set but the model is already instantiated; model_init_kwargs is ignored.", stacklevel=3)
+    with accelerator.main_process_first():  # a built-in model's first load converts it, once
+        tokenizer = prepare_tokenizer(processing_class) if processing_class is not None else load_tokenizer(name)
+        policy = load_model(model, a.model_init_kwargs)
+    # Adapters given (maybe trained) with beta > 0: π_ref = a frozen copy of them; fresh ones: adapters disabled.
+    policy = prepare_adapters(policy, peft_config, reference_copy=is_peft_model(model) and a.beta > 0)
+    if a.disable_dropout:  # after the adapters: their dropout too
+        disable_dropout(policy)
+    if a.gradient_checkpointing:
+        enable_gradient_checkpointing(policy, a.gradient_checkpointing_kwargs)
+    # π_ref: a frozen copy, or for an adapted policy the same model as its initial self (GRPOTrainer.reference).
+    ref_model = reference_model(policy).to(accelerator.device) if a.beta > 0 and not is_peft_model(policy) else None
+    eos = policy.generation_config.eos_token_id
+    eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    return Policy(tokenizer, policy, ref_model, sorted(eos | {tokenizer.eos_token_id}))
