@@ -117,20 +117,29 @@ def versions() -> dict:
     return out
 
 
-def run_one(spec: dict, log) -> dict:
-    """One worker process; returns its raw result."""
+def run_worker(script: str, spec: dict) -> tuple[dict, float]:
+    """Run `benchmarks/<script> SPEC.json OUT.json` in its own process with `spec["threads"]` torch threads.
+
+    Returns its JSON result and the process's wall-clock seconds. Raises
+    RuntimeError with the end of the worker's stderr if it fails.
+    """
     with tempfile.TemporaryDirectory() as tmp:
         spec_path, out_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "out.json")
         with open(spec_path, "w") as f:
             json.dump(spec, f)
         start = time.perf_counter()
-        proc = subprocess.run([sys.executable, os.path.join(HERE, "worker.py"), spec_path, out_path], capture_output=True, text=True,
+        proc = subprocess.run([sys.executable, os.path.join(HERE, script), spec_path, out_path], capture_output=True, text=True,
                               env={**os.environ, "OMP_NUM_THREADS": str(spec["threads"]), "TOKENIZERS_PARALLELISM": "false"})
         if proc.returncode != 0:
-            raise RuntimeError(f"{spec['system']} run failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+            raise RuntimeError(f"{script} failed ({proc.returncode}) on {spec.get('name') or spec['system']}:\n{proc.stderr[-4000:]}")
         with open(out_path) as f:
-            result = json.load(f)
-    log(f"  {spec['system']:8s} μ={spec['num_iterations']} steps={spec['steps']}: {time.perf_counter() - start:6.1f} s "
+            return json.load(f), time.perf_counter() - start
+
+
+def run_one(spec: dict, log) -> dict:
+    """One worker process; returns its raw result."""
+    result, seconds = run_worker("worker.py", spec)
+    log(f"  {spec['system']:8s} μ={spec['num_iterations']} steps={spec['steps']}: {seconds:6.1f} s "
         f"(train {result['train_seconds']:.1f} s, peak RSS {result['peak_rss_bytes'] / 2**30:.2f} GiB)")
     return result
 

@@ -24,13 +24,12 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from run import run_worker  # noqa: E402
+
 ROLLING = 3  # rollouts: 48 completions on the built-in job
 
 BUILTIN = [  # (name, system, overrides): the issue's comparison on the built-in job
@@ -63,19 +62,10 @@ SUITES = {
 
 
 def run_one(spec: dict, log) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        spec_path, out_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "out.json")
-        with open(spec_path, "w") as f:
-            json.dump(spec, f)
-        start = time.perf_counter()
-        proc = subprocess.run([sys.executable, os.path.join(HERE, "ttr_worker.py"), spec_path, out_path], capture_output=True, text=True,
-                              env={**os.environ, "OMP_NUM_THREADS": str(spec["threads"]), "TOKENIZERS_PARALLELISM": "false"})
-        if proc.returncode != 0:
-            raise RuntimeError(f"{spec['name']} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-        with open(out_path) as f:
-            result = json.load(f)
+    """One ttr_worker.py process; returns its raw result."""
+    result, seconds = run_worker("ttr_worker.py", spec)
     curve = rolling(result)
-    log(f"  seed {spec['seed']} {spec['name']:32s} {time.perf_counter() - start:6.1f} s, {len(curve)} rollouts, "
+    log(f"  seed {spec['seed']} {spec['name']:32s} {seconds:6.1f} s, {len(curve)} rollouts, "
         f"rolling reward {curve[0][1]:.2f} → {curve[-1][1]:.2f}")
     return result
 

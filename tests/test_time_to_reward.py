@@ -1,18 +1,21 @@
-"""The time-to-reward benchmark's figures, on hand-made runs (no training, no timing).
+"""The time-to-reward benchmark: its figures on hand-made runs, and one tiny end-to-end run of both systems.
 
 Each fake run is what ttr_worker.py writes: one record per reward-function call,
-in call order, a rollout being one call of every function.
+in call order, a rollout being one call of every function. No timing is asserted.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import subprocess
 import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+sys.path.insert(0, BENCHMARKS)
 import time_to_reward as ttr  # noqa: E402
 
 
@@ -65,3 +68,27 @@ def test_report_renders_table_and_plot_from_a_results_file(tmp_path):
     assert "| TRL μ=1 | 1/1 | 80 [80–80] | 2 [2–2] |" in table  # rolling (0 + 0 + 2 + 2) / 4 = 1.0 at 80 s
     assert "| fast | 1/1 | 40 [40–40] | 4 [4–4] | 10.0 | 1.50 | 2.00× sooner |" in table
     assert os.path.getsize(tmp_path / "r.png") > 1000 and (tmp_path / "r.md").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="trl is not installed (pip install trl==1.16.0 matplotlib)")
+def test_harness_runs_both_systems_within_the_budget_on_the_same_rows(tmp_path):
+    sys.path.insert(0, BENCHMARKS)
+    from run import tiny_model_path
+
+    cmd = [sys.executable, os.path.join(BENCHMARKS, "time_to_reward.py"), "--suite", "builtin", "--seeds", "0", "--budget", "3",
+           "--settings", "TRL μ=1,fastgrpo μ=4 target_kl=0.005", "--threads", "1", "--model", tiny_model_path(), "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (path,) = tmp_path.glob("*-ttr-builtin.json")
+    record = json.loads(path.read_text())
+    trl, fast = record["runs"]
+    assert [trl["spec"]["system"], fast["spec"]["system"]] == ["trl", "fastgrpo"]
+    for run in record["runs"]:
+        assert run["calls"] and {c["reward"] for c in run["calls"]} == {"reasoning_gym_reward", "brevity_reward"}
+        assert all(len(c["values"]) == 16 for c in run["calls"])  # one rollout: 2 prompts × G = 8
+        assert run["train_seconds"] >= 3 and run["phase_seconds"]["generate"] > 0
+        assert run["phase_seconds"]["rollout"] >= run["phase_seconds"]["generate"]
+    assert fast["spec"]["overrides"] == {"num_iterations": 4, "target_kl": 0.005} and fast["target_kl_stops"] is not None
+    assert trl["spec"]["job"] == fast["spec"]["job"] and trl["spec"]["job"]["num_generations"] == 8  # the same GRPOConfig values
+    assert (tmp_path / path.name.replace(".json", ".png")).stat().st_size > 1000
