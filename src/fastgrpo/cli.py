@@ -34,10 +34,12 @@ from .config import GRPOConfig
 # The built-in job: SmolLM2-135M-Instruct on easy reasoning-gym arithmetic,
 # asked for "only the final answer". Two rewards, logged apart: reasoning-gym's
 # own scorer (correctness; 1 for the exact answer, partial credit when the
-# reply merely contains it) and brevity (1 − characters/100). The untrained
-# model is chatty (~100 characters), so brevity has spread in every group and
-# rises within minutes on 2 CPU cores; correctness (≈ 5 % exact at the start)
-# is the slow part a 135M model only creeps on.
+# reply merely contains it) and brevity (1 − characters/100, 0 when empty). The
+# untrained model is chatty (~100 characters), so brevity has spread in every
+# group and rises within minutes on 2 CPU cores; correctness (≈ 5 % exact at
+# the start) is the slow part a 135M model only creeps on. μ = 1 and lr 3e-5:
+# the setting that reached the reward soonest in wall-clock, measured against
+# μ = 2, 4, target_kl and other learning rates (docs/benchmarks.md, "Time to reward").
 BUILTIN_JOB = {
     "model": "smollm2-135m-instruct",
     "dataset": "reasoning-gym:basic_arithmetic?min_terms=2&max_terms=2&min_digits=1&max_digits=1",
@@ -45,17 +47,17 @@ BUILTIN_JOB = {
     "dataset_size": 1000,
     "config": {
         "output_dir": "grpo-output",
-        "learning_rate": 1e-5,  # TRL's 1e-6 barely moves a 135M model in 48 steps
+        "learning_rate": 3e-5,  # TRL's 1e-6 barely moves a 135M model in 48 steps; 3e-5 beat 1e-5 at every μ
         "lr_scheduler_type": "constant",
-        "num_iterations": 4,  # μ: each rollout feeds 4 passes
+        "num_iterations": 1,  # μ: reuse did not pay here (generation is ≈ 30 % of a μ = 1 run)
         "num_generations": 8,
         "per_device_train_batch_size": 8,
         "gradient_accumulation_steps": 1,
-        "steps_per_generation": 2,  # 16 completions per rollout → 2 × μ = 8 optimizer steps per rollout
+        "steps_per_generation": 2,  # 16 completions per rollout → 2 optimizer steps per rollout
         "max_prompt_length": 128,
         "max_completion_length": 32,  # answers are a few tokens; the untrained model's chatter is cut here
         "max_steps": 48,
-        "logging_steps": 8,  # one line per rollout
+        "logging_steps": 8,  # one line per 4 rollouts
         "save_steps": 48,
         "save_total_limit": 1,
         "log_completions": True,
