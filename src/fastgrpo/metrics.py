@@ -19,6 +19,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 PHASES = ("generate", "score", "old_logps", "ref_logps", "update")
 
@@ -276,3 +278,11 @@ def window_record(step: int, sums: dict, extremes: dict, seconds: dict, reward_n
 
 def _floats(row: torch.Tensor) -> list:
     return [None if v != v else v for v in row.tolist()]  # NaN (not applicable) → None
+
+
+def progress_bar(console: Console, total_steps: int, done_steps: int, hidden: bool) -> Progress:
+    """The training progress bar in optimizer steps (done/total, elapsed, ETA); `hidden` for disable_tqdm or other processes."""
+    columns = (TextColumn("GRPO"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+    progress = Progress(*columns, console=console, disable=hidden)
+    progress.add_task("train", total=total_steps, completed=done_steps)
+    return progress

@@ -32,7 +32,6 @@ import torch
 from accelerate.utils import gather_object
 from datasets import IterableDataset
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from transformers import get_scheduler
 
 from . import trainer_checkpoints
@@ -46,7 +45,7 @@ from .generation import SamplingSettings, build_generator
 from .interrupt import StopOnInterrupt
 from .logprobs import LogProbs, TokenStats, fallback_notices
 from .losses import StepCounts, entropy_threshold, grpo_loss, high_entropy_mask, kl_k3, masked_sum, step_tokens
-from .metrics import CompletionRows, MetricsLog, PhaseTimer, RewardHooks, Window, rollout_metrics, window_record
+from .metrics import CompletionRows, MetricsLog, PhaseTimer, RewardHooks, Window, progress_bar, rollout_metrics, window_record
 from .models import as_reference, sync_reference
 from .optimizers import build_optimizer
 from .reward_models import RewardModel
@@ -180,7 +179,8 @@ class GRPOTrainer:
         self.events.train_begin(self.max_steps, self.step, self._epoch())
         if a.eval_on_start and self.eval_dataset is not None:
             self.evaluate()
-        with self._progress() as progress, StopOnInterrupt() as interrupt:
+        hidden = a.disable_tqdm or not self.accelerator.is_main_process
+        with progress_bar(self.console, self.max_steps, self.step, hidden) as progress, StopOnInterrupt() as interrupt:
             while self.step < self.max_steps and not self.events.control.should_training_stop:
                 if rollout is None or done >= a.steps_per_rollout:
                     rollout, done = self._collect(), 0  # generate G completions per prompt, score, Â, π_ref, π_old
@@ -407,12 +407,6 @@ class GRPOTrainer:
             for r in rows:
                 self.log.completions(self.step, r, self.reward_names, self.args.num_completions_to_print)
         self.last_metrics, self.window, self.fresh_completions = record, Window(), []
-
-    def _progress(self) -> Progress:
-        columns = (TextColumn("GRPO"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
-        progress = Progress(*columns, console=self.console, disable=self.args.disable_tqdm or not self.accelerator.is_main_process)
-        progress.add_task("train", total=self.max_steps, completed=self.step)
-        return progress
 
     # ------------------------------------------------------------------ public helpers
     @torch.no_grad()
