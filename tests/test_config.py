@@ -6,6 +6,8 @@ Run: python -m pytest tests/test_config.py -q
 
 import re
 
+import warnings
+
 import pytest
 
 from fastgrpo.config import LOSS_TYPES, GRPOConfig
@@ -103,15 +105,38 @@ def test_epsilon_high_below_epsilon():
     GRPOConfig(loss_type="cispo", epsilon=0.2, epsilon_high=0.1)
 
 
-@pytest.mark.parametrize("loss_type", ["cispo", "sapo"])
+@pytest.mark.parametrize("loss_type", ["cispo", "sapo", "vespo"])
 def test_sequence_level_with_token_only_objective(loss_type):
     msg = refused(r"importance_sampling_level='sequence' does not combine", loss_type=loss_type, importance_sampling_level="sequence")
-    assert "use loss_type 'grpo', 'bnpo', 'dapo' or 'dr_grpo'" in msg
+    assert "use importance_sampling_level='token', or loss_type 'grpo', 'bnpo', 'dapo', 'dr_grpo' or 'luspo'" in msg
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dapo", "dr_grpo"])
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dapo", "dr_grpo", "luspo"])
 def test_sequence_level_with_clipped_objective_accepted(loss_type):
     GRPOConfig(loss_type=loss_type, importance_sampling_level="sequence")
+
+
+def test_luspo_at_token_level_warns_like_trl():
+    # TRL 1.16 warns (and runs): LUSPO is GSPO's sequence-level loss scaled by length.
+    with pytest.warns(UserWarning, match="importance_sampling_level='sequence' to mirror the paper"):
+        GRPOConfig(loss_type="luspo")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        GRPOConfig(loss_type="luspo", importance_sampling_level="sequence")
+
+
+@pytest.mark.parametrize(
+    "fields,match",
+    [
+        ({"vespo_k_pos": -1.0}, r"vespo_k_pos=-1.0: VESPO's kernel .* needs k, λ ≥ 0"),
+        ({"vespo_lambda_neg": -0.5}, r"vespo_lambda_neg=-0.5: VESPO's kernel"),
+        ({"entropy_coef_min": 0.5, "entropy_coef_max": 0.1}, r"entropy_coef_min=0.5 exceeds entropy_coef_max=0.1"),
+        ({"entropy_coef_delta": -0.01}, r"entropy_coef_delta=-0.01: use a step ≥ 0"),
+        ({"entropy_target": -1.0}, r"entropy_target=-1.0: entropies are ≥ 0 nats"),
+    ],
+)
+def test_vespo_and_entropy_fields_refused(fields, match):
+    refused(match, **fields)
 
 
 def test_unknown_importance_sampling_level():
@@ -188,7 +213,7 @@ def test_zero_counts_refused_not_divided_by(name):
 
 def test_unknown_loss_type():
     msg = refused(r"loss_type='ppo' is unknown", loss_type="ppo")
-    assert msg.endswith("use one of grpo, bnpo, dapo, dr_grpo, cispo, sapo.")
+    assert msg.endswith("use one of grpo, bnpo, dapo, dr_grpo, cispo, sapo, luspo, vespo.")
 
 
 @pytest.mark.parametrize(

@@ -223,6 +223,11 @@ ON_POLICY = {
     # sequence like grpo (as TRL): row 0 mean −2·0.5 = −1; row 1: +2/1.05; / 4 sequences.
     # gradient f'(1)·ρ·(−Â)/(|o_i|·4) = the grpo gradient.
     "sapo": ((-1 + 2 / 1.05) / 4, [[-1 / 24] * 3, [0.25, 0.0, 0.0]]),
+    # LUSPO: per-token −Â summed per sequence (= its mean × length), / 4 sequences:
+    # (−1.5 + 1.0)/4 = −0.125; gradient −Â/4: row 0 −0.125, row 1 +0.25.
+    "luspo": (-0.125, [[-0.125] * 3, [0.25, 0.0, 0.0]]),
+    # VESPO: φ(w = 1) = e^(λ + k·0 − λ·1) = 1, so −φ·Â·log π is CISPO's value 0.025, its gradient too.
+    "vespo": (0.025, [[-0.05] * 3, [0.1, 0.0, 0.0]]),
 }
 
 

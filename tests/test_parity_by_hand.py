@@ -231,7 +231,7 @@ def test_item_10_max_grad_norm_zero_means_no_clipping(tmp_path, tokenizer, make_
 
 @pytest.mark.parametrize(
     "loss_type,level",
-    [(t, "token") for t in sorted(LOSS_TYPES)] + [(t, "sequence") for t in ("bnpo", "dapo", "dr_grpo", "grpo")],
+    [(t, "token") for t in sorted(LOSS_TYPES)] + [(t, "sequence") for t in ("bnpo", "dapo", "dr_grpo", "grpo", "luspo")],
 )
 def test_item_11_non_finite_values_at_masked_positions_do_not_contribute(loss_type, level):
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]], dtype=F64)

@@ -29,9 +29,10 @@ from dataclasses import dataclass, field
 
 from .trl_fields import TRL_FIELDS, check_trl_field
 
-LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo", "cispo", "sapo")
-# Objectives whose importance weight is defined per token (no sequence-level form).
-TOKEN_ONLY_LOSS_TYPES = ("cispo", "sapo")
+LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo", "cispo", "sapo", "luspo", "vespo")
+# Objectives whose importance weight is defined per token (no sequence-level form);
+# vespo forms its own sequence weight from the per-token ratios.
+TOKEN_ONLY_LOSS_TYPES = ("cispo", "sapo", "vespo")
 SCALE_REWARDS = ("group", "batch", "none")
 # Fields that take a dict, or its JSON text (from the command line), as transformers' TrainingArguments do.
 DICT_FIELDS = ("lr_scheduler_kwargs", "generation_kwargs", "chat_template_kwargs", "gradient_checkpointing_kwargs", "model_init_kwargs")
@@ -109,6 +110,10 @@ class GRPOConfig:
     importance_sampling_level: str = "token"  # or "sequence" (GSPO)
     sapo_temperature_pos: float = 1.0
     sapo_temperature_neg: float = 1.05
+    vespo_k_pos: float = 2.0  # VESPO kernel φ(w) = w^k e^{λ(1−w)} for Â ≥ 0: k down-weights w < 1
+    vespo_lambda_pos: float = 3.0  # … λ down-weights w > 1
+    vespo_k_neg: float = 3.0  # the same for Â < 0
+    vespo_lambda_neg: float = 2.0
     beta: float = 0.0  # β: KL(π_θ‖π_ref) weight; π_ref is loaded only when > 0
     use_bias_correction_kl: bool = True  # KL term × ρ (TRL 1.16's default; DeepSeek-V3.2)
     kl_estimator: str = "k3"  # "k3" (Schulman) or "full" (exact, over the vocabulary)
@@ -118,6 +123,12 @@ class GRPOConfig:
     top_entropy_quantile: float = 1.0  # ρ: keep the top-ρ tokens by entropy
     mask_truncated_completions: bool = False
     target_kl: float | None = None  # stop reusing a rollout once KL(π_θ‖π_old) exceeds it
+    entropy_coef: float = 0.0  # c: loss − c·mean H over the policy tokens; 0 off (adaptive: the initial c)
+    use_adaptive_entropy: bool = False  # Skywork-OR1: c += δ while H ≤ entropy_target, else c −= δ; applied only then
+    entropy_coef_min: float = 0.0
+    entropy_coef_max: float = 1.0
+    entropy_coef_delta: float = 0.005  # δ per optimizer step
+    entropy_target: float = 0.2  # nats; LMs sit at 2–10, so set it near the entropy logged early in training
 
     # --- rewards and advantages -------------------------------------------------
     reward_weights: list[float] | None = None
@@ -314,9 +325,18 @@ class GRPOConfig:
         need(
             self.importance_sampling_level == "token" or self.loss_type not in TOKEN_ONLY_LOSS_TYPES,
             f"importance_sampling_level='sequence' does not combine with loss_type={self.loss_type!r}, whose weight is "
-            f"defined per token; use loss_type 'grpo', 'bnpo', 'dapo' or 'dr_grpo'.",
+            f"defined per token (vespo: built from the per-token ratios); use importance_sampling_level='token', or "
+            f"loss_type 'grpo', 'bnpo', 'dapo', 'dr_grpo' or 'luspo'.",
         )
         need(self.sapo_temperature_pos > 0 and self.sapo_temperature_neg > 0, "sapo temperatures must be positive, e.g. 1.0 and 1.05.")
+        for name in ("vespo_k_pos", "vespo_k_neg", "vespo_lambda_pos", "vespo_lambda_neg"):
+            need(getattr(self, name) >= 0, f"{name}={getattr(self, name)}: VESPO's kernel w^k·e^(λ(1−w)) needs k, λ ≥ 0; use e.g. 2.0 or 3.0.")
+        need(
+            self.entropy_coef_min <= self.entropy_coef_max,
+            f"entropy_coef_min={self.entropy_coef_min} exceeds entropy_coef_max={self.entropy_coef_max}; use min ≤ max.",
+        )
+        need(self.entropy_coef_delta >= 0, f"entropy_coef_delta={self.entropy_coef_delta}: use a step ≥ 0, e.g. 0.005.")
+        need(self.entropy_target >= 0, f"entropy_target={self.entropy_target}: entropies are ≥ 0 nats; use a target ≥ 0, e.g. 0.2.")
         need(self.beta >= 0, f"beta={self.beta}: use 0 (no π_ref) or a positive KL weight such as 0.04.")
         need(self.kl_estimator in KL_ESTIMATORS, f"kl_estimator={self.kl_estimator!r}: use one of {', '.join(KL_ESTIMATORS)}.")
         need(not self.sync_ref_model or self.beta > 0, "sync_ref_model=True needs a reference model; set beta > 0 or sync_ref_model=False.")
@@ -340,6 +360,12 @@ class GRPOConfig:
 
     def _warn_like_trl(self) -> None:
         """The questionable combinations TRL's GRPOTrainer warns about (and still runs)."""
+        if self.loss_type == "luspo" and self.importance_sampling_level != "sequence":
+            warnings.warn(
+                "loss_type='luspo' scales GSPO's sequence-level loss by its length; set importance_sampling_level="
+                "'sequence' to mirror the paper's setup (token level sums per-token clipped terms per sequence).",
+                stacklevel=5,
+            )
         if self.importance_sampling_level == "sequence" and self.loss_type in ("bnpo", "dr_grpo", "dapo"):
             warnings.warn(
                 f"importance_sampling_level='sequence' with loss_type={self.loss_type!r} sums per-token contributions, which "

@@ -52,7 +52,7 @@ class TokenStats(NamedTuple):
     """Per completion token of a micro-batch, 0 where `completion_mask` is 0."""
 
     logps: torch.Tensor  # (B, T) log π(y_t | prefix) at temperature τ; differentiable
-    entropy: torch.Tensor  # (B, T) exact entropy over the vocabulary, nats; no gradient
+    entropy: torch.Tensor  # (B, T) exact entropy over the vocabulary, nats; differentiable only with `entropy_grad`
     kl: torch.Tensor | None  # (B, T) exact KL(π_θ‖π_ref); differentiable w.r.t. π_θ; None without π_ref
     padded_tokens: int  # tokens of the padded layout B × (P + T)
     real_tokens: int  # non-pad tokens: prompts counted once per completion
@@ -196,23 +196,24 @@ class ChunkedHead(torch.autograd.Function):
     """Log-prob, entropy and exact KL of tokens from last hidden states, one chunk of logits at a time.
 
     forward(hidden (n, H), weight (V, H), bias (V,) or None, labels (n,), temperature,
-            ref_hidden (n, H) or None, ref_weight (V, H) or None, ref_bias or None, chunk)
+            ref_hidden (n, H) or None, ref_weight (V, H) or None, ref_bias or None, chunk, entropy_grad)
       → logps (n,), entropy (n,), kl (n,) (zeros without π_ref).
 
     Each chunk's logits z = (h Wᵀ + b) / τ are computed in fp32 after the matmul
     (in the autocast dtype when autocast is on, as the model's own head would be),
-    reduced and freed; backward recomputes them. With g_ℓ, g_KL the incoming
-    gradients, ∂/∂z = g_ℓ (onehot(y) − p) + g_KL p (log p − log q − KL), then
-    ∂h = (∂z / τ) W and ∂W = (∂z / τ)ᵀ h. Entropy is a metric: no gradient.
+    reduced and freed; backward recomputes them. With g_ℓ, g_KL, g_H the incoming
+    gradients, ∂/∂z = g_ℓ (onehot(y) − p) + g_KL p (log p − log q − KL)
+    − g_H p (log p + H), then ∂h = (∂z / τ) W and ∂W = (∂z / τ)ᵀ h. Entropy has
+    a gradient only with `entropy_grad` (the entropy bonus); else it is a metric.
     π_ref's tensors take no gradient. A tied head (embedding = head) receives its
     gradient through `weight` like any other use of the parameter.
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, temperature, ref_hidden, ref_weight, ref_bias, chunk):
+    def forward(ctx, hidden, weight, bias, labels, temperature, ref_hidden, ref_weight, ref_bias, chunk, entropy_grad=False):
         dtype = torch.get_autocast_dtype(hidden.device.type) if torch.is_autocast_enabled(hidden.device.type) else weight.dtype
         ctx.save_for_backward(hidden, weight, bias, labels, ref_hidden, ref_weight, ref_bias)
-        ctx.temperature, ctx.chunk, ctx.dtype = temperature, chunk, dtype
+        ctx.temperature, ctx.chunk, ctx.dtype, ctx.entropy_grad = temperature, chunk, dtype, entropy_grad
         n = hidden.shape[0]
         logps, entropy, kl = (torch.zeros(n, dtype=_wide(dtype), device=hidden.device) for _ in range(3))
         with torch.autocast(hidden.device.type, enabled=False):
@@ -225,11 +226,12 @@ class ChunkedHead(torch.autograd.Function):
                 if ref_hidden is not None:
                     ref_logp = _chunk_log_softmax(ref_hidden[part], ref_weight, ref_bias, temperature, dtype)
                     kl[part] = (p * (logp - ref_logp)).sum(-1)
-        ctx.mark_non_differentiable(entropy)
+        if not entropy_grad:
+            ctx.mark_non_differentiable(entropy)
         return logps, entropy, kl
 
     @staticmethod
-    def backward(ctx, grad_logps, _grad_entropy, grad_kl):
+    def backward(ctx, grad_logps, grad_entropy, grad_kl):
         hidden, weight, bias, labels, ref_hidden, ref_weight, ref_bias = ctx.saved_tensors
         tau, dtype = ctx.temperature, ctx.dtype
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]  # a frozen head (LoRA) skips its (V, H) products
@@ -243,6 +245,9 @@ class ChunkedHead(torch.autograd.Function):
                 p = logp.exp()
                 grad_z = p * -grad_logps[part, None]  # g_ℓ (onehot − p), the onehot added next
                 grad_z.scatter_add_(-1, labels[part, None], grad_logps[part, None])
+                if ctx.entropy_grad:  # ∂H/∂z = −p (log p + H)
+                    plogp = p * logp
+                    grad_z -= grad_entropy[part, None] * (plogp - p * plogp.sum(-1, keepdim=True))
                 if ref_hidden is not None:
                     diff = logp - _chunk_log_softmax(ref_hidden[part], ref_weight, ref_bias, tau, dtype)
                     kl = (p * diff).sum(-1, keepdim=True)
@@ -256,7 +261,7 @@ class ChunkedHead(torch.autograd.Function):
                     grad_bias += grad_z.sum(0)
         grad_weight = grad_weight.to(weight.dtype) if need_weight else None
         grad_bias = grad_bias.to(bias.dtype) if need_bias else None
-        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None, None
 
 
 def _wide(dtype: torch.dtype) -> torch.dtype:
@@ -283,6 +288,7 @@ class LogProbs:
         chunk: tokens per LM-head chunk.
         ref_autocast: context factory around π_ref's forward (the trainer passes
             `accelerator.autocast`, so π_ref runs in the policy's precision).
+        entropy_grad: entropies with gradient (the entropy bonus); else detached.
     Call: `log_probs(model, mb, reference=None) → TokenStats`, where `mb` has
     `prompt_ids`, `prompt_mask`, `completion_ids`, `completion_mask` (a `Rollout`
     view). `reference` given — a zero-argument callable returning a context
@@ -293,12 +299,13 @@ class LogProbs:
     adapter), so the policy decides packing and chunking for both.
     """
 
-    def __init__(self, temperature: float, share_prompts: bool = True, chunk: int = CHUNK_TOKENS, ref_autocast=nullcontext):
+    def __init__(self, temperature: float, share_prompts: bool = True, chunk: int = CHUNK_TOKENS, ref_autocast=nullcontext, entropy_grad: bool = False):
         if temperature <= 0:
             raise ValueError(f"temperature={temperature}: log-probs are taken at logits / temperature; use a value > 0.")
         if chunk < 1:
             raise ValueError(f"chunk={chunk}: the LM head needs at least 1 token per chunk.")
         self.temperature, self.share_prompts, self.chunk, self.ref_autocast = temperature, share_prompts, chunk, ref_autocast
+        self.entropy_grad = entropy_grad
 
     def __call__(self, model, mb, reference=None) -> TokenStats:
         share = self.share_prompts and sharing_support(model) is None
@@ -315,19 +322,20 @@ class LogProbs:
             logps, entropy, kl = ChunkedHead.apply(
                 hidden, head.weight, head.bias, row.labels, self.temperature, ref_hidden,
                 None if ref_head is None else ref_head.weight.detach(),
-                None if ref_head is None or ref_head.bias is None else ref_head.bias.detach(), self.chunk,
+                None if ref_head is None or ref_head.bias is None else ref_head.bias.detach(), self.chunk, self.entropy_grad,
             )
         else:  # the model's own head on the needed positions only: (1, n, V) at most
             logits = _logits(model, row) / self.temperature
             logps = selective_log_softmax(logits, row.labels[None])[0]
-            entropy = entropy_from_logits(logits)[0]
+            with torch.set_grad_enabled(self.entropy_grad and torch.is_grad_enabled()):  # its graph is a second (n, V) block
+                entropy = entropy_from_logits(logits)[0]
             kl = None
             if reference is not None:
                 with torch.no_grad(), self.ref_autocast(), reference() as ref_model:
                     ref_logits = _logits(ref_model, row) / self.temperature
                 kl = kl_full(logits, ref_logits)[0]
         return TokenStats(
-            logps=_scatter(logps, row, shape), entropy=_scatter(entropy.detach(), row, shape),
+            logps=_scatter(logps, row, shape), entropy=_scatter(entropy if self.entropy_grad else entropy.detach(), row, shape),
             kl=_scatter(kl, row, shape) if reference is not None else None,
             padded_tokens=row.padded_tokens, real_tokens=row.real_tokens, packed_tokens=row.input_ids.shape[1],
         )

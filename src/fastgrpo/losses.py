@@ -1,5 +1,5 @@
-"""The GRPO maths as pure tensor functions: log-probs, the per-token objectives
-of the GRPO family, KL estimators and loss aggregation.
+"""The GRPO maths as pure tensor functions: log-probs, importance ratios, KL
+estimators, loss aggregation and the entropy bonus.
 
 Shapes: B sequences (completions) in a micro-batch, T completion tokens, V the
 vocabulary; G completions per prompt. Every function takes tensors and plain
@@ -11,8 +11,9 @@ aggregation reduces it by `loss_type` (`LOSS_TYPES`) with normalisers fixed
 for the optimizer step (`StepCounts`). Masked positions never contribute,
 whatever they hold (`masked`).
 
-Not here: advantages (advantages.py), the model forward (trainer.py),
-reward calling (rewards.py).
+Not here: the per-token objectives (objectives.py), advantages
+(advantages.py), the adaptive entropy coefficient (entropy_control.py), the
+model forward (trainer.py), reward calling (rewards.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+
+from .objectives import ObjectiveParams, cispo, clipped_surrogate, sapo, vespo
 
 # ---------------------------------------------------------------------------
 # log-probs and entropy
@@ -42,7 +45,6 @@ def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Te
     return picked.float() - logsumexp
 
 
-@torch.no_grad()
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """Per-token entropy H = −Σ_v p_v log p_v of the sampling distribution, in nats.
 
@@ -50,7 +52,8 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
         logits: (B, T, V), divided by the sampling temperature.
     Returns:
         (B, T) entropies, computed one sequence at a time (memory as above),
-        without gradient (a metric and a token filter, never a loss term).
+        differentiable (the entropy bonus); call it under `torch.no_grad()` for
+        a metric or a token filter.
     """
     rows = []
     for row in logits:  # (T, V)
@@ -107,87 +110,6 @@ def log_importance_weights(
         seq = log_ratio.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)  # (B, 1)
         return masked(seq.expand_as(log_ratio), mask)
     raise ValueError(f"importance_sampling_level={level!r}: use 'token' or 'sequence'.")
-
-
-# ---------------------------------------------------------------------------
-# per-token objectives: one signature, selected by loss_type
-# ---------------------------------------------------------------------------
-
-
-class Objective(NamedTuple):
-    """A per-token objective's output: all (B, T)."""
-
-    loss: torch.Tensor  # per-token loss (to be minimised)
-    clipped_low: torch.Tensor  # bool: lower bound active (gradient zeroed / weight truncated)
-    clipped_high: torch.Tensor  # bool: upper bound active
-
-
-def clipped_surrogate(
-    log_ratio, logps, advantages, *, epsilon_low, epsilon_high, delta=None, temperature_pos=1.0, temperature_neg=1.0
-) -> Objective:
-    """PPO/GRPO clipped surrogate: −min(ρÂ, clip(ρ, 1−ε_low, 1+ε_high)Â).
-
-    DeepSeekMath eq. (3) per token; clip-higher ε_high from DAPO (arXiv
-    2503.14476) eq. (10); optional two-sided bound ρ ≤ δ on the unclipped
-    branch (INTELLECT-2, arXiv 2505.07291 §3.3), which matters for Â < 0 where
-    the min would otherwise let ρÂ grow without bound.
-
-    Args:
-        log_ratio: (B, T) log ρ (from `log_importance_weights`).
-        logps: (B, T) log π_θ (unused here; part of the uniform signature).
-        advantages: (B, 1) or (B, T) Â.
-    Returns:
-        `Objective`; `clipped_low` marks Â < 0 tokens with ρ < 1 − ε_low,
-        `clipped_high` marks Â > 0 tokens with ρ > 1 + ε_high or Â < 0 tokens
-        with ρ > δ: exactly the tokens whose gradient the clip zeroes.
-    """
-    ratio = torch.exp(log_ratio)
-    clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
-    unclipped = ratio if delta is None else torch.clamp(ratio, max=delta)
-    loss = -torch.min(unclipped * advantages, clipped * advantages)
-    low = (ratio < 1 - epsilon_low) & (advantages < 0)
-    high = (ratio > 1 + epsilon_high) & (advantages > 0)
-    if delta is not None:
-        high = high | ((ratio > delta) & (advantages < 0))
-    return Objective(loss, low, high)
-
-
-def cispo(
-    log_ratio, logps, advantages, *, epsilon_low, epsilon_high, delta=None, temperature_pos=1.0, temperature_neg=1.0
-) -> Objective:
-    """CISPO: −sg[min(ρ, 1 + ε_high)] · Â · log π_θ.
-
-    MiniMax-M1 (arXiv 2506.13585) eq. (4)–(5) with no lower bound, as the
-    paper uses it: the importance weight is clipped and detached, so every
-    token keeps a gradient (none is zeroed, unlike the PPO clip).
-
-    Returns:
-        `Objective`; `clipped_high` marks tokens whose weight was truncated.
-    """
-    ratio = torch.exp(log_ratio)
-    weight = torch.clamp(ratio, max=1 + epsilon_high).detach()
-    loss = -weight * advantages * logps
-    return Objective(loss, torch.zeros_like(ratio, dtype=torch.bool), ratio > 1 + epsilon_high)
-
-
-def sapo(
-    log_ratio, logps, advantages, *, epsilon_low, epsilon_high, delta=None, temperature_pos=1.0, temperature_neg=1.05
-) -> Objective:
-    """SAPO: a soft, temperature-gated ratio instead of the hard clip.
-
-    Soft Adaptive Policy Optimization (arXiv 2511.20347) eq. (5): per token
-    −f_τ(ρ)·Â with f_τ(ρ) = 4·σ(τ(ρ − 1))/τ, τ = τ_pos for Â > 0 and τ_neg
-    otherwise. f_τ(1) = 2/τ and f_τ'(1) = 1, so on-policy the gradient is the
-    plain policy gradient; off-policy it decays smoothly instead of dropping to 0.
-
-    Returns:
-        `Objective` with no hard clipping (both masks all False).
-    """
-    ratio = torch.exp(log_ratio)
-    tau = torch.where(advantages > 0, torch.full_like(advantages, temperature_pos), torch.full_like(advantages, temperature_neg))
-    gate = 4 * torch.sigmoid(tau * (ratio - 1)) / tau
-    none = torch.zeros_like(ratio, dtype=torch.bool)
-    return Objective(-gate * advantages, none, none)
 
 
 # ---------------------------------------------------------------------------
@@ -326,8 +248,35 @@ def aggregate_dr_grpo(per_token_loss, mask, counts: StepCounts):
     return masked_sum(per_token_loss, mask) / (counts.sequences * counts.max_completion_length)
 
 
+def aggregate_luspo(per_token_loss, mask, counts: StepCounts):
+    """Sum over each sequence's tokens, mean over the step's sequences (LUSPO, arXiv 2602.05261).
+
+    With GSPO's sequence ratio s_i (every token of a sequence holds the same
+    loss ℓ_i) the sum is |o_i|·ℓ_i: GSPO's per-sequence loss scaled by its
+    length, which removes GSPO's bias towards short completions:
+    L = (1/N) Σ_i |o_i| · −min(s_i Â_i, clip(s_i, 1−ε, 1+ε) Â_i) (TRL 1.16's form).
+    """
+    return masked_sum(per_token_loss, mask) / counts.sequences
+
+
+def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor, counts: StepCounts) -> torch.Tensor:
+    """The micro-batch's mean entropy over `mask`, / micro-batches of the step: the H of L − c·H.
+
+    TRL 1.16's form (`entropy_coef`): the mean per-token entropy of the tokens
+    the policy term acts on, whatever `loss_type` normalises the policy term by,
+    so c means the same for every loss type; each micro-batch counts 1/GA.
+
+    Args:
+        entropy: (B, T) H in nats, with gradient.
+        mask: (B, T) the tokens the bonus acts on.
+    Returns:
+        A scalar, differentiable through `entropy`.
+    """
+    return masked_sum(entropy, mask) / mask.sum().clamp(min=1) / counts.micro_batches
+
+
 # loss_type → (per-token objective, aggregation). Every objective takes
-# (log_ratio, logps, advantages, **bounds); every aggregation (loss, mask, counts).
+# (log_ratio, logps, advantages, ObjectiveParams); every aggregation (loss, mask, counts).
 LOSS_TYPES = {
     "grpo": (clipped_surrogate, aggregate_grpo),
     "bnpo": (clipped_surrogate, aggregate_bnpo),
@@ -335,6 +284,8 @@ LOSS_TYPES = {
     "dr_grpo": (clipped_surrogate, aggregate_dr_grpo),
     "cispo": (cispo, aggregate_dapo),
     "sapo": (sapo, aggregate_grpo),  # per sequence, as TRL
+    "luspo": (clipped_surrogate, aggregate_luspo),  # GSPO's ratio (importance_sampling_level="sequence")
+    "vespo": (vespo, aggregate_dapo),  # as TRL
 }
 
 
@@ -359,12 +310,18 @@ def grpo_loss(
     importance_sampling_level: str = "token",
     temperature_pos: float = 1.0,
     temperature_neg: float = 1.05,
+    vespo_k_pos: float = 2.0,
+    vespo_lambda_pos: float = 3.0,
+    vespo_k_neg: float = 3.0,
+    vespo_lambda_neg: float = 2.0,
     beta: float = 0.0,
     per_token_kl: torch.Tensor | None = None,
     use_bias_correction_kl: bool = True,
     policy_mask: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+    entropy_coef: float = 0.0,
 ) -> LossOutput:
-    """The GRPO objective for one micro-batch: objective per token, + β·KL, aggregated.
+    """The GRPO objective for one micro-batch: objective per token, + β·KL, aggregated, − c·H.
 
     Args:
         logps: (B, T) log π_θ at the sampling temperature, with gradient.
@@ -379,9 +336,16 @@ def grpo_loss(
             from π_old (DeepSeek-V3.2, arXiv 2512.02556; TRL 1.16's default).
         policy_mask: (B, T) tokens that carry the policy term (e.g. the top
             entropy ones); default `mask`. The KL term always uses `mask`.
+        entropy: (B, T) per-token entropy H with gradient: given, the loss
+            is L − entropy_coef·`entropy_bonus` over the policy tokens (TRL's
+            entropy bonus; its coefficient may be 0 this step, entropy_control.py).
+        The other keywords are `ObjectiveParams` (objectives.py).
     Returns:
         `LossOutput`. Metric sums (over `mask`): clip_low, clip_high,
-        clip_region, kl (to π_ref), kl_old (k3 KL(π_θ‖π_old)), tokens.
+        clip_region, kl (to π_ref), kl_old (k3 KL(π_θ‖π_old)), tokens; with
+        `entropy`: policy_loss (the loss without the bonus), bonus_entropy and
+        bonus_tokens (Σ H and the count over the bonus's tokens, for the
+        adaptive coefficient); for vespo: vespo/phi_seq (Σ φ(w)) and sequences.
         Masked positions never contribute, whatever their values (NaN, inf).
     Raises:
         ValueError: unknown loss_type, or beta > 0 without per_token_kl.
@@ -394,23 +358,20 @@ def grpo_loss(
     mask = mask.float()
     logps, old_logps = masked(logps, mask), masked(old_logps, mask)  # finite everywhere from here on
     log_ratio = log_importance_weights(logps, old_logps, mask, importance_sampling_level)
-    out = objective(
-        log_ratio,
-        logps,
-        advantages.unsqueeze(-1),
-        epsilon_low=epsilon_low,
-        epsilon_high=epsilon_high,
-        delta=delta,
-        temperature_pos=temperature_pos,
-        temperature_neg=temperature_neg,
+    params = ObjectiveParams(
+        epsilon_low, epsilon_high, delta, temperature_pos, temperature_neg, vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg
     )
-    per_token = masked(out.loss, mask if policy_mask is None else policy_mask)
+    out = objective(log_ratio, logps, advantages.unsqueeze(-1), params)
+    policy_mask = mask if policy_mask is None else mask * policy_mask
+    per_token = masked(out.loss, policy_mask)
     if per_token_kl is not None:
         per_token_kl = masked(per_token_kl, mask)
     if beta > 0:
         kl_term = per_token_kl * torch.exp(log_ratio) if use_bias_correction_kl else per_token_kl
         per_token = per_token + beta * kl_term
-    loss = aggregate(per_token, mask, counts)
+    loss = policy_loss = aggregate(per_token, mask, counts)
+    if entropy is not None:
+        loss = policy_loss - entropy_coef * entropy_bonus(entropy, policy_mask, counts)
 
     with torch.no_grad():
         low, high = out.clipped_low & mask.bool(), out.clipped_high & mask.bool()
@@ -423,4 +384,8 @@ def grpo_loss(
         }
         if per_token_kl is not None:
             metrics["kl"] = per_token_kl.sum()
+        if entropy is not None:
+            metrics.update(policy_loss=policy_loss.detach(), bonus_entropy=masked_sum(entropy.detach(), policy_mask), bonus_tokens=policy_mask.sum())
+        if out.seq_weight is not None:
+            metrics.update({"vespo/phi_seq": out.seq_weight.sum(), "sequences": torch.tensor(float(len(mask)))})
     return LossOutput(loss, metrics)

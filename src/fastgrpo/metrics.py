@@ -248,6 +248,9 @@ def window_record(step: int, sums: dict, extremes: dict, seconds: dict, reward_n
             record[name or key] = sums[key] / sums[over]
 
     mean("loss", "steps")
+    mean("policy_loss", "steps")  # the loss without the entropy bonus (entropy_coef)
+    mean("entropy_coef", "steps")
+    mean("vespo/phi_seq", "sequences", "vespo/phi_seq_mean")
     mean("grad_norm", "steps")
     mean("reward_sum", "completions", "reward")
     mean("group_std_sum", "groups", "reward_std")

@@ -40,6 +40,7 @@ from .callbacks import TrainerEvents, scheduled
 from .config import GRPOConfig
 from .data import PromptEncoder, PromptOrder, is_conversational
 from .dataset_kinds import StreamOrder, eval_sets
+from .entropy_control import EntropyControl
 from .evaluation import mean_rewards
 from .generation import SamplingSettings, build_generator
 from .interrupt import StopOnInterrupt
@@ -133,7 +134,8 @@ class GRPOTrainer:
         autocast_dtype = torch.bfloat16 if acc.mixed_precision == "bf16" else None
         self.generate = build_generator(a.generation_backend, acc.unwrap_model(self.model), sampling, autocast_dtype=autocast_dtype)
         self.encode = PromptEncoder(self.tokenizer, a.max_prompt_length, a.chat_template_kwargs)
-        self.log_probs = LogProbs(a.temperature, ref_autocast=acc.autocast)  # packed rows, each prompt once per group, chunked LM head
+        self.entropy_control = EntropyControl.from_config(a)  # the entropy bonus's coefficient; None: no bonus
+        self.log_probs = LogProbs(a.temperature, ref_autocast=acc.autocast, entropy_grad=self.entropy_control is not None)  # packed, chunked head
         for note in fallback_notices(policy) if acc.is_main_process else []:
             self.console.print(f"fastgrpo: {note}")
         self.streaming = isinstance(train_dataset, IterableDataset)  # rows come in stream order, not by index
@@ -312,11 +314,13 @@ class GRPOTrainer:
                         epsilon_high=a.epsilon_high, delta=a.delta, importance_sampling_level=a.importance_sampling_level,
                         temperature_pos=a.sapo_temperature_pos, temperature_neg=a.sapo_temperature_neg, beta=a.beta,
                         per_token_kl=self._kl(stats, mb) if a.beta > 0 else None,
-                        use_bias_correction_kl=a.use_bias_correction_kl, policy_mask=self._entropy_mask(entropy, mask),
+                        use_bias_correction_kl=a.use_bias_correction_kl, policy_mask=self._entropy_mask(entropy.detach(), mask),
+                        vespo_k_pos=a.vespo_k_pos, vespo_lambda_pos=a.vespo_lambda_pos, vespo_k_neg=a.vespo_k_neg, vespo_lambda_neg=a.vespo_lambda_neg,
+                        entropy=entropy if self.entropy_control else None, entropy_coef=self.entropy_control.applied() if self.entropy_control else 0.0,
                     )
                     acc.backward(out.loss)
                 packing = {"padded_tokens": stats.padded_tokens, "real_tokens": stats.real_tokens, "packed_tokens": stats.packed_tokens}
-                for key, value in {**out.metrics, "loss": out.loss.detach(), "entropy": masked_sum(entropy, mask), **packing}.items():
+                for key, value in {**out.metrics, "loss": out.loss.detach(), "entropy": masked_sum(entropy.detach(), mask), **packing}.items():
                     sums[key] = sums.get(key, 0) + value
             grad_norm = acc.clip_grad_norm_(self.model.parameters(), a.max_grad_norm if a.max_grad_norm > 0 else math.inf)  # 0: no clip
             if not torch.isfinite(grad_norm):  # before optimizer.step: the weights and every checkpoint stay finite
@@ -331,6 +335,8 @@ class GRPOTrainer:
             self.window.add(key, value)
         self.window.add("grad_norm", grad_norm)
         self.window.add("steps", 1)
+        if self.entropy_control is not None:  # the next step's coefficient (adaptive: from this step's entropy, all processes)
+            self.window.add("entropy_coef", self.entropy_control.step_end(sums, acc))
         kl_old = torch.stack([sums["kl_old"], sums["tokens"]])
         if acc.num_processes > 1:  # a token mean over all processes: the same target_kl decision on each
             kl_old = acc.reduce(kl_old, reduction="sum")

@@ -1,7 +1,8 @@
 """What the trainer saves: checkpoints (also after Ctrl-C), resuming a run from one, and the final model.
 
 - `save`: checkpoint-<step> with the weights, the optimizer and scheduler, the
-  data order, the step counters, π_ref when `sync_ref_model` moves it, and each
+  data order, the step counters, π_ref when `sync_ref_model` moves it, the
+  entropy bonus's coefficient (adaptive), and each
   process's rollout while μ passes over it remain; then the callbacks' on_save.
 - `stop_interrupted`: after Ctrl-C, that step's checkpoint (unless just
   written) and `TrainingInterrupted` saying how to resume.
@@ -12,7 +13,7 @@
 
 A checkpoint is the trainer's state, so the first three take the `GRPOTrainer`:
 `save` reads, and `resume` sets, its step, target_kl_stops, run_id, order,
-optimizer, scheduler and ref_model.
+optimizer, scheduler, ref_model and entropy_control.
 
 Not here: the files and their checks (checkpoint.py), the new-run rule and
 which config changes a resume accepts (runs.py), catching Ctrl-C (interrupt.py).
@@ -50,6 +51,7 @@ def save(trainer: GRPOTrainer, rollout: Rollout, done: int) -> str:
         "step": trainer.step, "optimizer": trainer.optimizer.state_dict(), "scheduler": trainer.scheduler.state_dict(),
         "order": trainer.order.state_dict(), "target_kl_stops": trainer.target_kl_stops, "done": done,
         "ref_model": trainer.ref_model.state_dict() if a.sync_ref_model else None, "config": a.to_dict(),
+        "entropy_control": trainer.entropy_control.state_dict() if trainer.entropy_control else None,
     }
     own = {"rollout": rollout if done < a.steps_per_rollout else None}  # this process's share of the rollout
     path = ckpt.save_checkpoint(
@@ -106,6 +108,8 @@ def resume(trainer: GRPOTrainer, resume_from_checkpoint) -> tuple[Rollout | None
     trainer.step, trainer.target_kl_stops, trainer.run_id = state["step"], state["target_kl_stops"], state["run_id"]
     if state["ref_model"] is not None:
         trainer.ref_model.load_state_dict(state["ref_model"])
+    if state.get("entropy_control") and trainer.entropy_control:  # the adaptive coefficient where it was (TRL restores it too)
+        trainer.entropy_control.load_state_dict(state["entropy_control"])
     if trainer.log is not None:
         trainer.log.cut_back(trainer.step)
         trainer.console.print(f"resumed from {path} at step {trainer.step}", markup=False)

@@ -36,7 +36,6 @@ class TrlField(NamedTuple):
 
 _ENGINE = "fastgrpo samples with its own engine (transformers generate); remove it"
 _ACCELERATE = "configure it with `accelerate launch --config_file …` (examples/accelerate/); remove it here"
-_NO_ENTROPY_BONUS = "fastgrpo has no entropy bonus; use top_entropy_quantile to focus the loss on high-entropy tokens"
 
 TRL_FIELDS: dict[str, TrlField] = {
     # --- optimizer, precision, compilation --------------------------------------------
@@ -159,16 +158,6 @@ TRL_FIELDS: dict[str, TrlField] = {
     "use_transformers_paged": TrlField(False, (False,), _ENGINE),
     "max_tool_calling_iterations": TrlField(None, (None,), "tool calling is not supported; remove it"),
     # --- objective variants fastgrpo does not implement -----------------------------------
-    "vespo_k_pos": TrlField(2.0, ANY),  # read only with loss_type="vespo", which config.py refuses
-    "vespo_lambda_pos": TrlField(3.0, ANY),
-    "vespo_k_neg": TrlField(3.0, ANY),
-    "vespo_lambda_neg": TrlField(2.0, ANY),
-    "entropy_coef": TrlField(0.0, (0.0, 0), _NO_ENTROPY_BONUS),
-    "use_adaptive_entropy": TrlField(False, (False,), _NO_ENTROPY_BONUS),
-    "entropy_coef_min": TrlField(0.0, ANY),  # read only with use_adaptive_entropy=True
-    "entropy_coef_max": TrlField(1.0, ANY),
-    "entropy_coef_delta": TrlField(0.005, ANY),
-    "entropy_target": TrlField(0.2, ANY),
     "off_policy_mask_threshold": TrlField(None, (None,), "fastgrpo's rollouts are never stale beyond their reuse window; bound the drift with target_kl"),
     # Honoured as a GRPOConfig field on the parity branch; until then only TRL's default.
 }
