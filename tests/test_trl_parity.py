@@ -1,9 +1,10 @@
 """fastgrpo's maths against TRL 1.16's own code, on identical random tensors (issue 11).
 
 TRL's `GRPOTrainer._compute_loss` and `get_high_entropy_mask` run unchanged on
-a stand-in `self` (no model: the policy is a (processes, N, T) parameter θ
-with log π = −softplus(θ), so π_θ is a Bernoulli per token and has an exact
-entropy). TRL's advantage block is cut from the source of
+a stand-in `self` per process (no model: the policy is a (processes, N, T)
+parameter θ with log π = −softplus(θ), so π_θ is a Bernoulli per token and has
+an exact, differentiable entropy; the stand-in keeps TRL's entropy-controller
+state across calls). TRL's advantage block is cut from the source of
 `_generate_and_score_completions` and executed as it is. Both systems train
 the same θ for whole optimizer steps: every process's micro-batches, DDP's
 gradient mean over processes, μ passes over each of two rollouts, plain SGD,
@@ -32,6 +33,7 @@ from trl.trainer import grpo_trainer as trl_module
 
 from fastgrpo import GRPOConfig
 from fastgrpo.advantages import rollout_advantages
+from fastgrpo.entropy_control import EntropyControl
 from fastgrpo.losses import StepCounts, entropy_threshold, grpo_loss, high_entropy_mask, kl_k3, step_tokens
 
 F64 = torch.float64
@@ -61,10 +63,15 @@ def trl_advantages(rewards, weights, G, scale_rewards, aggregation):
 
 
 class Processes:
-    """Stand-in accelerator: `gather` of the entropy padding TRL sends returns every process's."""
+    """Stand-in accelerator: `gather` of the entropy padding TRL sends returns every process's.
+
+    `reduce` of the adaptive entropy controller's window (TRL's first reduce in
+    `_compute_loss` on a step's last micro-batch) returns `world`, the step's
+    sums over every process, after checking the process sent its own share.
+    """
 
     def __init__(self, num_processes):
-        self.num_processes, self.peers = num_processes, None
+        self.num_processes, self.peers, self.sync_gradients, self.window = num_processes, None, True, None
 
     def pad_across_processes(self, local, dim=0, pad_index=0):
         width = max(len(p) for p in self.peers)
@@ -76,7 +83,11 @@ class Processes:
         return torch.cat(padded) if padded is not None else tensor  # metrics: this process's own values
 
     def reduce(self, tensor, reduction="sum"):
-        return tensor
+        if self.window is not None:  # (own share, every process's sum)
+            (own, world), self.window = self.window, None
+            torch.testing.assert_close(tensor, own, rtol=0, atol=1e-12)
+            return world
+        return tensor  # metrics: this process's own values
 
 
 @dataclasses.dataclass
@@ -98,6 +109,12 @@ class Case:
     mask_truncated: bool = False
     scale_rewards: str = "group"
     aggregation: str = "sum_then_normalize"
+    vespo: tuple = (2.0, 3.0, 3.0, 2.0)  # k_pos, λ_pos, k_neg, λ_neg (TRL's defaults)
+    entropy_coef: float = 0.0
+    adaptive: bool = False  # use_adaptive_entropy
+    entropy_target: float = 0.2
+    entropy_coef_delta: float = 0.005
+    entropy_coef_bounds: tuple = (0.0, 1.0)  # entropy_coef_min, entropy_coef_max
 
     @property
     def N(self):  # completions per process per rollout
@@ -120,35 +137,47 @@ def data(case, rollout):
 
 
 def policy(theta):
-    """log π (P, N, T) and the per-token entropy of the Bernoulli π_θ (no gradient)."""
+    """log π (P, N, T) and the per-token entropy of the Bernoulli π_θ, both differentiable."""
     logps = -F.softplus(theta)  # log σ(−θ)
-    p = logps.exp().detach()
-    return logps, -(p * p.log() + (1 - p) * (1 - p).log())
+    return logps, -(logps.exp() * logps + torch.sigmoid(theta) * -F.softplus(-theta))  # −p log p − (1−p) log(1−p)
 
 
-def trl_stub(case, processes, current):
-    """The `self` TRL's `_compute_loss` reads, with TRL's config semantics."""
+def trl_stub(case, processes):
+    """The `self` TRL's `_compute_loss` reads for one process, with TRL's config semantics and `__init__` state."""
     epsilon_high = case.epsilon_high if case.epsilon_high is not None else case.epsilon
+    k_pos, lambda_pos, k_neg, lambda_neg = case.vespo
     this = SimpleNamespace(
         top_entropy_quantile=case.top_entropy_quantile, aux_loss_enabled=False, off_policy_mask_threshold=None,
         importance_sampling_level=case.level, beta=case.beta, loss_type=case.loss_type, epsilon_low=case.epsilon,
         epsilon_high=epsilon_high, use_vllm=False, vllm_importance_sampling_correction=False,
         model=SimpleNamespace(training=True), current_gradient_accumulation_steps=case.GA, max_completion_length=T,
-        accelerator=processes, _entropy_bonus_enabled=False, _metrics={"train": defaultdict(list)},
+        accelerator=processes, _metrics={"train": defaultdict(list)},
+        entropy_coef=case.entropy_coef, use_adaptive_entropy=case.adaptive,
+        _entropy_bonus_enabled=case.entropy_coef != 0.0 or case.adaptive, _last_world_entropy=float("inf"), _entropy_window_stats=None,
         args=SimpleNamespace(use_bias_correction_kl=case.bias_correction, delta=case.delta, sapo_temperature_pos=1.0,
-                             sapo_temperature_neg=1.05, steps_per_generation=case.steps_per_generation),
+                             sapo_temperature_neg=1.05, steps_per_generation=case.steps_per_generation,
+                             vespo_k_pos=k_pos, vespo_lambda_pos=lambda_pos, vespo_k_neg=k_neg, vespo_lambda_neg=lambda_neg,
+                             entropy_target=case.entropy_target, entropy_coef_delta=case.entropy_coef_delta,
+                             entropy_coef_min=case.entropy_coef_bounds[0], entropy_coef_max=case.entropy_coef_bounds[1]),
     )
     this.get_high_entropy_mask = types.MethodType(trl.GRPOTrainer.get_high_entropy_mask, this)
-    this._get_per_token_logps_and_entropies = lambda model, *args, **kwargs: (*current, None)
+    this.get_gamma_weights = trl.GRPOTrainer.get_gamma_weights  # a staticmethod
     return this
 
 
 def train(case, system, fastgrpo_epsilon_high=None):
-    """Two rollouts, μ passes each; returns (final θ, every micro-batch loss, clipped-token count)."""
+    """Two rollouts, μ passes each; returns (final θ, every micro-batch loss, clipped-token count, logged metrics).
+
+    The metrics: TRL's `_metrics["train"]` of process 0 (its `entropy_coef`,
+    `vespo/phi_seq_mean`, `policy_loss` lists), or fastgrpo's equivalents.
+    """
     P, N, GA = case.num_processes, case.N, case.GA
     theta = (torch.randn(P, N, T, generator=torch.Generator().manual_seed(0), dtype=F64)).requires_grad_()
     weights = torch.tensor([1.0, 0.5], dtype=F64)
     processes, losses, clipped = Processes(P), [], 0
+    stubs = [trl_stub(case, processes) for _ in range(P)]
+    control = EntropyControl(case.entropy_coef, case.adaptive, case.entropy_target, case.entropy_coef_delta, *case.entropy_coef_bounds)
+    ours = defaultdict(list)  # fastgrpo's logged values, as TRL's process 0 logs them
     for rollout in range(2):
         d = data(case, rollout)
         old = policy(theta)[0].detach()  # π_old: the policy that generated the rollout
@@ -161,10 +190,13 @@ def train(case, system, fastgrpo_epsilon_high=None):
         for _ in range(case.num_iterations):
             for step in range(case.steps_per_generation // GA):
                 theta.grad = None
-                entropy_all = policy(theta)[1]
+                entropy_all = policy(theta)[1].detach()
+                peers = [[entropy_all[q, r][d.loss_mask[q, r].bool()].float() for q in range(P)] for r in step_rows(case, step)]
+                window = bonus_sums(case, entropy_all, d.loss_mask, step, peers)  # (P, 2): each process's Σ H, tokens
+                step_sums = torch.zeros(2, dtype=F64)
                 for j in range(GA):
-                    rows = slice((step * GA + j) * case.B, (step * GA + j + 1) * case.B)
-                    processes.peers = [entropy_all[q, rows][d.loss_mask[q, rows].bool()].float() for q in range(P)]
+                    rows = step_rows(case, step)[j]
+                    processes.peers, processes.sync_gradients = peers[j], j == GA - 1
                     for q in range(P):
                         (logps, entropy), mask = policy(theta[q, rows]), d.loss_mask[q, rows]
                         if system == "trl":
@@ -174,7 +206,10 @@ def train(case, system, fastgrpo_epsilon_high=None):
                                 "advantages": adv[q, rows], "old_per_token_logps": old[q, rows],
                                 "ref_per_token_logps": d.ref[q, rows], "num_items_in_batch": num_items_in_batch,
                             }
-                            loss = trl_module.GRPOTrainer._compute_loss(trl_stub(case, processes, (logps, entropy)), None, inputs)
+                            stubs[q]._get_per_token_logps_and_entropies = lambda model, *a, current=(logps, entropy), **k: (*current, None)
+                            if case.adaptive and processes.sync_gradients:
+                                processes.window = (window[q], window.sum(0))
+                            loss = trl_module.GRPOTrainer._compute_loss(stubs[q], None, inputs)
                         else:
                             keep = None
                             if case.top_entropy_quantile < 1:
@@ -186,13 +221,46 @@ def train(case, system, fastgrpo_epsilon_high=None):
                                 delta=case.delta, importance_sampling_level=case.level, beta=case.beta,
                                 per_token_kl=kl_k3(logps, d.ref[q, rows]) if case.beta > 0 else None,
                                 use_bias_correction_kl=case.bias_correction, policy_mask=keep,
+                                **dict(zip(("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"), case.vespo)),
+                                entropy=entropy if bonus(case) else None, entropy_coef=control.applied(),
                             )
                             loss, clipped = out.loss, clipped + int(out.metrics["clip_region"])
+                            if bonus(case):
+                                step_sums += torch.stack([out.metrics["bonus_entropy"], out.metrics["bonus_tokens"]])
+                                # TRL logs a micro-batch's policy loss before its 1/GA for the per-sequence
+                                # types, after it for the token-sum ones; fastgrpo sums shares to the step's (README).
+                                share = out.metrics["policy_loss"] * (GA if case.loss_type in PER_SEQUENCE else 1)
+                                ours["policy_loss"].append(share) if q == 0 else None
+                            if "vespo/phi_seq" in out.metrics and q == 0:
+                                ours["vespo/phi_seq_mean"].append(out.metrics["vespo/phi_seq"] / out.metrics["sequences"])
                         loss.backward()
                         losses.append(loss.detach())
+                if system == "fastgrpo" and bonus(case):
+                    ours["entropy_coef"].append(control.update(*step_sums.tolist()))  # all processes' sums (DDP: all-reduce)
                 with torch.no_grad():
                     theta -= LR * theta.grad / P  # DDP: the mean of the processes' gradients
-    return theta.detach(), torch.stack(losses), clipped
+    return theta.detach(), torch.stack(losses), clipped, (stubs[0]._metrics["train"] if system == "trl" else ours)
+
+
+def bonus(case):
+    return case.entropy_coef != 0 or case.adaptive
+
+
+def step_rows(case, step):
+    """The GA micro-batches' row slices of optimizer step `step` (the same on every process)."""
+    return [slice((step * case.GA + j) * case.B, (step * case.GA + j + 1) * case.B) for j in range(case.GA)]
+
+
+def bonus_sums(case, entropy_all, loss_mask, step, peers):
+    """(P, 2) each process's Σ H and token count over the tokens the bonus acts on, over the step's micro-batches."""
+    sums = torch.zeros(case.num_processes, 2, dtype=F64)
+    for j, rows in enumerate(step_rows(case, step)):
+        for q in range(case.num_processes):
+            mask = loss_mask[q, rows].to(F64)
+            if case.top_entropy_quantile < 1:
+                mask = high_entropy_mask(entropy_all[q, rows], mask, entropy_threshold(torch.cat(peers[j]), case.top_entropy_quantile))
+            sums[q] += torch.stack([(entropy_all[q, rows] * mask).sum(), mask.sum()])
+    return sums
 
 
 def our_advantages(rewards, weights, case):
@@ -213,8 +281,11 @@ def our_advantages(rewards, weights, case):
     return torch.cat([advantages(r, lambda mine: everyone) for r in per_process])
 
 
-ALL = ["grpo", "bnpo", "dapo", "dr_grpo", "cispo", "sapo"]
-CLIPPED = ["grpo", "bnpo", "dapo", "dr_grpo"]
+PER_SEQUENCE = ("grpo", "bnpo", "dr_grpo", "luspo", "sapo")  # TRL divides these by GA after computing policy_loss
+ALL = ["grpo", "bnpo", "dapo", "dr_grpo", "cispo", "sapo", "luspo", "vespo"]
+CLIPPED = ["grpo", "bnpo", "dapo", "dr_grpo", "luspo"]
+# The adaptive entropy controller with a target the Bernoulli policy's entropy (≤ ln 2) crosses during the run.
+ADAPTIVE = {"adaptive": True, "entropy_coef": 0.1, "entropy_target": 0.6, "entropy_coef_delta": 0.05, "entropy_coef_bounds": (0.0, 0.2)}
 CASES = (
     [Case(loss_type=t) for t in ALL]
     + [Case(loss_type=t, num_processes=1, steps_per_generation=2, num_iterations=1) for t in ALL]  # TRL's default shape
@@ -227,7 +298,14 @@ CASES = (
     + [Case(loss_type=t, mask_truncated=True) for t in ALL]
     + [Case(loss_type=t, scale_rewards=s) for t in ("grpo", "dapo") for s in ("batch", "none")]
     + [Case(loss_type=t, aggregation="normalize_then_sum") for t in ("grpo", "dapo")]
-    + [Case(loss_type=t, num_processes=1, GA=3, steps_per_generation=6) for t in ("dapo", "cispo")]
+    + [Case(loss_type=t, num_processes=1, GA=3, steps_per_generation=6) for t in ("dapo", "cispo", "vespo")]
+    + [Case(loss_type="luspo", level="sequence", top_entropy_quantile=0.5, beta=0.1)]
+    + [Case(loss_type="vespo", vespo=(1.5, 2.5, 2.0, 1.0))]
+    + [Case(loss_type=t, entropy_coef=0.05) for t in ("grpo", "dapo", "vespo")]
+    + [Case(loss_type="luspo", level="sequence", entropy_coef=0.05, top_entropy_quantile=0.3)]
+    + [Case(loss_type=t, **ADAPTIVE) for t in ("grpo", "dapo", "luspo")]
+    + [Case(loss_type="dapo", top_entropy_quantile=0.5, **{**ADAPTIVE, "entropy_target": 0.67})]  # the top half: higher H
+    + [Case(loss_type="dapo", num_processes=1, GA=3, steps_per_generation=6, **ADAPTIVE)]
 )
 
 
@@ -243,11 +321,20 @@ def test_whole_training_equals_trl(case):
     # difference, asserted below), so fastgrpo gets TRL's bound − 1 here.
     trl_high = case.epsilon_high if case.epsilon_high is not None else case.epsilon
     ours_high = trl_high - 1 if case.loss_type == "cispo" else None
-    theta_trl, losses_trl, _ = train(case, "trl")
-    theta_ours, losses_ours, clipped = train(case, "fastgrpo", ours_high)
+    theta_trl, losses_trl, _, logged_trl = train(case, "trl")
+    theta_ours, losses_ours, clipped, logged_ours = train(case, "fastgrpo", ours_high)
     torch.testing.assert_close(losses_ours, losses_trl, rtol=0, atol=1e-6)
     torch.testing.assert_close(theta_ours, theta_trl, rtol=0, atol=1e-6)
+    for key in ("entropy_coef", "vespo/phi_seq_mean", "policy_loss"):  # TRL's logged values, step by step
+        assert len(logged_ours[key]) == len(logged_trl[key]), key
+        torch.testing.assert_close(torch.tensor(logged_ours[key], dtype=F64), torch.tensor(logged_trl[key], dtype=F64), rtol=0, atol=1e-6, msg=key)
     assert not torch.equal(theta_ours, torch.randn(theta_ours.shape, generator=torch.Generator().manual_seed(0), dtype=F64))
+    if bonus(case):  # the bonus moved the weights, so its gradient was compared too
+        theta_plain = train(dataclasses.replace(case, entropy_coef=0.0, adaptive=False), "fastgrpo", ours_high)[0]
+        assert (theta_ours - theta_plain).abs().max() > 1e-3
+    if case.adaptive:  # the coefficient went both ways (the entropy crossed the target)
+        moves = torch.tensor(logged_ours["entropy_coef"]).diff()
+        assert (moves > 0).any() and (moves < 0).any()
     if case.loss_type in CLIPPED and case.num_iterations > 1:
         assert clipped > 0  # the run left the trust region, so the clip branches were compared too
 
@@ -275,8 +362,8 @@ def test_trl_advantages_equal_ours_and_are_not_trivial():
 def test_cispo_bound_differs_from_trl_for_the_same_epsilon_high():
     # TRL clamps ρ at epsilon_high; fastgrpo at 1 + epsilon_high (MiniMax-M1's form).
     case = Case(loss_type="cispo", epsilon_high=1.1)
-    theta_trl, losses_trl, _ = train(case, "trl")
-    theta_ours, losses_ours, _ = train(case, "fastgrpo", 1.1)
+    theta_trl, losses_trl, _, _ = train(case, "trl")
+    theta_ours, losses_ours, _, _ = train(case, "fastgrpo", 1.1)
     assert (theta_ours - theta_trl).abs().max() > 1e-3
 
 
