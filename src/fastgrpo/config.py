@@ -126,7 +126,7 @@ class GRPOConfig:
 
     # --- model -------------------------------------------------------------------
     disable_dropout: bool = True  # dropout would make π_old irreproducible
-    bf16: bool | None = None  # None: on where the device supports it (not on CPU)
+    bf16: bool | None = None  # None: on where the hardware multiplies bf16 fast (AMX/AVX512-BF16 CPU, CUDA; precision.py)
     gradient_checkpointing: bool = False
     gradient_checkpointing_kwargs: dict | str | None = None  # passed to gradient_checkpointing_enable
     model_init_kwargs: dict | str | None = None

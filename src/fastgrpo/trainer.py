@@ -41,7 +41,7 @@ from .config import GRPOConfig
 from .data import PromptEncoder, PromptOrder, is_conversational
 from .dataset_kinds import StreamOrder, eval_sets
 from .evaluation import mean_rewards
-from .generation import SamplingSettings, build_generator
+from .generation import SamplingSettings, build_generator, generator_notices
 from .interrupt import StopOnInterrupt
 from .logprobs import LogProbs, TokenStats, fallback_notices
 from .losses import StepCounts, entropy_threshold, grpo_loss, high_entropy_mask, kl_k3, masked_sum, step_tokens
@@ -130,11 +130,11 @@ class GRPOTrainer:
             max_completion_length=a.max_completion_length, eos_token_ids=self.eos_token_ids, pad_token_id=self.tokenizer.pad_token_id,
             temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, min_p=a.min_p, repetition_penalty=a.repetition_penalty,
         )
-        autocast_dtype = torch.bfloat16 if acc.mixed_precision == "bf16" else None
-        self.generate = build_generator(a.generation_backend, acc.unwrap_model(self.model), sampling, autocast_dtype=autocast_dtype)
+        weights_dtype = torch.bfloat16 if acc.mixed_precision == "bf16" else None  # the sampler's own copy (weight_sync.py)
+        self.generate = build_generator(a.generation_backend, acc.unwrap_model(self.model), sampling, weights_dtype=weights_dtype)
         self.encode = PromptEncoder(self.tokenizer, a.max_prompt_length, a.chat_template_kwargs)
-        self.log_probs = LogProbs(a.temperature, ref_autocast=acc.autocast)  # packed rows, each prompt once per group, chunked LM head
-        for note in fallback_notices(policy) if acc.is_main_process else []:
+        self.log_probs = LogProbs(a.temperature, autocast=acc.autocast)  # packed rows, each prompt once per group, chunked LM head
+        for note in fallback_notices(policy) + generator_notices(self.generate) if acc.is_main_process else []:
             self.console.print(f"fastgrpo: {note}")
         self.streaming = isinstance(train_dataset, IterableDataset)  # rows come in stream order, not by index
         if self.streaming:
@@ -270,7 +270,7 @@ class GRPOTrainer:
         ref = torch.zeros(rollout.completion_ids.shape, device=rollout.completion_ids.device)
         with self.timer("ref_logps"):
             for start in range(0, len(rollout), size):
-                with self.accelerator.autocast(), self.reference() as ref_model:  # π_ref in the policy's precision: KL is 0 where they agree
+                with self.reference() as ref_model:  # π_ref in the policy's precision (LogProbs' autocast): KL is 0 where they agree
                     logps = self._logps(ref_model, rollout.select(slice(start, start + size))).logps
                 ref[start : start + size, : logps.shape[1]] = logps
         return ref
