@@ -363,6 +363,7 @@ def grpo_loss(
     per_token_kl: torch.Tensor | None = None,
     use_bias_correction_kl: bool = True,
     policy_mask: torch.Tensor | None = None,
+    policy_weight: torch.Tensor | None = None,
 ) -> LossOutput:
     """The GRPO objective for one micro-batch: objective per token, + β·KL, aggregated.
 
@@ -379,6 +380,8 @@ def grpo_loss(
             from π_old (DeepSeek-V3.2, arXiv 2512.02556; TRL 1.16's default).
         policy_mask: (B, T) tokens that carry the policy term (e.g. the top
             entropy ones); default `mask`. The KL term always uses `mask`.
+        policy_weight: (B, T) or (B, 1) factor on the policy term, no gradient (TRL's
+            sampler importance ratio × off-policy mask, importance_sampling.py); None: 1.
     Returns:
         `LossOutput`. Metric sums (over `mask`): clip_low, clip_high,
         clip_region, kl (to π_ref), kl_old (k3 KL(π_θ‖π_old)), tokens.
@@ -405,6 +408,8 @@ def grpo_loss(
         temperature_neg=temperature_neg,
     )
     per_token = masked(out.loss, mask if policy_mask is None else policy_mask)
+    if policy_weight is not None:
+        per_token = masked(per_token * policy_weight, mask)
     if per_token_kl is not None:
         per_token_kl = masked(per_token_kl, mask)
     if beta > 0:

@@ -13,13 +13,19 @@ weights, gradients and AdamW state stay fp32; the log-softmax, entropy and KL
 of the LM head, the loss, advantages and KL are fp32. π_θ, π_old and π_ref all
 run under the same autocast, so ρ = 1 and KL = 0 exactly where weights agree.
 
-Not here: applying it (accelerate's `mixed_precision`, trainer_setup.py; the
-log-prob passes, logprobs.py; the sampler's bf16 weights, weight_sync.py).
+The autocast is fastgrpo's own (`autocast_for`), not accelerate's
+`mixed_precision`: accelerate keeps one precision per process (its state is a
+singleton), while a process may build trainers of both precisions.
+
+Not here: where the autocast applies (every log-prob pass, logprobs.py; reward
+models, reward_models.py); the sampler's bf16 weights (weight_sync.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
+from functools import partial
 from typing import NamedTuple
 
 import torch
@@ -61,3 +67,8 @@ def resolve_bf16(bf16: bool | None, use_cuda: bool, cpu_capabilities: Mapping | 
         False,
         f"bf16 off: {cpu} has neither AMX-BF16 nor AVX512-BF16, so bf16 products would run slower than fp32; bf16=True forces it.",
     )
+
+
+def autocast_for(device: torch.device, bf16: bool) -> Callable[[], AbstractContextManager]:
+    """A zero-argument context factory: bf16 autocast on `device`'s type, or (fp32) one that changes nothing."""
+    return partial(torch.autocast, device.type, dtype=torch.bfloat16) if bf16 else nullcontext

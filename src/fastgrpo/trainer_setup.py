@@ -38,10 +38,11 @@ from .models import (
 from .precision import resolve_bf16
 
 
-def build_accelerator(args: GRPOConfig) -> Accelerator:
-    """The run's `Accelerator`: device, mixed precision ("bf16" or "no"), process group and trackers.
+def build_accelerator(args: GRPOConfig) -> tuple[Accelerator, bool]:
+    """The run's `Accelerator` (device, process group, trackers) and whether its products run in bf16.
 
-    Prints `precision.resolve_bf16`'s notice (main process) when bf16 is None.
+    bf16 is `precision.resolve_bf16`'s decision, printed as one notice line (main
+    process) when `args.bf16` is None; the autocast is fastgrpo's (precision.py).
 
     Raises:
         ValueError: `accelerate launch --cpu` started one process of several
@@ -54,7 +55,7 @@ def build_accelerator(args: GRPOConfig) -> Accelerator:
     runs.check_output_dir(a.output_dir)
     bf16, notice = resolve_bf16(a.bf16, use_cuda=torch.cuda.is_available())
     # cpu=True without GPUs: only then does accelerate join torchrun's processes into one gloo group.
-    acc = Accelerator(cpu=cpu_only(), mixed_precision="bf16" if bf16 else "no", log_with=a.report_to or None, project_dir=a.output_dir)
+    acc = Accelerator(cpu=cpu_only(), log_with=a.report_to or None, project_dir=a.output_dir)
     if a.report_to:  # TensorBoard/W&B through accelerate's trackers, under output_dir
         acc.init_trackers("fastgrpo", config={k: v for k, v in a.to_dict().items() if isinstance(v, (int, float, str, bool))})
     if acc.num_processes != a.world_size:
@@ -62,7 +63,7 @@ def build_accelerator(args: GRPOConfig) -> Accelerator:
     if notice is not None and acc.is_main_process:
         Console().print(f"fastgrpo: {notice}", highlight=False)
     set_seed(a.seed, device_specific=True)  # each process samples its own completions; PromptOrder has its own seed
-    return acc
+    return acc, bf16
 
 
 class Policy(NamedTuple):
