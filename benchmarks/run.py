@@ -61,7 +61,7 @@ CASES = {
     "bf16": {
         "description": "Seed configuration on SmolLM2: fastgrpo with bf16 products (and the sampler's bf16 copy) against "
         "fastgrpo fp32 and TRL fp32, with the sampler–trainer mismatch it logs.",
-        "model": "smollm2-135m-instruct", "mus": [1], "steps": 3, "pairs": 2, "learning_rate": 3e-5,
+        "model": "smollm2-135m-instruct", "mus": [1], "steps": 2, "pairs": 2, "learning_rate": 3e-5,
         "systems": ("fastgrpo-bf16", "fastgrpo", "trl"),
     },
     "beta": {
