@@ -75,6 +75,7 @@ def train(output_dir: str, max_steps: int, resume: bool = False, lora: bool = Fa
         loss_type="dapo", scale_rewards="batch",  # the two quantities that need all processes
         lr_scheduler_type="constant",  # the same learning rate whatever max_steps a run is given
         logging_steps=1, save_steps=1000, log_completions=True, num_completions_to_print=0, disable_tqdm=True,
+        bf16=False,  # runs on each world size are compared to fp32 tolerances, whatever this CPU's bf16 units
         **(dict(beta=0.04, gradient_checkpointing=True) if lora else {}),  # π_ref = adapters disabled, under DDP
     )
     tokenizer = load_tokenizer("smollm2-135m-instruct")
