@@ -2,9 +2,8 @@
 
 The loop (docs/design.md) reads top to bottom in `train()`: collect a rollout, then
 μ passes over it, one optimizer step per `gradient_accumulation_steps`
-micro-batches. accelerate supplies the device, gradient
-synchronisation (`no_sync` during accumulation) and multi-process
-reductions; the loop itself is ours.
+micro-batches. accelerate supplies the device, gradient synchronisation
+(`no_sync` during accumulation) and multi-process reductions; the loop is ours.
 
 Usage (TRL's API; only the import differs):
 
@@ -133,8 +132,8 @@ class GRPOTrainer:
             max_completion_length=a.max_completion_length, eos_token_ids=self.eos_token_ids, pad_token_id=self.tokenizer.pad_token_id,
             temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, min_p=a.min_p, repetition_penalty=a.repetition_penalty,
         )
-        weights_dtype = torch.bfloat16 if bf16 else None  # the sampler's own copy (weight_sync.py)
-        self.generate = build_generator(a.generation_backend, acc.unwrap_model(self.model), sampling, weights_dtype=weights_dtype)
+        self.generate = build_generator(  # bf16: the sampler samples from its own bf16 copy (weight_sync.py)
+            a.generation_backend, acc.unwrap_model(self.model), sampling, weights_dtype=torch.bfloat16 if bf16 else None)
         self.encode = PromptEncoder(self.tokenizer, a.max_prompt_length, a.chat_template_kwargs)
         self.correction = SamplingCorrection.from_config(a)  # the sampler–trainer mismatch, TRL's vllm_importance_sampling_*
         self.log_probs = LogProbs(a.temperature, autocast=self.autocast)  # packed rows, each prompt once per group, chunked LM head
