@@ -69,7 +69,8 @@ def run_figures(run: dict) -> dict:
     split = {"generation": generation_s / steps, "logps": logps_s / steps, "update": update_s / steps}
     split["other"] = window / steps - sum(split.values())
 
-    body, head, peak = run["body_parameters"], run["head_parameters"], run["matmul_peak_flops"]
+    peak = run["linear_peak_flops"]["bf16"] if run["spec"].get("bf16") else run["matmul_peak_flops"]  # bf16 runs: the bf16 limit
+    body, head = run["body_parameters"], run["head_parameters"]
     flops = lambda p, k: k * (body * p["tokens"] + head * p["logit_tokens"])  # noqa: E731
     update_flops = sum(flops(p, 6) for p in passes if p["grad"])
     logps_flops = sum(flops(p, 2) for p in passes if not p["grad"])

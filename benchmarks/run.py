@@ -58,6 +58,12 @@ CASES = {
         "model": "smollm2-135m-instruct", "mus": [1], "steps": 1, "pairs": 1, "learning_rate": 2e-5,
         "context_sentences": 5, "max_prompt_length": 320, "max_completion_length": 128,
     },
+    "bf16": {
+        "description": "Seed configuration on SmolLM2: fastgrpo with bf16 products (and the sampler's bf16 copy) against "
+        "fastgrpo fp32 and TRL fp32, with the sampler–trainer mismatch it logs.",
+        "model": "smollm2-135m-instruct", "mus": [1], "steps": 2, "pairs": 2, "learning_rate": 3e-5,
+        "systems": ("fastgrpo-bf16", "fastgrpo", "trl"),
+    },
     "beta": {
         "description": "beta = 0.04 (π_ref in play: a reference model in memory and a π_ref log-prob pass), tiny model, μ = 1.",
         "model": "tiny", "mus": [1], "steps": 4, "pairs": 1, "learning_rate": 1e-3, "beta": 0.04,
@@ -164,7 +170,8 @@ def run_case(name: str, case: dict, out_dir: str, date: str, threads: int, steps
             spec = {**base, "num_iterations": mu, "steps": n, "num_prompts": 2 * n + 64}
             for system in case.get("systems", ("fastgrpo", "trl")):
                 full = system == "fastgrpo-full"  # every weight trains: the LoRA case's own baseline
-                record["runs"].append(run_one({**spec, "system": system, **({"lora": None} if full else {})}, log))
+                extra = {"lora": None} if full else {"bf16": True} if system == "fastgrpo-bf16" else {}
+                record["runs"].append(run_one({**spec, "system": system, **extra}, log))
                 with open(path, "w") as f:  # keep what is done if a later run fails
                     json.dump(record, f)
     report.render(path)

@@ -48,6 +48,7 @@ from fastgrpo.data import PromptEncoder  # noqa: E402
 from fastgrpo.generation import SamplingSettings, TransformersGenerator  # noqa: E402
 from fastgrpo.models import load_model, load_tokenizer, resolve_model_path  # noqa: E402
 from fastgrpo.sampler import Sampler  # noqa: E402
+from fastgrpo.weight_sync import WeightSync  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
 G, T, MAX_PROMPT = 8, 64, 64  # the seed configuration (run.py's SEED_CONFIG)
@@ -143,6 +144,7 @@ def decode_table(model, tokenizer, ids, mask, device, autocast, peak: float, ban
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     params, bytes_per = matmul_params(model), 4 if autocast is None else 2
     prompt = ids[:1, mask[0].bool()]  # (1, P) the first chat prompt, no padding
+    sync = WeightSync(model) if autocast is not None else None  # bf16: the sampler's own copy, as the trainer builds it
     rows = []
     for length in lengths:
         repeats = -(-(length // 2) // prompt.shape[1])  # lengthen the prompt to prompt + L/2 tokens
@@ -153,7 +155,7 @@ def decode_table(model, tokenizer, ids, mask, device, autocast, peak: float, ban
             times = {}
             for steps in (1, 1 + k):
                 no_eos = SamplingSettings(max_completion_length=steps, eos_token_ids=[], pad_token_id=tokenizer.pad_token_id)
-                sampler = Sampler(model, no_eos, autocast_dtype=autocast)
+                sampler = Sampler(model, no_eos, weight_sync=sync)
                 one_mask = torch.ones_like(context_ids)
                 times[steps] = min(synced(lambda: sampler(context_ids, one_mask, batch)) for _ in range(2))  # noqa: B023
             step = (times[1 + k] - times[1]) / k
@@ -201,7 +203,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    autocast = torch.bfloat16 if device.type == "cuda" else None  # as the trainer does with bf16 on CUDA
+    autocast = torch.bfloat16 if device.type == "cuda" else None  # as the trainer does with bf16 on CUDA (its own bf16 copy)
     peak = matmul_peak() if device.type == "cpu" else _cuda_peak()
     bandwidth = read_bandwidth(device)
     tokenizer = load_tokenizer(MODEL)
@@ -209,14 +211,14 @@ def main() -> None:
     ids, mask, _ = PromptEncoder(tokenizer, MAX_PROMPT)(prompts(2))
     ids, mask = ids.to(device), mask.to(device)
     sampling = SamplingSettings(max_completion_length=T, eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id)
-    ours = Sampler(model, sampling, autocast_dtype=autocast)
+    ours = Sampler(model, sampling, weight_sync=WeightSync(model) if autocast is not None else None)
     if args.skip_trl:
         generate = TransformersGenerator(model, sampling)
         peer_name, peer = "transformers generate", lambda i, m, g: _autocast_call(generate, autocast, i, m, g)  # noqa: E731
     else:
         peer_name, peer = "TRL 1.16", trl_generator(resolve_model_path(MODEL), tokenizer, device, tempfile.mkdtemp())
     # token counts for fastgrpo's padded output: up to and including the first EOS
-    counted = lambda i, m, g: _token_lists(ours(i, m, g), tokenizer.eos_token_id)  # noqa: E731
+    counted = lambda i, m, g: _token_lists(ours(i, m, g).completion_ids, tokenizer.eos_token_id)  # noqa: E731
     rollouts = rollout_seconds(counted, peer, ids, mask, args.pairs)
     for run in rollouts:
         print(f"rollout: fastgrpo {run['fastgrpo']:.2f} s, {peer_name} {run['peer']:.2f} s, ratio {run['fastgrpo'] / run['peer']:.2f}", flush=True)
@@ -250,7 +252,7 @@ def _token_lists(completion_ids: torch.Tensor, eos: int) -> list[list[int]]:
 def _autocast_call(generate: TransformersGenerator, dtype: torch.dtype | None, ids, mask, num_generations):
     """`generate` under the trainer's autocast (bf16 on CUDA), as token lists up to EOS."""
     with torch.autocast(ids.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-        return _token_lists(generate(ids, mask, num_generations), generate.config.eos_token_id[0])
+        return _token_lists(generate(ids, mask, num_generations).completion_ids, generate.config.eos_token_id[0])
 
 
 def _cuda_peak(n: int = 8192) -> float:

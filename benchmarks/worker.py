@@ -157,8 +157,9 @@ def config_values(spec: dict, output_dir: str) -> dict:
         "num_generations": spec["num_generations"], "num_iterations": spec["num_iterations"],
         "max_completion_length": spec["max_completion_length"], "temperature": 1.0, "top_p": 1.0, "top_k": 0,
         "beta": spec["beta"], "epsilon": 0.2, "loss_type": "dapo", "scale_rewards": "group",
-        # TRL defaults to bf16 autocast and gradient checkpointing; fastgrpo to neither on CPU. Same work: both off.
-        "bf16": False, "gradient_checkpointing": False, "disable_dropout": True,
+        # TRL defaults to bf16 autocast and gradient checkpointing; fastgrpo to neither on CPU. Same work: both off,
+        # except system "fastgrpo-bf16" (bf16 products, the sampler's own bf16 copy).
+        "bf16": spec.get("bf16", False), "gradient_checkpointing": False, "disable_dropout": True,
         "logging_steps": 10, "report_to": "none", "disable_tqdm": True, "log_completions": False,
     }
 
@@ -281,12 +282,35 @@ def memory_split(model, optimizer, peak_rss: int, runtime_rss: int) -> dict:
     return {**parts, "activations_and_rest": peak_rss - sum(parts.values()), "peak": peak_rss}
 
 
+def linear_peak(dtype: torch.dtype, n: int = 1024, repeats: int = 4) -> float:
+    """Best FLOP/s of `F.linear(a, w)` = a @ wᵀ, (n × n) each, nn.Linear's layout, at the current thread count."""
+    a, w = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    torch.nn.functional.linear(a, w)  # warm-up
+    best = 0.0
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.nn.functional.linear(a, w)
+        best = max(best, 2 * n**3 / (time.perf_counter() - start))
+    return best
+
+
+def sampling_metrics(output_dir: str) -> list[dict]:
+    """fastgrpo's logged `sampling/*` records (the sampler–trainer mismatch), one per logging window; [] for TRL."""
+    path = os.path.join(output_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        records = [json.loads(line) for line in f]
+    return [{k: v for k, v in r.items() if k.startswith("sampling/")} for r in records if any(k.startswith("sampling/") for k in r)]
+
+
 def main(spec_path: str, out_path: str) -> None:
     import_start = time.perf_counter()
     with open(spec_path) as f:
         spec = json.load(f)
     torch.set_num_threads(spec["threads"])
     peak = matmul_peak()
+    linear_peaks = {"fp32": linear_peak(torch.float32), "bf16": linear_peak(torch.bfloat16)}  # this run's bf16 limit too
     from datasets import Dataset
     from transformers import AutoTokenizer
 
@@ -313,7 +337,8 @@ def main(spec_path: str, out_path: str) -> None:
     peak_after = matmul_peak()
     result = {
         "system": spec["system"], "spec": spec, "threads": torch.get_num_threads(),
-        "matmul_peak_flops": max(peak, peak_after), "matmul_peak_before_after": [peak, peak_after],
+        "matmul_peak_flops": max(peak, peak_after), "matmul_peak_before_after": [peak, peak_after], "linear_peak_flops": linear_peaks,
+        "sampling_metrics": sampling_metrics(output_dir),
         "setup_seconds": setup_seconds, "import_and_setup_seconds": time.perf_counter() - import_start - train_seconds,
         "train_seconds": train_seconds, "steps_done": len(rec.step_ends),
         "peak_rss_bytes": peak_rss, "memory_split_bytes": memory,

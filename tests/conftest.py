@@ -35,3 +35,10 @@ def make_model(tokenizer):
 def prompts():
     """32 short chat prompts (distinct texts)."""
     return Dataset.from_list([{"prompt": [{"role": "user", "content": f"Count to {i}."}], "n": i} for i in range(32)])
+
+
+@pytest.fixture(autouse=True)
+def cpu_without_bf16_units(monkeypatch):
+    """bf16=None means fp32 in every test, whatever this machine's CPU: the suite's exact-number tests are
+    fp32 tests. bf16 runs are asked for explicitly (bf16=True) or with mocked hardware (tests/test_bf16.py)."""
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {"cpu_name": "a CPU without bf16 units (test suite)"})

@@ -35,12 +35,13 @@ from conftest import tiny_model  # noqa: E402
 
 from fastgrpo import GRPOConfig, GRPOTrainer  # noqa: E402
 from fastgrpo.models import load_tokenizer, lora_config  # noqa: E402
+from fastgrpo.sampling import Samples  # noqa: E402
 
 G, T = 4, 12  # completions per prompt, max completion tokens
 
 
 def fixed_completions(tokenizer, eos_token_id: int):
-    """A generator (prompt_ids (B, P), prompt_mask (B, P), G) → (B·G, T) whose row i depends only on its prompt and i mod G."""
+    """A generator (prompt_ids (B, P), prompt_mask (B, P), G) → Samples of (B·G, T) ids whose row i depends only on its prompt and i mod G."""
 
     def generate(prompt_ids, prompt_mask, num_generations):
         prompt_ids = prompt_ids.repeat_interleave(num_generations, dim=0)
@@ -52,7 +53,7 @@ def fixed_completions(tokenizer, eos_token_id: int):
             length = (8 if n % 4 < 2 else 2) + j  # tokens including EOS: 8–11 or 2–5
             out[i, : length - 1] = 200 + (n * 31 + j * 17 + torch.arange(length - 1) * 7) % 500
             out[i, length - 1] = eos_token_id
-        return out.to(prompt_ids.device)
+        return Samples(out.to(prompt_ids.device), None)  # no sampler log-probs: sampled as by π_old
 
     return generate
 
@@ -74,6 +75,7 @@ def train(output_dir: str, max_steps: int, resume: bool = False, lora: bool = Fa
         loss_type="dapo", scale_rewards="batch",  # the two quantities that need all processes
         lr_scheduler_type="constant",  # the same learning rate whatever max_steps a run is given
         logging_steps=1, save_steps=1000, log_completions=True, num_completions_to_print=0, disable_tqdm=True,
+        bf16=False,  # runs on each world size are compared to fp32 tolerances, whatever this CPU's bf16 units
         **(dict(beta=0.04, gradient_checkpointing=True) if lora else {}),  # π_ref = adapters disabled, under DDP
     )
     tokenizer = load_tokenizer("smollm2-135m-instruct")

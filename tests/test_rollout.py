@@ -5,6 +5,7 @@ from contextlib import nullcontext
 import torch
 
 from fastgrpo.rollout import Rollout, collect, completion_mask
+from fastgrpo.sampling import Samples
 
 EOS, PAD = 2, 2  # pad == EOS, as in SmolLM2 and many chat models
 
@@ -59,7 +60,7 @@ def test_collect_repeats_prompts_in_contiguous_groups_and_scores_text_up_to_eos(
         return torch.tensor([[3, 4]] * len(prompts)), torch.ones(len(prompts), 2, dtype=torch.long), 0
 
     def generate(ids, mask, G):
-        return torch.tensor([[8, EOS, PAD], [8, 8, EOS], [9, EOS, 9], [9, 9, 9]])
+        return Samples(torch.tensor([[8, EOS, PAD], [8, 8, EOS], [9, EOS, 9], [9, 9, 9]]), None)
 
     def decode(ids, mask, prompts):
         return [" ".join(str(t) for t in row[m.bool()].tolist()) for row, m in zip(ids, mask)]

@@ -37,12 +37,12 @@ def test_greedy_equals_generate_with_rows_ending_at_different_steps(tokenizer, m
     ids, mask = left_padded(tokenizer, ["Hello there, how are you today?", "Hi", "Count to ten, please, and then stop."])
     assert (mask == 0).any(-1).sum() == 2  # two prompts carry left padding
     greedy = settings(tokenizer, top_k=1, repetition_penalty=1.5)  # the penalty makes greedy rows vary their tokens
-    free = TransformersGenerator(model, greedy)(ids, mask, 2)  # (6, T), no EOS reached
+    free = TransformersGenerator(model, greedy)(ids, mask, 2).completion_ids  # (6, T), no EOS reached
     # EOS ids taken from the free run: row 0 ends at its step 3, row 4 at step 7, rows 2–3 never (checked below).
     eos = [int(free[0, 3]), int(free[4, 7])]
     greedy = replace(greedy, eos_token_ids=eos)
-    reference = TransformersGenerator(model, greedy)(ids, mask, 2)
-    ours = Sampler(model, greedy)(ids, mask, 2)
+    reference = TransformersGenerator(model, greedy)(ids, mask, 2).completion_ids
+    ours = Sampler(model, greedy)(ids, mask, 2).completion_ids
     lengths = completion_mask(reference, eos).sum(-1)
     assert len(set(lengths.tolist())) >= 3  # rows end at different steps (one runs to T)
     assert torch.equal(ours, reference)
@@ -53,10 +53,10 @@ def test_compaction_changes_no_row(tokenizer, make_model):
     ids, mask = left_padded(tokenizer, ["Count to 3.", "Name a colour, any colour you like."])
     sampling = settings(tokenizer, temperature=0.8, top_k=50, repetition_penalty=1.2)
     torch.manual_seed(7)
-    full = Sampler(model, replace(sampling, eos_token_ids=[]))(ids, mask, 4)  # no EOS: all 8 rows run T steps
+    full = Sampler(model, replace(sampling, eos_token_ids=[]))(ids, mask, 4).completion_ids  # no EOS: all 8 rows run T steps
     eos = [int(full[0, 2]), int(full[5, 6])]  # rows 0 and 5 now end early, and leave the batch
     torch.manual_seed(7)
-    compacted = Sampler(model, replace(sampling, eos_token_ids=eos))(ids, mask, 4)
+    compacted = Sampler(model, replace(sampling, eos_token_ids=eos))(ids, mask, 4).completion_ids
     lengths = completion_mask(compacted, eos).sum(-1)
     assert lengths.min() < T and lengths.max() == T
     for row, length in enumerate(lengths.tolist()):  # every row: the same tokens up to its EOS, padding after
@@ -88,7 +88,7 @@ def test_next_token_frequencies_match_softmax(tokenizer, make_model):
     temperature, k, draws = 0.5, 20, 4000
     sampler = Sampler(model, settings(tokenizer, max_completion_length=1, temperature=temperature, top_k=k))
     torch.manual_seed(0)
-    first = torch.cat([sampler(ids, mask, 200)[:, 0] for _ in range(draws // 200)])
+    first = torch.cat([sampler(ids, mask, 200).completion_ids[:, 0] for _ in range(draws // 200)])
     with torch.no_grad():
         logits = model(input_ids=ids, attention_mask=mask).logits[0, -1]
     top = logits.topk(k)
@@ -113,15 +113,15 @@ def test_generation_config_json_is_ignored(tokenizer, make_model, tmp_path, back
     # top_k = 0 and temperature 1: the first token ranges over the vocabulary, not over the model's top 5.
     generate = build_generator(backend, loaded, settings(tokenizer, max_completion_length=1))
     torch.manual_seed(0)
-    first = generate(ids, mask, 64)[:, 0]
+    first = generate(ids, mask, 64).completion_ids[:, 0]
     with torch.no_grad():
         top5 = loaded(input_ids=ids, attention_mask=mask).logits[0, -1].topk(5).indices
     assert (~torch.isin(first, top5)).sum() > 32
     # min_new_tokens and no_repeat_ngram_size not applied: greedy repeats a token and stops at the EOS it picks.
     greedy = build_generator(backend, loaded, settings(tokenizer, top_k=1, eos_token_ids=[int(first[0])]))
     ref = build_generator(backend, make_model().eval(), settings(tokenizer, top_k=1, eos_token_ids=[int(first[0])]))
-    assert torch.equal(greedy(ids, mask, 1), ref(ids, mask, 1))
-    repeats = ref(ids, mask, 1)[0]
+    assert torch.equal(greedy(ids, mask, 1).completion_ids, ref(ids, mask, 1).completion_ids)
+    repeats = ref(ids, mask, 1).completion_ids[0]
     assert len(set(repeats.tolist())) < len(repeats)  # the random model repeats itself when nothing forbids it
 
 
@@ -143,7 +143,7 @@ def test_peft_adapter_is_sampled_from(tokenizer, make_model):
     greedy = settings(tokenizer, top_k=1, repetition_penalty=1.5)
     generate = build_generator("fastgrpo", model, greedy)
     assert isinstance(generate, Sampler)
-    adapted = generate(ids, mask, 2)
-    assert torch.equal(adapted, TransformersGenerator(model, greedy)(ids, mask, 2))
+    adapted = generate(ids, mask, 2).completion_ids
+    assert torch.equal(adapted, TransformersGenerator(model, greedy)(ids, mask, 2).completion_ids)
     with model.disable_adapter():  # the adapter changes the tokens, so equality above used it
-        assert not torch.equal(adapted, generate(ids, mask, 2))
+        assert not torch.equal(adapted, generate(ids, mask, 2).completion_ids)

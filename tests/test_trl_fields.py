@@ -50,7 +50,6 @@ def test_every_trl_field_is_honoured_or_in_the_table():
         ("push_to_hub", True, "huggingface_hub"),
         ("use_liger_kernel", True, "Liger"),
         ("cast_lm_head_to_fp32", True, "float32"),
-        ("off_policy_mask_threshold", 0.5, "target_kl"),
         ("deepspeed", "ds.json", "accelerate launch"),
     ],
 )

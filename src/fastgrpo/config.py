@@ -27,6 +27,7 @@ import typing
 import warnings
 from dataclasses import dataclass, field
 
+from .importance_sampling import check_importance_sampling
 from .trl_fields import TRL_FIELDS, check_trl_field
 
 LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo", "cispo", "sapo", "luspo", "vespo")
@@ -129,6 +130,14 @@ class GRPOConfig:
     entropy_coef_max: float = 1.0
     entropy_coef_delta: float = 0.005  # δ per optimizer step
     entropy_target: float = 0.2  # nats; LMs sit at 2–10, so set it near the entropy logged early in training
+    # The sampler–trainer mismatch (TRL's names; importance_sampling.py). The correction applies where the
+    # sampler samples from its own weight copy (bf16): there its log-probs play vLLM's.
+    vllm_importance_sampling_correction: bool = True
+    vllm_importance_sampling_mode: str = "sequence_mask"  # or token_mask, token_truncate, sequence_truncate
+    vllm_importance_sampling_clip_max: float | None = 3.0  # C_max
+    vllm_importance_sampling_clip_min: float | None = None  # C_min
+    vllm_importance_sampling_cap: float | None = None  # deprecated spelling of clip_max (TRL)
+    off_policy_mask_threshold: float | None = None  # δ: DeepSeek-V3.2's off-policy sequence mask; None: off
 
     # --- rewards and advantages -------------------------------------------------
     reward_weights: list[float] | None = None
@@ -137,7 +146,7 @@ class GRPOConfig:
 
     # --- model -------------------------------------------------------------------
     disable_dropout: bool = True  # dropout would make π_old irreproducible
-    bf16: bool | None = None  # None: on where the device supports it (not on CPU)
+    bf16: bool | None = None  # None: on where the hardware multiplies bf16 fast (AMX/AVX512-BF16 CPU, CUDA; precision.py)
     gradient_checkpointing: bool = False
     gradient_checkpointing_kwargs: dict | str | None = None  # passed to gradient_checkpointing_enable
     model_init_kwargs: dict | str | None = None
@@ -206,6 +215,10 @@ class GRPOConfig:
         """TRL's None defaults and generation_kwargs, turned into the fields that hold them here."""
         if self.output_dir is None:
             self.output_dir = "grpo-output"
+        if self.vllm_importance_sampling_cap is not None:  # TRL's deprecation, word for word
+            warnings.warn("The `vllm_importance_sampling_cap` argument is deprecated and will be removed in v2.0.0. "
+                          "Use `vllm_importance_sampling_clip_max` instead.", FutureWarning, stacklevel=5)
+            self.vllm_importance_sampling_clip_max = self.vllm_importance_sampling_cap
         if self.disable_tqdm is None:
             self.disable_tqdm = False
         for name in DICT_FIELDS:
@@ -274,6 +287,8 @@ class GRPOConfig:
                 raise ValueError(message)
 
         G = self.num_generations
+        check_importance_sampling(self.vllm_importance_sampling_correction, self.vllm_importance_sampling_mode,
+                                  self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max)
         need(G >= 2, f"num_generations={G}: a group needs at least 2 completions to compare; use 2 or more.")
         per_process = self.generation_batch_size // self.world_size
         need(

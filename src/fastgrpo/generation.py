@@ -18,57 +18,24 @@ Not here: masks after EOS (rollout.py).
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel
 
 from .config import GENERATION_BACKENDS
-from .sampler import Sampler, decoder_of, unsupported_reason
-
-
-@dataclass(frozen=True)
-class SamplingSettings:
-    """What both backends sample with, built once from GRPOConfig's fields of the same names.
-
-    Fields:
-        max_completion_length: T, the most completion tokens per row (TRL's field;
-            transformers' `max_new_tokens`).
-        eos_token_ids: token ids that end a completion (transformers' `eos_token_id`
-            as a list); stored as a tuple.
-        pad_token_id: token id that fills a row after its EOS, as `generate` pads.
-        temperature: logits are divided by it before sampling (> 0; 1.0 = off);
-            training log-probs are taken at the same value (TRL's rule).
-        top_p: nucleus sampling, the smallest set of tokens whose probability reaches
-            it (1.0 = off), as transformers' `TopPLogitsWarper`.
-        top_k: keep the k most likely tokens (0 = off: TRL's meaning; transformers'
-            own default would be 50).
-        min_p: drop tokens below min_p × the top token's probability (None = off),
-            as transformers' `MinPLogitsWarper`.
-        repetition_penalty: transformers' `RepetitionPenaltyLogitsProcessor` over the
-            prompt and completion tokens so far (1.0 = off).
-    """
-
-    max_completion_length: int
-    eos_token_ids: Sequence[int]
-    pad_token_id: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float | None = None
-    repetition_penalty: float = 1.0
-
-    def __post_init__(self):
-        object.__setattr__(self, "eos_token_ids", tuple(self.eos_token_ids))  # no list the caller could change later
+from .models import decoder_of
+from .sampler import Sampler, unsupported_reason
+from .sampling import Samples, SamplingSettings
+from .weight_sync import WeightSync
 
 
 class Generator(Protocol):
     """Anything that samples G completions for each of B left-padded prompts."""
 
-    def __call__(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, num_generations: int) -> torch.Tensor:
-        """(B, P) prompt ids and mask, G → (B·G, T) completion ids, rows i·G … i·G+G−1 for prompt i, T ≤ max_completion_length."""
+    def __call__(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, num_generations: int) -> Samples:
+        """(B, P) prompt ids and mask, G → `Samples`: (B·G, T) completion ids, rows i·G … i·G+G−1 for prompt i,
+        T ≤ max_completion_length, and the sampler's own log-probs where its weights are not the trained ones."""
         ...
 
 
@@ -99,7 +66,7 @@ class TransformersGenerator:
         )
 
     @torch.no_grad()
-    def __call__(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, num_generations: int) -> torch.Tensor:
+    def __call__(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, num_generations: int) -> Samples:
         lm = decoder_of(self.model)
         was_training, own_config = self.model.training, lm.generation_config
         self.model.eval()  # no dropout, and gradient checkpointing (train-only) keeps the cache on
@@ -113,20 +80,28 @@ class TransformersGenerator:
         finally:
             self.model.train(was_training)
             lm.generation_config = own_config
-        return out[:, prompt_ids.shape[1] :]
+        return Samples(out[:, prompt_ids.shape[1] :], None)  # the trained weights sampled: no log-probs of its own
 
 
-def build_generator(
-    backend: str, model: torch.nn.Module, sampling: SamplingSettings, *, autocast_dtype: torch.dtype | None = None
-) -> Generator:
+def generator_notices(generator: Generator) -> list[str]:
+    """One start-up sentence per thing worth knowing about `generator` (the sampler's weight copy and its memory), else []."""
+    sync = getattr(generator, "weight_sync", None)
+    if sync is None:
+        return []
+    return [f"the sampler samples from its own {str(sync.dtype).removeprefix('torch.')} copy of the weights "
+            f"({sync.nbytes / 2**20:.0f} MiB), refreshed once per rollout."]
+
+
+def build_generator(backend: str, model: torch.nn.Module, sampling: SamplingSettings, *, weights_dtype: torch.dtype | None = None) -> Generator:
     """The `Generator` for `generation_backend`: fastgrpo's `Sampler`, or transformers' `generate`.
 
     Args:
         backend: "fastgrpo" or "transformers".
         model: the policy (unwrapped from DDP; a peft model is fine).
         sampling: the `SamplingSettings` both backends sample with.
-        autocast_dtype: the sampler's forward precision (None: the weights'); `generate`
-            runs under whatever the model's forward does.
+        weights_dtype: e.g. torch.bfloat16: the sampler samples from its own copy of the
+            weights in that dtype (`WeightSync`, refreshed once per rollout); None: from
+            the policy itself. `generate` always runs the policy itself.
     Returns:
         A `Sampler`, or a `TransformersGenerator` when asked for or when the
         sampler cannot run this model (a one-line `UserWarning` says why).
@@ -138,6 +113,6 @@ def build_generator(
     if backend == "fastgrpo":
         reason = unsupported_reason(model)
         if reason is None:
-            return Sampler(model, sampling, autocast_dtype=autocast_dtype)
+            return Sampler(model, sampling, weight_sync=WeightSync(model, weights_dtype) if weights_dtype is not None else None)
         warnings.warn(f"fastgrpo's sampler cannot run {reason}; generating with transformers' generate instead.", stacklevel=2)
     return TransformersGenerator(model, sampling)

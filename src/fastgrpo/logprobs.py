@@ -286,8 +286,12 @@ class LogProbs:
         share_prompts: compute each prompt once per run of identical prompts, where
             the model's attention can take the 4D mask (`sharing_support`).
         chunk: tokens per LM-head chunk.
-        ref_autocast: context factory around π_ref's forward (the trainer passes
-            `accelerator.autocast`, so π_ref runs in the policy's precision).
+        autocast: context factory around every pass, π_θ's, π_old's and π_ref's
+            alike (the trainer passes `accelerator.autocast`): the same products
+            in the same precision, so ρ = 1 and KL = 0 exactly where weights agree.
+            Under bf16 autocast the LM head's products are bf16 too (measured: on
+            SmolLM2 they add 0.008 to the body's 0.055 mean |Δ log p| against fp32,
+            for a 4× faster head on AMX); its log-softmax, entropy and KL stay fp32.
         entropy_grad: entropies with gradient (the entropy bonus); else detached.
     Call: `log_probs(model, mb, reference=None) → TokenStats`, where `mb` has
     `prompt_ids`, `prompt_mask`, `completion_ids`, `completion_mask` (a `Rollout`
@@ -299,15 +303,19 @@ class LogProbs:
     adapter), so the policy decides packing and chunking for both.
     """
 
-    def __init__(self, temperature: float, share_prompts: bool = True, chunk: int = CHUNK_TOKENS, ref_autocast=nullcontext, entropy_grad: bool = False):
+    def __init__(self, temperature: float, share_prompts: bool = True, chunk: int = CHUNK_TOKENS, autocast=nullcontext, entropy_grad: bool = False):
         if temperature <= 0:
             raise ValueError(f"temperature={temperature}: log-probs are taken at logits / temperature; use a value > 0.")
         if chunk < 1:
             raise ValueError(f"chunk={chunk}: the LM head needs at least 1 token per chunk.")
-        self.temperature, self.share_prompts, self.chunk, self.ref_autocast = temperature, share_prompts, chunk, ref_autocast
+        self.temperature, self.share_prompts, self.chunk, self.autocast = temperature, share_prompts, chunk, autocast
         self.entropy_grad = entropy_grad
 
     def __call__(self, model, mb, reference=None) -> TokenStats:
+        with self.autocast():
+            return self._stats(model, mb, reference)
+
+    def _stats(self, model, mb, reference) -> TokenStats:
         share = self.share_prompts and sharing_support(model) is None
         mask_dtype = None if _attention(model) == "sdpa" else _dtype(model)
         row = pack(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.completion_mask, share, mask_dtype)
@@ -316,7 +324,7 @@ class LogProbs:
             hidden = _last_hidden(model, row)  # (n, H)
             ref_hidden = ref_head = None
             if reference is not None:
-                with torch.no_grad(), self.ref_autocast(), reference() as ref_model:
+                with torch.no_grad(), reference() as ref_model:
                     ref_hidden, ref_head = _last_hidden(ref_model, row), _head(ref_model)
             head = _head(model)
             logps, entropy, kl = ChunkedHead.apply(
@@ -331,7 +339,7 @@ class LogProbs:
                 entropy = entropy_from_logits(logits)[0]
             kl = None
             if reference is not None:
-                with torch.no_grad(), self.ref_autocast(), reference() as ref_model:
+                with torch.no_grad(), reference() as ref_model:
                     ref_logits = _logits(ref_model, row) / self.temperature
                 kl = kl_full(logits, ref_logits)[0]
         return TokenStats(

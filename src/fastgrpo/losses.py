@@ -320,6 +320,7 @@ def grpo_loss(
     policy_mask: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
     entropy_coef: float = 0.0,
+    policy_weight: torch.Tensor | None = None,
 ) -> LossOutput:
     """The GRPO objective for one micro-batch: objective per token, + β·KL, aggregated, − c·H.
 
@@ -339,6 +340,8 @@ def grpo_loss(
         entropy: (B, T) per-token entropy H with gradient: given, the loss
             is L − entropy_coef·`entropy_bonus` over the policy tokens (TRL's
             entropy bonus; its coefficient may be 0 this step, entropy_control.py).
+        policy_weight: (B, T) or (B, 1) factor on the policy term, no gradient (TRL's
+            sampler importance ratio × off-policy mask, importance_sampling.py); None: 1.
         The other keywords are `ObjectiveParams` (objectives.py).
     Returns:
         `LossOutput`. Metric sums (over `mask`): clip_low, clip_high,
@@ -364,6 +367,8 @@ def grpo_loss(
     out = objective(log_ratio, logps, advantages.unsqueeze(-1), params)
     policy_mask = mask if policy_mask is None else mask * policy_mask
     per_token = masked(out.loss, policy_mask)
+    if policy_weight is not None:
+        per_token = masked(per_token * policy_weight, mask)
     if per_token_kl is not None:
         per_token_kl = masked(per_token_kl, mask)
     if beta > 0:

@@ -234,6 +234,16 @@ class RewardHooks:
 USER_SUM, USER_COUNT = "/user_sum", "/user_count"  # window keys of log_metric values
 
 
+def accumulate(sums: dict, values: dict) -> None:
+    """Fold one micro-batch's metric `values` into `sums`: a min for keys ending "_min", a max for "_max", else a sum."""
+    for key, value in values.items():
+        if key in sums and key.endswith(("_min", "_max")):
+            value = torch.minimum(sums[key], value) if key.endswith("_min") else torch.maximum(sums[key], value)
+        elif key in sums:
+            value = sums[key] + value
+        sums[key] = value
+
+
 def window_record(step: int, sums: dict, extremes: dict, seconds: dict, reward_names: list[str]) -> dict:
     """One metrics.jsonl record from a window's reduced sums (see `Window`) and this process's phase seconds.
 
@@ -268,6 +278,13 @@ def window_record(step: int, sums: dict, extremes: dict, seconds: dict, reward_n
     for key in sums:
         if key.endswith(USER_SUM):  # reward functions' log_metric values: mean over the window
             mean(key, key[: -len(USER_SUM)] + USER_COUNT, key[: -len(USER_SUM)])
+    mean("logp_diff_sum", "logp_diff_count", "sampling/sampling_logp_difference/mean")  # TRL's names (importance_sampling.py)
+    mean("is_ratio_sum", "is_ratio_count", "sampling/importance_sampling_ratio/mean")
+    mean("is_masked", "is_ratio_count", "sampling/importance_sampling_ratio/masked_fraction")
+    for key, name in (("logp_diff_max", "sampling_logp_difference/max"), ("is_ratio_min", "importance_sampling_ratio/min"),
+                      ("is_ratio_max", "importance_sampling_ratio/max")):
+        if key in extremes:
+            record[f"sampling/{name}"] = extremes[key]
     if sums.get("padded_tokens", 0) > 0:  # the update's passes (logprobs.py): padded layout tokens never computed
         record["pad_fraction"] = 1 - sums["real_tokens"] / sums["padded_tokens"]
         record["shared_prompt_fraction"] = 1 - sums["packed_tokens"] / sums["real_tokens"]

@@ -240,6 +240,11 @@ def lora_config(
     return LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules=lora_target_modules, task_type=lora_task_type)
 
 
+def decoder_of(model: torch.nn.Module) -> torch.nn.Module:
+    """The causal-LM module that holds `.model.layers` and `.lm_head` (a peft `PeftModel` is unwrapped, adapters kept)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 def is_peft_model(model: torch.nn.Module) -> bool:
     """Whether `model` is a peft `PeftModel` (never imports peft: a PeftModel exists only once peft is loaded)."""
     peft = sys.modules.get("peft")

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .sampling import Samples
+
 
 def completion_mask(completion_ids: torch.Tensor, eos_token_ids: Sequence[int]) -> torch.Tensor:
     """1 on every token up to and including the first EOS, 0 after.
@@ -51,6 +53,7 @@ class Rollout:
     prompts: list  # N prompts as in the dataset (text or messages)
     completions: list  # N completions as reward functions saw them
     old_logps: torch.Tensor | None = None  # (N, T) log π_old; None: π_old = π_θ detached
+    sampling_logps: torch.Tensor | None = None  # (N, T) log-prob under the sampler's own (bf16) weights; None: π_old sampled
     ref_logps: torch.Tensor | None = None  # (N, T) log π_ref; None when beta = 0
     num_truncated_prompts: int = 0  # prompts cut to max_prompt_length (left side)
 
@@ -76,6 +79,7 @@ class Rollout:
             prompts=self.prompts[rows],
             completions=self.completions[rows],
             old_logps=cut(self.old_logps),
+            sampling_logps=cut(self.sampling_logps),
             ref_logps=cut(self.ref_logps),
         )
 
@@ -91,7 +95,7 @@ def collect(
     *,
     num_generations: int,
     encode: Callable[[list], tuple[torch.Tensor, torch.Tensor, int]],
-    generate: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor],
+    generate: Callable[[torch.Tensor, torch.Tensor, int], Samples],
     decode: Callable[[torch.Tensor, torch.Tensor, list], list],
     score: Callable[..., torch.Tensor],
     advantages: Callable[[torch.Tensor], torch.Tensor],
@@ -103,21 +107,22 @@ def collect(
     Args:
         rows: B dataset rows (dicts with "prompt" and any other columns).
         encode: prompts → (prompt_ids (B, P), prompt_mask (B, P), number truncated).
-        generate: (prompt_ids (B, P), prompt_mask (B, P), G) → completion_ids
-            (B·G, T), the `Generator` protocol (each prompt once: the backend
-            shares its prefill among the G completions).
+        generate: (prompt_ids (B, P), prompt_mask (B, P), G) → `Samples`: completion_ids
+            (B·G, T) and the sampler's log-probs or None, the `Generator` protocol
+            (each prompt once: the backend shares its prefill among the G completions).
         decode: (completion_ids, completion_mask, prompts) → completions as
             reward functions take them (text, or assistant messages).
         score: (prompts, completions, completion_ids, **columns) → rewards (B·G, R).
         advantages: rewards (B·G, R) → Â (B·G,) (group maths in advantages.py).
         timer: phase timer; phases "generate" and "score".
     Returns:
-        A `Rollout` of B·G completions, groups contiguous, without π_old/π_ref log-probs.
+        A `Rollout` of B·G completions, groups contiguous, with the sampler's log-probs
+        (if any) but without π_old/π_ref log-probs.
     """
     prompts = [row["prompt"] for row in rows]
     prompt_ids, prompt_mask, num_truncated = encode(prompts)
     with timer("generate"):
-        completion_ids = generate(prompt_ids, prompt_mask, num_generations)  # (B·G, T)
+        completion_ids, sampling_logps = generate(prompt_ids, prompt_mask, num_generations)  # (B·G, T) each
     prompt_ids = prompt_ids.repeat_interleave(num_generations, dim=0)  # (B·G, P), groups contiguous
     prompt_mask = prompt_mask.repeat_interleave(num_generations, dim=0)
     mask = completion_mask(completion_ids, eos_token_ids)
@@ -139,5 +144,6 @@ def collect(
         advantages=adv,
         prompts=repeated,
         completions=completions,
+        sampling_logps=sampling_logps,
         num_truncated_prompts=num_truncated,
     )

@@ -23,7 +23,7 @@ for other architectures (generation.py), masks after EOS (rollout.py).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -37,23 +37,14 @@ from transformers import (
 )
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-if TYPE_CHECKING:  # generation.py imports this module
-    from .generation import SamplingSettings
+from .models import decoder_of
+from .sampling import Samples, SamplingSettings
+
+if TYPE_CHECKING:
+    from .weight_sync import WeightSync
 
 # Decoders whose layers are exactly: RMSNorm → q/k/v/o attention with rotary embeddings → RMSNorm → MLP.
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
-
-
-class Samples(NamedTuple):
-    """What one `Sampler.sample` call returns (rows grouped: i·G … i·G+G−1 belong to prompt i)."""
-
-    completion_ids: torch.Tensor  # (B·G, T) sampled tokens, right-padded with pad_token_id after EOS
-    logps: torch.Tensor  # (B·G, T) log softmax(logits / temperature) of each sampled token; 0 after EOS
-
-
-def decoder_of(model: torch.nn.Module) -> torch.nn.Module:
-    """The causal-LM module that holds `.model.layers` and `.lm_head` (a peft `PeftModel` is unwrapped, adapters kept)."""
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def unsupported_reason(model: torch.nn.Module) -> str | None:
@@ -106,23 +97,25 @@ class Sampler:
             constructor raises otherwise), or a peft model around one.
         sampling: the `SamplingSettings` (T = max_completion_length tokens, EOS and
             padding ids, and the values transformers' `generate` samples with).
-        autocast_dtype: e.g. torch.bfloat16 to run the forward under autocast
-            (the trainer's mixed precision); None: the weights' own dtype.
+        weight_sync: the sampler's own copy of the weights (e.g. bf16, weight_sync.py),
+            refreshed from the policy at the start of each `sample` (once per
+            rollout), never cast during decoding; None: sample from `model` itself.
     Raises:
         ValueError: the model is not one the sampler handles (the message says why).
     """
 
-    def __init__(self, model: torch.nn.Module, sampling: SamplingSettings, *, autocast_dtype: torch.dtype | None = None):
+    def __init__(self, model: torch.nn.Module, sampling: SamplingSettings, *, weight_sync: WeightSync | None = None):
         if (reason := unsupported_reason(model)) is not None:
             raise ValueError(f"the fastgrpo sampler cannot run {reason}; use generation_backend='transformers'.")
         self.model = model
         self.sampling = sampling
         self.processors = logits_processors(sampling)
-        self.autocast_dtype = autocast_dtype
+        self.weight_sync = weight_sync
 
-    def __call__(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, num_generations: int) -> torch.Tensor:
-        """(B, P) left-padded prompts → (B·G, T) completion ids (the `Generator` protocol)."""
-        return self.sample(prompt_ids, prompt_mask, num_generations).completion_ids
+    def __call__(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, num_generations: int) -> Samples:
+        """(B, P) left-padded prompts → `Samples` (the `Generator` protocol): log-probs only from a weight copy."""
+        samples = self.sample(prompt_ids, prompt_mask, num_generations)
+        return samples if self.weight_sync is not None else samples._replace(logps=None)
 
     @torch.no_grad()
     def sample(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, num_generations: int) -> Samples:
@@ -138,41 +131,41 @@ class Sampler:
         Raises:
             ValueError: the model's logits hold inf or NaN.
         """
-        lm = decoder_of(self.model)
+        if self.weight_sync is not None:
+            self.weight_sync.refresh()  # the policy's weights after the last optimizer step
+        lm = decoder_of(self.model) if self.weight_sync is None else self.weight_sync.model
         device = prompt_ids.device
-        autocast = torch.autocast(device.type, dtype=self.autocast_dtype or torch.float32, enabled=self.autocast_dtype is not None)
         B, P = prompt_ids.shape
         G, T = num_generations, self.sampling.max_completion_length
         N, L = B * G, P + T
-        with autocast:
-            cache = _Cache(lm, N, L, device)
-            positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # as generate() numbers left-padded tokens
-            logits = cache.prefill(prompt_ids, prompt_mask.bool(), positions, G).repeat_interleave(G, dim=0)  # (N, V)
-            tokens = torch.cat([prompt_ids, prompt_ids.new_zeros(B, T)], dim=1).repeat_interleave(G, dim=0)  # (N, L)
-            next_position = (positions[:, -1] + 1).repeat_interleave(G)  # (N,)
-            eos = torch.tensor(self.sampling.eos_token_ids, device=device)
-            out = torch.full((N, T), self.sampling.pad_token_id, dtype=prompt_ids.dtype, device=device)
-            logps = torch.zeros(N, T, device=device)
-            rows = torch.arange(N, device=device)  # original index of each live row, live rows first in the cache
-            for t in range(T):
-                logits = logits.float()
-                if not torch.isfinite(logits).all():  # as generate() refuses it: never sample from a broken distribution
-                    raise ValueError(
-                        f"the model's logits hold inf or NaN at completion token {t}; its weights are not finite "
-                        "(a diverged run, or a bad checkpoint): resume from an earlier checkpoint or reload the model."
-                    )
-                scores = self.processors(tokens[rows, : P + t], logits)  # (n, V)
-                token = _inverse_cdf(scores.softmax(-1), torch.rand(N, 1, device=device, dtype=torch.float64)[rows])  # (n,)
-                out[rows, t], tokens[rows, P + t] = token, token
-                logps[rows, t] = (logits / self.sampling.temperature).log_softmax(-1).gather(1, token[:, None]).squeeze(1)
-                live = ~torch.isin(token, eos)
-                if t + 1 == T or not live.any():
-                    break
-                if not live.all():  # finished rows leave the batch
-                    keep = live.nonzero().squeeze(1)
-                    cache.compact(keep, P + t)
-                    rows, token = rows[keep], token[keep]
-                logits = cache.decode(token, next_position[rows] + t, P + t)
+        cache = _Cache(lm, N, L, device)
+        positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # as generate() numbers left-padded tokens
+        logits = cache.prefill(prompt_ids, prompt_mask.bool(), positions, G).repeat_interleave(G, dim=0)  # (N, V)
+        tokens = torch.cat([prompt_ids, prompt_ids.new_zeros(B, T)], dim=1).repeat_interleave(G, dim=0)  # (N, L)
+        next_position = (positions[:, -1] + 1).repeat_interleave(G)  # (N,)
+        eos = torch.tensor(self.sampling.eos_token_ids, device=device)
+        out = torch.full((N, T), self.sampling.pad_token_id, dtype=prompt_ids.dtype, device=device)
+        logps = torch.zeros(N, T, device=device)
+        rows = torch.arange(N, device=device)  # original index of each live row, live rows first in the cache
+        for t in range(T):
+            logits = logits.float()
+            if not torch.isfinite(logits).all():  # as generate() refuses it: never sample from a broken distribution
+                raise ValueError(
+                    f"the model's logits hold inf or NaN at completion token {t}; its weights are not finite "
+                    "(a diverged run, or a bad checkpoint): resume from an earlier checkpoint or reload the model."
+                )
+            scores = self.processors(tokens[rows, : P + t], logits)  # (n, V)
+            token = _inverse_cdf(scores.softmax(-1), torch.rand(N, 1, device=device, dtype=torch.float64)[rows])  # (n,)
+            out[rows, t], tokens[rows, P + t] = token, token
+            logps[rows, t] = (logits / self.sampling.temperature).log_softmax(-1).gather(1, token[:, None]).squeeze(1)
+            live = ~torch.isin(token, eos)
+            if t + 1 == T or not live.any():
+                break
+            if not live.all():  # finished rows leave the batch
+                keep = live.nonzero().squeeze(1)
+                cache.compact(keep, P + t)
+                rows, token = rows[keep], token[keep]
+            logits = cache.decode(token, next_position[rows] + t, P + t)
         return Samples(out[:, : t + 1], logps[:, : t + 1])
 
 
@@ -202,7 +195,7 @@ class _Cache:
         config = lm.config
         heads = config.num_key_value_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else lm.lm_head.weight.dtype
+        dtype = lm.lm_head.weight.dtype  # the weights' own: a bf16 copy keeps a bf16 cache
         shape = (N, heads, L, head_dim)
         self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in lm.model.layers]
         self.values = [torch.empty(shape, dtype=dtype, device=device) for _ in lm.model.layers]

@@ -2,9 +2,8 @@
 
 The loop (docs/design.md) reads top to bottom in `train()`: collect a rollout, then
 μ passes over it, one optimizer step per `gradient_accumulation_steps`
-micro-batches. accelerate supplies the device, mixed precision, gradient
-synchronisation (`no_sync` during accumulation) and multi-process
-reductions; the loop itself is ours.
+micro-batches. accelerate supplies the device, gradient synchronisation
+(`no_sync` during accumulation) and multi-process reductions; the loop is ours.
 
 Usage (TRL's API; only the import differs):
 
@@ -42,13 +41,15 @@ from .data import PromptEncoder, PromptOrder, is_conversational
 from .dataset_kinds import StreamOrder, eval_sets
 from .entropy_control import EntropyControl
 from .evaluation import mean_rewards
-from .generation import SamplingSettings, build_generator
+from .generation import SamplingSettings, build_generator, generator_notices
+from .importance_sampling import SamplingCorrection, off_policy_mask
 from .interrupt import StopOnInterrupt
 from .logprobs import LogProbs, TokenStats, fallback_notices
 from .losses import StepCounts, entropy_threshold, grpo_loss, high_entropy_mask, kl_k3, masked_sum, step_tokens
-from .metrics import CompletionRows, MetricsLog, PhaseTimer, RewardHooks, Window, progress_bar, rollout_metrics, window_record
+from .metrics import CompletionRows, MetricsLog, PhaseTimer, RewardHooks, Window, accumulate, progress_bar, rollout_metrics, window_record
 from .models import as_reference, sync_reference
 from .optimizers import build_optimizer
+from .precision import autocast_for
 from .reward_models import RewardModel
 from .rewards import score
 from .rollout import Rollout, collect
@@ -108,12 +109,13 @@ class GRPOTrainer:
         self.reward_funcs, self.reward_names = checked.reward_funcs, checked.reward_names
         self.reward_processing_classes, weights = checked.reward_processing_classes, checked.reward_weights
 
-        self.accelerator = acc = build_accelerator(a)  # device, precision, process group, trackers, seed
+        acc, bf16 = build_accelerator(a)  # device, process group, trackers, seed; bf16 where the hardware is fast at it
+        self.accelerator, self.autocast = acc, autocast_for(acc.device, bf16)  # around every forward (precision.py)
         self.console = Console()
         self.reward_weights = torch.tensor(weights, dtype=torch.float32, device=acc.device)
         for fn in self.reward_funcs:
             if isinstance(fn, RewardModel):
-                fn.prepare(acc.device, acc.autocast, a.chat_template_kwargs)  # scored in the policy's precision
+                fn.prepare(acc.device, self.autocast, a.chat_template_kwargs)  # scored in the policy's precision
 
         self.tokenizer, policy, self.ref_model, self.eos_token_ids = load_policy(model, processing_class, peft_config, a, acc)
 
@@ -131,12 +133,13 @@ class GRPOTrainer:
             max_completion_length=a.max_completion_length, eos_token_ids=self.eos_token_ids, pad_token_id=self.tokenizer.pad_token_id,
             temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, min_p=a.min_p, repetition_penalty=a.repetition_penalty,
         )
-        autocast_dtype = torch.bfloat16 if acc.mixed_precision == "bf16" else None
-        self.generate = build_generator(a.generation_backend, acc.unwrap_model(self.model), sampling, autocast_dtype=autocast_dtype)
+        self.generate = build_generator(  # bf16: the sampler samples from its own bf16 copy (weight_sync.py)
+            a.generation_backend, acc.unwrap_model(self.model), sampling, weights_dtype=torch.bfloat16 if bf16 else None)
         self.encode = PromptEncoder(self.tokenizer, a.max_prompt_length, a.chat_template_kwargs)
         self.entropy_control = EntropyControl.from_config(a)  # the entropy bonus's coefficient; None: no bonus
-        self.log_probs = LogProbs(a.temperature, ref_autocast=acc.autocast, entropy_grad=self.entropy_control is not None)  # packed, chunked head
-        for note in fallback_notices(policy) if acc.is_main_process else []:
+        self.correction = SamplingCorrection.from_config(a)  # the sampler–trainer mismatch, TRL's vllm_importance_sampling_*
+        self.log_probs = LogProbs(a.temperature, autocast=self.autocast, entropy_grad=self.entropy_control is not None)  # packed, chunked head
+        for note in fallback_notices(policy) + generator_notices(self.generate) if acc.is_main_process else []:
             self.console.print(f"fastgrpo: {note}")
         self.streaming = isinstance(train_dataset, IterableDataset)  # rows come in stream order, not by index
         if self.streaming:
@@ -272,7 +275,7 @@ class GRPOTrainer:
         ref = torch.zeros(rollout.completion_ids.shape, device=rollout.completion_ids.device)
         with self.timer("ref_logps"):
             for start in range(0, len(rollout), size):
-                with self.accelerator.autocast(), self.reference() as ref_model:  # π_ref in the policy's precision: KL is 0 where they agree
+                with self.reference() as ref_model:  # π_ref in the policy's precision (LogProbs' autocast): KL is 0 where they agree
                     logps = self._logps(ref_model, rollout.select(slice(start, start + size))).logps
                 ref[start : start + size, : logps.shape[1]] = logps
         return ref
@@ -309,19 +312,19 @@ class GRPOTrainer:
                     old = logps.detach() if mb.old_logps is None or capture_old else mb.old_logps
                     if capture_old and rollout.old_logps is not None:  # π_old for free: the policy has not moved yet
                         rollout.old_logps[rows[j], : logps.shape[1]] = old
+                    weight, mismatch = self.correction(mb.advantages, logps.detach(), old, mb.sampling_logps, mask)
                     out = grpo_loss(
                         logps, old, mb.advantages, mask, counts, loss_type=a.loss_type, epsilon_low=a.epsilon,
                         epsilon_high=a.epsilon_high, delta=a.delta, importance_sampling_level=a.importance_sampling_level,
                         temperature_pos=a.sapo_temperature_pos, temperature_neg=a.sapo_temperature_neg, beta=a.beta,
                         per_token_kl=self._kl(stats, mb) if a.beta > 0 else None,
-                        use_bias_correction_kl=a.use_bias_correction_kl, policy_mask=self._entropy_mask(entropy.detach(), mask),
+                        use_bias_correction_kl=a.use_bias_correction_kl, policy_mask=self._entropy_mask(entropy.detach(), mask), policy_weight=weight,
                         vespo_k_pos=a.vespo_k_pos, vespo_lambda_pos=a.vespo_lambda_pos, vespo_k_neg=a.vespo_k_neg, vespo_lambda_neg=a.vespo_lambda_neg,
                         entropy=entropy if self.entropy_control else None, entropy_coef=self.entropy_control.applied() if self.entropy_control else 0.0,
                     )
                     acc.backward(out.loss)
                 packing = {"padded_tokens": stats.padded_tokens, "real_tokens": stats.real_tokens, "packed_tokens": stats.packed_tokens}
-                for key, value in {**out.metrics, "loss": out.loss.detach(), "entropy": masked_sum(entropy.detach(), mask), **packing}.items():
-                    sums[key] = sums.get(key, 0) + value
+                accumulate(sums, {**out.metrics, "loss": out.loss.detach(), "entropy": masked_sum(entropy.detach(), mask), **packing, **mismatch})
             grad_norm = acc.clip_grad_norm_(self.model.parameters(), a.max_grad_norm if a.max_grad_norm > 0 else math.inf)  # 0: no clip
             if not torch.isfinite(grad_norm):  # before optimizer.step: the weights and every checkpoint stay finite
                 raise FloatingPointError(
@@ -332,7 +335,7 @@ class GRPOTrainer:
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
         for key, value in sums.items():
-            self.window.add(key, value)
+            (self.window.extreme if key.endswith(("_min", "_max")) else self.window.add)(key, value)
         self.window.add("grad_norm", grad_norm)
         self.window.add("steps", 1)
         if self.entropy_control is not None:  # the next step's coefficient (adaptive: from this step's entropy, all processes)
@@ -362,6 +365,8 @@ class GRPOTrainer:
         if self.args.top_entropy_quantile >= 1.0:
             return None
         return self.get_high_entropy_mask(entropy, mask, 1 - self.args.top_entropy_quantile).float()
+
+    get_off_policy_mask = staticmethod(off_policy_mask)  # TRL's static method, same signature (importance_sampling.py)
 
     def get_high_entropy_mask(self, entropies: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.Tensor:
         """TRL's method: (B, T) bool, active tokens whose entropy is ≥ the `threshold` quantile (in [0, 1]) of the

@@ -1,7 +1,8 @@
 """What `GRPOTrainer` builds before it trains: the accelerator, then the policy, its tokenizer and π_ref.
 
 - `build_accelerator`: refuses a broken launch or an unwritable output_dir, picks
-  the precision (`bf16`; None: on where CUDA supports it), starts the trackers,
+  the precision (`bf16`; None: where the hardware multiplies bf16 fast, precision.py,
+  with a one-line notice), starts the trackers,
   checks the world size and seeds each process.
 - `load_policy`: the tokenizer and model (loaded once on the main process
   first), adapters, dropout off, gradient checkpointing, π_ref, and the EOS ids.
@@ -18,6 +19,7 @@ from typing import NamedTuple
 import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
+from rich.console import Console
 from transformers import PreTrainedTokenizerBase
 
 from . import runs
@@ -33,10 +35,14 @@ from .models import (
     prepare_tokenizer,
     reference_model,
 )
+from .precision import resolve_bf16
 
 
-def build_accelerator(args: GRPOConfig) -> Accelerator:
-    """The run's `Accelerator`: device, mixed precision ("bf16" or "no"), process group and trackers.
+def build_accelerator(args: GRPOConfig) -> tuple[Accelerator, bool]:
+    """The run's `Accelerator` (device, process group, trackers) and whether its products run in bf16.
+
+    bf16 is `precision.resolve_bf16`'s decision, printed as one notice line (main
+    process) when `args.bf16` is None; the autocast is fastgrpo's (precision.py).
 
     Raises:
         ValueError: `accelerate launch --cpu` started one process of several
@@ -44,18 +50,20 @@ def build_accelerator(args: GRPOConfig) -> Accelerator:
             (runs.check_output_dir); the config was built for another world size.
     """
     a = args
-    bf16 = a.bf16 if a.bf16 is not None else bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
     if (launch_error := cpu_launch_error()) is not None:
         raise ValueError(launch_error)
     runs.check_output_dir(a.output_dir)
+    bf16, notice = resolve_bf16(a.bf16, use_cuda=torch.cuda.is_available())
     # cpu=True without GPUs: only then does accelerate join torchrun's processes into one gloo group.
-    acc = Accelerator(cpu=cpu_only(), mixed_precision="bf16" if bf16 else "no", log_with=a.report_to or None, project_dir=a.output_dir)
+    acc = Accelerator(cpu=cpu_only(), log_with=a.report_to or None, project_dir=a.output_dir)
     if a.report_to:  # TensorBoard/W&B through accelerate's trackers, under output_dir
         acc.init_trackers("fastgrpo", config={k: v for k, v in a.to_dict().items() if isinstance(v, (int, float, str, bool))})
     if acc.num_processes != a.world_size:
         raise ValueError(f"GRPOConfig was built for world_size={a.world_size} but {acc.num_processes} processes run; build the config inside the launched script.")
+    if notice is not None and acc.is_main_process:
+        Console().print(f"fastgrpo: {notice}", highlight=False)
     set_seed(a.seed, device_specific=True)  # each process samples its own completions; PromptOrder has its own seed
-    return acc
+    return acc, bf16
 
 
 class Policy(NamedTuple):

@@ -148,18 +148,10 @@ TRL_FIELDS: dict[str, TrlField] = {
     "vllm_gpu_memory_utilization": TrlField(0.3, ANY),
     "vllm_max_model_length": TrlField(None, ANY),
     "vllm_tensor_parallel_size": TrlField(1, ANY),
-    "vllm_importance_sampling_correction": TrlField(True, ANY),
-    "vllm_importance_sampling_mode": TrlField("sequence_mask", ANY),
-    "vllm_importance_sampling_clip_max": TrlField(3.0, ANY),
-    "vllm_importance_sampling_clip_min": TrlField(None, ANY),
-    "vllm_importance_sampling_cap": TrlField(None, ANY),
     "use_transformers_continuous_batching": TrlField(False, (False,), _ENGINE),
     "transformers_continuous_batching_config": TrlField(None, ANY),
     "use_transformers_paged": TrlField(False, (False,), _ENGINE),
     "max_tool_calling_iterations": TrlField(None, (None,), "tool calling is not supported; remove it"),
-    # --- objective variants fastgrpo does not implement -----------------------------------
-    "off_policy_mask_threshold": TrlField(None, (None,), "fastgrpo's rollouts are never stale beyond their reuse window; bound the drift with target_kl"),
-    # Honoured as a GRPOConfig field on the parity branch; until then only TRL's default.
 }
 
 

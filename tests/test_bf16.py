@@ -1,0 +1,160 @@
+"""bf16 products (precision.py, logprobs.py, weight_sync.py): the default's detection, exactness where weights agree,
+the sampler's bf16 copy, and the distance to fp32.
+
+The suite pins the hardware to "no bf16 units" (conftest.py), so `bf16=None` is fp32
+here on every machine; these tests ask for bf16 explicitly or mock the hardware.
+On a CPU without bf16 units the bf16 products are emulated (slow): the models are tiny.
+"""
+
+import json
+import os
+from contextlib import nullcontext
+from types import SimpleNamespace
+
+import pytest
+import torch
+from test_trainer import config, reward_even_tokens
+
+import fastgrpo.trainer as trainer_module
+from fastgrpo import GRPOTrainer
+from fastgrpo.logprobs import LogProbs
+from fastgrpo.models import lora_config, merged_copy
+from fastgrpo.precision import resolve_bf16
+from fastgrpo.rollout import completion_mask
+from fastgrpo.weight_sync import WeightSync
+
+AMX_CPU = {"cpu_name": "Intel Xeon", "amx_bf16": True, "amx_tile": True, "avx512_bf16": True, "avx2": True}
+AVX2_CPU = {"cpu_name": "AMD EPYC", "avx2": True, "amx_bf16": False, "avx512_bf16": False}
+
+
+def test_default_follows_the_hardware():
+    on = resolve_bf16(None, use_cuda=False, cpu_capabilities=AMX_CPU)
+    assert on.bf16 and on.notice.startswith("bf16 on: Intel Xeon multiplies bf16 in hardware (amx_bf16, avx512_bf16)")
+    assert resolve_bf16(None, use_cuda=False, cpu_capabilities={"avx512_bf16": True}).bf16  # AVX512-BF16 alone suffices
+    off = resolve_bf16(None, use_cuda=False, cpu_capabilities=AVX2_CPU)
+    assert not off.bf16 and off.notice.startswith("bf16 off: AMD EPYC has neither AMX-BF16 nor AVX512-BF16")
+    assert resolve_bf16(None, use_cuda=True, cuda_bf16=True).bf16 and not resolve_bf16(None, use_cuda=True, cuda_bf16=False).bf16
+    assert resolve_bf16(True, use_cuda=False, cpu_capabilities=AVX2_CPU) == (True, None)  # the user's choice, no notice
+    assert resolve_bf16(False, use_cuda=False, cpu_capabilities=AMX_CPU) == (False, None)
+
+
+@pytest.mark.parametrize("cpu,bf16", [(AVX2_CPU, False), (AMX_CPU, True)])
+def test_trainer_says_which_and_why_once(tmp_path, monkeypatch, capsys, tokenizer, make_model, prompts, cpu, bf16):
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: cpu)
+    trainer = GRPOTrainer(make_model(), reward_even_tokens, args=config(tmp_path), train_dataset=prompts, processing_class=tokenizer)
+    out = capsys.readouterr().out
+    assert out.count("fastgrpo: bf16 ") == 1 and f"bf16 {'on' if bf16 else 'off'}: {cpu['cpu_name']}" in out
+    assert (trainer.generate.weight_sync is not None) == bf16  # bf16: the sampler has its own copy, and says its size
+    assert ("copy of the weights (6 MiB)" in out) == bf16  # tiny model: 3.2 M parameters × 2 bytes
+
+
+def test_bf16_false_is_the_fp32_path(tmp_path, monkeypatch, capsys, tokenizer, make_model, prompts):
+    # No autocast in any forward, the sampler samples from the policy itself (no copy, no sampler log-probs, no
+    # correction), and the run equals bf16=None on a CPU without bf16 units step for step.
+    autocast_seen = []
+    runs, weights = {}, {}
+    for bf16 in (False, None):
+        model = make_model()
+        model.register_forward_hook(lambda *_: autocast_seen.append(torch.is_autocast_enabled("cpu")))
+        args = config(tmp_path / str(bf16), bf16=bf16, max_steps=2)
+        trainer = GRPOTrainer(model, reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
+        trainer.train()
+        assert trainer.generate.weight_sync is None
+        with open(os.path.join(args.output_dir, "metrics.jsonl")) as f:
+            runs[bf16] = [{k: v for k, v in json.loads(line).items() if not k.startswith(("seconds", "generation_tokens", "train_tokens"))} for line in f]
+        weights[bf16] = model.state_dict()
+    assert autocast_seen and not any(autocast_seen)
+    assert runs[False] == runs[None] and all(torch.equal(weights[False][k], weights[None][k]) for k in weights[False])
+    assert not any(key.startswith("sampling/") for key in runs[False][0])
+    assert "fastgrpo: bf16 off" in capsys.readouterr().out  # bf16=None says so; bf16=False does not (checked above: once per run)
+
+
+def left_padded(tokenizer, texts):
+    batch = tokenizer(texts, return_tensors="pt", padding=True)
+    return batch["input_ids"], batch["attention_mask"]
+
+
+def test_bf16_logprobs_entropy_kl_are_near_fp32_and_exact_against_themselves(tokenizer, make_model):
+    model, ref = make_model(0).eval(), make_model(1).eval()
+    ids, mask = left_padded(tokenizer, ["Count to 3.", "Name a colour, any colour you like."])
+    completion_ids = torch.randint(0, len(tokenizer), (8, 6), generator=torch.Generator().manual_seed(0))
+    completion_ids[1, 3] = completion_ids[6, 1] = tokenizer.eos_token_id  # two shorter completions
+    batch = SimpleNamespace(  # G = 4 completions per prompt: the packed pass shares each prompt
+        prompt_ids=ids.repeat_interleave(4, 0), prompt_mask=mask.repeat_interleave(4, 0),
+        completion_ids=completion_ids, completion_mask=completion_mask(completion_ids, [tokenizer.eos_token_id]),
+    )
+    bf16 = LogProbs(0.9, chunk=5, autocast=lambda: torch.autocast("cpu", dtype=torch.bfloat16))  # several head chunks
+    with torch.no_grad():
+        fp32_stats = LogProbs(0.9, chunk=5)(model, batch, lambda: nullcontext(ref))
+        bf16_stats = bf16(model, batch, lambda: nullcontext(ref))
+        again = bf16(model, batch, lambda: nullcontext(ref))
+        self_kl = bf16(model, batch, lambda: nullcontext(make_model(0).eval())).kl  # π_ref = an equal copy
+    used = batch.completion_mask.bool()
+    # Tolerance: bf16 keeps 8 significant bits (relative rounding 2^-9 ≈ 0.002 of each product input).
+    # The tiny model's logits are |z| < 1, so through its two layers and the head each logit moves by
+    # ≲ 0.005, and log p = z_y − logsumexp(z), H and KL (fp32 sums of fp32 softmaxes) each by at most twice
+    # that: 0.01. 0.02 leaves a 2× margin; a wrong token, position or temperature moves them by 0.1–10.
+    for name in ("logps", "entropy", "kl"):
+        ours, exact = getattr(bf16_stats, name)[used], getattr(fp32_stats, name)[used]
+        assert ours.dtype == torch.float32  # the softmax side is fp32
+        torch.testing.assert_close(ours, exact, rtol=0, atol=0.02, msg=name)
+        assert not torch.equal(ours, exact)  # the products did run in bf16
+        assert torch.equal(ours, getattr(again, name)[used])  # and deterministically
+    assert torch.equal(self_kl, torch.zeros_like(self_kl))  # equal weights in the same precision: KL exactly 0
+
+
+def losses_spy(monkeypatch):
+    calls = []
+    real = trainer_module.grpo_loss
+
+    def spy(logps, old_logps, *args, **kwargs):
+        calls.append((logps.detach().clone(), old_logps.detach().clone()))
+        return real(logps, old_logps, *args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "grpo_loss", spy)
+    return calls
+
+
+@pytest.mark.parametrize("kl_estimator", ["k3", "full"])
+def test_bf16_ratio_one_and_kl_zero_where_weights_agree(tmp_path, monkeypatch, tokenizer, make_model, prompts, kl_estimator):
+    # A constant reward: Â = 0, and at π_θ = π_ref the KL's gradient is 0 too, so every gradient is exactly 0 and
+    # the weights never move: π_θ = π_old = π_ref throughout. μ = 2 over 4 micro-batches, GA = 2: micro-batches
+    # 3–4 get π_old from its own no-grad pass, the others for free; π_ref is a frozen copy (beta > 0). In bf16
+    # every one of them must equal the update's log-probs bit for bit, and KL(π_θ‖π_ref) be exactly 0.
+    calls = losses_spy(monkeypatch)
+    args = config(tmp_path, bf16=True, beta=0.04, kl_estimator=kl_estimator, num_iterations=2, steps_per_generation=4, max_steps=4)
+    model = make_model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    GRPOTrainer(model, lambda completions, **kw: [1.0] * len(completions), args=args, train_dataset=prompts, processing_class=tokenizer).train()
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert len(calls) == 8 and all(torch.equal(logps, old) for logps, old in calls)
+    with open(os.path.join(args.output_dir, "metrics.jsonl")) as f:
+        records = [json.loads(line) for line in f]
+    assert len(records) == 4 and all(r["kl"] == 0.0 and r["kl_old"] == 0.0 and r["clip_region"] == 0.0 for r in records)
+    assert all(0 < r["sampling/sampling_logp_difference/mean"] < 0.05 for r in records)  # the sampler's copy differs a little
+
+
+@pytest.mark.parametrize("adapters", [False, True])
+def test_sampler_copy_is_the_policy_in_bf16_after_every_step(tmp_path, monkeypatch, tokenizer, make_model, prompts, adapters):
+    # μ = 1, one optimizer step per rollout: the copy is refreshed before each rollout's sampling, and must then equal
+    # the policy's weights (adapters merged) rounded to bf16, bit for bit; the weights move between refreshes.
+    seen = []
+    real = WeightSync.refresh
+
+    def checked(self):
+        real(self)
+        policy = merged_copy(self.policy) if adapters else self.policy
+        expected = {name: p.detach().to(torch.bfloat16) for name, p in policy.named_parameters()}
+        copy = dict(self.model.named_parameters())
+        assert copy.keys() == expected.keys() and all(torch.equal(copy[n], expected[n]) for n in copy)
+        seen.append(copy["model.layers.0.self_attn.q_proj.weight"].clone())
+
+    monkeypatch.setattr(WeightSync, "refresh", checked)
+    args = config(tmp_path, bf16=True, max_steps=3, learning_rate=1e-2)
+    peft_config = lora_config(lora_r=4, lora_alpha=8, lora_target_modules=["q_proj", "v_proj"]) if adapters else None
+    trainer = GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer,
+                          peft_config=peft_config)
+    trainer.train()
+    assert len(seen) == 1 + 3  # made once, then refreshed once per rollout
+    assert not torch.equal(seen[1], seen[3])  # the optimizer steps (the adapters' too) reached the copy
+    assert not any(p.requires_grad for p in trainer.generate.weight_sync.model.parameters())
