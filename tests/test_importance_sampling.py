@@ -150,7 +150,8 @@ def test_loss_with_correction_and_off_policy_mask_equals_trl(mode, loss_type):
     trl_ratio, _ = trl_ratio_and_metrics(old, sampled, mask, mode, clip_min, clip_max)
     entropy = torch.zeros_like(old)
 
-    this = trl_stub(Case(loss_type=loss_type, num_processes=1, GA=1, steps_per_generation=1), Processes(1), (theta, entropy))
+    this = trl_stub(Case(loss_type=loss_type, num_processes=1, GA=1, steps_per_generation=1), Processes(1))
+    this._get_per_token_logps_and_entropies = lambda model, *args, **kwargs: (theta, entropy, None)
     this.use_vllm, this.vllm_importance_sampling_correction, this.off_policy_mask_threshold = True, True, delta
     this.get_off_policy_mask = trl.GRPOTrainer.get_off_policy_mask
     this.epsilon_high = 6.0 if loss_type == "cispo" else 0.2  # cispo: TRL's bound is ε_high itself, ours 1 + ε_high (documented)
