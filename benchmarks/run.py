@@ -64,6 +64,12 @@ CASES = {
         "model": "smollm2-135m-instruct", "mus": [1], "steps": 2, "pairs": 2, "learning_rate": 3e-5,
         "systems": ("fastgrpo-bf16", "fastgrpo", "trl"),
     },
+    "bf16-tiny": {
+        "description": "The bf16 case on the tiny random Llama: phase split and the sampler–trainer mismatch, where an "
+        "emulated-bf16 CPU can afford it.",
+        "model": "tiny", "mus": [1], "steps": 4, "pairs": 2, "learning_rate": 1e-3,
+        "systems": ("fastgrpo-bf16", "fastgrpo", "trl"),
+    },
     "beta": {
         "description": "beta = 0.04 (π_ref in play: a reference model in memory and a π_ref log-prob pass), tiny model, μ = 1.",
         "model": "tiny", "mus": [1], "steps": 4, "pairs": 1, "learning_rate": 1e-3, "beta": 0.04,

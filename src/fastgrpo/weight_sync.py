@@ -33,6 +33,8 @@ def full_weights(policy: nn.Module) -> dict[str, torch.Tensor]:
         same architecture (tied weights once); the policy's dtype. Adapted
         layers give W + ΔW (peft's `get_delta_weight` for each active adapter,
         the sum merge_and_unload computes), adapter tensors themselves are left out.
+    Raises:
+        ValueError: a DoRA adapter (its merge is not W + ΔW).
     """
     lm = decoder_of(policy)
     out = {}
@@ -46,6 +48,11 @@ def full_weights(policy: nn.Module) -> dict[str, torch.Tensor]:
                 if not layer.disable_adapters and name.endswith("weight"):
                     weight = weight.clone()
                     for adapter in layer.active_adapters:
+                        if getattr(layer, "use_dora", {}).get(adapter):
+                            raise ValueError(
+                                f"{name}: the sampler's bf16 copy merges adapters as W + ΔW, which DoRA (use_dora=True) is not; "
+                                "use plain LoRA, bf16=False, or generation_backend='transformers'."
+                            )
                         if adapter in getattr(layer, "lora_A", {}):
                             weight += layer.get_delta_weight(adapter)
                 name = name.replace(".base_layer.", ".")
