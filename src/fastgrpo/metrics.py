@@ -253,6 +253,15 @@ def window_record(step: int, sums: dict, extremes: dict, seconds: dict, reward_n
     mean("group_std_sum", "groups", "reward_std")
     mean("zero_std_groups", "groups", "frac_reward_zero_std")
     mean("reward_none", "completions", "frac_reward_none")
+    # dynamic sampling (dynamic_sampling.py): fresh groups sampled vs kept, before the filter, carry-over
+    mean("ds_kept_groups", "ds_sampled_groups", "dynamic_sampling/keep_rate")
+    mean("ds_rounds", "rollouts", "dynamic_sampling/rounds")
+    mean("ds_sampled_groups", "ds_kept_groups", "dynamic_sampling/prompts_per_kept_group")
+    mean("ds_carried_groups", "groups", "dynamic_sampling/carried_fraction")
+    mean("ds_dropped_groups", "ds_sampled_groups", "dynamic_sampling/dropped_fraction")
+    mean("ds_at_cap", "rollouts", "dynamic_sampling/at_cap")
+    mean("ds_zero_std_sampled", "ds_sampled_groups", "dynamic_sampling/frac_reward_zero_std_before")
+    mean("ds_reward_sampled", "ds_completions_sampled", "dynamic_sampling/reward_before")
     for name in reward_names:
         mean(f"rewards/{name}_sum", f"rewards/{name}_count", f"rewards/{name}")
     mean("completion_length_sum", "completions", "completion_length")

@@ -2,7 +2,8 @@
 
 - `save`: checkpoint-<step> with the weights, the optimizer and scheduler, the
   data order, the step counters, π_ref when `sync_ref_model` moves it, and each
-  process's rollout while μ passes over it remain; then the callbacks' on_save.
+  process's rollout while μ passes over it remain, dynamic sampling's carry-over
+  buffer; then the callbacks' on_save.
 - `stop_interrupted`: after Ctrl-C, that step's checkpoint (unless just
   written) and `TrainingInterrupted` saying how to resume.
 - `resume`: a new run claims output_dir; a resumed one loads the state back,
@@ -51,7 +52,7 @@ def save(trainer: GRPOTrainer, rollout: Rollout, done: int) -> str:
         "order": trainer.order.state_dict(), "target_kl_stops": trainer.target_kl_stops, "done": done,
         "ref_model": trainer.ref_model.state_dict() if a.sync_ref_model else None, "config": a.to_dict(),
     }
-    own = {"rollout": rollout if done < a.steps_per_rollout else None}  # this process's share of the rollout
+    own = {"rollout": rollout if done < a.steps_per_rollout else None, "producer": trainer.producer.state_dict()}  # this process's
     path = ckpt.save_checkpoint(
         a.output_dir, trainer.step, trainer.accelerator, trainer.model, trainer.tokenizer, state, a.save_total_limit, own, trainer.run_id
     )
@@ -112,6 +113,7 @@ def resume(trainer: GRPOTrainer, resume_from_checkpoint) -> tuple[Rollout | None
         if changed:
             listed = ", ".join(f"{k} {old!r} → {new!r}" for k, old, new in changed)
             trainer.console.print(f"changed since the checkpoint, applied: {listed}", markup=False, soft_wrap=True)
+    trainer.producer.load_state_dict(state.get("producer"))  # dynamic sampling's carry-over buffer
     return state.get("rollout"), state["done"]  # no rollout: resumed on another number of processes
 
 
