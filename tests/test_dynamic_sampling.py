@@ -86,8 +86,9 @@ def test_rollouts_hold_exactly_the_groups_with_spread_in_order_and_log_hand_coun
 
 
 def test_carried_groups_keep_the_sampling_policys_logps_as_pi_old(tmp_path, monkeypatch, tokenizer, make_model, prompts):
-    # rollout 3 trains carried group 7 (rows 0–3) under π_old = the policy that sampled it (before step 2's update),
-    # so its ratio is not 1 at the first micro-batch; group 8 (rows 4–7) was sampled now: ratio exactly 1.
+    # n % 4 != 0 has spread. By hand: rollout 1: [0, 1] keeps 1 (rate 1/2); [2, 3] keeps both → trains [1, 2], carries 3.
+    # Rollout 2: carried 3; [4] keeps none (rate → its floor 1/4); 4: [5, 6, 7, 8] keeps 5, 6, 7 → trains [3, 5] and
+    # carries 6, 7 (sampled beside a carried group). Rollout 3: the two carried groups fill it, no sampling round.
     calls = []
     real = trainer_module.grpo_loss
 
@@ -97,11 +98,17 @@ def test_carried_groups_keep_the_sampling_policys_logps_as_pi_old(tmp_path, monk
 
     monkeypatch.setattr(trainer_module, "grpo_loss", spy)
     args = config(tmp_path, max_steps=3)
-    trainer = GRPOTrainer(make_model(), spread_where(lambda n: n % 3 != 0), args=args, train_dataset=prompts, processing_class=tokenizer)
+    trainer = GRPOTrainer(make_model(), spread_where(lambda n: n % 4 != 0), args=args, train_dataset=prompts, processing_class=tokenizer)
+    seen = trained_groups(trainer)
     trainer.train()
-    (carried_logps, carried_old, carried_mask), (fresh_logps, fresh_old, _) = calls[-2:]  # rollout 3's two micro-batches
+    assert seen == [[1, 2], [3, 5], [6, 7]]
+    assert [r["dynamic_sampling/rounds"] for r in read_metrics(args.output_dir)] == [2, 2, 0]
+    # π_old of a carried group = the policy that sampled it (before the last update): its ratio is not 1, in both of
+    # rollout 3's micro-batches (groups 6 and 7), and not in rollout 2's first (group 3).
+    for logps, old, mask in (calls[2], calls[4], calls[5]):
+        assert (logps - old).abs()[mask.bool()].max() > 1e-4
+    fresh_logps, fresh_old, _ = calls[3]  # rollout 2's group 5, sampled now: π_old = π_θ, ratio exactly 1
     assert torch.equal(fresh_logps, fresh_old)
-    assert (carried_logps - carried_old).abs()[carried_mask.bool()].max() > 1e-4  # the policy moved since it sampled group 7
 
 
 def test_carry_over_buffer_resumes_exactly(tmp_path, tokenizer, make_model, prompts):
@@ -122,7 +129,7 @@ def test_carry_over_buffer_resumes_exactly(tmp_path, tokenizer, make_model, prom
 def test_nothing_with_spread_ends_with_the_documented_error(tmp_path, tokenizer, make_model, prompts):
     args = config(tmp_path, max_num_gen_batches=2)
     trainer = GRPOTrainer(make_model(), spread_where(lambda n: False), args=args, train_dataset=prompts, processing_class=tokenizer)
-    with pytest.raises(NoInformativeGroups, match="max_num_gen_batches=2 rounds .* holds 0 group"):
+    with pytest.raises(NoInformativeGroups, match=r"max_num_gen_batches=2 rounds .* mean reward 0\), a process holds 0 group"):
         trainer.train()
 
 

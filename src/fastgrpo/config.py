@@ -127,7 +127,7 @@ class GRPOConfig:
     # --- dynamic sampling (DAPO §3.2; verl's algorithm.filter_groups names, TRL has none; dynamic_sampling.py) ---
     filter_groups: bool = False  # train only on groups whose rewards differ (Â ≠ 0), sampling more prompts to fill the rollout
     filter_groups_metric: str | None = None  # spread in: None, what Â is computed from; a reward function's name; or "module:function"
-    max_num_gen_batches: int = 4  # sampling rounds per rollout at most (the first included); then train on what there is
+    max_num_gen_batches: int = 10  # sampling rounds per rollout at most (the first included; verl's DAPO recipe); then train on what there is
     filter_groups_max_age: int = 1  # rollouts a surplus informative group may wait to be trained on; 0: surplus dropped (verl)
 
     # --- model -------------------------------------------------------------------

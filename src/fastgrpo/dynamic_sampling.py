@@ -189,11 +189,13 @@ class DynamicSampling:
             use = int(self.share - everyone[:, 0].max())
             sums["ds_at_cap"] = 1
             if use < self.min_groups:
+                mean = sums["ds_reward_sampled"] / max(sums["ds_completions_sampled"], 1)
                 raise NoInformativeGroups(
                     f"dynamic sampling: after max_num_gen_batches={self.max_rounds} rounds ({sums['ds_sampled_groups']} prompts "
-                    f"sampled on this process), a process holds {use} group(s) with reward spread; at least {self.min_groups} are "
-                    "needed to train (one completion per micro-batch). Every group's rewards were equal: use easier prompts or "
-                    "a reward with partial credit, raise max_num_gen_batches, or set filter_groups=False."
+                    f"sampled on this process, mean reward {mean:.3g}), a process holds {use} group(s) with reward spread; at "
+                    f"least {self.min_groups} are needed to train (one completion per micro-batch). Nearly every group's rewards "
+                    "were equal — all right (the prompts are solved: harder ones, or stop) or all wrong (easier prompts, a reward "
+                    "with partial credit) — raise max_num_gen_batches, or set filter_groups=False."
                 )
         parts = ([(carried, carried_extra)] if carried is not None else []) + fresh
         rows_by_part = [p.completion_ids.shape[0] for p, _ in parts]
@@ -232,10 +234,10 @@ class DynamicSampling:
         old = surplus.old_logps
         if old is None:
             old = torch.full(surplus.completion_ids.shape, float("nan"), device=surplus.completion_ids.device)
-        new = torch.isnan(old).all(-1)  # sampled now: the policy has not moved since
-        if bool(new.any()):
+        new = torch.tensor([b == self.rollouts for b in born[use : use + keep]]).repeat_interleave(self.G)  # sampled now
+        if bool(new.any()):  # the policy has not moved since it sampled them
             old = old.clone()
-            old[new] = self.behaviour_logps(surplus.take(torch.nonzero(new).view(-1))).to(old.device)
+            old[new.to(old.device)] = self.behaviour_logps(surplus.take(torch.nonzero(new).view(-1))).to(old.device)
         self.carry = dataclasses.replace(surplus, old_logps=old)
         self.carry_born = born[use : use + keep]
         self.carry_extra = {k: v[use * self.G : (use + keep) * self.G] for k, v in extra.items()}
