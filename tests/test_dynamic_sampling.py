@@ -8,6 +8,8 @@ one optimizer step per rollout (2 micro-batches of 4, gradient_accumulation_step
 
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -17,7 +19,10 @@ import fastgrpo.trainer as trainer_module
 from fastgrpo import GRPOConfig, GRPOTrainer
 from fastgrpo.dynamic_sampling import NoInformativeGroups, informative_groups
 
+from test_distributed import TIMEOUT_S, free_port
 from test_trainer import read_metrics
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def spread_where(keep):
@@ -195,3 +200,38 @@ def test_bad_settings_are_refused_before_any_model_loads(tmp_path):
         config(tmp_path, max_num_gen_batches=0)
     with pytest.raises(ValueError, match="filter_groups_max_age=-1"):
         config(tmp_path, filter_groups_max_age=-1)
+
+
+def torchrun(output_dir, *flags):
+    """tests/dist_dynamic_script.py on 2 CPU processes (gloo), one thread each; a collective that never completes fails by timeout."""
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env.pop("WORLD_SIZE", None)
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+               os.path.join(HERE, "dist_dynamic_script.py"), str(output_dir), *flags]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    return [torch.load(os.path.join(output_dir, f"record_{rank}.pt")) for rank in range(2)]
+
+
+@pytest.mark.slow
+def test_two_processes_fill_their_own_share_with_whole_groups_in_step(tmp_path):
+    # Spread where n % 4 < 2. A round of n prompts per process draws 2n: process 0 the first n, process 1 the rest.
+    # Rollout 1: [0, 1] | [2, 3]: process 1 keeps nothing, so both sample again (keep rate 2/4 → 4 prompts each):
+    # [4, 5, 6, 7] | [8, 9, 10, 11] → process 0 trains [0, 1] and carries 4, 5; process 1 trains [8, 9].
+    # Rollouts 2, 3: process 0 starts full from its carry, process 1 needs 2 → one round of 4 each ([12 … 19], [20 … 27]).
+    rank0, rank1 = torchrun(tmp_path)
+    assert rank0["groups"] == [[0, 1], [4, 5], [12, 13]]
+    assert rank1["groups"] == [[8, 9], [16, 17], [24, 25]]
+    assert rank0["steps"] == rank1["steps"] == 3 and rank0["error"] is rank1["error"] is None
+    for name, value in rank0["weights"].items():  # DDP's gradient average ran every step: the same weights on both
+        assert torch.equal(value, rank1["weights"][name]), name
+
+
+@pytest.mark.slow
+def test_two_processes_at_the_cap_with_nothing_on_one_process_stop_together(tmp_path):
+    # Only process 0's groups have spread: after max_num_gen_batches = 2 rounds process 1 holds none, so the
+    # fewest any process holds is 0 and both raise the documented error at the same rollout (no hang, no step).
+    rank0, rank1 = torchrun(tmp_path, "--rank0_only")
+    for record in (rank0, rank1):
+        assert record["steps"] == 0 and record["groups"] == []
+        assert "max_num_gen_batches=2 rounds" in record["error"] and "a process holds 0 group(s)" in record["error"]
