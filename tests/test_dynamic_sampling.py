@@ -18,6 +18,7 @@ from datasets import IterableDataset
 import fastgrpo.trainer as trainer_module
 from fastgrpo import GRPOConfig, GRPOTrainer
 from fastgrpo.dynamic_sampling import NoInformativeGroups, informative_groups
+from fastgrpo.models import lora_config
 
 from test_distributed import TIMEOUT_S, free_port
 from test_trainer import read_metrics
@@ -181,6 +182,23 @@ def test_works_with_reuse_target_kl_streaming_and_eval(tmp_path, tokenizer, make
     assert metrics["eval_reward"] == pytest.approx(metrics["eval_rewards/reward"])
 
 
+def test_works_with_lora_adapters_and_a_filter_on_one_reward(tmp_path, tokenizer, make_model, prompts):
+    # Two reward functions; the filter looks at "reward" alone (verl's filter_groups.metric), so the constant
+    # "flat" function changes nothing: the same groups as THIRDS. The carried group's π_behaviour comes from the
+    # adapted policy (adapters on), and only adapter weights train.
+    def flat(completions, **kwargs):
+        return [1.0] * len(completions)
+
+    args = config(tmp_path, filter_groups_metric="reward", beta=0.04)
+    model = make_model()
+    trainer = GRPOTrainer(model, [spread_where(lambda n: n % 3 != 0), flat], args=args, train_dataset=prompts, processing_class=tokenizer,
+                          peft_config=lora_config(lora_r=4, lora_alpha=8, lora_target_modules="all-linear"))
+    seen = trained_groups(trainer)
+    trainer.train()
+    assert seen == THIRDS
+    assert all(r["dynamic_sampling/at_cap"] == 0 for r in read_metrics(args.output_dir))
+
+
 def test_informative_groups_follow_the_advantage_aggregation():
     # two functions, weights 1 and 1; group 0: totals equal (1+0, 0+1) but each function differs;
     # group 1: function 0 differs; group 2: everything equal; group 3: NaN (not applicable) beside equal values.
@@ -195,11 +213,13 @@ def test_informative_groups_follow_the_advantage_aggregation():
     assert informative_groups(rewards, weights, "normalize_then_sum").tolist() == [True, True, False, False]
 
 
-def test_bad_settings_are_refused_before_any_model_loads(tmp_path):
+def test_bad_settings_are_refused_before_any_model_loads(tmp_path, prompts):
     with pytest.raises(ValueError, match="max_num_gen_batches=0"):
         config(tmp_path, max_num_gen_batches=0)
     with pytest.raises(ValueError, match="filter_groups_max_age=-1"):
         config(tmp_path, filter_groups_max_age=-1)
+    with pytest.raises(ValueError, match="filter_groups_metric='acc' is neither a reward function \\(reward\\)"):
+        GRPOTrainer("no-such-model-is-loaded", spread_where(bool), args=config(tmp_path, filter_groups_metric="acc"), train_dataset=prompts)
 
 
 def torchrun(output_dir, *flags):
