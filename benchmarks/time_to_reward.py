@@ -137,8 +137,10 @@ def summary(record: dict) -> list[dict]:
 
 def markdown(record: dict) -> str:
     base = next((r for r in summary(record) if r["name"].startswith("TRL μ=1")), None)
+    completions = record["runs"][0]["spec"].get("rolling_completions") if record["runs"] else None
+    window = f"mean of the last {completions} sampled completions" if completions else f"mean of the last {ROLLING} rollouts"
     lines = [
-        f"Target: rolling reward ≥ {record['target']} (mean of the last {ROLLING} rollouts), budget {record['budget']} s per run, "
+        f"Target: rolling reward ≥ {record['target']} ({window}), budget {record['budget']} s per run, "
         f"seeds {record['seeds']}, {record['threads']} thread(s). Medians over seeds, [min–max] of the seeds that reached it.", "",
         f"| setting | reached | seconds to target | rollouts to target | s / rollout | final rolling reward | vs {base['name'] if base else 'TRL μ=1'} (time) |",
         "| --- | --- | --- | --- | --- | --- | --- |",

@@ -128,7 +128,8 @@ class MetricsLog:
         """Append one record, print its key numbers, send it to trackers."""
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(record) + "\n")
-        keys = ("loss", "reward", "reward_std", "kl_old", "clip_region", "completion_length", "grad_norm", "learning_rate")
+        keys = ("loss", "reward", "reward_std", "kl_old", "clip_region", "completion_length", "grad_norm", "learning_rate",
+                "dynamic_sampling/reward_before", "dynamic_sampling/keep_rate")  # the last two with filter_groups only
         shown = "  ".join(f"{k} {record[k]:.4g}" for k in keys if k in record)
         self.console.print(f"step {record['step']:>5}  {shown}")
         self.accelerator.log({k: v for k, v in record.items() if isinstance(v, (int, float))}, step=record["step"])
