@@ -37,7 +37,7 @@ def test_reasoning_gym_spec_with_difficulty(tmp_path):
     # the built-in job's spec: "+" escaped as %2B, true/false read as booleans ("false" as text would be truthy)
     sums = load_dataset_spec("reasoning-gym:basic_arithmetic?min_terms=2&max_terms=2&max_digits=1&operators=%2B"
                              "&allow_parentheses=false&allow_negation=false", size=20, seed=1)
-    assert all(re.fullmatch(r"Calculate \d \+ \d\.", r["prompt"][-1]["content"]) for r in sums)
+    assert all(re.fullmatch(r"Calculate \d+ \+ \d+\.", r["prompt"][-1]["content"]) for r in sums)
     with pytest.raises(ValueError, match="reasoning-gym has no task 'nope'"):
         load_dataset_spec("reasoning-gym:nope", size=2)
 

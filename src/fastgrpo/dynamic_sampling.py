@@ -16,7 +16,7 @@ group of equal rewards has Â = 0 and teaches nothing:
    processes), at most 2 × the share; the groups with spread are kept in
    sampling order. Rounds stop when every process holds its share, or after
    `max_rounds` (verl's `max_num_gen_batches`). Every process samples in every
-   round (the data order is shared) and the decision to stop is one gather of
+   round (the data order is shared) and each round's decision is one gather of
    three numbers per process, so collectives always line up.
 3. The rollout is the first `share` kept groups (carried, then fresh, each in
    order). The rest is carried over (at most `share` groups), with its
@@ -51,7 +51,7 @@ from collections.abc import Callable
 import torch
 
 from .advantages import no_signal
-from .rollout import Rollout, concat
+from .rollout import Rollout, concat, micro_batch_rows
 
 # (prompts per process, advantages callable) → (Rollout without π_old/π_ref, log_extra columns)
 Sampler = Callable[[int, Callable[[torch.Tensor], torch.Tensor]], tuple[Rollout, dict]]
@@ -130,7 +130,7 @@ class DynamicSampling:
         num_generations: G.
         keep: (num_groups, G, R) rewards → (num_groups,) bool (`resolve_filter`).
         advantages: (N, R) rewards of the assembled rollout → (N,) Â (all processes' statistics).
-        behaviour_logps: a Rollout → (N, T) log-probs of its completion tokens under the current policy.
+        behaviour_logps: a Rollout → (N, T) log-probs of its completion tokens under the current policy (NaN past them).
         weights: (R,) reward weights (for the logged reward before filtering).
         gather: (k,) tensor → (world_size · k,), every process's values (identity on one process).
         max_rounds: sampling rounds per rollout at most (max_num_gen_batches).
@@ -162,9 +162,11 @@ class DynamicSampling:
         fresh: list[tuple[Rollout, dict]] = []
         sums = {"ds_rounds": 0, "ds_sampled_groups": 0, "ds_kept_groups": 0, "ds_zero_std_sampled": 0, "ds_reward_sampled": 0.0,
                 "ds_completions_sampled": 0, "ds_carried_groups": len(born), "ds_dropped_groups": dropped, "ds_at_cap": 0}
-        have = len(born)
-        while True:
-            everyone = self.gather(torch.tensor([self.share - have, 0, 0], dtype=torch.float64)).view(-1, 3)
+        have, kept, prompts = len(born), 0, 0
+        while True:  # one gather per round, the same decision on every process: (shortfall, kept, sampled) of each
+            everyone = self.gather(torch.tensor([self.share - have, kept, prompts], dtype=torch.float64)).view(-1, 3)
+            if prompts:  # the last round's keep rate over all processes; 0 kept: the largest round next
+                self.keep_rate = max(float(everyone[:, 1].sum() / everyone[:, 2].sum()), 1 / (2 * self.share))
             need = int(everyone[:, 0].max())
             if need <= 0 or sums["ds_rounds"] == self.max_rounds:
                 break
@@ -174,12 +176,11 @@ class DynamicSampling:
             keep = self.keep(rewards).to(torch.bool).cpu()
             rows = (torch.nonzero(keep).view(-1, 1) * G + torch.arange(G)).view(-1)
             fresh.append((rollout.take(rows), {k: [v[i] for i in rows.tolist()] for k, v in extra.items()}))
-            counts = self.gather(torch.tensor([0, int(keep.sum()), prompts], dtype=torch.float64)).view(-1, 3).sum(0)
-            self.keep_rate = max(float(counts[1] / counts[2]), 1 / (2 * self.share))  # 0 kept: the largest round next
-            have += int(keep.sum())
+            kept = int(keep.sum())
+            have += kept
             sums["ds_rounds"] += 1
             sums["ds_sampled_groups"] += prompts
-            sums["ds_kept_groups"] += int(keep.sum())
+            sums["ds_kept_groups"] += kept
             total = torch.nansum(rewards * self.weights.to(rewards.device), -1)  # (prompts, G), as rollout_metrics
             sums["ds_zero_std_sampled"] += int((total == total[:, :1]).all(1).sum())
             sums["ds_reward_sampled"] += float(total.sum())
@@ -199,7 +200,7 @@ class DynamicSampling:
                 )
         parts = ([(carried, carried_extra)] if carried is not None else []) + fresh
         rows_by_part = [p.completion_ids.shape[0] for p, _ in parts]
-        whole = concat([p for p, _ in parts]) if parts else None
+        whole = concat([p for p, _ in parts])  # never empty: a carry that fills the rollout, or at least one round
         extra = _concat_extra([e for _, e in parts], rows_by_part)
         born = born + [self.rollouts] * (sum(rows_by_part) // G - len(born))
         trained = whole.take(torch.arange(use * G))
@@ -262,7 +263,8 @@ def rollout_producer(args, accelerator, reward_names: list[str], reward_weights:
         args: the GRPOConfig (read here, never inside the producers).
         accelerator: world size, rank and the gather of the round decisions.
         advantages: (N, R) rewards → (N,) Â over all processes (the trainer's).
-        behaviour_logps: a Rollout → (N, T) log-probs under the current policy, with no collectives.
+        behaviour_logps: (a Rollout, its micro-batch row slices) → (N, T) log-probs under the current
+            policy, with no collectives (run in micro-batches of per_device_train_batch_size).
     Raises:
         ValueError: a filter_groups_metric that names nothing (`resolve_filter`).
     """
@@ -271,8 +273,10 @@ def rollout_producer(args, accelerator, reward_names: list[str], reward_weights:
         return OneBatch(share, advantages)
     keep = resolve_filter(args.filter_groups_metric, reward_names, reward_weights, args.multi_objective_aggregation)
     gather = lambda t: accelerator.gather(t.to(accelerator.device)).cpu()  # noqa: E731
+    size = args.per_device_train_batch_size
+    behaviour = lambda r: behaviour_logps(r, micro_batch_rows(len(r), math.ceil(len(r) / size)))  # noqa: E731
     return DynamicSampling(
-        share, args.num_generations, keep, advantages, behaviour_logps, reward_weights, gather, args.max_num_gen_batches,
+        share, args.num_generations, keep, advantages, behaviour, reward_weights, gather, args.max_num_gen_batches,
         args.filter_groups_max_age, min_groups=math.ceil(args.steps_per_generation / args.num_generations),
     )
 

@@ -150,9 +150,7 @@ class GRPOTrainer:
         self.events = TrainerEvents(a, callbacks, self.model, self.tokenizer, self.optimizer, self.scheduler, acc.is_main_process)
         self.state, self.epochs_done = self.events.state, 0
         self.reward_hooks = RewardHooks(lambda: self.window)
-        # a carried group's π_behaviour: one process's surplus, so the unwrapped model (no DDP collectives)
-        chunks = lambda r: micro_batch_rows(len(r), math.ceil(len(r) / a.per_device_train_batch_size))  # noqa: E731
-        behaviour = lambda r: self._policy_logps(acc.unwrap_model(self.model), r, chunks(r))  # noqa: E731
+        behaviour = lambda r, rows: self._policy_logps(acc.unwrap_model(self.model), r, rows)  # noqa: E731 (one process's surplus: no DDP)
         self.producer = rollout_producer(a, acc, self.reward_names, self.reward_weights, self._advantages, behaviour)  # one batch, or DAPO's rounds
 
     def add_callback(self, callback) -> None:
@@ -213,9 +211,8 @@ class GRPOTrainer:
         """One rollout for this process, whole groups only: its share of the next B prompts, or of B groups with reward spread."""
         a = self.args
         rollout, extra, sums = self.producer(self._sample_share)  # dynamic_sampling.py
-        old = None  # π_old: computed for the micro-batches first used after the first update, the rest captured for free
-        if self.needs_old_logps or rollout.old_logps is not None:
-            old = self._policy_logps(self.model, rollout, micro_batch_rows(len(rollout), a.steps_per_generation)[a.gradient_accumulation_steps :])
+        later = micro_batch_rows(len(rollout), a.steps_per_generation)[a.gradient_accumulation_steps :]  # first used after an update
+        old = self._policy_logps(self.model, rollout, later) if self.needs_old_logps or rollout.old_logps is not None else None
         rollout = dataclasses.replace(rollout, ref_logps=self._ref_logps(rollout), old_logps=old)
         if a.log_completions:
             self.fresh_completions.append(CompletionRows.of(rollout, extra))
