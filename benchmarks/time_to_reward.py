@@ -215,9 +215,11 @@ def plot(record: dict, path: str) -> None:
         per = [[c[i][1] for c in curves] for i in range(n)]
         by_rollout.plot(xs, [sum(v) / len(v) for v in per], label=name, color=line.get_color())
         by_rollout.fill_between(xs, [min(v) for v in per], [max(v) for v in per], alpha=0.15, color=line.get_color())
-    for ax, xlabel in ((by_time, "seconds since train() began"), (by_rollout, "rollouts")):
+    completions = record["runs"][0]["spec"].get("rolling_completions") if record["runs"] else None
+    window = f"last {completions} sampled completions" if completions else f"last {ROLLING} rollouts"
+    for ax, xlabel in ((by_time, "seconds since train() began"), (by_rollout, "scoring calls" if completions else "rollouts")):
         ax.axhline(record["target"], color="grey", linestyle=":", linewidth=1)
-        ax.set_xlabel(xlabel), ax.set_ylabel(f"rolling reward (last {ROLLING} rollouts)"), ax.grid(alpha=0.3)
+        ax.set_xlabel(xlabel), ax.set_ylabel(f"rolling reward ({window})"), ax.grid(alpha=0.3)
     by_rollout.legend(fontsize=8)
     fig.suptitle(f"{record['suite']}: {record['task']}, {len(record['seeds'])} seeds (mean, min–max)")
     fig.tight_layout()

@@ -169,7 +169,7 @@ TRL_FIELDS: dict[str, TrlField] = {
     "entropy_coef_max": TrlField(1.0, ANY),
     "entropy_coef_delta": TrlField(0.005, ANY),
     "entropy_target": TrlField(0.2, ANY),
-    "off_policy_mask_threshold": TrlField(None, (None,), "fastgrpo's rollouts are never stale beyond their reuse window; bound the drift with target_kl"),
+    "off_policy_mask_threshold": TrlField(None, (None,), "fastgrpo's rollouts are never stale beyond their reuse window (dynamic sampling's carried groups: filter_groups_max_age, with π_behaviour as π_old); bound the drift with target_kl"),
     # Honoured as a GRPOConfig field on the parity branch; until then only TRL's default.
 }
 
