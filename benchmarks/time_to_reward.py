@@ -3,6 +3,7 @@
     python benchmarks/time_to_reward.py                                   # the built-in job's settings, 3 seeds
     python benchmarks/time_to_reward.py --suite sweep --seeds 0           # learning rate × μ × ε, fastgrpo
     python benchmarks/time_to_reward.py --suite addition                  # correctness only (reasoning-gym addition)
+    python benchmarks/time_to_reward.py --suite dapo --seeds 0 --append   # dynamic sampling off/on (one seed per call, appended)
     python benchmarks/time_to_reward.py --report benchmarks/results/<file>.json   # re-render tables and plots
 
 Every run is its own process (ttr_worker.py) with a wall-clock budget. Runs go
@@ -12,6 +13,9 @@ all settings alike. Figures (written to `<out>/<date>-ttr-<suite>.{json,md,png}`
 - rolling reward: the mean reward (sum of the reward functions) of the
   completions of the last ROLLING rollouts, at each rollout's scoring time
   (seconds since `train()` began: generation, scoring and updates all count).
+  With dynamic sampling a scoring call is one sampling round of any size, so
+  the "dapo" suite averages the last ROLLING_COMPLETIONS sampled completions
+  instead (the same 48 as 3 rollouts of the fixed-size job).
 - time to target: the first scoring time at which the rolling reward reaches
   the suite's target; "—" if the budget ran out first. Median and range over seeds.
 - rollouts to target: the same, counted in rollouts (the seed's own measure).
@@ -31,6 +35,7 @@ sys.path.insert(0, HERE)
 from run import run_worker  # noqa: E402
 
 ROLLING = 3  # rollouts: 48 completions on the built-in job
+ROLLING_COMPLETIONS = 48  # the "dapo" suite's window: sampling rounds differ in size
 
 BUILTIN = [  # (name, system, overrides): the issue's comparison on the built-in job
     ("TRL μ=1", "trl", {"num_iterations": 1}),
@@ -53,11 +58,17 @@ LR3 = [  # the sweep's fastest learning rate, side by side with TRL at the same 
     ("fastgrpo μ=1 lr=3e-05", "fastgrpo", {"num_iterations": 1, "learning_rate": 3e-5}),
     ("fastgrpo μ=4 lr=3e-05 target_kl=0.005", "fastgrpo", {"num_iterations": 4, "learning_rate": 3e-5, "target_kl": 0.005}),
 ]
+DAPO = [  # dynamic sampling (filter_groups) off and on, on the built-in job (addition, exact answers only)
+    ("fastgrpo μ=1", "fastgrpo", {"num_iterations": 1, "filter_groups": False}),
+    ("fastgrpo μ=1 filter_groups", "fastgrpo", {"num_iterations": 1, "filter_groups": True}),
+    ("fastgrpo μ=2 filter_groups", "fastgrpo", {"num_iterations": 2, "filter_groups": True}),
+]
 SUITES = {
     "builtin": {"task": "arithmetic", "settings": BUILTIN, "target": 0.7, "budget": 150},
     "sweep": {"task": "arithmetic", "settings": SWEEP, "target": 0.7, "budget": 150},
     "lr3": {"task": "arithmetic", "settings": LR3, "target": 0.7, "budget": 120},
     "addition": {"task": "addition", "settings": BUILTIN, "target": 0.4, "budget": 120},
+    "dapo": {"task": "addition", "settings": DAPO, "target": 0.4, "budget": 120, "rolling_completions": ROLLING_COMPLETIONS},
 }
 
 
@@ -81,13 +92,21 @@ def rollout_rewards(run: dict) -> list[tuple[float, list[float]]]:
 
 
 def rolling(run: dict) -> list[tuple[float, float]]:
-    """(scoring time, rolling reward) per rollout: mean over the last ROLLING rollouts' completions."""
+    """(scoring time, rolling reward) per scoring call: mean over the last ROLLING calls' completions, or over the
+    last `rolling_completions` completions when the run's spec sets it (dynamic sampling's rounds differ in size)."""
     rollouts = rollout_rewards(run)
-    out = []
-    for i, (t, _) in enumerate(rollouts):
-        values = [v for _, vals in rollouts[max(0, i - ROLLING + 1) : i + 1] for v in vals]
+    window = run["spec"].get("rolling_completions")
+    out, seen = [], []
+    for i, (t, vals) in enumerate(rollouts):
+        seen += vals
+        values = seen[-window:] if window else [v for _, vs in rollouts[max(0, i - ROLLING + 1) : i + 1] for v in vs]
         out.append((t, sum(values) / len(values)))
     return out
+
+
+def trained_rollouts(run: dict) -> int:
+    """Rollouts trained on: the worker's count where it recorded one (dynamic sampling), else one per scoring call."""
+    return run.get("rollouts") or len(rollout_rewards(run))
 
 
 def to_target(run: dict, target: float) -> tuple[float | None, int | None]:
@@ -111,15 +130,17 @@ def summary(record: dict) -> list[dict]:
             "seconds": statistics.median(secs) if len(secs) == len(runs) else None, "seconds_range": (min(secs), max(secs)) if secs else None,
             "rollouts": statistics.median(rolls) if len(rolls) == len(runs) else None, "rollouts_range": (min(rolls), max(rolls)) if rolls else None,
             "final": statistics.median(rolling(r)[-1][1] for r in runs),
-            "seconds_per_rollout": statistics.median(rolling(r)[-1][0] / len(rolling(r)) for r in runs),
+            "seconds_per_rollout": statistics.median(rolling(r)[-1][0] / trained_rollouts(r) for r in runs),
         })
     return rows
 
 
 def markdown(record: dict) -> str:
     base = next((r for r in summary(record) if r["name"].startswith("TRL μ=1")), None)
+    completions = record["runs"][0]["spec"].get("rolling_completions") if record["runs"] else None
+    window = f"mean of the last {completions} sampled completions" if completions else f"mean of the last {ROLLING} rollouts"
     lines = [
-        f"Target: rolling reward ≥ {record['target']} (mean of the last {ROLLING} rollouts), budget {record['budget']} s per run, "
+        f"Target: rolling reward ≥ {record['target']} ({window}), budget {record['budget']} s per run, "
         f"seeds {record['seeds']}, {record['threads']} thread(s). Medians over seeds, [min–max] of the seeds that reached it.", "",
         f"| setting | reached | seconds to target | rollouts to target | s / rollout | final rolling reward | vs {base['name'] if base else 'TRL μ=1'} (time) |",
         "| --- | --- | --- | --- | --- | --- | --- |",
@@ -144,7 +165,7 @@ def phase_rows(record: dict) -> list[dict]:
         runs = [r for r in record["runs"] if r["spec"]["name"] == name and r.get("phase_seconds")]
         if not runs:
             continue
-        med = lambda f: statistics.median(f(r, len(rollout_rewards(r))) for r in runs)  # noqa: E731
+        med = lambda f: statistics.median(f(r, trained_rollouts(r)) for r in runs)  # noqa: E731
         rows.append({
             "name": name, "runs": len(runs),
             "sampling": med(lambda r, n: r["phase_seconds"]["generate"] / n),
@@ -194,9 +215,11 @@ def plot(record: dict, path: str) -> None:
         per = [[c[i][1] for c in curves] for i in range(n)]
         by_rollout.plot(xs, [sum(v) / len(v) for v in per], label=name, color=line.get_color())
         by_rollout.fill_between(xs, [min(v) for v in per], [max(v) for v in per], alpha=0.15, color=line.get_color())
-    for ax, xlabel in ((by_time, "seconds since train() began"), (by_rollout, "rollouts")):
+    completions = record["runs"][0]["spec"].get("rolling_completions") if record["runs"] else None
+    window = f"last {completions} sampled completions" if completions else f"last {ROLLING} rollouts"
+    for ax, xlabel in ((by_time, "seconds since train() began"), (by_rollout, "scoring calls" if completions else "rollouts")):
         ax.axhline(record["target"], color="grey", linestyle=":", linewidth=1)
-        ax.set_xlabel(xlabel), ax.set_ylabel(f"rolling reward (last {ROLLING} rollouts)"), ax.grid(alpha=0.3)
+        ax.set_xlabel(xlabel), ax.set_ylabel(f"rolling reward ({window})"), ax.grid(alpha=0.3)
     by_rollout.legend(fontsize=8)
     fig.suptitle(f"{record['suite']}: {record['task']}, {len(record['seeds'])} seeds (mean, min–max)")
     fig.tight_layout()
@@ -223,6 +246,7 @@ def main(argv=None) -> int:
     parser.add_argument("--model", default="smollm2-135m-instruct", help="built-in name or local folder")
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     parser.add_argument("--report", help="re-render tables and plots of a results JSON, run nothing")
+    parser.add_argument("--append", action="store_true", help="add these runs to today's results file of the suite (one seed per call)")
     ns = parser.parse_args(argv)
     if ns.report:
         print(render(ns.report))
@@ -238,12 +262,16 @@ def main(argv=None) -> int:
     path = os.path.join(ns.out, f"{datetime.date.today().isoformat()}-ttr-{ns.suite}.json")
     record = {"suite": ns.suite, "task": suite["task"], "target": suite["target"], "budget": ns.budget or suite["budget"],
               "seeds": seeds, "threads": ns.threads, "job": job_config(), "command": " ".join(["python", *sys.argv]), "runs": []}
+    if ns.append and os.path.exists(path):
+        with open(path) as f:
+            earlier = json.load(f)
+        record["runs"], record["seeds"] = earlier["runs"], sorted(set(earlier["seeds"]) | set(seeds))
     log = lambda msg: print(msg, flush=True)  # noqa: E731
     for seed in seeds:
         for name, system, overrides in settings:
             spec = {"name": name, "system": system, "overrides": overrides, "seed": seed, "task": suite["task"],
                     "budget_seconds": record["budget"], "job": record["job"], "threads": ns.threads, "dataset_size": 400,
-                    "model_path": resolve_model_path(ns.model)}
+                    "model_path": resolve_model_path(ns.model), "rolling_completions": suite.get("rolling_completions")}
             record["runs"].append(run_one(spec, log))
             with open(path, "w") as f:  # keep what is done if a later run fails
                 json.dump(record, f)

@@ -9,8 +9,9 @@ GRPOConfig values. Training stops once `budget_seconds` of wall-clock have
 passed since `train()` began (a `TrainerCallback` sets `should_training_stop`
 after the step that crosses it; both systems honour it). Every reward call is
 recorded: its time (seconds since `train()` began) and each function's values,
-one call per rollout in both systems; and the seconds spent in the rollout
-(sampling, scoring, advantages, π_old/π_ref passes) and in sampling alone.
+one call per rollout in both systems (per sampling round with dynamic
+sampling); the seconds spent in the rollout (sampling, scoring, advantages,
+π_old/π_ref passes) and in sampling alone, and the rollouts trained on.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def job_config() -> dict:
     """The built-in job's GRPOConfig fields that shape training (time_to_reward.py fixes them once per suite)."""
     from fastgrpo.cli import BUILTIN_JOB
 
-    skip = ("output_dir", "max_prompt_length", "max_steps", "save_steps", "save_total_limit", "log_completions", "num_completions_to_print", "logging_steps")
+    # filter_groups: TRL has no such field; a suite sets it (the "dapo" suite, both ways)
+    skip = ("output_dir", "filter_groups", "max_prompt_length", "max_steps", "save_steps", "save_total_limit", "log_completions", "num_completions_to_print", "logging_steps")
     return {k: v for k, v in BUILTIN_JOB["config"].items() if k not in skip}
 
 
@@ -73,6 +75,7 @@ def main(spec_path: str, out_path: str) -> None:
     from transformers import TrainerCallback
 
     from fastgrpo.data import reasoning_gym_dataset
+    from fastgrpo.dynamic_sampling import NoInformativeGroups
 
     dataset = reasoning_gym_dataset(size=spec["dataset_size"], seed=spec["seed"], **DATASETS[spec["task"]])
     calls: list[dict] = []
@@ -105,11 +108,11 @@ def main(spec_path: str, out_path: str) -> None:
         values["max_prompt_length"] = 512  # no truncation in either (TRL 1.16 has no such field)
     trainer = GRPOTrainer(model=spec["model_path"], reward_funcs=[recorded(f) for f in reward_funcs(spec["task"])],
                           args=GRPOConfig(**values), train_dataset=dataset, callbacks=[Budget()])
-    phases = {"rollout": 0.0, "generate": 0.0}
+    phases, counts = {"rollout": 0.0, "generate": 0.0}, {"rollout": 0}
 
     def timed(name, fn):
         def wrapper(*args, **kwargs):
-            start = time.perf_counter()
+            start, counts[name] = time.perf_counter(), counts.get(name, 0) + 1
             try:
                 return fn(*args, **kwargs)
             finally:
@@ -122,9 +125,13 @@ def main(spec_path: str, out_path: str) -> None:
         trainer._generate_single_turn = timed("generate", trainer._generate_single_turn)
     else:
         trainer._collect, trainer.generate = timed("rollout", trainer._collect), timed("generate", trainer.generate)
-    trainer.train()
-    result = {"spec": spec, "train_seconds": now(), "steps": trainer.state.global_step, "calls": calls, "phase_seconds": phases,
-              "target_kl_stops": getattr(trainer, "target_kl_stops", None)}
+    try:
+        trainer.train()
+        stopped = None
+    except NoInformativeGroups as err:  # dynamic sampling found no group with spread: the run ends here, its curve stands
+        stopped = str(err)
+    result = {"spec": spec, "train_seconds": now(), "steps": trainer.state.global_step, "calls": calls, "phase_seconds": phases, "rollouts": counts["rollout"],
+              "target_kl_stops": getattr(trainer, "target_kl_stops", None), "stopped": stopped}
     with open(out_path, "w") as f:
         json.dump(result, f)
 

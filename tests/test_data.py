@@ -1,6 +1,7 @@
 """Prompt rendering and tokenisation, dataset loading and the prompt order."""
 
 import json
+import re
 
 import pytest
 from datasets import Dataset
@@ -33,6 +34,10 @@ def test_reasoning_gym_spec_with_difficulty(tmp_path):
     assert json.loads(ds[0]["entry"])["answer"] == ds[0]["answer"]
     shots = load_dataset_spec("reasoning-gym:basic_arithmetic?max_terms=2&few_shot=2", size=2, seed=1)[0]["prompt"]
     assert [m["role"] for m in shots] == ["system", "user", "assistant", "user", "assistant", "user"]
+    # the built-in job's spec: "+" escaped as %2B, true/false read as booleans ("false" as text would be truthy)
+    sums = load_dataset_spec("reasoning-gym:basic_arithmetic?min_terms=2&max_terms=2&max_digits=1&operators=%2B"
+                             "&allow_parentheses=false&allow_negation=false", size=20, seed=1)
+    assert all(re.fullmatch(r"Calculate \d+ \+ \d+\.", r["prompt"][-1]["content"]) for r in sums)
     with pytest.raises(ValueError, match="reasoning-gym has no task 'nope'"):
         load_dataset_spec("reasoning-gym:nope", size=2)
 

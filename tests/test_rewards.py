@@ -13,7 +13,7 @@ import torch
 
 from fastgrpo.advantages import weighted_rewards
 from fastgrpo.rewards import (
-    RewardFunctionError, brevity_reward, check_columns, format_reward, reasoning_gym_reward, resolve_reward, reward_len,
+    RewardFunctionError, brevity_reward, check_columns, exact_reward, format_reward, reasoning_gym_reward, resolve_reward, reward_len,
     reward_names, score,
 )
 
@@ -137,6 +137,7 @@ def test_builtin_rewards():
     # exact answer 1.0; tags win; "the answer is 4" holds "4" in 15 characters: 1/15 (reasoning-gym's partial credit)
     got = reasoning_gym_reward(["4", "<answer>4</answer>", "the answer is 4", "5"], entry=[entry] * 4)
     assert got == pytest.approx([1.0, 1.0, 1 / 15, 0.0])
+    assert exact_reward(["4", "<answer>4</answer>", "the answer is 4", "5"], entry=[entry] * 4) == [1.0, 1.0, 0.0, 0.0]  # no partial credit
     with pytest.raises(ValueError, match="needs the dataset column 'entry'"):
         reasoning_gym_reward(["4"])
 

@@ -1,10 +1,12 @@
-"""Completion masks, micro-batch views and collect() on hand-made tensors."""
+"""Completion masks, micro-batch views, take/concat and collect() on hand-made tensors."""
 
+import dataclasses
 from contextlib import nullcontext
 
+import pytest
 import torch
 
-from fastgrpo.rollout import Rollout, collect, completion_mask
+from fastgrpo.rollout import Rollout, collect, completion_mask, concat, micro_batch_rows
 from fastgrpo.sampling import Samples
 
 EOS, PAD = 2, 2  # pad == EOS, as in SmolLM2 and many chat models
@@ -76,3 +78,25 @@ def test_collect_repeats_prompts_in_contiguous_groups_and_scores_text_up_to_eos(
     assert seen["completion_ids"] == [[8, EOS], [8, 8, EOS], [9, EOS], [9, 9, 9]]
     assert rollout.is_truncated.tolist() == [False, False, False, True]
     assert rollout.advantages.tolist() == [0.5, -0.5, 0.0, 0.0]  # the two "p0" groups are separate
+
+
+def test_micro_batch_rows_split_evenly_and_match_full_micro_batches():
+    assert micro_batch_rows(8, 2) == [slice(0, 4), slice(4, 8)]  # a full rollout: per_device_train_batch_size each
+    assert micro_batch_rows(6, 4) == [slice(0, 1), slice(1, 3), slice(3, 4), slice(4, 6)]  # 1, 2, 1, 2 rows
+    with pytest.raises(ValueError, match="3 completions do not fill 4 micro-batches"):
+        micro_batch_rows(3, 4)
+
+
+def test_take_and_concat_keep_whole_rows_and_pad_on_the_right_sides():
+    r = make_rollout()
+    group_b = r.take(torch.tensor([2, 3]))
+    assert group_b.prompts == ["b", "b"] and group_b.old_logps[0].tolist() == [8.0, 9.0, 10.0, 11.0]
+    short = dataclasses.replace(r.select(slice(0, 2)), old_logps=None)  # prompt width 2, completion width 3, no π_old yet
+    both = concat([group_b, short])
+    assert both.prompts == ["b", "b", "a", "a"] and both.num_truncated_prompts == 0
+    assert both.prompt_ids[2].tolist() == [0, 0, 3, 4] and both.prompt_mask[2].tolist() == [0, 0, 1, 1]  # left-padded
+    assert both.completion_ids[2].tolist() == [8, EOS, PAD, 0] and both.completion_mask[2].tolist() == [1, 1, 0, 0]
+    assert both.old_logps[0].tolist() == [8.0, 9.0, 10.0, 11.0]  # kept
+    assert torch.isnan(both.old_logps[2, :3]).all() and both.old_logps[2, 3] == 0  # to compute; padding 0
+    with pytest.raises(ValueError, match="without ref_logps"):
+        concat([dataclasses.replace(r, ref_logps=r.old_logps)])

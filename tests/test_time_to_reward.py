@@ -43,6 +43,14 @@ def test_rolling_reward_averages_the_last_three_rollouts_completions():
     assert curve[3][1] == pytest.approx((1.5 + 0.5 + 1.5 + 1.5 + 2 + 2) / 6)
 
 
+def test_rolling_reward_over_the_last_sampled_completions_and_trained_rollouts_for_dynamic_sampling():
+    # rounds of any size (dynamic sampling): the last 3 completions, whatever rounds they came from
+    rounds = {**run("dapo", [(10.0, [0], [0.5]), (20.0, [1, 1], [0.5, 0.5]), (30.0, [0], [0.0])]), "rollouts": 2}
+    rounds["spec"]["rolling_completions"] = 3  # totals: [0.5], [1.5, 1.5], [0]
+    assert [r for _, r in ttr.rolling(rounds)] == pytest.approx([0.5, 3.5 / 3, 3.0 / 3])
+    assert ttr.trained_rollouts(rounds) == 2 and ttr.trained_rollouts(FAST) == 4  # recorded, else one per scoring call
+
+
 def test_time_to_target_is_the_first_scoring_time_the_rolling_reward_reaches_it():
     assert ttr.to_target(FAST, 0.65) == (20.0, 2)  # rolling 0.65 at the second rollout: reached exactly
     assert ttr.to_target(FAST, 1.0) == (40.0, 4)  # 0.93 at the third, 1.5 at the fourth

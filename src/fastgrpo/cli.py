@@ -31,25 +31,28 @@ import typing
 
 from .config import GRPOConfig
 
-# The built-in job: SmolLM2-135M-Instruct on easy reasoning-gym arithmetic,
-# asked for "only the final answer". Two rewards, logged apart: reasoning-gym's
-# own scorer (correctness; 1 for the exact answer, partial credit when the
-# reply merely contains it) and brevity (1 − characters/100, 0 when empty). The
-# untrained model is chatty (~100 characters), so brevity has spread in every
-# group and rises within minutes on 2 CPU cores; correctness (≈ 5 % exact at
-# the start) is the slow part a 135M model only creeps on. μ = 1 and lr 3e-5:
+# The built-in job: SmolLM2-135M-Instruct on one-digit addition (reasoning-gym
+# basic_arithmetic, "+" only, no brackets or negation), two solved examples
+# before each question, asked for "only the final answer", and one reward: 1 for
+# the exact answer, 0 otherwise ("exact"). Correctness alone, so what rises is
+# the share of right answers (≈ 5 % → ≈ 80 % in two minutes on 2 CPU cores,
+# docs/benchmarks.md); a length term would teach brevity first. μ = 1 and lr 3e-5:
 # the setting that reached the reward soonest in wall-clock, measured against
 # μ = 2, 4, target_kl and other learning rates (docs/benchmarks.md, "Time to reward").
 BUILTIN_JOB = {
     "model": "smollm2-135m-instruct",
-    "dataset": "reasoning-gym:basic_arithmetic?min_terms=2&max_terms=2&min_digits=1&max_digits=1",
-    "reward": ["reasoning_gym", "brevity"],
+    "dataset": (
+        "reasoning-gym:basic_arithmetic?min_terms=2&max_terms=2&min_digits=1&max_digits=1"
+        "&operators=%2B&allow_parentheses=false&allow_negation=false&few_shot=2"
+    ),
+    "reward": ["exact"],
     "dataset_size": 1000,
     "config": {
         "output_dir": "grpo-output",
         "learning_rate": 3e-5,  # TRL's 1e-6 barely moves a 135M model in 48 steps; 3e-5 beat 1e-5 at every μ
         "lr_scheduler_type": "constant",
         "num_iterations": 1,  # μ: reuse did not pay here (generation is ≈ 30 % of a μ = 1 run)
+        "filter_groups": True,  # dynamic sampling: only groups with a right and a wrong answer (reached 40 % exact sooner)
         "num_generations": 8,
         "per_device_train_batch_size": 8,
         "gradient_accumulation_steps": 1,
@@ -66,7 +69,7 @@ BUILTIN_JOB = {
 }
 JOB_KEYS = ("model", "dataset", "reward", "dataset_size")
 # rewards.BUILTIN_REWARDS' names, listed here so that --help needs no torch (a test keeps them equal).
-BUILTIN_REWARD_NAMES = ("length", "format", "brevity", "reasoning_gym")
+BUILTIN_REWARD_NAMES = ("length", "format", "brevity", "reasoning_gym", "exact")
 
 
 @dataclasses.dataclass

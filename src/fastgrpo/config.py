@@ -144,6 +144,12 @@ class GRPOConfig:
     scale_rewards: str = "group"  # TRL also accepts True/False
     multi_objective_aggregation: str = "sum_then_normalize"
 
+    # --- dynamic sampling (DAPO §3.2; verl's algorithm.filter_groups names, TRL has none; dynamic_sampling.py) ---
+    filter_groups: bool = False  # train only on groups whose rewards differ (Â ≠ 0), sampling more prompts to fill the rollout
+    filter_groups_metric: str | None = None  # spread in: None, what Â is computed from; a reward function's name; or "module:function"
+    max_num_gen_batches: int = 10  # sampling rounds per rollout at most (the first included; verl's DAPO recipe); then train on what there is
+    filter_groups_max_age: int = 1  # rollouts a surplus informative group may wait to be trained on; 0: surplus dropped (verl)
+
     # --- model -------------------------------------------------------------------
     disable_dropout: bool = True  # dropout would make π_old irreproducible
     bf16: bool | None = None  # None: on where the hardware multiplies bf16 fast (AMX/AVX512-BF16 CPU, CUDA; precision.py)
@@ -364,6 +370,12 @@ class GRPOConfig:
             self.multi_objective_aggregation in ("sum_then_normalize", "normalize_then_sum"),
             f"multi_objective_aggregation={self.multi_objective_aggregation!r}: use 'sum_then_normalize' or 'normalize_then_sum'.",
         )
+        need(
+            self.max_num_gen_batches >= 1,
+            f"max_num_gen_batches={self.max_num_gen_batches}: use 1 or more sampling rounds per rollout (verl's 0 = unlimited "
+            "could loop forever on prompts whose groups never differ; at the cap fastgrpo trains on what there is).",
+        )
+        need(self.filter_groups_max_age >= 0, f"filter_groups_max_age={self.filter_groups_max_age}: use 0 (no carry-over) or more rollouts.")
         need(self.logging_steps > 0, f"logging_steps={self.logging_steps}: use a positive number of steps.")
         need(self.save_steps > 0, f"save_steps={self.save_steps}: use a positive number of steps.")
         need(self.save_total_limit is None or self.save_total_limit >= 1, f"save_total_limit={self.save_total_limit}: keep at least 1, or None.")

@@ -116,6 +116,9 @@ def load_dataset_spec(spec: str, split: str = "train", size: int = 1000, seed: i
 
 
 def _number(text: str):
+    """A query value as int, float, bool ("true"/"false", any case) or, failing those, the text."""
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
     for cast in (int, float):
         try:
             return cast(text)

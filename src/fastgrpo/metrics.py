@@ -128,7 +128,8 @@ class MetricsLog:
         """Append one record, print its key numbers, send it to trackers."""
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(record) + "\n")
-        keys = ("loss", "reward", "reward_std", "kl_old", "clip_region", "completion_length", "grad_norm", "learning_rate")
+        keys = ("loss", "reward", "reward_std", "kl_old", "clip_region", "completion_length", "grad_norm", "learning_rate",
+                "dynamic_sampling/reward_before", "dynamic_sampling/keep_rate")  # the last two with filter_groups only
         shown = "  ".join(f"{k} {record[k]:.4g}" for k in keys if k in record)
         self.console.print(f"step {record['step']:>5}  {shown}")
         self.accelerator.log({k: v for k, v in record.items() if isinstance(v, (int, float))}, step=record["step"])
@@ -266,6 +267,15 @@ def window_record(step: int, sums: dict, extremes: dict, seconds: dict, reward_n
     mean("group_std_sum", "groups", "reward_std")
     mean("zero_std_groups", "groups", "frac_reward_zero_std")
     mean("reward_none", "completions", "frac_reward_none")
+    # dynamic sampling (dynamic_sampling.py): fresh groups sampled vs kept, before the filter, carry-over
+    mean("ds_kept_groups", "ds_sampled_groups", "dynamic_sampling/keep_rate")
+    mean("ds_rounds", "rollouts", "dynamic_sampling/rounds")
+    mean("ds_sampled_groups", "ds_kept_groups", "dynamic_sampling/prompts_per_kept_group")
+    mean("ds_carried_groups", "groups", "dynamic_sampling/carried_fraction")
+    mean("ds_dropped_groups", "ds_sampled_groups", "dynamic_sampling/dropped_fraction")
+    mean("ds_at_cap", "rollouts", "dynamic_sampling/at_cap")
+    mean("ds_zero_std_sampled", "ds_sampled_groups", "dynamic_sampling/frac_reward_zero_std_before")
+    mean("ds_reward_sampled", "ds_completions_sampled", "dynamic_sampling/reward_before")
     for name in reward_names:
         mean(f"rewards/{name}_sum", f"rewards/{name}_count", f"rewards/{name}")
     mean("completion_length_sum", "completions", "completion_length")

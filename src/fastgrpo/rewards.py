@@ -272,11 +272,25 @@ def reasoning_gym_reward(completions, entry=None, **kwargs) -> list[float]:
     return scores
 
 
+def exact_reward(completions, entry=None, **kwargs) -> list[float]:
+    """1.0 for the exact answer (reasoning-gym's full score), else 0.0: correctness alone, no partial credit.
+
+    Same answer and `entry` column as `reasoning_gym_reward`. A 0/1 reward:
+    a group whose completions are all right or all wrong has no spread, the
+    case dynamic sampling (`filter_groups`) is for.
+
+    Raises:
+        ValueError: no `entry` column.
+    """
+    return [float(score == 1.0) for score in reasoning_gym_reward(completions, entry=entry)]
+
+
 BUILTIN_REWARDS: dict[str, RewardFunc] = {
     "length": reward_len,
     "format": format_reward,
     "brevity": brevity_reward,
     "reasoning_gym": reasoning_gym_reward,
+    "exact": exact_reward,
 }
 
 

@@ -83,11 +83,92 @@ class Rollout:
             ref_logps=cut(self.ref_logps),
         )
 
+    def take(self, rows: torch.Tensor) -> Rollout:
+        """The rows at long indices `rows` (n,), in that order, untrimmed (whole groups: index them group by group)."""
+        index = rows.tolist()
+        pick = lambda t: None if t is None else t[rows.to(t.device)]  # noqa: E731
+        return dataclasses.replace(
+            self,
+            prompt_ids=pick(self.prompt_ids),
+            prompt_mask=pick(self.prompt_mask),
+            completion_ids=pick(self.completion_ids),
+            completion_mask=pick(self.completion_mask),
+            is_truncated=pick(self.is_truncated),
+            rewards=pick(self.rewards),
+            advantages=pick(self.advantages),
+            prompts=[self.prompts[i] for i in index],
+            completions=[self.completions[i] for i in index],
+            old_logps=pick(self.old_logps),
+            sampling_logps=pick(self.sampling_logps),
+            ref_logps=pick(self.ref_logps),
+        )
+
     def micro_batches(self, size: int) -> list[Rollout]:
         """Consecutive views of `size` completions each (the last N/size of them); N must divide."""
         if len(self) % size:
             raise ValueError(f"a rollout of {len(self)} completions does not split into micro-batches of {size}.")
         return [self.select(slice(start, start + size)) for start in range(0, len(self), size)]
+
+
+def micro_batch_rows(rows: int, count: int) -> list[slice]:
+    """`rows` rows in `count` consecutive slices whose sizes differ by at most 1 (the first ones larger).
+
+    A full rollout (rows = count × per_device_train_batch_size) gives slices of
+    exactly that size; a smaller one (dynamic sampling at its round cap) keeps
+    the same number of micro-batches, each smaller, so every process makes the
+    same optimizer steps and the same collectives.
+
+    Raises:
+        ValueError: fewer rows than slices (a micro-batch would be empty).
+    """
+    if rows < count:
+        raise ValueError(f"{rows} completions do not fill {count} micro-batches; every micro-batch needs at least one.")
+    bounds = [i * rows // count for i in range(count + 1)]
+    return [slice(start, end) for start, end in zip(bounds, bounds[1:])]
+
+
+def concat(parts: Sequence[Rollout]) -> Rollout:
+    """The rows of `parts` one after the other, prompt columns left-padded and completion columns right-padded.
+
+    Padding is mask 0 (ids 0). `old_logps` is kept when any part has it: a part
+    without it gets NaN rows (π_old still to be computed), and padding columns
+    are 0 (never read: the completion mask is 0 there). `sampling_logps` is
+    kept when every part has it (a run's sampler keeps them always or never).
+    `ref_logps` must be absent from every part (π_ref is computed on the
+    assembled rollout).
+
+    Raises:
+        ValueError: no parts, a part with ref_logps, or sampling_logps in some parts only.
+    """
+    if not parts:
+        raise ValueError("concat() needs at least one rollout.")
+    if any(p.ref_logps is not None for p in parts):
+        raise ValueError("concat() takes rollouts without ref_logps; compute π_ref on the concatenated rollout.")
+    if len({p.sampling_logps is None for p in parts}) > 1:
+        raise ValueError("concat() takes rollouts that all have sampling_logps or none do.")
+    P = max(p.prompt_ids.shape[1] for p in parts)
+    T = max(p.completion_ids.shape[1] for p in parts)
+    left = lambda t, value: torch.nn.functional.pad(t, (P - t.shape[1], 0), value=value)  # noqa: E731
+    right = lambda t, value: torch.nn.functional.pad(t, (0, T - t.shape[1]), value=value)  # noqa: E731
+    cat = lambda ts: torch.cat([t.to(parts[0].rewards.device) for t in ts])  # noqa: E731
+    old = None
+    if any(p.old_logps is not None for p in parts):
+        nan_rows = lambda p: torch.full(p.completion_ids.shape, float("nan"), device=p.completion_ids.device)  # noqa: E731
+        old = cat([right(p.old_logps if p.old_logps is not None else nan_rows(p), 0.0) for p in parts])
+    return Rollout(
+        prompt_ids=cat([left(p.prompt_ids, 0) for p in parts]),
+        prompt_mask=cat([left(p.prompt_mask, 0) for p in parts]),
+        completion_ids=cat([right(p.completion_ids, 0) for p in parts]),
+        completion_mask=cat([right(p.completion_mask, 0) for p in parts]),
+        is_truncated=cat([p.is_truncated for p in parts]),
+        rewards=cat([p.rewards for p in parts]),
+        advantages=cat([p.advantages for p in parts]),
+        prompts=[x for p in parts for x in p.prompts],
+        completions=[x for p in parts for x in p.completions],
+        old_logps=old,
+        sampling_logps=None if parts[0].sampling_logps is None else cat([right(p.sampling_logps, 0.0) for p in parts]),
+        num_truncated_prompts=sum(p.num_truncated_prompts for p in parts),
+    )
 
 
 def collect(

@@ -39,6 +39,7 @@ from .callbacks import TrainerEvents, scheduled
 from .config import GRPOConfig
 from .data import PromptEncoder, PromptOrder, is_conversational
 from .dataset_kinds import StreamOrder, eval_sets
+from .dynamic_sampling import rollout_producer
 from .entropy_control import EntropyControl
 from .evaluation import mean_rewards
 from .generation import SamplingSettings, build_generator, generator_notices
@@ -52,7 +53,7 @@ from .optimizers import build_optimizer
 from .precision import autocast_for
 from .reward_models import RewardModel
 from .rewards import score
-from .rollout import Rollout, collect
+from .rollout import Rollout, collect, micro_batch_rows
 from .trainer_inputs import check_trainer_inputs
 from .trainer_setup import build_accelerator, load_policy
 
@@ -154,6 +155,8 @@ class GRPOTrainer:
         self.events = TrainerEvents(a, callbacks, self.model, self.tokenizer, self.optimizer, self.scheduler, acc.is_main_process)
         self.state, self.epochs_done = self.events.state, 0
         self.reward_hooks = RewardHooks(lambda: self.window)
+        behaviour = lambda r, rows: self._policy_logps(acc.unwrap_model(self.model), r, rows)  # noqa: E731 (one process's surplus: no DDP)
+        self.producer = rollout_producer(a, acc, self.reward_names, self.reward_weights, self._advantages, behaviour)  # one batch, or DAPO's rounds
 
     def add_callback(self, callback) -> None:
         """Add a `transformers.TrainerCallback` (instance or class), as `Trainer.add_callback`."""
@@ -210,18 +213,24 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ rollout
     def _collect(self) -> Rollout:
-        """One rollout for this process: its share of the next B prompts, whole groups only."""
-        a, acc = self.args, self.accelerator
-        share = a.prompts_per_rollout // acc.num_processes
-        drawn = self.order.take(a.prompts_per_rollout)[acc.process_index * share : (acc.process_index + 1) * share]
-        rollout, extra = self._sample(drawn if self.streaming else [self.train_dataset[i] for i in drawn], self._advantages, self.timer)
-        rollout = dataclasses.replace(rollout, ref_logps=self._ref_logps(rollout), old_logps=self._old_logps(rollout))
+        """One rollout for this process, whole groups only: its share of the next B prompts, or of B groups with reward spread."""
+        a = self.args
+        rollout, extra, sums = self.producer(self._sample_share)  # dynamic_sampling.py
+        later = micro_batch_rows(len(rollout), a.steps_per_generation)[a.gradient_accumulation_steps :]  # first used after an update
+        old = self._policy_logps(self.model, rollout, later) if self.needs_old_logps or rollout.old_logps is not None else None
+        rollout = dataclasses.replace(rollout, ref_logps=self._ref_logps(rollout), old_logps=old)
         if a.log_completions:
             self.fresh_completions.append(CompletionRows.of(rollout, extra))
         self.window.add("rollouts", 1)
-        for key, value in rollout_metrics(rollout, self.reward_names, self.reward_weights, a.num_generations).items():
+        for key, value in {**sums, **rollout_metrics(rollout, self.reward_names, self.reward_weights, a.num_generations)}.items():
             (self.window.extreme if key.endswith(("_min", "_max")) else self.window.add)(key, value)
         return rollout
+
+    def _sample_share(self, prompts: int, advantages: Callable[[torch.Tensor], torch.Tensor]) -> tuple[Rollout, dict]:
+        """This process's `prompts` of the next `prompts` × world_size in the data order, sampled and scored (`_sample`)."""
+        acc = self.accelerator
+        drawn = self.order.take(prompts * acc.num_processes)[acc.process_index * prompts : (acc.process_index + 1) * prompts]
+        return self._sample(drawn if self.streaming else [self.train_dataset[i] for i in drawn], advantages, self.timer)
 
     def _sample(self, rows: list[dict], advantages: Callable[[torch.Tensor], torch.Tensor], timer: PhaseTimer) -> tuple[Rollout, dict]:
         """B prompt rows → a Rollout of B·G scored completions (rollout.collect), and the reward functions' log_extra columns."""
@@ -253,17 +262,15 @@ class GRPOTrainer:
         )
 
     @torch.no_grad()
-    def _old_logps(self, rollout: Rollout) -> torch.Tensor | None:
-        """log π_old for the micro-batches first used after the first update; the rest are captured for free."""
-        if not self.needs_old_logps:
-            return None
-        a = self.args
+    def _policy_logps(self, model, rollout: Rollout, batches: list[slice]) -> torch.Tensor:
+        """(N, T) log π_θ of the rows in `batches`, NaN elsewhere; entries of rollout.old_logps already set (a carried group's π_behaviour) stay."""
         old = torch.full(rollout.completion_ids.shape, float("nan"), device=rollout.completion_ids.device)
+        old = rollout.old_logps.clone() if rollout.old_logps is not None else old
         with self.timer("old_logps"):
-            for start in range(a.gradient_accumulation_steps * a.per_device_train_batch_size, len(rollout), a.per_device_train_batch_size):
-                rows = slice(start, start + a.per_device_train_batch_size)
-                logps = self._logps(self.model, rollout.select(rows)).logps
-                old[rows, : logps.shape[1]] = logps
+            for rows in batches:
+                logps = self._logps(model, rollout.select(rows)).logps
+                kept = old[rows, : logps.shape[1]]
+                old[rows, : logps.shape[1]] = torch.where(torch.isnan(kept), logps, kept)
         return old
 
     @torch.no_grad()
@@ -296,11 +303,11 @@ class GRPOTrainer:
     # ------------------------------------------------------------------ update
     def _optimizer_step(self, rollout: Rollout, step_in_pass: int, capture_old: bool) -> float:
         """One optimizer step over `gradient_accumulation_steps` micro-batches; returns mean KL(π_θ‖π_old)."""
-        a, acc, size, GA = self.args, self.accelerator, self.args.per_device_train_batch_size, self.args.gradient_accumulation_steps
-        rows = [slice((step_in_pass * GA + j) * size, (step_in_pass * GA + j + 1) * size) for j in range(GA)]
+        a, acc, GA = self.args, self.accelerator, self.args.gradient_accumulation_steps
+        rows = micro_batch_rows(len(rollout), a.steps_per_generation)[step_in_pass * GA : (step_in_pass + 1) * GA]  # smaller at the cap
         batches = [rollout.select(r) for r in rows]
         masks = [self._loss_mask(mb) for mb in batches]
-        counts = StepCounts(self._step_tokens(rollout), GA * size, GA, a.max_completion_length)
+        counts = StepCounts(self._step_tokens(rollout), sum(r.stop - r.start for r in rows), GA, a.max_completion_length)
         sums: dict[str, torch.Tensor] = {}
         with self.timer("update"):
             self.model.train()
@@ -309,8 +316,9 @@ class GRPOTrainer:
                     reference = self.reference if a.beta > 0 and a.kl_estimator == "full" else None
                     stats = self._logps(self.model, mb, reference)
                     logps, entropy = stats.logps, stats.entropy
-                    old = logps.detach() if mb.old_logps is None or capture_old else mb.old_logps
-                    if capture_old and rollout.old_logps is not None:  # π_old for free: the policy has not moved yet
+                    old = logps.detach() if mb.old_logps is None else mb.old_logps
+                    if capture_old and rollout.old_logps is not None:  # π_old for free where unset: the policy has not moved yet
+                        old = torch.where(torch.isnan(old), logps.detach(), old)
                         rollout.old_logps[rows[j], : logps.shape[1]] = old
                     weight, mismatch = self.correction(mb.advantages, logps.detach(), old, mb.sampling_logps, mask)
                     out = grpo_loss(

@@ -2,8 +2,9 @@
 
 - `save`: checkpoint-<step> with the weights, the optimizer and scheduler, the
   data order, the step counters, π_ref when `sync_ref_model` moves it, the
-  entropy bonus's coefficient (adaptive), and each
-  process's rollout while μ passes over it remain; then the callbacks' on_save.
+  entropy bonus's coefficient (adaptive), each process's rollout while μ
+  passes over it remain, and dynamic sampling's carry-over buffer; then the
+  callbacks' on_save.
 - `stop_interrupted`: after Ctrl-C, that step's checkpoint (unless just
   written) and `TrainingInterrupted` saying how to resume.
 - `resume`: a new run claims output_dir; a resumed one loads the state back,
@@ -53,7 +54,7 @@ def save(trainer: GRPOTrainer, rollout: Rollout, done: int) -> str:
         "ref_model": trainer.ref_model.state_dict() if a.sync_ref_model else None, "config": a.to_dict(),
         "entropy_control": trainer.entropy_control.state_dict() if trainer.entropy_control else None,
     }
-    own = {"rollout": rollout if done < a.steps_per_rollout else None}  # this process's share of the rollout
+    own = {"rollout": rollout if done < a.steps_per_rollout else None, "producer": trainer.producer.state_dict()}  # this process's
     path = ckpt.save_checkpoint(
         a.output_dir, trainer.step, trainer.accelerator, trainer.model, trainer.tokenizer, state, a.save_total_limit, own, trainer.run_id
     )
@@ -116,6 +117,7 @@ def resume(trainer: GRPOTrainer, resume_from_checkpoint) -> tuple[Rollout | None
         if changed:
             listed = ", ".join(f"{k} {old!r} → {new!r}" for k, old, new in changed)
             trainer.console.print(f"changed since the checkpoint, applied: {listed}", markup=False, soft_wrap=True)
+    trainer.producer.load_state_dict(state.get("producer"))  # dynamic sampling's carry-over buffer
     return state.get("rollout"), state["done"]  # no rollout: resumed on another number of processes
 
 

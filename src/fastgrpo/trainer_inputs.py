@@ -16,6 +16,7 @@ import torch
 
 from .config import GRPOConfig
 from .dataset_kinds import check_train_dataset, eval_sets
+from .dynamic_sampling import resolve_filter
 from .models import check_peft_inputs
 from .optimizers import check_optimizer_name
 from .reward_models import RewardModel
@@ -42,7 +43,8 @@ def check_trainer_inputs(
         TypeError: `args` that is not a fastgrpo GRPOConfig, a model or reward of the wrong kind.
         ValueError: no reward function, no or an unreadable dataset, a reserved column,
             reward_processing_classes or reward_weights whose count does not match the
-            reward functions, a peft_config that cannot apply (models.check_peft_inputs).
+            reward functions, a peft_config that cannot apply (models.check_peft_inputs), a
+            filter_groups_metric that is no reward name or importable "module:function".
     """
     if args is not None and not isinstance(args, GRPOConfig):
         raise TypeError(
@@ -76,5 +78,7 @@ def check_trainer_inputs(
     if len(weights) != len(resolved):
         raise ValueError(f"reward_weights has {len(weights)} values for {len(resolved)} reward functions; give one weight per function.")
     check_peft_inputs(model, peft_config, a.sync_ref_model)
+    if a.filter_groups:  # a filter_groups_metric that names nothing fails here, not after the model loads
+        resolve_filter(a.filter_groups_metric, reward_names(resolved), torch.tensor(weights), a.multi_objective_aggregation)
     tokenizers = [f.tokenizer if isinstance(f, RewardModel) else p for f, p in zip(resolved, procs)]
     return TrainerInputs(a, sets, resolved, reward_names(resolved), tokenizers, list(weights))
