@@ -172,6 +172,26 @@ def is_conversational(prompt) -> bool:
     return isinstance(prompt, list) and len(prompt) > 0 and isinstance(prompt[0], dict) and "role" in prompt[0]
 
 
+def ends_with_assistant(prompt) -> bool:
+    """True for chat messages whose last message is the assistant's: the model continues it (a prefilled reply)."""
+    return is_conversational(prompt) and prompt[-1].get("role") == "assistant"
+
+
+def conversation(prompt: list, completion: list) -> list:
+    """Chat prompt + completion messages as one conversation; a continued assistant message takes the completion's text.
+
+    Args:
+        prompt: chat messages (`ends_with_assistant` or not).
+        completion: [{"role": "assistant", "content": text}], as reward functions receive it.
+    Returns:
+        prompt + completion, or, when the prompt ends with an assistant message, that
+        message with the completion's text appended (what the model actually wrote on).
+    """
+    if not ends_with_assistant(prompt):
+        return prompt + completion
+    return prompt[:-1] + [{**prompt[-1], "content": prompt[-1]["content"] + completion[-1]["content"]}]
+
+
 class PromptEncoder:
     """Prompts (text or messages) → left-padded token ids, cut to max_prompt_length.
 
@@ -195,9 +215,20 @@ class PromptEncoder:
         self.chat_template_kwargs = chat_template_kwargs or {}
 
     def render(self, prompt) -> str:
-        """The prompt text the model sees."""
+        """The prompt text the model sees.
+
+        A conversation ending with an assistant message is continued
+        (`continue_final_message=True`: the model writes on inside that message,
+        as transformers' chat pipeline and TRL's `apply_chat_template` helper
+        do); any other gets the generation prompt that opens a new assistant
+        turn. TRL 1.16's GRPOTrainer always adds the generation prompt, which
+        closes the final assistant message and starts another.
+        """
         if is_conversational(prompt):
-            return self.tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True, **self.chat_template_kwargs)
+            continues = ends_with_assistant(prompt)
+            return self.tokenizer.apply_chat_template(
+                prompt, tokenize=False, add_generation_prompt=not continues, continue_final_message=continues, **self.chat_template_kwargs
+            )
         if isinstance(prompt, str):
             return prompt
         raise TypeError(f"prompt {prompt!r} is neither text nor a list of chat messages.")

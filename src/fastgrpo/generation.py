@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
-from transformers import GenerationConfig, PreTrainedModel
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, PreTrainedModel
 
 from .config import GENERATION_BACKENDS
-from .sampler import Sampler, decoder_of, unsupported_reason
+from .sampler import Sampler, decoder_of, fill_pads, logits_processors, unsupported_reason
 
 
 @dataclass(frozen=True)
@@ -80,19 +80,20 @@ class TransformersGenerator:
         sampling: the `SamplingSettings`, passed to `transformers.GenerationConfig`.
     The model's own `generation_config` is swapped for transformers' defaults
     during the call: `generate` would otherwise fill every value left unset
-    here (min_new_tokens, no_repeat_ngram_size, …) from it.
+    here (min_new_tokens, no_repeat_ngram_size, …) from it. The sampling
+    values reach `generate` as the sampler's own processor list
+    (`sampler.logits_processors`, transformers' classes in `generate`'s
+    order), reading the prompt without its left pads (`sampler.fill_pads`);
+    the config itself leaves every processor off.
     """
 
     def __init__(self, model: PreTrainedModel, sampling: SamplingSettings):
         self.model = model
+        self.processors = logits_processors(sampling)
         self.config = GenerationConfig(
             do_sample=True,
             max_new_tokens=sampling.max_completion_length,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            top_k=sampling.top_k,  # 0 disables it; None would let transformers fill in its default of 50
-            min_p=sampling.min_p,
-            repetition_penalty=sampling.repetition_penalty,
+            top_k=0,  # off here (the processors apply the value); None would let transformers fill in its default of 50
             eos_token_id=list(sampling.eos_token_ids),
             pad_token_id=sampling.pad_token_id,
             use_cache=True,
@@ -109,11 +110,23 @@ class TransformersGenerator:
                 input_ids=prompt_ids.repeat_interleave(num_generations, dim=0),
                 attention_mask=prompt_mask.repeat_interleave(num_generations, dim=0),
                 generation_config=self.config,
+                logits_processor=LogitsProcessorList([_OnRealTokens(self.processors, fill_pads(prompt_ids, prompt_mask).repeat_interleave(num_generations, dim=0))]),
             )
         finally:
             self.model.train(was_training)
             lm.generation_config = own_config
         return out[:, prompt_ids.shape[1] :]
+
+
+class _OnRealTokens(LogitsProcessor):
+    """`processors` reading `prompt_ids` (N, P) in place of the first P columns of `generate`'s tokens (pads filled)."""
+
+    def __init__(self, processors: LogitsProcessorList, prompt_ids: torch.Tensor):
+        self.processors, self.prompt_ids = processors, prompt_ids
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        P = self.prompt_ids.shape[1]
+        return self.processors(torch.cat([self.prompt_ids, input_ids[:, P:]], dim=1), scores)
 
 
 def build_generator(
