@@ -6,15 +6,17 @@ renders them (a final assistant message is continued). The CLI's kinds
 (typed values, empty inputs, a newcomer's flags) are in tests/test_cli_first_hour.py.
 """
 
+import time
 from dataclasses import replace
 
 import pytest
 import torch
-from datasets import Dataset
+from datasets import Dataset, IterableDataset
 from transformers import LogitsProcessorList
 
 from fastgrpo import GRPOConfig, GRPOTrainer, generation, sampler
-from fastgrpo.data import PromptEncoder, conversation
+from fastgrpo.cli import main
+from fastgrpo.data import PromptEncoder, conversation, load_dataset_spec
 from fastgrpo.generation import SamplingSettings, build_generator
 from fastgrpo.rewards import score
 
@@ -110,3 +112,73 @@ def test_final_assistant_message_is_continued_as_transformers_renders_it(tokeniz
     joined = conversation(prefilled, [{"role": "assistant", "content": " 5."}])
     assert joined == [prefilled[0], {"role": "assistant", "content": "The answer is 5."}]
     assert conversation(prefilled[:1], [{"role": "assistant", "content": "5"}])[-1] == {"role": "assistant", "content": "5"}
+
+
+# --- kind 2: empty and malformed inputs, through every door, refused in one line before any model loads ------
+
+BAD_FILES = {  # file name, content → what the one-line error must say
+    "empty.jsonl": ("", "has no rows"),
+    "empty.json": ("", "has no rows"),
+    "array.json": ("[]", "has no rows"),
+    "header.csv": ("prompt,answer\n", "has no rows"),
+    "empty.csv": ("", "has no rows"),
+    "blank.jsonl": ('{"prompt": "   "}\n{"prompt": ""}\n', "row 0 has a blank prompt"),
+    "blank.csv": ('prompt\n"  "\n', "row 0 has a blank prompt"),
+    "bad.jsonl": ('{"prompt": "a"}\n{"prompt": "b"\n', "line 2: not valid JSON"),
+    "bad.json": ('[{"prompt": "a"},\n {"prompt": }]', "line 2: not valid JSON"),
+    "bad.csv": ("prompt,answer\na,1\nb,2,3\n", "line 3: 3 fields where the header has 2"),
+    "bad.parquet": ("not parquet", "is not a parquet file"),
+    "nested.json": ('[{"prompt": ["a", "b"]}]', "is a list but not chat messages"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_FILES))
+def test_bad_dataset_file_is_one_line_before_the_model(tmp_path, capsys, monkeypatch, name):
+    content, expected = BAD_FILES[name]
+    (tmp_path / name).write_text(content)
+    monkeypatch.chdir(tmp_path)
+    # The model path does not exist either: the dataset's error must come first (nothing loaded yet).
+    assert main(["train", "--dataset", name, "--model", "./no-such-model", "--reward", "length"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and name in err and expected in err, err
+
+
+def test_empty_parquet_and_datasets_from_python_are_refused_before_the_model(tmp_path):
+    import pandas as pd
+
+    pd.DataFrame({"prompt": pd.Series([], dtype=str)}).to_parquet(tmp_path / "empty.parquet")
+    with pytest.raises(ValueError, match="empty.parquet' has no rows"):
+        load_dataset_spec(str(tmp_path / "empty.parquet"))
+    pd.DataFrame({"prompt": ["  ", None]}).to_parquet(tmp_path / "blank.parquet")
+    with pytest.raises(ValueError, match="row 0 has a blank prompt"):
+        load_dataset_spec(str(tmp_path / "blank.parquet"))
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), max_steps=1, num_generations=2, per_device_train_batch_size=2)
+    for dataset, expected in (
+        ([], "train_dataset is empty"),
+        (Dataset.from_list([{"prompt": "\n"}]), "row 0 has a blank prompt"),
+        (IterableDataset.from_generator(lambda: iter(())), r"IterableDataset\) yields no rows"),
+        (IterableDataset.from_generator(lambda: iter([{"text": "a"}])), "rows without a prompt column"),
+    ):
+        with pytest.raises(ValueError, match=expected):
+            GRPOTrainer("./no-such-model", "length", args=args, train_dataset=dataset)
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [("reasoning-gym:", "no task named"), ("reasoning-gym: , ", "no task named"),
+     ("reasoning-gym:basic_arithmetic?min_terms=5&max_terms=2", "refuses the settings"),
+     ("reasoning-gym:basic_arithmetic?size=3", "size is set by fastgrpo"),
+     ("reasoning-gym:basic_arithmetic?few_shot=x", "few_shot='x'")],
+)
+def test_reasoning_gym_spec_that_yields_nothing_is_refused(spec, expected):
+    with pytest.raises(ValueError, match=expected):
+        load_dataset_spec(spec, size=4)
+
+
+@pytest.mark.parametrize("spec", ["nosuch.jsonl", "./data", "data/train.csv", "~/no-such-dir/x", "../x.parquet"])
+def test_missing_local_dataset_says_no_such_file_without_the_hub(spec, monkeypatch):
+    monkeypatch.setattr("fastgrpo.data.load_dataset", lambda *a, **k: pytest.fail("the hub was asked"))
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match="no such file"):
+        load_dataset_spec(spec)
+    assert time.perf_counter() - start < 1.0
