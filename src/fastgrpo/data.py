@@ -240,10 +240,12 @@ def check_dataset(dataset, name: str = "train_dataset") -> None:
             raise ValueError(f"{name} row {i}: prompt {prompt!r} is {type(prompt).__name__}; give text or a list of chat messages.")
         if isinstance(prompt, str) and not prompt.strip():
             raise ValueError(f"{name} row {i} has a blank prompt ({prompt!r}); the model needs text to continue. Fill it in or drop the row.")
+        if isinstance(prompt, list) and not prompt:
+            raise ValueError(f"{name} row {i} has no messages (prompt []); give at least one chat message, or drop the row.")
         if isinstance(prompt, list) and not _is_chat(prompt):
             raise ValueError(
                 f"{name} row {i}: prompt {str(prompt)[:80]} is a list but not chat messages; give text or "
-                '[{"role": "user", "content": "..."}, ...] (at least one message).'
+                '[{"role": "user", "content": "..."}, ...].'
             )
 
 
