@@ -135,7 +135,7 @@ class GRPOTrainer:
         self.encode = PromptEncoder(self.tokenizer, a.max_prompt_length, a.chat_template_kwargs)
         self.log_probs = LogProbs(a.temperature, ref_autocast=acc.autocast)  # packed rows, each prompt once per group, chunked LM head
         for note in fallback_notices(policy) if acc.is_main_process else []:
-            self.console.print(f"fastgrpo: {note}")
+            self.console.print(f"fastgrpo: {note}", soft_wrap=True)
         self.streaming = isinstance(train_dataset, IterableDataset)  # rows come in stream order, not by index
         if self.streaming:
             self.order = StreamOrder(train_dataset)
