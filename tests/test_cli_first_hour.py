@@ -134,10 +134,12 @@ def test_closing_summary_lists_only_the_files_written(tmp_path, monkeypatch, cap
     assert os.path.join(str(tmp_path), "chatty", "completions.jsonl") in capsys.readouterr().out
 
 
-def test_readme_quotes_the_example_run_file_that_test_cli_runs():
+def test_readme_quotes_the_example_files():
     readme = open(os.path.join(ROOT, "README.md")).read()
     quoted = re.search(r"`examples/run.yaml` \(run by `tests/test_cli.py`[^\n]*\n\n```yaml\n(.*?)```", readme, re.S)
     assert quoted, "the README's copy of examples/run.yaml is missing"
     shipped = open(os.path.join(ROOT, "examples", "run.yaml")).read()
     body = "".join(line + "\n" for line in shipped.splitlines() if not line.startswith("#"))  # the file's header comment aside
     assert quoted.group(1) == body
+    example = re.search(r"`examples/quickstart.py` \(`python examples/quickstart.py`[^\n]*\n\n```python\n(.*?)```", readme, re.S)
+    assert example and example.group(1) == open(os.path.join(ROOT, "examples", "quickstart.py")).read()
