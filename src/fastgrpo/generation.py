@@ -21,11 +21,11 @@ import warnings
 from typing import Protocol
 
 import torch
-from transformers import GenerationConfig, PreTrainedModel
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, PreTrainedModel
 
 from .config import GENERATION_BACKENDS
 from .models import decoder_of
-from .sampler import Sampler, unsupported_reason
+from .sampler import Sampler, fill_pads, logits_processors, unsupported_reason
 from .sampling import Samples, SamplingSettings
 from .weight_sync import WeightSync
 
@@ -47,19 +47,20 @@ class TransformersGenerator:
         sampling: the `SamplingSettings`, passed to `transformers.GenerationConfig`.
     The model's own `generation_config` is swapped for transformers' defaults
     during the call: `generate` would otherwise fill every value left unset
-    here (min_new_tokens, no_repeat_ngram_size, …) from it.
+    here (min_new_tokens, no_repeat_ngram_size, …) from it. The sampling
+    values reach `generate` as the sampler's own processor list
+    (`sampler.logits_processors`, transformers' classes in `generate`'s
+    order), reading the prompt without its left pads (`sampler.fill_pads`);
+    the config itself leaves every processor off.
     """
 
     def __init__(self, model: PreTrainedModel, sampling: SamplingSettings):
         self.model = model
+        self.processors = logits_processors(sampling)
         self.config = GenerationConfig(
             do_sample=True,
             max_new_tokens=sampling.max_completion_length,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            top_k=sampling.top_k,  # 0 disables it; None would let transformers fill in its default of 50
-            min_p=sampling.min_p,
-            repetition_penalty=sampling.repetition_penalty,
+            top_k=0,  # off here (the processors apply the value); None would let transformers fill in its default of 50
             eos_token_id=list(sampling.eos_token_ids),
             pad_token_id=sampling.pad_token_id,
             use_cache=True,
@@ -76,6 +77,7 @@ class TransformersGenerator:
                 input_ids=prompt_ids.repeat_interleave(num_generations, dim=0),
                 attention_mask=prompt_mask.repeat_interleave(num_generations, dim=0),
                 generation_config=self.config,
+                logits_processor=LogitsProcessorList([_OnRealTokens(self.processors, fill_pads(prompt_ids, prompt_mask).repeat_interleave(num_generations, dim=0))]),
             )
         finally:
             self.model.train(was_training)
@@ -90,6 +92,17 @@ def generator_notices(generator: Generator) -> list[str]:
         return []
     return [f"the sampler samples from its own {str(sync.dtype).removeprefix('torch.')} copy of the weights "
             f"({sync.nbytes / 2**20:.0f} MiB), refreshed once per rollout."]
+
+
+class _OnRealTokens(LogitsProcessor):
+    """`processors` reading `prompt_ids` (N, P) in place of the first P columns of `generate`'s tokens (pads filled)."""
+
+    def __init__(self, processors: LogitsProcessorList, prompt_ids: torch.Tensor):
+        self.processors, self.prompt_ids = processors, prompt_ids
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        P = self.prompt_ids.shape[1]
+        return self.processors(torch.cat([self.prompt_ids, input_ids[:, P:]], dim=1), scores)
 
 
 def build_generator(backend: str, model: torch.nn.Module, sampling: SamplingSettings, *, weights_dtype: torch.dtype | None = None) -> Generator:

@@ -131,7 +131,7 @@ class MetricsLog:
         keys = ("loss", "reward", "reward_std", "kl_old", "clip_region", "completion_length", "grad_norm", "learning_rate",
                 "dynamic_sampling/reward_before", "dynamic_sampling/keep_rate")  # the last two with filter_groups only
         shown = "  ".join(f"{k} {record[k]:.4g}" for k in keys if k in record)
-        self.console.print(f"step {record['step']:>5}  {shown}")
+        self.console.print(f"step {record['step']:>5}  {shown}", soft_wrap=True)  # one line at any width: `grep ^step` gets whole lines
         self.accelerator.log({k: v for k, v in record.items() if isinstance(v, (int, float))}, step=record["step"])
 
     def completions(self, step: int, rollout, reward_names: list[str], num_to_print: int | None) -> None:

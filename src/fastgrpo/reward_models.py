@@ -20,7 +20,7 @@ from contextlib import nullcontext
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
 
-from .data import is_conversational
+from .data import conversation, is_conversational
 
 
 def looks_like_model(spec: str) -> bool:
@@ -67,12 +67,13 @@ class RewardModel:
     def texts(self, prompts: list, completions: list) -> list[str]:
         """What the model reads: chat prompt + completion through its chat template, or text concatenated (TRL)."""
         if is_conversational(prompts[0]):
-            return [self.tokenizer.apply_chat_template(p + c, tokenize=False, **self.chat_template_kwargs) for p, c in zip(prompts, completions)]
+            return [self.tokenizer.apply_chat_template(conversation(p, c), tokenize=False, **self.chat_template_kwargs) for p, c in zip(prompts, completions)]
         return [p + c for p, c in zip(prompts, completions)]
 
     @torch.no_grad()
-    def __call__(self, prompts: list, completions: list, **kwargs) -> list[float]:
-        """N prompts and completions → N rewards (the model's logit)."""
+    def __call__(self, /, prompts: list, completions: list, **kwargs) -> list[float]:
+        """N prompts and completions → N rewards (the model's logit); dataset columns in `kwargs` are ignored
+        (`self` is positional-only, so a column of any name, even "self", passes through)."""
         inputs = self.tokenizer(
             text=self.texts(prompts, completions), return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False
         ).to(self.model.device)

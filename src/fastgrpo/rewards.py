@@ -42,7 +42,9 @@ RewardFunc = Callable[..., list]
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)  # rewards are stored as float32
 
 # Keywords the reward protocol itself passes: a dataset column of the same name would collide with them.
-RESERVED_COLUMNS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric", "reward_kwargs")
+# Every other name is free: columns travel as one dict (`score(..., columns)`) and meet keywords only in
+# the reward functions' own call, so a column named like a parameter of fastgrpo's code (`funcs`, `self`) is fine.
+RESERVED_COLUMNS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
 
 
 class RewardFunctionError(RuntimeError):
@@ -93,16 +95,17 @@ def check_columns(dataset, dataset_name: str = "train_dataset") -> None:
 
 def score(
     funcs: Sequence[RewardFunc], prompts: list, completions: list, completion_ids: list,
-    reward_kwargs: dict | None = None, **columns,
+    columns: dict | None = None, reward_kwargs: dict | None = None,
 ) -> torch.Tensor:
     """Call every reward function once (async ones concurrently) and stack their values.
 
     Args:
         funcs: R reward functions.
         prompts, completions, completion_ids: N aligned entries each.
+        columns: {dataset column: N values}, passed to every function as keywords
+            (a dict, not `**columns`, so no column name collides with this function's parameters).
         reward_kwargs: extra keywords for every function (the trainer passes
             `trainer_state`); None for none.
-        columns: extra dataset columns, N entries each.
     Returns:
         (N, R) float32 rewards, NaN where a function returned None. A row that
         is NaN everywhere (no function applies) is allowed: it gets Â = 0
@@ -115,7 +118,7 @@ def score(
     """
     n = len(completions)
     names = reward_names(funcs)
-    kwargs = dict(prompts=prompts, completions=completions, completion_ids=completion_ids, **(reward_kwargs or {}), **columns)
+    kwargs = {**(columns or {}), **(reward_kwargs or {}), "prompts": prompts, "completions": completions, "completion_ids": completion_ids}
     results = [_call(fn, name, kwargs) for fn, name in zip(funcs, names)]
     pending = [k for k, r in enumerate(results) if inspect.isawaitable(r)]
     if pending:

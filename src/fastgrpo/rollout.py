@@ -193,7 +193,8 @@ def collect(
             (each prompt once: the backend shares its prefill among the G completions).
         decode: (completion_ids, completion_mask, prompts) → completions as
             reward functions take them (text, or assistant messages).
-        score: (prompts, completions, completion_ids, **columns) → rewards (B·G, R).
+        score: (prompts, completions, completion_ids, columns) → rewards (B·G, R); columns
+            is {dataset column: B·G values} (a dict: no column name meets a parameter name).
         advantages: rewards (B·G, R) → Â (B·G,) (group maths in advantages.py).
         timer: phase timer; phases "generate" and "score".
     Returns:
@@ -213,7 +214,7 @@ def collect(
         completions = decode(completion_ids, mask, repeated)
         columns = {key: [row[key] for row in rows for _ in range(num_generations)] for key in rows[0] if key != "prompt"}
         token_lists = [ids[m.bool()].tolist() for ids, m in zip(completion_ids, mask)]
-        rewards = score(repeated, completions, token_lists, **columns)
+        rewards = score(repeated, completions, token_lists, columns)
         adv = advantages(rewards)
     return Rollout(
         prompt_ids=prompt_ids,

@@ -11,7 +11,8 @@ embedding, so LoRA layers injected by peft run too — with a KV cache it owns:
 - a row that samples EOS leaves the batch: the live rows are moved to the
   front of the cache, so later steps compute only unfinished completions;
 - sampling uses transformers' own logits processors, built from the
-  configured values only (never the model's `generation_config.json`).
+  configured values only (never the model's `generation_config.json`), and
+  they read the real tokens only (`fill_pads`).
 
 Randomness is one uniform draw per row and step, drawn for all B·G rows
 whether they still run or not (inverse-CDF sampling: token i with probability
@@ -89,6 +90,20 @@ def logits_processors(sampling: SamplingSettings) -> LogitsProcessorList:
     return processors
 
 
+def fill_pads(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> torch.Tensor:
+    """(B, P) left-padded prompts with every pad replaced by its row's first real token: what logits processors read.
+
+    A processor that reads the tokens so far (`repetition_penalty`) then sees
+    only the real tokens: a token set is unchanged by repeating one of its
+    members, so a prompt batched with longer prompts gets the distribution it
+    gets alone. Read raw, the pads (EOS for SmolLM2) would be penalised as if
+    the prompt held them, so a short prompt would rarely end its reply.
+    transformers' `generate` reads the pads; neither backend here does.
+    """
+    first = prompt_ids.gather(1, prompt_mask.argmax(1, keepdim=True))  # (B, 1): argmax finds the first 1 (left padding)
+    return torch.where(prompt_mask.bool(), prompt_ids, first)
+
+
 class Sampler:
     """Samples G completions per prompt with a static KV cache and batch compaction.
 
@@ -141,7 +156,7 @@ class Sampler:
         cache = _Cache(lm, N, L, device)
         positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # as generate() numbers left-padded tokens
         logits = cache.prefill(prompt_ids, prompt_mask.bool(), positions, G).repeat_interleave(G, dim=0)  # (N, V)
-        tokens = torch.cat([prompt_ids, prompt_ids.new_zeros(B, T)], dim=1).repeat_interleave(G, dim=0)  # (N, L)
+        tokens = torch.cat([fill_pads(prompt_ids, prompt_mask), prompt_ids.new_zeros(B, T)], dim=1).repeat_interleave(G, dim=0)  # (N, L), for the processors
         next_position = (positions[:, -1] + 1).repeat_interleave(G)  # (N,)
         eos = torch.tensor(self.sampling.eos_token_ids, device=device)
         out = torch.full((N, T), self.sampling.pad_token_id, dtype=prompt_ids.dtype, device=device)

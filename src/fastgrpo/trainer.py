@@ -141,7 +141,7 @@ class GRPOTrainer:
         self.correction = SamplingCorrection.from_config(a)  # the sampler–trainer mismatch, TRL's vllm_importance_sampling_*
         self.log_probs = LogProbs(a.temperature, autocast=self.autocast, entropy_grad=self.entropy_control is not None)  # packed, chunked head
         for note in fallback_notices(policy) + generator_notices(self.generate) if acc.is_main_process else []:
-            self.console.print(f"fastgrpo: {note}")
+            self.console.print(f"fastgrpo: {note}", soft_wrap=True)
         self.streaming = isinstance(train_dataset, IterableDataset)  # rows come in stream order, not by index
         if self.streaming:
             self.order = StreamOrder(train_dataset)

@@ -98,7 +98,7 @@ def resume(trainer: GRPOTrainer, resume_from_checkpoint) -> tuple[Rollout | None
         removed = runs.claim_output_dir(a.output_dir, a.overwrite_output_dir) if acc.is_main_process else []
         acc.wait_for_everyone()
         if removed:
-            trainer.console.print(f"overwrite_output_dir: removed the previous run's {', '.join(removed)} from {a.output_dir}")
+            trainer.console.print(f"overwrite_output_dir: removed the previous run's {', '.join(removed)} from {a.output_dir}", soft_wrap=True)
         return None, 0
     changed = runs.config_changes(state["config"], a.to_dict())  # refuses a change to the saved state's meaning
     trainer.events.resume(path)
@@ -113,7 +113,7 @@ def resume(trainer: GRPOTrainer, resume_from_checkpoint) -> tuple[Rollout | None
         trainer.entropy_control.load_state_dict(state["entropy_control"])
     if trainer.log is not None:
         trainer.log.cut_back(trainer.step)
-        trainer.console.print(f"resumed from {path} at step {trainer.step}", markup=False)
+        trainer.console.print(f"resumed from {path} at step {trainer.step}", markup=False, soft_wrap=True)
         if changed:
             listed = ", ".join(f"{k} {old!r} → {new!r}" for k, old, new in changed)
             trainer.console.print(f"changed since the checkpoint, applied: {listed}", markup=False, soft_wrap=True)

@@ -1,0 +1,136 @@
+"""What `fastgrpo train --help` says about each flag, and TRL's other fields as flags typed as TRL types them.
+
+- `FIELD_HELP`: one line per `GRPOConfig` field (what it does, its unit or
+  its values), which `cli.train_parser` hands to transformers'
+  `HfArgumentParser` as the field's help text.
+- `trl_flags()`: a dataclass of the fields trl_fields.py keeps (TRL's
+  `TrainingArguments` passthrough fields, vLLM settings, …), annotated with
+  TRL 1.16's types, so that `HfArgumentParser` parses `--run_name x` or
+  `--use_vllm false` as `trl grpo` would; the value then meets GRPOConfig's
+  usual check (`trl_fields.check_trl_field`), exactly as from Python.
+
+Not here: the fields themselves and their checks (config.py, trl_fields.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .trl_fields import ANY, TRL_FIELDS
+
+FIELD_HELP = {
+    "output_dir": "folder for checkpoints, metrics.jsonl, completions.jsonl and the final model",
+    "overwrite_output_dir": "a new run in a folder holding another run: false refuses, true removes the old run's files",
+    "seed": "seed of the model's sampling and of everything random",
+    "data_seed": "seed of the prompt order (default: seed)",
+    "max_steps": "optimizer steps to train; -1: num_train_epochs passes over the prompts",
+    "num_train_epochs": "passes over the prompts, read only when max_steps is -1",
+    "shuffle_dataset": "draw prompts in a seeded random order each epoch (false: the dataset's order)",
+    "learning_rate": "AdamW learning rate (TRL's 1e-6 is small for a 135M model; the built-in job uses 3e-5)",
+    "lr_scheduler_type": "transformers scheduler name: linear, constant, cosine, …",
+    "lr_scheduler_kwargs": "extra scheduler arguments, JSON, e.g. '{\"num_cycles\": 2}'",
+    "optim": "transformers optimizer name (adamw_torch, adafactor, sgd, …)",
+    "optim_args": "optimizer arguments as key=value,key=value",
+    "warmup_ratio": "warm-up as a fraction of max_steps (older spelling of a fractional warmup_steps)",
+    "warmup_steps": "warm-up optimizer steps; below 1: a fraction of max_steps",
+    "weight_decay": "AdamW weight decay",
+    "adam_beta1": "AdamW beta1",
+    "adam_beta2": "AdamW beta2",
+    "adam_epsilon": "AdamW epsilon",
+    "max_grad_norm": "clip the gradient norm to this (0: no clipping)",
+    "per_device_train_batch_size": "completions per micro-batch per process",
+    "gradient_accumulation_steps": "micro-batches per optimizer step",
+    "num_generations": "G: completions sampled per prompt (a group)",
+    "generation_batch_size": "completions per rollout on all processes (default: one optimizer step's worth)",
+    "steps_per_generation": "micro-batches per rollout per process (alternative to generation_batch_size)",
+    "num_iterations": "mu: optimizer passes over each rollout (reuse)",
+    "max_prompt_length": "prompt tokens kept (the left part is cut); none: no limit",
+    "max_completion_length": "most tokens per completion",
+    "temperature": "sampling temperature (log-probs are taken at it)",
+    "top_p": "nucleus sampling: keep the smallest set of tokens reaching this probability (1.0: off)",
+    "top_k": "keep the k most likely tokens (0: off)",
+    "min_p": "drop tokens below min_p times the top token's probability (none: off)",
+    "repetition_penalty": "penalise tokens already in the prompt or completion (1.0: off; padding never counts)",
+    "generation_kwargs": "sampling settings as JSON, e.g. '{\"top_k\": 20}' (TRL's field; only the sampling keys)",
+    "chat_template_kwargs": "extra chat-template variables as JSON, e.g. '{\"enable_thinking\": false}'",
+    "generation_backend": "fastgrpo (own sampler) or transformers (generate)",
+    "loss_type": "objective: grpo, bnpo, dapo, dr_grpo, cispo or sapo (README, 'The objective family')",
+    "epsilon": "epsilon: lower clip of the ratio at 1 - epsilon",
+    "epsilon_high": "upper clip at 1 + epsilon_high (default: epsilon; cispo: 5.0)",
+    "delta": "two-sided clip: the ratio is also capped at delta for negative advantages",
+    "importance_sampling_level": "token or sequence (GSPO) importance ratio",
+    "sapo_temperature_pos": "SAPO gate temperature for positive advantages",
+    "sapo_temperature_neg": "SAPO gate temperature for negative advantages",
+    "beta": "beta: weight of KL(pi_theta || pi_ref); 0 loads no reference model",
+    "use_bias_correction_kl": "multiply the KL term by the importance ratio (TRL's default)",
+    "kl_estimator": "k3 (Schulman's estimator) or full (exact, over the vocabulary)",
+    "sync_ref_model": "TR-DPO: move pi_ref towards pi_theta every ref_model_sync_steps",
+    "ref_model_mixup_alpha": "TR-DPO mixing weight alpha",
+    "ref_model_sync_steps": "TR-DPO: optimizer steps between reference updates",
+    "top_entropy_quantile": "train only on this top fraction of tokens by entropy (1.0: all)",
+    "mask_truncated_completions": "leave completions cut at max_completion_length out of the loss",
+    "target_kl": "stop reusing a rollout once KL(pi_theta || pi_old) exceeds this (none: never)",
+    "reward_weights": "one weight per reward, e.g. --reward_weights 1 0.5",
+    "scale_rewards": "divide advantages by the std of the group, the batch, or none",
+    "multi_objective_aggregation": "sum_then_normalize or normalize_then_sum over several rewards",
+    "disable_dropout": "turn dropout off (pi_old must be reproducible)",
+    "bf16": "bfloat16 mixed precision (default: where the device supports it)",
+    "gradient_checkpointing": "recompute activations in the backward pass to save memory",
+    "gradient_checkpointing_kwargs": "gradient_checkpointing_enable arguments as JSON",
+    "model_init_kwargs": "from_pretrained arguments as JSON, e.g. '{\"torch_dtype\": \"bfloat16\"}'",
+    "logging_steps": "optimizer steps between log lines",
+    "logging_first_step": "also log after the first optimizer step",
+    "log_completions": "write every completion to completions.jsonl and print a few",
+    "num_completions_to_print": "completions printed per log (0: none)",
+    "report_to": "tracker: none, tensorboard, wandb, trackio or all",
+    "save_strategy": "steps (every save_steps), epoch or no",
+    "save_steps": "optimizer steps between checkpoints",
+    "save_total_limit": "checkpoints kept, the oldest deleted first; none: all",
+    "eval_strategy": "no, steps (every eval_steps) or epoch",
+    "eval_steps": "optimizer steps between evaluations (default: logging_steps)",
+    "eval_on_start": "evaluate once before the first step",
+    "per_device_eval_batch_size": "completions per evaluation micro-batch",
+    "metric_for_best_model": "metric that picks the best checkpoint, e.g. eval_reward",
+    "greater_is_better": "whether a larger metric_for_best_model is better (default: unless it ends in loss)",
+    "disable_tqdm": "hide the progress bar",
+}
+
+# TRL 1.16's annotations of the fields trl_fields.py keeps whose default (None, 0) does not show the type.
+# HfArgumentParser types `dict | str` fields as text (JSON), as for TrainingArguments.
+_TRL_TYPES = {
+    "optim_target_modules": list[str] | None, "tf32": bool | None, "activation_checkpointing": bool | None,
+    "activation_checkpointing_kwargs": dict | str | None, "torch_compile_backend": str | None, "torch_compile_mode": str | None,
+    "liger_kernel_config": dict | str | None, "neftune_noise_alpha": float | None, "torch_empty_cache_steps": int | None,
+    "router_aux_loss_coef": float | None, "run_name": str | None, "trackio_space_id": str | None, "trackio_bucket_id": str | None,
+    "trackio_static_space_id": str | None, "log_completions_hub_repo": str | None, "eval_delay": float,
+    "eval_accumulation_steps": int | None, "include_for_metrics": list[str], "num_generations_eval": int | None,
+    "hub_token": str | None, "hub_private_repo": bool | None, "hub_model_id": str | None, "hub_revision": str | None,
+    "resume_from_checkpoint": str | None, "accelerator_config": dict | str | None, "parallelism_config": str | None,
+    "fsdp": str | None, "fsdp_config": dict | str | None, "deepspeed": dict | str | None, "ddp_find_unused_parameters": bool | None,
+    "ddp_bucket_cap_mb": int | None, "ddp_broadcast_buffers": bool | None, "ddp_static_graph": bool | None,
+    "ddp_backend": str | None, "dataloader_prefetch_factor": int | None, "dataloader_multiprocessing_context": str | None,
+    "remove_unused_columns": bool | None, "label_names": list[str] | None, "pad_to_multiple_of": str | None,
+    "cache_implementation": str | None, "vllm_structured_outputs_regex": str | None, "vllm_server_base_url": str | None,
+    "vllm_max_model_length": int | None, "vllm_importance_sampling_clip_max": float | None,
+    "vllm_importance_sampling_clip_min": float | None, "vllm_importance_sampling_cap": float | None,
+    "transformers_continuous_batching_config": dict | str | None, "max_tool_calling_iterations": int | None,
+    "off_policy_mask_threshold": float | None, "include_num_input_tokens_seen": str, "debug": str,
+}
+
+
+def trl_flags(skip: set[str]) -> type:
+    """A dataclass with one field per TRL_FIELDS entry not in `skip` (GRPOConfig's own), typed as TRL types it.
+
+    Each field's help says what fastgrpo does with the value (any value, or only the accepted ones and the fix).
+    """
+    fields = []
+    for name, entry in TRL_FIELDS.items():
+        if name in skip:
+            continue
+        kind = _TRL_TYPES.get(name) or type(entry.default)  # bool, int, float or str: the default shows it
+        if entry.accepts is ANY:
+            says = "changes nothing fastgrpo computes; any value is accepted"
+        else:
+            says = f"fastgrpo accepts {' or '.join(repr(v) for v in entry.accepts)}; otherwise {entry.instead}"
+        fields.append((name, kind, dataclasses.field(default=None, metadata={"help": f"TRL's field (default {entry.default!r}): {says}"})))
+    return dataclasses.make_dataclass("TrlFields", fields)

