@@ -114,10 +114,11 @@ class TrainerEvents:
             self.state.best_metric, self.state.best_global_step = metrics[key], self.state.global_step
 
     def save(self, checkpoint: str) -> None:
-        """After a checkpoint is written: name it the best one if it holds the best step, write
-        trainer_state.json into it (as Trainer does), call on_save."""
-        if self.state.best_global_step == self.state.global_step:
-            self.state.best_model_checkpoint = checkpoint
+        """After a checkpoint is written: name the best step's checkpoint, when it exists, the best one
+        (Trainer._save_checkpoint's rule), write trainer_state.json into it (as Trainer does), call on_save."""
+        best = os.path.join(os.path.dirname(checkpoint), f"checkpoint-{self.state.best_global_step}")
+        if self.state.best_global_step and os.path.isdir(best):
+            self.state.best_model_checkpoint = best
         if self.state.is_world_process_zero:
             self.state.save_to_json(os.path.join(checkpoint, STATE_FILE))
         self.control = self.handler.on_save(self.args, self.state, self.control)
@@ -129,7 +130,8 @@ class TrainerEvents:
             saved = TrainerState.load_from_json(path)
             s = self.state
             s.log_history, s.best_metric, s.best_global_step = saved.log_history, saved.best_metric, saved.best_global_step
-            s.best_model_checkpoint = saved.best_model_checkpoint
+            kept = saved.best_model_checkpoint is not None and os.path.isdir(saved.best_model_checkpoint)
+            s.best_model_checkpoint = saved.best_model_checkpoint if kept else None  # pruned since: Trainer forgets it too
 
     def train_end(self, training_loss: float) -> None:
         """Log the run's summary (train_runtime, train_loss, as Trainer does) and call on_train_end."""

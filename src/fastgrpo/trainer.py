@@ -200,6 +200,7 @@ class GRPOTrainer:
             self._log()
         for tracker in self.accelerator.trackers:  # not end_training(): it ends the process group save_model needs
             tracker.finish()
+        trainer_checkpoints.prune_at_end(self)
         self.events.train_end(self.loss_sum / max(self.step, 1))
         return TrainOutput(self.step, self.loss_sum / max(self.step, 1), self.last_metrics)
 

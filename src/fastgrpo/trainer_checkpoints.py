@@ -10,7 +10,7 @@
 - `save_model`: the policy (or its adapters, or both merged) and tokenizer,
   loadable with `from_pretrained` (`GRPOTrainer.save_model`).
 
-A checkpoint is the trainer's state, so the first three take the `GRPOTrainer`:
+A checkpoint is the trainer's state, so the first three take the trainer (`Checkpointed`):
 `save` reads, and `resume` sets, its step, target_kl_stops, run_id, order,
 optimizer, scheduler and ref_model.
 
@@ -21,7 +21,7 @@ which config changes a resume accepts (runs.py), catching Ctrl-C (interrupt.py).
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from . import checkpoint as ckpt
 from . import runs
@@ -29,11 +29,29 @@ from .interrupt import TrainingInterrupted
 from .models import is_peft_model, merged_copy
 from .rollout import Rollout
 
-if TYPE_CHECKING:  # trainer.py imports this module
-    from .trainer import GRPOTrainer
+
+class Checkpointed(Protocol):
+    """What a checkpoint reads from and restores into a trainer (`GRPOTrainer` has it all; this module never imports it)."""
+
+    args: Any
+    accelerator: Any
+    model: Any
+    tokenizer: Any
+    optimizer: Any
+    scheduler: Any
+    order: Any
+    ref_model: Any
+    events: Any
+    state: Any
+    log: Any
+    console: Any
+    step: int
+    max_steps: int
+    target_kl_stops: int
+    run_id: str
 
 
-def save(trainer: GRPOTrainer, rollout: Rollout, done: int) -> str:
+def save(trainer: Checkpointed, rollout: Rollout, done: int) -> str:
     """Write checkpoint-<step> (every process calls it), then the callbacks' on_save.
 
     Args:
@@ -52,14 +70,22 @@ def save(trainer: GRPOTrainer, rollout: Rollout, done: int) -> str:
         "ref_model": trainer.ref_model.state_dict() if a.sync_ref_model else None, "config": a.to_dict(),
     }
     own = {"rollout": rollout if done < a.steps_per_rollout else None}  # this process's share of the rollout
-    path = ckpt.save_checkpoint(
-        a.output_dir, trainer.step, trainer.accelerator, trainer.model, trainer.tokenizer, state, a.save_total_limit, own, trainer.run_id
-    )
-    trainer.events.save(path)
+    acc = trainer.accelerator
+    path = ckpt.save_checkpoint(a.output_dir, trainer.step, acc, trainer.model, trainer.tokenizer, state, own, trainer.run_id)
+    trainer.events.save(path)  # names the best checkpoint before pruning, as Trainer._save_checkpoint does
+    if acc.is_main_process:
+        ckpt.prune(a.output_dir, a.save_total_limit, trainer.run_id, trainer.state.best_model_checkpoint)
+    acc.wait_for_everyone()
     return path
 
 
-def stop_interrupted(trainer: GRPOTrainer, rollout: Rollout, done: int) -> None:
+def prune_at_end(trainer: Checkpointed) -> None:
+    """After training with save_total_limit=1: keep the best checkpoint alone (transformers' `Trainer.train` rule)."""
+    if trainer.accelerator.is_main_process:
+        ckpt.prune(trainer.args.output_dir, trainer.args.save_total_limit, trainer.run_id, trainer.state.best_model_checkpoint, at_end=True)
+
+
+def stop_interrupted(trainer: Checkpointed, rollout: Rollout, done: int) -> None:
     """After Ctrl-C: save this step's checkpoint (unless just saved) and stop.
 
     Raises:
@@ -74,7 +100,7 @@ def stop_interrupted(trainer: GRPOTrainer, rollout: Rollout, done: int) -> None:
     )
 
 
-def resume(trainer: GRPOTrainer, resume_from_checkpoint) -> tuple[Rollout | None, int]:
+def resume(trainer: Checkpointed, resume_from_checkpoint) -> tuple[Rollout | None, int]:
     """Start a new run (claiming output_dir) or resume a checkpoint: state, changed settings, logs cut back.
 
     Args:
