@@ -119,8 +119,9 @@ def test_logging_first_step_and_save_epoch(tmp_path, tokenizer, make_model, prom
     trainer.train()
     history = trainer.state.log_history[:-1]
     assert [r["step"] for r in history if "loss" in r] == [1, n + 1]  # first step, then the end
-    assert [r["step"] for r in history if "eval_reward" in r] == [n]  # the epoch's end
-    assert sorted(d for d in os.listdir(args.output_dir) if d.startswith("checkpoint-")) == [f"checkpoint-{n}"]
+    # the epoch's end, then the end of the last, partial epoch (Trainer calls on_epoch_end when max_steps stops it)
+    assert [r["step"] for r in history if "eval_reward" in r] == [n, n + 1]
+    assert sorted(d for d in os.listdir(args.output_dir) if d.startswith("checkpoint-")) == [f"checkpoint-{n}", f"checkpoint-{n + 1}"]
 
 
 def test_bad_callback_is_refused_before_training(tmp_path, tokenizer, make_model, prompts):
@@ -148,6 +149,6 @@ def test_schedule_by_hand(tmp_path):
     assert scheduled(args, 3, 8, epoch_end=False, can_evaluate=True) == (False, True, False)
     assert scheduled(args, 3, 8, epoch_end=False, can_evaluate=False) == (False, False, False)
     assert scheduled(args, 7, 8, epoch_end=True, can_evaluate=True) == (False, False, True)
-    assert scheduled(args, 8, 8, epoch_end=False, can_evaluate=True) == (True, False, False)  # the last step always logs
+    assert scheduled(args, 8, 8, epoch_end=False, can_evaluate=True) == (True, True, False)  # the last step logs and evaluates (Trainer)
     steps = config(tmp_path, max_steps=8, save_strategy="steps", save_steps=3)
     assert [scheduled(steps, s, 8, epoch_end=False, can_evaluate=False)[2] for s in range(1, 9)] == [False, False, True, False, False, True, False, True]

@@ -25,7 +25,7 @@ Sample = Callable[[list[dict], Callable[[torch.Tensor], torch.Tensor], PhaseTime
 
 def mean_rewards(
     sets: Mapping[str, Sequence[dict]], metric_key_prefix: str, sample: Sample, *, reward_names: list[str],
-    reward_weights: torch.Tensor, num_generations: int, batch_size: int, accelerator,
+    reward_weights: torch.Tensor, num_generations: int, batch_size: int, accelerator, on_batch: Callable[[], None] = lambda: None,
 ) -> dict[str, float]:
     """Mean weighted reward and each reward function's mean, per eval dataset, over all processes.
 
@@ -38,6 +38,7 @@ def mean_rewards(
         num_generations: G, completions per prompt.
         batch_size: per_device_eval_batch_size, completions per `sample` call (at least one prompt's G).
         accelerator: splits the rows and sums the metrics over processes.
+        on_batch: called after each `sample` call (the trainer's on_prediction_step).
     Returns:
         {"<prefix>_reward": mean weighted reward per completion, "<prefix>_rewards/<fn>":
         mean of each function over the completions it applied to (not None)}; 0.0 for none.
@@ -56,6 +57,7 @@ def mean_rewards(
             values = rollout_metrics(rollout, reward_names, reward_weights, num_generations)
             for key in list(window.sums):
                 window.add(key, values[key])
+            on_batch()
         sums, _ = window.reduce(acc)
         metrics[f"{prefix}_reward"] = sums["reward_sum"] / max(sums["completions"], 1)
         for name in reward_names:

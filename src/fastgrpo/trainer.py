@@ -179,6 +179,7 @@ class GRPOTrainer:
         self.events.train_begin(self.max_steps, self.step, self._epoch())
         if a.eval_on_start and self.eval_dataset is not None:
             self.evaluate()
+        self.events.epoch_begin()
         hidden = a.disable_tqdm or not self.accelerator.is_main_process
         with progress_bar(self.console, self.max_steps, self.step, hidden) as progress, StopOnInterrupt() as interrupt:
             while self.step < self.max_steps and not self.events.control.should_training_stop:
@@ -319,13 +320,17 @@ class GRPOTrainer:
                 packing = {"padded_tokens": stats.padded_tokens, "real_tokens": stats.real_tokens, "packed_tokens": stats.packed_tokens}
                 for key, value in {**out.metrics, "loss": out.loss.detach(), "entropy": masked_sum(entropy, mask), **packing}.items():
                     sums[key] = sums.get(key, 0) + value
+                if j < GA - 1:
+                    self.events.substep_end()
             grad_norm = acc.clip_grad_norm_(self.model.parameters(), a.max_grad_norm if a.max_grad_norm > 0 else math.inf)  # 0: no clip
             if not torch.isfinite(grad_norm):  # before optimizer.step: the weights and every checkpoint stay finite
                 raise FloatingPointError(
                     f"step {self.step + 1}: the gradient norm is {float(grad_norm)} (loss {float(sums['loss'])}); the weights "
                     "were not updated. Lower learning_rate, or check the model's weights and the rewards for inf/NaN."
                 )
+            self.events.pre_optimizer_step()
             self.optimizer.step()
+            self.events.optimizer_step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
         for key, value in sums.items():
@@ -379,10 +384,18 @@ class GRPOTrainer:
         if a.sync_ref_model and self.step % a.ref_model_sync_steps == 0:  # TR-DPO soft update
             sync_reference(self.ref_model, self.accelerator.unwrap_model(self.model), a.ref_model_mixup_alpha)
         epoch_end = done >= a.steps_per_rollout and self.order.epoch > self.epochs_done  # this rollout finished a pass
-        self.epochs_done = self.order.epoch if epoch_end else self.epochs_done
-        log, evaluate, save = scheduled(a, self.step, self.max_steps, epoch_end, can_evaluate=self.eval_dataset is not None)
-        control = self.events.step_end(self.step, self._epoch(), log, evaluate, save)  # callbacks may add any, or stop training
-        if control.should_log:
+        self.epochs_done, can_evaluate = self.order.epoch if epoch_end else self.epochs_done, self.eval_dataset is not None
+        # Trainer's order: on_step_end and its log/evaluate/save, then at an epoch's end (or the run's) on_epoch_end and its own.
+        self._act(self.events.step_end(self.step, self._epoch(), *scheduled(a, self.step, self.max_steps, False, can_evaluate)), rollout, done)
+        finishing = self.step >= self.max_steps or self.events.control.should_training_stop
+        if epoch_end or finishing:
+            self._act(self.events.epoch_end(self._epoch(), *scheduled(a, self.step, self.max_steps, True, can_evaluate)), rollout, done)
+            if not (finishing or self.events.control.should_training_stop):
+                self.events.epoch_begin()
+
+    def _act(self, control, rollout: Rollout, done: int) -> None:
+        """Log, evaluate and save as the control says (callbacks may have added any), in Trainer's order."""
+        if control.should_log and self.window.sums.get("steps"):  # Trainer logs a step once
             self._log()
         if control.should_evaluate and self.eval_dataset is not None:
             self.evaluate()
@@ -429,6 +442,7 @@ class GRPOTrainer:
         metrics = mean_rewards(
             sets, metric_key_prefix, self._sample, reward_names=self.reward_names, reward_weights=self.reward_weights,
             num_generations=self.args.num_generations, batch_size=self.args.per_device_eval_batch_size, accelerator=self.accelerator,
+            on_batch=self.events.prediction_step,
         )
         if self.log is not None:
             self.log.write({"step": self.step, **metrics})
