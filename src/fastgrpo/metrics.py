@@ -110,17 +110,29 @@ class MetricsLog:
         self.completions_path = os.path.join(output_dir, "completions.jsonl")
         os.makedirs(output_dir, exist_ok=True)
 
-    def cut_back(self, step: int) -> None:
-        """Drop records after `step` from both logs (resuming from checkpoint-<step>): no step logged twice.
+    def sizes(self) -> dict[str, int]:
+        """Bytes written so far to each log (0 before its first line): where a checkpoint saved now cuts them back to."""
+        return {path: os.path.getsize(path) if os.path.exists(path) else 0 for path in (self.metrics_path, self.completions_path)}
 
-        Each file is rewritten under a temporary name and renamed into place.
+    def cut_back(self, step: int, sizes: dict[str, int] | None = None) -> None:
+        """Cut both logs back to what they held when the checkpoint was saved: no record logged twice.
+
+        Args:
+            step: the checkpoint's step; without `sizes` (a checkpoint from before they
+                were saved), records after it are dropped.
+            sizes: `sizes()` at the checkpoint: each file is truncated to it, which also
+                drops what was logged at the checkpoint's own step after it was saved.
         """
         for path in (self.metrics_path, self.completions_path):
             if not os.path.exists(path):
                 continue
+            if sizes is not None:
+                if os.path.getsize(path) > sizes.get(path, 0):
+                    os.truncate(path, sizes.get(path, 0))
+                continue
             with open(path) as f:
                 kept = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
-            with open(path + ".tmp", "w") as f:
+            with open(path + ".tmp", "w") as f:  # rewritten under a temporary name and renamed into place
                 f.writelines(kept)
             os.replace(path + ".tmp", path)
 

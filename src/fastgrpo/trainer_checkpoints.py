@@ -2,11 +2,16 @@
 
 - `save`: checkpoint-<step> with the weights, the optimizer and scheduler, the
   data order, the step counters, π_ref when `sync_ref_model` moves it, and each
-  process's rollout while μ passes over it remain; then the callbacks' on_save.
+  process's rollout while μ passes over it remain and its logging window (the
+  metric sums and completions trained on but not yet logged); then the
+  callbacks' on_save.
 - `stop_interrupted`: after Ctrl-C, that step's checkpoint (unless just
   written) and `TrainingInterrupted` saying how to resume.
 - `resume`: a new run claims output_dir; a resumed one loads the state back,
-  applies the settings that changed and cuts the logs back to its step.
+  applies the settings that changed, cuts the logs back to its step and takes
+  back the unlogged window, so whatever stops the run (Ctrl-C, a crash, a
+  callback) and wherever it resumes, every optimizer step and every completion
+  trained on reaches metrics.jsonl / completions.jsonl exactly once.
 - `save_model`: the policy (or its adapters, or both merged) and tokenizer,
   loadable with `from_pretrained` (`GRPOTrainer.save_model`).
 
@@ -45,6 +50,9 @@ class Checkpointed(Protocol):
     state: Any
     log: Any
     console: Any
+    window: Any
+    fresh_completions: list
+    loss_sum: float
     step: int
     max_steps: int
     target_kl_stops: int
@@ -67,9 +75,11 @@ def save(trainer: Checkpointed, rollout: Rollout, done: int) -> str:
     state = {
         "step": trainer.step, "optimizer": trainer.optimizer.state_dict(), "scheduler": trainer.scheduler.state_dict(),
         "order": trainer.order.state_dict(), "target_kl_stops": trainer.target_kl_stops, "done": done,
-        "ref_model": trainer.ref_model.state_dict() if a.sync_ref_model else None, "config": a.to_dict(),
+        "ref_model": trainer.ref_model.state_dict() if a.sync_ref_model else None, "config": a.to_dict(), "loss_sum": trainer.loss_sum,
+        "log_sizes": trainer.log.sizes() if trainer.log is not None else None,  # the main process writes this state
     }
-    own = {"rollout": rollout if done < a.steps_per_rollout else None}  # this process's share of the rollout
+    # this process's share of the rollout, and of what was trained since the last log
+    own = {"rollout": rollout if done < a.steps_per_rollout else None, "window": trainer.window, "completions": trainer.fresh_completions}
     acc = trainer.accelerator
     path = ckpt.save_checkpoint(a.output_dir, trainer.step, acc, trainer.model, trainer.tokenizer, state, own, trainer.run_id)
     trainer.events.save(path)  # names the best checkpoint before pruning, as Trainer._save_checkpoint does
@@ -130,15 +140,18 @@ def resume(trainer: Checkpointed, resume_from_checkpoint) -> tuple[Rollout | Non
     runs.apply_optimizer_settings(trainer.optimizer, trainer.scheduler, a)
     trainer.order.load_state_dict(state["order"])
     trainer.step, trainer.target_kl_stops, trainer.run_id = state["step"], state["target_kl_stops"], state["run_id"]
+    trainer.loss_sum = state.get("loss_sum", 0.0)
+    if "window" in state:  # the unlogged steps and completions up to this checkpoint (absent on another number of processes)
+        trainer.window, trainer.fresh_completions = state["window"], state["completions"]
     if state["ref_model"] is not None:
         trainer.ref_model.load_state_dict(state["ref_model"])
     if trainer.log is not None:
-        trainer.log.cut_back(trainer.step)
+        trainer.log.cut_back(trainer.step, state.get("log_sizes"))
         trainer.console.print(f"resumed from {path} at step {trainer.step}", markup=False)
         if changed:
             listed = ", ".join(f"{k} {old!r} → {new!r}" for k, old, new in changed)
             trainer.console.print(f"changed since the checkpoint, applied: {listed}", markup=False, soft_wrap=True)
-    return state.get("rollout"), state["done"]  # no rollout: resumed on another number of processes
+    return state.get("rollout"), state["done"]  # no rollout, no window: resumed on another number of processes
 
 
 def save_model(accelerator, model, tokenizer, output_dir: str, merge_adapters: bool) -> None:
