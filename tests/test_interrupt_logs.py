@@ -8,7 +8,6 @@ but not yet logged), and resume cuts the logs back to the checkpoint's step and 
 
 import json
 import os
-import shutil
 import signal
 
 import pytest

@@ -86,9 +86,9 @@ def test_reward_model_mixed_with_a_function_and_what_functions_receive(tmp_path,
     trainer.train()
     assert isinstance(seen["state"], TrainerState) and len(seen["n"]) == 4  # the dataset column, repeated G times
     record = [json.loads(line) for line in open(os.path.join(args.output_dir, "metrics.jsonl"))][0]
-    assert record["spy_metric"] == 2.0 and record["rewards/async_reward"] == 1.0
+    assert record["spy_metric"] == 2.0 and record["rewards/async_reward/mean"] == 1.0 and record["rewards/async_reward/std"] == 0.0
     # an instance built from a config has no path: it is logged under its class name
-    assert {"rewards/LlamaForSequenceClassification", "rewards/spy", "rewards/async_reward"} <= set(record)
+    assert {"rewards/LlamaForSequenceClassification/mean", "rewards/spy/std", "rewards/async_reward/mean"} <= set(record)
     rows = [json.loads(line) for line in open(os.path.join(args.output_dir, "completions.jsonl"))]
     assert all("spy_column" in r for r in rows)
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from .metrics import PhaseTimer, Window, rollout_metrics
+from .metrics import PhaseTimer, Window, reward_stats, rollout_metrics
 from .rollout import Rollout
 
 # (rows, advantages, timer) → (rollout, reward functions' log_extra columns): the trainer's own sampling and scoring.
@@ -30,7 +30,8 @@ def mean_rewards(
     """Mean weighted reward and each reward function's mean, per eval dataset, over all processes.
 
     Args:
-        sets: {"eval": rows} or {"eval_<name>": rows} (dataset_kinds.eval_sets).
+        sets: {"eval": rows} or {"eval_<name>": rows} (dataset_kinds.eval_sets); an iterable without
+            random access (an IterableDataset) is read through once, as TRL's eval dataloader reads it.
         metric_key_prefix: replaces "eval" in each set's name (transformers' argument).
         sample: G scored completions per row, as the trainer samples for training.
         reward_names: the R reward functions' log names.
@@ -40,16 +41,17 @@ def mean_rewards(
         accelerator: splits the rows and sums the metrics over processes.
         on_batch: called after each `sample` call (the trainer's on_prediction_step).
     Returns:
-        {"<prefix>_reward": mean weighted reward per completion, "<prefix>_rewards/<fn>":
-        mean of each function over the completions it applied to (not None)}; 0.0 for none.
+        {"<prefix>_reward": mean weighted reward per completion (0.0 for none), "<prefix>_rewards/<fn>/mean"
+        and "/std": each function over the completions it applied to (not None; left out for none)} (TRL's names).
     """
     acc, prompts_per_call = accelerator, max(batch_size // num_generations, 1)
     metrics = {}
     for set_name, dataset in sets.items():
         prefix = metric_key_prefix + set_name[len("eval") :]  # "eval" or "eval_<name>" → "<prefix>[_<name>]"
+        dataset = dataset if hasattr(dataset, "__getitem__") else list(dataset)
         rows = [dataset[i] for i in range(acc.process_index, len(dataset), acc.num_processes)]
         window = Window()  # the same keys on every process, even one without eval rows
-        for key in ["reward_sum", "completions"] + [f"rewards/{n}_{part}" for n in reward_names for part in ("sum", "count")]:
+        for key in ["reward_sum", "completions"] + [f"rewards/{n}_{part}" for n in reward_names for part in ("sum", "sqsum", "count")]:
             window.add(key, 0.0)
         for start in range(0, len(rows), prompts_per_call):
             # No advantages (nothing trains on these); log_extra columns describe training rollouts only.
@@ -60,6 +62,5 @@ def mean_rewards(
             on_batch()
         sums, _ = window.reduce(acc)
         metrics[f"{prefix}_reward"] = sums["reward_sum"] / max(sums["completions"], 1)
-        for name in reward_names:
-            metrics[f"{prefix}_rewards/{name}"] = sums[f"rewards/{name}_sum"] / max(sums[f"rewards/{name}_count"], 1)
+        metrics.update(reward_stats(sums, reward_names, f"{prefix}_rewards"))
     return metrics

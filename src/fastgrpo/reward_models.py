@@ -41,7 +41,7 @@ class RewardModel:
         processing_class: its tokenizer; default: loaded from the model's own path.
         init_kwargs: passed to `from_pretrained` when `model` is a name (GRPOConfig.model_init_kwargs).
     Attributes:
-        __name__: the model's folder or repository name (TRL's reward name; logged as rewards/<name>).
+        __name__: the model's folder or repository name (TRL's reward name; logged as rewards/<name>/mean and /std).
     Raises:
         ValueError: a model with more than one output label.
     """

@@ -220,10 +220,10 @@ class GRPOTrainer:
             (self.window.extreme if key.endswith(("_min", "_max")) else self.window.add)(key, value)
         return rollout
 
-    def _sample(self, rows: list[dict], advantages: Callable[[torch.Tensor], torch.Tensor], timer: PhaseTimer) -> tuple[Rollout, dict]:
-        """B prompt rows → a Rollout of B·G scored completions (rollout.collect), and the reward functions' log_extra columns."""
+    def _sample(self, rows: list[dict], advantages: Callable[[torch.Tensor], torch.Tensor], timer: PhaseTimer, num_generations=None) -> tuple[Rollout, dict]:
+        """B prompt rows → a Rollout of B·G scored completions (rollout.collect; G = num_generations unless given), and the log_extra columns."""
         rollout = collect(
-            rows, num_generations=self.args.num_generations, encode=self._encode, generate=self.generate, decode=self._decode,
+            rows, num_generations=num_generations or self.args.num_generations, encode=self._encode, generate=self.generate, decode=self._decode,
             score=partial(score, self.reward_funcs, reward_kwargs=self._reward_kwargs()), advantages=advantages,
             eos_token_ids=self.eos_token_ids, timer=timer,
         )
@@ -425,23 +425,24 @@ class GRPOTrainer:
     # ------------------------------------------------------------------ public helpers
     @torch.no_grad()
     def evaluate(self, eval_dataset=None, metric_key_prefix: str = "eval") -> dict:
-        """Mean reward of G sampled completions per eval prompt (each process scores its share).
+        """Mean reward of num_generations_eval (default G) sampled completions per eval prompt (each process scores its share).
 
         Args:
             eval_dataset: rows, or a dict / DatasetDict of them (each evaluated, metrics
                 prefixed `<prefix>_<name>_`); default: the trainer's eval_dataset.
-            metric_key_prefix: "eval" gives eval_reward and eval_rewards/<fn> (transformers' naming).
+            metric_key_prefix: "eval" gives eval_reward and eval_rewards/<fn>/mean (TRL's naming).
         Returns:
-            {"<prefix>_reward": mean weighted reward, "<prefix>_rewards/<fn>": each reward's mean}.
+            {"<prefix>_reward": mean weighted reward, "<prefix>_rewards/<fn>/mean" and "/std": each reward's}.
         Raises:
             ValueError: no eval dataset here or in the trainer, or one of a kind evaluation cannot read.
         """
         sets = eval_sets(eval_dataset) if eval_dataset is not None else self.eval_sets
         if sets is None:
             raise ValueError("evaluate() needs an eval_dataset: pass one to evaluate() or to GRPOTrainer.")
+        G = self.args.num_generations_eval or self.args.num_generations
         metrics = mean_rewards(
-            sets, metric_key_prefix, self._sample, reward_names=self.reward_names, reward_weights=self.reward_weights,
-            num_generations=self.args.num_generations, batch_size=self.args.per_device_eval_batch_size, accelerator=self.accelerator,
+            sets, metric_key_prefix, partial(self._sample, num_generations=G), reward_names=self.reward_names, reward_weights=self.reward_weights,
+            num_generations=G, batch_size=self.args.per_device_eval_batch_size, accelerator=self.accelerator,
             on_batch=self.events.prediction_step,
         )
         if self.log is not None:
