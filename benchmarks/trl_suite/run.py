@@ -13,8 +13,9 @@ built here (SmolLM2's tokenizer, hidden size 16), and `load_dataset("trl-interna
 at the Zen of Python prompts (17 train / 2 test rows, standard and conversational), so nothing
 touches the hub; on a machine without CUDA, TRL's TrainingArguments get use_cpu=True (its bf16
 default refuses a CPU otherwise). To fit a 2-core CPU, a run that sets no max_steps stops after
-`--max-steps` (default 3) optimizer steps on both systems, instead of 3 epochs of 17 prompts. Writes {test id: outcome} as JSON and prints the counts; with `--compare` (the
-other system's JSON) it prints which tests that pass there fail here. Not part of the default suite.
+`--max-steps` (default 3) optimizer steps on both systems, instead of 3 epochs of 17 prompts.
+Writes {test id: outcome} as JSON and prints the counts; with `--compare` (the other system's
+JSON) it prints which tests that pass there fail here. Not part of the default suite.
 """
 
 from __future__ import annotations

@@ -173,18 +173,19 @@ class TrainerEvents:
             kept = saved.best_model_checkpoint is not None and os.path.isdir(saved.best_model_checkpoint)
             s.best_model_checkpoint = saved.best_model_checkpoint if kept else None  # pruned since: Trainer forgets it too
 
-    def train_end(self, training_loss: float) -> None:
-        """Log the run's summary (train_runtime, train_loss, as Trainer does) and call on_train_end."""
+    def train_end(self, training_loss: float, pending: dict | None = None) -> None:
+        """Log the run's summary (train_runtime, train_loss, as Trainer does) with the metrics of the steps since the
+        last log (`pending`, as TRL's `log` merges them into it), and call on_train_end."""
         runtime = time.perf_counter() - self.started
-        self.log({"train_runtime": round(runtime, 4), "train_steps_per_second": round(self.state.global_step / max(runtime, 1e-9), 3), "train_loss": training_loss})
+        self.log({**(pending or {}), "train_runtime": round(runtime, 4), "train_steps_per_second": round(self.state.global_step / max(runtime, 1e-9), 3), "train_loss": training_loss})
         self.control = self.handler.on_train_end(self.args, self.state, self.control)
 
 
 def scheduled(args, step: int, max_steps: int, epoch_end: bool, can_evaluate: bool) -> tuple[bool, bool, bool]:
     """(log, evaluate, save) by the config's schedule, before callbacks add theirs (transformers' `DefaultFlowCallback`).
 
-    At a step (`epoch_end` False): log every `logging_steps`, after step 1 with
-    `logging_first_step`, and at the last step; evaluate (with an eval dataset)
+    At a step (`epoch_end` False): log every `logging_steps` and after step 1 with
+    `logging_first_step` (the steps after the last log reach the run's summary log); evaluate (with an eval dataset)
     every `eval_steps` and at the last step (`eval_strategy="steps"`); save every
     `save_steps` and at the last step (`save_strategy="steps"`). At an epoch's end
     (`epoch_end` True, after on_epoch_end's step): evaluate and save for the
@@ -201,7 +202,7 @@ def scheduled(args, step: int, max_steps: int, epoch_end: bool, can_evaluate: bo
     if epoch_end:
         return False, can_evaluate and a.eval_strategy == "epoch", a.save_strategy == "epoch"
     last = step == max_steps
-    log = step % _absolute(a.logging_steps, max_steps) == 0 or last or (a.logging_first_step and step == 1)
+    log = step % _absolute(a.logging_steps, max_steps) == 0 or (a.logging_first_step and step == 1)
     evaluate = can_evaluate and a.eval_strategy == "steps" and (step % _absolute(a.eval_steps, max_steps) == 0 or last)
     save = a.save_strategy == "steps" and (step % _absolute(a.save_steps, max_steps) == 0 or last)
     return log, evaluate, save

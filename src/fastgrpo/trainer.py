@@ -44,7 +44,7 @@ from .evaluation import mean_rewards
 from .generation import SamplingSettings, build_generator
 from .interrupt import StopOnInterrupt
 from .logprobs import LogProbs, TokenStats, fallback_notices
-from .losses import StepCounts, entropy_threshold, grpo_loss, high_entropy_mask, kl_k3, masked_sum, step_tokens
+from .losses import StepCounts, grpo_loss, kl_k3, masked_sum, step_tokens
 from .metrics import CompletionRows, MetricsLog, PhaseTimer, RewardHooks, Window, progress_bar, rollout_metrics, window_record
 from .models import as_reference, sync_reference
 from .optimizers import build_optimizer
@@ -53,6 +53,7 @@ from .rewards import score
 from .rollout import Rollout, collect
 from .trainer_inputs import check_trainer_inputs
 from .trainer_setup import build_accelerator, load_policy
+from .trl_methods import TRLMethods
 
 
 class TrainOutput(NamedTuple):
@@ -63,8 +64,8 @@ class TrainOutput(NamedTuple):
     metrics: dict
 
 
-class GRPOTrainer:
-    """GRPO trainer with TRL's constructor and methods.
+class GRPOTrainer(TRLMethods):
+    """GRPO trainer with TRL's constructor and methods (TRL's public helpers: trl_methods.py).
 
     Args:
         model: "smollm2-135m-instruct", a local folder or .gguf file, a hub
@@ -197,12 +198,11 @@ class GRPOTrainer:
                         trainer_checkpoints.stop_interrupted(self, rollout, done)
                     if self.step >= self.max_steps or stop_reuse or self.events.control.should_training_stop:
                         break
-        if self.window.sums.get("steps"):  # stopped by a callback between logging steps: log the rest
-            self._log()
+        pending = self._log(to_callbacks=False) if self.window.sums.get("steps") else {}  # to the summary log, as TRL's log() merges it
         for tracker in self.accelerator.trackers:  # not end_training(): it ends the process group save_model needs
             tracker.finish()
         trainer_checkpoints.prune_at_end(self)
-        self.events.train_end(self.loss_sum / max(self.step, 1))
+        self.events.train_end(self.loss_sum / max(self.step, 1), pending)
         return TrainOutput(self.step, self.loss_sum / max(self.step, 1), self.last_metrics)
 
     # ------------------------------------------------------------------ rollout
@@ -363,16 +363,6 @@ class GRPOTrainer:
             return None
         return self.get_high_entropy_mask(entropy, mask, 1 - self.args.top_entropy_quantile).float()
 
-    def get_high_entropy_mask(self, entropies: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.Tensor:
-        """TRL's method: (B, T) bool, active tokens whose entropy is ≥ the `threshold` quantile (in [0, 1]) of the
-        active tokens of this micro-batch on all processes, as if one process held them all."""
-        acc = self.accelerator
-        active = entropies[mask.bool()].float()
-        if acc.num_processes > 1:  # -1: padding sentinel, entropies are ≥ 0
-            active = acc.gather(acc.pad_across_processes(active, dim=0, pad_index=-1.0))
-            active = active[active >= 0]
-        return high_entropy_mask(entropies, mask, entropy_threshold(active, 1 - threshold)).bool()
-
     def _kl(self, stats: TokenStats, mb: Rollout) -> torch.Tensor:
         """Per-token KL(π_θ‖π_ref): k3 from stored log π_ref, or exact over the vocabulary (computed in the policy pass)."""
         return kl_k3(stats.logps, mb.ref_logps) if self.args.kl_estimator == "k3" else stats.kl
@@ -406,7 +396,8 @@ class GRPOTrainer:
         """Passes over the training prompts so far (TrainerState.epoch): whole epochs plus the drawn fraction."""
         return self.order.epoch + (self.order.position / self.order.size if self.order.size else 0.0)
 
-    def _log(self) -> None:
+    def _log(self, to_callbacks: bool = True) -> dict:
+        """Write the window's record (metrics.jsonl, completions.jsonl, trackers) and, unless told not to, on_log; return it."""
         acc = self.accelerator
         sums, extremes = self.window.reduce(acc)
         record = window_record(self.step, sums, extremes, self.timer.pop(), self.reward_names)
@@ -415,12 +406,14 @@ class GRPOTrainer:
         rows = self.fresh_completions
         if self.args.log_completions and acc.num_processes > 1:
             rows = gather_object(rows)  # every process's completions, in process order
-        self.events.log(record)
+        if to_callbacks:
+            self.events.log(record)
         if self.log is not None:
             self.log.write(record)
             for r in rows:
                 self.log.completions(self.step, r, self.reward_names, self.args.num_completions_to_print)
         self.last_metrics, self.window, self.fresh_completions = record, Window(), []
+        return record
 
     # ------------------------------------------------------------------ public helpers
     @torch.no_grad()
