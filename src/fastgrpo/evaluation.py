@@ -48,7 +48,7 @@ def mean_rewards(
     metrics = {}
     for set_name, dataset in sets.items():
         prefix = metric_key_prefix + set_name[len("eval") :]  # "eval" or "eval_<name>" → "<prefix>[_<name>]"
-        dataset = dataset if hasattr(dataset, "__getitem__") else list(dataset)
+        dataset = dataset if hasattr(dataset, "__len__") else list(dataset)  # an IterableDataset: read through
         rows = [dataset[i] for i in range(acc.process_index, len(dataset), acc.num_processes)]
         window = Window()  # the same keys on every process, even one without eval rows
         for key in ["reward_sum", "completions"] + [f"rewards/{n}_{part}" for n in reward_names for part in ("sum", "sqsum", "count")]:
