@@ -99,4 +99,4 @@ def test_example_yaml_runs_with_reward_from_the_current_folder(tmp_path, monkeyp
     assert code == 0
     records = [json.loads(line) for line in open(tmp_path / "out" / "metrics.jsonl")]
     assert [r["step"] for r in records] == [1, 2]  # logging_first_step from the YAML, then the end
-    assert "rewards/short" in records[0] and "rewards/brevity_reward" in records[0]
+    assert "rewards/short/mean" in records[0] and "rewards/brevity_reward/std" in records[0]

@@ -1,6 +1,7 @@
 """Datasets as TRL takes them: IterableDataset for training, dicts of eval datasets, evaluate(eval_dataset=…)."""
 
 import pytest
+import torch
 from datasets import Dataset, DatasetDict, IterableDataset
 
 from fastgrpo import GRPOConfig, GRPOTrainer
@@ -74,8 +75,31 @@ def test_dict_of_eval_datasets_prefixes_metrics_and_evaluate_takes_a_dataset(tmp
     )
     trainer.train()
     logged = [r for r in trainer.state.log_history if "eval_easy_reward" in r]
-    assert len(logged) == 1 and "eval_hard_reward" in logged[0] and "eval_hard_rewards/reward_even_tokens" in logged[0]
+    assert len(logged) == 1 and "eval_hard_reward" in logged[0] and "eval_hard_rewards/reward_even_tokens/mean" in logged[0]
     metrics = trainer.evaluate(eval_dataset=prompts.select(range(1)), metric_key_prefix="test")
-    assert set(metrics) == {"test_reward", "test_rewards/reward_even_tokens"}
+    assert set(metrics) == {"test_reward", "test_rewards/reward_even_tokens/mean", "test_rewards/reward_even_tokens/std"}
     with pytest.raises(ValueError, match="eval dataset is a int"):
         trainer.evaluate(eval_dataset=3)
+
+
+def test_iterable_eval_dataset_is_read_through(tmp_path, tokenizer, make_model, prompts):
+    # TRL evaluates an IterableDataset by reading it through: the same metrics as the same rows in a Dataset;
+    # num_generations_eval (TRL's) sets the completions per eval prompt.
+    seen = []
+
+    def count_eval(completion_ids, trainer_state, **kw):
+        seen.append(len(completion_ids))
+        return reward_even_tokens(completion_ids)
+
+    args = config(tmp_path, max_steps=1, num_generations_eval=2, per_device_eval_batch_size=2)
+    trainer = GRPOTrainer(make_model(), count_eval, args=args, train_dataset=prompts, eval_dataset=stream(3), processing_class=tokenizer)
+    seen.clear()
+    torch.manual_seed(0)
+    streamed = trainer.evaluate()
+    assert seen == [2, 2, 2]  # 3 prompts read through, 2 completions each, one prompt per eval batch
+    torch.manual_seed(0)
+    fixed = trainer.evaluate(eval_dataset=Dataset.from_list(list(stream(3))))
+    assert streamed == pytest.approx(fixed)
+    for empty, match in [(stream(0), "yields no rows"), (IterableDataset.from_generator(lambda: iter([{"text": "x"}])), "without a prompt column")]:
+        with pytest.raises(ValueError, match=match):
+            GRPOTrainer("/no/model", count_eval, args=config(tmp_path), train_dataset=prompts, eval_dataset=empty)

@@ -86,9 +86,9 @@ def test_reward_model_mixed_with_a_function_and_what_functions_receive(tmp_path,
     trainer.train()
     assert isinstance(seen["state"], TrainerState) and len(seen["n"]) == 4  # the dataset column, repeated G times
     record = [json.loads(line) for line in open(os.path.join(args.output_dir, "metrics.jsonl"))][0]
-    assert record["spy_metric"] == 2.0 and record["rewards/async_reward"] == 1.0
+    assert record["spy_metric"] == 2.0 and record["rewards/async_reward/mean"] == 1.0 and record["rewards/async_reward/std"] == 0.0
     # an instance built from a config has no path: it is logged under its class name
-    assert {"rewards/LlamaForSequenceClassification", "rewards/spy", "rewards/async_reward"} <= set(record)
+    assert {"rewards/LlamaForSequenceClassification/mean", "rewards/spy/std", "rewards/async_reward/mean"} <= set(record)
     rows = [json.loads(line) for line in open(os.path.join(args.output_dir, "completions.jsonl"))]
     assert all("spy_column" in r for r in rows)
 
@@ -115,3 +115,31 @@ def test_get_high_entropy_mask_is_trls_quantile_rule(tmp_path, tokenizer, make_m
     entropies = torch.tensor([[0.0, 1.0, 2.0, 3.0, 9.0]])
     mask = torch.tensor([[1, 1, 1, 1, 0]])
     assert trainer.get_high_entropy_mask(entropies, mask, threshold=0.5).tolist() == [[False, False, True, True, False]]
+
+
+def test_special_tokens_as_the_reward_tokenizer_adds_them(tokenizer):
+    # A reward tokenizer that adds BOS (as Llama's does): a text prompt is scored on BOS + prompt + completion, as
+    # `tok(text)` gives it for training; a chat on the template's tokens alone (no second BOS), as apply_chat_template gives them.
+    tok = copy.deepcopy(tokenizer)
+    tok.add_bos_token = True
+    assert tok("x")["input_ids"][0] == tok.bos_token_id
+    model = tiny_reward_model(tokenizer)
+    rm = RewardModel(model, tok)
+
+    def logit(ids):
+        with torch.no_grad():
+            return float(model(input_ids=torch.tensor([ids])).logits[0, 0])
+
+    prompts, completions = ["2 + 2 =", "Name a colour:"], [" 4", " a long answer about blue and green"]
+    got = rm(prompts=prompts, completions=completions)
+    with_bos = [logit(tok(p + c)["input_ids"]) for p, c in zip(prompts, completions)]
+    without = [logit(tok(p + c, add_special_tokens=False)["input_ids"]) for p, c in zip(prompts, completions)]
+    assert got == pytest.approx(with_bos, abs=1e-5)
+    assert all(abs(g - w) > 1e-4 for g, w in zip(got, without))  # the BOS changes the score: the test can fail
+    chat = [[{"role": "user", "content": "Hi"}], [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Colour?"}]]
+    replies = [[{"role": "assistant", "content": "Hello!"}], [{"role": "assistant", "content": "Blue."}]]
+    ids = [tok.apply_chat_template(p + c, tokenize=True, return_dict=True)["input_ids"] for p, c in zip(chat, replies)]
+    assert [i[:2].count(tok.bos_token_id) for i in ids] == [1, 1]  # the template's own BOS, once
+    assert rm(prompts=chat, completions=replies) == pytest.approx([logit(i) for i in ids], abs=1e-5)
+    tok.add_bos_token = False  # a tokenizer that adds nothing: text scored on its tokens alone
+    assert rm(prompts=prompts, completions=completions) == pytest.approx(without, abs=1e-5)

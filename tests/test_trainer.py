@@ -159,7 +159,7 @@ def test_metrics_and_completions_are_logged(tmp_path, tokenizer, make_model, pro
     GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer).train()
     records = read_metrics(args.output_dir)
     assert [r["step"] for r in records] == [1, 2]
-    for key in ("loss", "reward", "reward_std", "rewards/reward_even_tokens", "completion_length", "completion_length_min",
+    for key in ("loss", "reward", "reward_std", "rewards/reward_even_tokens/mean", "rewards/reward_even_tokens/std", "completion_length", "completion_length_min",
                 "completion_length_max", "clipped_ratio", "kl_old", "clip_low", "clip_high", "clip_region", "entropy",
                 "grad_norm", "learning_rate", "seconds/generate", "seconds/update", "generation_tokens_per_second"):
         assert key in records[0], key
@@ -231,6 +231,6 @@ def test_eval_and_tensorboard(tmp_path, tokenizer, make_model, prompts):
     trainer.train()
     evals = [r for r in read_metrics(args.output_dir) if "eval_reward" in r]
     assert len(evals) == 1 and 0.0 <= evals[0]["eval_reward"] <= 1.0
-    assert evals[0]["eval_rewards/reward_even_tokens"] == evals[0]["eval_reward"]  # one reward, weight 1
+    assert evals[0]["eval_rewards/reward_even_tokens/mean"] == evals[0]["eval_reward"]  # one reward, weight 1
     events = [f for _, _, files in os.walk(args.output_dir) for f in files if f.startswith("events.out.tfevents")]
     assert events, "report_to='tensorboard' wrote no event file"

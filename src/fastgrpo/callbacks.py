@@ -2,14 +2,26 @@
 
 `TrainerEvents` owns the `TrainerState` (global_step, epoch, log_history with
 every logged record, best_metric / best_global_step / best_model_checkpoint)
-and the `TrainerControl`, and calls the user's callbacks at the events
-transformers' Trainer calls them: on_init_end, on_train_begin, on_step_begin,
-on_step_end, on_log, on_evaluate, on_save, on_train_end. `scheduled` says
-whether the trainer's own schedule logs, evaluates or saves at a step, and
-`step_end` sets those control flags before on_step_end, as transformers'
-`DefaultFlowCallback` does, so a callback can add a save, a log or an
-evaluation, or stop training (`control.should_training_stop`), and the
-trainer honours it.
+and the `TrainerControl`, and calls the user's callbacks at every event
+transformers' Trainer calls during training, in its order:
+
+    on_init_end
+    on_train_begin, [evaluate if eval_on_start]
+    per epoch (a pass over the training prompts): on_epoch_begin
+        per optimizer step: on_step_begin,
+            on_substep_end after each micro-batch but the last,
+            on_pre_optimizer_step (gradients clipped), on_optimizer_step,
+            on_step_end, then log / evaluate / save as the control says
+        on_epoch_end, then log / evaluate / save as the control says
+        (also for the last, partial epoch when max_steps or a callback ends training)
+    on_train_end
+    (on_log, on_evaluate with on_prediction_step per eval batch, on_save where they happen)
+
+`scheduled` says whether the trainer's own schedule logs, evaluates or saves
+at a step or an epoch's end, and `step_end` / `epoch_end` set those control
+flags before the callbacks run, as transformers' `DefaultFlowCallback` does,
+so a callback can add a save, a log or an evaluation, or stop training
+(`control.should_training_stop`), and the trainer honours it.
 
 Every logged record reaches `on_log` with the step's phase seconds
 (`seconds/generate`, `seconds/update`, …), so timing and monitoring code
@@ -84,12 +96,40 @@ class TrainerEvents:
         """on_step_begin (the log/evaluate/save flags start cleared)."""
         self.control = self.handler.on_step_begin(self.args, self.state, self.control)
 
+    def epoch_begin(self) -> None:
+        """on_epoch_begin (clears control.should_epoch_stop)."""
+        self.control = self.handler.on_epoch_begin(self.args, self.state, self.control)
+
+    def substep_end(self) -> None:
+        """on_substep_end: after a micro-batch's backward that is not the step's last."""
+        self.control = self.handler.on_substep_end(self.args, self.state, self.control)
+
+    def pre_optimizer_step(self) -> None:
+        """on_pre_optimizer_step: gradients accumulated and clipped, weights not yet updated."""
+        self.control = self.handler.on_pre_optimizer_step(self.args, self.state, self.control)
+
+    def optimizer_step(self) -> None:
+        """on_optimizer_step: right after optimizer.step(), before the scheduler step and zero_grad."""
+        self.control = self.handler.on_optimizer_step(self.args, self.state, self.control)
+
     def step_end(self, global_step: int, epoch: float, log: bool, evaluate: bool, save: bool) -> TrainerControl:
         """Record the step, set the trainer's own flags, call on_step_end; returns the control callbacks may have changed."""
         self.state.global_step, self.state.epoch = global_step, epoch
+        return self._flags_then("on_step_end", log, evaluate, save)
+
+    def epoch_end(self, epoch: float, log: bool, evaluate: bool, save: bool) -> TrainerControl:
+        """Set the epoch schedule's flags, call on_epoch_end; returns the control callbacks may have changed."""
+        self.state.epoch = epoch
+        return self._flags_then("on_epoch_end", log, evaluate, save)
+
+    def prediction_step(self) -> None:
+        """on_prediction_step: after each batch of an evaluation (Trainer's evaluation_loop)."""
+        self.control = self.handler.on_prediction_step(self.args, self.state, self.control)
+
+    def _flags_then(self, event: str, log: bool, evaluate: bool, save: bool) -> TrainerControl:
         c = self.control
         c.should_log, c.should_evaluate, c.should_save = c.should_log or log, c.should_evaluate or evaluate, c.should_save or save
-        self.control = self.handler.on_step_end(self.args, self.state, c)
+        self.control = getattr(self.handler, event)(self.args, self.state, c)
         return self.control
 
     def log(self, record: dict) -> None:
@@ -114,10 +154,11 @@ class TrainerEvents:
             self.state.best_metric, self.state.best_global_step = metrics[key], self.state.global_step
 
     def save(self, checkpoint: str) -> None:
-        """After a checkpoint is written: name it the best one if it holds the best step, write
-        trainer_state.json into it (as Trainer does), call on_save."""
-        if self.state.best_global_step == self.state.global_step:
-            self.state.best_model_checkpoint = checkpoint
+        """After a checkpoint is written: name the best step's checkpoint, when it exists, the best one
+        (Trainer._save_checkpoint's rule), write trainer_state.json into it (as Trainer does), call on_save."""
+        best = os.path.join(os.path.dirname(checkpoint), f"checkpoint-{self.state.best_global_step}")
+        if self.state.best_global_step and os.path.isdir(best):
+            self.state.best_model_checkpoint = best
         if self.state.is_world_process_zero:
             self.state.save_to_json(os.path.join(checkpoint, STATE_FILE))
         self.control = self.handler.on_save(self.args, self.state, self.control)
@@ -129,38 +170,41 @@ class TrainerEvents:
             saved = TrainerState.load_from_json(path)
             s = self.state
             s.log_history, s.best_metric, s.best_global_step = saved.log_history, saved.best_metric, saved.best_global_step
-            s.best_model_checkpoint = saved.best_model_checkpoint
+            kept = saved.best_model_checkpoint is not None and os.path.isdir(saved.best_model_checkpoint)
+            s.best_model_checkpoint = saved.best_model_checkpoint if kept else None  # pruned since: Trainer forgets it too
 
-    def train_end(self, training_loss: float) -> None:
-        """Log the run's summary (train_runtime, train_loss, as Trainer does) and call on_train_end."""
+    def train_end(self, training_loss: float, pending: dict | None = None) -> None:
+        """Log the run's summary (train_runtime, train_loss, as Trainer does) with the metrics of the steps since the
+        last log (`pending`, as TRL's `log` merges them into it), and call on_train_end."""
         runtime = time.perf_counter() - self.started
-        self.log({"train_runtime": round(runtime, 4), "train_steps_per_second": round(self.state.global_step / max(runtime, 1e-9), 3), "train_loss": training_loss})
+        self.log({**(pending or {}), "train_runtime": round(runtime, 4), "train_steps_per_second": round(self.state.global_step / max(runtime, 1e-9), 3), "train_loss": training_loss})
         self.control = self.handler.on_train_end(self.args, self.state, self.control)
 
 
 def scheduled(args, step: int, max_steps: int, epoch_end: bool, can_evaluate: bool) -> tuple[bool, bool, bool]:
-    """(log, evaluate, save) after optimizer step `step` by the config's schedule, before callbacks add theirs.
+    """(log, evaluate, save) by the config's schedule, before callbacks add theirs (transformers' `DefaultFlowCallback`).
 
-    Log every `logging_steps`, after step 1 with `logging_first_step`, and at the
-    last step; evaluate (with an eval dataset) every `eval_steps` or at an epoch's
-    end (`eval_strategy`); save every `save_steps` and at the last step, or at an
-    epoch's end (`save_strategy`). Intervals below 1 are fractions of `max_steps`
+    At a step (`epoch_end` False): log every `logging_steps` and after step 1 with
+    `logging_first_step` (the steps after the last log reach the run's summary log); evaluate (with an eval dataset)
+    every `eval_steps` and at the last step (`eval_strategy="steps"`); save every
+    `save_steps` and at the last step (`save_strategy="steps"`). At an epoch's end
+    (`epoch_end` True, after on_epoch_end's step): evaluate and save for the
+    "epoch" strategies. Intervals below 1 are fractions of `max_steps`
     (`_absolute`, transformers' rule).
 
     Args:
         args: the GRPOConfig (the fields named above).
         step: optimizer steps done, 1 … max_steps.
-        epoch_end: this step finished a pass over the training prompts.
+        epoch_end: the flags of an epoch's end instead of a step's.
         can_evaluate: the trainer has an eval dataset.
     """
     a = args
-    log = step % _absolute(a.logging_steps, max_steps) == 0 or step == max_steps or (a.logging_first_step and step == 1)
-    evaluate = can_evaluate and (
-        (a.eval_strategy == "steps" and step % _absolute(a.eval_steps, max_steps) == 0) or (a.eval_strategy == "epoch" and epoch_end)
-    )
-    save = (a.save_strategy == "steps" and (step % _absolute(a.save_steps, max_steps) == 0 or step == max_steps)) or (
-        a.save_strategy == "epoch" and epoch_end
-    )
+    if epoch_end:
+        return False, can_evaluate and a.eval_strategy == "epoch", a.save_strategy == "epoch"
+    last = step == max_steps
+    log = step % _absolute(a.logging_steps, max_steps) == 0 or (a.logging_first_step and step == 1)
+    evaluate = can_evaluate and a.eval_strategy == "steps" and (step % _absolute(a.eval_steps, max_steps) == 0 or last)
+    save = a.save_strategy == "steps" and (step % _absolute(a.save_steps, max_steps) == 0 or last)
     return log, evaluate, save
 
 

@@ -13,7 +13,9 @@ write removes the temporary folder and says which checkpoint failed. On load
 the manifest is checked first and every file is read before anything is
 applied, so a corrupt checkpoint is refused by name and file, and
 `resume_from_checkpoint=True` falls back to the newest one that loads.
-Pruning (`save_total_limit`) only touches checkpoints of the same run id.
+Pruning (`save_total_limit`) only touches checkpoints of the same run id and
+follows transformers' `rotate_checkpoints`: the newest checkpoint and
+`state.best_model_checkpoint` are never deleted.
 
 Resume rule (docs/design.md): a checkpoint saved inside a rollout's reuse window
 carries that rollout (tokens, advantages, π_old/π_ref log-probs) and how many
@@ -67,8 +69,7 @@ def set_rng_state(state: dict) -> None:
 
 
 def save_checkpoint(
-    output_dir: str, step: int, accelerator, model, tokenizer, trainer_state: dict, save_total_limit: int | None,
-    process_state: dict | None = None, run_id: str = "",
+    output_dir: str, step: int, accelerator, model, tokenizer, trainer_state: dict, process_state: dict | None = None, run_id: str = "",
 ) -> str:
     """Write `output_dir/checkpoint-<step>` atomically; every process must call it.
 
@@ -76,11 +77,9 @@ def save_checkpoint(
         trainer_state: what every process shares (optimizer/scheduler state
             dicts, step, data position) — anything `torch.save` takes; the
             main process writes it.
-        save_total_limit: keep at most this many of this run's checkpoints
-            (oldest pruned), None = all.
         process_state: this process's own entries (its share of the rollout),
             written by each process and merged into the trainer state on load.
-        run_id: the run's id, written to the manifest; pruning only touches checkpoints with the same id.
+        run_id: the run's id, written to the manifest; `prune` only touches checkpoints with the same id.
     Returns:
         The checkpoint's path.
     Raises:
@@ -115,9 +114,6 @@ def save_checkpoint(
             f"{repr(last[-1]) + ' is untouched' if last else 'there is no earlier checkpoint'}. Free space, then resume with "
             "resume_from_checkpoint=True (fastgrpo train --resume)."
         ) from err
-    if accelerator.is_main_process:
-        prune(output_dir, save_total_limit, run_id)
-    accelerator.wait_for_everyone()
     return final
 
 
@@ -180,11 +176,28 @@ def _run_id(path: str) -> str | None:
         return None
 
 
-def prune(output_dir: str, save_total_limit: int | None, run_id: str) -> None:
-    """Delete this run's oldest checkpoints beyond `save_total_limit`; other runs' folders are never touched."""
-    if save_total_limit is None:
+def prune(output_dir: str, save_total_limit: int | None, run_id: str, best: str | None = None, at_end: bool = False) -> None:
+    """Delete this run's oldest checkpoints beyond `save_total_limit`, as transformers' `rotate_checkpoints` does.
+
+    The newest checkpoint (for resuming) and `best` (`state.best_model_checkpoint`)
+    are never deleted, so with a limit of 1 and a best that is not the newest two
+    remain; `at_end` (after training) then keeps the best alone, as `Trainer.train`
+    does with `save_total_limit=1`. Other runs' folders are never touched.
+
+    Args:
+        save_total_limit: checkpoints to keep; None or ≤ 0 keeps all (transformers' rule).
+        run_id: the run whose checkpoints may be deleted (by manifest).
+        best: the best checkpoint's path, or None.
+        at_end: training has ended.
+    """
+    found = [os.path.normpath(p) for p in checkpoints(output_dir, run_id)]
+    if save_total_limit is None or save_total_limit <= 0 or not found:
         return
-    for path in checkpoints(output_dir, run_id)[:-save_total_limit]:
+    best = os.path.normpath(best) if best is not None and os.path.normpath(best) in found else None
+    protected = {found[-1], best} - {None}
+    if at_end and save_total_limit == 1 and best is not None:
+        protected = {best}
+    for path in [p for p in found if p not in protected][: max(len(found) - max(save_total_limit, len(protected)), 0)]:
         shutil.rmtree(path, ignore_errors=True)
 
 

@@ -87,6 +87,7 @@ class GRPOConfig:
     per_device_train_batch_size: int = 8
     gradient_accumulation_steps: int = 1
     num_generations: int = 8  # G: completions per prompt
+    num_generations_eval: int | None = None  # completions per eval prompt (TRL's); None: num_generations
     generation_batch_size: int | None = None  # completions per rollout, all processes
     steps_per_generation: int | None = None  # micro-batches per rollout per process
     num_iterations: int = 1  # μ: passes over each rollout
@@ -296,6 +297,7 @@ class GRPOConfig:
         check_importance_sampling(self.vllm_importance_sampling_correction, self.vllm_importance_sampling_mode,
                                   self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max)
         need(G >= 2, f"num_generations={G}: a group needs at least 2 completions to compare; use 2 or more.")
+        need(self.num_generations_eval is None or self.num_generations_eval >= 1, f"num_generations_eval={self.num_generations_eval}: sample at least 1 completion per eval prompt, or None for num_generations.")
         per_process = self.generation_batch_size // self.world_size
         need(
             self.generation_batch_size % (G * self.world_size) == 0,

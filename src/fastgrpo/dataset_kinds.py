@@ -46,13 +46,20 @@ def check_train_dataset(dataset, max_steps: int) -> None:
 def eval_sets(eval_dataset) -> dict:
     """{metric prefix: rows} for an eval_dataset: {"eval": ds}, or {"eval_<name>": ds} for each entry of a dict.
 
+    An IterableDataset is evaluated as TRL evaluates it: read through once per evaluation
+    (evaluation.mean_rewards); here only its first row is checked.
+
     Raises:
-        ValueError: an IterableDataset or another type without rows (the message names the type).
+        ValueError: a type without rows, or an IterableDataset without a first row or a prompt column
+            (the message names the type or the columns).
     """
     named = {f"eval_{k}": v for k, v in eval_dataset.items()} if isinstance(eval_dataset, Mapping) else {"eval": eval_dataset}
     for prefix, ds in named.items():
         if isinstance(ds, IterableDataset):
-            raise ValueError(f"{prefix} dataset is an IterableDataset; evaluation needs a fixed set: use Dataset.from_list(list(ds.take(n))).")
+            first = next(iter(ds), None)
+            if first is None or "prompt" not in first:
+                raise ValueError(f"{prefix} dataset (IterableDataset) yields {'no rows' if first is None else f'rows without a prompt column (columns: {list(first)})'}; give rows with a 'prompt'.")
+            continue
         if not has_rows(ds):
             raise ValueError(f"{prefix} dataset is a {type(ds).__name__}; give a datasets.Dataset, a list of dicts, or a dict of them.")
         check_dataset(ds, f"{prefix} dataset")

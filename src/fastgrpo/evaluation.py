@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from .metrics import PhaseTimer, Window, rollout_metrics
+from .metrics import PhaseTimer, Window, reward_stats, rollout_metrics
 from .rollout import Rollout
 
 # (rows, advantages, timer) → (rollout, reward functions' log_extra columns): the trainer's own sampling and scoring.
@@ -25,12 +25,13 @@ Sample = Callable[[list[dict], Callable[[torch.Tensor], torch.Tensor], PhaseTime
 
 def mean_rewards(
     sets: Mapping[str, Sequence[dict]], metric_key_prefix: str, sample: Sample, *, reward_names: list[str],
-    reward_weights: torch.Tensor, num_generations: int, batch_size: int, accelerator,
+    reward_weights: torch.Tensor, num_generations: int, batch_size: int, accelerator, on_batch: Callable[[], None] = lambda: None,
 ) -> dict[str, float]:
     """Mean weighted reward and each reward function's mean, per eval dataset, over all processes.
 
     Args:
-        sets: {"eval": rows} or {"eval_<name>": rows} (dataset_kinds.eval_sets).
+        sets: {"eval": rows} or {"eval_<name>": rows} (dataset_kinds.eval_sets); an iterable without
+            random access (an IterableDataset) is read through once, as TRL's eval dataloader reads it.
         metric_key_prefix: replaces "eval" in each set's name (transformers' argument).
         sample: G scored completions per row, as the trainer samples for training.
         reward_names: the R reward functions' log names.
@@ -38,17 +39,19 @@ def mean_rewards(
         num_generations: G, completions per prompt.
         batch_size: per_device_eval_batch_size, completions per `sample` call (at least one prompt's G).
         accelerator: splits the rows and sums the metrics over processes.
+        on_batch: called after each `sample` call (the trainer's on_prediction_step).
     Returns:
-        {"<prefix>_reward": mean weighted reward per completion, "<prefix>_rewards/<fn>":
-        mean of each function over the completions it applied to (not None)}; 0.0 for none.
+        {"<prefix>_reward": mean weighted reward per completion (0.0 for none), "<prefix>_rewards/<fn>/mean"
+        and "/std": each function over the completions it applied to (not None; left out for none)} (TRL's names).
     """
     acc, prompts_per_call = accelerator, max(batch_size // num_generations, 1)
     metrics = {}
     for set_name, dataset in sets.items():
         prefix = metric_key_prefix + set_name[len("eval") :]  # "eval" or "eval_<name>" → "<prefix>[_<name>]"
+        dataset = dataset if hasattr(dataset, "__len__") else list(dataset)  # an IterableDataset: read through
         rows = [dataset[i] for i in range(acc.process_index, len(dataset), acc.num_processes)]
         window = Window()  # the same keys on every process, even one without eval rows
-        for key in ["reward_sum", "completions"] + [f"rewards/{n}_{part}" for n in reward_names for part in ("sum", "count")]:
+        for key in ["reward_sum", "completions"] + [f"rewards/{n}_{part}" for n in reward_names for part in ("sum", "sqsum", "count")]:
             window.add(key, 0.0)
         for start in range(0, len(rows), prompts_per_call):
             # No advantages (nothing trains on these); log_extra columns describe training rollouts only.
@@ -56,8 +59,8 @@ def mean_rewards(
             values = rollout_metrics(rollout, reward_names, reward_weights, num_generations)
             for key in list(window.sums):
                 window.add(key, values[key])
+            on_batch()
         sums, _ = window.reduce(acc)
         metrics[f"{prefix}_reward"] = sums["reward_sum"] / max(sums["completions"], 1)
-        for name in reward_names:
-            metrics[f"{prefix}_rewards/{name}"] = sums[f"rewards/{name}_sum"] / max(sums[f"rewards/{name}_count"], 1)
+        metrics.update(reward_stats(sums, reward_names, f"{prefix}_rewards"))
     return metrics

@@ -11,6 +11,7 @@ Not here: computing any metric's value (losses.py, trainer.py).
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections import defaultdict
@@ -110,17 +111,29 @@ class MetricsLog:
         self.completions_path = os.path.join(output_dir, "completions.jsonl")
         os.makedirs(output_dir, exist_ok=True)
 
-    def cut_back(self, step: int) -> None:
-        """Drop records after `step` from both logs (resuming from checkpoint-<step>): no step logged twice.
+    def sizes(self) -> dict[str, int]:
+        """Bytes written so far to each log (0 before its first line): where a checkpoint saved now cuts them back to."""
+        return {path: os.path.getsize(path) if os.path.exists(path) else 0 for path in (self.metrics_path, self.completions_path)}
 
-        Each file is rewritten under a temporary name and renamed into place.
+    def cut_back(self, step: int, sizes: dict[str, int] | None = None) -> None:
+        """Cut both logs back to what they held when the checkpoint was saved: no record logged twice.
+
+        Args:
+            step: the checkpoint's step; without `sizes` (a checkpoint from before they
+                were saved), records after it are dropped.
+            sizes: `sizes()` at the checkpoint: each file is truncated to it, which also
+                drops what was logged at the checkpoint's own step after it was saved.
         """
         for path in (self.metrics_path, self.completions_path):
             if not os.path.exists(path):
                 continue
+            if sizes is not None:
+                if os.path.getsize(path) > sizes.get(path, 0):
+                    os.truncate(path, sizes.get(path, 0))
+                continue
             with open(path) as f:
                 kept = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
-            with open(path + ".tmp", "w") as f:
+            with open(path + ".tmp", "w") as f:  # rewritten under a temporary name and renamed into place
                 f.writelines(kept)
             os.replace(path + ".tmp", path)
 
@@ -176,7 +189,7 @@ def rollout_metrics(rollout, reward_names: list[str], weights: torch.Tensor, num
     Keys: completions, reward_sum, group_std_sum (n − 1 std per group), groups,
     zero_std_groups (groups of equal rewards: no learning signal),
     reward_none (completions no reward function applied to),
-    rewards/<name>_sum and _count (applicable completions only),
+    rewards/<name>_sum, _sqsum and _count (applicable completions only),
     completion_length_sum/_min/_max (tokens), completion_tokens, truncated,
     truncated_prompts.
     """
@@ -202,6 +215,7 @@ def rollout_metrics(rollout, reward_names: list[str], weights: torch.Tensor, num
         column = rewards[:, k]
         present = ~torch.isnan(column)
         out[f"rewards/{name}_sum"] = float(column[present].sum())
+        out[f"rewards/{name}_sqsum"] = float(column[present].double().square().sum())
         out[f"rewards/{name}_count"] = float(present.sum())
     return out
 
@@ -276,8 +290,7 @@ def window_record(step: int, sums: dict, extremes: dict, seconds: dict, reward_n
     mean("ds_at_cap", "rollouts", "dynamic_sampling/at_cap")
     mean("ds_zero_std_sampled", "ds_sampled_groups", "dynamic_sampling/frac_reward_zero_std_before")
     mean("ds_reward_sampled", "ds_completions_sampled", "dynamic_sampling/reward_before")
-    for name in reward_names:
-        mean(f"rewards/{name}_sum", f"rewards/{name}_count", f"rewards/{name}")
+    record.update(reward_stats(sums, reward_names, "rewards"))
     mean("completion_length_sum", "completions", "completion_length")
     record.update({k: v for k, v in extremes.items() if k.startswith("completion_length")})
     mean("truncated", "completions", "clipped_ratio")
@@ -304,6 +317,22 @@ def window_record(step: int, sums: dict, extremes: dict, seconds: dict, reward_n
     if seconds.get("update", 0) > 0 and "tokens" in sums:
         record["train_tokens_per_second"] = sums["tokens"] / seconds["update"]
     return record
+
+
+def reward_stats(sums: dict, reward_names: list[str], prefix: str) -> dict[str, float]:
+    """TRL's `<prefix>/<name>/mean` and `/std` of each reward function over the completions it applied to.
+
+    The std is the sample (n − 1) std over all of the window's completions (TRL takes it per
+    generation batch and averages over the window: the same for a window of one rollout); a
+    function that applied to no completion is left out, one that applied to one has std 0.
+    """
+    out = {}
+    for name in reward_names:
+        n, total, squares = sums.get(f"rewards/{name}_count", 0), sums.get(f"rewards/{name}_sum", 0.0), sums.get(f"rewards/{name}_sqsum", 0.0)
+        if n > 0:
+            out[f"{prefix}/{name}/mean"] = total / n
+            out[f"{prefix}/{name}/std"] = math.sqrt(max(squares - total * total / n, 0.0) / (n - 1)) if n > 1 else 0.0
+    return out
 
 
 def _floats(row: torch.Tensor) -> list:

@@ -4,8 +4,13 @@
 `PreTrainedModel` instance) beside plain functions. `RewardModel` wraps one as
 a callable with the reward-function protocol (rewards.py), scoring each
 completion as TRL does: prompt + completion (chat messages rendered with the
-reward tokenizer's chat template, text concatenated), right-padded, no special
-tokens added, the model's single logit at the last non-pad token, in no_grad.
+reward tokenizer's chat template, text concatenated), right-padded, the model's
+single logit at the last non-pad token, in no_grad. Special tokens are the
+ones the model was trained with: a chat's come from the template (as
+`apply_chat_template(tokenize=True)` gives them, nothing added), a text's from
+the reward tokenizer (its BOS, as `tokenizer(text)` adds it). TRL 1.16 adds
+none to text, so a reward model whose tokenizer adds BOS scores text prompts
+on tokens it never saw.
 A tokenizer without a pad token pads with EOS and the model's config is told
 so (TRL's handling of pad == EOS).
 
@@ -36,7 +41,7 @@ class RewardModel:
         processing_class: its tokenizer; default: loaded from the model's own path.
         init_kwargs: passed to `from_pretrained` when `model` is a name (GRPOConfig.model_init_kwargs).
     Attributes:
-        __name__: the model's folder or repository name (TRL's reward name; logged as rewards/<name>).
+        __name__: the model's folder or repository name (TRL's reward name; logged as rewards/<name>/mean and /std).
     Raises:
         ValueError: a model with more than one output label.
     """
@@ -72,10 +77,11 @@ class RewardModel:
 
     @torch.no_grad()
     def __call__(self, /, prompts: list, completions: list, **kwargs) -> list[float]:
-        """N prompts and completions → N rewards (the model's logit); dataset columns in `kwargs` are ignored
-        (`self` is positional-only, so a column of any name, even "self", passes through)."""
+        """N prompts and completions → N rewards (the model's logit); special tokens as the model was trained with them.
+        Dataset columns in `kwargs` are ignored (`self` is positional-only, so a column of any name, even "self", passes through)."""
         inputs = self.tokenizer(
-            text=self.texts(prompts, completions), return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False
+            text=self.texts(prompts, completions), return_tensors="pt", padding=True, padding_side="right",
+            add_special_tokens=not is_conversational(prompts[0]),  # a chat template writes its own special tokens
         ).to(self.model.device)
         with self.autocast():
             logits = self.model(**inputs).logits[:, 0]  # (N,)

@@ -31,13 +31,14 @@ import inspect
 import json
 import math
 import numbers
+import logging
 import re
-import warnings
 from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 
+logger = logging.getLogger(__name__)
 RewardFunc = Callable[..., list]
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)  # rewards are stored as float32
 
@@ -52,7 +53,7 @@ class RewardFunctionError(RuntimeError):
 
 
 def reward_name(fn: RewardFunc) -> str:
-    """The name a reward is logged under (`rewards/<name>`): the function's `__name__`;
+    """The name a reward is logged under (`rewards/<name>/mean`, `/std`): the function's `__name__`;
     a `functools.partial` is named after the function it wraps."""
     while isinstance(fn, functools.partial):
         fn = fn.func
@@ -109,7 +110,8 @@ def score(
     Returns:
         (N, R) float32 rewards, NaN where a function returned None. A row that
         is NaN everywhere (no function applies) is allowed: it gets Â = 0
-        (see `advantages.rollout_advantages`), with a warning.
+        (see `advantages.rollout_advantages`), with TRL's warning on this module's logger
+        (the first such completion's prompt, completion and columns).
     Raises:
         ValueError: a function returned the wrong number of values, or inf/NaN
             (naming the function, the value and the completion).
@@ -127,11 +129,14 @@ def score(
     table = torch.empty(n, len(funcs), dtype=torch.float32)
     for k, (name, values) in enumerate(zip(names, results)):
         table[:, k] = _column(name, values, n)
-    if torch.isnan(table).all(dim=1).any():
-        warnings.warn(
-            f"some completions got None from every reward function ({', '.join(names)}); they get advantage 0 and are "
-            "left out of their group's mean and std (logged as frac_reward_none).",
-            stacklevel=2,
+    none = torch.isnan(table).all(dim=1)
+    if none.any():
+        i = int(none.nonzero()[0])
+        row = {**{key: values[i] for key, values in columns.items()}, "prompt": prompts[i], "completion": completions[i]}
+        logger.warning(  # TRL's words, then what fastgrpo does with such a completion
+            f"All reward functions returned None for the following kwargs:\n{row}\nPlease ensure that at least one reward "
+            f"function returns a valid reward. {int(none.sum())} of {n} completions got None from every reward function "
+            f"({', '.join(names)}); they get advantage 0 and are left out of their group's mean and std (logged as frac_reward_none)."
         )
     return table
 

@@ -43,10 +43,10 @@ from .dynamic_sampling import rollout_producer
 from .entropy_control import EntropyControl
 from .evaluation import mean_rewards
 from .generation import SamplingSettings, build_generator, generator_notices
-from .importance_sampling import SamplingCorrection, off_policy_mask
+from .importance_sampling import SamplingCorrection
 from .interrupt import StopOnInterrupt
 from .logprobs import LogProbs, TokenStats, fallback_notices
-from .losses import StepCounts, entropy_threshold, grpo_loss, high_entropy_mask, kl_k3, masked_sum, step_tokens
+from .losses import StepCounts, grpo_loss, kl_k3, masked_sum, step_tokens
 from .metrics import CompletionRows, MetricsLog, PhaseTimer, RewardHooks, Window, accumulate, progress_bar, rollout_metrics, window_record
 from .models import as_reference, sync_reference
 from .optimizers import build_optimizer
@@ -56,6 +56,7 @@ from .rewards import score
 from .rollout import Rollout, collect, micro_batch_rows
 from .trainer_inputs import check_trainer_inputs
 from .trainer_setup import build_accelerator, load_policy
+from .trl_methods import TRLMethods
 
 
 class TrainOutput(NamedTuple):
@@ -66,8 +67,8 @@ class TrainOutput(NamedTuple):
     metrics: dict
 
 
-class GRPOTrainer:
-    """GRPO trainer with TRL's constructor and methods.
+class GRPOTrainer(TRLMethods):
+    """GRPO trainer with TRL's constructor and methods (TRL's public helpers: trl_methods.py).
 
     Args:
         model: "smollm2-135m-instruct", a local folder or .gguf file, a hub
@@ -187,6 +188,7 @@ class GRPOTrainer:
         self.events.train_begin(self.max_steps, self.step, self._epoch())
         if a.eval_on_start and self.eval_dataset is not None:
             self.evaluate()
+        self.events.epoch_begin()
         hidden = a.disable_tqdm or not self.accelerator.is_main_process
         with progress_bar(self.console, self.max_steps, self.step, hidden) as progress, StopOnInterrupt() as interrupt:
             while self.step < self.max_steps and not self.events.control.should_training_stop:
@@ -204,11 +206,11 @@ class GRPOTrainer:
                         trainer_checkpoints.stop_interrupted(self, rollout, done)
                     if self.step >= self.max_steps or stop_reuse or self.events.control.should_training_stop:
                         break
-        if self.window.sums.get("steps"):  # stopped by a callback between logging steps: log the rest
-            self._log()
+        pending = self._log(to_callbacks=False) if self.window.sums.get("steps") else {}  # to the summary log, as TRL's log() merges it
         for tracker in self.accelerator.trackers:  # not end_training(): it ends the process group save_model needs
             tracker.finish()
-        self.events.train_end(self.loss_sum / max(self.step, 1))
+        trainer_checkpoints.prune_at_end(self)
+        self.events.train_end(self.loss_sum / max(self.step, 1), pending)
         return TrainOutput(self.step, self.loss_sum / max(self.step, 1), self.last_metrics)
 
     # ------------------------------------------------------------------ rollout
@@ -232,10 +234,10 @@ class GRPOTrainer:
         drawn = self.order.take(prompts * acc.num_processes)[acc.process_index * prompts : (acc.process_index + 1) * prompts]
         return self._sample(drawn if self.streaming else [self.train_dataset[i] for i in drawn], advantages, self.timer)
 
-    def _sample(self, rows: list[dict], advantages: Callable[[torch.Tensor], torch.Tensor], timer: PhaseTimer) -> tuple[Rollout, dict]:
-        """B prompt rows → a Rollout of B·G scored completions (rollout.collect), and the reward functions' log_extra columns."""
+    def _sample(self, rows: list[dict], advantages: Callable[[torch.Tensor], torch.Tensor], timer: PhaseTimer, num_generations=None) -> tuple[Rollout, dict]:
+        """B prompt rows → a Rollout of B·G scored completions (rollout.collect; G = num_generations unless given), and the log_extra columns."""
         rollout = collect(
-            rows, num_generations=self.args.num_generations, encode=self._encode, generate=self.generate, decode=self._decode,
+            rows, num_generations=num_generations or self.args.num_generations, encode=self._encode, generate=self.generate, decode=self._decode,
             score=partial(score, self.reward_funcs, reward_kwargs=self._reward_kwargs()), advantages=advantages,
             eos_token_ids=self.eos_token_ids, timer=timer,
         )
@@ -333,13 +335,17 @@ class GRPOTrainer:
                     acc.backward(out.loss)
                 packing = {"padded_tokens": stats.padded_tokens, "real_tokens": stats.real_tokens, "packed_tokens": stats.packed_tokens}
                 accumulate(sums, {**out.metrics, "loss": out.loss.detach(), "entropy": masked_sum(entropy.detach(), mask), **packing, **mismatch})
+                if j < GA - 1:
+                    self.events.substep_end()
             grad_norm = acc.clip_grad_norm_(self.model.parameters(), a.max_grad_norm if a.max_grad_norm > 0 else math.inf)  # 0: no clip
             if not torch.isfinite(grad_norm):  # before optimizer.step: the weights and every checkpoint stay finite
                 raise FloatingPointError(
                     f"step {self.step + 1}: the gradient norm is {float(grad_norm)} (loss {float(sums['loss'])}); the weights "
                     "were not updated. Lower learning_rate, or check the model's weights and the rewards for inf/NaN."
                 )
+            self.events.pre_optimizer_step()
             self.optimizer.step()
+            self.events.optimizer_step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
         for key, value in sums.items():
@@ -374,18 +380,6 @@ class GRPOTrainer:
             return None
         return self.get_high_entropy_mask(entropy, mask, 1 - self.args.top_entropy_quantile).float()
 
-    get_off_policy_mask = staticmethod(off_policy_mask)  # TRL's static method, same signature (importance_sampling.py)
-
-    def get_high_entropy_mask(self, entropies: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.Tensor:
-        """TRL's method: (B, T) bool, active tokens whose entropy is ≥ the `threshold` quantile (in [0, 1]) of the
-        active tokens of this micro-batch on all processes, as if one process held them all."""
-        acc = self.accelerator
-        active = entropies[mask.bool()].float()
-        if acc.num_processes > 1:  # -1: padding sentinel, entropies are ≥ 0
-            active = acc.gather(acc.pad_across_processes(active, dim=0, pad_index=-1.0))
-            active = active[active >= 0]
-        return high_entropy_mask(entropies, mask, entropy_threshold(active, 1 - threshold)).bool()
-
     def _kl(self, stats: TokenStats, mb: Rollout) -> torch.Tensor:
         """Per-token KL(π_θ‖π_ref): k3 from stored log π_ref, or exact over the vocabulary (computed in the policy pass)."""
         return kl_k3(stats.logps, mb.ref_logps) if self.args.kl_estimator == "k3" else stats.kl
@@ -397,10 +391,18 @@ class GRPOTrainer:
         if a.sync_ref_model and self.step % a.ref_model_sync_steps == 0:  # TR-DPO soft update
             sync_reference(self.ref_model, self.accelerator.unwrap_model(self.model), a.ref_model_mixup_alpha)
         epoch_end = done >= a.steps_per_rollout and self.order.epoch > self.epochs_done  # this rollout finished a pass
-        self.epochs_done = self.order.epoch if epoch_end else self.epochs_done
-        log, evaluate, save = scheduled(a, self.step, self.max_steps, epoch_end, can_evaluate=self.eval_dataset is not None)
-        control = self.events.step_end(self.step, self._epoch(), log, evaluate, save)  # callbacks may add any, or stop training
-        if control.should_log:
+        self.epochs_done, can_evaluate = self.order.epoch if epoch_end else self.epochs_done, self.eval_dataset is not None
+        # Trainer's order: on_step_end and its log/evaluate/save, then at an epoch's end (or the run's) on_epoch_end and its own.
+        self._act(self.events.step_end(self.step, self._epoch(), *scheduled(a, self.step, self.max_steps, False, can_evaluate)), rollout, done)
+        finishing = self.step >= self.max_steps or self.events.control.should_training_stop
+        if epoch_end or finishing:
+            self._act(self.events.epoch_end(self._epoch(), *scheduled(a, self.step, self.max_steps, True, can_evaluate)), rollout, done)
+            if not (finishing or self.events.control.should_training_stop):
+                self.events.epoch_begin()
+
+    def _act(self, control, rollout: Rollout, done: int) -> None:
+        """Log, evaluate and save as the control says (callbacks may have added any), in Trainer's order."""
+        if control.should_log and self.window.sums.get("steps"):  # Trainer logs a step once
             self._log()
         if control.should_evaluate and self.eval_dataset is not None:
             self.evaluate()
@@ -411,7 +413,8 @@ class GRPOTrainer:
         """Passes over the training prompts so far (TrainerState.epoch): whole epochs plus the drawn fraction."""
         return self.order.epoch + (self.order.position / self.order.size if self.order.size else 0.0)
 
-    def _log(self) -> None:
+    def _log(self, to_callbacks: bool = True) -> dict:
+        """Write the window's record (metrics.jsonl, completions.jsonl, trackers) and, unless told not to, on_log; return it."""
         acc = self.accelerator
         sums, extremes = self.window.reduce(acc)
         record = window_record(self.step, sums, extremes, self.timer.pop(), self.reward_names)
@@ -420,33 +423,37 @@ class GRPOTrainer:
         rows = self.fresh_completions
         if self.args.log_completions and acc.num_processes > 1:
             rows = gather_object(rows)  # every process's completions, in process order
-        self.events.log(record)
+        if to_callbacks:
+            self.events.log(record)
         if self.log is not None:
             self.log.write(record)
             for r in rows:
                 self.log.completions(self.step, r, self.reward_names, self.args.num_completions_to_print)
         self.last_metrics, self.window, self.fresh_completions = record, Window(), []
+        return record
 
     # ------------------------------------------------------------------ public helpers
     @torch.no_grad()
     def evaluate(self, eval_dataset=None, metric_key_prefix: str = "eval") -> dict:
-        """Mean reward of G sampled completions per eval prompt (each process scores its share).
+        """Mean reward of num_generations_eval (default G) sampled completions per eval prompt (each process scores its share).
 
         Args:
             eval_dataset: rows, or a dict / DatasetDict of them (each evaluated, metrics
                 prefixed `<prefix>_<name>_`); default: the trainer's eval_dataset.
-            metric_key_prefix: "eval" gives eval_reward and eval_rewards/<fn> (transformers' naming).
+            metric_key_prefix: "eval" gives eval_reward and eval_rewards/<fn>/mean (TRL's naming).
         Returns:
-            {"<prefix>_reward": mean weighted reward, "<prefix>_rewards/<fn>": each reward's mean}.
+            {"<prefix>_reward": mean weighted reward, "<prefix>_rewards/<fn>/mean" and "/std": each reward's}.
         Raises:
             ValueError: no eval dataset here or in the trainer, or one of a kind evaluation cannot read.
         """
         sets = eval_sets(eval_dataset) if eval_dataset is not None else self.eval_sets
         if sets is None:
             raise ValueError("evaluate() needs an eval_dataset: pass one to evaluate() or to GRPOTrainer.")
+        G = self.args.num_generations_eval or self.args.num_generations
         metrics = mean_rewards(
-            sets, metric_key_prefix, self._sample, reward_names=self.reward_names, reward_weights=self.reward_weights,
-            num_generations=self.args.num_generations, batch_size=self.args.per_device_eval_batch_size, accelerator=self.accelerator,
+            sets, metric_key_prefix, partial(self._sample, num_generations=G), reward_names=self.reward_names, reward_weights=self.reward_weights,
+            num_generations=G, batch_size=self.args.per_device_eval_batch_size, accelerator=self.accelerator,
+            on_batch=self.events.prediction_step,
         )
         if self.log is not None:
             self.log.write({"step": self.step, **metrics})

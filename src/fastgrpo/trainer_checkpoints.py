@@ -3,16 +3,20 @@
 - `save`: checkpoint-<step> with the weights, the optimizer and scheduler, the
   data order, the step counters, π_ref when `sync_ref_model` moves it, the
   entropy bonus's coefficient (adaptive), each process's rollout while μ
-  passes over it remain, and dynamic sampling's carry-over buffer; then the
+  passes over it remain, its logging window (the metric sums and completions
+  trained on but not yet logged) and dynamic sampling's carry-over buffer; then the
   callbacks' on_save.
 - `stop_interrupted`: after Ctrl-C, that step's checkpoint (unless just
   written) and `TrainingInterrupted` saying how to resume.
 - `resume`: a new run claims output_dir; a resumed one loads the state back,
-  applies the settings that changed and cuts the logs back to its step.
+  applies the settings that changed, cuts the logs back to its step and takes
+  back the unlogged window, so whatever stops the run (Ctrl-C, a crash, a
+  callback) and wherever it resumes, every optimizer step and every completion
+  trained on reaches metrics.jsonl / completions.jsonl exactly once.
 - `save_model`: the policy (or its adapters, or both merged) and tokenizer,
   loadable with `from_pretrained` (`GRPOTrainer.save_model`).
 
-A checkpoint is the trainer's state, so the first three take the `GRPOTrainer`:
+A checkpoint is the trainer's state, so the first three take the trainer (`Checkpointed`):
 `save` reads, and `resume` sets, its step, target_kl_stops, run_id, order,
 optimizer, scheduler, ref_model and entropy_control.
 
@@ -23,7 +27,7 @@ which config changes a resume accepts (runs.py), catching Ctrl-C (interrupt.py).
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from . import checkpoint as ckpt
 from . import runs
@@ -31,11 +35,32 @@ from .interrupt import TrainingInterrupted
 from .models import is_peft_model, merged_copy
 from .rollout import Rollout
 
-if TYPE_CHECKING:  # trainer.py imports this module
-    from .trainer import GRPOTrainer
+
+class Checkpointed(Protocol):
+    """What a checkpoint reads from and restores into a trainer (`GRPOTrainer` has it all; this module never imports it)."""
+
+    args: Any
+    accelerator: Any
+    model: Any
+    tokenizer: Any
+    optimizer: Any
+    scheduler: Any
+    order: Any
+    ref_model: Any
+    events: Any
+    state: Any
+    log: Any
+    console: Any
+    window: Any
+    fresh_completions: list
+    loss_sum: float
+    step: int
+    max_steps: int
+    target_kl_stops: int
+    run_id: str
 
 
-def save(trainer: GRPOTrainer, rollout: Rollout, done: int) -> str:
+def save(trainer: Checkpointed, rollout: Rollout, done: int) -> str:
     """Write checkpoint-<step> (every process calls it), then the callbacks' on_save.
 
     Args:
@@ -51,18 +76,31 @@ def save(trainer: GRPOTrainer, rollout: Rollout, done: int) -> str:
     state = {
         "step": trainer.step, "optimizer": trainer.optimizer.state_dict(), "scheduler": trainer.scheduler.state_dict(),
         "order": trainer.order.state_dict(), "target_kl_stops": trainer.target_kl_stops, "done": done,
-        "ref_model": trainer.ref_model.state_dict() if a.sync_ref_model else None, "config": a.to_dict(),
+        "ref_model": trainer.ref_model.state_dict() if a.sync_ref_model else None, "config": a.to_dict(), "loss_sum": trainer.loss_sum,
         "entropy_control": trainer.entropy_control.state_dict() if trainer.entropy_control else None,
+        "log_sizes": trainer.log.sizes() if trainer.log is not None else None,  # the main process writes this state
     }
-    own = {"rollout": rollout if done < a.steps_per_rollout else None, "producer": trainer.producer.state_dict()}  # this process's
-    path = ckpt.save_checkpoint(
-        a.output_dir, trainer.step, trainer.accelerator, trainer.model, trainer.tokenizer, state, a.save_total_limit, own, trainer.run_id
-    )
-    trainer.events.save(path)
+    # this process's share of the rollout, of what was trained since the last log, and dynamic sampling's carry-over
+    own = {
+        "rollout": rollout if done < a.steps_per_rollout else None, "window": trainer.window, "completions": trainer.fresh_completions,
+        "producer": trainer.producer.state_dict(),
+    }
+    acc = trainer.accelerator
+    path = ckpt.save_checkpoint(a.output_dir, trainer.step, acc, trainer.model, trainer.tokenizer, state, own, trainer.run_id)
+    trainer.events.save(path)  # names the best checkpoint before pruning, as Trainer._save_checkpoint does
+    if acc.is_main_process:
+        ckpt.prune(a.output_dir, a.save_total_limit, trainer.run_id, trainer.state.best_model_checkpoint)
+    acc.wait_for_everyone()
     return path
 
 
-def stop_interrupted(trainer: GRPOTrainer, rollout: Rollout, done: int) -> None:
+def prune_at_end(trainer: Checkpointed) -> None:
+    """After training with save_total_limit=1: keep the best checkpoint alone (transformers' `Trainer.train` rule)."""
+    if trainer.accelerator.is_main_process:
+        ckpt.prune(trainer.args.output_dir, trainer.args.save_total_limit, trainer.run_id, trainer.state.best_model_checkpoint, at_end=True)
+
+
+def stop_interrupted(trainer: Checkpointed, rollout: Rollout, done: int) -> None:
     """After Ctrl-C: save this step's checkpoint (unless just saved) and stop.
 
     Raises:
@@ -77,7 +115,7 @@ def stop_interrupted(trainer: GRPOTrainer, rollout: Rollout, done: int) -> None:
     )
 
 
-def resume(trainer: GRPOTrainer, resume_from_checkpoint) -> tuple[Rollout | None, int]:
+def resume(trainer: Checkpointed, resume_from_checkpoint) -> tuple[Rollout | None, int]:
     """Start a new run (claiming output_dir) or resume a checkpoint: state, changed settings, logs cut back.
 
     Args:
@@ -107,18 +145,21 @@ def resume(trainer: GRPOTrainer, resume_from_checkpoint) -> tuple[Rollout | None
     runs.apply_optimizer_settings(trainer.optimizer, trainer.scheduler, a)
     trainer.order.load_state_dict(state["order"])
     trainer.step, trainer.target_kl_stops, trainer.run_id = state["step"], state["target_kl_stops"], state["run_id"]
+    trainer.loss_sum = state.get("loss_sum", 0.0)
+    if "window" in state:  # the unlogged steps and completions up to this checkpoint (absent on another number of processes)
+        trainer.window, trainer.fresh_completions = state["window"], state["completions"]
     if state["ref_model"] is not None:
         trainer.ref_model.load_state_dict(state["ref_model"])
     if state.get("entropy_control") and trainer.entropy_control:  # the adaptive coefficient where it was (TRL restores it too)
         trainer.entropy_control.load_state_dict(state["entropy_control"])
     if trainer.log is not None:
-        trainer.log.cut_back(trainer.step)
+        trainer.log.cut_back(trainer.step, state.get("log_sizes"))
         trainer.console.print(f"resumed from {path} at step {trainer.step}", markup=False, soft_wrap=True)
         if changed:
             listed = ", ".join(f"{k} {old!r} → {new!r}" for k, old, new in changed)
             trainer.console.print(f"changed since the checkpoint, applied: {listed}", markup=False, soft_wrap=True)
     trainer.producer.load_state_dict(state.get("producer"))  # dynamic sampling's carry-over buffer
-    return state.get("rollout"), state["done"]  # no rollout: resumed on another number of processes
+    return state.get("rollout"), state["done"]  # no rollout, no window: resumed on another number of processes
 
 
 def save_model(accelerator, model, tokenizer, output_dir: str, merge_adapters: bool) -> None:

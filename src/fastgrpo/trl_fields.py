@@ -83,7 +83,6 @@ TRL_FIELDS: dict[str, TrlField] = {
     "eval_accumulation_steps": TrlField(None, ANY),
     "include_for_metrics": TrlField([], ANY),
     "batch_eval_metrics": TrlField(False, (False,), "evaluate() reports mean rewards, not compute_metrics; remove it"),
-    "num_generations_eval": TrlField(None, (None,), "evaluation samples num_generations completions per prompt; remove it"),
     "load_best_model_at_end": TrlField(False, (False,), "load the best checkpoint yourself (trainer.state.best_model_checkpoint names it)"),
     # --- saving and the hub ----------------------------------------------------------
     "save_on_each_node": TrlField(False, (False,), "the main process writes every checkpoint to output_dir; use a shared file system"),

@@ -1,0 +1,80 @@
+"""Every transformers Trainer event, in Trainer's order: the same callback on transformers' own `Trainer`
+(a 4-parameter regression, the same epochs, accumulation and schedule) and on GRPOTrainer sees the same
+events at the same global steps, from on_init_end to on_train_end."""
+
+import pytest
+import torch
+from datasets import Dataset
+from transformers import Trainer, TrainerCallback, TrainingArguments
+
+from fastgrpo import GRPOConfig, GRPOTrainer
+
+EVENTS = [
+    "on_init_end", "on_train_begin", "on_epoch_begin", "on_step_begin", "on_substep_end", "on_pre_optimizer_step",
+    "on_optimizer_step", "on_step_end", "on_epoch_end", "on_log", "on_evaluate", "on_prediction_step", "on_save", "on_train_end",
+]
+
+
+class Recorder(TrainerCallback):
+    """(event, state.global_step) for every event transformers defines that training reaches."""
+
+    def __init__(self):
+        self.seen = []
+        for name in EVENTS:
+            setattr(self, name, lambda args, state, control, _name=name, **kw: self.seen.append((_name, state.global_step)))
+
+
+class Regression(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(2, 1)
+
+    def forward(self, x, labels):
+        return {"loss": torch.nn.functional.mse_loss(self.linear(x).squeeze(-1), labels)}
+
+
+def transformers_events(tmp_path, steps_per_epoch, accumulation, **schedule):
+    rows = [{"x": [float(i), 1.0], "labels": float(i)} for i in range(steps_per_epoch * accumulation)]
+    rec = Recorder()
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "hf"), per_device_train_batch_size=1, per_device_eval_batch_size=1, gradient_accumulation_steps=accumulation,
+        use_cpu=True, report_to=[], disable_tqdm=True, save_only_model=True, **schedule,
+    )
+    trainer = Trainer(Regression(), args, train_dataset=Dataset.from_list(rows), eval_dataset=Dataset.from_list(rows[:1]), callbacks=[rec])
+    trainer.train()
+    return rec.seen
+
+
+def fastgrpo_events(tmp_path, tokenizer, model, prompts, steps_per_epoch, accumulation, **schedule):
+    # One prompt's G = 2 completions per micro-batch, `accumulation` micro-batches per step, one step per rollout:
+    # `steps_per_epoch` rollouts make a pass over steps_per_epoch · accumulation prompts.
+    rec = Recorder()
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "fg"), per_device_train_batch_size=2, per_device_eval_batch_size=2, num_generations=2,
+        gradient_accumulation_steps=accumulation, max_prompt_length=32, max_completion_length=2, disable_tqdm=True, report_to="none", **schedule,
+    )
+    trainer = GRPOTrainer(
+        model, lambda completion_ids, **kw: [float(len(c)) for c in completion_ids], args=args,
+        train_dataset=prompts.select(range(steps_per_epoch * accumulation)), eval_dataset=prompts.select(range(1)),
+        processing_class=tokenizer, callbacks=[rec],
+    )
+    trainer.train()
+    return rec.seen
+
+
+@pytest.mark.parametrize(
+    "steps_per_epoch, accumulation, schedule",
+    [
+        # 5 steps over epochs of 2: the last epoch is partial; evaluate every 2 steps and at the end; save at each epoch's end
+        (2, 2, dict(max_steps=5, logging_steps=1, eval_strategy="steps", eval_steps=2, save_strategy="epoch")),
+        # evaluation before training and at each epoch's end, save every 3 steps and at the end, no accumulation
+        (3, 1, dict(max_steps=4, logging_steps=2, eval_on_start=True, eval_strategy="epoch", save_strategy="steps", save_steps=3)),
+        # three micro-batches a step, whole epochs (num_train_epochs), log first step, never save
+        (1, 3, dict(num_train_epochs=2, logging_steps=1, logging_first_step=True, save_strategy="no")),
+    ],
+)
+def test_events_match_transformers_trainer(tmp_path, tokenizer, make_model, prompts, steps_per_epoch, accumulation, schedule):
+    want = transformers_events(tmp_path, steps_per_epoch, accumulation, **schedule)
+    got = fastgrpo_events(tmp_path, tokenizer, make_model(), prompts, steps_per_epoch, accumulation, **schedule)
+    assert {name for name, _ in want} >= {"on_epoch_begin", "on_epoch_end", "on_pre_optimizer_step", "on_optimizer_step"}
+    assert got == want
