@@ -194,17 +194,20 @@ class PromptEncoder:
         self.max_prompt_length = max_prompt_length
         self.chat_template_kwargs = chat_template_kwargs or {}
 
-    def render(self, prompt) -> str:
-        """The prompt text the model sees."""
+    def render(self, prompt, tools: list | None = None) -> str:
+        """The prompt text the model sees; `tools` (JSON schemas) are rendered by the chat template (agents)."""
         if is_conversational(prompt):
-            return self.tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True, **self.chat_template_kwargs)
+            return self.tokenizer.apply_chat_template(
+                prompt, tools=tools or None, tokenize=False, add_generation_prompt=True, **self.chat_template_kwargs
+            )
         if isinstance(prompt, str):
             return prompt
         raise TypeError(f"prompt {prompt!r} is neither text nor a list of chat messages.")
 
-    def __call__(self, prompts: list) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """Returns (prompt_ids (B, P), prompt_mask (B, P), number of prompts truncated)."""
-        ids = [self.tokenizer(self.render(p), add_special_tokens=not is_conversational(p))["input_ids"] for p in prompts]
+    def __call__(self, prompts: list, tools: list[list] | None = None) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Returns (prompt_ids (B, P), prompt_mask (B, P), number of prompts truncated); `tools`: per prompt, its tool schemas."""
+        tools = tools or [None] * len(prompts)
+        ids = [self.tokenizer(self.render(p, t), add_special_tokens=not is_conversational(p))["input_ids"] for p, t in zip(prompts, tools)]
         limit = self.max_prompt_length
         truncated = sum(1 for x in ids if limit is not None and len(x) > limit)
         if limit is not None:

@@ -125,13 +125,14 @@ class Sampler:
         return self.sample(prompt_ids, prompt_mask, num_generations).completion_ids
 
     @torch.no_grad()
-    def sample(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, num_generations: int) -> Samples:
+    def sample(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, num_generations: int, max_new_tokens: int | None = None) -> Samples:
         """G completions for each of B left-padded prompts, and the log-probs of the sampled tokens.
 
         Args:
             prompt_ids: (B, P) prompt tokens, left-padded.
             prompt_mask: (B, P) 1 on real prompt tokens.
             num_generations: G, completions per prompt.
+            max_new_tokens: T for this call (a later turn's remaining budget); None: max_completion_length.
         Returns:
             `Samples` of B·G rows, T' ≤ max_completion_length columns (T' = the
             longest completion; generation stops once every row has ended).
@@ -142,7 +143,7 @@ class Sampler:
         device = prompt_ids.device
         autocast = torch.autocast(device.type, dtype=self.autocast_dtype or torch.float32, enabled=self.autocast_dtype is not None)
         B, P = prompt_ids.shape
-        G, T = num_generations, self.sampling.max_completion_length
+        G, T = num_generations, max_new_tokens or self.sampling.max_completion_length
         N, L = B * G, P + T
         with autocast:
             cache = _Cache(lm, N, L, device)

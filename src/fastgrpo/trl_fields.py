@@ -157,7 +157,6 @@ TRL_FIELDS: dict[str, TrlField] = {
     "use_transformers_continuous_batching": TrlField(False, (False,), _ENGINE),
     "transformers_continuous_batching_config": TrlField(None, ANY),
     "use_transformers_paged": TrlField(False, (False,), _ENGINE),
-    "max_tool_calling_iterations": TrlField(None, (None,), "tool calling is not supported; remove it"),
     # --- objective variants fastgrpo does not implement -----------------------------------
     "vespo_k_pos": TrlField(2.0, ANY),  # read only with loss_type="vespo", which config.py refuses
     "vespo_lambda_pos": TrlField(3.0, ANY),
