@@ -66,15 +66,16 @@ def build_producer(trainer, agents: AgentInputs | None) -> Callable:
     """
     tokenizer, device = trainer.tokenizer, trainer.accelerator.device
     if agents is None or not (agents.tools or agents.environments or agents.rollout_func):
-        return SingleTurn(partial(_encode, trainer.encode, device), trainer.generate, partial(_decode, tokenizer), trainer.eos_token_ids)
+        generate = lambda ids, mask, G: trainer.generate(ids, mask, G)  # noqa: E731  (looked up per rollout: the trainer may swap it)
+        return SingleTurn(partial(_encode, trainer.encode, device), generate, partial(_decode, tokenizer), trainer.eos_token_ids)
     if agents.rollout_func is not None:
         return RolloutFunc(agents.rollout_func, trainer, tokenizer, trainer.eos_token_ids, tokenizer.pad_token_id, device)
     a = trainer.args
     trainer.tokenizer, notice = tokenizer, notice = prepare_tool_tokenizer(tokenizer)  # saved with the model: inference renders tools alike
     if notice and trainer.accelerator.is_main_process:
         trainer.console.print(f"fastgrpo: {notice}")
-    generate, eos = trainer.generate, trainer.eos_token_ids
-    turns = lambda: Reprefill(generate, tokenizer.pad_token_id, eos)  # noqa: E731
+    eos = trainer.eos_token_ids
+    turns = lambda: Reprefill(trainer.generate, tokenizer.pad_token_id, eos)  # noqa: E731
     return MultiTurn(
         tokenizer, PromptEncoder(tokenizer, a.max_prompt_length, a.chat_template_kwargs), turns, agents.tools, agents.environments,
         max_completion_length=a.max_completion_length, max_tool_calling_iterations=a.max_tool_calling_iterations,
