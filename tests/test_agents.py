@@ -338,3 +338,49 @@ def test_rollout_func_bad_output_is_a_clear_error(tmp_path, tokenizer, make_mode
                           train_dataset=prompts, processing_class=tokenizer, rollout_func=lambda prompts, trainer: output)
     with pytest.raises(ValueError, match=message):
         trainer._collect()
+
+
+def test_cached_turns_equal_reprefill_and_the_training_pass(tokenizer, make_model):
+    """Greedy: keeping the KV cache gives the tokens re-prefilling gives; its log-probs equal the fp32 training pass to 1e-5
+    across turn boundaries (appended tool tokens of different lengths per row, rows continuing in a new order)."""
+    from fastgrpo.agents.cached_turns import CachedTurns
+    from fastgrpo.data import PromptEncoder
+    from fastgrpo.generation import SamplingSettings
+    from fastgrpo.logprobs import LogProbs
+    from fastgrpo.sampler import Sampler
+
+    model = make_model().eval()
+    eos = tokenizer.eos_token_id
+    sampler = Sampler(model, SamplingSettings(max_completion_length=40, eos_token_ids=[eos], pad_token_id=eos, top_k=1))
+    ids, mask, _ = PromptEncoder(tokenizer, None)([[{"role": "user", "content": "Count to 3."}], [{"role": "user", "content": "Hi"}]])
+    cached, reprefill = CachedTurns(sampler), Reprefill(sampler, eos, [eos])
+    script = [([3, 0, 2], [[10, 11, 12], [13], [14, 15, 16, 17, 18]], [5, 7, 4]), ([0, 3], [[19, 20], [21, 22, 23]], [6, 3])]
+    turns_a, turns_b = [cached.first(ids, mask, 2, 6)], [reprefill.first(ids, mask, 2, 6)]
+    for rows, appended, budgets in script:
+        turns_a.append(cached.extend(rows, appended, budgets))
+        turns_b.append(reprefill.extend(rows, appended, budgets))
+    for a, b, budgets in zip(turns_a, turns_b, [[6] * 4] + [s[2] for s in script]):
+        assert [t.tokens for t in a] == [t.tokens for t in b]
+        assert all(len(t.tokens) == n or (len(t.tokens) < n and t.tokens[-1] == eos) for t, n in zip(a, budgets))
+        for x, y in zip(a, b):
+            assert torch.allclose(torch.tensor(x.logps), torch.tensor(y.logps), atol=1e-5)
+    # The whole trajectories, tool tokens masked, through the packed fp32 training pass.
+    completion = [turns_a[0][r].tokens for r in range(4)]
+    model_logps = [list(turns_a[0][r].logps) for r in range(4)]
+    tool = [[1] * len(c) for c in completion]
+    for (rows, appended, _), turns in zip(script, turns_a[1:]):
+        for r, extra, turn in zip(rows, appended, turns):
+            completion[r] = completion[r] + extra + turn.tokens
+            tool[r] = tool[r] + [0] * len(extra) + [1] * len(turn.tokens)
+            model_logps[r] = model_logps[r] + [0.0] * len(extra) + turn.logps
+    width = max(len(c) for c in completion)
+    pad = lambda rows, v: torch.tensor([r + [v] * (width - len(r)) for r in rows])  # noqa: E731
+    rollout = Rollout(
+        prompt_ids=ids.repeat_interleave(2, 0), prompt_mask=mask.repeat_interleave(2, 0), completion_ids=pad(completion, eos),
+        completion_mask=pad([[1] * len(c) for c in completion], 0), is_truncated=torch.zeros(4, dtype=torch.bool),
+        rewards=torch.zeros(4, 1), advantages=torch.zeros(4), prompts=[0] * 4, completions=[0] * 4, tool_mask=pad(tool, 1),
+    )
+    with torch.no_grad():
+        train = LogProbs(1.0)(model, rollout).logps
+    model_mask = rollout.model_mask().bool()
+    assert torch.allclose(train[model_mask], pad(model_logps, 0.0)[model_mask].float(), atol=1e-5)

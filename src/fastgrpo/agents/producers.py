@@ -16,6 +16,8 @@ from typing import NamedTuple
 
 from ..data import PromptEncoder, is_conversational
 from ..rollout import SingleTurn
+from ..sampler import Sampler
+from .cached_turns import CachedTurns
 from .chat_format import prepare_tool_tokenizer
 from .environments import Environments, placeholder_dataset
 from .multiturn import MultiTurn, Reprefill
@@ -59,7 +61,7 @@ def check_agent_inputs(tools, environment_factory, rollout_func, train_dataset, 
 
 
 def build_producer(trainer, agents: AgentInputs | None) -> Callable:
-    """The producer `collect` calls: `SingleTurn`, `RolloutFunc`, or `MultiTurn`.
+    """The producer `collect` calls: `SingleTurn`, `RolloutFunc`, or `MultiTurn` (cached turns on fastgrpo's sampler).
 
     For tools/environments the tokenizer is made to render and parse tool calls
     first (chat_format.prepare_tool_tokenizer, printing its notice).
@@ -75,7 +77,11 @@ def build_producer(trainer, agents: AgentInputs | None) -> Callable:
     if notice and trainer.accelerator.is_main_process:
         trainer.console.print(f"fastgrpo: {notice}")
     eos = trainer.eos_token_ids
-    turns = lambda: Reprefill(trainer.generate, tokenizer.pad_token_id, eos)  # noqa: E731
+
+    def turns():  # fastgrpo's sampler keeps each row's KV cache between turns; transformers' generate re-runs the sequence
+        generate = trainer.generate
+        return CachedTurns(generate) if isinstance(generate, Sampler) else Reprefill(generate, tokenizer.pad_token_id, eos)
+
     return MultiTurn(
         tokenizer, PromptEncoder(tokenizer, a.max_prompt_length, a.chat_template_kwargs), turns, agents.tools, agents.environments,
         max_completion_length=a.max_completion_length, max_tool_calling_iterations=a.max_tool_calling_iterations,
