@@ -88,9 +88,10 @@ def load_dataset_spec(spec: str, split: str = "train", size: int = 1000, seed: i
         spec: "reasoning-gym:<task>[,<task>][?key=value&key=value]" (the query
             sets task difficulty, e.g. "reasoning-gym:basic_arithmetic?max_terms=2",
             and `few_shot=N` solved examples before each question),
-            a local .json/.jsonl/.csv/.parquet file, or a hub dataset name (needs network).
+            "calculator" (the built-in agent task, agents/calculator.py), a local
+            .json/.jsonl/.csv/.parquet file, or a hub dataset name (needs network).
         split: the split of a hub dataset.
-        size, seed: rows and seed for reasoning-gym specs.
+        size, seed: rows and seed for reasoning-gym and calculator specs.
     Raises:
         ValueError: a local path with an unsupported extension, a malformed
             JSON-lines row (file and line number), or a dataset `check_dataset` refuses.
@@ -102,6 +103,10 @@ def load_dataset_spec(spec: str, split: str = "train", size: int = 1000, seed: i
         dataset = reasoning_gym_dataset(
             [t.strip() for t in tasks.split(",") if t.strip()], size=size, seed=seed, task_kwargs=kwargs, few_shot=few_shot
         )
+    elif spec == "calculator":
+        from .agents.calculator import calculator_dataset
+
+        dataset = calculator_dataset(size, seed)
     elif os.path.exists(spec):
         ext = os.path.splitext(spec)[1].lower()
         if ext not in LOCAL_FORMATS:
