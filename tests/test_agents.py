@@ -48,9 +48,10 @@ class Scripted:
         for seq, m in zip(ids, mask):
             text = self.tokenizer.decode(seq[m.bool()])
             self.seen.append(text)
-            reply = self.call if text.count("<tool_response>") < self.calls else self.answer
-            tokens = self.tokenizer.encode(reply + "<|im_end|>")[:max_new_tokens]
-            rows += [tokens] * G
+            for _ in range(G):
+                call = self.call() if callable(self.call) else self.call
+                reply = call if text.count("<tool_response>") < self.calls else self.answer
+                rows.append(self.tokenizer.encode(reply + "<|im_end|>")[:max_new_tokens])
         width = max(len(r) for r in rows)
         out = torch.tensor([r + [self.tokenizer.pad_token_id] * (width - len(r)) for r in rows])
         return Samples(out, torch.full(out.shape, -0.5))
@@ -332,6 +333,7 @@ def test_rollout_func_output_reaches_rewards_with_env_mask(tmp_path, tokenizer, 
     ({"prompt_ids": [[1]] * 2, "completion_ids": [[2]] * 2, "logprobs": [[0.0]] * 2}, "returned 2 prompt_ids for 2 prompts"),
     ({"prompt_ids": [[1]] * 4, "completion_ids": [[2, 3]] * 4, "logprobs": [[0.0]] * 4}, r"logprobs\[0\] has 1 values for 2"),
     ({"prompt_ids": [[1]] * 4, "completion_ids": [[2]] * 4, "logprobs": [[0.0]] * 4, "env_mask": [[2]] * 4}, "other than 0 and 1"),
+    ({"prompt_ids": [[1]] * 4, "completion_ids": [[2]] * 4, "logprobs": [[0.0]] * 4, "completions": [0] * 4}, "'completions', which reward"),
 ])
 def test_rollout_func_bad_output_is_a_clear_error(tmp_path, tokenizer, make_model, prompts, output, message):
     trainer = GRPOTrainer(model=make_model(), reward_funcs=lambda completions, **k: [0.0] * len(completions), args=config(tmp_path),
@@ -384,3 +386,32 @@ def test_cached_turns_equal_reprefill_and_the_training_pass(tokenizer, make_mode
         train = LogProbs(1.0)(model, rollout).logps
     model_mask = rollout.model_mask().bool()
     assert torch.allclose(train[model_mask], pad(model_logps, 0.0)[model_mask].float(), atol=1e-5)
+
+
+def test_resume_inside_a_multi_turn_run_reproduces_it(tmp_path, tokenizer, make_model):
+    """μ = 2 × 2 steps per pass = 4 steps per rollout, a checkpoint at step 3 (inside the reuse window: the multi-turn rollout, tool_mask
+    included, is saved) and the next rollout regenerated from the saved RNG: losses and rewards as uninterrupted."""
+    import json
+    import os
+
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"Add {i}."}]} for i in range(8)])
+    step = lambda: f'<tool_call>\n{{"name": "increment", "arguments": {{"step": {int(torch.randint(1, 5, ()))}}}}}\n</tool_call>'  # noqa: E731
+
+    def run(resume=None):
+        args = config(tmp_path, num_iterations=2, per_device_train_batch_size=2, steps_per_generation=2, max_steps=6, save_steps=3,
+                      save_strategy="steps", num_generations=2)
+        trainer = GRPOTrainer(model=make_model(), reward_funcs=lambda environments, **k: [e.counter for e in environments],
+                              args=args, train_dataset=dataset, processing_class=tokenizer, environment_factory=IncrementEnv)
+        scripted(trainer, tokenizer, call=step)
+        trainer.train(resume_from_checkpoint=resume)
+        path = os.path.join(args.output_dir, "metrics.jsonl")
+        records = {r["step"]: r for r in map(json.loads, open(path))}
+        os.rename(path, path + f".{len(records)}")
+        return records
+
+    full = run()
+    resumed = run(os.path.join(tmp_path, "out", "checkpoint-3"))
+    assert sorted(resumed) == [4, 5, 6] and full[1]["reward_std"] > 0
+    for s in (4, 5, 6):
+        assert resumed[s]["loss"] == pytest.approx(full[s]["loss"], rel=1e-5, abs=1e-7)
+    assert resumed[5]["reward"] == pytest.approx(full[5]["reward"])  # the regenerated multi-turn rollout

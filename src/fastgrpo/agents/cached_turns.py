@@ -41,6 +41,8 @@ class _TurnCache(_Cache):
 
     def __init__(self, lm, N: int, L: int, device, pad_token_id: int):
         super().__init__(lm, N, L, device)
+        for cache in (*self.keys, *self.values):  # a row reads up to the longest row's column: never uninitialised memory (0 × NaN)
+            cache.zero_()
         self.tokens = torch.full((N, L), pad_token_id, dtype=torch.long, device=device)
         self.row = torch.arange(N, device=device)
         self.column = torch.zeros(N, dtype=torch.long, device=device)

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from ..data import is_conversational
+from ..rewards import RESERVED_COLUMNS
 from ..rollout import Generated
 
 REQUIRED_KEYS = ("prompt_ids", "completion_ids", "logprobs")
@@ -30,11 +31,14 @@ def check_output(output, num_prompts: int, num_generations: int) -> None:
     Raises:
         ValueError: not a dict, a required key missing, a list whose length is not B·G,
             a row whose logprobs/env_mask length differs from its completion_ids, an empty
-            prompt, or env_mask values other than 0/1.
+            prompt, env_mask values other than 0/1, or an extra key the reward protocol reserves.
     """
     N = num_prompts * num_generations
     if not isinstance(output, dict):
         raise ValueError(f"rollout_func returned a {type(output).__name__}; return a dict with keys {list(REQUIRED_KEYS)}.")
+    clash = [k for k in output if k in RESERVED_COLUMNS and k not in REQUIRED_KEYS]
+    if clash:
+        raise ValueError(f"rollout_func returned a key {clash[0]!r}, which reward functions already receive; rename it.")
     missing = [k for k in REQUIRED_KEYS if k not in output]
     if missing:
         raise ValueError(f"rollout_func must return keys {sorted(missing)} in its output dict (got {sorted(output)}).")
