@@ -2,6 +2,7 @@
 
 Modules: tools.py (schemas, calling), environments.py (factories, pool, reset,
 get_reward), chat_format.py (the tool chat template, parsing tool calls,
-tool-reply tokens), multiturn.py (the loop), rollout_func.py (a user's
-rollout), producers.py (which producer a trainer uses).
+tool-reply tokens), multiturn.py (the loop), cached_turns.py (turns that keep
+the KV cache), rollout_func.py (a user's rollout), producers.py (which
+producer a trainer uses), calculator.py (the built-in task).
 """
