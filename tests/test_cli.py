@@ -100,3 +100,25 @@ def test_example_yaml_runs_with_reward_from_the_current_folder(tmp_path, monkeyp
     records = [json.loads(line) for line in open(tmp_path / "out" / "metrics.jsonl")]
     assert [r["step"] for r in records] == [1, 2]  # logging_first_step from the YAML, then the end
     assert "rewards/short/mean" in records[0] and "rewards/brevity_reward/std" in records[0]
+
+
+def test_environment_and_tools_flags_run_the_calculator_task(tmp_path, monkeypatch, tokenizer, make_model):
+    """`--environment calculator --tools module:function` (TRL's environment_factory / tools) from the command line."""
+    model_dir = tmp_path / "tiny"
+    make_model().save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    (tmp_path / "mytools.py").write_text(
+        'def add(a: int, b: int) -> int:\n    """Add two integers.\n\n    Args:\n        a: first.\n        b: second.\n    """\n    return a + b\n'
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    code = main([
+        "train", "--model", str(model_dir), "--dataset", "calculator", "--environment", "calculator", "--tools", "mytools:add",
+        "--reward", "fastgrpo.agents.calculator:answer_correct", "--dataset_size", "4", "--max_steps", "1",
+        "--per_device_train_batch_size", "4", "--num_generations", "2", "--max_completion_length", "8", "--max_prompt_length", "400",
+        "--output_dir", "out", "--disable_tqdm", "true", "--logging_steps", "1",
+    ])
+    assert code == 0
+    record = [json.loads(line) for line in open(tmp_path / "out" / "metrics.jsonl")][-1]
+    assert {"rewards/answer_correct/mean", "rewards/Calculator/mean", "tools/call_frequency", "tools/failure_frequency"} <= set(record)
+    assert main(["train", "--model", str(model_dir), "--dataset", "calculator", "--environment", "nomodule:Env"]) == 2

@@ -3,6 +3,8 @@
     fastgrpo train                                  # the built-in job (README)
     fastgrpo train --config examples/run.yaml       # model, dataset, reward and GRPOConfig fields from YAML
     fastgrpo train --model ./my-model --dataset data.jsonl --reward mymod:score --num_iterations 4
+    fastgrpo train --model smollm2-135m-instruct --dataset calculator --environment calculator \
+        --reward fastgrpo.agents.calculator:answer_correct   # an agent task (README "Agents")
 
 Every `GRPOConfig` field, TRL's passthrough fields included (`--run_name x`,
 `--use_vllm false`), is a flag, parsed by transformers' `HfArgumentParser` as
@@ -16,8 +18,10 @@ help text (flags.py). A YAML value that is text goes through the same types, as
 Which values apply: the built-in job's (model, dataset, rewards and its
 GRPOConfig values) only when neither a model nor a dataset is given; a run of
 your own starts from GRPOConfig's defaults and must name its rewards. Then the
-YAML file, then flags. `--reward module:function` imports from the current
-folder. Works under `accelerate launch` and `torchrun` (`python -m fastgrpo.cli
+YAML file, then flags. `--reward module:function`, `--tools module:function`
+and `--environment module:Class` import from the current folder (TRL's
+`tools=` and `environment_factory=`; `--environment calculator` is the
+built-in one). Works under `accelerate launch` and `torchrun` (`python -m fastgrpo.cli
 train …`).
 
 `fastgrpo --help` imports nothing heavy; `fastgrpo train --help` imports
@@ -73,7 +77,8 @@ BUILTIN_JOB = {
         "num_completions_to_print": 2,
     },
 }
-JOB_KEYS = ("model", "dataset", "reward", "dataset_size")
+JOB_KEYS = ("model", "dataset", "reward", "dataset_size", "tools", "environment")
+ENVIRONMENTS = {"calculator": "fastgrpo.agents.calculator:Calculator"}  # built-in environment names
 # rewards.BUILTIN_REWARDS' names, listed here so that --help needs no torch (a test keeps them equal).
 BUILTIN_REWARD_NAMES = ("length", "format", "brevity", "reasoning_gym", "exact")
 
@@ -114,7 +119,7 @@ def train_parser() -> argparse.ArgumentParser:
     own = {f.name for f in dataclasses.fields(GRPOConfig)}
     parser = HfArgumentParser((GRPOConfig, LoraOptions, trl_flags(skip=own)), prog="fastgrpo train", allow_abbrev=False)
     parser.error = lambda message: _error(parser, message)
-    builtin = {**BUILTIN_JOB["config"], **{k: BUILTIN_JOB[k] for k in JOB_KEYS}}
+    builtin = {**BUILTIN_JOB["config"], **{k: BUILTIN_JOB[k] for k in JOB_KEYS if k in BUILTIN_JOB}}
     for action in parser._actions:
         if action.dest != "help" and action.help != argparse.SUPPRESS:
             what = FIELD_HELP.get(action.dest) or action.help or ""
@@ -127,6 +132,8 @@ def train_parser() -> argparse.ArgumentParser:
     job.add_argument("--model", default=argparse.SUPPRESS, help="smollm2-135m-instruct, a local folder or .gguf file, or a hub id")
     job.add_argument("--dataset", default=argparse.SUPPRESS, help="reasoning-gym:<task>[,<task>], a local json/jsonl/csv/parquet file, or a hub name")
     job.add_argument("--reward", action="append", default=argparse.SUPPRESS, help=f"{', '.join(BUILTIN_REWARD_NAMES)} or module:function (repeatable or comma-separated)")
+    job.add_argument("--tools", action="append", default=argparse.SUPPRESS, help="module:function tools the model may call (repeatable or comma-separated)")
+    job.add_argument("--environment", default=argparse.SUPPRESS, help=f"module:Class environment_factory, or {', '.join(ENVIRONMENTS)}")
     job.add_argument("--dataset_size", type=int, default=argparse.SUPPRESS, help="rows generated for reasoning-gym datasets")
     job.add_argument("--resume", nargs="?", const=True, default=argparse.SUPPRESS, help="resume from the latest checkpoint in output_dir, or from PATH")
     return parser
@@ -226,8 +233,8 @@ def resolve_job(ns: argparse.Namespace) -> tuple[dict, dict, dict]:
         check_types({k: v for k, v in loaded.items() if k not in JOB_KEYS}, given["config"])
     chosen = {**{k: loaded[k] for k in JOB_KEYS if k in loaded}, **{k: given[k] for k in JOB_KEYS if k in given}}
     builtin = "model" not in chosen and "dataset" not in chosen
-    job = {**{k: BUILTIN_JOB[k] for k in JOB_KEYS if builtin or k != "reward"}, **chosen}
-    if "reward" not in job:
+    job = {**{k: BUILTIN_JOB[k] for k in JOB_KEYS if k in BUILTIN_JOB and (builtin or k != "reward")}, **chosen}
+    if "reward" not in job and "environment" not in job:  # an environment may score itself (get_reward)
         raise ValueError(
             f"a job with its own model or dataset needs --reward (or reward: in the YAML): one or more of "
             f"{', '.join(BUILTIN_REWARD_NAMES)} or module:function."
@@ -237,8 +244,9 @@ def resolve_job(ns: argparse.Namespace) -> tuple[dict, dict, dict]:
             raise ValueError(f"{key}: {job[key]!r} is a {type(job[key]).__name__}; give a name or a path (text).")
     if not isinstance(job["dataset_size"], int) or isinstance(job["dataset_size"], bool) or job["dataset_size"] < 1:
         raise ValueError(f"dataset_size={job['dataset_size']!r}: give the number of reasoning-gym rows to generate, 1 or more.")
-    rewards = job["reward"] if isinstance(job["reward"], list) else [job["reward"]]
-    job["reward"] = [r.strip() for spec in rewards for r in str(spec).split(",") if r.strip()]
+    for key in ("reward", "tools"):
+        specs = job.get(key) or []
+        job[key] = [r.strip() for spec in (specs if isinstance(specs, list) else [specs]) for r in str(spec).split(",") if r.strip()]
     fields = {**(BUILTIN_JOB["config"] if builtin else {}), **{k: v for k, v in loaded.items() if k not in JOB_KEYS}}
     fields.update({k: v for k, v in given.items() if k not in JOB_KEYS + ("config", "resume")})
     lora = {k: fields.pop(k) for k in LORA_KEYS if k in fields}
@@ -263,6 +271,25 @@ def peft_kwargs(lora: dict) -> dict:
     return {"peft_config": lora_config(**options)}
 
 
+def import_object(spec: str, flag: str):
+    """`module:name` → the object (a tool function or an environment class).
+
+    Raises:
+        ValueError: a spec without ":", a module that does not import, or a missing name (naming the flag and the fix).
+    """
+    import importlib
+
+    module, _, name = spec.partition(":")
+    if not module or not name:
+        raise ValueError(f"{flag} {spec!r}: give module:name (a Python file or module in the current folder, and the name in it).")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ModuleNotFoundError as err:
+        raise ValueError(f"{flag} {spec!r}: module {module!r} not found ({err}); run from the folder that holds it.") from None
+    except AttributeError:
+        raise ValueError(f"{flag} {spec!r}: module {module!r} has no {name!r}.") from None
+
+
 def train(ns: argparse.Namespace) -> None:
     job, fields, lora = resolve_job(ns)
     args = GRPOConfig(**fields)  # bad values are refused here, before anything loads
@@ -275,7 +302,10 @@ def train(ns: argparse.Namespace) -> None:
 
     rewards = [resolve_reward(r) for r in job["reward"]]
     dataset = load_dataset_spec(job["dataset"], size=job["dataset_size"], seed=args.seed)
-    trainer = GRPOTrainer(model=job["model"], reward_funcs=rewards, args=args, train_dataset=dataset, **peft_kwargs(lora))
+    agents = {"tools": [import_object(t, "--tools") for t in job["tools"]] or None}
+    if job.get("environment"):
+        agents["environment_factory"] = import_object(ENVIRONMENTS.get(job["environment"], job["environment"]), "--environment")
+    trainer = GRPOTrainer(model=job["model"], reward_funcs=rewards, args=args, train_dataset=dataset, **agents, **peft_kwargs(lora))
     if trainer.accelerator.is_main_process:
         trainer.console.print(
             f"fastgrpo: {job['model']} on {job['dataset']} ({len(dataset)} prompts), rewards {', '.join(job['reward'])}; "

@@ -103,6 +103,7 @@ class GRPOConfig:
     generation_kwargs: dict | str | None = None  # sampling keys above may be given here instead (TRL); others refused
     chat_template_kwargs: dict | str | None = None  # passed to apply_chat_template, e.g. {"enable_thinking": False}
     generation_backend: str = "fastgrpo"  # "fastgrpo" (own sampler, sampler.py) or "transformers" (generate)
+    max_tool_calling_iterations: int | None = None  # rounds of tool calls per completion (agents); None: until max_completion_length ends them
 
     # --- objective (see losses.py for each variant's paper) -------------------
     loss_type: str = "dapo"
@@ -312,6 +313,8 @@ class GRPOConfig:
         need(self.num_train_epochs > 0, f"num_train_epochs={self.num_train_epochs}: use a positive number.")
         for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "num_iterations", "max_completion_length", "per_device_eval_batch_size"):
             need(getattr(self, name) >= 1, f"{name}={getattr(self, name)}: use 1 or more.")
+        need(self.max_tool_calling_iterations is None or self.max_tool_calling_iterations >= 0,
+             f"max_tool_calling_iterations={self.max_tool_calling_iterations}: use 0 or more rounds, or None for no limit.")
         need(self.max_prompt_length is None or self.max_prompt_length >= 1, f"max_prompt_length={self.max_prompt_length}: use 1 or more, or None for no limit.")
         need(self.learning_rate > 0, f"learning_rate={self.learning_rate}: use a positive value such as 1e-6.")
         need(0 <= self.warmup_ratio < 1, f"warmup_ratio={self.warmup_ratio}: use a value in [0, 1).")

@@ -101,9 +101,10 @@ def load_dataset_spec(spec: str, split: str = "train", size: int = 1000, seed: i
         spec: "reasoning-gym:<task>[,<task>][?key=value&key=value]" (the query
             sets task difficulty, e.g. "reasoning-gym:basic_arithmetic?max_terms=2",
             and `few_shot=N` solved examples before each question),
-            a local .json/.jsonl/.csv/.parquet file, or a hub dataset name (needs network).
+            "calculator" (the built-in agent task, agents/calculator.py), a local
+            .json/.jsonl/.csv/.parquet file, or a hub dataset name (needs network).
         split: the split of a hub dataset.
-        size, seed: rows and seed for reasoning-gym specs.
+        size, seed: rows and seed for reasoning-gym and calculator specs.
     Raises:
         ValueError: a local-looking path that does not exist (no hub lookup), a
             local file with an unsupported extension, that is empty, or that
@@ -121,6 +122,10 @@ def load_dataset_spec(spec: str, split: str = "train", size: int = 1000, seed: i
         dataset = reasoning_gym_dataset(
             [t.strip() for t in tasks.split(",") if t.strip()], size=size, seed=seed, task_kwargs=kwargs, few_shot=few_shot
         )
+    elif spec == "calculator":
+        from .agents.calculator import calculator_dataset
+
+        dataset = calculator_dataset(size, seed)
     elif os.path.exists(path):
         dataset = load_data_file(path)
     elif looks_like_local_path(spec):
@@ -325,6 +330,10 @@ class PromptEncoder:
         self.max_prompt_length = max_prompt_length
         self.chat_template_kwargs = chat_template_kwargs or {}
 
+    elif spec == "calculator":
+        from .agents.calculator import calculator_dataset
+
+        dataset = calculator_dataset(size, seed)
     def render(self, prompt) -> str:
         """The prompt text the model sees.
 
@@ -344,9 +353,10 @@ class PromptEncoder:
             return prompt
         raise TypeError(f"prompt {prompt!r} is neither text nor a list of chat messages.")
 
-    def __call__(self, prompts: list) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """Returns (prompt_ids (B, P), prompt_mask (B, P), number of prompts truncated)."""
-        ids = [self.tokenizer(self.render(p), add_special_tokens=not is_conversational(p))["input_ids"] for p in prompts]
+    def __call__(self, prompts: list, tools: list[list] | None = None) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Returns (prompt_ids (B, P), prompt_mask (B, P), number of prompts truncated); `tools`: per prompt, its tool schemas."""
+        tools = tools or [None] * len(prompts)
+        ids = [self.tokenizer(self.render(p, t), add_special_tokens=not is_conversational(p))["input_ids"] for p, t in zip(prompts, tools)]
         limit = self.max_prompt_length
         truncated = sum(1 for x in ids if limit is not None and len(x) > limit)
         if limit is not None:

@@ -191,12 +191,13 @@ def rollout_metrics(rollout, reward_names: list[str], weights: torch.Tensor, num
     reward_none (completions no reward function applied to),
     rewards/<name>_sum, _sqsum and _count (applicable completions only),
     completion_length_sum/_min/_max (tokens), completion_tokens, truncated,
-    truncated_prompts.
+    truncated_prompts; with tools, tool_calls and tool_failures. Lengths count
+    the model's tokens only (tool/environment replies excluded, as TRL logs them).
     """
     rewards = rollout.rewards.to(weights.device)
     total = torch.nansum(rewards * weights, dim=-1)  # (N,) as the advantages saw it
     groups = total.view(-1, num_generations)  # (num_prompts, G)
-    lengths = rollout.completion_mask.sum(-1).float()
+    lengths = rollout.model_mask().sum(-1).float()
     out = {
         "completions": len(rollout),
         "reward_sum": float(total.sum()),
@@ -211,6 +212,8 @@ def rollout_metrics(rollout, reward_names: list[str], weights: torch.Tensor, num
         "zero_std_groups": float((groups == groups[:, :1]).all(dim=1).sum()),
         "reward_none": float(torch.isnan(rewards).all(dim=-1).sum()),  # no reward applied: Â = 0
     }
+    if rollout.tool_calls is not None:
+        out.update(tool_calls=float(rollout.tool_calls), tool_failures=float(rollout.tool_failures))
     for k, name in enumerate(reward_names):
         column = rewards[:, k]
         present = ~torch.isnan(column)
@@ -294,6 +297,9 @@ def window_record(step: int, sums: dict, extremes: dict, seconds: dict, reward_n
     mean("completion_length_sum", "completions", "completion_length")
     record.update({k: v for k, v in extremes.items() if k.startswith("completion_length")})
     mean("truncated", "completions", "clipped_ratio")
+    mean("tool_calls", "completions", "tools/call_frequency")  # TRL's: calls per completion, failures per call
+    if "tool_calls" in sums:
+        record["tools/failure_frequency"] = sums["tool_failures"] / sums["tool_calls"] if sums["tool_calls"] > 0 else 0.0
     if "truncated_prompts" in sums:
         record["truncated_prompts"] = int(sums["truncated_prompts"])
     for key in ("kl", "kl_old", "entropy", "clip_low", "clip_high", "clip_region"):

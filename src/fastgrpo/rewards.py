@@ -77,8 +77,10 @@ def reward_names(funcs: Sequence[RewardFunc]) -> list[str]:
     return names
 
 
-def check_columns(dataset, dataset_name: str = "train_dataset") -> None:
+def check_columns(dataset, dataset_name: str = "train_dataset", environments: bool = False) -> None:
     """Refuse dataset columns that the reward protocol passes itself (checked when the trainer is built).
+
+    With `environments`, the `environments` keyword (one environment per completion) is reserved too.
 
     Raises:
         ValueError: a column named like one of `RESERVED_COLUMNS`, naming it.
@@ -86,11 +88,12 @@ def check_columns(dataset, dataset_name: str = "train_dataset") -> None:
     columns = getattr(dataset, "column_names", None)
     if columns is None:  # a list of dicts, or an IterableDataset whose features are unknown: its first row
         columns = list(next(iter(dataset), {}))
-    clash = [c for c in columns if c in RESERVED_COLUMNS]
+    reserved = (*RESERVED_COLUMNS, "environments") if environments else RESERVED_COLUMNS
+    clash = [c for c in columns if c in reserved]
     if clash:
         raise ValueError(
             f"{dataset_name} has a column named {clash[0]!r}, which reward functions already receive as an argument; "
-            f"rename the column (reserved: {', '.join(RESERVED_COLUMNS)})."
+            f"rename the column (reserved: {', '.join(reserved)})."
         )
 
 

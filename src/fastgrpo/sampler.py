@@ -133,13 +133,14 @@ class Sampler:
         return samples if self.weight_sync is not None else samples._replace(logps=None)
 
     @torch.no_grad()
-    def sample(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, num_generations: int) -> Samples:
+    def sample(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, num_generations: int, max_new_tokens: int | None = None) -> Samples:
         """G completions for each of B left-padded prompts, and the log-probs of the sampled tokens.
 
         Args:
             prompt_ids: (B, P) prompt tokens, left-padded.
             prompt_mask: (B, P) 1 on real prompt tokens.
             num_generations: G, completions per prompt.
+            max_new_tokens: T for this call (a later turn's remaining budget); None: max_completion_length.
         Returns:
             `Samples` of B·G rows, T' ≤ max_completion_length columns (T' = the
             longest completion; generation stops once every row has ended).
@@ -151,7 +152,7 @@ class Sampler:
         lm = decoder_of(self.model) if self.weight_sync is None else self.weight_sync.model
         device = prompt_ids.device
         B, P = prompt_ids.shape
-        G, T = num_generations, self.sampling.max_completion_length
+        G, T = num_generations, max_new_tokens or self.sampling.max_completion_length
         N, L = B * G, P + T
         cache = _Cache(lm, N, L, device)
         positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # as generate() numbers left-padded tokens

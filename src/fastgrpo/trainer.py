@@ -35,9 +35,10 @@ from transformers import get_scheduler
 
 from . import trainer_checkpoints
 from .advantages import rollout_advantages
+from .agents.producers import build_producer
 from .callbacks import TrainerEvents, scheduled
 from .config import GRPOConfig
-from .data import PromptEncoder, PromptOrder, is_conversational
+from .data import PromptEncoder, PromptOrder
 from .dataset_kinds import StreamOrder, eval_sets
 from .dynamic_sampling import rollout_producer
 from .entropy_control import EntropyControl
@@ -88,6 +89,7 @@ class GRPOTrainer(TRLMethods):
         peft_config: a `peft.PeftConfig` (e.g. `LoraConfig`, see `models.lora_config`):
             train adapters only; with beta > 0, π_ref is the same model run as
             it started (adapters disabled), never a second copy.
+        tools, environment_factory, rollout_func: agent training, TRL's meanings (agents/).
     Attributes:
         state: a `transformers.TrainerState` (global_step, log_history, best_metric), as Trainer keeps it.
     Raises:
@@ -103,10 +105,13 @@ class GRPOTrainer(TRLMethods):
 
     def __init__(
         self, model, reward_funcs, args: GRPOConfig | None = None, train_dataset=None, eval_dataset=None, processing_class=None,
-        reward_processing_classes=None, callbacks=None, peft_config=None,
+        reward_processing_classes=None, callbacks=None, peft_config=None, tools=None, rollout_func=None, environment_factory=None,
     ):
-        checked = check_trainer_inputs(model, reward_funcs, args, train_dataset, eval_dataset, reward_processing_classes, peft_config)
+        checked = check_trainer_inputs(
+            model, reward_funcs, args, train_dataset, eval_dataset, reward_processing_classes, peft_config, tools, environment_factory, rollout_func
+        )
         self.args = a = checked.args
+        train_dataset = checked.train_dataset  # TRL's placeholder rows when an environment owns the data
         self.train_dataset, self.eval_dataset, self.eval_sets = train_dataset, eval_dataset, checked.eval_sets
         self.reward_funcs, self.reward_names = checked.reward_funcs, checked.reward_names
         self.reward_processing_classes, weights = checked.reward_processing_classes, checked.reward_weights
@@ -141,6 +146,7 @@ class GRPOTrainer(TRLMethods):
         self.entropy_control = EntropyControl.from_config(a)  # the entropy bonus's coefficient; None: no bonus
         self.correction = SamplingCorrection.from_config(a)  # the sampler–trainer mismatch, TRL's vllm_importance_sampling_*
         self.log_probs = LogProbs(a.temperature, autocast=self.autocast, entropy_grad=self.entropy_control is not None)  # packed, chunked head
+        self.produce = build_producer(self, checked.agents)  # single turn, multi-turn with tools/environments, or rollout_func
         for note in fallback_notices(policy) + generator_notices(self.generate) if acc.is_main_process else []:
             self.console.print(f"fastgrpo: {note}", soft_wrap=True)
         self.streaming = isinstance(train_dataset, IterableDataset)  # rows come in stream order, not by index
@@ -237,23 +243,14 @@ class GRPOTrainer(TRLMethods):
     def _sample(self, rows: list[dict], advantages: Callable[[torch.Tensor], torch.Tensor], timer: PhaseTimer, num_generations=None) -> tuple[Rollout, dict]:
         """B prompt rows → a Rollout of B·G scored completions (rollout.collect; G = num_generations unless given), and the log_extra columns."""
         rollout = collect(
-            rows, num_generations=num_generations or self.args.num_generations, encode=self._encode, generate=self.generate, decode=self._decode,
-            score=partial(score, self.reward_funcs, reward_kwargs=self._reward_kwargs()), advantages=advantages,
-            eos_token_ids=self.eos_token_ids, timer=timer,
+            rows, num_generations=num_generations or self.args.num_generations, produce=self.produce,
+            score=partial(score, self.reward_funcs, reward_kwargs=self._reward_kwargs()), advantages=advantages, timer=timer,
         )
         return rollout, self.reward_hooks.pop_columns()
 
     def _reward_kwargs(self) -> dict:
         """Extra keywords every reward function receives, as TRL passes them: trainer_state, log_extra, log_metric."""
         return {"trainer_state": self.state, "log_extra": self.reward_hooks.log_extra, "log_metric": self.reward_hooks.log_metric}
-
-    def _encode(self, prompts):
-        ids, mask, truncated = self.encode(prompts)
-        return ids.to(self.accelerator.device), mask.to(self.accelerator.device), truncated
-
-    def _decode(self, completion_ids, mask, prompts):
-        texts = [self.tokenizer.decode(ids[m.bool()], skip_special_tokens=True) for ids, m in zip(completion_ids, mask)]
-        return [[{"role": "assistant", "content": t}] if is_conversational(p) else t for t, p in zip(texts, prompts)]
 
     def _advantages(self, rewards: torch.Tensor) -> torch.Tensor:
         """(N, R) rewards → (N,) Â, groups of G in the shape (num_prompts, G)."""
@@ -361,7 +358,7 @@ class GRPOTrainer(TRLMethods):
 
     def _loss_mask(self, mb: Rollout) -> torch.Tensor:
         """Completion tokens that carry loss; none for truncated ones when mask_truncated_completions (DAPO)."""
-        mask = mb.completion_mask.float()
+        mask = mb.model_mask().float()  # tool/environment tokens never carry loss
         if self.args.mask_truncated_completions:
             mask = mask * (~mb.is_truncated).float().unsqueeze(-1)
         return mask

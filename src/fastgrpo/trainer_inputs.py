@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 import torch
 
+from .agents.producers import AgentInputs, check_agent_inputs
 from .config import GRPOConfig
 from .dataset_kinds import check_train_dataset, eval_sets
 from .dynamic_sampling import resolve_filter
@@ -32,10 +33,13 @@ class TrainerInputs(NamedTuple):
     reward_names: list[str]  # R distinct log names
     reward_processing_classes: list  # R: each reward model's tokenizer, None for functions (TRL's attribute)
     reward_weights: list[float]  # R
+    train_dataset: object  # as given, or TRL's placeholder when an environment owns the data
+    agents: AgentInputs  # tools, environments, rollout_func (agents/setup.py)
 
 
 def check_trainer_inputs(
-    model, reward_funcs, args, train_dataset, eval_dataset, reward_processing_classes, peft_config
+    model, reward_funcs, args, train_dataset, eval_dataset, reward_processing_classes, peft_config,
+    tools=None, environment_factory=None, rollout_func=None,
 ) -> TrainerInputs:
     """Check and resolve `GRPOTrainer`'s arguments (TRL's meanings) before anything loads.
 
@@ -53,17 +57,23 @@ def check_trainer_inputs(
         )
     if not isinstance(model, (str, os.PathLike, torch.nn.Module)):
         raise TypeError(f"model is a {type(model).__name__}; give a model name or folder (text), a .gguf file, or a PreTrainedModel.")
-    if reward_funcs is None or (isinstance(reward_funcs, (list, tuple)) and not reward_funcs):
-        raise ValueError("reward_funcs is empty; give at least one reward function (TRL's protocol, see rewards.py) or reward model.")
     a = args if args is not None else GRPOConfig()
+    agents = check_agent_inputs(tools, environment_factory, rollout_func, train_dataset, a.max_steps, a.prompts_per_rollout)
+    train_dataset = agents.train_dataset
+    no_rewards = reward_funcs is None or (isinstance(reward_funcs, (list, tuple)) and not reward_funcs)
+    if no_rewards and not agents.reward_funcs:
+        raise ValueError(
+            "reward_funcs is empty; give at least one reward function (TRL's protocol, see rewards.py) or reward model, "
+            "or an environment_factory whose environment defines get_reward()."
+        )
     check_optimizer_name(a.optim)
     if train_dataset is None:
         raise ValueError("train_dataset is required: a datasets.Dataset (or list of dicts) with a 'prompt' column.")
     check_train_dataset(train_dataset, a.max_steps)
     sets = eval_sets(eval_dataset) if eval_dataset is not None else None
     for name, rows in [("train_dataset", train_dataset), *(((f"{k} dataset", v) for k, v in (sets or {}).items()))]:
-        check_columns(rows, name)
-    funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+        check_columns(rows, name, agents.environments is not None)
+    funcs = [] if no_rewards else list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
     if reward_processing_classes is None:
         procs = [None] * len(funcs)
     else:  # TRL's rule: a single one stands for a list of one
@@ -77,8 +87,9 @@ def check_trainer_inputs(
     weights = a.reward_weights if a.reward_weights is not None else [1.0] * len(resolved)
     if len(weights) != len(resolved):
         raise ValueError(f"reward_weights has {len(weights)} values for {len(resolved)} reward functions; give one weight per function.")
+    resolved, procs, weights = resolved + agents.reward_funcs, procs + [None] * len(agents.reward_funcs), [*weights, *[1.0] * len(agents.reward_funcs)]
     check_peft_inputs(model, peft_config, a.sync_ref_model)
     if a.filter_groups:  # a filter_groups_metric that names nothing fails here, not after the model loads
         resolve_filter(a.filter_groups_metric, reward_names(resolved), torch.tensor(weights), a.multi_objective_aggregation)
     tokenizers = [f.tokenizer if isinstance(f, RewardModel) else p for f, p in zip(resolved, procs)]
-    return TrainerInputs(a, sets, resolved, reward_names(resolved), tokenizers, list(weights))
+    return TrainerInputs(a, sets, resolved, reward_names(resolved), tokenizers, list(weights), train_dataset, agents)

@@ -150,7 +150,6 @@ TRL_FIELDS: dict[str, TrlField] = {
     "use_transformers_continuous_batching": TrlField(False, (False,), _ENGINE),
     "transformers_continuous_batching_config": TrlField(None, ANY),
     "use_transformers_paged": TrlField(False, (False,), _ENGINE),
-    "max_tool_calling_iterations": TrlField(None, (None,), "tool calling is not supported; remove it"),
 }
 
 

@@ -1,0 +1,194 @@
+"""Rendering tools into prompts and tool calls out of completions: the chat template side of agent training.
+
+A tool-calling conversation needs two things from the tokenizer (TRL 1.16's
+requirements): a chat template that renders `tools=`, assistant `tool_calls`
+and `tool` messages, and a `response_template` that transformers'
+`tokenizer.parse_response` uses to read tool calls back out of a completion.
+
+SmolLM2's own template (ChatML) renders neither, so fastgrpo ships
+`CHATML_TOOLS_TEMPLATE`: SmolLM2's template (its default system line kept)
+with Qwen2.5's tool format, which is ChatML too:
+
+    <|im_start|>system … # Tools … <tools>{json schema per line}</tools> … <|im_end|>
+    <|im_start|>assistant
+    <tool_call>
+    {"name": "multiply", "arguments": {"a": 3, "b": 4}}
+    </tool_call><|im_end|>
+    <|im_start|>user
+    <tool_response>
+    12
+    </tool_response><|im_end|>
+
+`prepare_tool_tokenizer` installs it (and `CHATML_RESPONSE_TEMPLATE`) on a
+ChatML tokenizer whose template has no tool support; any other tokenizer must
+support tool calling itself, as TRL requires.
+
+Not here: calling the tools (tools.py), the multi-turn loop (multiturn.py).
+"""
+
+from __future__ import annotations
+
+import copy
+
+from jinja2 import TemplateError
+
+CHATML_TOOLS_TEMPLATE = (
+    "{%- set default_system = 'You are a helpful AI assistant named SmolLM, trained by Hugging Face' %}"
+    "{%- if messages[0]['role'] == 'system' %}{%- set system = messages[0]['content'] %}{%- set rest = messages[1:] %}"
+    "{%- else %}{%- set system = default_system %}{%- set rest = messages %}{%- endif %}"
+    "{{- '<|im_start|>system\\n' + system }}"
+    "{%- if tools %}"
+    "{{- '\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
+    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\\n<tool_call>\\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\\n</tool_call>' }}"
+    "{%- endif %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- for message in rest %}"
+    "{%- if message['role'] == 'assistant' %}"
+    "{{- '<|im_start|>assistant\\n' + (message['content'] or '') }}"
+    "{%- for call in message.get('tool_calls') or [] %}"
+    "{%- set call = call['function'] if 'function' in call else call %}"
+    "{%- if (message['content'] or '') or not loop.first %}{{- '\\n' }}{%- endif %}"
+    "{{- '<tool_call>\\n{\"name\": \"' + call['name'] + '\", \"arguments\": ' }}"
+    "{%- if call['arguments'] is string %}{{- call['arguments'] }}{%- else %}{{- call['arguments'] | tojson }}{%- endif %}"
+    "{{- '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{%- if loop.first or rest[loop.index0 - 1]['role'] != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + (message['content'] | string) + '\\n</tool_response>' }}"
+    "{%- if loop.last or rest[loop.index0 + 1]['role'] != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+# transformers' response_template (5.13+) for CHATML_TOOLS_TEMPLATE: TRL's Qwen3 template without <think>.
+CHATML_RESPONSE_TEMPLATE = {
+    "defaults": {"role": "assistant"},
+    "start_anchor": "<|im_start|>assistant\n",
+    "fields": {
+        "tool_calls": {
+            "open": "<tool_call>",
+            "close_pattern": r"</tool_call>\s*",
+            "repeats": True,
+            "content": "json",
+            "transform": {"type": "function", "function": "{content}"},
+        },
+        "content": {"close_pattern": r"<\|im_end\|>\s*", "content": "text"},
+    },
+}
+
+
+def supports_tool_calling(tokenizer) -> bool:
+    """True when the chat template renders a whole user → assistant tool call → tool exchange (TRL's check).
+
+    Every part must appear in the rendered text: the call's name, its argument
+    key and value, and the tool message; templates that drop either side fail.
+    """
+    if tokenizer.chat_template is None:
+        return False
+    sentinels = ("tool_name_a8f3", "arg_key_b9d4", "arg_val_d6e7", "tool_content_c4f9")
+    call = {"type": "function", "function": {"name": sentinels[0], "arguments": {sentinels[1]: sentinels[2]}}}
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "name": sentinels[0], "content": sentinels[3]},
+    ]
+    try:
+        rendered = tokenizer.apply_chat_template(messages, tokenize=False)
+    except (TemplateError, TypeError):
+        return False
+    return all(s in rendered for s in sentinels)
+
+
+def prepare_tool_tokenizer(tokenizer) -> tuple[object, str | None]:
+    """A tokenizer that renders and parses tool calls, and a one-line notice when fastgrpo's template was installed.
+
+    A template that supports tool calling is kept (it must come with a
+    `response_template`); for a ChatML template without tool support (SmolLM2's)
+    a shallow copy gets `CHATML_TOOLS_TEMPLATE` and `CHATML_RESPONSE_TEMPLATE`
+    (the caller's tokenizer is left as it was).
+
+    Raises:
+        ValueError: a template that supports no tool calling and is not ChatML, or
+            one without a `response_template` to parse tool calls with.
+    """
+    if supports_tool_calling(tokenizer):
+        if getattr(tokenizer, "response_template", None) is None:
+            raise ValueError(
+                "the tokenizer's chat template renders tools but has no response_template to parse tool calls with; "
+                "set tokenizer.response_template (transformers' response parsing docs)."
+            )
+        return tokenizer, None
+    template = tokenizer.chat_template or ""
+    if "<|im_start|>" not in template or "<|im_end|>" not in template:
+        raise ValueError(
+            "the chat template does not support tool calling (it must render user → assistant with tool_calls → tool). "
+            "Pass a processing_class whose template does, or a ChatML model such as SmolLM2 (fastgrpo ships a tool template for it)."
+        )
+    tokenizer = copy.copy(tokenizer)
+    tokenizer.chat_template = CHATML_TOOLS_TEMPLATE
+    tokenizer.response_template = CHATML_RESPONSE_TEMPLATE
+    return tokenizer, "the chat template has no tool calling; using fastgrpo's ChatML tool template (Qwen2.5's <tool_call> format)."
+
+
+def parse_assistant(tokenizer, ids: list[int], prefix: list[int], tools: list) -> dict:
+    """One completion turn → an assistant message, with `tool_calls` when it made any (TRL's `parse_response`).
+
+    Args:
+        ids: the turn's tokens (up to and including its EOS, if any).
+        prefix: the tokens before it (prompt and earlier turns): the parser anchors on the assistant header.
+        tools: the tools the prompt offered (callables or schemas): arguments are typed by their schema.
+    Returns:
+        {"role": "assistant", "content": str, optionally "tool_calls": [{"type": "function", "function":
+        {"name", "arguments"}}]}; a turn the parser cannot read (malformed JSON, cut short) is plain
+        content, as TRL falls back.
+    """
+    try:
+        parsed = tokenizer.parse_response(ids, prefix=prefix, tools=tools or None)
+        if parsed is None:
+            raise ValueError("nothing parsed")
+        content = parsed.get("content")
+        parsed["content"] = content.removesuffix(tokenizer.eos_token) if isinstance(content, str) else ""
+        calls = parsed.get("tool_calls")
+        if calls is not None:
+            if not isinstance(calls, list):
+                raise ValueError("tool_calls is not a list")
+            for call in calls:
+                function = call.get("function") if isinstance(call, dict) else None
+                if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+                    raise ValueError("a tool call without a name")
+                if not isinstance(function.get("arguments"), dict):
+                    function["arguments"] = {} if function.get("arguments") is None else function["arguments"]
+    except (ValueError, TypeError, AttributeError, KeyError):
+        parsed = {"role": "assistant", "content": tokenizer.decode(ids, skip_special_tokens=True)}
+    return parsed
+
+
+def tool_suffix_ids(tokenizer, tool_messages: list[dict], chat_template_kwargs: dict) -> list[int]:
+    """The tokens that follow an assistant turn's EOS to hand `tool_messages` back and open the next assistant turn.
+
+    TRL's `_get_tool_suffix_ids`: render a dummy conversation with and without
+    the tool messages (generation prompt on) and keep the difference, so the
+    next turn continues by token concatenation, never by re-tokenising the
+    conversation.
+
+    Raises:
+        ValueError: a template that is not prefix-preserving (the shorter rendering is not a prefix of the longer).
+    """
+    call = [{"type": "function", "function": {"name": tool_messages[0]["name"], "arguments": {}}}]
+    dummy = [{"role": "user", "content": "dummy"}, {"role": "assistant", "content": "", "tool_calls": call}]
+    prefix = tokenizer.apply_chat_template(dummy, tokenize=True, return_dict=False, **chat_template_kwargs)
+    full = tokenizer.apply_chat_template(
+        dummy + tool_messages, tokenize=True, return_dict=False, add_generation_prompt=True, **chat_template_kwargs
+    )
+    eos = [i for i, token in enumerate(prefix) if token == tokenizer.eos_token_id]
+    prefix = prefix[: eos[-1] + 1] if eos else prefix  # the turn ends at its EOS; the template's "\n" belongs to the suffix
+    if full[: len(prefix)] != prefix:
+        raise ValueError("the chat template is not prefix-preserving: a tool message changes how the turn before it renders.")
+    return full[len(prefix) :]

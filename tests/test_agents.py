@@ -1,0 +1,417 @@
+"""Agent training (TRL 1.16's tools / environment_factory / rollout_func): the loop, masks, errors, TRL's examples.
+
+A tiny random model never writes a tool call, so the loop's behaviour is
+driven by `Scripted`, a generator that answers each turn from a script (a
+tool call until the conversation holds `calls` tool replies, then an
+answer); the log-prob passes and the update still run on the tiny model.
+"""
+
+import asyncio
+
+import pytest
+import torch
+from datasets import Dataset
+
+from fastgrpo import GRPOConfig, GRPOTrainer
+from fastgrpo.agents.chat_format import prepare_tool_tokenizer, tool_suffix_ids
+from fastgrpo.agents.multiturn import Reprefill
+from fastgrpo.agents.tools import call_tools
+from fastgrpo.losses import StepCounts, grpo_loss, masked_sum
+from fastgrpo.metrics import rollout_metrics
+from fastgrpo.rollout import Rollout
+from fastgrpo.sampler import Samples
+
+
+def multiply(a: int, b: int) -> int:
+    """
+    Multiplies two integers.
+
+    Args:
+        a: The first integer.
+        b: The second integer.
+
+    Returns:
+        The product of the two integers.
+    """
+    return a * b
+
+
+class Scripted:
+    """A `Sampler` stand-in: each turn is a tool call while the sequence holds fewer than `calls` tool replies, then `answer`."""
+
+    def __init__(self, tokenizer, call: str, answer: str = "Done.", calls: int = 1):
+        self.tokenizer, self.call, self.answer, self.calls = tokenizer, call, answer, calls
+        self.seen = []
+
+    def sample(self, ids, mask, G, max_new_tokens=None):
+        rows = []
+        for seq, m in zip(ids, mask):
+            text = self.tokenizer.decode(seq[m.bool()])
+            self.seen.append(text)
+            for _ in range(G):
+                call = self.call() if callable(self.call) else self.call
+                reply = call if text.count("<tool_response>") < self.calls else self.answer
+                rows.append(self.tokenizer.encode(reply + "<|im_end|>")[:max_new_tokens])
+        width = max(len(r) for r in rows)
+        out = torch.tensor([r + [self.tokenizer.pad_token_id] * (width - len(r)) for r in rows])
+        return Samples(out, torch.full(out.shape, -0.5))
+
+
+def config(tmp_path, **overrides):
+    values = dict(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, gradient_accumulation_steps=1, num_generations=2,
+        max_prompt_length=None, max_completion_length=128, max_steps=1, learning_rate=1e-3, logging_steps=1,
+        save_strategy="no", disable_tqdm=True, seed=0,
+    )
+    values.update(overrides)
+    return GRPOConfig(**values)
+
+
+def scripted(trainer, tokenizer, **kwargs) -> Scripted:
+    script = Scripted(tokenizer, **kwargs)
+    trainer.produce.turns = lambda: Reprefill(script, tokenizer.pad_token_id, trainer.eos_token_ids)
+    return script
+
+
+CALL = '<tool_call>\n{"name": "multiply", "arguments": {"a": 3, "b": 4}}\n</tool_call>'
+
+
+def test_trl_tools_script_runs_and_masks_the_tool_reply(tmp_path, tokenizer, make_model):
+    """TRL's `tools=[multiply]` example, only the import changed; the reply "12" is context (mask 0), the answer is loss."""
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": "What is 3 multiplied by 4?"}], "answer": 12}] * 2)
+    seen = {}
+
+    def accuracy(completions, answer, **kwargs):
+        seen["completions"] = completions
+        return [float(str(a) in c[-1]["content"]) for c, a in zip(completions, answer)]
+
+    trainer = GRPOTrainer(model=make_model(), reward_funcs=accuracy, args=config(tmp_path), train_dataset=dataset,
+                          processing_class=tokenizer, tools=[multiply])
+    scripted(trainer, tokenizer, call=CALL, answer="The answer is 12.")
+    rollout = trainer._collect()
+    messages = seen["completions"][0]
+    assert [m["role"] for m in messages] == ["assistant", "tool", "assistant"]
+    assert messages[0]["tool_calls"][0]["function"] == {"name": "multiply", "arguments": {"a": 3, "b": 4}}
+    assert messages[1] == {"role": "tool", "name": "multiply", "content": "12"}
+    assert rollout.rewards[:, 0].tolist() == [1.0] * 4
+    call = tokenizer.encode(CALL + "<|im_end|>")
+    suffix = tool_suffix_ids(trainer.tokenizer, [messages[1]], {})
+    answer = tokenizer.encode("The answer is 12.<|im_end|>")
+    assert rollout.completion_ids[0].tolist() == call + suffix + answer
+    assert rollout.tool_mask[0].tolist() == [1] * len(call) + [0] * len(suffix) + [1] * len(answer)
+    assert not rollout.is_truncated.any()
+    metrics = rollout_metrics(rollout, trainer.reward_names, trainer.reward_weights, 2)
+    assert metrics["completion_length_sum"] == 4 * (len(call) + len(answer))  # model tokens only
+    assert metrics["tool_calls"] == 4 and metrics["tool_failures"] == 0
+    trainer.train()  # the update on multi-turn rows (tool tokens inside the completion)
+    assert trainer.last_metrics["tools/call_frequency"] == 1.0 and trainer.last_metrics["tools/failure_frequency"] == 0.0
+
+
+class IncrementEnv:
+    """TRL's documented environment: a counter the model increments with a tool."""
+
+    def reset(self, **kwargs):
+        self.counter = 0
+
+    def increment(self, step: int) -> int:
+        """
+        Increment the internal counter.
+
+        Args:
+            step: Value to add to the counter.
+
+        Returns:
+            The updated counter value.
+        """
+        self.counter += step
+        return self.counter
+
+
+class ScoredEnv(IncrementEnv):
+    def reset(self, **kwargs):
+        self.counter = 0
+        return " Start at 0."
+
+    async def get_reward(self) -> float:
+        return float(self.counter)
+
+
+def test_trl_environment_example_rewards_see_environments(tmp_path, tokenizer, make_model):
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": "Increment the counter by 2."}]}] * 2)
+
+    def reward_func(environments, **kwargs):
+        return [env.counter for env in environments]
+
+    trainer = GRPOTrainer(model=make_model(), reward_funcs=reward_func, args=config(tmp_path), train_dataset=dataset,
+                          processing_class=tokenizer, environment_factory=IncrementEnv)
+    script = scripted(trainer, tokenizer, call='<tool_call>\n{"name": "increment", "arguments": {"step": 2}}\n</tool_call>', calls=2)
+    rollout = trainer._collect()
+    assert rollout.rewards[:, 0].tolist() == [4.0] * 4  # two calls of +2, each row its own counter
+    assert "<tool_response>\n2\n</tool_response>" in script.seen[-1] and "<tool_response>\n4\n</tool_response>" in script.seen[-1]
+    assert len(trainer.produce.environments.pool[None]) == 4  # one instance per row, reused by later rollouts
+    trainer._collect()
+    assert len(trainer.produce.environments.pool[None]) == 4
+
+
+def test_environment_get_reward_and_reset_observation_without_dataset(tmp_path, tokenizer, make_model):
+    """No train_dataset (the environment owns the data, max_steps set); async get_reward is a reward named after the class."""
+    trainer = GRPOTrainer(model=make_model(), reward_funcs=[], args=config(tmp_path, max_steps=1), processing_class=tokenizer,
+                          environment_factory=ScoredEnv)
+    assert trainer.reward_names == ["ScoredEnv"]
+    script = scripted(trainer, tokenizer, call='<tool_call>\n{"name": "increment", "arguments": {"step": 3}}\n</tool_call>')
+    rollout = trainer._collect()
+    assert rollout.rewards[:, 0].tolist() == [3.0] * 4
+    assert "<|im_start|>user\n Start at 0.<|im_end|>" in script.seen[0]  # reset's observation joins the user message
+
+
+def test_environment_without_reset_is_refused(tmp_path, tokenizer, make_model, prompts):
+    class NoReset:
+        def act(self, x: int) -> int:
+            """Act.
+
+            Args:
+                x: a number.
+            """
+            return x
+
+    with pytest.raises(ValueError, match="no callable `reset`"):
+        GRPOTrainer(model=make_model(), reward_funcs=lambda completions, **k: [0.0] * len(completions), args=config(tmp_path),
+                    train_dataset=prompts, processing_class=tokenizer, environment_factory=NoReset)
+
+
+def test_undocumented_tool_is_refused_before_loading(tmp_path, prompts):
+    def bare(a):
+        return a
+
+    with pytest.raises(ValueError, match="tool 'bare' has no JSON schema"):
+        GRPOTrainer(model="no-such-model", reward_funcs=lambda **k: [], args=config(tmp_path), train_dataset=prompts, tools=[bare])
+
+
+def test_tool_errors_unknown_tools_and_async_tools(tokenizer):
+    def divide(a: int, b: int) -> float:
+        """Divide.
+
+        Args:
+            a: numerator.
+            b: denominator.
+        """
+        return a / b
+
+    async def slow_add(a: int, b: int) -> int:
+        """Add later.
+
+        Args:
+            a: first.
+            b: second.
+        """
+        await asyncio.sleep(0)
+        return a + b
+
+    async def broken(a: int) -> int:
+        """Fail later.
+
+        Args:
+            a: anything.
+        """
+        raise RuntimeError("backend down")
+
+    call = lambda name, **args: {"type": "function", "function": {"name": name, "arguments": args}}  # noqa: E731
+    box = {f.__name__: f for f in (divide, slow_add, broken)}
+    out = call_tools([[call("divide", a=1, b=0), call("slow_add", a=2, b=3)], [call("nope"), call("broken", a=1)]], [box, box])
+    assert out.calls == 4 and out.failures == 3
+    assert [m["content"] for m in out.messages[0]] == ["{'error': 'division by zero'}", "5"]
+    assert [m["content"] for m in out.messages[1]] == ["{'error': 'Tool nope not found.'}", "{'error': 'backend down'}"]
+
+
+def test_a_tool_reply_past_the_budget_ends_the_row(tmp_path, tokenizer, make_model):
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": "What is 3 multiplied by 4?"}]}] * 2)
+    seen = {}
+
+    def reward(completions, **kwargs):
+        seen["completions"] = completions
+        return [0.0] * len(completions)
+
+    call = tokenizer.encode(CALL + "<|im_end|>")
+    trainer = GRPOTrainer(model=make_model(), reward_funcs=reward, args=config(tmp_path, max_completion_length=len(call) + 5),
+                          train_dataset=dataset, processing_class=tokenizer, tools=[multiply])
+    scripted(trainer, tokenizer, call=CALL)
+    rollout = trainer._collect()  # the reply (≥ 10 tokens) does not fit in the 5 left: the row ends after its call
+    assert rollout.completion_ids.shape[1] == len(call) and rollout.tool_mask.all()
+    assert [m["role"] for m in seen["completions"][0]] == ["assistant"]  # the dropped reply is not in the messages
+    assert rollout.tool_calls == 4  # the calls ran (TRL counts them too)
+
+
+def test_max_tool_calling_iterations_stops_the_loop(tmp_path, tokenizer, make_model):
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": "What is 3 multiplied by 4?"}]}] * 2)
+    trainer = GRPOTrainer(model=make_model(), reward_funcs=lambda completions, **k: [0.0] * len(completions),
+                          args=config(tmp_path, max_tool_calling_iterations=1, max_completion_length=200), train_dataset=dataset,
+                          processing_class=tokenizer, tools=[multiply])
+    scripted(trainer, tokenizer, call=CALL, calls=5)  # would call 5 times
+    rollout = trainer._collect()
+    assert rollout.tool_calls == 4  # one round per row: call, reply, one more turn (a call left unanswered)
+
+
+def hand_rollout(tool_mask, logps_old):
+    """Two rows of 8 completion tokens; row 0 has two tool replies (tokens 2-3 and 5), row 1 none and is 6 long."""
+    completion_mask = torch.tensor([[1] * 8, [1] * 6 + [0] * 2])
+    return Rollout(
+        prompt_ids=torch.ones(2, 2, dtype=torch.long), prompt_mask=torch.ones(2, 2, dtype=torch.long),
+        completion_ids=torch.ones(2, 8, dtype=torch.long), completion_mask=completion_mask,
+        is_truncated=torch.tensor([False, False]), rewards=torch.zeros(2, 1), advantages=torch.tensor([1.0, -1.0]),
+        prompts=["p", "p"], completions=["a", "b"], old_logps=logps_old, tool_mask=tool_mask,
+    )
+
+
+def test_masks_by_hand_two_tool_replies():
+    """Loss, normaliser, KL, entropy and lengths count model tokens only.
+
+    Row 0: 8 tokens, tool tokens at 2, 3, 5 → 5 model tokens; row 1: 6 model tokens; 11 in all.
+    Ratio r = exp(logp − old) = exp(0.1) on model tokens (wild values on tool tokens must not matter);
+    dapo loss = −Σ clip(r)·Â / tokens = −(5·min(e^0.1, 1.2)·1 + 6·max(e^0.1·(−1), −1.2·… )) / 11.
+    """
+    tool_mask = torch.tensor([[1, 1, 0, 0, 1, 0, 1, 1], [1] * 8])
+    old = torch.full((2, 8), -1.0)
+    logps = torch.full((2, 8), -0.9)
+    logps[0, [2, 3, 5]] = 50.0  # tool tokens: whatever the model says there is not its action
+    rollout = hand_rollout(tool_mask, old)
+    mask = rollout.model_mask().float()
+    assert mask.sum() == 11
+    counts = StepCounts(tokens=float(mask.sum()), sequences=2, micro_batches=1, max_completion_length=8)
+    entropy = torch.full((2, 8), 2.0)
+    entropy[0, [2, 3, 5]] = 1e6
+    kl = torch.full((2, 8), 0.5)
+    kl[0, [2, 3, 5]] = 1e6
+    out = grpo_loss(logps, old, rollout.advantages, mask, counts, loss_type="dapo", epsilon_low=0.2, epsilon_high=0.2, beta=0.1,
+                    per_token_kl=kl, use_bias_correction_kl=False)
+    r = torch.exp(torch.tensor(0.1))
+    # Â = +1: min(r·1, clip(r)·1) = r (r < 1.2); Â = −1: min(−r, −clip(r)) = −r; both then + β·KL.
+    expected = (5 * (-r + 0.1 * 0.5) + 6 * (r + 0.1 * 0.5)) / 11
+    assert torch.allclose(out.loss, expected, atol=1e-6)
+    assert out.metrics["tokens"] == 11
+    assert masked_sum(entropy, mask) == 22.0  # 11 tokens × 2 nats: the tool tokens' 1e6 never enters
+    assert torch.allclose(out.metrics["kl"], torch.tensor(11 * 0.5))
+    metrics = rollout_metrics(rollout, ["r"], torch.ones(1), 2)
+    assert (metrics["completion_length_min"], metrics["completion_length_max"]) == (5.0, 6.0)
+
+
+def test_smollm2_tool_template_renders_plain_chats_as_smollm2_does(tokenizer):
+    """The shipped template: tools rendered, SmolLM2's own rendering kept for plain chats, the caller's tokenizer untouched."""
+    own = tokenizer.chat_template
+    tok, notice = prepare_tool_tokenizer(tokenizer)
+    assert "Qwen2.5" in notice and tokenizer.chat_template == own and prepare_tool_tokenizer(tok) == (tok, None)
+    for chat in ([{"role": "user", "content": "hi"}], [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
+                                                        {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "2+2?"}]):
+        assert tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == \
+            tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    prompt = tok.apply_chat_template([{"role": "user", "content": "hi"}], tools=[multiply], tokenize=False, add_generation_prompt=True)
+    assert '"name": "multiply"' in prompt and prompt.endswith("<|im_start|>assistant\n")
+
+
+def test_rollout_func_output_reaches_rewards_with_env_mask(tmp_path, tokenizer, make_model, prompts):
+    """TRL's rollout_func: prompts once, G completions each; env_mask 0 tokens are no loss; extra keys reach rewards."""
+    calls, seen = [], {}
+
+    def rollout_func(prompts, trainer):
+        calls.append(len(prompts))
+        N = len(prompts) * trainer.args.num_generations
+        return {"prompt_ids": [[5, 6, 7]] * N, "completion_ids": [[8, 9, 10, tokenizer.eos_token_id]] * N,
+                "logprobs": [[-1.0] * 4] * N, "env_mask": [[1, 0, 0, 1]] * N, "turns": [2] * N}
+
+    def reward(completions, turns, **kwargs):
+        seen["turns"] = turns
+        return [1.0] * len(completions)
+
+    trainer = GRPOTrainer(model=make_model(), reward_funcs=reward, args=config(tmp_path), train_dataset=prompts,
+                          processing_class=tokenizer, rollout_func=rollout_func)
+    rollout = trainer._collect()
+    assert calls == [2] and seen["turns"] == [2] * 4
+    assert rollout.model_mask()[0].tolist() == [1, 0, 0, 1] and not rollout.is_truncated.any()
+
+
+@pytest.mark.parametrize("output, message", [
+    ({"prompt_ids": [[1]] * 4, "completion_ids": [[2]] * 4}, r"must return keys \['logprobs'\]"),
+    ({"prompt_ids": [[1]] * 2, "completion_ids": [[2]] * 2, "logprobs": [[0.0]] * 2}, "returned 2 prompt_ids for 2 prompts"),
+    ({"prompt_ids": [[1]] * 4, "completion_ids": [[2, 3]] * 4, "logprobs": [[0.0]] * 4}, r"logprobs\[0\] has 1 values for 2"),
+    ({"prompt_ids": [[1]] * 4, "completion_ids": [[2]] * 4, "logprobs": [[0.0]] * 4, "env_mask": [[2]] * 4}, "other than 0 and 1"),
+    ({"prompt_ids": [[1]] * 4, "completion_ids": [[2]] * 4, "logprobs": [[0.0]] * 4, "completions": [0] * 4}, "'completions', which reward"),
+])
+def test_rollout_func_bad_output_is_a_clear_error(tmp_path, tokenizer, make_model, prompts, output, message):
+    trainer = GRPOTrainer(model=make_model(), reward_funcs=lambda completions, **k: [0.0] * len(completions), args=config(tmp_path),
+                          train_dataset=prompts, processing_class=tokenizer, rollout_func=lambda prompts, trainer: output)
+    with pytest.raises(ValueError, match=message):
+        trainer._collect()
+
+
+def test_cached_turns_equal_reprefill_and_the_training_pass(tokenizer, make_model):
+    """Greedy: keeping the KV cache gives the tokens re-prefilling gives; its log-probs equal the fp32 training pass to 1e-5
+    across turn boundaries (appended tool tokens of different lengths per row, rows continuing in a new order)."""
+    from fastgrpo.agents.cached_turns import CachedTurns
+    from fastgrpo.data import PromptEncoder
+    from fastgrpo.generation import SamplingSettings
+    from fastgrpo.logprobs import LogProbs
+    from fastgrpo.sampler import Sampler
+
+    model = make_model().eval()
+    eos = tokenizer.eos_token_id
+    sampler = Sampler(model, SamplingSettings(max_completion_length=40, eos_token_ids=[eos], pad_token_id=eos, top_k=1))
+    ids, mask, _ = PromptEncoder(tokenizer, None)([[{"role": "user", "content": "Count to 3."}], [{"role": "user", "content": "Hi"}]])
+    cached, reprefill = CachedTurns(sampler), Reprefill(sampler, eos, [eos])
+    script = [([3, 0, 2], [[10, 11, 12], [13], [14, 15, 16, 17, 18]], [5, 7, 4]), ([0, 3], [[19, 20], [21, 22, 23]], [6, 3])]
+    turns_a, turns_b = [cached.first(ids, mask, 2, 6)], [reprefill.first(ids, mask, 2, 6)]
+    for rows, appended, budgets in script:
+        turns_a.append(cached.extend(rows, appended, budgets))
+        turns_b.append(reprefill.extend(rows, appended, budgets))
+    for a, b, budgets in zip(turns_a, turns_b, [[6] * 4] + [s[2] for s in script]):
+        assert [t.tokens for t in a] == [t.tokens for t in b]
+        assert all(len(t.tokens) == n or (len(t.tokens) < n and t.tokens[-1] == eos) for t, n in zip(a, budgets))
+        for x, y in zip(a, b):
+            assert torch.allclose(torch.tensor(x.logps), torch.tensor(y.logps), atol=1e-5)
+    # The whole trajectories, tool tokens masked, through the packed fp32 training pass.
+    completion = [turns_a[0][r].tokens for r in range(4)]
+    model_logps = [list(turns_a[0][r].logps) for r in range(4)]
+    tool = [[1] * len(c) for c in completion]
+    for (rows, appended, _), turns in zip(script, turns_a[1:]):
+        for r, extra, turn in zip(rows, appended, turns):
+            completion[r] = completion[r] + extra + turn.tokens
+            tool[r] = tool[r] + [0] * len(extra) + [1] * len(turn.tokens)
+            model_logps[r] = model_logps[r] + [0.0] * len(extra) + turn.logps
+    width = max(len(c) for c in completion)
+    pad = lambda rows, v: torch.tensor([r + [v] * (width - len(r)) for r in rows])  # noqa: E731
+    rollout = Rollout(
+        prompt_ids=ids.repeat_interleave(2, 0), prompt_mask=mask.repeat_interleave(2, 0), completion_ids=pad(completion, eos),
+        completion_mask=pad([[1] * len(c) for c in completion], 0), is_truncated=torch.zeros(4, dtype=torch.bool),
+        rewards=torch.zeros(4, 1), advantages=torch.zeros(4), prompts=[0] * 4, completions=[0] * 4, tool_mask=pad(tool, 1),
+    )
+    with torch.no_grad():
+        train = LogProbs(1.0)(model, rollout).logps
+    model_mask = rollout.model_mask().bool()
+    assert torch.allclose(train[model_mask], pad(model_logps, 0.0)[model_mask].float(), atol=1e-5)
+
+
+def test_resume_inside_a_multi_turn_run_reproduces_it(tmp_path, tokenizer, make_model):
+    """μ = 2 × 2 steps per pass = 4 steps per rollout, a checkpoint at step 3 (inside the reuse window: the multi-turn rollout, tool_mask
+    included, is saved) and the next rollout regenerated from the saved RNG: losses and rewards as uninterrupted."""
+    import json
+    import os
+
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"Add {i}."}]} for i in range(8)])
+    step = lambda: f'<tool_call>\n{{"name": "increment", "arguments": {{"step": {int(torch.randint(1, 5, ()))}}}}}\n</tool_call>'  # noqa: E731
+
+    def run(resume=None):
+        args = config(tmp_path, num_iterations=2, per_device_train_batch_size=2, steps_per_generation=2, max_steps=6, save_steps=3,
+                      save_strategy="steps", num_generations=2)
+        trainer = GRPOTrainer(model=make_model(), reward_funcs=lambda environments, **k: [e.counter for e in environments],
+                              args=args, train_dataset=dataset, processing_class=tokenizer, environment_factory=IncrementEnv)
+        scripted(trainer, tokenizer, call=step)
+        trainer.train(resume_from_checkpoint=resume)
+        path = os.path.join(args.output_dir, "metrics.jsonl")
+        records = {r["step"]: r for r in map(json.loads, open(path))}
+        os.rename(path, path + f".{len(records)}")
+        return records
+
+    full = run()
+    resumed = run(os.path.join(tmp_path, "out", "checkpoint-3"))
+    assert sorted(resumed) == [4, 5, 6] and full[1]["reward_std"] > 0
+    for s in (4, 5, 6):
+        assert resumed[s]["loss"] == pytest.approx(full[s]["loss"], rel=1e-5, abs=1e-7)
+    assert resumed[5]["reward"] == pytest.approx(full[5]["reward"])  # the regenerated multi-turn rollout
