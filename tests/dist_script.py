@@ -4,6 +4,8 @@
     torchrun --standalone --nproc_per_node 2 tests/dist_script.py OUT --max_steps 3
     accelerate launch --config_file examples/accelerate/ddp.yaml --num_processes 2 tests/dist_script.py OUT --max_steps 4 --resume
     ... --lora                                               # rank-8 adapters, beta 0.04, gradient checkpointing
+    ... --beta 0.04 --save_steps 2                           # π_ref a frozen copy; checkpoints at steps 2, 4, …
+    ACCELERATE_USE_FSDP=true FSDP_VERSION=2 torchrun ...     # FSDP2 (tests/test_fsdp.py)
 
 The global batch is the same on any number of processes (16 completions per
 rollout and per optimizer step: 4 prompts × G = 4), so every number the run
@@ -35,6 +37,7 @@ from conftest import tiny_model  # noqa: E402
 
 from fastgrpo import GRPOConfig, GRPOTrainer  # noqa: E402
 from fastgrpo.models import load_tokenizer, lora_config  # noqa: E402
+from fastgrpo.sharding import full_value  # noqa: E402
 
 G, T = 4, 12  # completions per prompt, max completion tokens
 
@@ -62,7 +65,7 @@ def reward_fixed(completion_ids, **kwargs):
     return [len(ids) + 0.1 * (ids[0] % 5) for ids in completion_ids]
 
 
-def train(output_dir: str, max_steps: int, resume: bool = False, lora: bool = False) -> None:
+def train(output_dir: str, max_steps: int, resume: bool = False, lora: bool = False, save_steps: int = 1000, beta: float = 0.0) -> None:
     """Train to `max_steps` (resuming from the latest checkpoint if asked) and write OUT/record_<rank>[_resumed].pt."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     args = GRPOConfig(
@@ -73,8 +76,9 @@ def train(output_dir: str, max_steps: int, resume: bool = False, lora: bool = Fa
         max_prompt_length=64, max_completion_length=T, learning_rate=1e-3,
         loss_type="dapo", scale_rewards="batch",  # the two quantities that need all processes
         lr_scheduler_type="constant",  # the same learning rate whatever max_steps a run is given
-        logging_steps=1, save_steps=1000, log_completions=True, num_completions_to_print=0, disable_tqdm=True,
-        **(dict(beta=0.04, gradient_checkpointing=True) if lora else {}),  # π_ref = adapters disabled, under DDP
+        logging_steps=1, save_steps=save_steps, log_completions=True, num_completions_to_print=0, disable_tqdm=True,
+        beta=0.04 if lora else beta,  # π_ref: adapters disabled (LoRA) or a frozen copy, sharded too under FSDP
+        gradient_checkpointing=lora,
     )
     tokenizer = load_tokenizer("smollm2-135m-instruct")
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"Count to {n}."}]} for n in range(32)])
@@ -93,7 +97,8 @@ def train(output_dir: str, max_steps: int, resume: bool = False, lora: bool = Fa
     def recording_optimizer_step(*a, **k):
         kl_old = optimizer_step(*a, **k)
         model = trainer.accelerator.unwrap_model(trainer.model)
-        weights[trainer.step + 1] = {name: p.detach().cpu().clone() for name, p in model.named_parameters()}
+        # Under FSDP every process gathers each whole parameter (an all-gather, so all processes call it).
+        weights[trainer.step + 1] = {name: full_value(p.detach()).cpu().clone() for name, p in model.named_parameters()}
         return kl_old
 
     trainer._collect, trainer._optimizer_step = recording_collect, recording_optimizer_step
@@ -110,5 +115,7 @@ if __name__ == "__main__":
     parser.add_argument("--max_steps", type=int, required=True)
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--lora", action="store_true")
+    parser.add_argument("--save_steps", type=int, default=1000)
+    parser.add_argument("--beta", type=float, default=0.0)
     cli = parser.parse_args()
-    train(cli.output_dir, cli.max_steps, cli.resume, cli.lora)
+    train(cli.output_dir, cli.max_steps, cli.resume, cli.lora, cli.save_steps, cli.beta)

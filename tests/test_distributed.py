@@ -42,9 +42,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run(command: list[str]) -> None:
+def run(command: list[str], **extra_env: str) -> None:
     # CPUs only, one thread per process (2 processes on a 2-core machine), whatever this machine has.
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **extra_env}
     env.pop("WORLD_SIZE", None)
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     assert done.returncode == 0, f"{' '.join(command)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"

@@ -52,7 +52,8 @@ from .reward_models import RewardModel
 from .rewards import score
 from .rollout import Rollout, collect
 from .trainer_inputs import check_trainer_inputs
-from .trainer_setup import build_accelerator, load_policy
+from .sharding import full_value
+from .trainer_setup import build_accelerator, load_policy, prepare
 
 
 class TrainOutput(NamedTuple):
@@ -114,7 +115,7 @@ class GRPOTrainer:
             if isinstance(fn, RewardModel):
                 fn.prepare(acc.device, acc.autocast, a.chat_template_kwargs)  # scored in the policy's precision
 
-        self.tokenizer, policy, self.ref_model, self.eos_token_ids = load_policy(model, processing_class, peft_config, a, acc)
+        self.tokenizer, policy, self.ref_model, self.eos_token_ids, self.sampler_copy = load_policy(model, processing_class, peft_config, a, acc)
 
         if a.max_steps > 0:
             self.max_steps = a.max_steps
@@ -125,13 +126,14 @@ class GRPOTrainer:
             a.lr_scheduler_type, optimizer, num_warmup_steps=a.num_warmup_steps(self.max_steps), num_training_steps=self.max_steps,
             scheduler_specific_kwargs=a.lr_scheduler_kwargs,
         )
-        self.model, self.optimizer = acc.prepare(policy, optimizer)
+        self.model, self.optimizer = prepare(acc, policy, optimizer)
         sampling = SamplingSettings(
             max_completion_length=a.max_completion_length, eos_token_ids=self.eos_token_ids, pad_token_id=self.tokenizer.pad_token_id,
             temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, min_p=a.min_p, repetition_penalty=a.repetition_penalty,
         )
         autocast_dtype = torch.bfloat16 if acc.mixed_precision == "bf16" else None
-        self.generate = build_generator(a.generation_backend, acc.unwrap_model(self.model), sampling, autocast_dtype=autocast_dtype)
+        sampled = self.sampler_copy.module if self.sampler_copy is not None else acc.unwrap_model(self.model)  # FSDP: the whole copy
+        self.generate = build_generator(a.generation_backend, sampled, sampling, autocast_dtype=autocast_dtype)
         self.encode = PromptEncoder(self.tokenizer, a.max_prompt_length, a.chat_template_kwargs)
         self.log_probs = LogProbs(a.temperature, ref_autocast=acc.autocast)  # packed rows, each prompt once per group, chunked LM head
         for note in fallback_notices(policy) if acc.is_main_process else []:
@@ -220,6 +222,8 @@ class GRPOTrainer:
 
     def _sample(self, rows: list[dict], advantages: Callable[[torch.Tensor], torch.Tensor], timer: PhaseTimer) -> tuple[Rollout, dict]:
         """B prompt rows → a Rollout of B·G scored completions (rollout.collect), and the reward functions' log_extra columns."""
+        if self.sampler_copy is not None:  # FSDP: gather the current weights once; decoding then sends nothing
+            self.sampler_copy.refresh(self.model)
         rollout = collect(
             rows, num_generations=self.args.num_generations, encode=self._encode, generate=self.generate, decode=self._decode,
             score=partial(score, self.reward_funcs, reward_kwargs=self._reward_kwargs()), advantages=advantages,
@@ -318,7 +322,7 @@ class GRPOTrainer:
                 packing = {"padded_tokens": stats.padded_tokens, "real_tokens": stats.real_tokens, "packed_tokens": stats.packed_tokens}
                 for key, value in {**out.metrics, "loss": out.loss.detach(), "entropy": masked_sum(entropy, mask), **packing}.items():
                     sums[key] = sums.get(key, 0) + value
-            grad_norm = acc.clip_grad_norm_(self.model.parameters(), a.max_grad_norm if a.max_grad_norm > 0 else math.inf)  # 0: no clip
+            grad_norm = full_value(acc.clip_grad_norm_(self.model.parameters(), a.max_grad_norm if a.max_grad_norm > 0 else math.inf))  # 0: no clip
             if not torch.isfinite(grad_norm):  # before optimizer.step: the weights and every checkpoint stay finite
                 raise FloatingPointError(
                     f"step {self.step + 1}: the gradient norm is {float(grad_norm)} (loss {float(sums['loss'])}); the weights "
