@@ -71,6 +71,20 @@ def _layer_classes(model: nn.Module) -> set[str]:
     raise ValueError(f"{type(model).__name__} names no decoder layer class (_no_split_modules); FSDP2 shards per decoder layer.")
 
 
+@torch.no_grad()
+def broadcast_weights(model: nn.Module) -> None:
+    """Give every process process 0's weights and buffers, in place, as DDP does when it wraps a model.
+
+    Weights drawn after the per-process seed (fresh LoRA adapters, a new head) differ
+    between processes otherwise, and each FSDP shard would keep its own process's draw.
+    Every process must call it: one broadcast per tensor.
+    """
+    import torch.distributed as dist
+
+    for tensor in [*model.parameters(), *model.buffers()]:
+        dist.broadcast(tensor.data, src=0)
+
+
 def shard(model: nn.Module, bf16: bool) -> nn.Module:
     """Shard `model` in place with FSDP2 over all processes: each decoder layer, then the root.
 

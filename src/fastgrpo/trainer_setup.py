@@ -26,7 +26,7 @@ from transformers import PreTrainedTokenizerBase
 from . import runs
 from .config import GRPOConfig
 from .launch import cpu_launch_error, cpu_only
-from .sharding import GatheredCopy, fsdp_requested, is_sharded, shard
+from .sharding import GatheredCopy, broadcast_weights, fsdp_requested, is_sharded, shard
 from .models import (
     disable_dropout,
     enable_gradient_checkpointing,
@@ -106,10 +106,13 @@ def load_policy(model, processing_class, peft_config, args: GRPOConfig, accelera
     if fsdp_requested() and accelerator.num_processes > 1:
         if a.sync_ref_model:
             raise ValueError("sync_ref_model=True under FSDP: π_ref's sharded copy is not saved in checkpoints; train without it, or without FSDP.")
-        bf16 = accelerator.mixed_precision == "bf16"
-        sampler_copy = GatheredCopy(policy, torch.bfloat16 if bf16 else None)  # before sharding: whole weights
+        bf16, models = accelerator.mixed_precision == "bf16", (policy, ref_model) if ref_model is not None else (policy,)
         if cpu_only():  # accelerate makes no FSDP run on CPUs (it stays MULTI_CPU): shard as its plugin does on GPUs
-            for module in (policy, ref_model) if ref_model is not None else (policy,):
+            for module in models:
+                broadcast_weights(module)  # process 0's weights everywhere, as DDP starts
+        sampler_copy = GatheredCopy(policy, torch.bfloat16 if bf16 else None)  # before sharding: whole weights
+        if cpu_only():
+            for module in models:
                 shard(module, bf16)
     eos = policy.generation_config.eos_token_id
     eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
