@@ -19,8 +19,9 @@ Prompts 4k, 4k+1 get long completions and 4k+2, 4k+3 short ones; without
 shuffling, the first two prompts of each rollout go to process 0, so the two
 processes hold different token counts (a local dapo normaliser would show).
 
-Writes OUT/record_<rank>.pt: this process's advantages per rollout and its
-weights after each optimizer step (name → tensor), besides the trainer's own
+Writes OUT/record_<rank>.pt: this process's advantages per rollout, its
+weights after each optimizer step (name → tensor) and under FSDP the sampler
+copy's weights per rollout, besides the trainer's own
 metrics.jsonl, completions.jsonl and checkpoint-<step>.
 """
 
@@ -86,12 +87,14 @@ def train(output_dir: str, max_steps: int, resume: bool = False, lora: bool = Fa
     trainer = GRPOTrainer(tiny_model(tokenizer), reward_fixed, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=peft_config)
     trainer.generate = fixed_completions(tokenizer, tokenizer.eos_token_id)
 
-    advantages, weights = [], {}
+    advantages, weights, sampled = [], {}, []
     collect, optimizer_step = trainer._collect, trainer._optimizer_step
 
     def recording_collect():
         rollout = collect()
         advantages.append(rollout.advantages.cpu().clone())
+        if trainer.sampler_copy is not None:  # FSDP: the whole weights this rollout was sampled with
+            sampled.append({name: p.detach().clone() for name, p in trainer.sampler_copy.module.named_parameters()})
         return rollout
 
     def recording_optimizer_step(*a, **k):
@@ -106,7 +109,7 @@ def train(output_dir: str, max_steps: int, resume: bool = False, lora: bool = Fa
     trainer.save_model()  # after train(): the process group must still be up
     rank = trainer.accelerator.process_index
     name = f"record_{rank}{'_resumed' if resume else ''}.pt"
-    torch.save({"advantages": advantages, "weights": weights}, os.path.join(output_dir, name))
+    torch.save({"advantages": advantages, "weights": weights, "sampled": sampled}, os.path.join(output_dir, name))
 
 
 if __name__ == "__main__":

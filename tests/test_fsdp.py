@@ -34,7 +34,8 @@ from transformers import AutoModelForCausalLM
 
 from fastgrpo import GRPOConfig
 from fastgrpo.optimizers import build_optimizer
-from fastgrpo.sharding import load_sharded
+from fastgrpo.launch import cpu_launch_error
+from fastgrpo.sharding import fsdp_requested, load_sharded
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FSDP_CONFIG = os.path.join(HERE, "..", "examples", "accelerate", "fsdp.yaml")
@@ -81,6 +82,9 @@ def test_fsdp_on_two_processes_trains_as_one(full):
     assert expected[2]["kl"] > 0  # π_θ has left π_ref: the sharded π_ref enters the loss
     for record in (rank0, rank1):  # every process gathers the whole weights: the 1-process ones after each step
         assert_weights(record, reference, (1, 2, 3))
+        # The sampler's whole copy, gathered once per rollout: rollout 2 is sampled with the weights after step 2.
+        assert len(record["sampled"]) == 2
+        assert_weights({"weights": {2: record["sampled"][1]}}, reference, (2,))
     for record in records(two, "_resumed"):
         assert_weights(record, reference, (4,))
     moved = max((reference["weights"][1][n] - reference["weights"][2][n]).abs().max() for n in reference["weights"][1])
@@ -145,3 +149,15 @@ def test_lora_under_fsdp_on_a_two_node_launch_trains_as_one_process_and_logs_onc
     for step in (1, 2):
         for key in ("loss", "grad_norm", "kl"):
             assert logged[step][key] == pytest.approx(expected[step][key], rel=1e-5, abs=1e-7), (step, key)
+
+
+def test_a_deepspeed_launch_on_cpus_and_fsdp_version_1_are_refused(monkeypatch):
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")  # what `accelerate launch` sets from a DeepSpeed file
+    assert "DeepSpeed" in cpu_launch_error() and "fsdp.yaml" in cpu_launch_error()
+    monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED")
+    assert cpu_launch_error() is None
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    assert fsdp_requested()
+    monkeypatch.setenv("FSDP_VERSION", "1")
+    with pytest.raises(ValueError, match="fsdp_version=1.*fsdp_version: 2"):
+        fsdp_requested()
