@@ -8,9 +8,8 @@ processes, DDP's gradient average, and per-process checkpoint state.
 
 The 2-process run is launched with torchrun and resumed with
 `accelerate launch --config_file examples/accelerate/ddp.yaml` (a MULTI_GPU
-launch, which runs on CPUs too), so both launchers are exercised. Only the
-CPU/DDP path is tested; the DeepSpeed and FSDP config files in
-examples/accelerate are not run here.
+launch, which runs on CPUs too), so both launchers are exercised. FSDP2 is
+tested the same way in tests/test_fsdp.py; the DeepSpeed files are not run.
 
 Tolerance: fp32 sums in another order. One process accumulates the four
 micro-batches' gradients one after the other; two processes each sum two and
