@@ -27,14 +27,17 @@ from datasets import Dataset
 
 
 def local_bytes(tensors) -> int:
-    """Bytes of these tensors held by this process (a DTensor's local shard only), each storage once."""
+    """Bytes of these tensors held by this process (a DTensor's local shard only), each tensor once (tied weights).
+
+    Keyed by the tensor's own address, not its storage's: FSDP2 keeps views into one flat buffer.
+    """
     from torch.distributed.tensor import DTensor
 
     seen, total = set(), 0
     for t in tensors:
         local = t.to_local() if isinstance(t, DTensor) else t
-        if local.untyped_storage().data_ptr() not in seen:
-            seen.add(local.untyped_storage().data_ptr())
+        if (local.data_ptr(), local.numel()) not in seen:
+            seen.add((local.data_ptr(), local.numel()))
             total += local.numel() * local.element_size()
     return total
 
