@@ -4,6 +4,8 @@
     torchrun --standalone --nproc_per_node 2 tests/dist_script.py OUT --max_steps 3
     accelerate launch --config_file examples/accelerate/ddp.yaml --num_processes 2 tests/dist_script.py OUT --max_steps 4 --resume
     ... --lora                                               # rank-8 adapters, beta 0.04, gradient checkpointing
+    ... --beta 0.04 --save_steps 2                           # π_ref a frozen copy; checkpoints at steps 2, 4, …
+    ACCELERATE_USE_FSDP=true FSDP_VERSION=2 torchrun ...     # FSDP2 (tests/test_fsdp.py)
 
 The global batch is the same on any number of processes (16 completions per
 rollout and per optimizer step: 4 prompts × G = 4), so every number the run
@@ -17,8 +19,9 @@ Prompts 4k, 4k+1 get long completions and 4k+2, 4k+3 short ones; without
 shuffling, the first two prompts of each rollout go to process 0, so the two
 processes hold different token counts (a local dapo normaliser would show).
 
-Writes OUT/record_<rank>.pt: this process's advantages per rollout and its
-weights after each optimizer step (name → tensor), besides the trainer's own
+Writes OUT/record_<rank>.pt: this process's advantages per rollout, its
+weights after each optimizer step (name → tensor) and under FSDP the sampler
+copy's weights per rollout, besides the trainer's own
 metrics.jsonl, completions.jsonl and checkpoint-<step>.
 """
 
@@ -36,6 +39,7 @@ from conftest import tiny_model  # noqa: E402
 from fastgrpo import GRPOConfig, GRPOTrainer  # noqa: E402
 from fastgrpo.models import load_tokenizer, lora_config  # noqa: E402
 from fastgrpo.sampling import Samples  # noqa: E402
+from fastgrpo.sharding import full_value  # noqa: E402
 
 G, T = 4, 12  # completions per prompt, max completion tokens
 
@@ -63,7 +67,7 @@ def reward_fixed(completion_ids, **kwargs):
     return [len(ids) + 0.1 * (ids[0] % 5) for ids in completion_ids]
 
 
-def train(output_dir: str, max_steps: int, resume: bool = False, lora: bool = False) -> None:
+def train(output_dir: str, max_steps: int, resume: bool = False, lora: bool = False, save_steps: int = 1000, beta: float = 0.0) -> None:
     """Train to `max_steps` (resuming from the latest checkpoint if asked) and write OUT/record_<rank>[_resumed].pt."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     args = GRPOConfig(
@@ -74,9 +78,10 @@ def train(output_dir: str, max_steps: int, resume: bool = False, lora: bool = Fa
         max_prompt_length=64, max_completion_length=T, learning_rate=1e-3,
         loss_type="dapo", scale_rewards="batch",  # the two quantities that need all processes
         lr_scheduler_type="constant",  # the same learning rate whatever max_steps a run is given
-        logging_steps=1, save_steps=1000, log_completions=True, num_completions_to_print=0, disable_tqdm=True,
+        logging_steps=1, save_steps=save_steps, log_completions=True, num_completions_to_print=0, disable_tqdm=True,
         bf16=False,  # runs on each world size are compared to fp32 tolerances, whatever this CPU's bf16 units
-        **(dict(beta=0.04, gradient_checkpointing=True) if lora else {}),  # π_ref = adapters disabled, under DDP
+        beta=0.04 if lora else beta,  # π_ref: adapters disabled (LoRA) or a frozen copy, sharded too under FSDP
+        gradient_checkpointing=lora,
     )
     tokenizer = load_tokenizer("smollm2-135m-instruct")
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"Count to {n}."}]} for n in range(32)])
@@ -84,18 +89,21 @@ def train(output_dir: str, max_steps: int, resume: bool = False, lora: bool = Fa
     trainer = GRPOTrainer(tiny_model(tokenizer), reward_fixed, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=peft_config)
     trainer.generate = fixed_completions(tokenizer, tokenizer.eos_token_id)
 
-    advantages, weights = [], {}
+    advantages, weights, sampled = [], {}, []
     collect, optimizer_step = trainer._collect, trainer._optimizer_step
 
     def recording_collect():
         rollout = collect()
         advantages.append(rollout.advantages.cpu().clone())
+        if trainer.sampler_copy is not None:  # FSDP: the whole weights this rollout was sampled with
+            sampled.append({name: p.detach().clone() for name, p in trainer.sampler_copy.module.named_parameters()})
         return rollout
 
     def recording_optimizer_step(*a, **k):
         kl_old = optimizer_step(*a, **k)
         model = trainer.accelerator.unwrap_model(trainer.model)
-        weights[trainer.step + 1] = {name: p.detach().cpu().clone() for name, p in model.named_parameters()}
+        # Under FSDP every process gathers each whole parameter (an all-gather, so all processes call it).
+        weights[trainer.step + 1] = {name: full_value(p.detach()).cpu().clone() for name, p in model.named_parameters()}
         return kl_old
 
     trainer._collect, trainer._optimizer_step = recording_collect, recording_optimizer_step
@@ -103,7 +111,7 @@ def train(output_dir: str, max_steps: int, resume: bool = False, lora: bool = Fa
     trainer.save_model()  # after train(): the process group must still be up
     rank = trainer.accelerator.process_index
     name = f"record_{rank}{'_resumed' if resume else ''}.pt"
-    torch.save({"advantages": advantages, "weights": weights}, os.path.join(output_dir, name))
+    torch.save({"advantages": advantages, "weights": weights, "sampled": sampled}, os.path.join(output_dir, name))
 
 
 if __name__ == "__main__":
@@ -112,5 +120,7 @@ if __name__ == "__main__":
     parser.add_argument("--max_steps", type=int, required=True)
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--lora", action="store_true")
+    parser.add_argument("--save_steps", type=int, default=1000)
+    parser.add_argument("--beta", type=float, default=0.0)
     cli = parser.parse_args()
-    train(cli.output_dir, cli.max_steps, cli.resume, cli.lora)
+    train(cli.output_dir, cli.max_steps, cli.resume, cli.lora, cli.save_steps, cli.beta)

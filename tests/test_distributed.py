@@ -8,9 +8,8 @@ processes, DDP's gradient average, and per-process checkpoint state.
 
 The 2-process run is launched with torchrun and resumed with
 `accelerate launch --config_file examples/accelerate/ddp.yaml` (a MULTI_GPU
-launch, which runs on CPUs too), so both launchers are exercised. Only the
-CPU/DDP path is tested; the DeepSpeed and FSDP config files in
-examples/accelerate are not run here.
+launch, which runs on CPUs too), so both launchers are exercised. FSDP2 is
+tested the same way in tests/test_fsdp.py; the DeepSpeed files are not run.
 
 Tolerance: fp32 sums in another order. One process accumulates the four
 micro-batches' gradients one after the other; two processes each sum two and
@@ -42,9 +41,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run(command: list[str]) -> None:
+def run(command: list[str], **extra_env: str) -> None:
     # CPUs only, one thread per process (2 processes on a 2-core machine), whatever this machine has.
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **extra_env}
     env.pop("WORLD_SIZE", None)
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     assert done.returncode == 0, f"{' '.join(command)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"

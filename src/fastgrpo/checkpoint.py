@@ -6,7 +6,12 @@ with `from_pretrained`; for a LoRA policy the adapters alone, loadable with
 scheduler, step, data position), and per process `rng_state_<rank>.pt` and
 `process_state_<rank>.pt` (that process's own share of the state: the rollout
 in use when saved inside a reuse window), and last `manifest.json` (step, the
-run's id, every file's size in bytes). It is written under a temporary name
+run's id, every file's size in bytes). A sharded (FSDP) policy's checkpoint holds,
+instead of the model file and the optimizer in `trainer_state.pt`, the trainable
+weights' and the optimizer's shards (torch.distributed.checkpoint: `.metadata` and
+`__<rank>_0.distcp` per process) and `config.json`; it resumes on any number of
+processes, sharded or not (the shards are re-cut on load); `save_model` writes
+the whole model. It is written under a temporary name
 and renamed into place, so a crash mid-save never leaves a half checkpoint
 that resume would pick, and the last good one is never touched; a failed
 write removes the temporary folder and says which checkpoint failed. On load
@@ -38,10 +43,12 @@ import torch
 from safetensors.torch import load_file
 
 from .models import is_peft_model, load_adapters
+from .sharding import is_sharded, load_sharded, save_sharded
 
 PREFIX = "checkpoint-"
 MANIFEST = "manifest.json"
 ADAPTER_FILE = "adapter_model.safetensors"  # what a peft model saves instead of model.safetensors
+SHARDS_METADATA = ".metadata"  # torch.distributed.checkpoint's index of a sharded checkpoint's files
 
 
 class CheckpointWriteError(OSError):
@@ -70,6 +77,7 @@ def set_rng_state(state: dict) -> None:
 
 def save_checkpoint(
     output_dir: str, step: int, accelerator, model, tokenizer, trainer_state: dict, process_state: dict | None = None, run_id: str = "",
+    optimizer=None,
 ) -> str:
     """Write `output_dir/checkpoint-<step>` atomically; every process must call it.
 
@@ -80,6 +88,8 @@ def save_checkpoint(
         process_state: this process's own entries (its share of the rollout),
             written by each process and merged into the trainer state on load.
         run_id: the run's id, written to the manifest; `prune` only touches checkpoints with the same id.
+        optimizer: for a sharded `model`, the optimizer whose shards are written with
+            the weights' (trainer_state then holds no optimizer state).
     Returns:
         The checkpoint's path.
     Raises:
@@ -95,9 +105,16 @@ def save_checkpoint(
         accelerator.wait_for_everyone()
         torch.save(rng_state(), os.path.join(tmp, f"rng_state_{accelerator.process_index}.pt"))
         torch.save(process_state or {}, os.path.join(tmp, f"process_state_{accelerator.process_index}.pt"))
-        state_dict = accelerator.get_state_dict(model)  # gathers shards under FSDP/DeepSpeed
+        unwrapped = accelerator.unwrap_model(model)
+        if is_sharded(model):  # every process writes its shards: nothing whole is gathered
+            save_sharded(tmp, unwrapped, getattr(optimizer, "optimizer", optimizer))
+        else:
+            state_dict = accelerator.get_state_dict(model)  # gathers shards under DeepSpeed ZeRO-3
         if accelerator.is_main_process:
-            accelerator.unwrap_model(model).save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
+            if is_sharded(model):
+                unwrapped.config.save_pretrained(tmp)
+            else:
+                unwrapped.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
             torch.save(trainer_state, os.path.join(tmp, "trainer_state.pt"))
             make_readable(tmp)
@@ -201,18 +218,20 @@ def prune(output_dir: str, save_total_limit: int | None, run_id: str, best: str 
         shutil.rmtree(path, ignore_errors=True)
 
 
-def load_checkpoint(resume_from_checkpoint, output_dir: str, accelerator, model) -> tuple[str | None, dict | None]:
+def load_checkpoint(resume_from_checkpoint, output_dir: str, accelerator, model, optimizer=None) -> tuple[str | None, dict | None]:
     """Resolve and load a checkpoint: None/False → (None, None); True → the newest in output_dir that loads; str → that folder.
 
-    Loads the weights into `model` and this process's RNG state, and returns
-    (path, trainer state with this process's entries and the manifest's
-    `run_id`). Resumed on another number of processes than saved it, the
+    Loads the weights into `model` (and for a sharded checkpoint the optimizer state
+    into `optimizer`; its trainer state's "optimizer" is then None) and this
+    process's RNG state, and returns (path, trainer state with this process's
+    entries and the manifest's `run_id`). Resumed on another number of processes than saved it, the
     per-process files no longer fit: every process keeps its freshly seeded
     RNG and gets no process entries (so the trainer generates a new rollout).
 
     Raises:
         ValueError: True with no checkpoint in output_dir; a path that is not a
-            checkpoint; a checkpoint that does not fit the model.
+            checkpoint; a checkpoint that does not fit the model; a whole-model
+            checkpoint for a sharded policy (resume it without FSDP).
         CorruptCheckpointError: the given checkpoint, or with True every
             checkpoint, is incomplete or unreadable (naming checkpoint and file);
             with True each skipped one is a warning.
@@ -227,7 +246,7 @@ def load_checkpoint(resume_from_checkpoint, output_dir: str, accelerator, model)
             raise ValueError(f"resume_from_checkpoint=True but {output_dir!r} holds no checkpoint-<step> folder; train without it first.")
         for path in reversed(found):
             try:
-                parts = _read(path, accelerator, adapters)
+                parts = _read(path, accelerator, model, adapters)
                 break
             except CorruptCheckpointError as err:
                 if path == found[0]:
@@ -237,8 +256,13 @@ def load_checkpoint(resume_from_checkpoint, output_dir: str, accelerator, model)
         path = str(resume_from_checkpoint)
         if not os.path.isfile(os.path.join(path, "trainer_state.pt")) and not os.path.isfile(os.path.join(path, MANIFEST)):
             raise ValueError(f"{path!r} is not a fastgrpo checkpoint (no trainer_state.pt); give a checkpoint-<step> folder or True.")
-        parts = _read(path, accelerator, adapters)
-    if adapters:  # adapters only: the base weights never change
+        parts = _read(path, accelerator, model, adapters)
+    if parts["sharded"]:
+        try:
+            load_sharded(path, unwrapped, getattr(optimizer, "optimizer", optimizer))
+        except ValueError as err:
+            raise ValueError(f"checkpoint {path!r} does not fit this model: {err}") from None
+    elif adapters:  # adapters only: the base weights never change
         load_adapters(unwrapped, path, parts["weights"])
     else:
         missing, unexpected = unwrapped.load_state_dict(parts["weights"], strict=False)
@@ -250,15 +274,18 @@ def load_checkpoint(resume_from_checkpoint, output_dir: str, accelerator, model)
     return path, {**parts["state"], **parts["process"], "run_id": parts["run_id"]}
 
 
-def _read(path: str, accelerator, adapters: bool) -> dict:
+def _read(path: str, accelerator, model, adapters: bool) -> dict:
     """Every file this process needs from checkpoint `path`, read into memory; nothing applied yet.
 
     Raises:
         ValueError: `adapters` (a LoRA policy) but the checkpoint holds full weights, or the reverse.
     """
     manifest = read_manifest(path)
+    sharded = SHARDS_METADATA in manifest["files"]
+    if is_sharded(accelerator.unwrap_model(model)) and not sharded:
+        raise ValueError(f"{path!r} holds the whole model (saved without FSDP); resume it without FSDP (e.g. torchrun, or examples/accelerate/ddp.yaml).")
     weights_file = ADAPTER_FILE if adapters else "model.safetensors"
-    if weights_file not in manifest["files"]:
+    if not sharded and weights_file not in manifest["files"]:
         if adapters:
             raise ValueError(f"{path!r} holds no adapters (no {ADAPTER_FILE}): it was saved by a run without peft_config; resume it without peft_config.")
         raise ValueError(f"{path!r} holds adapters, not model.safetensors: it was saved by a run with peft_config; resume it with the same peft_config.")
@@ -274,7 +301,8 @@ def _read(path: str, accelerator, adapters: bool) -> dict:
 
     torch_load = lambda file: torch.load(file, weights_only=False)  # noqa: E731
     return {
-        "weights": read(weights_file, load_file),
+        "weights": None if sharded else read(weights_file, load_file),  # shards: read straight into the model
+        "sharded": sharded,
         "state": read("trainer_state.pt", torch_load),
         "rng": read(f"rng_state_{rank}.pt", torch_load) if fits else None,
         "process": read(f"process_state_{rank}.pt", torch_load) if fits else {},  # on the device it left

@@ -10,6 +10,8 @@ the environment before the `Accelerator` is built:
 - `accelerate launch --cpu --num_processes N` starts several CPU processes
   only through mpirun; without it, it runs the script once. `cpu_launch_error()`
   refuses that run, which would otherwise train on one process unnoticed.
+- A DeepSpeed config file on a machine without GPUs: accelerate then ignores it
+  (the run would be plain DDP); `cpu_launch_error()` refuses it too.
 
 Not here: anything that communicates (accelerate and torch.distributed do).
 """
@@ -31,12 +33,19 @@ def cpu_only() -> bool:
 
 
 def cpu_launch_error() -> str | None:
-    """A message when `accelerate launch --cpu --num_processes N>1` started this as its only process, else None.
+    """A message when `accelerate launch --cpu --num_processes N>1` started this as its only process, or a
+    DeepSpeed config launched on a machine without GPUs; else None.
 
     accelerate marks that request by setting ACCELERATE_USE_CPU and MASTER_ADDR
     for the one process it starts, without any world size.
     """
     env = os.environ
+    if env.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true" and cpu_only():
+        return (
+            "a DeepSpeed launch on a machine without GPUs: accelerate ignores the DeepSpeed config on CPUs (the run "
+            "would be plain DDP) and fastgrpo's DeepSpeed path is untested; on CPUs shard with FSDP2 "
+            "(accelerate launch --config_file examples/accelerate/fsdp.yaml) or launch without the DeepSpeed file."
+        )
     asked_cpu = env.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
     if not asked_cpu or "MASTER_ADDR" not in env or any(name in env for name in WORLD_SIZE_VARIABLES):
         return None

@@ -56,7 +56,8 @@ from .reward_models import RewardModel
 from .rewards import score
 from .rollout import Rollout, collect, micro_batch_rows
 from .trainer_inputs import check_trainer_inputs
-from .trainer_setup import build_accelerator, load_policy
+from .sharding import full_value
+from .trainer_setup import build_accelerator, load_policy, prepare
 from .trl_methods import TRLMethods
 
 
@@ -124,7 +125,7 @@ class GRPOTrainer(TRLMethods):
             if isinstance(fn, RewardModel):
                 fn.prepare(acc.device, self.autocast, a.chat_template_kwargs)  # scored in the policy's precision
 
-        self.tokenizer, policy, self.ref_model, self.eos_token_ids = load_policy(model, processing_class, peft_config, a, acc)
+        self.tokenizer, policy, self.ref_model, self.eos_token_ids, self.sampler_copy = load_policy(model, processing_class, peft_config, a, acc, bf16)
 
         if a.max_steps > 0:
             self.max_steps = a.max_steps
@@ -135,13 +136,14 @@ class GRPOTrainer(TRLMethods):
             a.lr_scheduler_type, optimizer, num_warmup_steps=a.num_warmup_steps(self.max_steps), num_training_steps=self.max_steps,
             scheduler_specific_kwargs=a.lr_scheduler_kwargs,
         )
-        self.model, self.optimizer = acc.prepare(policy, optimizer)
+        self.model, self.optimizer = prepare(acc, policy, optimizer)
         sampling = SamplingSettings(
             max_completion_length=a.max_completion_length, eos_token_ids=self.eos_token_ids, pad_token_id=self.tokenizer.pad_token_id,
             temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, min_p=a.min_p, repetition_penalty=a.repetition_penalty,
         )
-        self.generate = build_generator(  # bf16: the sampler samples from its own bf16 copy (weight_sync.py)
-            a.generation_backend, acc.unwrap_model(self.model), sampling, weights_dtype=torch.bfloat16 if bf16 else None)
+        sampled = self.sampler_copy.module if self.sampler_copy is not None else acc.unwrap_model(self.model)  # FSDP: the whole copy
+        self.generate = build_generator(  # bf16: the sampler samples from its own bf16 copy (weight_sync.py; FSDP's is already one)
+            a.generation_backend, sampled, sampling, weights_dtype=torch.bfloat16 if bf16 and self.sampler_copy is None else None)
         self.encode = PromptEncoder(self.tokenizer, a.max_prompt_length, a.chat_template_kwargs)
         self.entropy_control = EntropyControl.from_config(a)  # the entropy bonus's coefficient; None: no bonus
         self.correction = SamplingCorrection.from_config(a)  # the sampler–trainer mismatch, TRL's vllm_importance_sampling_*
@@ -242,6 +244,8 @@ class GRPOTrainer(TRLMethods):
 
     def _sample(self, rows: list[dict], advantages: Callable[[torch.Tensor], torch.Tensor], timer: PhaseTimer, num_generations=None) -> tuple[Rollout, dict]:
         """B prompt rows → a Rollout of B·G scored completions (rollout.collect; G = num_generations unless given), and the log_extra columns."""
+        if self.sampler_copy is not None:  # FSDP: gather the current weights once; decoding then sends nothing
+            self.sampler_copy.refresh(self.model)
         rollout = collect(
             rows, num_generations=num_generations or self.args.num_generations, produce=self.produce,
             score=partial(score, self.reward_funcs, reward_kwargs=self._reward_kwargs()), advantages=advantages, timer=timer,
@@ -334,7 +338,7 @@ class GRPOTrainer(TRLMethods):
                 accumulate(sums, {**out.metrics, "loss": out.loss.detach(), "entropy": masked_sum(entropy.detach(), mask), **packing, **mismatch})
                 if j < GA - 1:
                     self.events.substep_end()
-            grad_norm = acc.clip_grad_norm_(self.model.parameters(), a.max_grad_norm if a.max_grad_norm > 0 else math.inf)  # 0: no clip
+            grad_norm = full_value(acc.clip_grad_norm_(self.model.parameters(), a.max_grad_norm if a.max_grad_norm > 0 else math.inf))  # 0: no clip
             if not torch.isfinite(grad_norm):  # before optimizer.step: the weights and every checkpoint stay finite
                 raise FloatingPointError(
                     f"step {self.step + 1}: the gradient norm is {float(grad_norm)} (loss {float(sums['loss'])}); the weights "

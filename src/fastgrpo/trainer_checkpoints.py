@@ -34,6 +34,7 @@ from . import runs
 from .interrupt import TrainingInterrupted
 from .models import is_peft_model, merged_copy
 from .rollout import Rollout
+from .sharding import full_state_dict, is_sharded
 
 
 class Checkpointed(Protocol):
@@ -74,7 +75,8 @@ def save(trainer: Checkpointed, rollout: Rollout, done: int) -> str:
     """
     a = trainer.args
     state = {
-        "step": trainer.step, "optimizer": trainer.optimizer.state_dict(), "scheduler": trainer.scheduler.state_dict(),
+        "step": trainer.step, "scheduler": trainer.scheduler.state_dict(),
+        "optimizer": None if is_sharded(trainer.model) else trainer.optimizer.state_dict(),  # sharded: with the weights' shards
         "order": trainer.order.state_dict(), "target_kl_stops": trainer.target_kl_stops, "done": done,
         "ref_model": trainer.ref_model.state_dict() if a.sync_ref_model else None, "config": a.to_dict(), "loss_sum": trainer.loss_sum,
         "entropy_control": trainer.entropy_control.state_dict() if trainer.entropy_control else None,
@@ -86,7 +88,7 @@ def save(trainer: Checkpointed, rollout: Rollout, done: int) -> str:
         "producer": trainer.producer.state_dict(),
     }
     acc = trainer.accelerator
-    path = ckpt.save_checkpoint(a.output_dir, trainer.step, acc, trainer.model, trainer.tokenizer, state, own, trainer.run_id)
+    path = ckpt.save_checkpoint(a.output_dir, trainer.step, acc, trainer.model, trainer.tokenizer, state, own, trainer.run_id, trainer.optimizer)
     trainer.events.save(path)  # names the best checkpoint before pruning, as Trainer._save_checkpoint does
     if acc.is_main_process:
         ckpt.prune(a.output_dir, a.save_total_limit, trainer.run_id, trainer.state.best_model_checkpoint)
@@ -131,7 +133,7 @@ def resume(trainer: Checkpointed, resume_from_checkpoint) -> tuple[Rollout | Non
         CorruptCheckpointError: see checkpoint.load_checkpoint.
     """
     a, acc = trainer.args, trainer.accelerator
-    path, state = ckpt.load_checkpoint(resume_from_checkpoint, a.output_dir, acc, trainer.model)
+    path, state = ckpt.load_checkpoint(resume_from_checkpoint, a.output_dir, acc, trainer.model, trainer.optimizer)
     if path is None:
         removed = runs.claim_output_dir(a.output_dir, a.overwrite_output_dir) if acc.is_main_process else []
         acc.wait_for_everyone()
@@ -140,7 +142,8 @@ def resume(trainer: Checkpointed, resume_from_checkpoint) -> tuple[Rollout | Non
         return None, 0
     changed = runs.config_changes(state["config"], a.to_dict())  # refuses a change to the saved state's meaning
     trainer.events.resume(path)
-    trainer.optimizer.load_state_dict(state["optimizer"])
+    if state["optimizer"] is not None:  # None: a sharded checkpoint, loaded with the weights
+        trainer.optimizer.load_state_dict(state["optimizer"])
     trainer.scheduler.load_state_dict(state["scheduler"])
     runs.apply_optimizer_settings(trainer.optimizer, trainer.scheduler, a)
     trainer.order.load_state_dict(state["order"])
@@ -171,13 +174,17 @@ def save_model(accelerator, model, tokenizer, output_dir: str, merge_adapters: b
         merge_adapters: with adapters, write the base weights with them merged in
             (`from_pretrained` loads it) instead of the adapters alone
             (`adapter_model.safetensors`, `peft.PeftModel.from_pretrained` loads it).
+    Under FSDP the whole model is gathered (rank 0 holds it): a consolidated save.
+
     Raises:
-        ValueError: merge_adapters=True for a policy without adapters.
+        ValueError: merge_adapters=True for a policy without adapters, or for a sharded one.
     """
     policy = accelerator.unwrap_model(model)
     if merge_adapters and not is_peft_model(policy):
         raise ValueError("merge_adapters=True but the policy has no adapters; call save_model() without it.")
-    state_dict = accelerator.get_state_dict(model)
+    if merge_adapters and is_sharded(policy):
+        raise ValueError("merge_adapters=True under FSDP: save the adapters (save_model()), then merge them on one process with peft's merge_and_unload().")
+    state_dict = full_state_dict(model) if is_sharded(policy) else accelerator.get_state_dict(model)
     if accelerator.is_main_process:
         if merge_adapters:
             merged_copy(policy).save_pretrained(output_dir, safe_serialization=True)

@@ -5,7 +5,10 @@
   with a one-line notice), starts the trackers,
   checks the world size and seeds each process.
 - `load_policy`: the tokenizer and model (loaded once on the main process
-  first), adapters, dropout off, gradient checkpointing, π_ref, and the EOS ids.
+  first), adapters, dropout off, gradient checkpointing, π_ref, and the EOS ids;
+  under FSDP the sampler's whole copy, then the policy and π_ref sharded (sharding.py).
+- `prepare`: the policy and optimizer through `accelerator.prepare` (an FSDP-sharded
+  policy is already distributed: only the optimizer goes through it).
 
 Not here: checking the trainer's arguments (trainer_inputs.py), how models and
 adapters load (models.py), the optimizer and scheduler (trainer.py, optimizers.py).
@@ -25,6 +28,7 @@ from transformers import PreTrainedTokenizerBase
 from . import runs
 from .config import GRPOConfig
 from .launch import cpu_launch_error, cpu_only
+from .sharding import GatheredCopy, broadcast_weights, fsdp_requested, is_sharded, shard
 from .models import (
     disable_dropout,
     enable_gradient_checkpointing,
@@ -73,9 +77,10 @@ class Policy(NamedTuple):
     model: torch.nn.Module  # π_θ: adapters, dropout and gradient checkpointing as configured; not yet prepared
     ref_model: torch.nn.Module | None  # π_ref's frozen copy on the device; None with beta = 0 or adapters (`as_reference`)
     eos_token_ids: list[int]  # sorted: the model's generation_config EOS ids and the tokenizer's
+    sampler_copy: GatheredCopy | None  # under FSDP: the whole copy the sampler runs, refreshed per rollout; else None
 
 
-def load_policy(model, processing_class, peft_config, args: GRPOConfig, accelerator: Accelerator) -> Policy:
+def load_policy(model, processing_class, peft_config, args: GRPOConfig, accelerator: Accelerator, bf16: bool = False) -> Policy:
     """Load the policy and tokenizer and make them ready to train, as TRL's GRPOTrainer does.
 
     Args:
@@ -85,6 +90,7 @@ def load_policy(model, processing_class, peft_config, args: GRPOConfig, accelera
         peft_config: a `peft.PeftConfig` or None.
         args: model_init_kwargs, beta, disable_dropout, gradient_checkpointing(_kwargs) are read.
         accelerator: the main process loads first (a built-in model's first load converts it once).
+        bf16: the run's products in bf16 (precision.py): under FSDP the shards compute in bf16 and the sampler's gathered copy is bf16.
     Warns:
         UserWarning: model_init_kwargs set for an already built model (ignored, as TRL warns).
     Raises:
@@ -105,6 +111,26 @@ def load_policy(model, processing_class, peft_config, args: GRPOConfig, accelera
         enable_gradient_checkpointing(policy, a.gradient_checkpointing_kwargs)
     # π_ref: a frozen copy, or for an adapted policy the same model as its initial self (GRPOTrainer.reference).
     ref_model = reference_model(policy).to(accelerator.device) if a.beta > 0 and not is_peft_model(policy) else None
+    sampler_copy = None
+    if fsdp_requested() and accelerator.num_processes > 1:
+        if a.sync_ref_model:
+            raise ValueError("sync_ref_model=True under FSDP: π_ref's sharded copy is not saved in checkpoints; train without it, or without FSDP.")
+        models = (policy, ref_model) if ref_model is not None else (policy,)
+        if cpu_only():  # accelerate makes no FSDP run on CPUs (it stays MULTI_CPU): shard as its plugin does on GPUs
+            for module in models:
+                broadcast_weights(module)  # process 0's weights everywhere, as DDP starts
+        sampler_copy = GatheredCopy(policy, torch.bfloat16 if bf16 else None)  # before sharding: whole weights
+        if cpu_only():
+            for module in models:
+                shard(module, bf16)
     eos = policy.generation_config.eos_token_id
     eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-    return Policy(tokenizer, policy, ref_model, sorted(eos | {tokenizer.eos_token_id}))
+    return Policy(tokenizer, policy, ref_model, sorted(eos | {tokenizer.eos_token_id}), sampler_copy)
+
+
+def prepare(accelerator: Accelerator, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
+    """(model, optimizer) ready to train: `accelerator.prepare` wraps them (DDP, or FSDP on GPUs);
+    a policy `load_policy` already sharded is left as it is, since DDP around FSDP shards would be wrong."""
+    if is_sharded(model):
+        return model, accelerator.prepare(optimizer)
+    return accelerator.prepare(model, optimizer)
