@@ -2,8 +2,8 @@
 
 - `save`: checkpoint-<step> with the weights, the optimizer and scheduler, the
   data order, the step counters, π_ref when `sync_ref_model` moves it, the
-  entropy bonus's coefficient (adaptive), and each
-  process's rollout while μ passes over it remain; then the callbacks' on_save.
+  entropy bonus's coefficient, and each process's rollout while μ passes over
+  it remain; then the callbacks' on_save.
 - `stop_interrupted`: after Ctrl-C, that step's checkpoint (unless just
   written) and `TrainingInterrupted` saying how to resume.
 - `resume`: a new run claims output_dir; a resumed one loads the state back,
