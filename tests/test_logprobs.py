@@ -90,6 +90,7 @@ OPTIONS = [(loss_type, {}) for loss_type in LOSS_TYPES] + [
     ("grpo", {"beta": 0.1, "kl_estimator": "k3"}),
     ("dapo", {"importance_sampling_level": "sequence"}),
     ("bnpo", {"top_entropy_quantile": 0.5}),
+    ("grpo", {"entropy_coef": 0.1, "top_entropy_quantile": 0.5}),  # the entropy bonus: H's gradient through the chunked head
 ]
 
 
@@ -109,10 +110,12 @@ def test_loss_and_gradients_equal_padded_packed_and_shared(make_model, loss_type
         per_token_kl = None
         if beta > 0:
             per_token_kl = kl if estimator == "full" else torch.exp(ref_logps - logps) - (ref_logps - logps) - 1
-        policy_mask = high_entropy_mask(entropy, mask, options.get("top_entropy_quantile", 1.0))
+        policy_mask = high_entropy_mask(entropy.detach(), mask, options.get("top_entropy_quantile", 1.0))
+        coef = options.get("entropy_coef", 0.0)
         return grpo_loss(
             logps, old, advantages, mask, counts, loss_type=loss_type, epsilon_low=0.2, epsilon_high=0.28, beta=beta,
             importance_sampling_level=options.get("importance_sampling_level", "token"), per_token_kl=per_token_kl, policy_mask=policy_mask,
+            entropy=entropy if coef else None, entropy_coef=coef,
         ).loss
 
     results = []
@@ -128,7 +131,8 @@ def test_loss_and_gradients_equal_padded_packed_and_shared(make_model, loss_type
                     ref_logps, _, ref_logits = padded(ref_model, mb)
                 kl = kl_full(logits, ref_logits)
         else:
-            stats = LogProbs(TAU, share_prompts=mode == "shared", chunk=4)(model, mb, (lambda: nullcontext(ref_model)) if estimator == "full" else None)
+            log_probs = LogProbs(TAU, share_prompts=mode == "shared", chunk=4, entropy_grad="entropy_coef" in options)
+            stats = log_probs(model, mb, (lambda: nullcontext(ref_model)) if estimator == "full" else None)
             logps, entropy, kl = stats.logps, stats.entropy, stats.kl
             ref_logps = None if ref_model is None else LogProbs(TAU)(ref_model, mb).logps.detach()
         # π_old a little off π_θ so ratios leave the clip range both ways (deterministic perturbation).
@@ -173,22 +177,25 @@ def test_no_saved_tensor_spans_the_vocabulary(make_model):
 
 
 def test_chunked_head_gradient_matches_autograd_in_float64():
-    # Small vocabulary: dlogp/dz = onehot − p and the KL term's p (log p − log q − KL), checked against autograd.
+    # Small vocabulary: dlogp/dz = onehot − p, the KL term's p (log p − log q − KL) and the
+    # entropy's −p (log p + H), checked against autograd.
     torch.manual_seed(0)
     n, H, V = 7, 5, 11
     hidden, weight, bias = (torch.randn(*s, dtype=torch.float64, requires_grad=True) for s in [(n, H), (V, H), (V,)])
     ref_hidden, ref_weight = torch.randn(n, H, dtype=torch.float64), torch.randn(V, H, dtype=torch.float64)
     labels = torch.randint(0, V, (n,))
-    g1, g2 = torch.randn(n, dtype=torch.float64), torch.randn(n, dtype=torch.float64)
-    logps, _, kl = ChunkedHead.apply(hidden, weight, bias, labels, 0.5, ref_hidden, ref_weight, None, 3)
-    ((logps * g1).sum() + (kl * g2).sum()).backward()
+    g1, g2, g3 = (torch.randn(n, dtype=torch.float64) for _ in range(3))
+    logps, entropy, kl = ChunkedHead.apply(hidden, weight, bias, labels, 0.5, ref_hidden, ref_weight, None, 3, True)
+    ((logps * g1).sum() + (kl * g2).sum() + (entropy * g3).sum()).backward()
     chunked = [t.grad.clone() for t in (hidden, weight, bias)]
     for t in (hidden, weight, bias):
         t.grad = None
     logp = torch.log_softmax((hidden @ weight.T + bias) / 0.5, -1)
     ref_logp = torch.log_softmax(ref_hidden @ ref_weight.T / 0.5, -1)
     kl_ref = (logp.exp() * (logp - ref_logp)).sum(-1)
-    ((logp.gather(-1, labels[:, None]).squeeze(-1) * g1).sum() + (kl_ref * g2).sum()).backward()
+    entropy_ref = -(logp.exp() * logp).sum(-1)
+    torch.testing.assert_close(entropy, entropy_ref.detach(), atol=1e-12, rtol=0)
+    ((logp.gather(-1, labels[:, None]).squeeze(-1) * g1).sum() + (kl_ref * g2).sum() + (entropy_ref * g3).sum()).backward()
     for got, want in zip(chunked, (hidden.grad, weight.grad, bias.grad)):
         torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-10)
 

@@ -257,3 +257,64 @@ def test_item_11_non_finite_values_at_masked_positions_do_not_contribute(loss_ty
         assert grad[~mask.bool()].eq(0).all()
         for key, value in out.metrics.items():
             torch.testing.assert_close(value, clean.metrics[key], rtol=0, atol=0, msg=key)
+
+
+def test_item_12_luspo_scales_gspos_sequence_loss_by_its_length():
+    # Sequences of 2 and 1 tokens, Â = (1, −1), on policy, sequence ratio s = 1: per token −s·Â.
+    # LUSPO sums per sequence: −2 and +1; mean over 2 sequences: −0.5 (GSPO's per-sequence mean gives 0).
+    # ∂/∂ log π_t: s = exp(mean_t log ρ_t), so ∂(−2s)/∂ log π_t = −2·(1/2) = −1 per token of sequence 0, / 2 → −0.5;
+    # sequence 1: ∂(+s)/∂ log π = 1, / 2 → 0.5.
+    logps = leaf([[-1.0, -2.0], [-0.5, 0.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]], dtype=F64)
+    out = grpo_loss(logps, logps.detach(), torch.tensor([1.0, -1.0], dtype=F64), mask, counts(3.0, 2.0), loss_type="luspo",
+                    importance_sampling_level="sequence")
+    torch.testing.assert_close(out.loss, torch.tensor(-0.5, dtype=F64))
+    out.loss.backward()
+    torch.testing.assert_close(logps.grad, torch.tensor([[-0.5, -0.5], [0.5, 0.0]], dtype=F64))
+
+
+@pytest.mark.parametrize("adv,phi", [(1.0, 4 * math.exp(-3)), (-1.0, 8 * math.exp(-2))])
+def test_item_13_vespo_weights_the_whole_sequences_ratio(adv, phi):
+    # One 2-token sequence with ρ = (2, 1): w = Π ρ_t = 2 (no length normalisation).
+    # Â ≥ 0 (k = 2, λ = 3): φ = w^k·e^(λ(1 − w)) = 4e^(−3) = 0.19915; Â < 0 (k = 3, λ = 2): 8e^(−2) = 1.08268.
+    # loss = −φ·Â·Σ log π / 2 tokens (dapo's normaliser) with Σ log π = −3; ∂/∂ log π_t = −φ·Â/2 (φ detached).
+    logps = leaf([[-1.0, -2.0]])
+    old = logps.detach() - torch.tensor([[math.log(2.0), 0.0]], dtype=F64)
+    out = grpo_loss(logps, old, torch.tensor([adv], dtype=F64), torch.ones(1, 2, dtype=F64), counts(2.0), loss_type="vespo")
+    torch.testing.assert_close(out.loss, torch.tensor(1.5 * phi * adv, dtype=F64))
+    out.loss.backward()
+    torch.testing.assert_close(logps.grad, torch.full((1, 2), -phi * adv / 2, dtype=F64))
+    torch.testing.assert_close(out.metrics["vespo/phi_seq"], torch.tensor(phi, dtype=F64))
+
+
+def test_item_14_entropy_bonus_is_the_mean_entropy_whatever_the_loss_type():
+    # H = (1, 3 | 2, masked 9) over 3 active tokens: mean 2; one of 2 micro-batches → bonus 2/2 = 1.
+    # loss = policy − c·1 with c = 0.1, for dapo and grpo alike; ∂loss/∂H_t = −0.1/(3·2) = −1/60 per active token.
+    logps = leaf([[-1.0, -2.0], [-0.5, 0.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]], dtype=F64)
+    for loss_type in ("dapo", "grpo"):
+        entropy = leaf([[1.0, 3.0], [2.0, 9.0]])
+        plain = grpo_loss(logps, logps.detach(), torch.tensor([1.0, -1.0], dtype=F64), mask, counts(3.0, 2.0, 2), loss_type=loss_type)
+        out = grpo_loss(logps, logps.detach(), torch.tensor([1.0, -1.0], dtype=F64), mask, counts(3.0, 2.0, 2), loss_type=loss_type,
+                        entropy=entropy, entropy_coef=0.1)
+        torch.testing.assert_close(out.loss, plain.loss - 0.1)
+        torch.testing.assert_close(out.metrics["policy_loss"], plain.loss.detach())
+        assert (float(out.metrics["bonus_entropy"]), float(out.metrics["bonus_tokens"])) == (6.0, 3.0)
+        out.loss.backward()
+        torch.testing.assert_close(entropy.grad, torch.tensor([[-1 / 60, -1 / 60], [-1 / 60, 0.0]], dtype=F64))
+
+
+def test_item_15_adaptive_entropy_coefficient():
+    # Skywork-OR1 with target 0.2, Δ = 0.05, c ∈ [0.08, 0.12]: from c = 0.1,
+    # H = 0.15 ≤ 0.2 → min(0.15, 0.12) = 0.12; H = 0.3 → max(0.05, 0.08) = 0.08.
+    from fastgrpo.entropy_control import EntropyControl, adaptive_entropy_coef
+
+    bounds = dict(target=0.2, delta=0.05, coef_min=0.08, coef_max=0.12)
+    assert adaptive_entropy_coef(0.1, 0.15, **bounds) == 0.12
+    assert adaptive_entropy_coef(0.1, 0.3, **bounds) == 0.08
+    # The controller applies 0 until an entropy ≤ target is measured (TRL starts from H = inf), then c.
+    control = EntropyControl(0.1, True, 0.2, 0.05, 0.08, 0.12)
+    assert control.applied() == 0.0
+    assert control.update(entropy_sum=0.6, tokens=4) == 0.12 and control.applied() == 0.12  # H = 0.15
+    assert control.update(entropy_sum=1.2, tokens=4) == 0.08 and control.applied() == 0.0  # H = 0.3
+    assert EntropyControl(0.1, False, 0.2, 0.05, 0.0, 1.0).applied() == 0.1  # fixed: always c
