@@ -330,12 +330,8 @@ class PromptEncoder:
         self.max_prompt_length = max_prompt_length
         self.chat_template_kwargs = chat_template_kwargs or {}
 
-    elif spec == "calculator":
-        from .agents.calculator import calculator_dataset
-
-        dataset = calculator_dataset(size, seed)
-    def render(self, prompt) -> str:
-        """The prompt text the model sees.
+    def render(self, prompt, tools: list | None = None) -> str:
+        """The prompt text the model sees; `tools` (JSON schemas) are rendered by the chat template (agents).
 
         A conversation ending with an assistant message is continued
         (`continue_final_message=True`: the model writes on inside that message,
@@ -347,7 +343,8 @@ class PromptEncoder:
         if is_conversational(prompt):
             continues = ends_with_assistant(prompt)
             return self.tokenizer.apply_chat_template(
-                prompt, tokenize=False, add_generation_prompt=not continues, continue_final_message=continues, **self.chat_template_kwargs
+                prompt, tools=tools or None, tokenize=False, add_generation_prompt=not continues, continue_final_message=continues,
+                **self.chat_template_kwargs,
             )
         if isinstance(prompt, str):
             return prompt
