@@ -4,9 +4,9 @@ Field names and defaults are TRL's (`trl.GRPOConfig`), so a TRL script runs with
 only its import changed; the defaults that differ (disable_dropout,
 gradient_checkpointing, num_completions_to_print, output_dir) are listed with
 their reasons in the README's "Differences from TRL". Counts are completions,
-not prompts (docs/design.md, "Batch semantics"). Every inconsistent combination is refused here, in
-`__post_init__`, with one sentence naming the value and the fix, before any
-model is loaded.
+not prompts (docs/design.md, "Batch semantics"). Every inconsistent combination is refused in
+`__post_init__` (the rules: config_checks.py), with one sentence naming the value and the
+fix, before any model is loaded.
 
 The rest of TRL's fields (the `transformers.TrainingArguments` it inherits,
 vLLM settings, variants fastgrpo lacks) are in trl_fields.py: a value that
@@ -22,27 +22,13 @@ import difflib
 import json
 import math
 import os
-import types
 import typing
 import warnings
 from dataclasses import dataclass, field
 
-from .importance_sampling import check_importance_sampling
+from .config_checks import DICT_FIELDS, SAMPLING_KEYS, check_types, validate, warn_like_trl
 from .trl_fields import TRL_FIELDS, check_trl_field
 
-LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo", "cispo", "sapo", "luspo", "vespo")
-# Objectives whose importance weight is defined per token (no sequence-level form);
-# vespo forms its own sequence weight from the per-token ratios.
-TOKEN_ONLY_LOSS_TYPES = ("cispo", "sapo", "vespo")
-SCALE_REWARDS = ("group", "batch", "none")
-# Fields that take a dict, or its JSON text (from the command line), as transformers' TrainingArguments do.
-DICT_FIELDS = ("lr_scheduler_kwargs", "generation_kwargs", "chat_template_kwargs", "gradient_checkpointing_kwargs", "model_init_kwargs")
-STRATEGIES = ("no", "steps", "epoch")  # save_strategy / eval_strategy (transformers' IntervalStrategy)
-TRACKERS = ("tensorboard", "wandb", "trackio", "all")
-# generation_kwargs keys that are sampling settings of their own here (TRL passes them to the engine).
-SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
-KL_ESTIMATORS = ("k3", "full")
-GENERATION_BACKENDS = ("fastgrpo", "transformers")  # generation.py's backends
 
 
 @dataclass
@@ -182,7 +168,7 @@ class GRPOConfig:
     def __post_init__(self) -> None:
         if self.world_size == -1:
             self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
-        self._check_types()
+        check_types(self, typing.get_type_hints(GRPOConfig))
         self._apply_trl_spellings()
         if isinstance(self.scale_rewards, bool):  # TRL's older spelling
             self.scale_rewards = "group" if self.scale_rewards else "none"
@@ -191,33 +177,8 @@ class GRPOConfig:
         if isinstance(self.report_to, str):
             self.report_to = [] if self.report_to in ("none", "") else [self.report_to]
         self._resolve_batches()
-        self._validate()
-        self._warn_like_trl()
-
-    def _check_types(self) -> None:
-        """Refuse a value of the wrong type, or a NaN/inf number, naming the field — before any arithmetic on it.
-
-        The types are the fields' annotations (int, float, bool, str, dict,
-        list, None where allowed); an int is a float, a bool is neither.
-        Infinity is refused too, except `max_grad_norm` (inf: no clipping).
-        """
-        hints = typing.get_type_hints(GRPOConfig)
-        for f in dataclasses.fields(self):
-            kinds = _simple_types(hints[f.name])
-            kinds = kinds and kinds + _ALSO_ACCEPTED.get(f.name, ())
-            value = getattr(self, f.name)
-            if kinds is None or (value is None and type(None) in kinds):
-                continue
-            ok = isinstance(value, tuple(kinds)) and not (isinstance(value, bool) and bool not in kinds)
-            if not ok and float in kinds and isinstance(value, int) and not isinstance(value, bool):
-                ok = True  # an int where a float is expected
-            if not ok:
-                expected = " or ".join(k.__name__ for k in kinds)
-                raise TypeError(f"{f.name}={value!r} is a {type(value).__name__}; give a {expected}.")
-            if isinstance(value, float) and (math.isnan(value) or (math.isinf(value) and f.name != "max_grad_norm")):
-                raise ValueError(f"{f.name}={value}: give a finite number.")
-            if isinstance(value, list) and any(isinstance(v, float) and not math.isfinite(v) for v in value):
-                raise ValueError(f"{f.name}={value}: every value must be a finite number.")
+        validate(self)
+        warn_like_trl(self)
 
     def _apply_trl_spellings(self) -> None:
         """TRL's None defaults and generation_kwargs, turned into the fields that hold them here."""
@@ -289,123 +250,6 @@ class GRPOConfig:
                 f"gradient_accumulation_steps={self.gradient_accumulation_steps}; use a {fix}."
             )
 
-    def _validate(self) -> None:
-        def need(ok: bool, message: str) -> None:
-            if not ok:
-                raise ValueError(message)
-
-        G = self.num_generations
-        check_importance_sampling(self.vllm_importance_sampling_correction, self.vllm_importance_sampling_mode,
-                                  self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max)
-        need(G >= 2, f"num_generations={G}: a group needs at least 2 completions to compare; use 2 or more.")
-        need(self.num_generations_eval is None or self.num_generations_eval >= 1, f"num_generations_eval={self.num_generations_eval}: sample at least 1 completion per eval prompt, or None for num_generations.")
-        per_process = self.generation_batch_size // self.world_size
-        need(
-            self.generation_batch_size % (G * self.world_size) == 0,
-            f"generation_batch_size={self.generation_batch_size} does not split into whole groups of "
-            f"num_generations={G} on each of {self.world_size} process(es); use a multiple of "
-            # whole groups on each process and whole optimizer steps (checked above)
-            f"{_lcm(G * self.world_size, self.per_device_train_batch_size * self.gradient_accumulation_steps * self.world_size)}"
-            f"{_group_sizes_that_fit(per_process)}.",
-        )
-        need(per_process > 0, f"generation_batch_size={self.generation_batch_size} is empty per process.")
-        need(self.max_steps == -1 or self.max_steps > 0, f"max_steps={self.max_steps}: use a positive number (or -1 for num_train_epochs).")
-        need(self.num_train_epochs > 0, f"num_train_epochs={self.num_train_epochs}: use a positive number.")
-        for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "num_iterations", "max_completion_length", "per_device_eval_batch_size"):
-            need(getattr(self, name) >= 1, f"{name}={getattr(self, name)}: use 1 or more.")
-        need(self.max_tool_calling_iterations is None or self.max_tool_calling_iterations >= 0,
-             f"max_tool_calling_iterations={self.max_tool_calling_iterations}: use 0 or more rounds, or None for no limit.")
-        need(self.max_prompt_length is None or self.max_prompt_length >= 1, f"max_prompt_length={self.max_prompt_length}: use 1 or more, or None for no limit.")
-        need(self.learning_rate > 0, f"learning_rate={self.learning_rate}: use a positive value such as 1e-6.")
-        need(0 <= self.warmup_ratio < 1, f"warmup_ratio={self.warmup_ratio}: use a value in [0, 1).")
-        need(self.warmup_steps >= 0, f"warmup_steps={self.warmup_steps}: use 0 (none), a fraction below 1, or a step count.")
-        need(self.max_grad_norm >= 0, f"max_grad_norm={self.max_grad_norm}: use a positive norm, or 0 for no clipping.")
-        need(self.temperature > 0, f"temperature={self.temperature}: sampling needs a positive temperature (log-probs are taken at it).")
-        need(0 < self.top_p <= 1, f"top_p={self.top_p}: use a value in (0, 1].")
-        need(self.top_k >= 0, f"top_k={self.top_k}: use 0 (off) or a positive count.")
-        need(self.min_p is None or 0 <= self.min_p <= 1, f"min_p={self.min_p}: use a value in [0, 1] or None.")
-        need(self.repetition_penalty > 0, f"repetition_penalty={self.repetition_penalty}: use a positive value (1.0 = off).")
-        need(
-            self.generation_backend in GENERATION_BACKENDS,
-            f"generation_backend={self.generation_backend!r}: use one of {', '.join(GENERATION_BACKENDS)}.",
-        )
-        need(self.loss_type in LOSS_TYPES, f"loss_type={self.loss_type!r} is unknown; use one of {', '.join(LOSS_TYPES)}.")
-        need(0 <= self.epsilon < 1, f"epsilon={self.epsilon}: use a value in [0, 1), e.g. 0.2.")
-        need(
-            self.epsilon_high >= self.epsilon or self.loss_type == "cispo",
-            f"epsilon_high={self.epsilon_high} is below epsilon={self.epsilon}; clip-higher needs epsilon_high ≥ epsilon.",
-        )
-        need(
-            self.delta is None or self.delta > 1 + self.epsilon_high,
-            f"delta={self.delta} must exceed 1 + epsilon_high = {1 + self.epsilon_high} or it clips inside the trust region; "
-            f"use e.g. {1 + self.epsilon_high + 0.8:g}, or None.",
-        )
-        need(
-            self.delta is None or self.loss_type not in TOKEN_ONLY_LOSS_TYPES,
-            f"delta={self.delta} bounds the PPO-clipped ratio; loss_type={self.loss_type!r} has no such ratio, so set delta=None.",
-        )
-        need(
-            self.importance_sampling_level in ("token", "sequence"),
-            f"importance_sampling_level={self.importance_sampling_level!r}: use 'token' or 'sequence'.",
-        )
-        need(
-            self.importance_sampling_level == "token" or self.loss_type not in TOKEN_ONLY_LOSS_TYPES,
-            f"importance_sampling_level='sequence' does not combine with loss_type={self.loss_type!r}, whose weight is "
-            f"defined per token (vespo: built from the per-token ratios); use importance_sampling_level='token', or "
-            f"loss_type 'grpo', 'bnpo', 'dapo', 'dr_grpo' or 'luspo'.",
-        )
-        need(self.sapo_temperature_pos > 0 and self.sapo_temperature_neg > 0, "sapo temperatures must be positive, e.g. 1.0 and 1.05.")
-        for name in ("vespo_k_pos", "vespo_k_neg", "vespo_lambda_pos", "vespo_lambda_neg"):
-            need(getattr(self, name) >= 0, f"{name}={getattr(self, name)}: VESPO's kernel w^k·e^(λ(1−w)) needs k, λ ≥ 0; use e.g. 2.0 or 3.0.")
-        need(
-            self.entropy_coef_min <= self.entropy_coef_max,
-            f"entropy_coef_min={self.entropy_coef_min} exceeds entropy_coef_max={self.entropy_coef_max}; use min ≤ max.",
-        )
-        need(self.entropy_coef_delta >= 0, f"entropy_coef_delta={self.entropy_coef_delta}: use a step ≥ 0, e.g. 0.005.")
-        need(self.entropy_target >= 0, f"entropy_target={self.entropy_target}: entropies are ≥ 0 nats; use a target ≥ 0, e.g. 0.2.")
-        need(self.beta >= 0, f"beta={self.beta}: use 0 (no π_ref) or a positive KL weight such as 0.04.")
-        need(self.kl_estimator in KL_ESTIMATORS, f"kl_estimator={self.kl_estimator!r}: use one of {', '.join(KL_ESTIMATORS)}.")
-        need(not self.sync_ref_model or self.beta > 0, "sync_ref_model=True needs a reference model; set beta > 0 or sync_ref_model=False.")
-        need(0 <= self.ref_model_mixup_alpha <= 1, f"ref_model_mixup_alpha={self.ref_model_mixup_alpha}: use a value in [0, 1].")
-        need(self.ref_model_sync_steps >= 1, f"ref_model_sync_steps={self.ref_model_sync_steps}: use 1 or more.")
-        need(0 < self.top_entropy_quantile <= 1, f"top_entropy_quantile={self.top_entropy_quantile}: use a value in (0, 1] (1.0 = all tokens).")
-        need(self.target_kl is None or self.target_kl > 0, f"target_kl={self.target_kl}: use a positive value or None.")
-        need(self.scale_rewards in SCALE_REWARDS, f"scale_rewards={self.scale_rewards!r}: use one of {', '.join(SCALE_REWARDS)}.")
-        need(
-            self.multi_objective_aggregation in ("sum_then_normalize", "normalize_then_sum"),
-            f"multi_objective_aggregation={self.multi_objective_aggregation!r}: use 'sum_then_normalize' or 'normalize_then_sum'.",
-        )
-        need(
-            self.max_num_gen_batches >= 1,
-            f"max_num_gen_batches={self.max_num_gen_batches}: use 1 or more sampling rounds per rollout (verl's 0 = unlimited "
-            "could loop forever on prompts whose groups never differ; at the cap fastgrpo trains on what there is).",
-        )
-        need(self.filter_groups_max_age >= 0, f"filter_groups_max_age={self.filter_groups_max_age}: use 0 (no carry-over) or more rollouts.")
-        need(self.logging_steps > 0, f"logging_steps={self.logging_steps}: use a positive number of steps.")
-        need(self.save_steps > 0, f"save_steps={self.save_steps}: use a positive number of steps.")
-        need(self.save_total_limit is None or self.save_total_limit >= 1, f"save_total_limit={self.save_total_limit}: keep at least 1, or None.")
-        for name in ("save_strategy", "eval_strategy"):
-            need(getattr(self, name) in STRATEGIES, f"{name}={getattr(self, name)!r}: use one of {', '.join(STRATEGIES)}.")
-        need(self.eval_steps is None or self.eval_steps > 0, f"eval_steps={self.eval_steps}: use a positive number of steps, or None.")
-        for tracker in self.report_to:
-            need(tracker in TRACKERS, f"report_to={tracker!r}: use 'none' or one of {', '.join(TRACKERS)}.")
-
-    def _warn_like_trl(self) -> None:
-        """The questionable combinations TRL's GRPOTrainer warns about (and still runs)."""
-        if self.loss_type == "luspo" and self.importance_sampling_level != "sequence":
-            warnings.warn(
-                "loss_type='luspo' scales GSPO's sequence-level loss by its length; set importance_sampling_level="
-                "'sequence' to mirror the paper's setup (token level sums per-token clipped terms per sequence).",
-                stacklevel=5,
-            )
-        if self.importance_sampling_level == "sequence" and self.loss_type in ("bnpo", "dr_grpo", "dapo"):
-            warnings.warn(
-                f"importance_sampling_level='sequence' with loss_type={self.loss_type!r} sums per-token contributions, which "
-                "weights each sequence by its length instead of optimizing the per-sequence objective; GSPO's setup is "
-                "loss_type='grpo'.",
-                stacklevel=5,  # the caller of GRPOConfig(...)
-            )
-
     # --- derived counts ------------------------------------------------------------
     @property
     def steps_per_rollout(self) -> int:
@@ -435,31 +279,6 @@ class GRPOConfig:
 
 
 # Older TRL spellings a field takes beside its annotated type (annotated narrowly for HfArgumentParser).
-_ALSO_ACCEPTED = {"scale_rewards": (bool,)}
-
-
-def _simple_types(annotation) -> tuple | None:
-    """The runtime types an annotation like `int | None` or `list[float]` admits; None for anything else (not checked)."""
-    args = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else (annotation,)
-    kinds = []
-    for arg in args:
-        arg = typing.get_origin(arg) or arg  # list[float] → list
-        if arg not in (int, float, bool, str, dict, list, type(None)):
-            return None
-        kinds.append(arg)
-    return tuple(kinds)
-
-
-def _lcm(a: int, b: int) -> int:
-    return a * b // math.gcd(a, b)
-
-
-def _group_sizes_that_fit(per_process: int) -> str:
-    """The num_generations values (≥ 2) that split `per_process` completions into whole groups, as message text."""
-    fits = [g for g in range(2, per_process + 1) if per_process % g == 0]
-    return f", or num_generations in {{{', '.join(map(str, fits))}}}" if fits else ""
-
-
 _FIELDS = {f.name for f in dataclasses.fields(GRPOConfig)}
 _dataclass_init = GRPOConfig.__init__
 

@@ -23,7 +23,7 @@ from typing import Protocol
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, PreTrainedModel
 
-from .config import GENERATION_BACKENDS
+from .config_checks import GENERATION_BACKENDS
 from .models import decoder_of
 from .sampler import Sampler, fill_pads, logits_processors, unsupported_reason
 from .sampling import Samples, SamplingSettings

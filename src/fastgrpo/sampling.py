@@ -43,6 +43,13 @@ class SamplingSettings:
     min_p: float | None = None
     repetition_penalty: float = 1.0
 
+    @classmethod
+    def from_config(cls, args, eos_token_ids: Sequence[int], pad_token_id: int) -> SamplingSettings:
+        """The settings from a `GRPOConfig`'s fields of the same names, with the model's EOS and pad ids."""
+        return cls(
+            args.max_completion_length, eos_token_ids, pad_token_id, args.temperature, args.top_p, args.top_k, args.min_p, args.repetition_penalty
+        )
+
     def __post_init__(self):
         object.__setattr__(self, "eos_token_ids", tuple(self.eos_token_ids))  # no list the caller could change later
 

@@ -31,7 +31,6 @@ import torch
 from accelerate.utils import gather_object
 from datasets import IterableDataset
 from rich.console import Console
-from transformers import get_scheduler
 
 from . import trainer_checkpoints
 from .advantages import rollout_advantages
@@ -50,14 +49,13 @@ from .logprobs import LogProbs, TokenStats, fallback_notices
 from .losses import StepCounts, grpo_loss, kl_k3, masked_sum, step_tokens
 from .metrics import CompletionRows, MetricsLog, PhaseTimer, RewardHooks, Window, accumulate, progress_bar, rollout_metrics, window_record
 from .models import as_reference, sync_reference
-from .optimizers import build_optimizer
 from .precision import autocast_for
 from .reward_models import RewardModel
 from .rewards import score
 from .rollout import Rollout, collect, micro_batch_rows
 from .trainer_inputs import check_trainer_inputs
 from .sharding import full_value
-from .trainer_setup import build_accelerator, load_policy, prepare
+from .trainer_setup import build_accelerator, build_optimization, load_policy, prepare
 from .trl_methods import TRLMethods
 
 
@@ -127,20 +125,9 @@ class GRPOTrainer(TRLMethods):
 
         self.tokenizer, policy, self.ref_model, self.eos_token_ids, self.sampler_copy = load_policy(model, processing_class, peft_config, a, acc, bf16)
 
-        if a.max_steps > 0:
-            self.max_steps = a.max_steps
-        else:
-            self.max_steps = math.ceil(a.num_train_epochs * len(train_dataset) / a.prompts_per_rollout) * a.steps_per_rollout
-        optimizer = build_optimizer(a, policy)
-        self.scheduler = get_scheduler(
-            a.lr_scheduler_type, optimizer, num_warmup_steps=a.num_warmup_steps(self.max_steps), num_training_steps=self.max_steps,
-            scheduler_specific_kwargs=a.lr_scheduler_kwargs,
-        )
+        self.max_steps, optimizer, self.scheduler = build_optimization(a, policy, train_dataset)
         self.model, self.optimizer = prepare(acc, policy, optimizer)
-        sampling = SamplingSettings(
-            max_completion_length=a.max_completion_length, eos_token_ids=self.eos_token_ids, pad_token_id=self.tokenizer.pad_token_id,
-            temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, min_p=a.min_p, repetition_penalty=a.repetition_penalty,
-        )
+        sampling = SamplingSettings.from_config(a, self.eos_token_ids, self.tokenizer.pad_token_id)
         sampled = self.sampler_copy.module if self.sampler_copy is not None else acc.unwrap_model(self.model)  # FSDP: the whole copy
         self.generate = build_generator(  # bf16: the sampler samples from its own bf16 copy (weight_sync.py; FSDP's is already one)
             a.generation_backend, sampled, sampling, weights_dtype=torch.bfloat16 if bf16 and self.sampler_copy is None else None)

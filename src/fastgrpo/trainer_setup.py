@@ -16,6 +16,7 @@ adapters load (models.py), the optimizer and scheduler (trainer.py, optimizers.p
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import NamedTuple
 
@@ -23,7 +24,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 from rich.console import Console
-from transformers import PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase, get_scheduler
 
 from . import runs
 from .config import GRPOConfig
@@ -39,6 +40,7 @@ from .models import (
     prepare_tokenizer,
     reference_model,
 )
+from .optimizers import build_optimizer
 from .precision import resolve_bf16
 
 
@@ -134,3 +136,24 @@ def prepare(accelerator: Accelerator, model: torch.nn.Module, optimizer: torch.o
     if is_sharded(model):
         return model, accelerator.prepare(optimizer)
     return accelerator.prepare(model, optimizer)
+
+
+def build_optimization(args: GRPOConfig, policy: torch.nn.Module, train_dataset) -> tuple[int, torch.optim.Optimizer, object]:
+    """The run's length in optimizer steps, its optimizer and its learning-rate schedule, as TRL's Trainer builds them.
+
+    max_steps is `args.max_steps` when > 0, else `num_train_epochs` passes over
+    `train_dataset`'s prompts in whole rollouts; the optimizer is `args.optim`'s
+    (optimizers.py); the schedule is transformers' `get_scheduler` with
+    `lr_scheduler_type`, warm-up and `lr_scheduler_kwargs`.
+    """
+    a = args
+    if a.max_steps > 0:
+        max_steps = a.max_steps
+    else:
+        max_steps = math.ceil(a.num_train_epochs * len(train_dataset) / a.prompts_per_rollout) * a.steps_per_rollout
+    optimizer = build_optimizer(a, policy)
+    scheduler = get_scheduler(
+        a.lr_scheduler_type, optimizer, num_warmup_steps=a.num_warmup_steps(max_steps), num_training_steps=max_steps,
+        scheduler_specific_kwargs=a.lr_scheduler_kwargs,
+    )
+    return max_steps, optimizer, scheduler

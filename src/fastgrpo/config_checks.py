@@ -1,0 +1,203 @@
+"""`GRPOConfig`'s checks: the type of every field, each value and combination, and TRL's warnings.
+
+Pure functions of a built config (`c`), called once from `GRPOConfig.__post_init__`
+(config.py), so config.py holds the fields and this module the rules. Every
+refusal is one sentence naming the value and the fix, raised before any model
+is loaded; the warnings are TRL's own, word for word where TRL warns.
+
+Not here: the fields and their defaults (config.py), TRL's fields that fastgrpo
+only accepts or refuses (trl_fields.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+import warnings
+
+from .importance_sampling import check_importance_sampling
+
+LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo", "cispo", "sapo", "luspo", "vespo")
+# Objectives whose importance weight is defined per token (no sequence-level form);
+# vespo forms its own sequence weight from the per-token ratios.
+TOKEN_ONLY_LOSS_TYPES = ("cispo", "sapo", "vespo")
+SCALE_REWARDS = ("group", "batch", "none")
+# Fields that take a dict, or its JSON text (from the command line), as transformers' TrainingArguments do.
+DICT_FIELDS = ("lr_scheduler_kwargs", "generation_kwargs", "chat_template_kwargs", "gradient_checkpointing_kwargs", "model_init_kwargs")
+STRATEGIES = ("no", "steps", "epoch")  # save_strategy / eval_strategy (transformers' IntervalStrategy)
+TRACKERS = ("tensorboard", "wandb", "trackio", "all")
+# generation_kwargs keys that are sampling settings of their own here (TRL passes them to the engine).
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+KL_ESTIMATORS = ("k3", "full")
+GENERATION_BACKENDS = ("fastgrpo", "transformers")  # generation.py's backends
+
+
+def check_types(c, hints: dict) -> None:
+    """Refuse a value of the wrong type, or a NaN/inf number, naming the field — before any arithmetic on it.
+
+    The types are the fields' annotations (int, float, bool, str, dict,
+    list, None where allowed); an int is a float, a bool is neither.
+    Infinity is refused too, except `max_grad_norm` (inf: no clipping).
+    """
+    for f in dataclasses.fields(c):
+        kinds = _simple_types(hints[f.name])
+        kinds = kinds and kinds + _ALSO_ACCEPTED.get(f.name, ())
+        value = getattr(c, f.name)
+        if kinds is None or (value is None and type(None) in kinds):
+            continue
+        ok = isinstance(value, tuple(kinds)) and not (isinstance(value, bool) and bool not in kinds)
+        if not ok and float in kinds and isinstance(value, int) and not isinstance(value, bool):
+            ok = True  # an int where a float is expected
+        if not ok:
+            expected = " or ".join(k.__name__ for k in kinds)
+            raise TypeError(f"{f.name}={value!r} is a {type(value).__name__}; give a {expected}.")
+        if isinstance(value, float) and (math.isnan(value) or (math.isinf(value) and f.name != "max_grad_norm")):
+            raise ValueError(f"{f.name}={value}: give a finite number.")
+        if isinstance(value, list) and any(isinstance(v, float) and not math.isfinite(v) for v in value):
+            raise ValueError(f"{f.name}={value}: every value must be a finite number.")
+
+
+def validate(c) -> None:
+    def need(ok: bool, message: str) -> None:
+        if not ok:
+            raise ValueError(message)
+
+    G = c.num_generations
+    check_importance_sampling(c.vllm_importance_sampling_correction, c.vllm_importance_sampling_mode,
+                              c.vllm_importance_sampling_clip_min, c.vllm_importance_sampling_clip_max)
+    need(G >= 2, f"num_generations={G}: a group needs at least 2 completions to compare; use 2 or more.")
+    need(c.num_generations_eval is None or c.num_generations_eval >= 1, f"num_generations_eval={c.num_generations_eval}: sample at least 1 completion per eval prompt, or None for num_generations.")
+    per_process = c.generation_batch_size // c.world_size
+    need(
+        c.generation_batch_size % (G * c.world_size) == 0,
+        f"generation_batch_size={c.generation_batch_size} does not split into whole groups of "
+        f"num_generations={G} on each of {c.world_size} process(es); use a multiple of "
+        # whole groups on each process and whole optimizer steps (checked above)
+        f"{_lcm(G * c.world_size, c.per_device_train_batch_size * c.gradient_accumulation_steps * c.world_size)}"
+        f"{_group_sizes_that_fit(per_process)}.",
+    )
+    need(per_process > 0, f"generation_batch_size={c.generation_batch_size} is empty per process.")
+    need(c.max_steps == -1 or c.max_steps > 0, f"max_steps={c.max_steps}: use a positive number (or -1 for num_train_epochs).")
+    need(c.num_train_epochs > 0, f"num_train_epochs={c.num_train_epochs}: use a positive number.")
+    for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "num_iterations", "max_completion_length", "per_device_eval_batch_size"):
+        need(getattr(c, name) >= 1, f"{name}={getattr(c, name)}: use 1 or more.")
+    need(c.max_tool_calling_iterations is None or c.max_tool_calling_iterations >= 0,
+         f"max_tool_calling_iterations={c.max_tool_calling_iterations}: use 0 or more rounds, or None for no limit.")
+    need(c.max_prompt_length is None or c.max_prompt_length >= 1, f"max_prompt_length={c.max_prompt_length}: use 1 or more, or None for no limit.")
+    need(c.learning_rate > 0, f"learning_rate={c.learning_rate}: use a positive value such as 1e-6.")
+    need(0 <= c.warmup_ratio < 1, f"warmup_ratio={c.warmup_ratio}: use a value in [0, 1).")
+    need(c.warmup_steps >= 0, f"warmup_steps={c.warmup_steps}: use 0 (none), a fraction below 1, or a step count.")
+    need(c.max_grad_norm >= 0, f"max_grad_norm={c.max_grad_norm}: use a positive norm, or 0 for no clipping.")
+    need(c.temperature > 0, f"temperature={c.temperature}: sampling needs a positive temperature (log-probs are taken at it).")
+    need(0 < c.top_p <= 1, f"top_p={c.top_p}: use a value in (0, 1].")
+    need(c.top_k >= 0, f"top_k={c.top_k}: use 0 (off) or a positive count.")
+    need(c.min_p is None or 0 <= c.min_p <= 1, f"min_p={c.min_p}: use a value in [0, 1] or None.")
+    need(c.repetition_penalty > 0, f"repetition_penalty={c.repetition_penalty}: use a positive value (1.0 = off).")
+    need(
+        c.generation_backend in GENERATION_BACKENDS,
+        f"generation_backend={c.generation_backend!r}: use one of {', '.join(GENERATION_BACKENDS)}.",
+    )
+    need(c.loss_type in LOSS_TYPES, f"loss_type={c.loss_type!r} is unknown; use one of {', '.join(LOSS_TYPES)}.")
+    need(0 <= c.epsilon < 1, f"epsilon={c.epsilon}: use a value in [0, 1), e.g. 0.2.")
+    need(
+        c.epsilon_high >= c.epsilon or c.loss_type == "cispo",
+        f"epsilon_high={c.epsilon_high} is below epsilon={c.epsilon}; clip-higher needs epsilon_high ≥ epsilon.",
+    )
+    need(
+        c.delta is None or c.delta > 1 + c.epsilon_high,
+        f"delta={c.delta} must exceed 1 + epsilon_high = {1 + c.epsilon_high} or it clips inside the trust region; "
+        f"use e.g. {1 + c.epsilon_high + 0.8:g}, or None.",
+    )
+    need(
+        c.delta is None or c.loss_type not in TOKEN_ONLY_LOSS_TYPES,
+        f"delta={c.delta} bounds the PPO-clipped ratio; loss_type={c.loss_type!r} has no such ratio, so set delta=None.",
+    )
+    need(
+        c.importance_sampling_level in ("token", "sequence"),
+        f"importance_sampling_level={c.importance_sampling_level!r}: use 'token' or 'sequence'.",
+    )
+    need(
+        c.importance_sampling_level == "token" or c.loss_type not in TOKEN_ONLY_LOSS_TYPES,
+        f"importance_sampling_level='sequence' does not combine with loss_type={c.loss_type!r}, whose weight is "
+        f"defined per token (vespo: built from the per-token ratios); use importance_sampling_level='token', or "
+        f"loss_type 'grpo', 'bnpo', 'dapo', 'dr_grpo' or 'luspo'.",
+    )
+    need(c.sapo_temperature_pos > 0 and c.sapo_temperature_neg > 0, "sapo temperatures must be positive, e.g. 1.0 and 1.05.")
+    for name in ("vespo_k_pos", "vespo_k_neg", "vespo_lambda_pos", "vespo_lambda_neg"):
+        need(getattr(c, name) >= 0, f"{name}={getattr(c, name)}: VESPO's kernel w^k·e^(λ(1−w)) needs k, λ ≥ 0; use e.g. 2.0 or 3.0.")
+    need(
+        c.entropy_coef_min <= c.entropy_coef_max,
+        f"entropy_coef_min={c.entropy_coef_min} exceeds entropy_coef_max={c.entropy_coef_max}; use min ≤ max.",
+    )
+    need(c.entropy_coef_delta >= 0, f"entropy_coef_delta={c.entropy_coef_delta}: use a step ≥ 0, e.g. 0.005.")
+    need(c.entropy_target >= 0, f"entropy_target={c.entropy_target}: entropies are ≥ 0 nats; use a target ≥ 0, e.g. 0.2.")
+    need(c.beta >= 0, f"beta={c.beta}: use 0 (no π_ref) or a positive KL weight such as 0.04.")
+    need(c.kl_estimator in KL_ESTIMATORS, f"kl_estimator={c.kl_estimator!r}: use one of {', '.join(KL_ESTIMATORS)}.")
+    need(not c.sync_ref_model or c.beta > 0, "sync_ref_model=True needs a reference model; set beta > 0 or sync_ref_model=False.")
+    need(0 <= c.ref_model_mixup_alpha <= 1, f"ref_model_mixup_alpha={c.ref_model_mixup_alpha}: use a value in [0, 1].")
+    need(c.ref_model_sync_steps >= 1, f"ref_model_sync_steps={c.ref_model_sync_steps}: use 1 or more.")
+    need(0 < c.top_entropy_quantile <= 1, f"top_entropy_quantile={c.top_entropy_quantile}: use a value in (0, 1] (1.0 = all tokens).")
+    need(c.target_kl is None or c.target_kl > 0, f"target_kl={c.target_kl}: use a positive value or None.")
+    need(c.scale_rewards in SCALE_REWARDS, f"scale_rewards={c.scale_rewards!r}: use one of {', '.join(SCALE_REWARDS)}.")
+    need(
+        c.multi_objective_aggregation in ("sum_then_normalize", "normalize_then_sum"),
+        f"multi_objective_aggregation={c.multi_objective_aggregation!r}: use 'sum_then_normalize' or 'normalize_then_sum'.",
+    )
+    need(
+        c.max_num_gen_batches >= 1,
+        f"max_num_gen_batches={c.max_num_gen_batches}: use 1 or more sampling rounds per rollout (verl's 0 = unlimited "
+        "could loop forever on prompts whose groups never differ; at the cap fastgrpo trains on what there is).",
+    )
+    need(c.filter_groups_max_age >= 0, f"filter_groups_max_age={c.filter_groups_max_age}: use 0 (no carry-over) or more rollouts.")
+    need(c.logging_steps > 0, f"logging_steps={c.logging_steps}: use a positive number of steps.")
+    need(c.save_steps > 0, f"save_steps={c.save_steps}: use a positive number of steps.")
+    need(c.save_total_limit is None or c.save_total_limit >= 1, f"save_total_limit={c.save_total_limit}: keep at least 1, or None.")
+    for name in ("save_strategy", "eval_strategy"):
+        need(getattr(c, name) in STRATEGIES, f"{name}={getattr(c, name)!r}: use one of {', '.join(STRATEGIES)}.")
+    need(c.eval_steps is None or c.eval_steps > 0, f"eval_steps={c.eval_steps}: use a positive number of steps, or None.")
+    for tracker in c.report_to:
+        need(tracker in TRACKERS, f"report_to={tracker!r}: use 'none' or one of {', '.join(TRACKERS)}.")
+
+
+def warn_like_trl(c) -> None:
+    """The questionable combinations TRL's GRPOTrainer warns about (and still runs)."""
+    if c.loss_type == "luspo" and c.importance_sampling_level != "sequence":
+        warnings.warn(
+            "loss_type='luspo' scales GSPO's sequence-level loss by its length; set importance_sampling_level="
+            "'sequence' to mirror the paper's setup (token level sums per-token clipped terms per sequence).",
+            stacklevel=5,
+        )
+    if c.importance_sampling_level == "sequence" and c.loss_type in ("bnpo", "dr_grpo", "dapo"):
+        warnings.warn(
+            f"importance_sampling_level='sequence' with loss_type={c.loss_type!r} sums per-token contributions, which "
+            "weights each sequence by its length instead of optimizing the per-sequence objective; GSPO's setup is "
+            "loss_type='grpo'.",
+            stacklevel=5,  # the caller of GRPOConfig(...)
+        )
+
+
+_ALSO_ACCEPTED = {"scale_rewards": (bool,)}
+
+
+def _simple_types(annotation) -> tuple | None:
+    """The runtime types an annotation like `int | None` or `list[float]` admits; None for anything else (not checked)."""
+    args = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else (annotation,)
+    kinds = []
+    for arg in args:
+        arg = typing.get_origin(arg) or arg  # list[float] → list
+        if arg not in (int, float, bool, str, dict, list, type(None)):
+            return None
+        kinds.append(arg)
+    return tuple(kinds)
+
+
+def _lcm(a: int, b: int) -> int:
+    return a * b // math.gcd(a, b)
+
+
+def _group_sizes_that_fit(per_process: int) -> str:
+    """The num_generations values (≥ 2) that split `per_process` completions into whole groups, as message text."""
+    fits = [g for g in range(2, per_process + 1) if per_process % g == 0]
+    return f", or num_generations in {{{', '.join(map(str, fits))}}}" if fits else ""
