@@ -179,7 +179,7 @@ def test_works_with_reuse_target_kl_streaming_and_eval(tmp_path, tokenizer, make
     evals = [r for r in read_metrics(args.output_dir) if "eval_reward" in r]
     assert evals  # every eval prompt scored, no filtering: prompt 0 has reward 0 and still counts
     metrics = trainer.evaluate()
-    assert metrics["eval_reward"] == pytest.approx(metrics["eval_rewards/reward"])
+    assert metrics["eval_reward"] == pytest.approx(metrics["eval_rewards/reward/mean"])
 
 
 def test_works_with_lora_adapters_and_a_filter_on_one_reward(tmp_path, tokenizer, make_model, prompts):

@@ -185,3 +185,13 @@ def test_config_fields_are_trls():
         GRPOConfig(vllm_importance_sampling_clip_min=3.0)
     with pytest.raises(ValueError, match="needs vllm_importance_sampling_clip_min or _clip_max"):
         GRPOConfig(vllm_importance_sampling_mode="sequence_truncate", vllm_importance_sampling_clip_max=None)
+
+
+def test_vespo_with_the_correction_on_a_bf16_sampler_is_refused():
+    # TRL folds the sampler ratio into vespo's φ(w); fastgrpo would weight the loss instead, so it refuses (with the two fixes).
+    args = GRPOConfig(loss_type="vespo", per_device_train_batch_size=4, num_generations=4)
+    with pytest.raises(ValueError, match="vllm_importance_sampling_correction=False, or bf16=False"):
+        SamplingCorrection.from_config(args, own_weights=True)
+    assert SamplingCorrection.from_config(args, own_weights=False).correction  # fp32: sampling is π_old, nothing to fold
+    off = GRPOConfig(loss_type="vespo", per_device_train_batch_size=4, num_generations=4, vllm_importance_sampling_correction=False)
+    assert not SamplingCorrection.from_config(off, own_weights=True).correction

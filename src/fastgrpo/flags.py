@@ -112,6 +112,7 @@ FIELD_HELP = {
     "filter_groups": "DAPO dynamic sampling: train only on groups whose rewards differ, sampling more prompts until the rollout is full",
     "filter_groups_metric": "dynamic sampling: the reward whose spread counts, or module:function taking a group's rewards (default: what the advantage uses)",
     "max_num_gen_batches": "dynamic sampling: the most sampling rounds per rollout, then train on what there is",
+    "num_generations_eval": "completions per prompt in evaluation (default: num_generations)",
     "max_tool_calling_iterations": "agents: rounds of tool calls per completion (none: until max_completion_length ends them)",
     "filter_groups_max_age": "dynamic sampling: rollouts a carried-over group may wait (0: drop the surplus)",
 }

@@ -137,8 +137,19 @@ class SamplingCorrection(NamedTuple):
     off_policy_threshold: float | None
 
     @classmethod
-    def from_config(cls, args) -> SamplingCorrection:
-        """The values of a `GRPOConfig`'s fields of the same names."""
+    def from_config(cls, args, own_weights: bool = False) -> SamplingCorrection:
+        """The values of a `GRPOConfig`'s fields of the same names; `own_weights`: the sampler samples from its own (bf16) copy.
+
+        Raises:
+            ValueError: loss_type="vespo" with the correction on and a sampler of its own weights: TRL folds the
+                ratio into vespo's sequence weight φ(w) instead of weighting the loss, which fastgrpo does not do.
+        """
+        if own_weights and args.loss_type == "vespo" and args.vllm_importance_sampling_correction:
+            raise ValueError(
+                "loss_type='vespo' with vllm_importance_sampling_correction=True while the sampler samples from its own bf16 "
+                "weights: TRL folds that ratio into vespo's φ(w), which fastgrpo does not; set "
+                "vllm_importance_sampling_correction=False, or bf16=False (then sampling is π_old and nothing needs correcting)."
+            )
         return cls(args.vllm_importance_sampling_correction, args.vllm_importance_sampling_mode, args.vllm_importance_sampling_clip_min,
                    args.vllm_importance_sampling_clip_max, args.off_policy_mask_threshold)
 

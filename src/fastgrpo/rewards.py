@@ -135,7 +135,7 @@ def score(
     none = torch.isnan(table).all(dim=1)
     if none.any():
         i = int(none.nonzero()[0])
-        row = {**{key: values[i] for key, values in columns.items()}, "prompt": prompts[i], "completion": completions[i]}
+        row = {**{key: values[i] for key, values in (columns or {}).items()}, "prompt": prompts[i], "completion": completions[i]}
         logger.warning(  # TRL's words, then what fastgrpo does with such a completion
             f"All reward functions returned None for the following kwargs:\n{row}\nPlease ensure that at least one reward "
             f"function returns a valid reward. {int(none.sum())} of {n} completions got None from every reward function "

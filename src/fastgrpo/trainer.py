@@ -133,7 +133,8 @@ class GRPOTrainer(TRLMethods):
             a.generation_backend, sampled, sampling, weights_dtype=torch.bfloat16 if bf16 and self.sampler_copy is None else None)
         self.encode = PromptEncoder(self.tokenizer, a.max_prompt_length, a.chat_template_kwargs)
         self.entropy_control = EntropyControl.from_config(a)  # the entropy bonus's coefficient; None: no bonus
-        self.correction = SamplingCorrection.from_config(a)  # the sampler–trainer mismatch, TRL's vllm_importance_sampling_*
+        own_weights = getattr(self.generate, "weight_sync", None) is not None  # the sampler's bf16 copy: a second policy
+        self.correction = SamplingCorrection.from_config(a, own_weights)  # the sampler–trainer mismatch, TRL's vllm_importance_sampling_*
         self.log_probs = LogProbs(a.temperature, autocast=self.autocast, entropy_grad=self.entropy_control is not None)  # packed, chunked head
         self.produce = build_producer(self, checked.agents)  # single turn, multi-turn with tools/environments, or rollout_func
         for note in fallback_notices(policy) + generator_notices(self.generate) if acc.is_main_process else []:
