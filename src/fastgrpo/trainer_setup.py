@@ -61,7 +61,10 @@ def build_accelerator(args: GRPOConfig) -> tuple[Accelerator, bool]:
     runs.check_output_dir(a.output_dir)
     bf16, notice = resolve_bf16(a.bf16, use_cuda=torch.cuda.is_available())
     # cpu=True without GPUs: only then does accelerate join torchrun's processes into one gloo group.
-    acc = Accelerator(cpu=cpu_only(), log_with=a.report_to or None, project_dir=a.output_dir)
+    # mixed_precision="no": the precision is GRPOConfig.bf16's (fastgrpo's own autocast), never a launcher
+    # config's (`accelerate launch` with `mixed_precision: bf16` would autocast the prepared model), as Trainer
+    # sets it from its arguments.
+    acc = Accelerator(cpu=cpu_only(), mixed_precision="no", log_with=a.report_to or None, project_dir=a.output_dir)
     if a.report_to:  # TensorBoard/W&B through accelerate's trackers, under output_dir
         acc.init_trackers("fastgrpo", config={k: v for k, v in a.to_dict().items() if isinstance(v, (int, float, str, bool))})
     if acc.num_processes != a.world_size:
