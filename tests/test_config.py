@@ -10,7 +10,8 @@ import warnings
 
 import pytest
 
-from fastgrpo.config import LOSS_TYPES, GRPOConfig
+from fastgrpo.config import GRPOConfig
+from fastgrpo.config_checks import LOSS_TYPES
 
 
 @pytest.fixture(autouse=True)
