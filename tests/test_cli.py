@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 import yaml
@@ -72,12 +71,15 @@ def test_lora_options_parse_into_lora_config_arguments(monkeypatch):
     assert cli.peft_kwargs({}) == {}
 
 
-def test_help_is_fast():
-    start = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "fastgrpo.cli", "--help"], capture_output=True, text=True, timeout=60)
-    elapsed = time.perf_counter() - start
+def test_help_imports_neither_torch_nor_transformers():
+    # `fastgrpo --help` must answer at once: the property is what it imports, not a time on this machine.
+    code = (
+        "import sys\nfrom fastgrpo.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print('LOADED', sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "train" in out.stdout
-    assert elapsed < 2.0, f"fastgrpo --help took {elapsed:.2f} s"
+    assert out.stdout.strip().splitlines()[-1] == "LOADED []"
 
 
 def test_example_yaml_runs_with_reward_from_the_current_folder(tmp_path, monkeypatch, tokenizer, make_model):

@@ -17,8 +17,6 @@ import types
 import typing
 import warnings
 
-from .importance_sampling import check_importance_sampling
-
 LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo", "cispo", "sapo", "luspo", "vespo")
 # Objectives whose importance weight is defined per token (no sequence-level form);
 # vespo forms its own sequence weight from the per-token ratios.
@@ -32,6 +30,23 @@ TRACKERS = ("tensorboard", "wandb", "trackio", "all")
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 KL_ESTIMATORS = ("k3", "full")
 GENERATION_BACKENDS = ("fastgrpo", "transformers")  # generation.py's backends
+IMPORTANCE_SAMPLING_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")  # TRL's vllm_importance_sampling_mode values
+
+
+def check_importance_sampling(correction: bool, mode: str, clip_min: float | None, clip_max: float | None) -> None:
+    """TRL's checks on the `vllm_importance_sampling_*` fields (GRPOConfig.__post_init__; the maths: importance_sampling.py).
+
+    Raises:
+        ValueError: an unknown mode, clip_min ≥ clip_max, or a *_truncate mode with no bound.
+    """
+    if mode not in IMPORTANCE_SAMPLING_MODES:
+        raise ValueError(f"vllm_importance_sampling_mode={mode!r}: use one of {', '.join(IMPORTANCE_SAMPLING_MODES)}.")
+    if clip_min is not None and clip_max is not None and clip_min >= clip_max:
+        raise ValueError(f"vllm_importance_sampling_clip_min ({clip_min}) must be less than vllm_importance_sampling_clip_max ({clip_max}).")
+    if correction and mode.endswith("_truncate") and clip_min is None and clip_max is None:
+        raise ValueError(
+            f"vllm_importance_sampling_mode={mode!r} needs vllm_importance_sampling_clip_min or _clip_max; set one (TRL's default clip_max is 3.0)."
+        )
 
 
 def check_types(c, hints: dict) -> None:

@@ -26,25 +26,6 @@ from typing import NamedTuple
 
 import torch
 
-IMPORTANCE_SAMPLING_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
-
-
-def check_importance_sampling(correction: bool, mode: str, clip_min: float | None, clip_max: float | None) -> None:
-    """TRL's checks on the `vllm_importance_sampling_*` fields (GRPOConfig.__post_init__).
-
-    Raises:
-        ValueError: an unknown mode, clip_min ≥ clip_max, or a *_truncate mode with no bound.
-    """
-    if mode not in IMPORTANCE_SAMPLING_MODES:
-        raise ValueError(f"vllm_importance_sampling_mode={mode!r}: use one of {', '.join(IMPORTANCE_SAMPLING_MODES)}.")
-    if clip_min is not None and clip_max is not None and clip_min >= clip_max:
-        raise ValueError(f"vllm_importance_sampling_clip_min ({clip_min}) must be less than vllm_importance_sampling_clip_max ({clip_max}).")
-    if correction and mode.endswith("_truncate") and clip_min is None and clip_max is None:
-        raise ValueError(
-            f"vllm_importance_sampling_mode={mode!r} needs vllm_importance_sampling_clip_min or _clip_max; set one (TRL's default clip_max is 3.0)."
-        )
-
-
 def importance_sampling_ratio(
     old_logps: torch.Tensor, sampling_logps: torch.Tensor, mask: torch.Tensor, mode: str, clip_min: float | None, clip_max: float | None
 ) -> torch.Tensor:
@@ -54,7 +35,7 @@ def importance_sampling_ratio(
         old_logps: (B, T) log π_old of the sampled tokens (the trainer's).
         sampling_logps: (B, T) log μ_s, the sampler's; NaN where it has none (ratio 1 there, as TRL).
         mask: (B, T) completion mask.
-        mode: one of `IMPORTANCE_SAMPLING_MODES`.
+        mode: one of `config_checks.IMPORTANCE_SAMPLING_MODES`.
         clip_min, clip_max: C_min, C_max (None: no bound on that side).
     Returns:
         (B, T) for token modes, (B, 1) for sequence modes; no gradient flows
