@@ -34,7 +34,7 @@ def micro_batch(seed=1, B=4, P=5, T=6):
 
 
 def padded(model, mb):
-    """(logps, entropy, logits) from the padded batch, as the trainer computed them before packing."""
+    """(logps, entropy, logits) from the padded batch, as trainer._logps computed them before packing."""
     ids = torch.cat([mb.prompt_ids, mb.completion_ids], 1)
     attention = torch.cat([mb.prompt_mask, mb.completion_mask], 1)
     positions = (attention.cumsum(-1) - 1).clamp(min=0)

@@ -119,8 +119,8 @@ def test_old_logps_passes_only_where_needed(tmp_path, tokenizer, make_model, pro
     args.max_steps = args.steps_per_rollout  # one rollout
     trainer = GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
     passes = []
-    real = trainer.log_probs  # every policy, π_old and π_ref pass goes through it
-    trainer.log_probs = lambda model, mb, *ref: passes.append(1) or real(model, mb, *ref)
+    real = trainer._logps
+    trainer._logps = lambda model, mb, *ref: passes.append(1) or real(model, mb, *ref)
     trainer.train()
     assert len(passes) == expected_passes_per_rollout
 

@@ -234,13 +234,15 @@ class GRPOTrainer(TRLMethods):
         """B prompt rows → a Rollout of B·G scored completions (rollout.collect; G = num_generations unless given), and the log_extra columns."""
         if self.sampler_copy is not None:  # FSDP: gather the current weights once; decoding then sends nothing
             self.sampler_copy.refresh(self.model)
-        # the extra keywords every reward function receives, as TRL passes them
-        hooks = {"trainer_state": self.state, "log_extra": self.reward_hooks.log_extra, "log_metric": self.reward_hooks.log_metric}
         rollout = collect(
             rows, num_generations=num_generations or self.args.num_generations, produce=self.produce,
-            score=partial(score, self.reward_funcs, reward_kwargs=hooks), advantages=advantages, timer=timer,
+            score=partial(score, self.reward_funcs, reward_kwargs=self._reward_kwargs()), advantages=advantages, timer=timer,
         )
         return rollout, self.reward_hooks.pop_columns()
+
+    def _reward_kwargs(self) -> dict:
+        """Extra keywords every reward function receives, as TRL passes them: trainer_state, log_extra, log_metric."""
+        return {"trainer_state": self.state, "log_extra": self.reward_hooks.log_extra, "log_metric": self.reward_hooks.log_metric}
 
     def _advantages(self, rewards: torch.Tensor) -> torch.Tensor:
         """(N, R) rewards → (N,) Â, groups of G in the shape (num_prompts, G)."""
@@ -257,7 +259,7 @@ class GRPOTrainer(TRLMethods):
         old = rollout.old_logps.clone() if rollout.old_logps is not None else old
         with self.timer("old_logps"):
             for rows in batches:
-                logps = self.log_probs(model, rollout.select(rows)).logps
+                logps = self._logps(model, rollout.select(rows)).logps
                 kept = old[rows, : logps.shape[1]]
                 old[rows, : logps.shape[1]] = torch.where(torch.isnan(kept), logps, kept)
         return old
@@ -272,7 +274,7 @@ class GRPOTrainer(TRLMethods):
         with self.timer("ref_logps"):
             for start in range(0, len(rollout), size):
                 with self.reference() as ref_model:  # π_ref in the policy's precision (LogProbs' autocast): KL is 0 where they agree
-                    logps = self.log_probs(ref_model, rollout.select(slice(start, start + size))).logps
+                    logps = self._logps(ref_model, rollout.select(slice(start, start + size))).logps
                 ref[start : start + size, : logps.shape[1]] = logps
         return ref
 
@@ -284,6 +286,10 @@ class GRPOTrainer(TRLMethods):
         else:
             with as_reference(self.accelerator.unwrap_model(self.model)) as ref_model:
                 yield ref_model
+
+    def _logps(self, model, mb: Rollout, reference=None) -> TokenStats:
+        """Log-probs (B, T), entropy and, given `reference` (a context yielding π_ref), exact KL of the completion tokens at the sampling temperature (logprobs.py)."""
+        return self.log_probs(model, mb, reference)
 
     # ------------------------------------------------------------------ update
     def _optimizer_step(self, rollout: Rollout, step_in_pass: int, capture_old: bool) -> float:
@@ -299,7 +305,7 @@ class GRPOTrainer(TRLMethods):
             for j, (mb, mask) in enumerate(zip(batches, masks)):
                 with acc.no_sync(self.model) if j < GA - 1 else nullcontext():
                     reference = self.reference if a.beta > 0 and a.kl_estimator == "full" else None
-                    stats = self.log_probs(self.model, mb, reference)
+                    stats = self._logps(self.model, mb, reference)
                     logps, entropy = stats.logps, stats.entropy
                     old = logps.detach() if mb.old_logps is None else mb.old_logps
                     if capture_old and rollout.old_logps is not None:  # π_old for free where unset: the policy has not moved yet
