@@ -80,11 +80,13 @@ def args_steps(num_iterations, steps_per_generation, GA=2):
 def test_first_step_loss_is_identical_for_mu_1_and_mu_4(tmp_path, monkeypatch, tokenizer, make_model, prompts):
     losses = {}
     for mu in (1, 4):
-        calls = record_losses(monkeypatch)
-        args = config(tmp_path / f"mu{mu}", num_iterations=mu, max_steps=1)
-        GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer).train()
-        losses[mu] = torch.stack([loss for _, _, loss in calls[: args.gradient_accumulation_steps]])
-        monkeypatch.undo()
+        # A context of its own per run: monkeypatch.undo() would also undo conftest's fp32 pin, and the
+        # second run would train in bf16 on a CPU with bf16 units.
+        with monkeypatch.context() as patch:
+            calls = record_losses(patch)
+            args = config(tmp_path / f"mu{mu}", num_iterations=mu, max_steps=1)
+            GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer).train()
+            losses[mu] = torch.stack([loss for _, _, loss in calls[: args.gradient_accumulation_steps]])
     assert torch.equal(losses[1], losses[4])
 
 
