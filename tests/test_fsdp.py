@@ -18,7 +18,8 @@ Tolerance, as tests/test_distributed.py: fp32 sums in another order (two
 processes each sum half the micro-batches' gradients, FSDP reduce-scatters
 them), so losses and advantages agree at rel 1e-5 and weights at 1e-6 absolute,
 a thousandth of one AdamW update (≈ lr = 1e-3). bf16 is off in these runs
-(`bf16=None` on a CPU); FSDP's bf16 policy is not compared here.
+(dist_script.py sets `bf16=False`, whatever this CPU's bf16 units); FSDP's bf16
+policy is not compared here.
 """
 
 import json
