@@ -7,6 +7,7 @@ answer); the log-prob passes and the update still run on the tiny model.
 """
 
 import asyncio
+import math
 
 import pytest
 import torch
@@ -415,3 +416,41 @@ def test_resume_inside_a_multi_turn_run_reproduces_it(tmp_path, tokenizer, make_
     for s in (4, 5, 6):
         assert resumed[s]["loss"] == pytest.approx(full[s]["loss"], rel=1e-5, abs=1e-7)
     assert resumed[5]["reward"] == pytest.approx(full[5]["reward"])  # the regenerated multi-turn rollout
+
+
+def test_rollout_func_missing_logprobs_are_neutral(tmp_path, tokenizer, make_model, prompts):
+    """TRL 1.16 (trl#6166, #6266): a None or NaN in rollout_func's logprobs is NaN in sampling_logps, ratio 1 there, and left out
+    of sampling/sampling_logp_difference. The given log-probs are π_old's own, shifted by +0.5 on one token (ratio e^-0.5): the
+    logged difference is the mean over the 10 given tokens only (0.5 / 10), the ratios' mean over all 16 (15 + e^-0.5) / 16."""
+    hole = None
+    exact = []
+
+    def rollout_func(prompts, trainer):
+        N = len(prompts) * trainer.args.num_generations
+        row = exact or [hole] * 4
+        given = [list(row) for _ in range(N)]
+        for r, t in ((0, 0), (1, 1), (3, 0), (3, 1), (3, 2), (3, 3)):
+            given[r][t] = None if (r + t) % 2 == 0 else float("nan")
+        if exact:
+            given[2][3] += 0.5
+        return {"prompt_ids": [[5, 6, 7]] * N, "completion_ids": [[8, 9, 10, tokenizer.eos_token_id]] * N, "logprobs": given}
+
+    def trainer_for(out):
+        return GRPOTrainer(model=make_model(), reward_funcs=lambda completions, **k: [float(i) for i in range(len(completions))],
+                           args=config(tmp_path, output_dir=str(tmp_path / out), vllm_importance_sampling_mode="token_truncate"),
+                           train_dataset=prompts, processing_class=tokenizer, rollout_func=rollout_func)
+
+    first = trainer_for("a")
+    rollout = first._collect()
+    assert torch.isnan(rollout.sampling_logps).sum() == 16  # every token missing: the rollout builds (no TypeError)
+    with torch.no_grad():
+        exact.extend(first._logps(first.model, rollout).logps[0].tolist())  # π_old of the one completion (every row is it)
+    trainer = trainer_for("b")
+    assert torch.isnan(trainer._collect().sampling_logps).sum() == 6
+    trainer.train()
+    record = trainer.state.log_history[0]
+    assert record["sampling/sampling_logp_difference/mean"] == pytest.approx(0.5 / 10, abs=1e-6)
+    assert record["sampling/sampling_logp_difference/max"] == pytest.approx(0.5, abs=1e-6)
+    assert record["sampling/importance_sampling_ratio/mean"] == pytest.approx((15 + math.exp(-0.5)) / 16, abs=1e-6)
+    assert record["sampling/importance_sampling_ratio/min"] == pytest.approx(math.exp(-0.5), abs=1e-6)
+    assert math.isfinite(record["loss"])
