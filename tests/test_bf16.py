@@ -130,7 +130,7 @@ def test_bf16_ratio_one_and_kl_zero_where_weights_agree(tmp_path, monkeypatch, t
     assert len(calls) == 8 and all(torch.equal(logps, old) for logps, old in calls)
     with open(os.path.join(args.output_dir, "metrics.jsonl")) as f:
         records = [json.loads(line) for line in f]
-    assert len(records) == 4 and all(r["kl"] == 0.0 and r["kl_old"] == 0.0 and r["clip_region"] == 0.0 for r in records)
+    assert len(records) == 4 and all(r["kl"] == 0.0 and r["kl_old"] == 0.0 and r["clip_ratio/region_mean"] == 0.0 for r in records)
     assert all(0 < r["sampling/sampling_logp_difference/mean"] < 0.05 for r in records)  # the sampler's copy differs a little
 
 

@@ -56,8 +56,9 @@ def clipped_surrogate(log_ratio, logps, advantages, params: ObjectiveParams) -> 
         advantages: (B, 1) or (B, T) Â.
     Returns:
         `Objective`; `clipped_low` marks Â < 0 tokens with ρ < 1 − ε_low,
-        `clipped_high` marks Â > 0 tokens with ρ > 1 + ε_high or Â < 0 tokens
-        with ρ > δ: exactly the tokens whose gradient the clip zeroes.
+        `clipped_high` marks Â > 0 tokens with ρ > 1 + ε_high: TRL's
+        `clip_ratio/low_mean` and `/high_mean` (the tokens δ bounds, Â < 0 with
+        ρ > δ, are not counted, as TRL counts them not either).
     """
     p = params
     ratio = torch.exp(log_ratio)
@@ -66,8 +67,6 @@ def clipped_surrogate(log_ratio, logps, advantages, params: ObjectiveParams) -> 
     loss = -torch.min(unclipped * advantages, clipped * advantages)
     low = (ratio < 1 - p.epsilon_low) & (advantages < 0)
     high = (ratio > 1 + p.epsilon_high) & (advantages > 0)
-    if p.delta is not None:
-        high = high | ((ratio > p.delta) & (advantages < 0))
     return Objective(loss, low, high)
 
 
@@ -79,12 +78,12 @@ def cispo(log_ratio, logps, advantages, params: ObjectiveParams) -> Objective:
     token keeps a gradient (none is zeroed, unlike the PPO clip).
 
     Returns:
-        `Objective`; `clipped_high` marks tokens whose weight was truncated.
+        `Objective`; `clipped_high` marks Â > 0 tokens whose weight was truncated (TRL's `cispo_clip_ratio`).
     """
     ratio = torch.exp(log_ratio)
     weight = torch.clamp(ratio, max=1 + params.epsilon_high).detach()
     loss = -weight * advantages * logps
-    return Objective(loss, torch.zeros_like(ratio, dtype=torch.bool), ratio > 1 + params.epsilon_high)
+    return Objective(loss, torch.zeros_like(ratio, dtype=torch.bool), (ratio > 1 + params.epsilon_high) & (advantages > 0))
 
 
 def sapo(log_ratio, logps, advantages, params: ObjectiveParams) -> Objective:
