@@ -454,3 +454,65 @@ def test_rollout_func_missing_logprobs_are_neutral(tmp_path, tokenizer, make_mod
     assert record["sampling/importance_sampling_ratio/mean"] == pytest.approx((15 + math.exp(-0.5)) / 16, abs=1e-6)
     assert record["sampling/importance_sampling_ratio/min"] == pytest.approx(math.exp(-0.5), abs=1e-6)
     assert math.isfinite(record["loss"])
+
+
+def test_cached_turns_repetition_penalty_sees_each_rows_own_tokens(tokenizer, make_model):
+    """Issue 30, kind 2: in a later turn rows hold different lengths; every decode step's penalised scores equal transformers'
+    RepetitionPenaltyLogitsProcessor(1.5) over that row's own tokens (real prompt tokens, turn 1, the tool reply, turn 2 so
+    far) exactly, so the pad id is penalised only where the row holds it."""
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    from fastgrpo.agents.cached_turns import CachedTurns
+    from fastgrpo.data import PromptEncoder
+    from fastgrpo.generation import SamplingSettings
+    from fastgrpo.sampler import Sampler
+
+    model = make_model().eval()
+    eos = tokenizer.eos_token_id
+    pad = 7  # a pad id no row holds (SmolLM2 pads with EOS, which a row holds once its first turn ended)
+    sampler = Sampler(model, SamplingSettings(max_completion_length=40, eos_token_ids=[eos], pad_token_id=pad, repetition_penalty=1.5))
+    ids, mask, _ = PromptEncoder(tokenizer, None)([[{"role": "user", "content": "Count to 3, slowly please."}], [{"role": "user", "content": "Hi"}]])
+    cached = CachedTurns(sampler)
+    calls, processors = [], sampler.processors
+
+    def recorded(history, logits):
+        scores = processors(history, logits)
+        calls.append((logits.clone(), scores.clone(), cached.cache.row[: len(history)].clone()))
+        return scores
+
+    sampler.processors = recorded
+    torch.manual_seed(0)
+    first = cached.first(ids, mask, 2, 6)
+    calls.clear()
+    rows, appended = [3, 0, 2], [[10, 11, 12], [13], [14, 15, 16, 17, 18, 19, 20]]  # different lengths: ragged columns
+    second = cached.extend(rows, appended, [5, 7, 4])
+    prompt = [ids[r // 2][mask[r // 2].bool()].tolist() for r in range(4)]
+    checked, pad_penalised = 0, False
+    for t, (logits, scores, slot_rows) in enumerate(calls):
+        for i, r in enumerate(slot_rows.tolist()):
+            turn = rows.index(r)
+            own = prompt[r] + first[r].tokens + appended[turn] + second[turn].tokens[:t]
+            expected = RepetitionPenaltyLogitsProcessor(1.5)(torch.tensor([own]), logits[i : i + 1].clone())[0]
+            assert torch.equal(scores[i], expected), (t, r)
+            pad_penalised |= pad in own
+            checked += 1
+    assert checked >= 10 and not pad_penalised  # no row held the pad id: the old tail would have penalised it
+
+
+def test_reprefill_turns_never_show_the_processors_a_pad(tokenizer, make_model):
+    """The Reprefill engine (whole sequences again, left-padded to the longest): the processors read no pad id in any
+    turn (pad 7 is in no row's tokens), so the repetition penalty sees each row's own tokens there too."""
+    from fastgrpo.data import PromptEncoder
+    from fastgrpo.generation import SamplingSettings
+    from fastgrpo.sampler import Sampler
+
+    eos, pad = tokenizer.eos_token_id, 7
+    sampler = Sampler(make_model().eval(), SamplingSettings(max_completion_length=40, eos_token_ids=[eos], pad_token_id=pad, repetition_penalty=1.5))
+    ids, mask, _ = PromptEncoder(tokenizer, None)([[{"role": "user", "content": "Count to 3, slowly please."}], [{"role": "user", "content": "Hi"}]])
+    seen, processors = [], sampler.processors
+    sampler.processors = lambda history, logits: seen.append(history.clone()) or processors(history, logits)
+    turns = Reprefill(sampler, pad, [eos])
+    torch.manual_seed(0)
+    turns.first(ids, mask, 2, 6)
+    turns.extend([3, 0, 2], [[10, 11, 12], [13], [14, 15, 16, 17, 18, 19, 20]], [5, 7, 4])
+    assert len(seen) > 6 and all(not (h == pad).any() for h in seen)
