@@ -223,3 +223,13 @@ def test_bf16_lora_with_a_trained_untied_head_samples_from_the_trained_head(tmp_
     sync.refresh()
     expected = merged_copy(trainer.accelerator.unwrap_model(trainer.model)).lm_head.weight.to(torch.bfloat16)
     assert torch.equal(sync.model.lm_head.weight, expected) and not torch.equal(head0, expected)
+
+
+def test_vespo_trains_with_the_bf16_samplers_correction(tmp_path, tokenizer, make_model, prompts):
+    """loss_type="vespo" with bf16's sampler copy and the correction on in a token mode (TRL's requirement): trains, the ratio folded into φ(w)."""
+    args = config(tmp_path, bf16=True, max_steps=1, loss_type="vespo", vllm_importance_sampling_mode="token_truncate")
+    trainer = GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
+    assert trainer.correction.into_vespo
+    trainer.train()
+    record = trainer.state.log_history[0]
+    assert "sampling/importance_sampling_ratio/mean" in record and 0 < record["vespo/phi_seq_mean"] <= 1.0 + 1e-6

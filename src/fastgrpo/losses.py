@@ -350,6 +350,7 @@ def grpo_loss(
     vespo_lambda_pos: float = 3.0,
     vespo_k_neg: float = 3.0,
     vespo_lambda_neg: float = 2.0,
+    vespo_ratio: torch.Tensor | None = None,
     beta: float = 0.0,
     per_token_kl: torch.Tensor | None = None,
     use_bias_correction_kl: bool = True,
@@ -378,6 +379,7 @@ def grpo_loss(
             entropy bonus; its coefficient may be 0 this step, entropy_control.py).
         policy_weight: (B, T) or (B, 1) factor on the policy term, no gradient (TRL's
             sampler importance ratio × off-policy mask, importance_sampling.py); None: 1.
+        vespo_ratio: (B, T) or (B, 1) the sampler's IS ratio that vespo folds into φ(w) (TRL's), no gradient; None: none.
         The other keywords are `ObjectiveParams` (objectives.py).
     Returns:
         `LossOutput`. Metric sums (over `mask`): kl_old (k3 KL(π_θ‖π_old)), tokens,
@@ -399,7 +401,8 @@ def grpo_loss(
     logps, old_logps = masked(logps, mask), masked(old_logps, mask)  # finite everywhere from here on
     log_ratio = log_importance_weights(logps, old_logps, mask, importance_sampling_level)
     params = ObjectiveParams(
-        epsilon_low, epsilon_high, delta, temperature_pos, temperature_neg, vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg
+        epsilon_low, epsilon_high, delta, temperature_pos, temperature_neg, vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg,
+        vespo_ratio,
     )
     out = objective(log_ratio, logps, advantages.unsqueeze(-1), params)
     policy_mask = mask if policy_mask is None else mask * policy_mask

@@ -31,6 +31,7 @@ class ObjectiveParams(NamedTuple):
     vespo_lambda_pos: float = 3.0  # … and decay λ (down-weights w > 1)
     vespo_k_neg: float = 3.0  # VESPO kernel for Â < 0
     vespo_lambda_neg: float = 2.0
+    vespo_ratio: torch.Tensor | None = None  # (B, T) or (B, 1) the sampler–trainer IS ratio π_old/μ_s folded into w (TRL's)
 
 
 class Objective(NamedTuple):
@@ -122,6 +123,9 @@ def vespo(log_ratio, logps, advantages, params: ObjectiveParams) -> Objective:
     hard clip. φ is detached, so the gradient is φ(w)·Â·∇log π_θ per token. As
     TRL 1.16 computes it: in log space, log ρ_t clamped to [−20, 20] before the
     sum, log w clamped to [log 1e-8, 20], λ ≥ 1e-4, a non-finite φ read as 0.
+    With the sampler–trainer correction (`params.vespo_ratio`), w is the ratio to
+    the sampler's distribution: Σ_t log ρ_t + Σ log(π_old/μ_s), each log ratio
+    clamped to [log 1e-8, 20] (TRL 1.16 folds it in so; the loss is not weighted by it).
 
     Args:
         log_ratio: (B, T) per-token log ρ, 0 at masked positions (token level).
@@ -134,6 +138,8 @@ def vespo(log_ratio, logps, advantages, params: ObjectiveParams) -> Objective:
     p = params
     with torch.no_grad():
         log_w = log_ratio.clamp(-_LOG_RATIO_BOUND, _LOG_RATIO_BOUND).sum(-1, keepdim=True)  # (B, 1) Σ_t log ρ_t
+        if p.vespo_ratio is not None:  # w = π_θ/π_old · π_old/μ_s, the sampler's ratio in log space (TRL's clamp)
+            log_w = log_w + torch.log(p.vespo_ratio).clamp(_LOG_W_MIN, _LOG_W_MAX).sum(-1, keepdim=True)
         log_w = log_w.clamp(_LOG_W_MIN, _LOG_W_MAX)
         nonneg = advantages >= 0
         k = torch.where(nonneg, torch.full_like(advantages, p.vespo_k_pos), torch.full_like(advantages, p.vespo_k_neg))
