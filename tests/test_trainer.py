@@ -238,3 +238,24 @@ def test_eval_and_tensorboard(tmp_path, tokenizer, make_model, prompts):
     assert evals[0]["eval_rewards/reward_even_tokens/mean"] == evals[0]["eval_reward"]  # one reward, weight 1
     events = [f for _, _, files in os.walk(args.output_dir) for f in files if f.startswith("events.out.tfevents")]
     assert events, "report_to='tensorboard' wrote no event file"
+
+
+def test_trl_settings_fastgrpo_accepts_as_trl_does(tmp_path, tokenizer, make_model, prompts):
+    """Issue 30, kind 10: use_liger_kernel=True (fastgrpo's head is always chunked), generation_kwargs do_sample=True,
+    a sequence-level ratio with cispo/sapo/vespo (TRL's warnings, not errors), trainer.entropy_coef as TRL exposes it."""
+    import warnings as w
+
+    assert config(tmp_path, use_liger_kernel=True).use_liger_kernel is True
+    assert config(tmp_path, generation_kwargs={"do_sample": True, "top_k": 5}).top_k == 5
+    with pytest.raises(ValueError, match="do_sample'\\]=False"):
+        config(tmp_path, generation_kwargs={"do_sample": False})
+    for loss_type, warns in (("cispo", "sums per-token"), ("vespo", "VESPO computes sequence-level"), ("sapo", None)):
+        with w.catch_warnings(record=True) as caught:
+            w.simplefilter("always")
+            config(tmp_path, loss_type=loss_type, importance_sampling_level="sequence")
+        assert any(warns in str(c.message) for c in caught) if warns else not caught, loss_type
+    trainer = GRPOTrainer(make_model(), reward_even_tokens, args=config(tmp_path, entropy_coef=0.05, max_steps=1),
+                          train_dataset=prompts, processing_class=tokenizer)
+    assert trainer.entropy_coef == 0.05
+    plain = GRPOTrainer(make_model(), reward_even_tokens, args=config(tmp_path, max_steps=1), train_dataset=prompts, processing_class=tokenizer)
+    assert plain.entropy_coef == 0.0

@@ -404,7 +404,8 @@ def grpo_loss(
         epsilon_low, epsilon_high, delta, temperature_pos, temperature_neg, vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg,
         vespo_ratio,
     )
-    out = objective(log_ratio, logps, advantages.unsqueeze(-1), params)
+    token_ratio = log_ratio if importance_sampling_level == "token" else log_importance_weights(logps, old_logps, mask)
+    out = objective(token_ratio if loss_type == "vespo" else log_ratio, logps, advantages.unsqueeze(-1), params)  # vespo: per-token ρ at any level (TRL)
     policy_mask = mask if policy_mask is None else mask * policy_mask
     per_token = masked(out.loss, policy_mask)
     if policy_weight is not None:
