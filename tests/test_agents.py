@@ -154,9 +154,10 @@ def test_trl_environment_example_rewards_see_environments(tmp_path, tokenizer, m
     assert len(trainer.produce.environments.pool[None]) == 4
 
 
-def test_environment_get_reward_and_reset_observation_without_dataset(tmp_path, tokenizer, make_model):
+@pytest.mark.parametrize("none", [[], None])  # reward_funcs=None: TRL's spelling when the environment supplies get_reward
+def test_environment_get_reward_and_reset_observation_without_dataset(tmp_path, tokenizer, make_model, none):
     """No train_dataset (the environment owns the data, max_steps set); async get_reward is a reward named after the class."""
-    trainer = GRPOTrainer(model=make_model(), reward_funcs=[], args=config(tmp_path, max_steps=1), processing_class=tokenizer,
+    trainer = GRPOTrainer(model=make_model(), reward_funcs=none, args=config(tmp_path, max_steps=1), processing_class=tokenizer,
                           environment_factory=ScoredEnv)
     assert trainer.reward_names == ["ScoredEnv"]
     script = scripted(trainer, tokenizer, call='<tool_call>\n{"name": "increment", "arguments": {"step": 3}}\n</tool_call>')
