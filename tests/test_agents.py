@@ -7,6 +7,7 @@ answer); the log-prob passes and the update still run on the tiny model.
 """
 
 import asyncio
+import math
 
 import pytest
 import torch
@@ -153,9 +154,10 @@ def test_trl_environment_example_rewards_see_environments(tmp_path, tokenizer, m
     assert len(trainer.produce.environments.pool[None]) == 4
 
 
-def test_environment_get_reward_and_reset_observation_without_dataset(tmp_path, tokenizer, make_model):
+@pytest.mark.parametrize("none", [[], None])  # reward_funcs=None: TRL's spelling when the environment supplies get_reward
+def test_environment_get_reward_and_reset_observation_without_dataset(tmp_path, tokenizer, make_model, none):
     """No train_dataset (the environment owns the data, max_steps set); async get_reward is a reward named after the class."""
-    trainer = GRPOTrainer(model=make_model(), reward_funcs=[], args=config(tmp_path, max_steps=1), processing_class=tokenizer,
+    trainer = GRPOTrainer(model=make_model(), reward_funcs=none, args=config(tmp_path, max_steps=1), processing_class=tokenizer,
                           environment_factory=ScoredEnv)
     assert trainer.reward_names == ["ScoredEnv"]
     script = scripted(trainer, tokenizer, call='<tool_call>\n{"name": "increment", "arguments": {"step": 3}}\n</tool_call>')
@@ -415,3 +417,103 @@ def test_resume_inside_a_multi_turn_run_reproduces_it(tmp_path, tokenizer, make_
     for s in (4, 5, 6):
         assert resumed[s]["loss"] == pytest.approx(full[s]["loss"], rel=1e-5, abs=1e-7)
     assert resumed[5]["reward"] == pytest.approx(full[5]["reward"])  # the regenerated multi-turn rollout
+
+
+def test_rollout_func_missing_logprobs_are_neutral(tmp_path, tokenizer, make_model, prompts):
+    """TRL 1.16 (trl#6166, #6266): a None or NaN in rollout_func's logprobs is NaN in sampling_logps, ratio 1 there, and left out
+    of sampling/sampling_logp_difference. The given log-probs are π_old's own, shifted by +0.5 on one token (ratio e^-0.5): the
+    logged difference is the mean over the 10 given tokens only (0.5 / 10), the ratios' mean over all 16 (15 + e^-0.5) / 16."""
+    hole = None
+    exact = []
+
+    def rollout_func(prompts, trainer):
+        N = len(prompts) * trainer.args.num_generations
+        row = exact or [hole] * 4
+        given = [list(row) for _ in range(N)]
+        for r, t in ((0, 0), (1, 1), (3, 0), (3, 1), (3, 2), (3, 3)):
+            given[r][t] = None if (r + t) % 2 == 0 else float("nan")
+        if exact:
+            given[2][3] += 0.5
+        return {"prompt_ids": [[5, 6, 7]] * N, "completion_ids": [[8, 9, 10, tokenizer.eos_token_id]] * N, "logprobs": given}
+
+    def trainer_for(out):
+        return GRPOTrainer(model=make_model(), reward_funcs=lambda completions, **k: [float(i) for i in range(len(completions))],
+                           args=config(tmp_path, output_dir=str(tmp_path / out), vllm_importance_sampling_mode="token_truncate"),
+                           train_dataset=prompts, processing_class=tokenizer, rollout_func=rollout_func)
+
+    first = trainer_for("a")
+    rollout = first._collect()
+    assert torch.isnan(rollout.sampling_logps).sum() == 16  # every token missing: the rollout builds (no TypeError)
+    with torch.no_grad():
+        exact.extend(first._logps(first.model, rollout).logps[0].tolist())  # π_old of the one completion (every row is it)
+    trainer = trainer_for("b")
+    assert torch.isnan(trainer._collect().sampling_logps).sum() == 6
+    trainer.train()
+    record = trainer.state.log_history[0]
+    assert record["sampling/sampling_logp_difference/mean"] == pytest.approx(0.5 / 10, abs=1e-6)
+    assert record["sampling/sampling_logp_difference/max"] == pytest.approx(0.5, abs=1e-6)
+    assert record["sampling/importance_sampling_ratio/mean"] == pytest.approx((15 + math.exp(-0.5)) / 16, abs=1e-6)
+    assert record["sampling/importance_sampling_ratio/min"] == pytest.approx(math.exp(-0.5), abs=1e-6)
+    assert math.isfinite(record["loss"])
+
+
+def test_cached_turns_repetition_penalty_sees_each_rows_own_tokens(tokenizer, make_model):
+    """Issue 30, kind 2: in a later turn rows hold different lengths; every decode step's penalised scores equal transformers'
+    RepetitionPenaltyLogitsProcessor(1.5) over that row's own tokens (real prompt tokens, turn 1, the tool reply, turn 2 so
+    far) exactly, so the pad id is penalised only where the row holds it."""
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    from fastgrpo.agents.cached_turns import CachedTurns
+    from fastgrpo.data import PromptEncoder
+    from fastgrpo.generation import SamplingSettings
+    from fastgrpo.sampler import Sampler
+
+    model = make_model().eval()
+    eos = tokenizer.eos_token_id
+    pad = 7  # a pad id no row holds (SmolLM2 pads with EOS, which a row holds once its first turn ended)
+    sampler = Sampler(model, SamplingSettings(max_completion_length=40, eos_token_ids=[eos], pad_token_id=pad, repetition_penalty=1.5))
+    ids, mask, _ = PromptEncoder(tokenizer, None)([[{"role": "user", "content": "Count to 3, slowly please."}], [{"role": "user", "content": "Hi"}]])
+    cached = CachedTurns(sampler)
+    calls, processors = [], sampler.processors
+
+    def recorded(history, logits):
+        scores = processors(history, logits)
+        calls.append((logits.clone(), scores.clone(), cached.cache.row[: len(history)].clone()))
+        return scores
+
+    sampler.processors = recorded
+    torch.manual_seed(0)
+    first = cached.first(ids, mask, 2, 6)
+    calls.clear()
+    rows, appended = [3, 0, 2], [[10, 11, 12], [13], [14, 15, 16, 17, 18, 19, 20]]  # different lengths: ragged columns
+    second = cached.extend(rows, appended, [5, 7, 4])
+    prompt = [ids[r // 2][mask[r // 2].bool()].tolist() for r in range(4)]
+    checked, pad_penalised = 0, False
+    for t, (logits, scores, slot_rows) in enumerate(calls):
+        for i, r in enumerate(slot_rows.tolist()):
+            turn = rows.index(r)
+            own = prompt[r] + first[r].tokens + appended[turn] + second[turn].tokens[:t]
+            expected = RepetitionPenaltyLogitsProcessor(1.5)(torch.tensor([own]), logits[i : i + 1].clone())[0]
+            assert torch.equal(scores[i], expected), (t, r)
+            pad_penalised |= pad in own
+            checked += 1
+    assert checked >= 10 and not pad_penalised  # no row held the pad id: the old tail would have penalised it
+
+
+def test_reprefill_turns_never_show_the_processors_a_pad(tokenizer, make_model):
+    """The Reprefill engine (whole sequences again, left-padded to the longest): the processors read no pad id in any
+    turn (pad 7 is in no row's tokens), so the repetition penalty sees each row's own tokens there too."""
+    from fastgrpo.data import PromptEncoder
+    from fastgrpo.generation import SamplingSettings
+    from fastgrpo.sampler import Sampler
+
+    eos, pad = tokenizer.eos_token_id, 7
+    sampler = Sampler(make_model().eval(), SamplingSettings(max_completion_length=40, eos_token_ids=[eos], pad_token_id=pad, repetition_penalty=1.5))
+    ids, mask, _ = PromptEncoder(tokenizer, None)([[{"role": "user", "content": "Count to 3, slowly please."}], [{"role": "user", "content": "Hi"}]])
+    seen, processors = [], sampler.processors
+    sampler.processors = lambda history, logits: seen.append(history.clone()) or processors(history, logits)
+    turns = Reprefill(sampler, pad, [eos])
+    torch.manual_seed(0)
+    turns.first(ids, mask, 2, 6)
+    turns.extend([3, 0, 2], [[10, 11, 12], [13], [14, 15, 16, 17, 18, 19, 20]], [5, 7, 4])
+    assert len(seen) > 6 and all(not (h == pad).any() for h in seen)

@@ -130,7 +130,7 @@ def test_bf16_ratio_one_and_kl_zero_where_weights_agree(tmp_path, monkeypatch, t
     assert len(calls) == 8 and all(torch.equal(logps, old) for logps, old in calls)
     with open(os.path.join(args.output_dir, "metrics.jsonl")) as f:
         records = [json.loads(line) for line in f]
-    assert len(records) == 4 and all(r["kl"] == 0.0 and r["kl_old"] == 0.0 and r["clip_region"] == 0.0 for r in records)
+    assert len(records) == 4 and all(r["kl"] == 0.0 and r["kl_old"] == 0.0 and r["clip_ratio/region_mean"] == 0.0 for r in records)
     assert all(0 < r["sampling/sampling_logp_difference/mean"] < 0.05 for r in records)  # the sampler's copy differs a little
 
 
@@ -158,3 +158,78 @@ def test_sampler_copy_is_the_policy_in_bf16_after_every_step(tmp_path, monkeypat
     assert len(seen) == 1 + 3  # made once, then refreshed once per rollout
     assert not torch.equal(seen[1], seen[3])  # the optimizer steps (the adapters' too) reached the copy
     assert not any(p.requires_grad for p in trainer.generate.weight_sync.model.parameters())
+
+
+def untied_model(tokenizer, seed=0):
+    """conftest's tiny Llama with its own (untied) LM head."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False,
+    ))
+
+
+PEFT_CONSTRUCTS = {  # every peft construct a LoRA run can hold; the untied head unless "tied"
+    "modules_to_save lm_head": dict(target_modules=["q_proj", "v_proj"], modules_to_save=["lm_head"]),
+    "trainable tokens": dict(target_modules=["q_proj"], trainable_token_indices=[1, 5, 7]),
+    "trainable tokens, tied head": dict(target_modules=["q_proj"], trainable_token_indices=[1, 5, 7], tied=True),
+    "LoRA on embeddings and head": dict(target_modules=["q_proj", "embed_tokens", "lm_head"]),
+    "modules_to_save embeddings + LoRA on head": dict(target_modules=["lm_head", "v_proj"], modules_to_save=["embed_tokens"]),
+}
+
+
+@pytest.mark.parametrize("construct", list(PEFT_CONSTRUCTS))
+def test_full_weights_is_merge_and_unload_for_every_peft_construct(tokenizer, make_model, construct):
+    """The sampler's copy (full_weights) is peft's own merge_and_unload(), bit for bit in fp32, with the plain model's names;
+    every trainable tensor is moved first (LoRA's B starts at 0), so each construct's trained part shows; disabled: the base."""
+    from peft import LoraConfig, get_peft_model
+
+    from fastgrpo.weight_sync import full_weights
+
+    kw = dict(PEFT_CONSTRUCTS[construct])
+    tied = kw.pop("tied", False)
+    model = get_peft_model(make_model() if tied else untied_model(tokenizer), LoraConfig(r=4, lora_alpha=8, **kw))
+    base = {n: p.detach().clone() for n, p in merged_copy(model).named_parameters()}  # adapters still at their identity init
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn_like(p) * 0.1)
+    expected = dict(merged_copy(model).named_parameters())
+    ours = full_weights(model)
+    assert ours.keys() == expected.keys()
+    assert all(torch.equal(ours[n], expected[n]) for n in ours), [n for n in ours if not torch.equal(ours[n], expected[n])]
+    changed = [n for n in ours if not torch.equal(ours[n], base[n])]
+    trained = {"lm_head.weight"} if not tied and "lm_head" in str(kw) else {"model.embed_tokens.weight"}
+    assert trained <= set(changed)
+    with model.disable_adapter():
+        plain = full_weights(model)
+    assert all(torch.equal(plain[n], base[n]) for n in plain)
+
+
+def test_bf16_lora_with_a_trained_untied_head_samples_from_the_trained_head(tmp_path, tokenizer, prompts):
+    """The instance of issue 30: bf16 + LoRA r 4 on q/v + modules_to_save=["lm_head"] on an untied head built its copy with
+    KeyError 'lm_head.weight'; now it trains, and after each step the copy holds the trained head (merge_and_unload's, in bf16)."""
+    args = config(tmp_path, bf16=True, max_steps=2, learning_rate=1e-2)
+    peft_config = lora_config(lora_r=4, lora_alpha=8, lora_target_modules=["q_proj", "v_proj"])
+    peft_config.modules_to_save = ["lm_head"]
+    trainer = GRPOTrainer(untied_model(tokenizer), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer,
+                          peft_config=peft_config)
+    sync = trainer.generate.weight_sync
+    head0 = sync.model.lm_head.weight.clone()
+    trainer.train()
+    sync.refresh()
+    expected = merged_copy(trainer.accelerator.unwrap_model(trainer.model)).lm_head.weight.to(torch.bfloat16)
+    assert torch.equal(sync.model.lm_head.weight, expected) and not torch.equal(head0, expected)
+
+
+def test_vespo_trains_with_the_bf16_samplers_correction(tmp_path, tokenizer, make_model, prompts):
+    """loss_type="vespo" with bf16's sampler copy and the correction on in a token mode (TRL's requirement): trains, the ratio folded into φ(w)."""
+    args = config(tmp_path, bf16=True, max_steps=1, loss_type="vespo", vllm_importance_sampling_mode="token_truncate")
+    trainer = GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
+    assert trainer.correction.into_vespo
+    trainer.train()
+    record = trainer.state.log_history[0]
+    assert "sampling/importance_sampling_ratio/mean" in record and 0 < record["vespo/phi_seq_mean"] <= 1.0 + 1e-6

@@ -111,8 +111,8 @@ def test_a_flag_error_is_one_line_with_the_closest_flag(capsys, argv, expected):
 def test_step_lines_are_whole_outside_a_terminal(tmp_path):
     out = io.StringIO()
     console = Console(file=out, width=80)  # what a pipe or a log file gets
-    record = {"step": 8, "loss": 0.0123, "reward": 0.75, "reward_std": 0.25, "kl_old": 0.001, "clip_region": 0.01,
-              "completion_length": 21.5, "grad_norm": 1.234, "learning_rate": 3e-5}
+    record = {"step": 8, "loss": 0.0123, "reward": 0.75, "reward_std": 0.25, "kl_old": 0.001, "clip_ratio/region_mean": 0.01,
+              "completions/mean_length": 21.5, "grad_norm": 1.234, "learning_rate": 3e-5}
     MetricsLog(str(tmp_path), type("Acc", (), {"log": lambda *a, **k: None})(), console).write(record)
     lines = out.getvalue().splitlines()
     assert len(lines) == 1 and lines[0].startswith("step") and len(lines[0]) > 80 and "learning_rate 3e-05" in lines[0]

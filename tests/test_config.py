@@ -106,13 +106,7 @@ def test_epsilon_high_below_epsilon():
     GRPOConfig(loss_type="cispo", epsilon=0.2, epsilon_high=0.1)
 
 
-@pytest.mark.parametrize("loss_type", ["cispo", "sapo", "vespo"])
-def test_sequence_level_with_token_only_objective(loss_type):
-    msg = refused(r"importance_sampling_level='sequence' does not combine", loss_type=loss_type, importance_sampling_level="sequence")
-    assert "use importance_sampling_level='token', or loss_type 'grpo', 'bnpo', 'dapo', 'dr_grpo' or 'luspo'" in msg
-
-
-@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dapo", "dr_grpo", "luspo"])
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dapo", "dr_grpo", "luspo", "cispo", "sapo", "vespo"])
 def test_sequence_level_with_clipped_objective_accepted(loss_type):
     GRPOConfig(loss_type=loss_type, importance_sampling_level="sequence")
 

@@ -93,9 +93,9 @@ def test_two_processes_train_as_one(runs):
     expected, logged = read_metrics(one), read_metrics(two)
     assert sorted(logged) == [1, 2, 3, 4]
     for step in (1, 2, 3, 4):  # step 4 ran after the resume
-        for key in ("loss", "grad_norm", "kl_old", "clip_region", "entropy"):
+        for key in ("loss", "grad_norm", "kl_old", "clip_ratio/region_mean", "entropy"):
             assert logged[step][key] == pytest.approx(expected[step][key], rel=1e-5, abs=1e-7), (step, key)
-    for key in ("reward", "reward_std", "completion_length"):
+    for key in ("reward", "reward_std", "completions/mean_length"):
         assert logged[3][key] == pytest.approx(expected[3][key], rel=1e-6)
     assert expected[1]["loss"] != 0  # lengths differ within groups: a real dapo loss
 

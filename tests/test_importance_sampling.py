@@ -140,7 +140,7 @@ def test_off_policy_mask_is_trls_static_method():
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "cispo"])
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "cispo", "vespo"])
 def test_loss_with_correction_and_off_policy_mask_equals_trl(mode, loss_type):
     # One micro-batch, π_θ moved from π_old, sampled by a mismatched μ_s, δ = 0.05: TRL's _compute_loss vs grpo_loss.
     old, sampled, mask = random_rollout(4)
@@ -164,12 +164,18 @@ def test_loss_with_correction_and_off_policy_mask_equals_trl(mode, loss_type):
     trl_loss = trl_module.GRPOTrainer._compute_loss(this, None, inputs)
     (trl_grad,) = torch.autograd.grad(trl_loss, theta)
 
-    weight, _ = SamplingCorrection(True, mode, clip_min, clip_max, delta)(adv, theta.detach(), old, sampled, mask)
+    # vespo: TRL folds the ratio into φ(w) (get_gamma_weights) and does not weight the loss by it; so does fastgrpo
+    weight, _, vespo_ratio = SamplingCorrection(True, mode, clip_min, clip_max, delta, loss_type == "vespo")(adv, theta.detach(), old, sampled, mask)
     out = grpo_loss(theta, old, adv, mask, StepCounts(float(tokens), len(old), 1, old.shape[1]), loss_type=loss_type,
-                    epsilon_high=5.0 if loss_type == "cispo" else 0.2, policy_weight=weight)
+                    epsilon_high=5.0 if loss_type == "cispo" else 0.2, policy_weight=weight, vespo_ratio=vespo_ratio)
     (grad,) = torch.autograd.grad(out.loss, theta)
     torch.testing.assert_close(out.loss, trl_loss, rtol=0, atol=1e-12)
     torch.testing.assert_close(grad, trl_grad, rtol=0, atol=1e-12)
+    if loss_type == "vespo":  # TRL's logged φ(w) too, and the ratio changed it (it is not the φ of π_θ/π_old alone)
+        phi = this._metrics["train"]["vespo/phi_seq_mean"][-1]
+        assert float(out.metrics["vespo/phi_seq"] / out.metrics["sequences"]) == pytest.approx(phi, abs=1e-12)
+        plain = grpo_loss(theta, old, adv, mask, StepCounts(float(tokens), len(old), 1, old.shape[1]), loss_type="vespo", policy_weight=weight)
+        assert abs(float(plain.metrics["vespo/phi_seq"] - out.metrics["vespo/phi_seq"])) > 1e-3
     dropped = weight.flatten() == 0 if weight.shape[-1] == 1 else (weight * mask == 0).all(-1)
     assert dropped.any() and not dropped.all()  # the mask or ratio removed some sequences' loss, not all
 
@@ -187,11 +193,14 @@ def test_config_fields_are_trls():
         GRPOConfig(vllm_importance_sampling_mode="sequence_truncate", vllm_importance_sampling_clip_max=None)
 
 
-def test_vespo_with_the_correction_on_a_bf16_sampler_is_refused():
-    # TRL folds the sampler ratio into vespo's φ(w); fastgrpo would weight the loss instead, so it refuses (with the two fixes).
+def test_vespo_with_the_correction_is_accepted_as_trl_does():
+    # TRL 1.16 trains vespo with the sampler–trainer correction on (bf16's default), folding the ratio into φ(w).
     args = GRPOConfig(loss_type="vespo", per_device_train_batch_size=4, num_generations=4)
-    with pytest.raises(ValueError, match="vllm_importance_sampling_correction=False, or bf16=False"):
+    correction = SamplingCorrection.from_config(args)
+    assert correction.correction and correction.into_vespo
+    assert not SamplingCorrection.from_config(GRPOConfig(per_device_train_batch_size=4, num_generations=4)).into_vespo
+    # … in TRL's token modes; a sequence mode (the default) with a sampler of its own weights is refused, as TRL refuses it with vLLM
+    with pytest.raises(ValueError, match="VESPO loss requires `vllm_importance_sampling_mode` to be either 'token_truncate' or 'token_mask'"):
         SamplingCorrection.from_config(args, own_weights=True)
-    assert SamplingCorrection.from_config(args, own_weights=False).correction  # fp32: sampling is π_old, nothing to fold
-    off = GRPOConfig(loss_type="vespo", per_device_train_batch_size=4, num_generations=4, vllm_importance_sampling_correction=False)
-    assert not SamplingCorrection.from_config(off, own_weights=True).correction
+    token = GRPOConfig(loss_type="vespo", per_device_train_batch_size=4, num_generations=4, vllm_importance_sampling_mode="token_mask")
+    assert SamplingCorrection.from_config(token, own_weights=True).into_vespo

@@ -245,7 +245,7 @@ def test_grpo_loss_on_policy_by_hand(loss_type):
     close(logps.grad, grad)
     # on policy nothing is clipped and KL(π_θ‖π_old) is 0
     m = out.metrics
-    assert m["clip_low"] == 0 and m["clip_high"] == 0 and m["clip_region"] == 0
+    assert m.get("clip_low", 0) == 0 and m.get("clip_high", 0) == 0 and m.get("clip_region", 0) == 0 and m.get("cispo_clipped", 0) == 0
     assert m["kl_old"] == 0 and m["tokens"] == 4
 
 
@@ -310,12 +310,15 @@ def test_clip_higher_and_delta_by_hand():
     # Row 1, Â = −1:
     #   ρ = 0.5 : min(−0.5, −0.8) = −0.8 clipped → loss 0.8, grad 0, clip_low
     #   ρ = 1.4 : in (1.28, δ): min(−1.4, −1.28) = −1.4 unclipped → loss 1.4, grad +1.4
-    #   ρ = 2.0 : > δ: min(−1.5, −1.28) = −1.5, constant → loss 1.5, grad 0, clip_high
+    #   ρ = 2.0 : > δ: min(−1.5, −1.28) = −1.5, constant → loss 1.5, grad 0 (not in TRL's clip_ratio: Â < 0)
     # dapo: Σ = (−1.25 − 1.28 − 0.5) + (0.8 + 1.4 + 1.5) = 0.67, / 6 tokens
     close(out.loss, 0.67 / 6)
     close(grad, [[-1.25 / 6, 0.0, -0.5 / 6], [0.0, 1.4 / 6, 0.0]])
     m = out.metrics
-    assert (m["clip_low"], m["clip_high"], m["clip_region"], m["tokens"]) == (1, 2, 3, 6)
+    assert (m["clip_low"], m["clip_high"], m["clip_region"], m["clip_units"], m["tokens"]) == (1, 1, 2, 6, 6)
+    # TRL's clip_ratio/low_min and /high_max: the least low-clipped and the most high-clipped row (1/3 of row 1, of row 0)
+    close(m["clip_low_min"], 0.0)
+    close(m["clip_high_max"], 1 / 3)
     # k3 KL(π_θ‖π_old) = Σ (1/ρ − 1 + log ρ) over the 6 tokens
     k3 = sum(1 / r - 1 + math.log(r) for row in RATIOS for r in row)
     close(m["kl_old"], k3)
@@ -328,7 +331,7 @@ def test_symmetric_clip_clips_more():
     # Σ = (−1.2 − 1.2 − 0.5) + (0.8 + 1.4 + 1.5) = 0.8, / 6
     close(out.loss, 0.8 / 6)
     close(grad, [[0.0, 0.0, -0.5 / 6], [0.0, 1.4 / 6, 0.0]])
-    assert (out.metrics["clip_low"], out.metrics["clip_high"], out.metrics["clip_region"]) == (1, 3, 4)
+    assert (out.metrics["clip_low"], out.metrics["clip_high"], out.metrics["clip_region"]) == (1, 2, 3)
 
 
 def test_without_delta_negative_advantage_is_unbounded():
@@ -360,7 +363,9 @@ def test_gspo_sequence_level_clips_whole_sequences():
     close(out.loss, -0.1)
     out.loss.backward()
     close(logps.grad, [[0.0] * 3, [1 / 6] * 3])
-    assert out.metrics["clip_high"] == 3 and out.metrics["clip_low"] == 0
+    # TRL counts sequences at the sequence level (one ratio each): 1 of 2 sequences clipped high
+    assert (out.metrics["clip_high"], out.metrics["clip_low"], out.metrics["clip_units"]) == (1, 0, 2)
+    assert (out.metrics["clip_low_min"], out.metrics["clip_high_max"]) == (0, 1)
 
 
 # ---------------------------------------------------------------------------
@@ -382,7 +387,8 @@ def test_cispo_weight_is_clamped_and_detached():
     # own dependence on log π adds nothing, and a truncated token (ρ = 1.3, 1.4,
     # 2.0) keeps a gradient instead of the PPO clip's 0.
     close(grad, [[-1.25 / 6, -1.28 / 6, -0.5 / 6], [0.5 / 6, 1.28 / 6, 1.28 / 6]])
-    assert (out.metrics["clip_low"], out.metrics["clip_high"], out.metrics["clip_region"]) == (0, 3, 3)
+    # TRL's cispo_clip_ratio: truncated weights of Â > 0 tokens (ρ = 1.3 only) over the 6 tokens
+    assert (out.metrics["cispo_clipped"], out.metrics["clip_units"]) == (1, 6) and "clip_high" not in out.metrics
 
 
 @pytest.mark.parametrize("adv,tau_pos,tau_neg,tau", [(2.0, 1.5, 3.0, 1.5), (-2.0, 1.5, 3.0, 3.0)])
@@ -411,7 +417,7 @@ def test_sapo_off_policy_is_soft():
     close(out.loss, -4 * s)
     out.loss.backward()
     close(logps.grad, [[-4 * s * (1 - s) * 2]])
-    assert out.metrics["clip_region"] == 0  # no hard clip
+    assert "clip_region" not in out.metrics and "cispo_clipped" not in out.metrics  # no hard clip: TRL logs no clip metric
 
 
 # ---------------------------------------------------------------------------

@@ -60,7 +60,7 @@ def test_first_update_of_each_rollout_has_ratio_exactly_one(tmp_path, monkeypatc
     for record in metrics:
         first_of_rollout = (record["step"] - 1) % per_rollout == 0
         if first_of_rollout:
-            assert record["kl_old"] == 0.0 and record["clip_region"] == 0.0 and record["clip_low"] == 0.0
+            assert record["kl_old"] == 0.0 and record["clip_ratio/region_mean"] == 0.0 and record["clip_ratio/low_mean"] == 0.0
     # Micro-batch calls of each rollout's first step: log π_θ == log π_old bit for bit (ρ = 1).
     GA = args.gradient_accumulation_steps
     calls_per_rollout = per_rollout * GA
@@ -161,8 +161,10 @@ def test_metrics_and_completions_are_logged(tmp_path, tokenizer, make_model, pro
     GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer).train()
     records = read_metrics(args.output_dir)
     assert [r["step"] for r in records] == [1, 2]
-    for key in ("loss", "reward", "reward_std", "rewards/reward_even_tokens/mean", "rewards/reward_even_tokens/std", "completion_length", "completion_length_min",
-                "completion_length_max", "clipped_ratio", "kl_old", "clip_low", "clip_high", "clip_region", "entropy",
+    for key in ("loss", "reward", "reward_std", "rewards/reward_even_tokens/mean", "rewards/reward_even_tokens/std", "completions/mean_length",
+                "completions/min_length", "completions/max_length", "completions/clipped_ratio", "completions/mean_terminated_length",
+                "completions/min_terminated_length", "completions/max_terminated_length", "kl_old", "clip_ratio/low_mean",
+                "clip_ratio/high_mean", "clip_ratio/region_mean", "clip_ratio/low_min", "clip_ratio/high_max", "entropy",
                 "grad_norm", "learning_rate", "seconds/generate", "seconds/update", "generation_tokens_per_second"):
         assert key in records[0], key
     with open(os.path.join(args.output_dir, "completions.jsonl")) as f:
@@ -236,3 +238,24 @@ def test_eval_and_tensorboard(tmp_path, tokenizer, make_model, prompts):
     assert evals[0]["eval_rewards/reward_even_tokens/mean"] == evals[0]["eval_reward"]  # one reward, weight 1
     events = [f for _, _, files in os.walk(args.output_dir) for f in files if f.startswith("events.out.tfevents")]
     assert events, "report_to='tensorboard' wrote no event file"
+
+
+def test_trl_settings_fastgrpo_accepts_as_trl_does(tmp_path, tokenizer, make_model, prompts):
+    """Issue 30, kind 10: use_liger_kernel=True (fastgrpo's head is always chunked), generation_kwargs do_sample=True,
+    a sequence-level ratio with cispo/sapo/vespo (TRL's warnings, not errors), trainer.entropy_coef as TRL exposes it."""
+    import warnings as w
+
+    assert config(tmp_path, use_liger_kernel=True).use_liger_kernel is True
+    assert config(tmp_path, generation_kwargs={"do_sample": True, "top_k": 5}).top_k == 5
+    with pytest.raises(ValueError, match="do_sample'\\]=False"):
+        config(tmp_path, generation_kwargs={"do_sample": False})
+    for loss_type, warns in (("cispo", "sums per-token"), ("vespo", "VESPO computes sequence-level"), ("sapo", None)):
+        with w.catch_warnings(record=True) as caught:
+            w.simplefilter("always")
+            config(tmp_path, loss_type=loss_type, importance_sampling_level="sequence")
+        assert any(warns in str(c.message) for c in caught) if warns else not caught, loss_type
+    trainer = GRPOTrainer(make_model(), reward_even_tokens, args=config(tmp_path, entropy_coef=0.05, max_steps=1),
+                          train_dataset=prompts, processing_class=tokenizer)
+    assert trainer.entropy_coef == 0.05
+    plain = GRPOTrainer(make_model(), reward_even_tokens, args=config(tmp_path, max_steps=1), train_dataset=prompts, processing_class=tokenizer)
+    assert plain.entropy_coef == 0.0

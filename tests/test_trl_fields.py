@@ -48,7 +48,6 @@ def test_every_trl_field_is_honoured_or_in_the_table():
         ("use_vllm", True, "own engine"),
         ("fp16", True, "bf16=True"),
         ("push_to_hub", True, "huggingface_hub"),
-        ("use_liger_kernel", True, "Liger"),
         ("cast_lm_head_to_fp32", True, "float32"),
         ("deepspeed", "ds.json", "accelerate launch"),
     ],

@@ -19,6 +19,7 @@ The library never imports TRL; this test does, as the oracle.
 """
 
 import dataclasses
+import math
 import inspect
 import textwrap
 import types
@@ -34,7 +35,8 @@ from trl.trainer import grpo_trainer as trl_module
 from fastgrpo import GRPOConfig
 from fastgrpo.advantages import rollout_advantages
 from fastgrpo.entropy_control import EntropyControl
-from fastgrpo.losses import StepCounts, entropy_threshold, grpo_loss, high_entropy_mask, kl_k3, step_tokens
+from fastgrpo.losses import StepCounts, entropy_threshold, grpo_loss, high_entropy_mask, kl_k3, masked_sum, step_tokens
+from fastgrpo.metrics import window_record
 
 F64 = torch.float64
 T = 6  # max_completion_length, tokens
@@ -224,15 +226,20 @@ def train(case, system, fastgrpo_epsilon_high=None):
                                 **dict(zip(("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"), case.vespo)),
                                 entropy=entropy if bonus(case) else None, entropy_coef=control.applied(),
                             )
-                            loss, clipped = out.loss, clipped + int(out.metrics["clip_region"])
+                            loss, clipped = out.loss, clipped + int(out.metrics.get("clip_region", 0))
                             if bonus(case):
                                 step_sums += torch.stack([out.metrics["bonus_entropy"], out.metrics["bonus_tokens"]])
                                 # TRL logs a micro-batch's policy loss before its 1/GA for the per-sequence
                                 # types, after it for the token-sum ones; fastgrpo sums shares to the step's (README).
                                 share = out.metrics["policy_loss"] * (GA if case.loss_type in PER_SEQUENCE else 1)
                                 ours["policy_loss"].append(share) if q == 0 else None
-                            if "vespo/phi_seq" in out.metrics and q == 0:
-                                ours["vespo/phi_seq_mean"].append(out.metrics["vespo/phi_seq"] / out.metrics["sequences"])
+                            if q == 0:  # this micro-batch's metrics as fastgrpo logs them (metrics.window_record), TRL's keys
+                                sums = {**out.metrics, "entropy": masked_sum(entropy.detach(), mask)}
+                                record = window_record(0, {k: float(v) for k, v in sums.items() if not k.endswith(("_min", "_max"))},
+                                                       {k: float(v) for k, v in sums.items() if k.endswith(("_min", "_max"))}, {}, [])
+                                for key in LOGGED:
+                                    if key in record:
+                                        ours[key].append(record[key])
                         loss.backward()
                         losses.append(loss.detach())
                 if system == "fastgrpo" and bonus(case):
@@ -281,6 +288,9 @@ def our_advantages(rewards, weights, case):
     return torch.cat([advantages(r, lambda mine: everyone) for r in per_process])
 
 
+# Every key TRL's `_compute_loss` logs per micro-batch that fastgrpo logs too (aux_loss: MoE models only).
+LOGGED = ("kl", "entropy", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "clip_ratio/low_min",
+          "clip_ratio/high_max", "cispo_clip_ratio", "vespo/phi_seq_mean")
 PER_SEQUENCE = ("grpo", "bnpo", "dr_grpo", "luspo", "sapo")  # TRL divides these by GA after computing policy_loss
 ALL = ["grpo", "bnpo", "dapo", "dr_grpo", "cispo", "sapo", "luspo", "vespo"]
 CLIPPED = ["grpo", "bnpo", "dapo", "dr_grpo", "luspo"]
@@ -291,7 +301,7 @@ CASES = (
     + [Case(loss_type=t, num_processes=1, steps_per_generation=2, num_iterations=1) for t in ALL]  # TRL's default shape
     + [Case(loss_type=t, epsilon_high=0.28) for t in CLIPPED]
     + [Case(loss_type=t, delta=1.5, epsilon_high=0.28) for t in CLIPPED]
-    + [Case(loss_type=t, level="sequence") for t in CLIPPED]
+    + [Case(loss_type=t, level="sequence") for t in CLIPPED + ["cispo", "sapo", "vespo"]]  # TRL warns for cispo and vespo, trains
     + [Case(loss_type=t, beta=0.1, bias_correction=b) for t in ALL for b in (True, False)]
     + [Case(loss_type=t, top_entropy_quantile=0.3) for t in ALL]
     + [Case(loss_type=t, level="sequence", top_entropy_quantile=0.5, beta=0.1) for t in ("grpo", "dapo")]
@@ -325,7 +335,8 @@ def test_whole_training_equals_trl(case):
     theta_ours, losses_ours, clipped, logged_ours = train(case, "fastgrpo", ours_high)
     torch.testing.assert_close(losses_ours, losses_trl, rtol=0, atol=1e-6)
     torch.testing.assert_close(theta_ours, theta_trl, rtol=0, atol=1e-6)
-    for key in ("entropy_coef", "vespo/phi_seq_mean", "policy_loss"):  # TRL's logged values, step by step
+    assert set(LOGGED) & set(logged_trl) == set(LOGGED) & set(logged_ours)  # the same keys logged, each as TRL defines it
+    for key in ("entropy_coef", "policy_loss", *LOGGED):  # TRL's logged values, step by step
         assert len(logged_ours[key]) == len(logged_trl[key]), key
         torch.testing.assert_close(torch.tensor(logged_ours[key], dtype=F64), torch.tensor(logged_trl[key], dtype=F64), rtol=0, atol=1e-6, msg=key)
     assert not torch.equal(theta_ours, torch.randn(theta_ours.shape, generator=torch.Generator().manual_seed(0), dtype=F64))
@@ -401,3 +412,46 @@ def test_disable_dropout_also_turns_off_functional_dropout_unlike_trl():
     disable_dropout(ours)
     assert not torch.equal(theirs(ids).logits, theirs(ids).logits)
     assert torch.equal(ours(ids).logits, ours(ids).logits)
+
+
+def test_rollout_keys_mean_what_trls_mean():
+    """reward, reward_std, frac_reward_zero_std, rewards/<fn>/* and completions/* of one rollout against TRL 1.16's own
+    formulas (`_generate_and_score_completions`, `nanstd`): an unscorable completion is left out of reward and reward_std,
+    reward_std is the batch's std (not a mean of group stds), lengths count the model's tokens, terminated ones apart."""
+    from fastgrpo.metrics import rollout_metrics
+    from fastgrpo.rollout import Rollout
+
+    rewards = torch.tensor([[1.0, 0.0], [0.0, 0.5], [1.0, float("nan")], [float("nan")] * 2,  # group 0: one unscorable row
+                            [0.5, 0.5], [0.5, 0.5], [0.5, 0.5], [0.5, 0.5]])  # group 1: no spread
+    weights = torch.tensor([1.0, 2.0])
+    lengths, truncated = [3, 5, 2, 4, 1, 5, 5, 2], [False, True, False, False, False, True, True, False]
+    tool = torch.tensor([[1] * n + [0] * (5 - n) for n in lengths])  # model tokens first, then environment tokens
+    rollout = Rollout(
+        prompt_ids=torch.ones(8, 1, dtype=torch.long), prompt_mask=torch.ones(8, 1, dtype=torch.long),
+        completion_ids=torch.ones(8, 5, dtype=torch.long), completion_mask=torch.ones(8, 5, dtype=torch.long),
+        is_truncated=torch.tensor(truncated), rewards=rewards, advantages=torch.zeros(8), prompts=[0] * 8, completions=[0] * 8, tool_mask=tool,
+    )
+    sums = rollout_metrics(rollout, ["a", "b"], weights, 4)
+    record = window_record(1, {k: v for k, v in sums.items() if not k.endswith(("_min", "_max"))},
+                           {k: v for k, v in sums.items() if k.endswith(("_min", "_max"))}, {}, ["a", "b"])
+    # TRL's lines, on the same tensors
+    unscorable = torch.isnan(rewards).all(dim=1)
+    total = (rewards * weights).nansum(dim=1)
+    total[unscorable] = torch.nan
+    group_std = trl_module.nanstd(total.view(-1, 4), dim=1).repeat_interleave(4)
+    lengths_t, ended = torch.tensor(lengths).float(), ~torch.tensor(truncated)
+    trl = {
+        "reward": torch.nanmean(total), "reward_std": trl_module.nanstd(total),
+        "frac_reward_zero_std": torch.isclose(group_std, torch.zeros_like(group_std)).float().mean(),
+        "rewards/a/mean": torch.nanmean(rewards[:, 0]), "rewards/a/std": trl_module.nanstd(rewards[:, 0]),
+        "rewards/b/mean": torch.nanmean(rewards[:, 1]), "rewards/b/std": trl_module.nanstd(rewards[:, 1]),
+        "completions/mean_length": lengths_t.mean(), "completions/min_length": lengths_t.min(), "completions/max_length": lengths_t.max(),
+        "completions/clipped_ratio": (~ended).float().mean(), "completions/mean_terminated_length": lengths_t[ended].mean(),
+        "completions/min_terminated_length": lengths_t[ended].min(), "completions/max_terminated_length": lengths_t[ended].max(),
+    }
+    for key, value in trl.items():
+        assert record[key] == pytest.approx(float(value), abs=1e-6), key
+    # by hand: weighted rewards 1, 1, 1 (group 0, one row unscorable) and 1.5 ×4: mean 9/7; Σ (r − 9/7)² = 3·4/49 + 4·9/196 = 3/7,
+    # over n − 1 = 6: std √(1/14); both groups without spread; terminated lengths 3, 2, 4, 1, 2: mean 2.4
+    assert record["reward"] == pytest.approx(9 / 7) and record["reward_std"] == pytest.approx(math.sqrt(1 / 14))
+    assert record["frac_reward_zero_std"] == 1.0 and record["completions/mean_terminated_length"] == pytest.approx(2.4)

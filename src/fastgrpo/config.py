@@ -200,6 +200,10 @@ class GRPOConfig:
             if not isinstance(getattr(self, name), (dict, type(None))):
                 raise ValueError(f"{name}={getattr(self, name)!r}: give a dict (or its JSON text), or None.")
         for key, value in (self.generation_kwargs or {}).items():
+            if key == "do_sample" and value is True:  # what GRPO always does: nothing to set
+                continue
+            if key == "do_sample":
+                raise ValueError("generation_kwargs['do_sample']=False: GRPO samples (greedy groups have no spread to learn from); remove it.")
             if key not in SAMPLING_KEYS:
                 fix = "use max_completion_length" if key in ("max_new_tokens", "max_tokens") else "remove it"
                 raise ValueError(

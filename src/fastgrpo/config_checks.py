@@ -133,12 +133,6 @@ def validate(c) -> None:
         c.importance_sampling_level in ("token", "sequence"),
         f"importance_sampling_level={c.importance_sampling_level!r}: use 'token' or 'sequence'.",
     )
-    need(
-        c.importance_sampling_level == "token" or c.loss_type not in TOKEN_ONLY_LOSS_TYPES,
-        f"importance_sampling_level='sequence' does not combine with loss_type={c.loss_type!r}, whose weight is "
-        f"defined per token (vespo: built from the per-token ratios); use importance_sampling_level='token', or "
-        f"loss_type 'grpo', 'bnpo', 'dapo', 'dr_grpo' or 'luspo'.",
-    )
     need(c.sapo_temperature_pos > 0 and c.sapo_temperature_neg > 0, "sapo temperatures must be positive, e.g. 1.0 and 1.05.")
     for name in ("vespo_k_pos", "vespo_k_neg", "vespo_lambda_pos", "vespo_lambda_neg"):
         need(getattr(c, name) >= 0, f"{name}={getattr(c, name)}: VESPO's kernel w^k·e^(λ(1−w)) needs k, λ ≥ 0; use e.g. 2.0 or 3.0.")
@@ -184,7 +178,10 @@ def warn_like_trl(c) -> None:
             "'sequence' to mirror the paper's setup (token level sums per-token clipped terms per sequence).",
             stacklevel=5,
         )
-    if c.importance_sampling_level == "sequence" and c.loss_type in ("bnpo", "dr_grpo", "dapo"):
+    if c.loss_type == "vespo" and c.importance_sampling_level != "token":
+        warnings.warn("VESPO computes sequence-level importance weights internally. `importance_sampling_level` should be "
+                      "set to `'token'` (the default).", stacklevel=5)
+    if c.importance_sampling_level == "sequence" and c.loss_type in ("bnpo", "dr_grpo", "dapo", "cispo"):
         warnings.warn(
             f"importance_sampling_level='sequence' with loss_type={c.loss_type!r} sums per-token contributions, which "
             "weights each sequence by its length instead of optimizing the per-sequence objective; GSPO's setup is "

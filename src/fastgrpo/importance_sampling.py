@@ -104,11 +104,13 @@ class SamplingCorrection(NamedTuple):
     """The correction one run applies: GRPOConfig's fields of the same names, as plain values.
 
     Call: `(advantages (B,), logps (B, T), old_logps (B, T), sampling_logps (B, T) or None, mask (B, T))
-    → (weight or None, metrics)`: the factor on the per-token policy loss — TRL's
+    → (weight or None, metrics, vespo_ratio or None)`: the factor on the per-token policy loss — TRL's
     IS ratio where the correction is on and the sampler has log-probs of its own,
     times the off-policy mask where `off_policy_mask_threshold` is set (on the
     sampler's log-probs, else π_old's, as TRL) — and `mismatch_metrics` ({} without
-    sampler log-probs). Order and products as TRL's `_compute_loss`.
+    sampler log-probs). For loss_type="vespo" the IS ratio is not a factor on the
+    loss but `vespo_ratio`, folded into vespo's sequence weight φ(w) (TRL's
+    `get_gamma_weights(importance_sampling_ratio=…)`). Order and products as TRL's `_compute_loss`.
     """
 
     correction: bool
@@ -116,31 +118,36 @@ class SamplingCorrection(NamedTuple):
     clip_min: float | None
     clip_max: float | None
     off_policy_threshold: float | None
+    into_vespo: bool = False  # loss_type == "vespo": the ratio goes into φ(w), not onto the loss
 
     @classmethod
     def from_config(cls, args, own_weights: bool = False) -> SamplingCorrection:
-        """The values of a `GRPOConfig`'s fields of the same names; `own_weights`: the sampler samples from its own (bf16) copy.
+        """The values of a `GRPOConfig`'s fields of the same names; `own_weights`: the sampler samples from its own copy (TRL's use_vllm).
 
         Raises:
-            ValueError: loss_type="vespo" with the correction on and a sampler of its own weights: TRL folds the
-                ratio into vespo's sequence weight φ(w) instead of weighting the loss, which fastgrpo does not do.
+            ValueError: loss_type="vespo" with the correction on, a sampler of its own weights and a sequence mode:
+                φ(w) folds in per-token ratios, so TRL 1.16 refuses it in the same words (token modes train).
         """
-        if own_weights and args.loss_type == "vespo" and args.vllm_importance_sampling_correction:
+        if own_weights and args.loss_type == "vespo" and args.vllm_importance_sampling_correction \
+                and args.vllm_importance_sampling_mode not in ("token_truncate", "token_mask"):
             raise ValueError(
-                "loss_type='vespo' with vllm_importance_sampling_correction=True while the sampler samples from its own bf16 "
-                "weights: TRL folds that ratio into vespo's φ(w), which fastgrpo does not; set "
-                "vllm_importance_sampling_correction=False, or bf16=False (then sampling is π_old and nothing needs correcting)."
+                "VESPO loss requires `vllm_importance_sampling_mode` to be either 'token_truncate' or 'token_mask'. "
+                f"Got: {args.vllm_importance_sampling_mode} (TRL's check: the sampler samples from its own bf16 weights here; "
+                "or set vllm_importance_sampling_correction=False, or bf16=False)."
             )
         return cls(args.vllm_importance_sampling_correction, args.vllm_importance_sampling_mode, args.vllm_importance_sampling_clip_min,
-                   args.vllm_importance_sampling_clip_max, args.off_policy_mask_threshold)
+                   args.vllm_importance_sampling_clip_max, args.off_policy_mask_threshold, args.loss_type == "vespo")
 
-    def __call__(self, advantages, logps, old_logps, sampling_logps, mask) -> tuple[torch.Tensor | None, dict]:
-        weight, metrics = None, {}
+    def __call__(self, advantages, logps, old_logps, sampling_logps, mask) -> tuple[torch.Tensor | None, dict, torch.Tensor | None]:
+        weight, metrics, vespo_ratio = None, {}, None
         if self.off_policy_threshold is not None:
             sampled = sampling_logps if sampling_logps is not None else old_logps
             weight = off_policy_mask(advantages.unsqueeze(-1), logps, sampled, mask, self.off_policy_threshold)
         if self.correction and sampling_logps is not None:
             ratio = importance_sampling_ratio(old_logps, sampling_logps, mask, self.mode, self.clip_min, self.clip_max)
             metrics = mismatch_metrics(old_logps, sampling_logps, ratio, mask)
-            weight = ratio if weight is None else weight * ratio
-        return weight, metrics
+            if self.into_vespo:
+                vespo_ratio = ratio
+            else:
+                weight = ratio if weight is None else weight * ratio
+        return weight, metrics, vespo_ratio

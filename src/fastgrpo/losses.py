@@ -289,6 +289,42 @@ LOSS_TYPES = {
 }
 
 
+CLIPPED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")  # TRL logs clip_ratio/* for these, cispo_clip_ratio for cispo
+
+
+def clip_metrics(low: torch.Tensor, high: torch.Tensor, mask: torch.Tensor, level: str, cispo_only: bool = False) -> dict:
+    """Sums behind TRL 1.16's clip metrics (`_compute_loss`) for one micro-batch.
+
+    TRL's `global_masked_mean`: over the active tokens at importance_sampling_level
+    "token", over the micro-batch's sequences (one ratio each) at "sequence";
+    its `clip_ratio/low_min` / `high_max`: the least / greatest per-sequence
+    fraction (sequences with no active token left out).
+
+    Args:
+        low, high: (B, T) bool, the `Objective`'s clip flags (one value per sequence at "sequence").
+        mask: (B, T) loss mask.
+        level: importance_sampling_level.
+        cispo_only: cispo's one metric (TRL's `cispo_clip_ratio`, from `high`).
+    Returns:
+        Tensors: clip_units (the denominator), and clip_low, clip_high, clip_region,
+        clip_low_min, clip_high_max, or cispo_clipped alone.
+    """
+    active = mask.bool()
+    low, high = low & active, high & active
+    if level == "sequence":  # one value per sequence: a sequence counts once, whatever its length
+        low, high, active = low.any(-1, keepdim=True), high.any(-1, keepdim=True), torch.ones(len(mask), 1, dtype=torch.bool, device=mask.device)
+    units = active.sum().float()
+    if cispo_only:
+        return {"cispo_clipped": high.sum().float(), "clip_units": units}
+    rows = active.any(-1)
+    per_seq = lambda flags: flags.sum(-1).float()[rows] / active.sum(-1)[rows]  # noqa: E731
+    zero = torch.zeros((), device=mask.device)
+    return {
+        "clip_low": low.sum().float(), "clip_high": high.sum().float(), "clip_region": (low | high).sum().float(), "clip_units": units,
+        "clip_low_min": per_seq(low).min() if rows.any() else zero, "clip_high_max": per_seq(high).max() if rows.any() else zero,
+    }
+
+
 class LossOutput(NamedTuple):
     """`grpo_loss` result: the scalar to backpropagate and metric sums over active tokens."""
 
@@ -314,6 +350,7 @@ def grpo_loss(
     vespo_lambda_pos: float = 3.0,
     vespo_k_neg: float = 3.0,
     vespo_lambda_neg: float = 2.0,
+    vespo_ratio: torch.Tensor | None = None,
     beta: float = 0.0,
     per_token_kl: torch.Tensor | None = None,
     use_bias_correction_kl: bool = True,
@@ -342,10 +379,12 @@ def grpo_loss(
             entropy bonus; its coefficient may be 0 this step, entropy_control.py).
         policy_weight: (B, T) or (B, 1) factor on the policy term, no gradient (TRL's
             sampler importance ratio × off-policy mask, importance_sampling.py); None: 1.
+        vespo_ratio: (B, T) or (B, 1) the sampler's IS ratio that vespo folds into φ(w) (TRL's), no gradient; None: none.
         The other keywords are `ObjectiveParams` (objectives.py).
     Returns:
-        `LossOutput`. Metric sums (over `mask`): clip_low, clip_high,
-        clip_region, kl (to π_ref), kl_old (k3 KL(π_θ‖π_old)), tokens; with
+        `LossOutput`. Metric sums (over `mask`): kl_old (k3 KL(π_θ‖π_old)), tokens,
+        kl (to π_ref, the term as the loss weighs it: k3·ρ with use_bias_correction_kl,
+        TRL's `kl`), the `clip_metrics` of the clipped types and cispo; with
         `entropy`: policy_loss (the loss without the bonus), bonus_entropy and
         bonus_tokens (Σ H and the count over the bonus's tokens, for the
         adaptive coefficient); for vespo: vespo/phi_seq (Σ φ(w)) and sequences.
@@ -362,9 +401,11 @@ def grpo_loss(
     logps, old_logps = masked(logps, mask), masked(old_logps, mask)  # finite everywhere from here on
     log_ratio = log_importance_weights(logps, old_logps, mask, importance_sampling_level)
     params = ObjectiveParams(
-        epsilon_low, epsilon_high, delta, temperature_pos, temperature_neg, vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg
+        epsilon_low, epsilon_high, delta, temperature_pos, temperature_neg, vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg,
+        vespo_ratio,
     )
-    out = objective(log_ratio, logps, advantages.unsqueeze(-1), params)
+    token_ratio = log_ratio if importance_sampling_level == "token" else log_importance_weights(logps, old_logps, mask)
+    out = objective(token_ratio if loss_type == "vespo" else log_ratio, logps, advantages.unsqueeze(-1), params)  # vespo: per-token ρ at any level (TRL)
     policy_mask = mask if policy_mask is None else mask * policy_mask
     per_token = masked(out.loss, policy_mask)
     if policy_weight is not None:
@@ -379,16 +420,11 @@ def grpo_loss(
         loss = policy_loss - entropy_coef * entropy_bonus(entropy, policy_mask, counts)
 
     with torch.no_grad():
-        low, high = out.clipped_low & mask.bool(), out.clipped_high & mask.bool()
-        metrics = {
-            "clip_low": low.sum().float(),
-            "clip_high": high.sum().float(),
-            "clip_region": (low | high).sum().float(),
-            "kl_old": masked_sum(kl_k3(logps, old_logps), mask),
-            "tokens": mask.sum(),
-        }
-        if per_token_kl is not None:
-            metrics["kl"] = per_token_kl.sum()
+        metrics = {"kl_old": masked_sum(kl_k3(logps, old_logps), mask), "tokens": mask.sum()}
+        if loss_type in CLIPPED_LOSS_TYPES or loss_type == "cispo":
+            metrics.update(clip_metrics(out.clipped_low, out.clipped_high, mask, importance_sampling_level, loss_type == "cispo"))
+        if per_token_kl is not None:  # TRL's `kl`: the KL term as the loss has it (k3·ρ with the bias correction)
+            metrics["kl"] = masked_sum(kl_term if beta > 0 else per_token_kl, mask)
         if entropy is not None:
             metrics.update(policy_loss=policy_loss.detach(), bonus_entropy=masked_sum(entropy.detach(), policy_mask), bonus_tokens=policy_mask.sum())
         if out.seq_weight is not None:

@@ -141,7 +141,7 @@ class MetricsLog:
         """Append one record, print its key numbers, send it to trackers."""
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(record) + "\n")
-        keys = ("loss", "reward", "reward_std", "kl_old", "clip_region", "completion_length", "grad_norm", "learning_rate",
+        keys = ("loss", "reward", "reward_std", "kl_old", "clip_ratio/region_mean", "completions/mean_length", "grad_norm", "learning_rate",
                 "dynamic_sampling/reward_before", "dynamic_sampling/keep_rate")  # the last two with filter_groups only
         shown = "  ".join(f"{k} {record[k]:.4g}" for k in keys if k in record)
         self.console.print(f"step {record['step']:>5}  {shown}", soft_wrap=True)  # one line at any width: `grep ^step` gets whole lines
@@ -186,32 +186,43 @@ class MetricsLog:
 def rollout_metrics(rollout, reward_names: list[str], weights: torch.Tensor, num_generations: int) -> dict[str, float]:
     """Sums (and extremes) describing one rollout, for a logging window.
 
-    Keys: completions, reward_sum, group_std_sum (n − 1 std per group), groups,
-    zero_std_groups (groups of equal rewards: no learning signal),
+    Keys: completions, reward_sum and reward_sqsum (weighted rewards of the
+    scorable completions), scorable, groups,
+    zero_std_groups (groups whose rewards' std is 0, TRL's `isclose`: no learning signal),
     reward_none (completions no reward function applied to),
+    terminated_length_sum/_min/_max and terminated (completions that ended with EOS),
     rewards/<name>_sum, _sqsum and _count (applicable completions only),
     completion_length_sum/_min/_max (tokens), completion_tokens, truncated,
     truncated_prompts; with tools, tool_calls and tool_failures. Lengths count
     the model's tokens only (tool/environment replies excluded, as TRL logs them).
     """
     rewards = rollout.rewards.to(weights.device)
+    scorable = ~torch.isnan(rewards).all(dim=-1)  # TRL: a completion no reward applied to is left out of reward / reward_std
     total = torch.nansum(rewards * weights, dim=-1)  # (N,) as the advantages saw it
-    groups = total.view(-1, num_generations)  # (num_prompts, G)
+    groups = torch.where(scorable, total, torch.nan).view(-1, num_generations)  # (num_prompts, G)
+    centred = groups - torch.nanmean(groups, dim=1, keepdim=True)  # TRL's nanstd per group: NaN-aware, n − 1
+    count = (~torch.isnan(groups)).sum(dim=1)
+    group_std = torch.sqrt(torch.nanmean(centred.square(), dim=1) * count / (count - 1))
     lengths = rollout.model_mask().sum(-1).float()
+    ended = lengths[~rollout.is_truncated]
     out = {
         "completions": len(rollout),
-        "reward_sum": float(total.sum()),
+        "reward_sum": float(total[scorable].sum()),
+        "reward_sqsum": float(total[scorable].double().square().sum()),
+        "scorable": float(scorable.sum()),
         "completion_length_sum": float(lengths.sum()),
         "completion_length_min": float(lengths.min()),
         "completion_length_max": float(lengths.max()),
+        "terminated_length_sum": float(ended.sum()), "terminated": float(len(ended)),
         "completion_tokens": float(lengths.sum()),
         "truncated": float(rollout.is_truncated.sum()),
         "truncated_prompts": float(rollout.num_truncated_prompts),
-        "group_std_sum": float(groups.std(dim=1).sum()),
         "groups": groups.shape[0],
-        "zero_std_groups": float((groups == groups[:, :1]).all(dim=1).sum()),
-        "reward_none": float(torch.isnan(rewards).all(dim=-1).sum()),  # no reward applied: Â = 0
+        "zero_std_groups": float(torch.isclose(group_std, torch.zeros_like(group_std)).sum()),  # NaN std (≤ 1 reward) is not 0, as TRL
+        "reward_none": float((~scorable).sum()),  # no reward applied: Â = 0
     }
+    if len(ended):
+        out.update(terminated_length_min=float(ended.min()), terminated_length_max=float(ended.max()))
     if rollout.tool_calls is not None:
         out.update(tool_calls=float(rollout.tool_calls), tool_failures=float(rollout.tool_failures))
     for k, name in enumerate(reward_names):
@@ -280,8 +291,10 @@ def window_record(step: int, sums: dict, extremes: dict, seconds: dict, reward_n
     mean("entropy_coef", "steps")
     mean("vespo/phi_seq", "sequences", "vespo/phi_seq_mean")
     mean("grad_norm", "steps")
-    mean("reward_sum", "completions", "reward")
-    mean("group_std_sum", "groups", "reward_std")
+    mean("reward_sum", "scorable", "reward")  # TRL's: over the completions some reward applied to
+    if sums.get("scorable", 0) > 1:  # TRL's nanstd of the weighted rewards over the batch (n − 1)
+        n, total = sums["scorable"], sums["reward_sum"]
+        record["reward_std"] = math.sqrt(max(sums["reward_sqsum"] - total * total / n, 0.0) / (n - 1))
     mean("zero_std_groups", "groups", "frac_reward_zero_std")
     mean("reward_none", "completions", "frac_reward_none")
     # dynamic sampling (dynamic_sampling.py): fresh groups sampled vs kept, before the filter, carry-over
@@ -294,16 +307,29 @@ def window_record(step: int, sums: dict, extremes: dict, seconds: dict, reward_n
     mean("ds_zero_std_sampled", "ds_sampled_groups", "dynamic_sampling/frac_reward_zero_std_before")
     mean("ds_reward_sampled", "ds_completions_sampled", "dynamic_sampling/reward_before")
     record.update(reward_stats(sums, reward_names, "rewards"))
-    mean("completion_length_sum", "completions", "completion_length")
-    record.update({k: v for k, v in extremes.items() if k.startswith("completion_length")})
-    mean("truncated", "completions", "clipped_ratio")
+    mean("completion_length_sum", "completions", "completions/mean_length")  # TRL's completions/* (model tokens only)
+    for key, name in (("completion_length_min", "min_length"), ("completion_length_max", "max_length"),
+                      ("terminated_length_min", "min_terminated_length"), ("terminated_length_max", "max_terminated_length")):
+        if key in extremes:
+            record[f"completions/{name}"] = extremes[key]
+    if "terminated" in sums:  # TRL logs 0 when no completion ended with EOS
+        record["completions/mean_terminated_length"] = sums["terminated_length_sum"] / sums["terminated"] if sums["terminated"] else 0.0
+        record.setdefault("completions/min_terminated_length", 0.0)
+        record.setdefault("completions/max_terminated_length", 0.0)
+    mean("truncated", "completions", "completions/clipped_ratio")
     mean("tool_calls", "completions", "tools/call_frequency")  # TRL's: calls per completion, failures per call
     if "tool_calls" in sums:
         record["tools/failure_frequency"] = sums["tool_failures"] / sums["tool_calls"] if sums["tool_calls"] > 0 else 0.0
     if "truncated_prompts" in sums:
         record["truncated_prompts"] = int(sums["truncated_prompts"])
-    for key in ("kl", "kl_old", "entropy", "clip_low", "clip_high", "clip_region"):
+    for key in ("kl", "kl_old", "entropy"):
         mean(key, "tokens")
+    for key, name in (("clip_low", "low_mean"), ("clip_high", "high_mean"), ("clip_region", "region_mean")):  # TRL's names (losses.clip_metrics)
+        mean(key, "clip_units", f"clip_ratio/{name}")
+    mean("cispo_clipped", "clip_units", "cispo_clip_ratio")
+    for key, name in (("clip_low_min", "clip_ratio/low_min"), ("clip_high_max", "clip_ratio/high_max")):
+        if key in extremes:
+            record[name] = extremes[key]
     for key in sums:
         if key.endswith(USER_SUM):  # reward functions' log_metric values: mean over the window
             mean(key, key[: -len(USER_SUM)] + USER_COUNT, key[: -len(USER_SUM)])

@@ -31,6 +31,7 @@ class ObjectiveParams(NamedTuple):
     vespo_lambda_pos: float = 3.0  # … and decay λ (down-weights w > 1)
     vespo_k_neg: float = 3.0  # VESPO kernel for Â < 0
     vespo_lambda_neg: float = 2.0
+    vespo_ratio: torch.Tensor | None = None  # (B, T) or (B, 1) the sampler–trainer IS ratio π_old/μ_s folded into w (TRL's)
 
 
 class Objective(NamedTuple):
@@ -56,8 +57,9 @@ def clipped_surrogate(log_ratio, logps, advantages, params: ObjectiveParams) -> 
         advantages: (B, 1) or (B, T) Â.
     Returns:
         `Objective`; `clipped_low` marks Â < 0 tokens with ρ < 1 − ε_low,
-        `clipped_high` marks Â > 0 tokens with ρ > 1 + ε_high or Â < 0 tokens
-        with ρ > δ: exactly the tokens whose gradient the clip zeroes.
+        `clipped_high` marks Â > 0 tokens with ρ > 1 + ε_high: TRL's
+        `clip_ratio/low_mean` and `/high_mean` (the tokens δ bounds, Â < 0 with
+        ρ > δ, are not counted, as TRL counts them not either).
     """
     p = params
     ratio = torch.exp(log_ratio)
@@ -66,8 +68,6 @@ def clipped_surrogate(log_ratio, logps, advantages, params: ObjectiveParams) -> 
     loss = -torch.min(unclipped * advantages, clipped * advantages)
     low = (ratio < 1 - p.epsilon_low) & (advantages < 0)
     high = (ratio > 1 + p.epsilon_high) & (advantages > 0)
-    if p.delta is not None:
-        high = high | ((ratio > p.delta) & (advantages < 0))
     return Objective(loss, low, high)
 
 
@@ -79,12 +79,12 @@ def cispo(log_ratio, logps, advantages, params: ObjectiveParams) -> Objective:
     token keeps a gradient (none is zeroed, unlike the PPO clip).
 
     Returns:
-        `Objective`; `clipped_high` marks tokens whose weight was truncated.
+        `Objective`; `clipped_high` marks Â > 0 tokens whose weight was truncated (TRL's `cispo_clip_ratio`).
     """
     ratio = torch.exp(log_ratio)
     weight = torch.clamp(ratio, max=1 + params.epsilon_high).detach()
     loss = -weight * advantages * logps
-    return Objective(loss, torch.zeros_like(ratio, dtype=torch.bool), ratio > 1 + params.epsilon_high)
+    return Objective(loss, torch.zeros_like(ratio, dtype=torch.bool), (ratio > 1 + params.epsilon_high) & (advantages > 0))
 
 
 def sapo(log_ratio, logps, advantages, params: ObjectiveParams) -> Objective:
@@ -123,6 +123,9 @@ def vespo(log_ratio, logps, advantages, params: ObjectiveParams) -> Objective:
     hard clip. φ is detached, so the gradient is φ(w)·Â·∇log π_θ per token. As
     TRL 1.16 computes it: in log space, log ρ_t clamped to [−20, 20] before the
     sum, log w clamped to [log 1e-8, 20], λ ≥ 1e-4, a non-finite φ read as 0.
+    With the sampler–trainer correction (`params.vespo_ratio`), w is the ratio to
+    the sampler's distribution: Σ_t log ρ_t + Σ log(π_old/μ_s), each log ratio
+    clamped to [log 1e-8, 20] (TRL 1.16 folds it in so; the loss is not weighted by it).
 
     Args:
         log_ratio: (B, T) per-token log ρ, 0 at masked positions (token level).
@@ -135,6 +138,8 @@ def vespo(log_ratio, logps, advantages, params: ObjectiveParams) -> Objective:
     p = params
     with torch.no_grad():
         log_w = log_ratio.clamp(-_LOG_RATIO_BOUND, _LOG_RATIO_BOUND).sum(-1, keepdim=True)  # (B, 1) Σ_t log ρ_t
+        if p.vespo_ratio is not None:  # w = π_θ/π_old · π_old/μ_s, the sampler's ratio in log space (TRL's clamp)
+            log_w = log_w + torch.log(p.vespo_ratio).clamp(_LOG_W_MIN, _LOG_W_MAX).sum(-1, keepdim=True)
         log_w = log_w.clamp(_LOG_W_MIN, _LOG_W_MAX)
         nonneg = advantages >= 0
         k = torch.where(nonneg, torch.full_like(advantages, p.vespo_k_pos), torch.full_like(advantages, p.vespo_k_neg))

@@ -311,14 +311,14 @@ class GRPOTrainer(TRLMethods):
                     if capture_old and rollout.old_logps is not None:  # π_old for free where unset: the policy has not moved yet
                         old = torch.where(torch.isnan(old), logps.detach(), old)
                         rollout.old_logps[rows[j], : logps.shape[1]] = old
-                    weight, mismatch = self.correction(mb.advantages, logps.detach(), old, mb.sampling_logps, mask)
+                    weight, mismatch, vespo_ratio = self.correction(mb.advantages, logps.detach(), old, mb.sampling_logps, mask)
                     out = grpo_loss(
                         logps, old, mb.advantages, mask, counts, loss_type=a.loss_type, epsilon_low=a.epsilon,
                         epsilon_high=a.epsilon_high, delta=a.delta, importance_sampling_level=a.importance_sampling_level,
                         temperature_pos=a.sapo_temperature_pos, temperature_neg=a.sapo_temperature_neg, beta=a.beta,
                         per_token_kl=self._kl(stats, mb) if a.beta > 0 else None,
                         use_bias_correction_kl=a.use_bias_correction_kl, policy_mask=self._entropy_mask(entropy.detach(), mask), policy_weight=weight,
-                        vespo_k_pos=a.vespo_k_pos, vespo_lambda_pos=a.vespo_lambda_pos, vespo_k_neg=a.vespo_k_neg, vespo_lambda_neg=a.vespo_lambda_neg,
+                        vespo_k_pos=a.vespo_k_pos, vespo_lambda_pos=a.vespo_lambda_pos, vespo_k_neg=a.vespo_k_neg, vespo_lambda_neg=a.vespo_lambda_neg, vespo_ratio=vespo_ratio,
                         entropy=entropy if self.entropy_control else None, entropy_coef=self.entropy_control.applied() if self.entropy_control else 0.0,
                     )
                     acc.backward(out.loss)

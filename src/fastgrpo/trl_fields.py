@@ -51,7 +51,7 @@ TRL_FIELDS: dict[str, TrlField] = {
     "torch_compile": TrlField(False, (False,), "torch.compile is not wired in; remove it"),
     "torch_compile_backend": TrlField(None, ANY),
     "torch_compile_mode": TrlField(None, ANY),
-    "use_liger_kernel": TrlField(False, (False,), "Liger kernels are not supported; fastgrpo takes log-probs one sequence at a time without a full (B, T, V) log-softmax"),
+    "use_liger_kernel": TrlField(False, (False, True)),  # True: TRL's fused, chunked head + GRPO loss; fastgrpo's head is always chunked (logprobs.py)
     "liger_kernel_config": TrlField(None, ANY),
     "use_cache": TrlField(False, ANY),  # training forwards never use the KV cache; generation always does
     "neftune_noise_alpha": TrlField(None, (None,), "NEFTune noise is not supported in GRPO; remove it"),

@@ -17,9 +17,15 @@ from .losses import entropy_threshold, high_entropy_mask
 
 
 class TRLMethods:
-    """TRL 1.16 `GRPOTrainer` helpers; the class using it provides `accelerator`."""
+    """TRL 1.16 `GRPOTrainer` helpers; the class using it provides `accelerator` (and `entropy_control` for `entropy_coef`)."""
 
     get_off_policy_mask = staticmethod(off_policy_mask)  # TRL's static method, same signature (importance_sampling.py)
+
+    @property
+    def entropy_coef(self) -> float:
+        """TRL's `trainer.entropy_coef`: the entropy bonus's current coefficient c (adaptive: as it has moved); 0.0 when off."""
+        control = self.entropy_control  # None: no bonus
+        return control.coef if control is not None else 0.0
 
     def get_high_entropy_mask(self, entropies: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.Tensor:
         """TRL's method: (B, T) bool, active tokens whose entropy is ≥ the `threshold` quantile (in [0, 1]) of the

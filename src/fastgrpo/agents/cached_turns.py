@@ -37,7 +37,8 @@ class _TurnCache(_Cache):
 
     slot s holds row `row[s]`; `column[s]` is its next free column, `position[s]`
     its next position id, `tokens[s]` the ids written so far (for the logits
-    processors), `pending[s]` its last sampled token (not yet in the cache).
+    processors; columns from `column[s]` on are not the row's and are never read
+    as its tokens), `pending[s]` its last sampled token (not yet in the cache).
     """
 
     def __init__(self, lm, N: int, L: int, device, pad_token_id: int):
@@ -173,7 +174,10 @@ class CachedTurns:
                     "(a diverged run, or a bad checkpoint): resume from an earlier checkpoint or reload the model."
                 )
             n = len(index)
-            history = cache.tokens[:n, : int(cache.column[:n].max())]
+            width = int(cache.column[:n].max())
+            history = cache.tokens[:n, :width]  # rows hold different lengths: a shorter row's tail is not its own
+            own = torch.arange(width, device=device) < cache.column[:n, None]
+            history = torch.where(own, history, history[:, :1])  # … so it repeats the row's first token (a set keeps, as fill_pads)
             scores = s.processors(history, logits)
             uniform = torch.rand(N, 1, device=device, dtype=torch.float64)[cache.row[:n]]
             token = _inverse_cdf(scores.softmax(-1), uniform)  # (n,)

@@ -5,7 +5,9 @@
 It gets this process's B prompts once (not G times) and returns G
 completions per prompt, groups contiguous: N = B·G entries per list. Each
 `completion_ids[i]` is the whole completion (every turn); `logprobs[i]` has
-one value per token; `env_mask[i]` marks the model's tokens 1 and the
+one value per token (None or NaN where the sampler has none: that token's
+sampler–trainer ratio is 1 and it is left out of `sampling/sampling_logp_difference/*`,
+as TRL 1.16); `env_mask[i]` marks the model's tokens 1 and the
 environment's 0 (TRL's `tool_mask`). Every other key reaches the reward
 functions as a keyword.
 
@@ -14,6 +16,7 @@ Not here: scoring (rollout.collect), the built-in multi-turn loop (multiturn.py)
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -95,5 +98,5 @@ class RolloutFunc:
             is_truncated=torch.tensor([not c or c[-1] not in self.eos for c in completion_ids], device=self.device),
             prompts=repeated, completions=completions,
             tool_mask=None if env_mask is None else right([list(m) for m in env_mask], 1),
-            reward_kwargs=extra, sampling_logps=right([[float(v) for v in lp] for lp in output["logprobs"]], 0.0).float(),
+            reward_kwargs=extra, sampling_logps=right([[math.nan if v is None else float(v) for v in lp] for lp in output["logprobs"]], 0.0).float(),
         )
