@@ -1,4 +1,4 @@
-"""FLOPs of an optimizer step and of a decode step, counted from what actually runs.
+"""FLOPs of an optimizer step, counted from what actually runs.
 
 Update (one optimizer step, `step_flops`): every micro-batch is one packed row
 of L tokens (logprobs.pack: pads removed, a group's prompt once) of which n are
@@ -12,10 +12,6 @@ completion tokens whose log-prob is taken.
 - attention: QKᵀ and AV over the whole packed row, H_attn = heads × head_dim:
   4·L²·H_attn per layer forward, twice that backward (the kernel computes the
   full L × L with a custom mask).
-
-Decoding (`decode_flops`): one step for `rows` sequences with a cache of `context`
-tokens: 2·(N_body + V·H)·rows + 4·rows·context·H_attn per layer; its weight-read
-bound is the bytes of every weight read once per step at the measured read bandwidth.
 
 Not here: measuring the peaks (bf16_peaks.py, worker.linear_peak).
 """
@@ -65,24 +61,3 @@ def step_flops(model, rows: list[tuple[int, int]]) -> dict:
     attention = sum(12 * L * L * s["attn_width"] * s["layers"] for L, _ in rows)
     return {"tokens": tokens, "head_tokens": head_tokens, "body": body, "head": head, "head_recompute": recompute,
             "attention": attention, "model_6NT": 6 * (s["body"] + s["head"]) * tokens, "total": body + head + recompute + attention}
-
-
-def decode_flops(model, rows: int, context: int) -> dict:
-    """FLOPs and weight bytes of one decode step for `rows` sequences over a `context`-token cache."""
-    s = model_sizes(model)
-    flops = 2 * (s["body"] + s["head"]) * rows + 4 * rows * context * s["attn_width"] * s["layers"]
-    return {"flops": flops, "weight_elements": s["body"] + s["head"]}
-
-
-def read_bandwidth(megabytes: int = 512, repeats: int = 3) -> float:
-    """Bytes/s of a full read of a `megabytes` fp32 tensor (`sum`), best of `repeats`: the weight-read bound's rate."""
-    import time
-
-    x = torch.ones(megabytes * 2**20 // 4)
-    x.sum()
-    best = 0.0
-    for _ in range(repeats):
-        start = time.perf_counter()
-        x.sum()
-        best = max(best, x.numel() * 4 / (time.perf_counter() - start))
-    return best
