@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from .losses import entropy_from_logits, kl_full, selective_log_softmax
+from .weight_sync import WorkingCopy
 
 # Tokens per LM-head chunk: a (256, 49 152) fp32 block is 50 MB for SmolLM2, about
 # the padded micro-batch's whole (4, 64, V) logits, while 256 rows keep the head
@@ -196,72 +197,89 @@ class ChunkedHead(torch.autograd.Function):
     """Log-prob, entropy and exact KL of tokens from last hidden states, one chunk of logits at a time.
 
     forward(hidden (n, H), weight (V, H), bias (V,) or None, labels (n,), temperature,
-            ref_hidden (n, H) or None, ref_weight (V, H) or None, ref_bias or None, chunk, entropy_grad)
+            ref_hidden (n, H) or None, ref_weight (V, H) or None, ref_bias or None, chunk, entropy_grad,
+            weight_copy (V, H) in the product dtype or None)
       → logps (n,), entropy (n,), kl (n,) (zeros without π_ref).
 
-    Each chunk's logits z = (h Wᵀ + b) / τ are computed in fp32 after the matmul
-    (in the autocast dtype when autocast is on, as the model's own head would be),
+    Each chunk's logits z = (h Wᵀ + b) / τ are a product in the autocast dtype
+    when autocast is on (as the model's own head would be), then widened to fp32,
     reduced and freed; backward recomputes them. With g_ℓ, g_KL, g_H the incoming
     gradients, ∂/∂z = g_ℓ (onehot(y) − p) + g_KL p (log p − log q − KL)
-    − g_H p (log p + H), then ∂h = (∂z / τ) W and ∂W = (∂z / τ)ᵀ h. Entropy has
-    a gradient only with `entropy_grad` (the entropy bonus); else it is a metric.
-    π_ref's tensors take no gradient. A tied head (embedding = head) receives its
-    gradient through `weight` like any other use of the parameter.
+    − g_H p (log p + H) = p ⊙ (−g_H log p + g_KL (log p − log q) + c) + g_ℓ onehot(y)
+    with c = −g_ℓ − g_KL KL − g_H H per token; then ∂h = (∂z / τ) W
+    and ∂W = (∂z / τ)ᵀ h. Entropy has a gradient only with `entropy_grad` (the
+    entropy bonus); else it is a metric. π_ref's tensors take no gradient. A tied
+    head (embedding = head) receives its gradient through `weight` like any other
+    use of the parameter.
+
+    Speed (docs/benchmarks.md, "The bf16 update"): the weight is cast to the
+    product dtype once per call (not per chunk), or not at all when `weight_copy`
+    (the working copy's, weight_sync.py) is given; its gradient stays in `weight`'s dtype; and every (chunk, V) block lives
+    in buffers allocated once per call and overwritten in place: a fresh
+    (256, 49 152) fp32 block per op (tens of MB, served by the kernel's page
+    faults) made the head's elementwise work ~8× slower than the arithmetic.
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, temperature, ref_hidden, ref_weight, ref_bias, chunk, entropy_grad=False):
+    def forward(ctx, hidden, weight, bias, labels, temperature, ref_hidden, ref_weight, ref_bias, chunk, entropy_grad=False, weight_copy=None):
         dtype = torch.get_autocast_dtype(hidden.device.type) if torch.is_autocast_enabled(hidden.device.type) else weight.dtype
-        ctx.save_for_backward(hidden, weight, bias, labels, ref_hidden, ref_weight, ref_bias)
+        ctx.save_for_backward(hidden, weight, bias, labels, ref_hidden, ref_weight, ref_bias, weight_copy)
         ctx.temperature, ctx.chunk, ctx.dtype, ctx.entropy_grad = temperature, chunk, dtype, entropy_grad
         n = hidden.shape[0]
         logps, entropy, kl = (torch.zeros(n, dtype=_wide(dtype), device=hidden.device) for _ in range(3))
         with torch.autocast(hidden.device.type, enabled=False):
+            head = _Head(weight if weight_copy is None else weight_copy, bias, temperature, dtype, min(chunk, n))
+            ref = _Head(ref_weight, ref_bias, temperature, dtype, min(chunk, n), probs=False) if ref_hidden is not None else None
             for start in range(0, n, chunk):
                 part = slice(start, start + chunk)
-                logp = _chunk_log_softmax(hidden[part], weight, bias, temperature, dtype)  # (c, V)
+                logp, p = head(hidden[part])  # (c, V) each, views of the head's buffers
                 logps[part] = logp.gather(-1, labels[part, None]).squeeze(-1)
-                p = logp.exp()
-                entropy[part] = -(p * logp).sum(-1)
-                if ref_hidden is not None:
-                    ref_logp = _chunk_log_softmax(ref_hidden[part], ref_weight, ref_bias, temperature, dtype)
-                    kl[part] = (p * (logp - ref_logp)).sum(-1)
+                entropy[part] = -_rowdot(p, logp)
+                if ref is not None:
+                    kl[part] = _rowdot(p, _log_ratio(logp, ref(ref_hidden[part])[0]))
         if not entropy_grad:
             ctx.mark_non_differentiable(entropy)
         return logps, entropy, kl
 
     @staticmethod
     def backward(ctx, grad_logps, grad_entropy, grad_kl):
-        hidden, weight, bias, labels, ref_hidden, ref_weight, ref_bias = ctx.saved_tensors
-        tau, dtype = ctx.temperature, ctx.dtype
+        hidden, weight, bias, labels, ref_hidden, ref_weight, ref_bias, weight_copy = ctx.saved_tensors
+        tau, dtype, n = ctx.temperature, ctx.dtype, hidden.shape[0]
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]  # a frozen head (LoRA) skips its (V, H) products
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
-        grad_weight = torch.zeros(weight.shape, dtype=_wide(dtype), device=weight.device) if need_weight else None
-        grad_bias = torch.zeros(weight.shape[0], dtype=_wide(dtype), device=weight.device) if need_bias else None
+        grad_weight = grad_bias = None
         with torch.autocast(hidden.device.type, enabled=False):
-            for start in range(0, hidden.shape[0], ctx.chunk):
+            head = _Head(weight if weight_copy is None else weight_copy, bias, tau, dtype, min(ctx.chunk, n))
+            ref = _Head(ref_weight, ref_bias, tau, dtype, min(ctx.chunk, n), probs=False) if ref_hidden is not None else None
+            for start in range(0, n, ctx.chunk):
                 part = slice(start, start + ctx.chunk)
-                logp = _chunk_log_softmax(hidden[part], weight, bias, tau, dtype)  # recomputed, (c, V)
-                p = logp.exp()
-                grad_z = p * -grad_logps[part, None]  # g_ℓ (onehot − p), the onehot added next
-                grad_z.scatter_add_(-1, labels[part, None], grad_logps[part, None])
-                if ctx.entropy_grad:  # ∂H/∂z = −p (log p + H)
-                    plogp = p * logp
-                    grad_z -= grad_entropy[part, None] * (plogp - p * plogp.sum(-1, keepdim=True))
-                if ref_hidden is not None:
-                    diff = logp - _chunk_log_softmax(ref_hidden[part], ref_weight, ref_bias, tau, dtype)
-                    kl = (p * diff).sum(-1, keepdim=True)
-                    grad_z += grad_kl[part, None] * p * (diff - kl)
-                grad_z = (grad_z / tau).to(dtype)  # ∂/∂(h Wᵀ + b)
+                logp, p = head(hidden[part])  # recomputed, (c, V)
+                g_l = grad_logps[part, None].to(logp.dtype)
+                a, c = torch.zeros_like(g_l), -g_l  # ∂z = p ⊙ (a log p + g_KL (log p − log q) + c) + g_ℓ onehot
+                if ctx.entropy_grad:
+                    g_h = grad_entropy[part, None].to(logp.dtype)
+                    a, c = a - g_h, c + g_h * _rowdot(p, logp)[:, None]  # −g_H (log p + H), H = −Σ p log p
+                ratio = None
+                if ref is not None:
+                    g_kl = grad_kl[part, None].to(logp.dtype)
+                    ratio = _log_ratio(logp, ref(ref_hidden[part])[0])  # (c, V) log p − log q
+                    c = c - g_kl * _rowdot(p, ratio)[:, None]  # g_KL (log p − log q − KL)
+                grad_z = logp.mul_(a / tau).add_(c / tau)  # in place: log p is not needed again
+                if ratio is not None:
+                    grad_z.addcmul_(ratio, g_kl, value=1 / tau)
+                grad_z.mul_(p).scatter_add_(-1, labels[part, None], g_l / tau)  # ∂/∂(h Wᵀ + b)
+                grad_z = head.narrow(grad_z)  # the product dtype
                 if need_hidden:
-                    grad_hidden[part] = (grad_z @ weight.to(dtype)).to(hidden.dtype)
+                    grad_hidden[part] = (grad_z @ head.weight).to(hidden.dtype)
                 if need_weight:
-                    grad_weight += grad_z.T @ hidden[part].to(dtype)
-                if grad_bias is not None:
-                    grad_bias += grad_z.sum(0)
+                    part_grad = grad_z.T @ hidden[part].to(dtype)
+                    grad_weight = part_grad.to(_wide(dtype)) if grad_weight is None else grad_weight.add_(part_grad)
+                if need_bias:
+                    part_grad = grad_z.sum(0, dtype=_wide(dtype))
+                    grad_bias = part_grad if grad_bias is None else grad_bias.add_(part_grad)
         grad_weight = grad_weight.to(weight.dtype) if need_weight else None
         grad_bias = grad_bias.to(bias.dtype) if need_bias else None
-        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None, None
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None, None, None
 
 
 def _wide(dtype: torch.dtype) -> torch.dtype:
@@ -269,13 +287,55 @@ def _wide(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-def _chunk_log_softmax(hidden, weight, bias, temperature, dtype) -> torch.Tensor:
-    """(c, H) hidden states → (c, V) log-softmax of (h Wᵀ + b) / τ, the matmul in `dtype`, the softmax at least fp32."""
-    logits = hidden.to(dtype) @ weight.to(dtype).T
-    if bias is not None:
-        logits = logits + bias.to(dtype)
-    logits = logits.to(_wide(dtype)).div_(temperature)
-    return logits.sub_(torch.logsumexp(logits, dim=-1, keepdim=True))
+def _rowdot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """(c, V), (c, V) → (c,) Σ_v a·b per row, as one batched product (no (c, V) temporary)."""
+    return (a.unsqueeze(1) @ b.unsqueeze(2)).view(-1)
+
+
+def _log_ratio(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """log p − log q, written over `ref_logp` (a `_Head` buffer), as one difference per element."""
+    return torch.sub(logp, ref_logp, out=ref_logp)
+
+
+class _Head:
+    """(c, H) hidden states → (c, V) log-softmax and softmax of (h Wᵀ + b) / τ, in buffers reused across chunks.
+
+    The weight (and bias) are cast to `dtype` once; the product runs in `dtype`
+    into a (chunk, V) buffer of that dtype, the softmax in at least fp32 in two
+    (chunk, V) buffers: log p and p (`probs=False`: log p only). The views returned
+    are overwritten by the next call.
+    """
+
+    def __init__(self, weight, bias, temperature, dtype, chunk, probs=True):
+        self.weight = weight.detach().to(dtype)
+        self.bias = None if bias is None else bias.detach().to(dtype)
+        self.temperature, self.dtype, wide = temperature, dtype, _wide(dtype)
+        V = weight.shape[0]
+        self.product = torch.empty(chunk, V, dtype=dtype, device=weight.device)
+        self.logp = self.product if dtype == wide else torch.empty(chunk, V, dtype=wide, device=weight.device)
+        self.p = torch.empty(chunk, V, dtype=wide, device=weight.device) if probs else None
+
+    def __call__(self, hidden):
+        c = hidden.shape[0]
+        z = torch.mm(hidden.to(self.dtype), self.weight.T, out=self.product[:c])
+        if self.bias is not None:
+            z.add_(self.bias)
+        logp = self.logp[:c]
+        if logp.data_ptr() != z.data_ptr():
+            logp.copy_(z)
+        logp.div_(self.temperature)
+        logp.sub_(logp.amax(-1, keepdim=True))
+        if self.p is None:
+            return logp.sub_(logp.exp().sum(-1, keepdim=True).log_()), None
+        p = torch.exp(logp, out=self.p[:c])
+        total = p.sum(-1, keepdim=True)
+        return logp.sub_(total.log()), p.div_(total)
+
+    def narrow(self, grad_z):
+        """(c, V) fp32 → the product dtype, into the product buffer (no new block)."""
+        if grad_z.dtype == self.dtype:
+            return grad_z
+        return self.product[: grad_z.shape[0]].copy_(grad_z)
 
 
 class LogProbs:
@@ -293,6 +353,11 @@ class LogProbs:
             SmolLM2 they add 0.008 to the body's 0.055 mean |Δ log p| against fp32,
             for a 4× faster head on AMX); its log-softmax, entropy and KL stay fp32.
         entropy_grad: entropies with gradient (the entropy bonus); else detached.
+        weights: the policy's bf16 `WorkingCopy` (weight_sync.py), or None. Given, the
+            policy's linear layers and chunked head multiply its copies (cast once per
+            optimizer step, not by autocast at every micro-batch; gradients reach the
+            fp32 parameters, widened as autocast's cast would): the same products, so
+            the same values. Models it does not hold (a separate π_ref) run as before.
     Call: `log_probs(model, mb, reference=None) → TokenStats`, where `mb` has
     `prompt_ids`, `prompt_mask`, `completion_ids`, `completion_mask` (a `Rollout`
     view). `reference` given — a zero-argument callable returning a context
@@ -303,13 +368,16 @@ class LogProbs:
     adapter), so the policy decides packing and chunking for both.
     """
 
-    def __init__(self, temperature: float, share_prompts: bool = True, chunk: int = CHUNK_TOKENS, autocast=nullcontext, entropy_grad: bool = False):
+    def __init__(
+        self, temperature: float, share_prompts: bool = True, chunk: int = CHUNK_TOKENS, autocast=nullcontext, entropy_grad: bool = False,
+        weights: WorkingCopy | None = None,
+    ):
         if temperature <= 0:
             raise ValueError(f"temperature={temperature}: log-probs are taken at logits / temperature; use a value > 0.")
         if chunk < 1:
             raise ValueError(f"chunk={chunk}: the LM head needs at least 1 token per chunk.")
         self.temperature, self.share_prompts, self.chunk, self.autocast = temperature, share_prompts, chunk, autocast
-        self.entropy_grad = entropy_grad
+        self.entropy_grad, self.weights = entropy_grad, weights
 
     def __call__(self, model, mb, reference=None) -> TokenStats:
         with self.autocast():
@@ -321,7 +389,8 @@ class LogProbs:
         row = pack(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.completion_mask, share, mask_dtype)
         shape = mb.completion_ids.shape
         if chunkable_head(model) is None:
-            hidden = _last_hidden(model, row)  # (n, H)
+            working = self.weights if self.weights is not None and self.weights.holds(model) else None
+            hidden = _last_hidden(model, row, working)  # (n, H)
             ref_hidden = ref_head = None
             if reference is not None:
                 with torch.no_grad(), reference() as ref_model:
@@ -331,6 +400,7 @@ class LogProbs:
                 hidden, head.weight, head.bias, row.labels, self.temperature, ref_hidden,
                 None if ref_head is None else ref_head.weight.detach(),
                 None if ref_head is None or ref_head.bias is None else ref_head.bias.detach(), self.chunk, self.entropy_grad,
+                None if working is None else working.cast(head.weight),
             )
         else:  # the model's own head on the needed positions only: (1, n, V) at most
             logits = _logits(model, row) / self.temperature
@@ -371,14 +441,17 @@ def _head(model) -> nn.Linear:
     return _inner(model).get_output_embeddings()
 
 
-def _forward(model, row: PackedRow, logits_to_keep: torch.Tensor):
-    return model(
+def _forward(model, row: PackedRow, logits_to_keep: torch.Tensor, working: WorkingCopy | None = None):
+    kwargs = dict(
         input_ids=row.input_ids, position_ids=row.position_ids, attention_mask=row.attention_mask,
         logits_to_keep=logits_to_keep, use_cache=False,
     )
+    if working is None:
+        return model(**kwargs)
+    return torch.func.functional_call(model, working.linear_weights(model), kwargs=kwargs)  # the copies in place of the weights
 
 
-def _last_hidden(model, row: PackedRow) -> torch.Tensor:
+def _last_hidden(model, row: PackedRow, working: WorkingCopy | None = None) -> torch.Tensor:
     """(n, H) final hidden states at `row.source`, through the model's (possibly DDP-wrapped) forward.
 
     The forward runs through the wrapper, so DDP's gradient synchronisation stays
@@ -388,7 +461,7 @@ def _last_hidden(model, row: PackedRow) -> torch.Tensor:
     kept = []
     hook = _inner(model).get_decoder().register_forward_hook(lambda module, args, out: kept.append(out[0]))
     try:
-        _forward(model, row, row.source[:0])
+        _forward(model, row, row.source[:0], working)
     finally:
         hook.remove()
     return kept[0][0, row.source]

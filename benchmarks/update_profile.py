@@ -1,0 +1,186 @@
+"""Where one optimizer step's time goes, by op, and its FLOPs against this run's measured peaks.
+
+    flock /tmp/fastgrpo-cpu.lock python benchmarks/update_profile.py --threads 1            # bf16 (this CPU's default)
+    python benchmarks/update_profile.py --threads 1 --bf16 false --steps 1                  # the fp32 path
+
+The seed configuration on the built-in SmolLM2 (per_device 4, GA 4, G 8,
+64/64 tokens, μ = 4, β = 0, the seed's length reward; worker.py's prompts):
+one rollout is collected, one optimizer step runs as a warm-up, and the next
+`--steps` steps over the same rollout (the μ passes) run under
+`torch.profiler`. Every op's *self* time is attributed once, by where it ran
+(forward, backward, the optimizer, gradient clipping) and by what it is:
+
+- matmul: `mm`/`addmm`/`bmm` outside the LM head;
+- weight/grad cast: a dtype copy whose input has a parameter's shape (autocast
+  casting an fp32 weight to bf16 in the forward; its backward casting the bf16
+  weight gradient back to fp32);
+- LM head: everything inside `ChunkedHead` (its matmuls, log-softmax, entropy);
+- attention: the scaled-dot-product kernels;
+- norms/elementwise: the rest (RMSNorm, SiLU, rotary, adds, activation casts, indexing).
+
+Shares of the profiled time are robust on a shared machine (others' load
+stretches every op alike); the seconds are not. FLOPs are counted from the
+packed rows the step actually ran (`flops.step_flops`); the peaks are
+`F.linear` at 1024³ in fp32 and bf16 measured in the same process, before and
+after (the best of both). Writes `<out>/<date>-update-profile-<precision>.json`.
+
+Not here: whole runs against TRL (run.py), the peak table (bf16_peaks.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from contextlib import contextmanager, nullcontext
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import flops  # noqa: E402
+from worker import linear_peak, prompts, reward_len  # noqa: E402
+
+MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+CASTS = ("aten::_to_copy", "aten::copy_", "aten::to")
+ATTENTION = ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+             "aten::_scaled_dot_product_attention_math", "aten::_efficient_attention_forward", "aten::_softmax", "aten::_softmax_backward_data")
+
+
+def build_trainer(bf16: bool | None, steps: int, model: str = "smollm2-135m-instruct", **overrides):
+    """The seed configuration's trainer on SmolLM2 (as benchmarks/run.py's smollm2 case runs it, μ = 4)."""
+    from datasets import Dataset
+
+    from fastgrpo import GRPOConfig, GRPOTrainer
+
+    values = dict(
+        output_dir=tempfile.mkdtemp(prefix="update-profile-"), per_device_train_batch_size=4, gradient_accumulation_steps=4,
+        num_generations=8, max_prompt_length=64, max_completion_length=64, num_iterations=4, beta=0.0, learning_rate=2e-5,
+        lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0, temperature=1.0, top_p=1.0, top_k=0,
+        epsilon=0.2, loss_type="dapo", max_steps=steps, seed=42, shuffle_dataset=False, bf16=bf16, disable_dropout=True,
+        logging_steps=10, report_to="none", disable_tqdm=True, log_completions=False, save_strategy="no",
+    )
+    values.update(overrides)
+    dataset = Dataset.from_list([{"prompt": r} for r in prompts(8)])
+    return GRPOTrainer(model=model, reward_funcs=reward_len, args=GRPOConfig(**values), train_dataset=dataset)
+
+
+@contextmanager
+def head_scope():
+    """Name the chunked head's forward in the profile (its backward is named by autograd: ChunkedHeadBackward)."""
+    from fastgrpo import logprobs
+
+    forward = logprobs.ChunkedHead.forward
+
+    def named(ctx, *args):
+        with torch.profiler.record_function("ChunkedHead.forward"):
+            return forward(ctx, *args)
+
+    logprobs.ChunkedHead.forward = staticmethod(named)
+    try:
+        yield
+    finally:
+        logprobs.ChunkedHead.forward = staticmethod(forward)
+
+
+def classify(prof, param_shapes: set) -> dict:
+    """({(where, what): self µs}, {(where, what, op name): self µs}) over every event of the profile (module docstring)."""
+    table, ops = defaultdict(float), defaultdict(float)
+    for event in prof.events():
+        chain, parent = [], event.cpu_parent
+        while parent is not None:
+            chain.append(parent.name)
+            parent = parent.cpu_parent
+        if any(n.startswith("Optimizer.step") for n in chain) or event.name.startswith("Optimizer.step"):
+            where = "optimizer"
+        elif any(n == "clip_grad_norm" for n in chain):
+            where = "clip"
+        elif any(n.startswith("autograd::engine") for n in chain) or event.name.startswith("autograd::engine"):
+            where = "backward"
+        else:
+            where = "forward"
+        if any("ChunkedHead" in n for n in chain + [event.name]):
+            what = "LM head"
+        elif event.name in MATMULS:
+            what = "matmul"
+        elif event.name in CASTS and event.input_shapes and tuple(event.input_shapes[0]) in param_shapes:
+            what = "weight/grad cast"
+        elif event.name in ATTENTION:
+            what = "attention"
+        elif where in ("optimizer", "clip"):
+            what = "AdamW" if where == "optimizer" else "clip"
+        else:
+            what = "norms/elementwise"
+        table[(where, what)] += event.self_cpu_time_total
+        ops[(where, what, event.name)] += event.self_cpu_time_total
+    return table, ops
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--bf16", choices=("true", "false", "auto"), default="true")
+    parser.add_argument("--steps", type=int, default=2, help="profiled optimizer steps after one warm-up step")
+    parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    bf16 = {"true": True, "false": False, "auto": None}[args.bf16]
+    peaks_before = {"fp32": linear_peak(torch.float32), "bf16": linear_peak(torch.bfloat16)}
+    trainer = build_trainer(bf16, 1 + args.steps)
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    param_shapes = {tuple(p.shape) for p in model.parameters() if p.dim() == 2}
+    rollout = trainer._collect()
+    rows = flops.step_rows(trainer, rollout)
+    trainer._optimizer_step(rollout, 0, capture_old=True)  # warm-up: oneDNN primitives, allocator
+    clip = trainer.accelerator.clip_grad_norm_
+
+    def named_clip(*a, **k):
+        with torch.profiler.record_function("clip_grad_norm"):
+            return clip(*a, **k)
+
+    trainer.accelerator.clip_grad_norm_ = named_clip
+    seconds = []
+    with head_scope(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        for _ in range(args.steps):
+            start = time.perf_counter()
+            trainer._optimizer_step(rollout, 0, capture_old=False)
+            seconds.append(time.perf_counter() - start)
+    trainer.accelerator.clip_grad_norm_ = clip
+    peaks_after = {"fp32": linear_peak(torch.float32), "bf16": linear_peak(torch.bfloat16)}
+    peaks = {k: max(peaks_before[k], peaks_after[k]) for k in peaks_before}
+    table, ops = classify(prof, param_shapes)
+    total = sum(table.values())
+    count = flops.step_flops(model, rows)
+    step = min(seconds)
+    date = datetime.date.today().isoformat()
+    precision = "fp32" if trainer.autocast is nullcontext else "bf16"
+    result = {
+        "date": date, "cpu": torch.cpu.get_capabilities().get("cpu_name"), "threads": args.threads, "precision": precision,
+        "step_seconds": seconds, "profiled_seconds_total_self": total / 1e6,
+        "shares": {f"{w} / {k}": v / total for (w, k), v in sorted(table.items(), key=lambda kv: -kv[1])},
+        "top_ops": {f"{w} / {k} / {n}": v / total for (w, k, n), v in sorted(ops.items(), key=lambda kv: -kv[1])[:25]},
+        "flops": count, "peaks_flops": peaks, "peaks_before_after": [peaks_before, peaks_after],
+        "percent_of_peak": {k: 100 * count["total"] / step / v for k, v in peaks.items()},
+    }
+    print(f"{precision}: step {step:.2f} s (best of {len(seconds)}; profiler on), {count['total'] / 1e9:.0f} GFLOP "
+          f"({count['tokens']} packed tokens, {count['head_tokens']} head tokens)")
+    print(f"peaks F.linear 1024³: fp32 {peaks['fp32'] / 1e9:.0f}, bf16 {peaks['bf16'] / 1e9:.0f} GFLOP/s; "
+          f"step at {result['percent_of_peak']['bf16']:.0f} % of bf16, {result['percent_of_peak']['fp32']:.0f} % of fp32")
+    for key, share in result["shares"].items():
+        print(f"  {key:40s} {100 * share:5.1f} %")
+    print("top ops:")
+    for key, share in result["top_ops"].items():
+        print(f"  {key:70s} {100 * share:5.1f} %")
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, f"{date}-update-profile-{precision}.json"), "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main()
