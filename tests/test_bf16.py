@@ -233,37 +233,3 @@ def test_vespo_trains_with_the_bf16_samplers_correction(tmp_path, tokenizer, mak
     trainer.train()
     record = trainer.state.log_history[0]
     assert "sampling/importance_sampling_ratio/mean" in record and 0 < record["vespo/phi_seq_mean"] <= 1.0 + 1e-6
-
-
-def test_working_copy_gives_autocasts_values_and_gradients_and_follows_the_weights(tokenizer, make_model):
-    # The update's one bf16 copy (weight_sync.WorkingCopy) stands in for autocast's per-call casts: the same
-    # rounding of the same weights, so log-probs are bit for bit autocast's, and the gradients reach the fp32
-    # parameters as autocast's would.
-    from fastgrpo.weight_sync import WorkingCopy
-
-    ids, mask = left_padded(tokenizer, ["Count to 3.", "Name a colour, any colour you like."])
-    completion_ids = torch.randint(0, len(tokenizer), (8, 6), generator=torch.Generator().manual_seed(0))
-    batch = SimpleNamespace(
-        prompt_ids=ids.repeat_interleave(4, 0), prompt_mask=mask.repeat_interleave(4, 0),
-        completion_ids=completion_ids, completion_mask=completion_mask(completion_ids, [tokenizer.eos_token_id]),
-    )
-    autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731
-    runs = []
-    for working in (False, True):
-        model = make_model(0)
-        copy = WorkingCopy(model) if working else None
-        stats = LogProbs(0.9, chunk=5, autocast=autocast, weights=copy)(model, batch)
-        (stats.logps * batch.completion_mask).sum().backward()
-        runs.append((stats.logps.detach(), {n: p.grad for n, p in model.named_parameters()}, model, copy))
-    (logps, grads, _, _), (logps_w, grads_w, model, copy) = runs
-    assert torch.equal(logps, logps_w)
-    assert grads.keys() == grads_w.keys()
-    for name in grads:
-        assert grads_w[name].dtype == torch.float32
-        assert torch.equal(grads_w[name], grads[name]), name
-    q = model.model.layers[0].self_attn.q_proj.weight
-    before = copy.cast(q).clone()
-    assert copy.cast(q) is copy.cast(q)  # unchanged weights: no recast, the same tensor
-    torch.optim.SGD(model.parameters(), lr=1.0).step()  # an in-place update moves the version counter
-    assert not torch.equal(copy.cast(q), before) and torch.equal(copy.cast(q), q.detach().to(torch.bfloat16))
-    assert not copy.holds(make_model(1))  # a separate π_ref runs through autocast

@@ -27,7 +27,7 @@ from .config_checks import GENERATION_BACKENDS
 from .models import decoder_of
 from .sampler import Sampler, fill_pads, logits_processors, unsupported_reason
 from .sampling import Samples, SamplingSettings
-from .weight_sync import WeightSync, WorkingCopy
+from .weight_sync import WeightSync
 
 
 class Generator(Protocol):
@@ -90,11 +90,8 @@ def generator_notices(generator: Generator) -> list[str]:
     sync = getattr(generator, "weight_sync", None)
     if sync is None:
         return []
-    dtype = str(sync.dtype).removeprefix("torch.")
-    if sync.working is not None:
-        return [f"the sampler and the update share one {dtype} copy of the weights ({sync.working.nbytes / 2**20:.0f} MiB), "
-                "recast once per optimizer step."]
-    return [f"the sampler samples from its own {dtype} copy of the weights ({sync.nbytes / 2**20:.0f} MiB), refreshed once per rollout."]
+    return [f"the sampler samples from its own {str(sync.dtype).removeprefix('torch.')} copy of the weights "
+            f"({sync.nbytes / 2**20:.0f} MiB), refreshed once per rollout."]
 
 
 class _OnRealTokens(LogitsProcessor):
@@ -108,9 +105,7 @@ class _OnRealTokens(LogitsProcessor):
         return self.processors(torch.cat([self.prompt_ids, input_ids[:, P:]], dim=1), scores)
 
 
-def build_generator(
-    backend: str, model: torch.nn.Module, sampling: SamplingSettings, *, weights_dtype: torch.dtype | None = None, working: WorkingCopy | None = None,
-) -> Generator:
+def build_generator(backend: str, model: torch.nn.Module, sampling: SamplingSettings, *, weights_dtype: torch.dtype | None = None) -> Generator:
     """The `Generator` for `generation_backend`: fastgrpo's `Sampler`, or transformers' `generate`.
 
     Args:
@@ -120,8 +115,6 @@ def build_generator(
         weights_dtype: e.g. torch.bfloat16: the sampler samples from its own copy of the
             weights in that dtype (`WeightSync`, refreshed once per rollout); None: from
             the policy itself. `generate` always runs the policy itself.
-        working: the update's `WorkingCopy` of a policy without adapters: the sampler's
-            copy shares its tensors (the weights held in bf16 once).
     Returns:
         A `Sampler`, or a `TransformersGenerator` when asked for or when the
         sampler cannot run this model (a one-line `UserWarning` says why).
@@ -133,6 +126,6 @@ def build_generator(
     if backend == "fastgrpo":
         reason = unsupported_reason(model)
         if reason is None:
-            return Sampler(model, sampling, weight_sync=WeightSync(model, weights_dtype, working) if weights_dtype is not None else None)
+            return Sampler(model, sampling, weight_sync=WeightSync(model, weights_dtype) if weights_dtype is not None else None)
         warnings.warn(f"fastgrpo's sampler cannot run {reason}; generating with transformers' generate instead.", stacklevel=2)
     return TransformersGenerator(model, sampling)

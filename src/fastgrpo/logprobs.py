@@ -37,7 +37,6 @@ import torch
 from torch import nn
 
 from .losses import entropy_from_logits, kl_full, selective_log_softmax
-from .weight_sync import WorkingCopy
 
 # Tokens per LM-head chunk: a (256, 49 152) fp32 block is 50 MB for SmolLM2, about
 # the padded micro-batch's whole (4, 64, V) logits, while 256 rows keep the head
@@ -197,8 +196,7 @@ class ChunkedHead(torch.autograd.Function):
     """Log-prob, entropy and exact KL of tokens from last hidden states, one chunk of logits at a time.
 
     forward(hidden (n, H), weight (V, H), bias (V,) or None, labels (n,), temperature,
-            ref_hidden (n, H) or None, ref_weight (V, H) or None, ref_bias or None, chunk, entropy_grad,
-            weight_copy (V, H) in the product dtype or None)
+            ref_hidden (n, H) or None, ref_weight (V, H) or None, ref_bias or None, chunk, entropy_grad)
       → logps (n,), entropy (n,), kl (n,) (zeros without π_ref).
 
     Each chunk's logits z = (h Wᵀ + b) / τ are a product in the autocast dtype
@@ -213,22 +211,21 @@ class ChunkedHead(torch.autograd.Function):
     use of the parameter.
 
     Speed (docs/benchmarks.md, "The bf16 update"): the weight is cast to the
-    product dtype once per call (not per chunk), or not at all when `weight_copy`
-    (the working copy's, weight_sync.py) is given; its gradient stays in `weight`'s dtype; and every (chunk, V) block lives
+    product dtype once per call (not per chunk), and every (chunk, V) block lives
     in buffers allocated once per call and overwritten in place: a fresh
     (256, 49 152) fp32 block per op (tens of MB, served by the kernel's page
     faults) made the head's elementwise work ~8× slower than the arithmetic.
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, temperature, ref_hidden, ref_weight, ref_bias, chunk, entropy_grad=False, weight_copy=None):
+    def forward(ctx, hidden, weight, bias, labels, temperature, ref_hidden, ref_weight, ref_bias, chunk, entropy_grad=False):
         dtype = torch.get_autocast_dtype(hidden.device.type) if torch.is_autocast_enabled(hidden.device.type) else weight.dtype
-        ctx.save_for_backward(hidden, weight, bias, labels, ref_hidden, ref_weight, ref_bias, weight_copy)
+        ctx.save_for_backward(hidden, weight, bias, labels, ref_hidden, ref_weight, ref_bias)
         ctx.temperature, ctx.chunk, ctx.dtype, ctx.entropy_grad = temperature, chunk, dtype, entropy_grad
         n = hidden.shape[0]
         logps, entropy, kl = (torch.zeros(n, dtype=_wide(dtype), device=hidden.device) for _ in range(3))
         with torch.autocast(hidden.device.type, enabled=False):
-            head = _Head(weight if weight_copy is None else weight_copy, bias, temperature, dtype, min(chunk, n))
+            head = _Head(weight, bias, temperature, dtype, min(chunk, n))
             ref = _Head(ref_weight, ref_bias, temperature, dtype, min(chunk, n), probs=False) if ref_hidden is not None else None
             for start in range(0, n, chunk):
                 part = slice(start, start + chunk)
@@ -243,13 +240,13 @@ class ChunkedHead(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_logps, grad_entropy, grad_kl):
-        hidden, weight, bias, labels, ref_hidden, ref_weight, ref_bias, weight_copy = ctx.saved_tensors
+        hidden, weight, bias, labels, ref_hidden, ref_weight, ref_bias = ctx.saved_tensors
         tau, dtype, n = ctx.temperature, ctx.dtype, hidden.shape[0]
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]  # a frozen head (LoRA) skips its (V, H) products
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
         grad_weight = grad_bias = None
         with torch.autocast(hidden.device.type, enabled=False):
-            head = _Head(weight if weight_copy is None else weight_copy, bias, tau, dtype, min(ctx.chunk, n))
+            head = _Head(weight, bias, tau, dtype, min(ctx.chunk, n))
             ref = _Head(ref_weight, ref_bias, tau, dtype, min(ctx.chunk, n), probs=False) if ref_hidden is not None else None
             for start in range(0, n, ctx.chunk):
                 part = slice(start, start + ctx.chunk)
@@ -279,7 +276,7 @@ class ChunkedHead(torch.autograd.Function):
                     grad_bias = part_grad if grad_bias is None else grad_bias.add_(part_grad)
         grad_weight = grad_weight.to(weight.dtype) if need_weight else None
         grad_bias = grad_bias.to(bias.dtype) if need_bias else None
-        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None, None, None
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None, None
 
 
 def _wide(dtype: torch.dtype) -> torch.dtype:
@@ -353,11 +350,6 @@ class LogProbs:
             SmolLM2 they add 0.008 to the body's 0.055 mean |Δ log p| against fp32,
             for a 4× faster head on AMX); its log-softmax, entropy and KL stay fp32.
         entropy_grad: entropies with gradient (the entropy bonus); else detached.
-        weights: the policy's bf16 `WorkingCopy` (weight_sync.py), or None. Given, the
-            policy's linear layers and chunked head multiply its copies (cast once per
-            optimizer step, not by autocast at every micro-batch; gradients reach the
-            fp32 parameters, widened as autocast's cast would): the same products, so
-            the same values. Models it does not hold (a separate π_ref) run as before.
     Call: `log_probs(model, mb, reference=None) → TokenStats`, where `mb` has
     `prompt_ids`, `prompt_mask`, `completion_ids`, `completion_mask` (a `Rollout`
     view). `reference` given — a zero-argument callable returning a context
@@ -368,16 +360,13 @@ class LogProbs:
     adapter), so the policy decides packing and chunking for both.
     """
 
-    def __init__(
-        self, temperature: float, share_prompts: bool = True, chunk: int = CHUNK_TOKENS, autocast=nullcontext, entropy_grad: bool = False,
-        weights: WorkingCopy | None = None,
-    ):
+    def __init__(self, temperature: float, share_prompts: bool = True, chunk: int = CHUNK_TOKENS, autocast=nullcontext, entropy_grad: bool = False):
         if temperature <= 0:
             raise ValueError(f"temperature={temperature}: log-probs are taken at logits / temperature; use a value > 0.")
         if chunk < 1:
             raise ValueError(f"chunk={chunk}: the LM head needs at least 1 token per chunk.")
         self.temperature, self.share_prompts, self.chunk, self.autocast = temperature, share_prompts, chunk, autocast
-        self.entropy_grad, self.weights = entropy_grad, weights
+        self.entropy_grad = entropy_grad
 
     def __call__(self, model, mb, reference=None) -> TokenStats:
         with self.autocast():
@@ -389,8 +378,7 @@ class LogProbs:
         row = pack(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.completion_mask, share, mask_dtype)
         shape = mb.completion_ids.shape
         if chunkable_head(model) is None:
-            working = self.weights if self.weights is not None and self.weights.holds(model) else None
-            hidden = _last_hidden(model, row, working)  # (n, H)
+            hidden = _last_hidden(model, row)  # (n, H)
             ref_hidden = ref_head = None
             if reference is not None:
                 with torch.no_grad(), reference() as ref_model:
@@ -400,7 +388,6 @@ class LogProbs:
                 hidden, head.weight, head.bias, row.labels, self.temperature, ref_hidden,
                 None if ref_head is None else ref_head.weight.detach(),
                 None if ref_head is None or ref_head.bias is None else ref_head.bias.detach(), self.chunk, self.entropy_grad,
-                None if working is None else working.cast(head.weight),
             )
         else:  # the model's own head on the needed positions only: (1, n, V) at most
             logits = _logits(model, row) / self.temperature
@@ -441,17 +428,14 @@ def _head(model) -> nn.Linear:
     return _inner(model).get_output_embeddings()
 
 
-def _forward(model, row: PackedRow, logits_to_keep: torch.Tensor, working: WorkingCopy | None = None):
-    kwargs = dict(
+def _forward(model, row: PackedRow, logits_to_keep: torch.Tensor):
+    return model(
         input_ids=row.input_ids, position_ids=row.position_ids, attention_mask=row.attention_mask,
         logits_to_keep=logits_to_keep, use_cache=False,
     )
-    if working is None:
-        return model(**kwargs)
-    return torch.func.functional_call(model, working.linear_weights(model), kwargs=kwargs)  # the copies in place of the weights
 
 
-def _last_hidden(model, row: PackedRow, working: WorkingCopy | None = None) -> torch.Tensor:
+def _last_hidden(model, row: PackedRow) -> torch.Tensor:
     """(n, H) final hidden states at `row.source`, through the model's (possibly DDP-wrapped) forward.
 
     The forward runs through the wrapper, so DDP's gradient synchronisation stays
@@ -461,7 +445,7 @@ def _last_hidden(model, row: PackedRow, working: WorkingCopy | None = None) -> t
     kept = []
     hook = _inner(model).get_decoder().register_forward_hook(lambda module, args, out: kept.append(out[0]))
     try:
-        _forward(model, row, row.source[:0], working)
+        _forward(model, row, row.source[:0])
     finally:
         hook.remove()
     return kept[0][0, row.source]

@@ -48,7 +48,7 @@ from .interrupt import StopOnInterrupt
 from .logprobs import LogProbs, TokenStats, fallback_notices
 from .losses import StepCounts, grpo_loss, kl_k3, masked_sum, step_tokens
 from .metrics import CompletionRows, MetricsLog, PhaseTimer, RewardHooks, Window, accumulate, progress_bar, rollout_metrics, window_record
-from .models import as_reference, is_peft_model, sync_reference
+from .models import as_reference, sync_reference
 from .precision import autocast_for
 from .reward_models import RewardModel
 from .rewards import score
@@ -57,7 +57,6 @@ from .trainer_inputs import check_trainer_inputs
 from .sharding import full_value
 from .trainer_setup import build_accelerator, build_optimization, load_policy, prepare
 from .trl_methods import TRLMethods
-from .weight_sync import WorkingCopy
 
 
 class TrainOutput(NamedTuple):
@@ -129,15 +128,14 @@ class GRPOTrainer(TRLMethods):
         self.max_steps, optimizer, self.scheduler = build_optimization(a, policy, train_dataset)
         self.model, self.optimizer = prepare(acc, policy, optimizer)
         sampling = SamplingSettings.from_config(a, self.eos_token_ids, self.tokenizer.pad_token_id)
-        working = WorkingCopy(policy) if bf16 and self.sampler_copy is None and not is_peft_model(policy) else None  # one bf16 copy (weight_sync.py)
         sampled = self.sampler_copy.module if self.sampler_copy is not None else acc.unwrap_model(self.model)  # FSDP: the whole copy
         self.generate = build_generator(  # bf16: the sampler samples from its own bf16 copy (weight_sync.py; FSDP's is already one)
-            a.generation_backend, sampled, sampling, weights_dtype=torch.bfloat16 if bf16 and self.sampler_copy is None else None, working=working)
+            a.generation_backend, sampled, sampling, weights_dtype=torch.bfloat16 if bf16 and self.sampler_copy is None else None)
         self.encode = PromptEncoder(self.tokenizer, a.max_prompt_length, a.chat_template_kwargs)
         self.entropy_control = EntropyControl.from_config(a)  # the entropy bonus's coefficient; None: no bonus
         own_weights = getattr(self.generate, "weight_sync", None) is not None  # the sampler's bf16 copy: a second policy
         self.correction = SamplingCorrection.from_config(a, own_weights)  # the sampler–trainer mismatch, TRL's vllm_importance_sampling_*
-        self.log_probs = LogProbs(a.temperature, autocast=self.autocast, entropy_grad=self.entropy_control is not None, weights=working)  # packed, chunked head
+        self.log_probs = LogProbs(a.temperature, autocast=self.autocast, entropy_grad=self.entropy_control is not None)  # packed, chunked head
         self.produce = build_producer(self, checked.agents)  # single turn, multi-turn with tools/environments, or rollout_func
         for note in fallback_notices(policy) + generator_notices(self.generate) if acc.is_main_process else []:
             self.console.print(f"fastgrpo: {note}", soft_wrap=True)

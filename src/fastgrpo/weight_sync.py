@@ -13,11 +13,6 @@ LoRA adapters are merged there (W + ΔW, peft's own ΔW, in fp32 before the cast
 and a sharded parameter (an FSDP2 DTensor) is gathered there with `full_tensor()`
 — one all-gather per rollout; the decode loop has no collectives.
 
-`WorkingCopy` is the one bf16 copy of a plain policy's weights, recast only
-when a weight changed (after an optimizer step): the update's products read it
-(logprobs.py) instead of autocast casting every weight at every micro-batch, and
-the sampler's copy shares its tensors, so the weights are held in bf16 once.
-
 Not here: sampling (sampler.py), deciding bf16 (precision.py).
 """
 
@@ -89,97 +84,12 @@ def full_weights(policy: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-class WorkingCopy:
-    """One `dtype` copy of a model's floating-point parameters, recast when (and only when) a parameter changed.
-
-    Args:
-        model: the policy (a plain module, or DDP around one); its parameters stay
-            the fp32 masters that gradients and AdamW update.
-        dtype: the products' dtype (torch.bfloat16).
-    `cast(param)` returns the copy of one parameter: a tensor allocated once and
-    rewritten in place (`Tensor.to`'s rounding, as autocast casts) when the
-    parameter's version counter moved — every in-place update (AdamW's step,
-    `load_state_dict`, `copy_`) moves it. Within an optimizer step every
-    micro-batch, π_old pass and the sampler read the same tensors.
-    Attributes:
-        nbytes: bytes the copies hold.
-    """
-
-    def __init__(self, model: nn.Module, dtype: torch.dtype = torch.bfloat16):
-        self.dtype = dtype
-        self._copies: dict[int, tuple[int, torch.Tensor]] = {}  # id(param) → (version cast, copy)
-        self._params = [p for p in model.parameters() if p.is_floating_point()]
-        for p in self._params:
-            self.cast(p)
-        self.nbytes = sum(c.numel() * c.element_size() for _, c in self._copies.values())
-
-    @torch.no_grad()
-    def cast(self, param: torch.Tensor) -> torch.Tensor:
-        """`param` (one of the model's) in `dtype`, recast in place if it changed since the last call; no gradient."""
-        version, copy = self._copies.get(id(param), (None, None))
-        if copy is None:
-            copy = param.detach().to(self.dtype, copy=True)
-            self._copies[id(param)] = (param._version, copy)
-        elif version != param._version:
-            copy.copy_(param.detach())
-            self._copies[id(param)] = (param._version, copy)
-        return copy
-
-    def refresh(self) -> None:
-        """Recast every parameter that changed (the sampler reads the copies directly)."""
-        for p in self._params:
-            self.cast(p)
-
-    def holds(self, model: nn.Module) -> bool:
-        """Whether `model`'s parameters are the ones this copies (the policy, not a separate π_ref)."""
-        first = next(model.parameters(), None)
-        return first is not None and id(first) in self._copies
-
-    def weight(self, param: torch.Tensor) -> torch.Tensor:
-        """`param`'s copy for a product: through `_CastOnce` when it trains, else the copy itself."""
-        return _CastOnce.apply(param, self.cast(param)) if param.requires_grad else self.cast(param)
-
-    def linear_weights(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        """{name: weight in `dtype`} for every `nn.Linear` weight of `model` but its LM head, for `torch.func.functional_call`.
-
-        The head is left out: a tied head would replace the input embedding too
-        (functional_call ties them), and logprobs.py's `ChunkedHead` takes its copy itself.
-
-        A weight that trains comes through `_CastOnce`: its forward is the copy and
-        its backward widens the gradient to the parameter's dtype, as autocast's cast
-        would; a frozen one (LoRA's base weights) is the copy itself.
-        """
-        out, head = {}, getattr(model, "module", model).get_output_embeddings()  # DDP wraps the model
-        for module_name, module in model.named_modules():
-            if isinstance(module, nn.Linear) and module is not head:  # the head: tied to the embedding, and run by ChunkedHead
-                w = module.weight
-                name = f"{module_name}.weight" if module_name else "weight"
-                out[name] = self.weight(w)
-        return out
-
-
-class _CastOnce(torch.autograd.Function):
-    """forward(weight (fp32), copy (bf16)) → copy; backward: the gradient widened to weight's dtype (autocast's ToCopyBackward)."""
-
-    @staticmethod
-    def forward(ctx, weight, copy):
-        ctx.dtype = weight.dtype
-        return copy.detach()
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad.to(ctx.dtype), None
-
-
 class WeightSync:
     """The sampler's bf16 copy of `policy`, refreshed from `full_weights(policy)`.
 
     Args:
         policy: the trained model (unwrapped; a peft model is fine).
         dtype: the copy's dtype (torch.bfloat16).
-        working: the update's `WorkingCopy` of a policy without adapters: the copy's
-            parameters are its tensors (the weights in bf16 once, not twice) and
-            `refresh()` recasts only what changed; None: a copy of its own.
     Attributes:
         model: the copy, a plain model of the policy's architecture (eval, no grad).
         nbytes: bytes its parameters hold (the copy's memory).
@@ -187,31 +97,26 @@ class WeightSync:
     policy's own, in their own dtype.
     """
 
-    def __init__(self, policy: nn.Module, dtype: torch.dtype = torch.bfloat16, working: WorkingCopy | None = None):
-        self.policy, self.dtype, self.working = policy, dtype, working
+    def __init__(self, policy: nn.Module, dtype: torch.dtype = torch.bfloat16):
+        self.policy, self.dtype = policy, dtype
         lm = decoder_of(policy)
         device = next(lm.parameters()).device
         with torch.device("meta"):  # no fp32 allocation nor random init: every value is written below
             copy = type(lm)(lm.config)
         copy.to_empty(device=device).tie_weights()  # to_empty unties shared parameters; the config says which to share
-        own = dict(lm.named_parameters())
-        for name, param in copy.named_parameters():
-            shared = working is not None and working.dtype == dtype and name in own
-            param.data = working.cast(own[name]) if shared else torch.empty(param.shape, dtype=dtype, device=device)
+        for _, param in copy.named_parameters():
+            param.data = torch.empty(param.shape, dtype=dtype, device=device)
         buffers = dict(lm.named_buffers())
         for name, buffer in copy.named_buffers():
             module, _, leaf = name.rpartition(".")
             copy.get_submodule(module)._buffers[leaf] = buffers[name].clone()
         self.model = copy.eval().requires_grad_(False)
-        self.nbytes = 0 if working is not None else sum(p.numel() * p.element_size() for p in self.model.parameters())  # shared: none of its own
+        self.nbytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         self.refresh()
 
     @torch.no_grad()
     def refresh(self) -> None:
         """Write the policy's current full weights into the copy (rounded to `dtype`, as `Tensor.to` rounds)."""
-        if self.working is not None:  # the copy's tensors are the working copy's: recast what changed
-            self.working.refresh()
-            return
         weights = full_weights(self.policy)
         for name, param in self.model.named_parameters():
             param.copy_(weights[name])
