@@ -44,11 +44,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from worker import matmul_peak, prompts, reward_len  # noqa: E402
 
-from fastgrpo.data import PromptEncoder  # noqa: E402
-from fastgrpo.generation import SamplingSettings, TransformersGenerator  # noqa: E402
-from fastgrpo.models import load_model, load_tokenizer, resolve_model_path  # noqa: E402
-from fastgrpo.sampler import Sampler  # noqa: E402
-from fastgrpo.weight_sync import WeightSync  # noqa: E402
+from fastgrpo.rollout.prompts import PromptEncoder  # noqa: E402
+from fastgrpo.generation.contract import SamplingSettings  # noqa: E402
+from fastgrpo.generation.transformers_generate import TransformersGenerator  # noqa: E402
+from fastgrpo.model.loading import load_model, load_tokenizer, resolve_model_path  # noqa: E402
+from fastgrpo.generation.sampler import Sampler  # noqa: E402
+from fastgrpo.generation.weight_copy import MergedCopy as WeightSync  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
 G, T, MAX_PROMPT = 8, 64, 64  # the seed configuration (run.py's SEED_CONFIG)

@@ -37,13 +37,13 @@ DATASETS = {
 
 def exact_reward(completions, entry=None, **kwargs) -> list[float]:
     """1.0 when reasoning-gym's scorer gives full marks (the exact answer), else 0: correctness alone."""
-    from fastgrpo.rewards import reasoning_gym_reward
+    from fastgrpo.tasks.rewards import reasoning_gym_reward
 
     return [float(s == 1.0) for s in reasoning_gym_reward(completions, entry=entry)]
 
 
 def reward_funcs(task: str) -> list:
-    from fastgrpo.rewards import brevity_reward, reasoning_gym_reward
+    from fastgrpo.tasks.rewards import brevity_reward, reasoning_gym_reward
 
     return [reasoning_gym_reward, brevity_reward] if task == "arithmetic" else [exact_reward]
 
@@ -74,8 +74,8 @@ def main(spec_path: str, out_path: str) -> None:
     torch.set_num_threads(spec["threads"])
     from transformers import TrainerCallback
 
-    from fastgrpo.data import reasoning_gym_dataset
-    from fastgrpo.dynamic_sampling import NoInformativeGroups
+    from fastgrpo.tasks.reasoning_gym import reasoning_gym_dataset
+    from fastgrpo.rollout.group_filter import NoInformativeGroups
 
     dataset = reasoning_gym_dataset(size=spec["dataset_size"], seed=spec["seed"], **DATASETS[spec["task"]])
     calls: list[dict] = []

@@ -172,7 +172,7 @@ def peft_config(spec: dict):
     """The same `peft.LoraConfig` for both systems (fastgrpo's `lora_config`, TRL ModelConfig's names), or None."""
     if spec.get("lora") is None:
         return None
-    from fastgrpo.models import lora_config
+    from fastgrpo.model.loading import lora_config
 
     return lora_config(**spec["lora"])
 

@@ -37,9 +37,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import tiny_model  # noqa: E402
 
 from fastgrpo import GRPOConfig, GRPOTrainer  # noqa: E402
-from fastgrpo.models import load_tokenizer, lora_config  # noqa: E402
-from fastgrpo.sampling import Samples  # noqa: E402
-from fastgrpo.sharding import full_value  # noqa: E402
+from fastgrpo.model.loading import load_tokenizer, lora_config  # noqa: E402
+from fastgrpo.generation.contract import Samples  # noqa: E402
+from fastgrpo.model.sharding import full_value  # noqa: E402
 
 G, T = 4, 12  # completions per prompt, max completion tokens
 

@@ -13,13 +13,13 @@ import torch
 from datasets import Dataset
 
 from fastgrpo import GRPOConfig, GRPOTrainer
-from fastgrpo.agents.chat_format import prepare_tool_tokenizer, tool_suffix_ids
-from fastgrpo.agents.multiturn import Reprefill
-from fastgrpo.agents.tools import call_tools
-from fastgrpo.losses import StepCounts, grpo_loss, masked_sum
-from fastgrpo.metrics import rollout_metrics
-from fastgrpo.rollout import Rollout
-from fastgrpo.sampler import Samples
+from fastgrpo.rollout.agents.chat_format import prepare_tool_tokenizer, tool_suffix_ids
+from fastgrpo.generation.reprefill import Reprefill
+from fastgrpo.rollout.agents.tools import call_tools
+from fastgrpo.algo.losses import StepCounts, grpo_loss, masked_sum
+from fastgrpo.run.metrics import rollout_metrics
+from fastgrpo.rollout.record import Rollout
+from fastgrpo.generation.sampler import Samples
 
 
 def multiply(a: int, b: int) -> int:
@@ -345,11 +345,11 @@ def test_rollout_func_bad_output_is_a_clear_error(tmp_path, tokenizer, make_mode
 def test_cached_turns_equal_reprefill_and_the_training_pass(tokenizer, make_model):
     """Greedy: keeping the KV cache gives the tokens re-prefilling gives; its log-probs equal the fp32 training pass to 1e-5
     across turn boundaries (appended tool tokens of different lengths per row, rows continuing in a new order)."""
-    from fastgrpo.agents.cached_turns import CachedTurns
-    from fastgrpo.data import PromptEncoder
-    from fastgrpo.generation import SamplingSettings
-    from fastgrpo.logprobs import LogProbs
-    from fastgrpo.sampler import Sampler
+    from fastgrpo.generation.cached_turns import CachedTurns
+    from fastgrpo.rollout.prompts import PromptEncoder
+    from fastgrpo.generation.contract import SamplingSettings
+    from fastgrpo.update.logprobs import LogProbs
+    from fastgrpo.generation.sampler import Sampler
 
     model = make_model().eval()
     eos = tokenizer.eos_token_id

@@ -15,13 +15,13 @@ import pytest
 import torch
 from test_trainer import config, reward_even_tokens
 
-import fastgrpo.trainer as trainer_module
+import fastgrpo.update.step as step_module
 from fastgrpo import GRPOTrainer
-from fastgrpo.logprobs import LogProbs
-from fastgrpo.models import lora_config, merged_copy
-from fastgrpo.precision import resolve_bf16
-from fastgrpo.rollout import completion_mask
-from fastgrpo.weight_sync import WeightSync
+from fastgrpo.update.logprobs import LogProbs
+from fastgrpo.model.loading import lora_config, merged_copy
+from fastgrpo.model.precision import resolve_bf16
+from fastgrpo.rollout.record import completion_mask
+from fastgrpo.generation.weight_copy import MergedCopy as WeightSync
 
 AMX_CPU = {"cpu_name": "Intel Xeon", "amx_bf16": True, "amx_tile": True, "avx512_bf16": True, "avx2": True}
 AVX2_CPU = {"cpu_name": "AMD EPYC", "avx2": True, "amx_bf16": False, "avx512_bf16": False}
@@ -105,13 +105,13 @@ def test_bf16_logprobs_entropy_kl_are_near_fp32_and_exact_against_themselves(tok
 
 def losses_spy(monkeypatch):
     calls = []
-    real = trainer_module.grpo_loss
+    real = step_module.grpo_loss
 
     def spy(logps, old_logps, *args, **kwargs):
         calls.append((logps.detach().clone(), old_logps.detach().clone()))
         return real(logps, old_logps, *args, **kwargs)
 
-    monkeypatch.setattr(trainer_module, "grpo_loss", spy)
+    monkeypatch.setattr(step_module, "grpo_loss", spy)
     return calls
 
 

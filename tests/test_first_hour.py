@@ -14,11 +14,14 @@ import torch
 from datasets import Dataset, IterableDataset
 from transformers import LogitsProcessorList
 
-from fastgrpo import GRPOConfig, GRPOTrainer, generation, sampler
+from fastgrpo import GRPOConfig, GRPOTrainer
+from fastgrpo.generation import build as generation, sampler
 from fastgrpo.cli import main
-from fastgrpo.data import PromptEncoder, conversation, load_dataset_spec
-from fastgrpo.generation import SamplingSettings, build_generator
-from fastgrpo.rewards import score
+from fastgrpo.rollout.prompts import PromptEncoder, conversation
+from fastgrpo.run.datasets import load_dataset_spec
+from fastgrpo.generation.contract import SamplingSettings
+from fastgrpo.generation.build import build_backend as build_generator
+from fastgrpo.rollout.rewards import score
 
 # --- kind 3: a dataset column may be named like any parameter of the calls it passes through ---------------
 
@@ -177,7 +180,7 @@ def test_reasoning_gym_spec_that_yields_nothing_is_refused(spec, expected):
 
 @pytest.mark.parametrize("spec", ["nosuch.jsonl", "./data", "data/train.csv", "~/no-such-dir/x", "../x.parquet"])
 def test_missing_local_dataset_says_no_such_file_without_the_hub(spec, monkeypatch):
-    monkeypatch.setattr("fastgrpo.data.load_dataset", lambda *a, **k: pytest.fail("the hub was asked"))
+    monkeypatch.setattr("fastgrpo.run.datasets.load_dataset", lambda *a, **k: pytest.fail("the hub was asked"))
     start = time.perf_counter()
     with pytest.raises(ValueError, match="no such file"):
         load_dataset_spec(spec)

@@ -13,7 +13,7 @@ from peft import PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM
 
 from fastgrpo import GRPOTrainer
-from fastgrpo.models import lora_config
+from fastgrpo.model.loading import lora_config
 from test_trainer import config, read_metrics, record_losses, reward_even_tokens
 
 

@@ -6,8 +6,9 @@ from contextlib import nullcontext
 import pytest
 import torch
 
-from fastgrpo.rollout import Rollout, SingleTurn, collect, completion_mask, concat, micro_batch_rows
-from fastgrpo.sampling import Samples
+from fastgrpo.rollout.record import Rollout, completion_mask, concat, micro_batch_rows
+from fastgrpo.rollout.collect import SingleTurn, collect
+from fastgrpo.generation.contract import Samples
 
 EOS, PAD = 2, 2  # pad == EOS, as in SmolLM2 and many chat models
 

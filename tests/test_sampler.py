@@ -14,10 +14,12 @@ import torch
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
 from fastgrpo import GRPOConfig
-from fastgrpo.generation import SamplingSettings, TransformersGenerator, build_generator
-from fastgrpo.logprobs import LogProbs
-from fastgrpo.rollout import completion_mask
-from fastgrpo.sampler import Sampler
+from fastgrpo.generation.contract import SamplingSettings
+from fastgrpo.generation.transformers_generate import TransformersGenerator
+from fastgrpo.generation.build import build_backend as build_generator
+from fastgrpo.update.logprobs import LogProbs
+from fastgrpo.rollout.record import completion_mask
+from fastgrpo.generation.sampler import Sampler
 
 T = 12  # completion tokens
 

@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-import fastgrpo.trainer as trainer_module
+import fastgrpo.update.step as step_module
 from fastgrpo import GRPOConfig, GRPOTrainer
 
 
@@ -36,14 +36,14 @@ def read_metrics(output_dir):
 def record_losses(monkeypatch):
     """Wrap the trainer's grpo_loss: record (step-call index, logps, old_logps, loss) per micro-batch."""
     calls = []
-    real = trainer_module.grpo_loss
+    real = step_module.grpo_loss
 
     def spy(logps, old_logps, *args, **kwargs):
         out = real(logps, old_logps, *args, **kwargs)
         calls.append((logps.detach().clone(), old_logps.detach().clone(), out.loss.detach().clone()))
         return out
 
-    monkeypatch.setattr(trainer_module, "grpo_loss", spy)
+    monkeypatch.setattr(step_module, "grpo_loss", spy)
     return calls
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from .importance_sampling import off_policy_mask
-from .losses import entropy_threshold, high_entropy_mask
+from .algo.sampling_correction import off_policy_mask
+from .algo.losses import entropy_threshold, high_entropy_mask
 
 
 class TRLMethods:
