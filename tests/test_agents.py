@@ -39,6 +39,8 @@ def multiply(a: int, b: int) -> int:
 class Scripted:
     """A `Sampler` stand-in: each turn is a tool call while the sequence holds fewer than `calls` tool replies, then `answer`."""
 
+    owns_weights = False  # a backend on the trained weights (its log-probs are not a second policy)
+
     def __init__(self, tokenizer, call: str, answer: str = "Done.", calls: int = 1):
         self.tokenizer, self.call, self.answer, self.calls = tokenizer, call, answer, calls
         self.seen = []
@@ -69,7 +71,7 @@ def config(tmp_path, **overrides):
 
 def scripted(trainer, tokenizer, **kwargs) -> Scripted:
     script = Scripted(tokenizer, **kwargs)
-    trainer.produce.turns = lambda: Reprefill(script, tokenizer.pad_token_id, trainer.eos_token_ids)
+    trainer.assembly.producer.turns = lambda: Reprefill(script, tokenizer.pad_token_id, trainer.eos_token_ids)
     return script
 
 
@@ -148,9 +150,9 @@ def test_trl_environment_example_rewards_see_environments(tmp_path, tokenizer, m
     rollout = trainer._collect()
     assert rollout.rewards[:, 0].tolist() == [4.0] * 4  # two calls of +2, each row its own counter
     assert "<tool_response>\n2\n</tool_response>" in script.seen[-1] and "<tool_response>\n4\n</tool_response>" in script.seen[-1]
-    assert len(trainer.produce.environments.pool[None]) == 4  # one instance per row, reused by later rollouts
+    assert len(trainer.assembly.producer.environments.pool[None]) == 4  # one instance per row, reused by later rollouts
     trainer._collect()
-    assert len(trainer.produce.environments.pool[None]) == 4
+    assert len(trainer.assembly.producer.environments.pool[None]) == 4
 
 
 def test_environment_get_reward_and_reset_observation_without_dataset(tmp_path, tokenizer, make_model):
@@ -350,10 +352,12 @@ def test_cached_turns_equal_reprefill_and_the_training_pass(tokenizer, make_mode
     from fastgrpo.generation.contract import SamplingSettings
     from fastgrpo.update.logprobs import LogProbs
     from fastgrpo.generation.sampler import Sampler
+from fastgrpo.generation.weight_copy import MergedCopy
 
     model = make_model().eval()
     eos = tokenizer.eos_token_id
-    sampler = Sampler(model, SamplingSettings(max_completion_length=40, eos_token_ids=[eos], pad_token_id=eos, top_k=1))
+    # an fp32 weight copy of its own (the policy's values): both engines return the sampler's log-probs
+    sampler = Sampler(model, SamplingSettings(max_completion_length=40, eos_token_ids=[eos], pad_token_id=eos, top_k=1), weight_copy=MergedCopy(model, torch.float32))
     ids, mask, _ = PromptEncoder(tokenizer, None)([[{"role": "user", "content": "Count to 3."}], [{"role": "user", "content": "Hi"}]])
     cached, reprefill = CachedTurns(sampler), Reprefill(sampler, eos, [eos])
     script = [([3, 0, 2], [[10, 11, 12], [13], [14, 15, 16, 17, 18]], [5, 7, 4]), ([0, 3], [[19, 20], [21, 22, 23]], [6, 3])]

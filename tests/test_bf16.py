@@ -21,7 +21,7 @@ from fastgrpo.update.logprobs import LogProbs
 from fastgrpo.model.loading import lora_config, merged_copy
 from fastgrpo.model.precision import resolve_bf16
 from fastgrpo.rollout.record import completion_mask
-from fastgrpo.generation.weight_copy import MergedCopy as WeightSync
+from fastgrpo.generation.weight_copy import MergedCopy
 
 AMX_CPU = {"cpu_name": "Intel Xeon", "amx_bf16": True, "amx_tile": True, "avx512_bf16": True, "avx2": True}
 AVX2_CPU = {"cpu_name": "AMD EPYC", "avx2": True, "amx_bf16": False, "avx512_bf16": False}
@@ -44,7 +44,7 @@ def test_trainer_says_which_and_why_once(tmp_path, monkeypatch, capsys, tokenize
     trainer = GRPOTrainer(make_model(), reward_even_tokens, args=config(tmp_path), train_dataset=prompts, processing_class=tokenizer)
     out = capsys.readouterr().out
     assert out.count("fastgrpo: bf16 ") == 1 and f"bf16 {'on' if bf16 else 'off'}: {cpu['cpu_name']}" in out
-    assert (trainer.generate.weight_sync is not None) == bf16  # bf16: the sampler has its own copy, and says its size
+    assert (trainer.backend.weight_copy is not None) == bf16  # bf16: the sampler has its own copy, and says its size
     assert ("copy of the weights (6 MiB)" in out) == bf16  # tiny model: 3.2 M parameters × 2 bytes
 
 
@@ -59,7 +59,7 @@ def test_bf16_false_is_the_fp32_path(tmp_path, monkeypatch, capsys, tokenizer, m
         args = config(tmp_path / str(bf16), bf16=bf16, max_steps=2)
         trainer = GRPOTrainer(model, reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
         trainer.train()
-        assert trainer.generate.weight_sync is None
+        assert trainer.backend.weight_copy is None
         with open(os.path.join(args.output_dir, "metrics.jsonl")) as f:
             runs[bf16] = [{k: v for k, v in json.loads(line).items() if not k.startswith(("seconds", "generation_tokens", "train_tokens"))} for line in f]
         weights[bf16] = model.state_dict()
@@ -139,22 +139,22 @@ def test_sampler_copy_is_the_policy_in_bf16_after_every_step(tmp_path, monkeypat
     # μ = 1, one optimizer step per rollout: the copy is refreshed before each rollout's sampling, and must then equal
     # the policy's weights (adapters merged) rounded to bf16, bit for bit; the weights move between refreshes.
     seen = []
-    real = WeightSync.refresh
+    real = MergedCopy.update
 
-    def checked(self):
-        real(self)
-        policy = merged_copy(self.policy) if adapters else self.policy
+    def checked(self, policy):
+        real(self, policy)
+        policy = merged_copy(policy) if adapters else policy
         expected = {name: p.detach().to(torch.bfloat16) for name, p in policy.named_parameters()}
-        copy = dict(self.model.named_parameters())
+        copy = dict(self.module.named_parameters())
         assert copy.keys() == expected.keys() and all(torch.equal(copy[n], expected[n]) for n in copy)
         seen.append(copy["model.layers.0.self_attn.q_proj.weight"].clone())
 
-    monkeypatch.setattr(WeightSync, "refresh", checked)
+    monkeypatch.setattr(MergedCopy, "update", checked)
     args = config(tmp_path, bf16=True, max_steps=3, learning_rate=1e-2)
     peft_config = lora_config(lora_r=4, lora_alpha=8, lora_target_modules=["q_proj", "v_proj"]) if adapters else None
     trainer = GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer,
                           peft_config=peft_config)
     trainer.train()
-    assert len(seen) == 1 + 3  # made once, then refreshed once per rollout
-    assert not torch.equal(seen[1], seen[3])  # the optimizer steps (the adapters' too) reached the copy
-    assert not any(p.requires_grad for p in trainer.generate.weight_sync.model.parameters())
+    assert len(seen) == 1 + 2  # made once, then updated before each later rollout (each after an optimizer step)
+    assert not torch.equal(seen[0], seen[2])  # the optimizer steps (the adapters' too) reached the copy
+    assert not any(p.requires_grad for p in trainer.backend.weight_copy.module.parameters())

@@ -15,12 +15,14 @@ from datasets import Dataset, IterableDataset
 from transformers import LogitsProcessorList
 
 from fastgrpo import GRPOConfig, GRPOTrainer
-from fastgrpo.generation import build as generation, sampler
+from types import SimpleNamespace
+
+from fastgrpo.generation import sampler, transformers_generate
 from fastgrpo.cli import main
 from fastgrpo.rollout.prompts import PromptEncoder, conversation
 from fastgrpo.run.datasets import load_dataset_spec
 from fastgrpo.generation.contract import SamplingSettings
-from fastgrpo.generation.build import build_backend as build_generator
+from fastgrpo.generation.build import build_backend
 from fastgrpo.rollout.rewards import score
 
 # --- kind 3: a dataset column may be named like any parameter of the calls it passes through ---------------
@@ -70,8 +72,8 @@ def first_step_scores(monkeypatch, backend, model, sampling, ids, mask):
         return [*PROCESSORS(settings), lambda input_ids, scores: recorded.append(scores.clone()) or scores]
 
     monkeypatch.setattr(sampler, "logits_processors", lambda settings: LogitsProcessorList(recording(settings)))
-    monkeypatch.setattr(generation, "logits_processors", lambda settings: LogitsProcessorList(recording(settings)))
-    build_generator(backend, model, sampling)(ids, mask, 1)
+    monkeypatch.setattr(transformers_generate, "logits_processors", lambda settings: LogitsProcessorList(recording(settings)))
+    build_backend(SimpleNamespace(generation_backend=backend), model, sampling, bf16=False).sample(ids, mask, 1)
     return recorded[0]
 
 

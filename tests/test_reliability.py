@@ -335,7 +335,7 @@ def test_sampler_refuses_non_finite_logits(tokenizer, make_model):
     ids = torch.tensor([tokenizer("Hi")["input_ids"]])
     sampler = Sampler(model, SamplingSettings(max_completion_length=4, eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id))
     with pytest.raises(ValueError, match="logits hold inf or NaN at completion token 0"):
-        sampler(ids, torch.ones_like(ids), 2)
+        sampler.sample(ids, torch.ones_like(ids), 2)
 
 
 @pytest.mark.parametrize("value", [1e308, -1e39])

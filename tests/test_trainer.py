@@ -95,17 +95,18 @@ def test_each_rollout_is_used_mu_times_steps_per_pass(tmp_path, tokenizer, make_
     args = config(tmp_path, num_iterations=3, steps_per_generation=4, max_steps=12)
     trainer = GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
     generate_calls, steps_per_rollout = [], {}
-    real_generate, real_step = trainer.generate, trainer._optimizer_step
+    real_generate, real_step = trainer.backend.sample, trainer._optimizer_step
 
     def counting_generate(*a, **k):
         generate_calls.append(1)
         return real_generate(*a, **k)
 
-    def counting_step(rollout, *a, **k):
-        steps_per_rollout[id(rollout)] = steps_per_rollout.get(id(rollout), 0) + 1
+    def counting_step(rollout, *a, **k):  # a rollout's tensors stay the same objects while π_old is recorded on it
+        key = id(rollout.completion_ids)
+        steps_per_rollout[key] = steps_per_rollout.get(key, 0) + 1
         return real_step(rollout, *a, **k)
 
-    trainer.generate, trainer._optimizer_step = counting_generate, counting_step
+    trainer.backend.sample, trainer._optimizer_step = counting_generate, counting_step
     trainer.train()
     assert len(generate_calls) == 2  # 12 steps / 6 per rollout
     assert sorted(steps_per_rollout.values()) == [6, 6]
@@ -121,8 +122,8 @@ def test_old_logps_passes_only_where_needed(tmp_path, tokenizer, make_model, pro
     args.max_steps = args.steps_per_rollout  # one rollout
     trainer = GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
     passes = []
-    real = trainer._logps
-    trainer._logps = lambda model, mb, *ref: passes.append(1) or real(model, mb, *ref)
+    real = trainer.log_probs
+    trainer.passes.log_probs = trainer.update.log_probs = lambda model, mb, *ref: passes.append(1) or real(model, mb, *ref)
     trainer.train()
     assert len(passes) == expected_passes_per_rollout
 

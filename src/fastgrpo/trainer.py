@@ -12,9 +12,8 @@ Usage (TRL's API; only the import differs):
                           args=GRPOConfig(num_iterations=4), train_dataset=ds)
     trainer.train()
 
-Not here (docs/design.md has the map): the maths (algo/), generating (generation/), assembling a
-rollout (rollout/), the log-prob passes and the optimizer step (update/), set-up, checkpoints,
-evaluation and metric output (run/).
+Not here (docs/design.md has the map): the maths (algo/), generating (generation/), a rollout (rollout/),
+log-prob passes and the optimizer step (update/), set-up, checkpoints, evaluation, metrics (run/).
 """
 
 from __future__ import annotations
@@ -29,6 +28,8 @@ from accelerate.utils import gather_object
 from datasets import IterableDataset
 from rich.console import Console
 
+from .algo.entropy_control import EntropyControl
+from .algo.sampling_correction import SamplingCorrection
 from .config import GRPOConfig
 from .generation.build import build_backend
 from .generation.contract import SamplingSettings
@@ -39,13 +40,9 @@ from .rollout.producers import build_producer
 from .rollout.prompts import PromptEncoder
 from .rollout.record import Rollout, micro_batch_rows
 from .rollout.reward_models import RewardModel
-from .algo.entropy_control import EntropyControl
-from .algo.sampling_correction import SamplingCorrection
 from .run import checkpoints
 from .run.callbacks import TrainerEvents, scheduled
-from .run.dataset_kinds import StreamOrder, eval_sets
-from .run.datasets import PromptOrder
-from .run.evaluation import mean_rewards
+from .run.dataset_kinds import prompt_order
 from .run.inputs import check_trainer_inputs
 from .run.interrupt import StopOnInterrupt
 from .run.metrics import CompletionRows, MetricsLog, PhaseTimer, RewardHooks, Window, progress_bar, rollout_metrics, window_record
@@ -140,10 +137,7 @@ class GRPOTrainer(TRLMethods):
         for note in fallback_notices(policy) + self.backend.notices():
             notify(note)
         self.streaming = isinstance(train_dataset, IterableDataset)  # rows come in stream order, not by index
-        if self.streaming:
-            self.order = StreamOrder(train_dataset)
-        else:
-            self.order = PromptOrder(len(train_dataset), a.data_seed if a.data_seed is not None else a.seed, a.shuffle_dataset)
+        self.order = prompt_order(train_dataset, a)  # the data order: seeded per epoch, or the stream's
         # π_old = π_θ detached (no pass) when the policy cannot move between generation and last use.
         self.needs_old_logps = not (a.num_iterations == 1 and a.steps_per_generation == a.gradient_accumulation_steps)
         self.step, self.timer, self.window, self.fresh_completions = 0, PhaseTimer(), Window(), []
@@ -162,18 +156,6 @@ class GRPOTrainer(TRLMethods):
             a, acc, self.model, self.optimizer, self.scheduler, log_probs=self.log_probs, correction=self.correction,
             entropy_control=self.entropy_control, reference=self.reference, entropy_mask=self.get_high_entropy_mask, events=self.events, timer=self.timer,
         )
-
-    def add_callback(self, callback) -> None:
-        """Add a `transformers.TrainerCallback` (instance or class), as `Trainer.add_callback`."""
-        self.events.add(callback)
-
-    def pop_callback(self, callback):
-        """Remove and return a callback (instance or class), as `Trainer.pop_callback`."""
-        return self.events.handler.pop_callback(callback)
-
-    def remove_callback(self, callback) -> None:
-        """Remove a callback (instance or class), as `Trainer.remove_callback`."""
-        self.events.handler.remove_callback(callback)
 
     # ------------------------------------------------------------------ the loop
     def train(self, resume_from_checkpoint=None) -> TrainOutput:
@@ -316,44 +298,3 @@ class GRPOTrainer(TRLMethods):
                 self.log.completions(self.step, r, self.reward_names, self.args.num_completions_to_print)
         self.last_metrics, self.window, self.fresh_completions = record, Window(), []
         return record
-
-    # ------------------------------------------------------------------ public helpers
-    @torch.no_grad()
-    def evaluate(self, eval_dataset=None, metric_key_prefix: str = "eval") -> dict:
-        """Mean reward of num_generations_eval (default G) sampled completions per eval prompt (each process scores its share).
-
-        Args:
-            eval_dataset: rows, or a dict / DatasetDict of them (each evaluated, metrics
-                prefixed `<prefix>_<name>_`); default: the trainer's eval_dataset.
-            metric_key_prefix: "eval" gives eval_reward and eval_rewards/<fn>/mean (TRL's naming).
-        Returns:
-            {"<prefix>_reward": mean weighted reward, "<prefix>_rewards/<fn>/mean" and "/std": each reward's}.
-        Raises:
-            ValueError: no eval dataset here or in the trainer, or one of a kind evaluation cannot read.
-        """
-        sets = eval_sets(eval_dataset) if eval_dataset is not None else self.eval_sets
-        if sets is None:
-            raise ValueError("evaluate() needs an eval_dataset: pass one to evaluate() or to GRPOTrainer.")
-        G = self.args.num_generations_eval or self.args.num_generations
-        self._sync_weights()
-        metrics = mean_rewards(
-            sets, metric_key_prefix, lambda rows, timer: self.assembly.score_rows(rows, G, timer), reward_names=self.reward_names, reward_weights=self.reward_weights,
-            num_generations=G, batch_size=self.args.per_device_eval_batch_size, accelerator=self.accelerator,
-            on_batch=self.events.prediction_step,
-        )
-        if self.log is not None:
-            self.log.write({"step": self.step, **metrics})
-        self.events.evaluate(metrics)
-        return metrics
-
-    def save_model(self, output_dir: str | None = None, merge_adapters: bool = False) -> None:
-        """Save the policy (safetensors) and tokenizer to `output_dir` (default args.output_dir); main process writes.
-
-        With adapters it writes them alone (`adapter_model.safetensors`, loadable with
-        `peft.PeftModel.from_pretrained`), or with `merge_adapters=True` the base
-        weights with the adapters merged in (loadable with `from_pretrained`).
-
-        Raises:
-            ValueError: merge_adapters=True for a policy without adapters.
-        """
-        checkpoints.save_model(self.accelerator, self.model, self.tokenizer, output_dir or self.args.output_dir, merge_adapters)

@@ -25,16 +25,11 @@ Not here: the turn loop and tool calls (rollout/agents/multiturn.py), single-tur
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from .contract import Turn
 from .kv_cache import KVCache, inverse_cdf
 from .processors import fill_pads
-
-if TYPE_CHECKING:  # sampler.py builds CachedTurns (Sampler.turns); the type only, no import at run time
-    from .sampler import Sampler
 
 
 class TurnCache(KVCache):
@@ -119,7 +114,7 @@ class CachedTurns:
             updates once per rollout — settings and processors are used).
     """
 
-    def __init__(self, sampler: Sampler):
+    def __init__(self, sampler):  # sampler.Sampler, which builds it (Sampler.turns): not imported here, no circle
         self.sampler = sampler
         self.cache: TurnCache | None = None
 

@@ -28,11 +28,9 @@ import concurrent.futures
 import functools
 import importlib
 import inspect
-import json
 import math
 import numbers
 import logging
-import re
 from collections.abc import Callable, Sequence
 
 import numpy as np

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 
 from datasets import IterableDataset
 
-from .datasets import check_dataset
+from .datasets import PromptOrder, check_dataset
 
 
 def check_train_dataset(dataset, max_steps: int) -> None:
@@ -111,3 +111,11 @@ class StreamOrder:
 
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self.position, self._rows = state["epoch"], state["position"], None
+
+
+def prompt_order(train_dataset, args):
+    """The order training prompts are drawn in: the stream's own (`StreamOrder`) for an IterableDataset, else a
+    seeded permutation per epoch (`datasets.PromptOrder`, data_seed or seed; shuffle_dataset=False: in order)."""
+    if isinstance(train_dataset, IterableDataset):
+        return StreamOrder(train_dataset)
+    return PromptOrder(len(train_dataset), args.data_seed if args.data_seed is not None else args.seed, args.shuffle_dataset)
