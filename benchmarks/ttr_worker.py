@@ -123,8 +123,17 @@ def main(spec_path: str, out_path: str) -> None:
     if spec["system"] == "trl":  # rollout: sampling, scoring, advantages and the π_old/π_ref passes, in both
         trainer._generate_and_score_completions = timed("rollout", trainer._generate_and_score_completions)
         trainer._generate_single_turn = timed("generate", trainer._generate_single_turn)
-    else:
-        trainer._collect, trainer.generate = timed("rollout", trainer._collect), timed("generate", trainer.generate)
+    else:  # the trainer's PhaseTimer (run/metrics.py), its public seam: the rollout is every phase but the update
+        last = ["update"]
+
+        def phase_ended(phase, start, end):
+            if phase != "update":
+                phases["rollout"] += end - start
+                phases["generate"] += (end - start) if phase == "generate" else 0.0
+                counts["rollout"] += int(last[0] == "update")  # a rollout's phases begin after an update (or the start)
+            last[0] = phase
+
+        trainer.timer.listen(phase_ended)
     try:
         trainer.train()
         stopped = None

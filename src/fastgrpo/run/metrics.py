@@ -29,10 +29,19 @@ PHASES = ("generate", "score", "old_logps", "ref_logps", "update")
 
 
 class PhaseTimer:
-    """Wall-clock seconds per named phase (`generate`, `score`, `old_logps`, `ref_logps`, `update`)."""
+    """Wall-clock seconds per named phase (`generate`, `score`, `old_logps`, `ref_logps`, `update`).
+
+    The public seam for timing a run (`trainer.timer.listen(fn)`): each listener gets
+    (phase, start, end) in `time.perf_counter()` seconds as each phase ends (benchmarks/ use it).
+    """
 
     def __init__(self):
         self.seconds: dict[str, float] = defaultdict(float)
+        self.listeners: list = []
+
+    def listen(self, fn) -> None:
+        """Call fn(phase, start, end) at the end of every phase from now on."""
+        self.listeners.append(fn)
 
     @contextmanager
     def __call__(self, phase: str):
@@ -40,7 +49,10 @@ class PhaseTimer:
         try:
             yield
         finally:
-            self.seconds[phase] += time.perf_counter() - start
+            end = time.perf_counter()
+            self.seconds[phase] += end - start
+            for fn in self.listeners:
+                fn(phase, start, end)
 
     def pop(self) -> dict[str, float]:
         """Seconds per phase since the last pop, then reset."""
