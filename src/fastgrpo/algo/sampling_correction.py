@@ -1,6 +1,6 @@
 """The sampler–trainer mismatch: TRL 1.16's importance-sampling correction and off-policy sequence mask.
 
-The sampler generates from its own weight copy (bf16, weight_sync.py), so the
+The sampler generates from its own weight copy (bf16, generation/weight_copy.py), so the
 probability a token was sampled with, μ_s(y), differs slightly from π_old(y),
 the trainer's. TRL corrects the same gap for vLLM (`vllm_importance_sampling_*`,
 grpo_trainer.py `_generate_and_score_completions`); these are its formulas,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import functools
 import json
 import math
 import os
@@ -31,6 +32,36 @@ from .trl_fields import TRL_FIELDS, check_trl_field
 
 
 
+def _accepts_trl_fields(cls):
+    """Class decorator over @dataclass: its __init__ first checks TRL's other fields (trl_fields.py) and sets them aside.
+
+    The generated __init__ takes the dataclass fields only, so the wrapper has to sit around it; a decorator
+    does that where the class is declared (a base class would split GRPOConfig's fields from its name).
+    """
+    fields = {f.name for f in dataclasses.fields(cls)}
+    dataclass_init = cls.__init__
+
+    @functools.wraps(dataclass_init)
+    def __init__(self, *args, **kwargs):
+        trl_values = {name: kwargs.pop(name) for name in list(kwargs) if name not in fields and name in TRL_FIELDS}
+        unknown = sorted(set(kwargs) - fields)
+        if unknown:
+            name = unknown[0]
+            close = difflib.get_close_matches(name, sorted(fields | set(TRL_FIELDS)), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise TypeError(
+                f"GRPOConfig has no field {name!r}; {hint}fastgrpo takes TRL's GRPOConfig fields (README, \"Configuration\")."
+            )
+        for name, value in trl_values.items():
+            check_trl_field(name, value)
+        object.__setattr__(self, "_trl_values", trl_values)
+        dataclass_init(self, *args, **kwargs)
+
+    cls.__init__ = __init__
+    return cls
+
+
+@_accepts_trl_fields
 @dataclass
 class GRPOConfig:
     """Configuration of a GRPO run (TRL `GRPOConfig` names and defaults).
@@ -277,35 +308,11 @@ class GRPOConfig:
         """The fields as a plain dict (for YAML, checkpoints and logs)."""
         return dataclasses.asdict(self)
 
-
-# Older TRL spellings a field takes beside its annotated type (annotated narrowly for HfArgumentParser).
-_FIELDS = {f.name for f in dataclasses.fields(GRPOConfig)}
-_dataclass_init = GRPOConfig.__init__
-
-
-def _init_with_trl_fields(self, *args, **kwargs):
-    """The dataclass __init__, after TRL's other fields are checked (trl_fields.py) and set aside."""
-    trl_values = {name: kwargs.pop(name) for name in list(kwargs) if name not in _FIELDS and name in TRL_FIELDS}
-    unknown = sorted(set(kwargs) - _FIELDS)
-    if unknown:
-        name = unknown[0]
-        close = difflib.get_close_matches(name, sorted(_FIELDS | set(TRL_FIELDS)), n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        raise TypeError(
-            f"GRPOConfig has no field {name!r}; {hint}fastgrpo takes TRL's GRPOConfig fields (README, \"Configuration\")."
-        )
-    for name, value in trl_values.items():
-        check_trl_field(name, value)
-    object.__setattr__(self, "_trl_values", trl_values)
-    _dataclass_init(self, *args, **kwargs)
+    def __getattr__(self, name: str):
+        """`args.<TRL field>` for a field kept in trl_fields.py: the value given, or TRL's default."""
+        if name in TRL_FIELDS:
+            return self.__dict__.get("_trl_values", {}).get(name, TRL_FIELDS[name].default)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
-def _trl_field_value(self, name: str):
-    """`args.<TRL field>` for a field kept in trl_fields.py: the value given, or TRL's default."""
-    if name in TRL_FIELDS:
-        return self.__dict__.get("_trl_values", {}).get(name, TRL_FIELDS[name].default)
-    raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
-
-GRPOConfig.__init__ = _init_with_trl_fields
-GRPOConfig.__getattr__ = _trl_field_value
+_FIELDS = {f.name for f in dataclasses.fields(GRPOConfig)}  # the dataclass fields (the CLI and its tests read them)

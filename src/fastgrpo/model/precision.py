@@ -18,7 +18,7 @@ The autocast is fastgrpo's own (`autocast_for`), not accelerate's
 singleton), while a process may build trainers of both precisions.
 
 Not here: where the autocast applies (every log-prob pass, logprobs.py; reward
-models, reward_models.py); the sampler's bf16 weights (weight_sync.py).
+models, reward_models.py); the sampler's bf16 weights (generation/weight_copy.py).
 """
 
 from __future__ import annotations
