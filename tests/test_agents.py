@@ -352,7 +352,7 @@ def test_cached_turns_equal_reprefill_and_the_training_pass(tokenizer, make_mode
     from fastgrpo.generation.contract import SamplingSettings
     from fastgrpo.update.logprobs import LogProbs
     from fastgrpo.generation.sampler import Sampler
-from fastgrpo.generation.weight_copy import MergedCopy
+    from fastgrpo.generation.weight_copy import MergedCopy
 
     model = make_model().eval()
     eos = tokenizer.eos_token_id
