@@ -1,6 +1,6 @@
 from fastgrpo import GRPOConfig, GRPOTrainer      # was: from trl import GRPOConfig, GRPOTrainer
-from fastgrpo.tasks.reasoning_gym import reasoning_gym_dataset
-from fastgrpo.tasks.rewards import reasoning_gym_reward
+from fastgrpo.data import reasoning_gym_dataset
+from fastgrpo.rewards import reasoning_gym_reward
 
 # "Calculate 5 - -4." with the system prompt "Reply with only the final answer, nothing else."
 dataset = reasoning_gym_dataset(["basic_arithmetic"], size=400,

@@ -151,11 +151,11 @@ def test_item_6_trainer_gathers_every_processs_entropies():
 
     trainer = object.__new__(GRPOTrainer)  # only the two attributes _entropy_mask reads
     trainer.accelerator, trainer.args = TwoProcesses(), GRPOConfig(top_entropy_quantile=0.5)
-    keep = trainer._entropy_mask(torch.tensor([[0.0, 1.0, 9.0]]), torch.tensor([[1.0, 1.0, 0.0]]))
+    keep = trainer.update.policy_mask(torch.tensor([[0.0, 1.0, 9.0]]), torch.tensor([[1.0, 1.0, 0.0]]))
     assert keep.tolist() == [[0.0, 0.0, 0.0]]
     # ρ = 1: no filter at all (every active token carries the policy term)
     trainer.args = GRPOConfig()
-    assert trainer._entropy_mask(torch.tensor([[0.0, 1.0, 9.0]]), torch.tensor([[1.0, 1.0, 0.0]])) is None
+    assert trainer.update.policy_mask(torch.tensor([[0.0, 1.0, 9.0]]), torch.tensor([[1.0, 1.0, 0.0]])) is None
 
 
 def test_item_7_every_dropout_is_off(tokenizer):

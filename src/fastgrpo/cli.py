@@ -78,7 +78,7 @@ BUILTIN_JOB = {
     },
 }
 JOB_KEYS = ("model", "dataset", "reward", "dataset_size", "tools", "environment")
-ENVIRONMENTS = {"calculator": "fastgrpo.agents.calculator:Calculator"}  # built-in environment names
+ENVIRONMENTS = {"calculator": "fastgrpo.tasks.calculator:Calculator"}  # built-in environment names
 # rewards.BUILTIN_REWARDS' names, listed here so that --help needs no torch (a test keeps them equal).
 BUILTIN_REWARD_NAMES = ("length", "format", "brevity", "reasoning_gym", "exact")
 
@@ -277,13 +277,13 @@ def import_object(spec: str, flag: str):
     Raises:
         ValueError: a spec without ":", a module that does not import, or a missing name (naming the flag and the fix).
     """
-    import importlib
+    from .tasks import import_module
 
     module, _, name = spec.partition(":")
     if not module or not name:
         raise ValueError(f"{flag} {spec!r}: give module:name (a Python file or module in the current folder, and the name in it).")
     try:
-        return getattr(importlib.import_module(module), name)
+        return getattr(import_module(module), name)
     except ModuleNotFoundError as err:
         raise ValueError(f"{flag} {spec!r}: module {module!r} not found ({err}); run from the folder that holds it.") from None
     except AttributeError:

@@ -44,13 +44,13 @@ advantage maths (algo/advantages.py), the loss (algo/losses.py).
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
 from collections.abc import Callable
 
 import torch
 
 from ..algo.advantages import no_signal
+from ..tasks import import_module
 from .record import Rollout, concat, micro_batch_rows
 
 # prompts per process → (this process's share of them sampled and scored: a Rollout without Â, π_old, π_ref; log_extra columns)
@@ -97,7 +97,7 @@ def resolve_filter(spec: str | None, reward_names: list[str], weights: torch.Ten
         return lambda rewards: ~no_signal(rewards[..., k], 1).squeeze(1)
     module, _, name = spec.partition(":")
     try:
-        return getattr(importlib.import_module(module), name)
+        return getattr(import_module(module), name)
     except (ImportError, AttributeError, ValueError) as err:
         raise ValueError(
             f"filter_groups_metric={spec!r} is neither a reward function ({', '.join(reward_names)}) nor an importable "

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
-import importlib
 import inspect
 import math
 import numbers
@@ -36,6 +35,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
+from ..tasks import import_module
 from ..tasks.rewards import BUILTIN_REWARDS
 
 logger = logging.getLogger("fastgrpo.rewards")  # the name users filter on (before the layout it was the module's)
@@ -227,7 +227,7 @@ def resolve_reward(spec, processing_class=None, init_kwargs: dict | None = None)
     if ":" in spec:
         module_name, _, attr = spec.partition(":")
         try:
-            fn = getattr(importlib.import_module(module_name), attr)
+            fn = getattr(import_module(module_name), attr)
         except (ImportError, AttributeError) as err:
             raise ValueError(f"reward {spec!r}: cannot import {attr!r} from {module_name!r} ({err}).") from err
         if not callable(fn):
