@@ -21,15 +21,16 @@ import time
 
 import torch
 
-from fastgrpo.agents.cached_turns import CachedTurns
-from fastgrpo.agents.calculator import Calculator, calculator_dataset
-from fastgrpo.agents.chat_format import prepare_tool_tokenizer
-from fastgrpo.agents.environments import Environments
-from fastgrpo.agents.multiturn import MultiTurn, Reprefill
-from fastgrpo.data import PromptEncoder
-from fastgrpo.generation import SamplingSettings
-from fastgrpo.models import load_model, load_tokenizer
-from fastgrpo.sampler import Sampler
+from fastgrpo.generation.cached_turns import CachedTurns
+from fastgrpo.tasks.calculator import Calculator, calculator_dataset
+from fastgrpo.rollout.agents.chat_format import prepare_tool_tokenizer
+from fastgrpo.rollout.agents.environments import Environments
+from fastgrpo.rollout.agents.multiturn import MultiTurn
+from fastgrpo.generation.reprefill import Reprefill
+from fastgrpo.rollout.prompts import PromptEncoder
+from fastgrpo.generation.contract import SamplingSettings
+from fastgrpo.model.loading import load_model, load_tokenizer
+from fastgrpo.generation.sampler import Sampler
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from fastgrpo.precision import resolve_bf16
+from fastgrpo.model.precision import resolve_bf16
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SHAPES = [(2048, 2048, 2048), (256, 576, 1536), (512, 1536, 576), (256, 576, 49152), (16, 576, 1536), (16, 576, 49152)]

@@ -9,7 +9,7 @@ writes OUT/<name>.json: peak resident memory of each process (getrusage), the
 bytes each process holds in parameters, gradients (just before the optimizer
 step) and AdamW state (all local shards), seconds per optimizer step after the
 first, and under FSDP the sampler copy's bytes and the seconds of each
-rollout's gather (`sharding.GatheredCopy`).
+rollout's gather (`generation/weight_copy.GatheredCopy`).
 
 Not here: a multi-node or GPU measurement.
 """
@@ -64,8 +64,8 @@ def run(out: str, name: str, steps: int) -> None:
         grads.append(local_bytes(p.grad for p in trainer.model.parameters() if p.grad is not None))
         result = original_step(*a, **k)
         step_ends.append(time.perf_counter())
-        if trainer.sampler_copy is not None:
-            gathers.append(trainer.sampler_copy.seconds)
+        if trainer.backend.weight_copy is not None:
+            gathers.append(trainer.backend.weight_copy.seconds)
         return result
 
     optimizer.step = measured_step
@@ -80,11 +80,11 @@ def run(out: str, name: str, steps: int) -> None:
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
     if dist.get_rank() == 0:
-        copy = trainer.sampler_copy
+        copy = trainer.backend.weight_copy
         result = {
             "name": name, "processes": everyone, "steps": steps,
             "seconds_per_step": [b - a for a, b in zip(step_ends, step_ends[1:])],
-            "gather_seconds": gathers, "sampler_copy_mib": copy.bytes / 2**20 if copy is not None else None,
+            "gather_seconds": gathers, "sampler_copy_mib": copy.nbytes / 2**20 if copy is not None else None,
             "command": " ".join(sys.argv),
         }
         with open(os.path.join(out, f"{name}.json"), "w") as f:

@@ -90,7 +90,7 @@ def tiny_model_path() -> str:
     import torch
     from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-    from fastgrpo.models import cache_dir, resolve_model_path
+    from fastgrpo.model.loading import cache_dir, resolve_model_path
 
     target = os.path.join(cache_dir(), "bench-tiny-llama")
     if os.path.exists(os.path.join(target, "config.json")):
@@ -112,7 +112,7 @@ def tiny_model_path() -> str:
 
 
 def model_path(name: str) -> str:
-    from fastgrpo.models import resolve_model_path
+    from fastgrpo.model.loading import resolve_model_path
 
     return tiny_model_path() if name == "tiny" else resolve_model_path(name)
 

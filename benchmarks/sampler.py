@@ -44,11 +44,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from worker import matmul_peak, prompts, reward_len  # noqa: E402
 
-from fastgrpo.data import PromptEncoder  # noqa: E402
-from fastgrpo.generation import SamplingSettings, TransformersGenerator  # noqa: E402
-from fastgrpo.models import load_model, load_tokenizer, resolve_model_path  # noqa: E402
-from fastgrpo.sampler import Sampler  # noqa: E402
-from fastgrpo.weight_sync import WeightSync  # noqa: E402
+from fastgrpo.rollout.prompts import PromptEncoder  # noqa: E402
+from fastgrpo.generation.contract import SamplingSettings  # noqa: E402
+from fastgrpo.generation.transformers_generate import TransformersGenerator  # noqa: E402
+from fastgrpo.model.loading import load_model, load_tokenizer, resolve_model_path  # noqa: E402
+from fastgrpo.generation.sampler import Sampler  # noqa: E402
+from fastgrpo.generation.weight_copy import MergedCopy  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
 G, T, MAX_PROMPT = 8, 64, 64  # the seed configuration (run.py's SEED_CONFIG)
@@ -144,7 +145,7 @@ def decode_table(model, tokenizer, ids, mask, device, autocast, peak: float, ban
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     params, bytes_per = matmul_params(model), 4 if autocast is None else 2
     prompt = ids[:1, mask[0].bool()]  # (1, P) the first chat prompt, no padding
-    sync = WeightSync(model) if autocast is not None else None  # bf16: the sampler's own copy, as the trainer builds it
+    sync = MergedCopy(model) if autocast is not None else None  # bf16: the sampler's own copy, as the trainer builds it
     rows = []
     for length in lengths:
         repeats = -(-(length // 2) // prompt.shape[1])  # lengthen the prompt to prompt + L/2 tokens
@@ -155,9 +156,9 @@ def decode_table(model, tokenizer, ids, mask, device, autocast, peak: float, ban
             times = {}
             for steps in (1, 1 + k):
                 no_eos = SamplingSettings(max_completion_length=steps, eos_token_ids=[], pad_token_id=tokenizer.pad_token_id)
-                sampler = Sampler(model, no_eos, weight_sync=sync)
+                sampler = Sampler(model, no_eos, weight_copy=sync)
                 one_mask = torch.ones_like(context_ids)
-                times[steps] = min(synced(lambda: sampler(context_ids, one_mask, batch)) for _ in range(2))  # noqa: B023
+                times[steps] = min(synced(lambda: sampler.sample(context_ids, one_mask, batch)) for _ in range(2))  # noqa: B023
             step = (times[1 + k] - times[1]) / k
             matmuls = bare_matmuls(model, batch, device, autocast)
             attention_flops = 4 * batch * config.num_hidden_layers * config.num_attention_heads * head_dim * context
@@ -211,14 +212,14 @@ def main() -> None:
     ids, mask, _ = PromptEncoder(tokenizer, MAX_PROMPT)(prompts(2))
     ids, mask = ids.to(device), mask.to(device)
     sampling = SamplingSettings(max_completion_length=T, eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id)
-    ours = Sampler(model, sampling, weight_sync=WeightSync(model) if autocast is not None else None)
+    ours = Sampler(model, sampling, weight_copy=MergedCopy(model) if autocast is not None else None)
     if args.skip_trl:
         generate = TransformersGenerator(model, sampling)
         peer_name, peer = "transformers generate", lambda i, m, g: _autocast_call(generate, autocast, i, m, g)  # noqa: E731
     else:
         peer_name, peer = "TRL 1.16", trl_generator(resolve_model_path(MODEL), tokenizer, device, tempfile.mkdtemp())
     # token counts for fastgrpo's padded output: up to and including the first EOS
-    counted = lambda i, m, g: _token_lists(ours(i, m, g).completion_ids, tokenizer.eos_token_id)  # noqa: E731
+    counted = lambda i, m, g: _token_lists(ours.sample(i, m, g).completion_ids, tokenizer.eos_token_id)  # noqa: E731
     rollouts = rollout_seconds(counted, peer, ids, mask, args.pairs)
     for run in rollouts:
         print(f"rollout: fastgrpo {run['fastgrpo']:.2f} s, {peer_name} {run['peer']:.2f} s, ratio {run['fastgrpo'] / run['peer']:.2f}", flush=True)
@@ -252,7 +253,7 @@ def _token_lists(completion_ids: torch.Tensor, eos: int) -> list[list[int]]:
 def _autocast_call(generate: TransformersGenerator, dtype: torch.dtype | None, ids, mask, num_generations):
     """`generate` under the trainer's autocast (bf16 on CUDA), as token lists up to EOS."""
     with torch.autocast(ids.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-        return _token_lists(generate(ids, mask, num_generations).completion_ids, generate.config.eos_token_id[0])
+        return _token_lists(generate.sample(ids, mask, num_generations).completion_ids, generate.config.eos_token_id[0])
 
 
 def _cuda_peak(n: int = 8192) -> float:

@@ -251,7 +251,7 @@ def main(argv=None) -> int:
     if ns.report:
         print(render(ns.report))
         return 0
-    from fastgrpo.models import resolve_model_path
+    from fastgrpo.model.loading import resolve_model_path
     from ttr_worker import job_config
 
     suite = SUITES[ns.suite]

@@ -37,13 +37,13 @@ DATASETS = {
 
 def exact_reward(completions, entry=None, **kwargs) -> list[float]:
     """1.0 when reasoning-gym's scorer gives full marks (the exact answer), else 0: correctness alone."""
-    from fastgrpo.rewards import reasoning_gym_reward
+    from fastgrpo.tasks.rewards import reasoning_gym_reward
 
     return [float(s == 1.0) for s in reasoning_gym_reward(completions, entry=entry)]
 
 
 def reward_funcs(task: str) -> list:
-    from fastgrpo.rewards import brevity_reward, reasoning_gym_reward
+    from fastgrpo.tasks.rewards import brevity_reward, reasoning_gym_reward
 
     return [reasoning_gym_reward, brevity_reward] if task == "arithmetic" else [exact_reward]
 
@@ -74,8 +74,8 @@ def main(spec_path: str, out_path: str) -> None:
     torch.set_num_threads(spec["threads"])
     from transformers import TrainerCallback
 
-    from fastgrpo.data import reasoning_gym_dataset
-    from fastgrpo.dynamic_sampling import NoInformativeGroups
+    from fastgrpo.tasks.reasoning_gym import reasoning_gym_dataset
+    from fastgrpo.rollout.group_filter import NoInformativeGroups
 
     dataset = reasoning_gym_dataset(size=spec["dataset_size"], seed=spec["seed"], **DATASETS[spec["task"]])
     calls: list[dict] = []
@@ -123,8 +123,17 @@ def main(spec_path: str, out_path: str) -> None:
     if spec["system"] == "trl":  # rollout: sampling, scoring, advantages and the π_old/π_ref passes, in both
         trainer._generate_and_score_completions = timed("rollout", trainer._generate_and_score_completions)
         trainer._generate_single_turn = timed("generate", trainer._generate_single_turn)
-    else:
-        trainer._collect, trainer.generate = timed("rollout", trainer._collect), timed("generate", trainer.generate)
+    else:  # the trainer's PhaseTimer (run/metrics.py), its public seam: the rollout is every phase but the update
+        last = ["update"]
+
+        def phase_ended(phase, start, end):
+            if phase != "update":
+                phases["rollout"] += end - start
+                phases["generate"] += (end - start) if phase == "generate" else 0.0
+                counts["rollout"] += int(last[0] == "update")  # a rollout's phases begin after an update (or the start)
+            last[0] = phase
+
+        trainer.timer.listen(phase_ended)
     try:
         trainer.train()
         stopped = None

@@ -172,18 +172,20 @@ def peft_config(spec: dict):
     """The same `peft.LoraConfig` for both systems (fastgrpo's `lora_config`, TRL ModelConfig's names), or None."""
     if spec.get("lora") is None:
         return None
-    from fastgrpo.models import lora_config
+    from fastgrpo.model.loading import lora_config
 
     return lora_config(**spec["lora"])
 
 
 def run_fastgrpo(spec: dict, dataset, reward, rec: Recorder, output_dir: str):
+    from transformers import TrainerCallback
+
     from fastgrpo import GRPOConfig, GRPOTrainer
 
     args = GRPOConfig(**config_values(spec, output_dir), max_prompt_length=spec["max_prompt_length"], save_strategy="no")
     trainer = GRPOTrainer(model=spec["model_path"], reward_funcs=reward, args=args, train_dataset=dataset, peft_config=peft_config(spec))
 
-    logps = trainer._logps
+    logps = trainer.log_probs  # the passes' public seam: both holders of the LogProbs pass (update/passes.py, update/step.py)
 
     def timed_logps(model, mb, *ref_model):
         start, grad = rec.now(), torch.is_grad_enabled()
@@ -192,16 +194,18 @@ def run_fastgrpo(spec: dict, dataset, reward, rec: Recorder, output_dir: str):
         rec.log_pass(grad, out.packed_tokens, token_count(mb.completion_mask), start, out.padded_tokens)
         return out
 
-    after_step = trainer._after_step
+    trainer.passes.log_probs = trainer.update.log_probs = timed_logps
 
-    def mark_step(*args, **kwargs):
-        rec.step_ends.append(rec.now())
-        return after_step(*args, **kwargs)
+    def phase_ended(phase, start, end):  # the trainer's PhaseTimer (run/metrics.py): every phase but update is the rollout's
+        rec.phases.append(("update" if phase == "update" else "rollout", start - rec.t0, end - rec.t0))
 
-    trainer._logps = timed_logps
-    trainer._collect = rec.timed("rollout", trainer._collect)
-    trainer._optimizer_step = rec.timed("update", trainer._optimizer_step)
-    trainer._after_step = mark_step
+    trainer.timer.listen(phase_ended)
+
+    class StepEnds(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            rec.step_ends.append(rec.now())
+
+    trainer.add_callback(StepEnds())
     model = trainer.accelerator.unwrap_model(trainer.model)
     return trainer, model
 

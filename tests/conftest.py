@@ -6,7 +6,7 @@ import torch
 from datasets import Dataset
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from fastgrpo.models import load_tokenizer
+from fastgrpo.model.loading import load_tokenizer
 
 
 @pytest.fixture(scope="session")

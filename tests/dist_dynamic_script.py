@@ -23,8 +23,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import tiny_model  # noqa: E402
 
 from fastgrpo import GRPOConfig, GRPOTrainer  # noqa: E402
-from fastgrpo.dynamic_sampling import NoInformativeGroups  # noqa: E402
-from fastgrpo.models import load_tokenizer  # noqa: E402
+from fastgrpo.rollout.group_filter import NoInformativeGroups  # noqa: E402
+from fastgrpo.model.loading import load_tokenizer  # noqa: E402
 
 G = 4
 

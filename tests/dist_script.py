@@ -37,9 +37,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import tiny_model  # noqa: E402
 
 from fastgrpo import GRPOConfig, GRPOTrainer  # noqa: E402
-from fastgrpo.models import load_tokenizer, lora_config  # noqa: E402
-from fastgrpo.sampling import Samples  # noqa: E402
-from fastgrpo.sharding import full_value  # noqa: E402
+from fastgrpo.model.loading import load_tokenizer, lora_config  # noqa: E402
+from fastgrpo.generation.contract import Samples  # noqa: E402
+from fastgrpo.model.sharding import full_value  # noqa: E402
 
 G, T = 4, 12  # completions per prompt, max completion tokens
 
@@ -87,7 +87,7 @@ def train(output_dir: str, max_steps: int, resume: bool = False, lora: bool = Fa
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"Count to {n}."}]} for n in range(32)])
     peft_config = lora_config(lora_r=8, lora_alpha=16, lora_target_modules="all-linear") if lora else None
     trainer = GRPOTrainer(tiny_model(tokenizer), reward_fixed, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=peft_config)
-    trainer.generate = fixed_completions(tokenizer, tokenizer.eos_token_id)
+    trainer.backend.sample = fixed_completions(tokenizer, tokenizer.eos_token_id)
 
     advantages, weights, sampled = [], {}, []
     collect, optimizer_step = trainer._collect, trainer._optimizer_step
@@ -95,8 +95,8 @@ def train(output_dir: str, max_steps: int, resume: bool = False, lora: bool = Fa
     def recording_collect():
         rollout = collect()
         advantages.append(rollout.advantages.cpu().clone())
-        if trainer.sampler_copy is not None:  # FSDP: the whole weights this rollout was sampled with
-            sampled.append({name: p.detach().clone() for name, p in trainer.sampler_copy.module.named_parameters()})
+        if trainer.backend.weight_copy is not None:  # FSDP: the whole weights this rollout was sampled with
+            sampled.append({name: p.detach().clone() for name, p in trainer.backend.weight_copy.module.named_parameters()})
         return rollout
 
     def recording_optimizer_step(*a, **k):

@@ -14,13 +14,13 @@ import torch
 from datasets import Dataset
 
 from fastgrpo import GRPOConfig, GRPOTrainer
-from fastgrpo.agents.chat_format import prepare_tool_tokenizer, tool_suffix_ids
-from fastgrpo.agents.multiturn import Reprefill
-from fastgrpo.agents.tools import call_tools
-from fastgrpo.losses import StepCounts, grpo_loss, masked_sum
-from fastgrpo.metrics import rollout_metrics
-from fastgrpo.rollout import Rollout
-from fastgrpo.sampler import Samples
+from fastgrpo.rollout.agents.chat_format import prepare_tool_tokenizer, tool_suffix_ids
+from fastgrpo.generation.reprefill import Reprefill
+from fastgrpo.rollout.agents.tools import call_tools
+from fastgrpo.algo.losses import StepCounts, grpo_loss, masked_sum
+from fastgrpo.run.metrics import rollout_metrics
+from fastgrpo.rollout.record import Rollout
+from fastgrpo.generation.sampler import Samples
 
 
 def multiply(a: int, b: int) -> int:
@@ -39,6 +39,8 @@ def multiply(a: int, b: int) -> int:
 
 class Scripted:
     """A `Sampler` stand-in: each turn is a tool call while the sequence holds fewer than `calls` tool replies, then `answer`."""
+
+    owns_weights = False  # a backend on the trained weights (its log-probs are not a second policy)
 
     def __init__(self, tokenizer, call: str, answer: str = "Done.", calls: int = 1):
         self.tokenizer, self.call, self.answer, self.calls = tokenizer, call, answer, calls
@@ -70,7 +72,7 @@ def config(tmp_path, **overrides):
 
 def scripted(trainer, tokenizer, **kwargs) -> Scripted:
     script = Scripted(tokenizer, **kwargs)
-    trainer.produce.turns = lambda: Reprefill(script, tokenizer.pad_token_id, trainer.eos_token_ids)
+    trainer.assembly.producer.turns = lambda: Reprefill(script, tokenizer.pad_token_id, trainer.eos_token_ids)
     return script
 
 
@@ -149,9 +151,9 @@ def test_trl_environment_example_rewards_see_environments(tmp_path, tokenizer, m
     rollout = trainer._collect()
     assert rollout.rewards[:, 0].tolist() == [4.0] * 4  # two calls of +2, each row its own counter
     assert "<tool_response>\n2\n</tool_response>" in script.seen[-1] and "<tool_response>\n4\n</tool_response>" in script.seen[-1]
-    assert len(trainer.produce.environments.pool[None]) == 4  # one instance per row, reused by later rollouts
+    assert len(trainer.assembly.producer.environments.pool[None]) == 4  # one instance per row, reused by later rollouts
     trainer._collect()
-    assert len(trainer.produce.environments.pool[None]) == 4
+    assert len(trainer.assembly.producer.environments.pool[None]) == 4
 
 
 @pytest.mark.parametrize("none", [[], None])  # reward_funcs=None: TRL's spelling when the environment supplies get_reward
@@ -347,15 +349,17 @@ def test_rollout_func_bad_output_is_a_clear_error(tmp_path, tokenizer, make_mode
 def test_cached_turns_equal_reprefill_and_the_training_pass(tokenizer, make_model):
     """Greedy: keeping the KV cache gives the tokens re-prefilling gives; its log-probs equal the fp32 training pass to 1e-5
     across turn boundaries (appended tool tokens of different lengths per row, rows continuing in a new order)."""
-    from fastgrpo.agents.cached_turns import CachedTurns
-    from fastgrpo.data import PromptEncoder
-    from fastgrpo.generation import SamplingSettings
-    from fastgrpo.logprobs import LogProbs
-    from fastgrpo.sampler import Sampler
+    from fastgrpo.generation.cached_turns import CachedTurns
+    from fastgrpo.rollout.prompts import PromptEncoder
+    from fastgrpo.generation.contract import SamplingSettings
+    from fastgrpo.update.logprobs import LogProbs
+    from fastgrpo.generation.sampler import Sampler
+    from fastgrpo.generation.weight_copy import MergedCopy
 
     model = make_model().eval()
     eos = tokenizer.eos_token_id
-    sampler = Sampler(model, SamplingSettings(max_completion_length=40, eos_token_ids=[eos], pad_token_id=eos, top_k=1))
+    # an fp32 weight copy of its own (the policy's values): both engines return the sampler's log-probs
+    sampler = Sampler(model, SamplingSettings(max_completion_length=40, eos_token_ids=[eos], pad_token_id=eos, top_k=1), weight_copy=MergedCopy(model, torch.float32))
     ids, mask, _ = PromptEncoder(tokenizer, None)([[{"role": "user", "content": "Count to 3."}], [{"role": "user", "content": "Hi"}]])
     cached, reprefill = CachedTurns(sampler), Reprefill(sampler, eos, [eos])
     script = [([3, 0, 2], [[10, 11, 12], [13], [14, 15, 16, 17, 18]], [5, 7, 4]), ([0, 3], [[19, 20], [21, 22, 23]], [6, 3])]

@@ -15,13 +15,13 @@ import pytest
 import torch
 from test_trainer import config, reward_even_tokens
 
-import fastgrpo.trainer as trainer_module
+import fastgrpo.update.step as step_module
 from fastgrpo import GRPOTrainer
-from fastgrpo.logprobs import LogProbs
-from fastgrpo.models import lora_config, merged_copy
-from fastgrpo.precision import resolve_bf16
-from fastgrpo.rollout import completion_mask
-from fastgrpo.weight_sync import WeightSync
+from fastgrpo.update.logprobs import LogProbs
+from fastgrpo.model.loading import lora_config, merged_copy
+from fastgrpo.model.precision import resolve_bf16
+from fastgrpo.rollout.record import completion_mask
+from fastgrpo.generation.weight_copy import MergedCopy
 
 AMX_CPU = {"cpu_name": "Intel Xeon", "amx_bf16": True, "amx_tile": True, "avx512_bf16": True, "avx2": True}
 AVX2_CPU = {"cpu_name": "AMD EPYC", "avx2": True, "amx_bf16": False, "avx512_bf16": False}
@@ -44,7 +44,7 @@ def test_trainer_says_which_and_why_once(tmp_path, monkeypatch, capsys, tokenize
     trainer = GRPOTrainer(make_model(), reward_even_tokens, args=config(tmp_path), train_dataset=prompts, processing_class=tokenizer)
     out = capsys.readouterr().out
     assert out.count("fastgrpo: bf16 ") == 1 and f"bf16 {'on' if bf16 else 'off'}: {cpu['cpu_name']}" in out
-    assert (trainer.generate.weight_sync is not None) == bf16  # bf16: the sampler has its own copy, and says its size
+    assert (trainer.backend.weight_copy is not None) == bf16  # bf16: the sampler has its own copy, and says its size
     assert ("copy of the weights (6 MiB)" in out) == bf16  # tiny model: 3.2 M parameters × 2 bytes
 
 
@@ -59,7 +59,7 @@ def test_bf16_false_is_the_fp32_path(tmp_path, monkeypatch, capsys, tokenizer, m
         args = config(tmp_path / str(bf16), bf16=bf16, max_steps=2)
         trainer = GRPOTrainer(model, reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
         trainer.train()
-        assert trainer.generate.weight_sync is None
+        assert trainer.backend.weight_copy is None
         with open(os.path.join(args.output_dir, "metrics.jsonl")) as f:
             runs[bf16] = [{k: v for k, v in json.loads(line).items() if not k.startswith(("seconds", "generation_tokens", "train_tokens"))} for line in f]
         weights[bf16] = model.state_dict()
@@ -105,13 +105,13 @@ def test_bf16_logprobs_entropy_kl_are_near_fp32_and_exact_against_themselves(tok
 
 def losses_spy(monkeypatch):
     calls = []
-    real = trainer_module.grpo_loss
+    real = step_module.grpo_loss
 
     def spy(logps, old_logps, *args, **kwargs):
         calls.append((logps.detach().clone(), old_logps.detach().clone()))
         return real(logps, old_logps, *args, **kwargs)
 
-    monkeypatch.setattr(trainer_module, "grpo_loss", spy)
+    monkeypatch.setattr(step_module, "grpo_loss", spy)
     return calls
 
 
@@ -139,25 +139,25 @@ def test_sampler_copy_is_the_policy_in_bf16_after_every_step(tmp_path, monkeypat
     # μ = 1, one optimizer step per rollout: the copy is refreshed before each rollout's sampling, and must then equal
     # the policy's weights (adapters merged) rounded to bf16, bit for bit; the weights move between refreshes.
     seen = []
-    real = WeightSync.refresh
+    real = MergedCopy.update
 
-    def checked(self):
-        real(self)
-        policy = merged_copy(self.policy) if adapters else self.policy
+    def checked(self, policy):
+        real(self, policy)
+        policy = merged_copy(policy) if adapters else policy
         expected = {name: p.detach().to(torch.bfloat16) for name, p in policy.named_parameters()}
-        copy = dict(self.model.named_parameters())
+        copy = dict(self.module.named_parameters())
         assert copy.keys() == expected.keys() and all(torch.equal(copy[n], expected[n]) for n in copy)
         seen.append(copy["model.layers.0.self_attn.q_proj.weight"].clone())
 
-    monkeypatch.setattr(WeightSync, "refresh", checked)
+    monkeypatch.setattr(MergedCopy, "update", checked)
     args = config(tmp_path, bf16=True, max_steps=3, learning_rate=1e-2)
     peft_config = lora_config(lora_r=4, lora_alpha=8, lora_target_modules=["q_proj", "v_proj"]) if adapters else None
     trainer = GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer,
                           peft_config=peft_config)
     trainer.train()
-    assert len(seen) == 1 + 3  # made once, then refreshed once per rollout
-    assert not torch.equal(seen[1], seen[3])  # the optimizer steps (the adapters' too) reached the copy
-    assert not any(p.requires_grad for p in trainer.generate.weight_sync.model.parameters())
+    assert len(seen) == 1 + 2  # made once, then updated before each later rollout (each after an optimizer step)
+    assert not torch.equal(seen[0], seen[2])  # the optimizer steps (the adapters' too) reached the copy
+    assert not any(p.requires_grad for p in trainer.backend.weight_copy.module.parameters())
 
 
 def untied_model(tokenizer, seed=0):
@@ -187,7 +187,7 @@ def test_full_weights_is_merge_and_unload_for_every_peft_construct(tokenizer, ma
     every trainable tensor is moved first (LoRA's B starts at 0), so each construct's trained part shows; disabled: the base."""
     from peft import LoraConfig, get_peft_model
 
-    from fastgrpo.weight_sync import full_weights
+    from fastgrpo.generation.weight_copy import full_weights
 
     kw = dict(PEFT_CONSTRUCTS[construct])
     tied = kw.pop("tied", False)
@@ -217,12 +217,12 @@ def test_bf16_lora_with_a_trained_untied_head_samples_from_the_trained_head(tmp_
     peft_config.modules_to_save = ["lm_head"]
     trainer = GRPOTrainer(untied_model(tokenizer), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer,
                           peft_config=peft_config)
-    sync = trainer.generate.weight_sync
-    head0 = sync.model.lm_head.weight.clone()
+    sync = trainer.backend.weight_copy
+    head0 = sync.module.lm_head.weight.clone()
     trainer.train()
-    sync.refresh()
+    sync.update(trainer.accelerator.unwrap_model(trainer.model))
     expected = merged_copy(trainer.accelerator.unwrap_model(trainer.model)).lm_head.weight.to(torch.bfloat16)
-    assert torch.equal(sync.model.lm_head.weight, expected) and not torch.equal(head0, expected)
+    assert torch.equal(sync.module.lm_head.weight, expected) and not torch.equal(head0, expected)
 
 
 def test_vespo_trains_with_the_bf16_samplers_correction(tmp_path, tokenizer, make_model, prompts):

@@ -9,7 +9,7 @@ import pytest
 from transformers import EarlyStoppingCallback, PrinterCallback, TrainerCallback, TrainerState
 
 from fastgrpo import GRPOConfig, GRPOTrainer
-from fastgrpo.callbacks import scheduled
+from fastgrpo.run.callbacks import scheduled
 
 
 def reward_even_tokens(completion_ids, **kwargs):

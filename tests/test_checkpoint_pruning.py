@@ -6,7 +6,7 @@ import os
 import pytest
 
 from fastgrpo import GRPOConfig, GRPOTrainer
-from fastgrpo import checkpoint as ckpt
+from fastgrpo.run import checkpoint_files as ckpt
 
 
 def folders(path):

@@ -36,7 +36,7 @@ def test_own_job_without_reward_is_refused_listing_the_rewards(capsys):
 
 
 def test_builtin_reward_names_match_the_library():
-    from fastgrpo.rewards import BUILTIN_REWARDS
+    from fastgrpo.tasks.rewards import BUILTIN_REWARDS
 
     assert tuple(BUILTIN_REWARDS) == cli.BUILTIN_REWARD_NAMES
 
@@ -65,7 +65,7 @@ def test_lora_options_parse_into_lora_config_arguments(monkeypatch):
     _, fields, lora = parse("--use_peft", "--lora_r", "8", "--lora_target_modules", "q_proj", "v_proj", "--reward", "length", "--model", "m")
     assert lora == {"use_peft": True, "lora_r": 8, "lora_target_modules": ["q_proj", "v_proj"]} and "lora_r" not in fields
     seen = {}
-    monkeypatch.setattr("fastgrpo.models.lora_config", lambda **kw: seen.update(kw) or "cfg", raising=False)
+    monkeypatch.setattr("fastgrpo.model.loading.lora_config", lambda **kw: seen.update(kw) or "cfg", raising=False)
     assert cli.peft_kwargs(lora) == {"peft_config": "cfg"}
     assert seen == {"lora_r": 8, "lora_alpha": 32, "lora_dropout": 0.05, "lora_target_modules": ["q_proj", "v_proj"], "lora_task_type": "CAUSAL_LM"}
     assert cli.peft_kwargs({}) == {}

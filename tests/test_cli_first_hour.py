@@ -16,10 +16,10 @@ from rich.console import Console
 
 from fastgrpo import GRPOConfig
 from fastgrpo.cli import main, peft_kwargs, resolve_job, train_parser
-from fastgrpo.config import _FIELDS
-from fastgrpo.flags import FIELD_HELP
-from fastgrpo.metrics import MetricsLog
-from fastgrpo.trl_fields import TRL_FIELDS
+from fastgrpo.config.grpo_config import _FIELDS
+from fastgrpo.config.flags import FIELD_HELP
+from fastgrpo.run.metrics import MetricsLog
+from fastgrpo.config.trl_fields import TRL_FIELDS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OWN_JOB = ["--model", "m", "--reward", "length"]

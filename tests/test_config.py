@@ -11,7 +11,7 @@ import warnings
 import pytest
 
 from fastgrpo.config import GRPOConfig
-from fastgrpo.config_checks import LOSS_TYPES
+from fastgrpo.config.checks import LOSS_TYPES
 
 
 @pytest.fixture(autouse=True)

@@ -6,7 +6,8 @@ import re
 import pytest
 from datasets import Dataset
 
-from fastgrpo.data import PromptEncoder, PromptOrder, check_dataset, load_dataset_spec
+from fastgrpo.rollout.prompts import PromptEncoder
+from fastgrpo.run.datasets import PromptOrder, check_dataset, load_dataset_spec
 
 
 def test_chat_prompt_has_one_bos_and_the_generation_prompt(tokenizer):

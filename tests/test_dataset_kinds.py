@@ -5,7 +5,7 @@ import torch
 from datasets import Dataset, DatasetDict, IterableDataset
 
 from fastgrpo import GRPOConfig, GRPOTrainer
-from fastgrpo.dataset_kinds import StreamOrder
+from fastgrpo.run.dataset_kinds import StreamOrder
 
 
 def reward_even_tokens(completion_ids, **kwargs):

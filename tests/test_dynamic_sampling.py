@@ -15,10 +15,10 @@ import pytest
 import torch
 from datasets import IterableDataset
 
-import fastgrpo.trainer as trainer_module
+import fastgrpo.update.step as step_module
 from fastgrpo import GRPOConfig, GRPOTrainer
-from fastgrpo.dynamic_sampling import NoInformativeGroups, informative_groups
-from fastgrpo.models import lora_config
+from fastgrpo.rollout.group_filter import NoInformativeGroups, informative_groups
+from fastgrpo.model.loading import lora_config
 
 from test_distributed import TIMEOUT_S, free_port
 from test_trainer import read_metrics
@@ -96,13 +96,13 @@ def test_carried_groups_keep_the_sampling_policys_logps_as_pi_old(tmp_path, monk
     # Rollout 2: carried 3; [4] keeps none (rate → its floor 1/4); 4: [5, 6, 7, 8] keeps 5, 6, 7 → trains [3, 5] and
     # carries 6, 7 (sampled beside a carried group). Rollout 3: the two carried groups fill it, no sampling round.
     calls = []
-    real = trainer_module.grpo_loss
+    real = step_module.grpo_loss
 
     def spy(logps, old_logps, *args, **kwargs):
         calls.append((logps.detach().clone(), old_logps.detach().clone(), args[1].clone()))
         return real(logps, old_logps, *args, **kwargs)
 
-    monkeypatch.setattr(trainer_module, "grpo_loss", spy)
+    monkeypatch.setattr(step_module, "grpo_loss", spy)
     args = config(tmp_path, max_steps=3)
     trainer = GRPOTrainer(make_model(), spread_where(lambda n: n % 4 != 0), args=args, train_dataset=prompts, processing_class=tokenizer)
     seen = trained_groups(trainer)
@@ -144,13 +144,13 @@ def test_rare_spread_trains_a_smaller_step_with_the_smaller_normaliser(tmp_path,
     # 2 × B = 4: [2, 3, 4, 5] keeps 5;
     # the cap (2 rounds): one group of 4 completions, still 2 micro-batches (2 + 2 rows) and one optimizer step.
     counts = []
-    real = trainer_module.grpo_loss
+    real = step_module.grpo_loss
 
     def spy(logps, old_logps, advantages, mask, step_counts, **kwargs):
         counts.append((len(logps), float(mask.sum()), step_counts))
         return real(logps, old_logps, advantages, mask, step_counts, **kwargs)
 
-    monkeypatch.setattr(trainer_module, "grpo_loss", spy)
+    monkeypatch.setattr(step_module, "grpo_loss", spy)
     args = config(tmp_path, max_steps=1, max_num_gen_batches=2, loss_type="dapo")
     trainer = GRPOTrainer(make_model(), spread_where(lambda n: n == 5), args=args, train_dataset=prompts, processing_class=tokenizer)
     seen = trained_groups(trainer)

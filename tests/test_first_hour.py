@@ -14,11 +14,16 @@ import torch
 from datasets import Dataset, IterableDataset
 from transformers import LogitsProcessorList
 
-from fastgrpo import GRPOConfig, GRPOTrainer, generation, sampler
+from fastgrpo import GRPOConfig, GRPOTrainer
+from types import SimpleNamespace
+
+from fastgrpo.generation import sampler, transformers_generate
 from fastgrpo.cli import main
-from fastgrpo.data import PromptEncoder, conversation, load_dataset_spec
-from fastgrpo.generation import SamplingSettings, build_generator
-from fastgrpo.rewards import score
+from fastgrpo.rollout.prompts import PromptEncoder, conversation
+from fastgrpo.run.datasets import load_dataset_spec
+from fastgrpo.generation.contract import SamplingSettings
+from fastgrpo.generation.build import build_backend
+from fastgrpo.rollout.rewards import score
 
 # --- kind 3: a dataset column may be named like any parameter of the calls it passes through ---------------
 
@@ -67,8 +72,8 @@ def first_step_scores(monkeypatch, backend, model, sampling, ids, mask):
         return [*PROCESSORS(settings), lambda input_ids, scores: recorded.append(scores.clone()) or scores]
 
     monkeypatch.setattr(sampler, "logits_processors", lambda settings: LogitsProcessorList(recording(settings)))
-    monkeypatch.setattr(generation, "logits_processors", lambda settings: LogitsProcessorList(recording(settings)))
-    build_generator(backend, model, sampling)(ids, mask, 1)
+    monkeypatch.setattr(transformers_generate, "logits_processors", lambda settings: LogitsProcessorList(recording(settings)))
+    build_backend(SimpleNamespace(generation_backend=backend), model, sampling, bf16=False).sample(ids, mask, 1)
     return recorded[0]
 
 
@@ -177,7 +182,7 @@ def test_reasoning_gym_spec_that_yields_nothing_is_refused(spec, expected):
 
 @pytest.mark.parametrize("spec", ["nosuch.jsonl", "./data", "data/train.csv", "~/no-such-dir/x", "../x.parquet"])
 def test_missing_local_dataset_says_no_such_file_without_the_hub(spec, monkeypatch):
-    monkeypatch.setattr("fastgrpo.data.load_dataset", lambda *a, **k: pytest.fail("the hub was asked"))
+    monkeypatch.setattr("fastgrpo.run.datasets.load_dataset", lambda *a, **k: pytest.fail("the hub was asked"))
     start = time.perf_counter()
     with pytest.raises(ValueError, match="no such file"):
         load_dataset_spec(spec)

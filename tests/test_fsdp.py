@@ -34,9 +34,9 @@ from test_distributed import SCRIPT, TIMEOUT_S, free_port, read_metrics, records
 from transformers import AutoModelForCausalLM
 
 from fastgrpo import GRPOConfig
-from fastgrpo.optimizers import build_optimizer
-from fastgrpo.launch import cpu_launch_error
-from fastgrpo.sharding import fsdp_requested, load_sharded
+from fastgrpo.model.optimizers import build_optimizer
+from fastgrpo.model.launch import cpu_launch_error
+from fastgrpo.model.sharding import fsdp_requested, load_sharded
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FSDP_CONFIG = os.path.join(HERE, "..", "examples", "accelerate", "fsdp.yaml")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fastgrpo import GRPOConfig, GRPOTrainer
-from fastgrpo.data import PromptEncoder
+from fastgrpo.rollout.prompts import PromptEncoder
 
 
 def reward_even_tokens(completion_ids, **kwargs):

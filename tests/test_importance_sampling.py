@@ -20,8 +20,8 @@ import trl.trainer.grpo_trainer as trl_module
 from test_trl_parity import Case, Processes, trl_stub
 
 from fastgrpo import GRPOConfig, GRPOTrainer
-from fastgrpo.importance_sampling import SamplingCorrection, importance_sampling_ratio, mismatch_metrics, off_policy_mask
-from fastgrpo.losses import StepCounts, grpo_loss
+from fastgrpo.algo.sampling_correction import SamplingCorrection, importance_sampling_ratio, mismatch_metrics, off_policy_mask
+from fastgrpo.algo.losses import StepCounts, grpo_loss
 
 F64 = torch.float64
 MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")

@@ -14,7 +14,7 @@ import pytest
 from transformers import TrainerCallback
 
 from fastgrpo import GRPOConfig, GRPOTrainer
-from fastgrpo.interrupt import TrainingInterrupted
+from fastgrpo.run.interrupt import TrainingInterrupted
 
 
 def reward_even_tokens(completion_ids, **kwargs):

@@ -13,7 +13,7 @@ from peft import PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM
 
 from fastgrpo import GRPOTrainer
-from fastgrpo.models import lora_config
+from fastgrpo.model.loading import lora_config
 from test_trainer import config, read_metrics, record_losses, reward_even_tokens
 
 
@@ -50,7 +50,7 @@ def test_only_adapters_change_and_base_weights_stay_bitwise(tmp_path, tokenizer,
     else:  # a PeftModel passed as `model` (was taken for a path string)
         trainer = GRPOTrainer(get_peft_model(make_model(), lora()), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
     policy = trainer.accelerator.unwrap_model(trainer.model)
-    assert isinstance(policy, PeftModel) and trainer.generate.model is policy  # samples from the adapted weights
+    assert isinstance(policy, PeftModel) and trainer.backend.model is policy  # samples from the adapted weights
     trainable = {name for name, p in policy.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in name for name in trainable)
     before = weights(trainer)

@@ -10,19 +10,8 @@ import math
 import pytest
 import torch
 
-from fastgrpo.advantages import group_advantages, normalize_then_sum, weighted_rewards
-from fastgrpo.losses import (
-    LOSS_TYPES,
-    StepCounts,
-    entropy_from_logits,
-    entropy_threshold,
-    grpo_loss,
-    high_entropy_mask,
-    kl_full,
-    kl_k3,
-    log_importance_weights,
-    selective_log_softmax,
-)
+from fastgrpo.algo.advantages import group_advantages, normalize_then_sum, weighted_rewards
+from fastgrpo.algo.losses import LOSS_TYPES, StepCounts, entropy_from_logits, entropy_threshold, grpo_loss, high_entropy_mask, kl_full, kl_k3, log_importance_weights, selective_log_softmax
 
 F64 = torch.float64
 NAN = float("nan")

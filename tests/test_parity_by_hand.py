@@ -14,10 +14,10 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from fastgrpo import GRPOConfig, GRPOTrainer
-from fastgrpo.data import PromptEncoder
-from fastgrpo.advantages import batch_normalize, normalize_then_sum, rollout_advantages
-from fastgrpo.losses import LOSS_TYPES, StepCounts, entropy_threshold, grpo_loss, high_entropy_mask, kl_k3, step_tokens
-from fastgrpo.models import disable_dropout
+from fastgrpo.rollout.prompts import PromptEncoder
+from fastgrpo.algo.advantages import batch_normalize, normalize_then_sum, rollout_advantages
+from fastgrpo.algo.losses import LOSS_TYPES, StepCounts, entropy_threshold, grpo_loss, high_entropy_mask, kl_k3, step_tokens
+from fastgrpo.model.loading import disable_dropout
 
 F64 = torch.float64
 
@@ -151,11 +151,11 @@ def test_item_6_trainer_gathers_every_processs_entropies():
 
     trainer = object.__new__(GRPOTrainer)  # only the two attributes _entropy_mask reads
     trainer.accelerator, trainer.args = TwoProcesses(), GRPOConfig(top_entropy_quantile=0.5)
-    keep = trainer._entropy_mask(torch.tensor([[0.0, 1.0, 9.0]]), torch.tensor([[1.0, 1.0, 0.0]]))
+    keep = trainer.update.policy_mask(torch.tensor([[0.0, 1.0, 9.0]]), torch.tensor([[1.0, 1.0, 0.0]]))
     assert keep.tolist() == [[0.0, 0.0, 0.0]]
     # ρ = 1: no filter at all (every active token carries the policy term)
     trainer.args = GRPOConfig()
-    assert trainer._entropy_mask(torch.tensor([[0.0, 1.0, 9.0]]), torch.tensor([[1.0, 1.0, 0.0]])) is None
+    assert trainer.update.policy_mask(torch.tensor([[0.0, 1.0, 9.0]]), torch.tensor([[1.0, 1.0, 0.0]])) is None
 
 
 def test_item_7_every_dropout_is_off(tokenizer):
@@ -307,7 +307,7 @@ def test_item_14_entropy_bonus_is_the_mean_entropy_whatever_the_loss_type():
 def test_item_15_adaptive_entropy_coefficient():
     # Skywork-OR1 with target 0.2, Δ = 0.05, c ∈ [0.08, 0.12]: from c = 0.1,
     # H = 0.15 ≤ 0.2 → min(0.15, 0.12) = 0.12; H = 0.3 → max(0.05, 0.08) = 0.08.
-    from fastgrpo.entropy_control import EntropyControl, adaptive_entropy_coef
+    from fastgrpo.algo.entropy_control import EntropyControl, adaptive_entropy_coef
 
     bounds = dict(target=0.2, delta=0.05, coef_min=0.08, coef_max=0.12)
     assert adaptive_entropy_coef(0.1, 0.15, **bounds) == 0.12

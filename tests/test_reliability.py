@@ -16,15 +16,15 @@ from datasets import Dataset
 from rich.console import Console
 from test_trainer import config, read_metrics, reward_even_tokens
 
-import fastgrpo.checkpoint as ckpt
-import fastgrpo.runs as runs
+import fastgrpo.run.checkpoint_files as ckpt
+import fastgrpo.run.runs as runs
 from fastgrpo import GRPOTrainer
 from fastgrpo.cli import main
-from fastgrpo.data import load_dataset_spec
-from fastgrpo.interrupt import StopOnInterrupt, TrainingInterrupted
-from fastgrpo.advantages import group_advantages
-from fastgrpo.metrics import CompletionRows, MetricsLog
-from fastgrpo.models import load_tokenizer, resolve_model_path
+from fastgrpo.run.datasets import load_dataset_spec
+from fastgrpo.run.interrupt import StopOnInterrupt, TrainingInterrupted
+from fastgrpo.algo.advantages import group_advantages
+from fastgrpo.run.metrics import CompletionRows, MetricsLog
+from fastgrpo.model.loading import load_tokenizer, resolve_model_path
 
 NOT_LOADED = "./this-model-must-not-be-loaded"  # loading it would raise "does not exist": our check must come first
 
@@ -326,8 +326,8 @@ def test_non_finite_gradient_stops_before_the_optimizer_step(tmp_path, tokenizer
 
 
 def test_sampler_refuses_non_finite_logits(tokenizer, make_model):
-    from fastgrpo.generation import SamplingSettings
-    from fastgrpo.sampler import Sampler
+    from fastgrpo.generation.contract import SamplingSettings
+    from fastgrpo.generation.sampler import Sampler
 
     model = make_model().eval()
     with torch.no_grad():
@@ -335,7 +335,7 @@ def test_sampler_refuses_non_finite_logits(tokenizer, make_model):
     ids = torch.tensor([tokenizer("Hi")["input_ids"]])
     sampler = Sampler(model, SamplingSettings(max_completion_length=4, eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id))
     with pytest.raises(ValueError, match="logits hold inf or NaN at completion token 0"):
-        sampler(ids, torch.ones_like(ids), 2)
+        sampler.sample(ids, torch.ones_like(ids), 2)
 
 
 @pytest.mark.parametrize("value", [1e308, -1e39])

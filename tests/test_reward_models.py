@@ -12,8 +12,9 @@ import torch
 from transformers import LlamaConfig, LlamaForSequenceClassification, TrainerState
 
 from fastgrpo import GRPOConfig, GRPOTrainer
-from fastgrpo.reward_models import RewardModel
-from fastgrpo.rewards import resolve_reward, reward_len
+from fastgrpo.rollout.reward_models import RewardModel
+from fastgrpo.rollout.rewards import resolve_reward
+from fastgrpo.tasks.rewards import reward_len
 
 
 def tiny_reward_model(tokenizer, seed=1):

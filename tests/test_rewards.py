@@ -11,11 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from fastgrpo.advantages import weighted_rewards
-from fastgrpo.rewards import (
-    RewardFunctionError, brevity_reward, check_columns, exact_reward, format_reward, reasoning_gym_reward, resolve_reward, reward_len,
-    reward_names, score,
-)
+from fastgrpo.algo.advantages import weighted_rewards
+from fastgrpo.rollout.rewards import RewardFunctionError, check_columns, resolve_reward, reward_names, score
+from fastgrpo.tasks.rewards import brevity_reward, exact_reward, format_reward, reasoning_gym_reward, reward_len
 
 
 def call(*funcs, n=3):

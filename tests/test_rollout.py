@@ -1,13 +1,15 @@
 """Completion masks, micro-batch views, take/concat and collect() on hand-made tensors."""
 
+from types import SimpleNamespace
 import dataclasses
 from contextlib import nullcontext
 
 import pytest
 import torch
 
-from fastgrpo.rollout import Rollout, SingleTurn, collect, completion_mask, concat, micro_batch_rows
-from fastgrpo.sampling import Samples
+from fastgrpo.rollout.record import Rollout, completion_mask, concat, micro_batch_rows
+from fastgrpo.rollout.collect import SingleTurn, collect
+from fastgrpo.generation.contract import Samples
 
 EOS, PAD = 2, 2  # pad == EOS, as in SmolLM2 and many chat models
 
@@ -71,13 +73,12 @@ def test_collect_repeats_prompts_in_contiguous_groups_and_scores_text_up_to_eos(
         seen.update(prompts=prompts, completions=completions, completion_ids=completion_ids, answer=columns["answer"])
         return torch.tensor([[1.0], [0.0], [2.0], [2.0]])
 
-    rollout = collect(rows, num_generations=2, produce=SingleTurn(encode, generate, decode, [EOS]), score=score,
-                      advantages=lambda r: r[:, 0] - r[:, 0].view(-1, 2).mean(1).repeat_interleave(2),
+    rollout = collect(rows, num_generations=2, produce=SingleTurn(encode, SimpleNamespace(sample=generate), decode, [EOS]), score=score,
                       timer=lambda phase: nullcontext())
     assert seen["prompts"] == ["p0", "p0", "p0", "p0"] and seen["answer"] == ["x", "x", "y", "y"]
     assert seen["completion_ids"] == [[8, EOS], [8, 8, EOS], [9, EOS], [9, 9, 9]]
     assert rollout.is_truncated.tolist() == [False, False, False, True]
-    assert rollout.advantages.tolist() == [0.5, -0.5, 0.0, 0.0]  # the two "p0" groups are separate
+    assert rollout.rewards[:, 0].tolist() == [1.0, 0.0, 2.0, 2.0] and rollout.advantages is None  # Â: on the assembled rollout
 
 
 def test_micro_batch_rows_split_evenly_and_match_full_micro_batches():

@@ -14,12 +14,19 @@ import torch
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
 from fastgrpo import GRPOConfig
-from fastgrpo.generation import SamplingSettings, TransformersGenerator, build_generator
-from fastgrpo.logprobs import LogProbs
-from fastgrpo.rollout import completion_mask
-from fastgrpo.sampler import Sampler
+from fastgrpo.generation.contract import Samples, SamplingSettings
+from fastgrpo.generation.transformers_generate import TransformersGenerator
+from fastgrpo.generation.build import build_backend
+from fastgrpo.update.logprobs import LogProbs
+from fastgrpo.rollout.record import completion_mask
+from fastgrpo.generation.sampler import Sampler
 
 T = 12  # completion tokens
+
+
+def build_generator(backend, model, sampling):
+    """The backend `generation_backend=backend` builds for `model` (fp32: no weight copy)."""
+    return build_backend(SimpleNamespace(generation_backend=backend), model, sampling, bf16=False)
 
 
 def left_padded(tokenizer, texts):
@@ -37,12 +44,12 @@ def test_greedy_equals_generate_with_rows_ending_at_different_steps(tokenizer, m
     ids, mask = left_padded(tokenizer, ["Hello there, how are you today?", "Hi", "Count to ten, please, and then stop."])
     assert (mask == 0).any(-1).sum() == 2  # two prompts carry left padding
     greedy = settings(tokenizer, top_k=1, repetition_penalty=1.5)  # the penalty makes greedy rows vary their tokens
-    free = TransformersGenerator(model, greedy)(ids, mask, 2).completion_ids  # (6, T), no EOS reached
+    free = TransformersGenerator(model, greedy).sample(ids, mask, 2).completion_ids  # (6, T), no EOS reached
     # EOS ids taken from the free run: row 0 ends at its step 3, row 4 at step 7, rows 2–3 never (checked below).
     eos = [int(free[0, 3]), int(free[4, 7])]
     greedy = replace(greedy, eos_token_ids=eos)
-    reference = TransformersGenerator(model, greedy)(ids, mask, 2).completion_ids
-    ours = Sampler(model, greedy)(ids, mask, 2).completion_ids
+    reference = TransformersGenerator(model, greedy).sample(ids, mask, 2).completion_ids
+    ours = Sampler(model, greedy).sample(ids, mask, 2).completion_ids
     lengths = completion_mask(reference, eos).sum(-1)
     assert len(set(lengths.tolist())) >= 3  # rows end at different steps (one runs to T)
     assert torch.equal(ours, reference)
@@ -53,10 +60,10 @@ def test_compaction_changes_no_row(tokenizer, make_model):
     ids, mask = left_padded(tokenizer, ["Count to 3.", "Name a colour, any colour you like."])
     sampling = settings(tokenizer, temperature=0.8, top_k=50, repetition_penalty=1.2)
     torch.manual_seed(7)
-    full = Sampler(model, replace(sampling, eos_token_ids=[]))(ids, mask, 4).completion_ids  # no EOS: all 8 rows run T steps
+    full = Sampler(model, replace(sampling, eos_token_ids=[])).sample(ids, mask, 4).completion_ids  # no EOS: all 8 rows run T steps
     eos = [int(full[0, 2]), int(full[5, 6])]  # rows 0 and 5 now end early, and leave the batch
     torch.manual_seed(7)
-    compacted = Sampler(model, replace(sampling, eos_token_ids=eos))(ids, mask, 4).completion_ids
+    compacted = Sampler(model, replace(sampling, eos_token_ids=eos)).sample(ids, mask, 4).completion_ids
     lengths = completion_mask(compacted, eos).sum(-1)
     assert lengths.min() < T and lengths.max() == T
     for row, length in enumerate(lengths.tolist()):  # every row: the same tokens up to its EOS, padding after
@@ -70,7 +77,7 @@ def test_sampled_logps_equal_training_forward(tokenizer, make_model):
     sampling = settings(tokenizer, temperature=0.7, top_p=0.9, top_k=40, min_p=0.01, repetition_penalty=1.1)
     eos = [tokenizer.eos_token_id] + list(range(300, 1300))  # ~2 % of the vocabulary ends a row: uneven lengths
     torch.manual_seed(0)
-    samples = Sampler(model, replace(sampling, eos_token_ids=eos)).sample(ids, mask, 4)
+    samples = Samples(*Sampler(model, replace(sampling, eos_token_ids=eos)).decode(ids, mask, 4))  # the log-probs too
     batch = SimpleNamespace(
         prompt_ids=ids.repeat_interleave(4, 0), prompt_mask=mask.repeat_interleave(4, 0),
         completion_ids=samples.completion_ids, completion_mask=completion_mask(samples.completion_ids, eos),
@@ -88,7 +95,7 @@ def test_next_token_frequencies_match_softmax(tokenizer, make_model):
     temperature, k, draws = 0.5, 20, 4000
     sampler = Sampler(model, settings(tokenizer, max_completion_length=1, temperature=temperature, top_k=k))
     torch.manual_seed(0)
-    first = torch.cat([sampler(ids, mask, 200).completion_ids[:, 0] for _ in range(draws // 200)])
+    first = torch.cat([sampler.sample(ids, mask, 200).completion_ids[:, 0] for _ in range(draws // 200)])
     with torch.no_grad():
         logits = model(input_ids=ids, attention_mask=mask).logits[0, -1]
     top = logits.topk(k)
@@ -113,15 +120,15 @@ def test_generation_config_json_is_ignored(tokenizer, make_model, tmp_path, back
     # top_k = 0 and temperature 1: the first token ranges over the vocabulary, not over the model's top 5.
     generate = build_generator(backend, loaded, settings(tokenizer, max_completion_length=1))
     torch.manual_seed(0)
-    first = generate(ids, mask, 64).completion_ids[:, 0]
+    first = generate.sample(ids, mask, 64).completion_ids[:, 0]
     with torch.no_grad():
         top5 = loaded(input_ids=ids, attention_mask=mask).logits[0, -1].topk(5).indices
     assert (~torch.isin(first, top5)).sum() > 32
     # min_new_tokens and no_repeat_ngram_size not applied: greedy repeats a token and stops at the EOS it picks.
     greedy = build_generator(backend, loaded, settings(tokenizer, top_k=1, eos_token_ids=[int(first[0])]))
     ref = build_generator(backend, make_model().eval(), settings(tokenizer, top_k=1, eos_token_ids=[int(first[0])]))
-    assert torch.equal(greedy(ids, mask, 1).completion_ids, ref(ids, mask, 1).completion_ids)
-    repeats = ref(ids, mask, 1).completion_ids[0]
+    assert torch.equal(greedy.sample(ids, mask, 1).completion_ids, ref.sample(ids, mask, 1).completion_ids)
+    repeats = ref.sample(ids, mask, 1).completion_ids[0]
     assert len(set(repeats.tolist())) < len(repeats)  # the random model repeats itself when nothing forbids it
 
 
@@ -143,7 +150,7 @@ def test_peft_adapter_is_sampled_from(tokenizer, make_model):
     greedy = settings(tokenizer, top_k=1, repetition_penalty=1.5)
     generate = build_generator("fastgrpo", model, greedy)
     assert isinstance(generate, Sampler)
-    adapted = generate(ids, mask, 2).completion_ids
-    assert torch.equal(adapted, TransformersGenerator(model, greedy)(ids, mask, 2).completion_ids)
+    adapted = generate.sample(ids, mask, 2).completion_ids
+    assert torch.equal(adapted, TransformersGenerator(model, greedy).sample(ids, mask, 2).completion_ids)
     with model.disable_adapter():  # the adapter changes the tokens, so equality above used it
-        assert not torch.equal(adapted, generate(ids, mask, 2).completion_ids)
+        assert not torch.equal(adapted, generate.sample(ids, mask, 2).completion_ids)

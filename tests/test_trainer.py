@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-import fastgrpo.trainer as trainer_module
+import fastgrpo.update.step as step_module
 from fastgrpo import GRPOConfig, GRPOTrainer
 
 
@@ -36,14 +36,14 @@ def read_metrics(output_dir):
 def record_losses(monkeypatch):
     """Wrap the trainer's grpo_loss: record (step-call index, logps, old_logps, loss) per micro-batch."""
     calls = []
-    real = trainer_module.grpo_loss
+    real = step_module.grpo_loss
 
     def spy(logps, old_logps, *args, **kwargs):
         out = real(logps, old_logps, *args, **kwargs)
         calls.append((logps.detach().clone(), old_logps.detach().clone(), out.loss.detach().clone()))
         return out
 
-    monkeypatch.setattr(trainer_module, "grpo_loss", spy)
+    monkeypatch.setattr(step_module, "grpo_loss", spy)
     return calls
 
 
@@ -95,17 +95,18 @@ def test_each_rollout_is_used_mu_times_steps_per_pass(tmp_path, tokenizer, make_
     args = config(tmp_path, num_iterations=3, steps_per_generation=4, max_steps=12)
     trainer = GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
     generate_calls, steps_per_rollout = [], {}
-    real_generate, real_step = trainer.generate, trainer._optimizer_step
+    real_generate, real_step = trainer.backend.sample, trainer._optimizer_step
 
     def counting_generate(*a, **k):
         generate_calls.append(1)
         return real_generate(*a, **k)
 
-    def counting_step(rollout, *a, **k):
-        steps_per_rollout[id(rollout)] = steps_per_rollout.get(id(rollout), 0) + 1
+    def counting_step(rollout, *a, **k):  # a rollout's tensors stay the same objects while π_old is recorded on it
+        key = id(rollout.completion_ids)
+        steps_per_rollout[key] = steps_per_rollout.get(key, 0) + 1
         return real_step(rollout, *a, **k)
 
-    trainer.generate, trainer._optimizer_step = counting_generate, counting_step
+    trainer.backend.sample, trainer._optimizer_step = counting_generate, counting_step
     trainer.train()
     assert len(generate_calls) == 2  # 12 steps / 6 per rollout
     assert sorted(steps_per_rollout.values()) == [6, 6]
@@ -121,8 +122,8 @@ def test_old_logps_passes_only_where_needed(tmp_path, tokenizer, make_model, pro
     args.max_steps = args.steps_per_rollout  # one rollout
     trainer = GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
     passes = []
-    real = trainer._logps
-    trainer._logps = lambda model, mb, *ref: passes.append(1) or real(model, mb, *ref)
+    real = trainer.log_probs
+    trainer.passes.log_probs = trainer.update.log_probs = lambda model, mb, *ref: passes.append(1) or real(model, mb, *ref)
     trainer.train()
     assert len(passes) == expected_passes_per_rollout
 

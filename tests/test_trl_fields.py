@@ -9,7 +9,7 @@ import warnings
 import pytest
 
 from fastgrpo import GRPOConfig
-from fastgrpo.trl_fields import TRL_FIELDS
+from fastgrpo.config.trl_fields import TRL_FIELDS
 
 trl = pytest.importorskip("trl")
 

@@ -33,10 +33,10 @@ import trl
 from trl.trainer import grpo_trainer as trl_module
 
 from fastgrpo import GRPOConfig
-from fastgrpo.advantages import rollout_advantages
-from fastgrpo.entropy_control import EntropyControl
-from fastgrpo.losses import StepCounts, entropy_threshold, grpo_loss, high_entropy_mask, kl_k3, masked_sum, step_tokens
-from fastgrpo.metrics import window_record
+from fastgrpo.algo.advantages import rollout_advantages
+from fastgrpo.algo.entropy_control import EntropyControl
+from fastgrpo.algo.losses import StepCounts, entropy_threshold, grpo_loss, high_entropy_mask, kl_k3, masked_sum, step_tokens
+from fastgrpo.run.metrics import window_record
 
 F64 = torch.float64
 T = 6  # max_completion_length, tokens
@@ -402,7 +402,7 @@ def test_disable_dropout_also_turns_off_functional_dropout_unlike_trl():
     from transformers import LlamaConfig, LlamaForCausalLM
     from trl.trainer.utils import disable_dropout_in_model
 
-    from fastgrpo.models import disable_dropout
+    from fastgrpo.model.loading import disable_dropout
 
     config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                          num_attention_heads=2, num_key_value_heads=1, attention_dropout=0.5)

@@ -52,7 +52,7 @@ def build_models(cache: str) -> None:
     import torch
     import transformers
 
-    from fastgrpo.models import load_tokenizer
+    from fastgrpo.model.loading import load_tokenizer
 
     tok = load_tokenizer("smollm2-135m-instruct")
     for name, (model_cls, config_cls, extra) in MODELS.items():

@@ -39,7 +39,7 @@ import types
 import typing
 
 from .config import GRPOConfig
-from .flags import FIELD_HELP, trl_flags
+from .config.flags import FIELD_HELP, trl_flags
 
 # The built-in job: SmolLM2-135M-Instruct on one-digit addition (reasoning-gym
 # basic_arithmetic, "+" only, no brackets or negation), two solved examples
@@ -78,7 +78,7 @@ BUILTIN_JOB = {
     },
 }
 JOB_KEYS = ("model", "dataset", "reward", "dataset_size", "tools", "environment")
-ENVIRONMENTS = {"calculator": "fastgrpo.agents.calculator:Calculator"}  # built-in environment names
+ENVIRONMENTS = {"calculator": "fastgrpo.tasks.calculator:Calculator"}  # built-in environment names
 # rewards.BUILTIN_REWARDS' names, listed here so that --help needs no torch (a test keeps them equal).
 BUILTIN_REWARD_NAMES = ("length", "format", "brevity", "reasoning_gym", "exact")
 
@@ -263,7 +263,7 @@ def peft_kwargs(lora: dict) -> dict:
     """
     if not lora.get("use_peft"):
         return {}
-    from .models import lora_config
+    from .model.loading import lora_config
 
     options = {k: v for k, v in {**dataclasses.asdict(LoraOptions()), **lora}.items() if k != "use_peft"}
     if options["lora_target_modules"] == ["all-linear"]:
@@ -277,13 +277,13 @@ def import_object(spec: str, flag: str):
     Raises:
         ValueError: a spec without ":", a module that does not import, or a missing name (naming the flag and the fix).
     """
-    import importlib
+    from .tasks import import_module
 
     module, _, name = spec.partition(":")
     if not module or not name:
         raise ValueError(f"{flag} {spec!r}: give module:name (a Python file or module in the current folder, and the name in it).")
     try:
-        return getattr(importlib.import_module(module), name)
+        return getattr(import_module(module), name)
     except ModuleNotFoundError as err:
         raise ValueError(f"{flag} {spec!r}: module {module!r} not found ({err}); run from the folder that holds it.") from None
     except AttributeError:
@@ -295,9 +295,9 @@ def train(ns: argparse.Namespace) -> None:
     args = GRPOConfig(**fields)  # bad values are refused here, before anything loads
     if os.getcwd() not in sys.path:  # --reward module:function finds modules in the current folder
         sys.path.insert(0, os.getcwd())
-    from .checkpoint import checkpoints
-    from .data import load_dataset_spec
-    from .rewards import resolve_reward
+    from .run.checkpoint_files import checkpoints
+    from .run.datasets import load_dataset_spec
+    from .rollout.rewards import resolve_reward
     from .trainer import GRPOTrainer
 
     rewards = [resolve_reward(r) for r in job["reward"]]
@@ -329,8 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command, rest = build_parser().parse_known_args(argv[:1])
     ns = train_parser().parse_args(argv[1:] + rest)
-    from .checkpoint import CheckpointWriteError  # imports torch: only once a run starts, never for --help
-    from .interrupt import TrainingInterrupted
+    from .run.checkpoint_files import CheckpointWriteError  # imports torch: only once a run starts, never for --help
+    from .run.interrupt import TrainingInterrupted
 
     try:
         if command.command == "train":

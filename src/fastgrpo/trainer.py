@@ -12,19 +12,15 @@ Usage (TRL's API; only the import differs):
                           args=GRPOConfig(num_iterations=4), train_dataset=ds)
     trainer.train()
 
-Not here: the maths (losses.py, advantages.py), the rollout record (rollout.py), building
-the accelerator and policy (trainer_setup.py), checkpoints and resume (trainer_checkpoints.py,
-checkpoint.py), evaluation (evaluation.py), metric output (metrics.py).
+Not here (docs/design.md has the map): the maths (algo/), generating (generation/), a rollout (rollout/),
+log-prob passes and the optimizer step (update/), set-up, checkpoints, evaluation, metrics (run/).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import uuid
-from collections.abc import Callable
-from contextlib import contextmanager, nullcontext
-from functools import partial
+from contextlib import contextmanager
 from typing import NamedTuple
 
 import torch
@@ -32,31 +28,29 @@ from accelerate.utils import gather_object
 from datasets import IterableDataset
 from rich.console import Console
 
-from . import trainer_checkpoints
-from .advantages import rollout_advantages
-from .agents.producers import build_producer
-from .callbacks import TrainerEvents, scheduled
+from .algo.entropy_control import EntropyControl
+from .algo.sampling_correction import SamplingCorrection
 from .config import GRPOConfig
-from .data import PromptEncoder, PromptOrder
-from .dataset_kinds import StreamOrder, eval_sets
-from .dynamic_sampling import rollout_producer
-from .entropy_control import EntropyControl
-from .evaluation import mean_rewards
-from .generation import SamplingSettings, build_generator, generator_notices
-from .importance_sampling import SamplingCorrection
-from .interrupt import StopOnInterrupt
-from .logprobs import LogProbs, TokenStats, fallback_notices
-from .losses import StepCounts, grpo_loss, kl_k3, masked_sum, step_tokens
-from .metrics import CompletionRows, MetricsLog, PhaseTimer, RewardHooks, Window, accumulate, progress_bar, rollout_metrics, window_record
-from .models import as_reference, sync_reference
-from .precision import autocast_for
-from .reward_models import RewardModel
-from .rewards import score
-from .rollout import Rollout, collect, micro_batch_rows
-from .trainer_inputs import check_trainer_inputs
-from .sharding import full_value
-from .trainer_setup import build_accelerator, build_optimization, load_policy, prepare
+from .generation.build import build_backend
+from .generation.contract import SamplingSettings
+from .model.loading import as_reference, sync_reference
+from .model.precision import autocast_for
+from .rollout.assembly import build_assembly
+from .rollout.producers import build_producer
+from .rollout.prompts import PromptEncoder
+from .rollout.record import Rollout, micro_batch_rows
+from .rollout.reward_models import RewardModel
+from .run import checkpoints
+from .run.callbacks import TrainerEvents, scheduled
+from .run.dataset_kinds import prompt_order
+from .run.inputs import check_trainer_inputs
+from .run.interrupt import StopOnInterrupt
+from .run.metrics import CompletionRows, MetricsLog, PhaseTimer, RewardHooks, Window, progress_bar, rollout_metrics, window_record
+from .run.setup import build_accelerator, build_optimization, load_policy, prepare
 from .trl_methods import TRLMethods
+from .update.logprobs import LogProbs, fallback_notices
+from .update.passes import LogProbPasses
+from .update.step import OptimizerStep
 
 
 class TrainOutput(NamedTuple):
@@ -123,27 +117,27 @@ class GRPOTrainer(TRLMethods):
             if isinstance(fn, RewardModel):
                 fn.prepare(acc.device, self.autocast, a.chat_template_kwargs)  # scored in the policy's precision
 
-        self.tokenizer, policy, self.ref_model, self.eos_token_ids, self.sampler_copy = load_policy(model, processing_class, peft_config, a, acc, bf16)
+        self.tokenizer, policy, self.ref_model, self.eos_token_ids, gathered = load_policy(model, processing_class, peft_config, a, acc, bf16)
 
         self.max_steps, optimizer, self.scheduler = build_optimization(a, policy, train_dataset)
         self.model, self.optimizer = prepare(acc, policy, optimizer)
         sampling = SamplingSettings.from_config(a, self.eos_token_ids, self.tokenizer.pad_token_id)
-        sampled = self.sampler_copy.module if self.sampler_copy is not None else acc.unwrap_model(self.model)  # FSDP: the whole copy
-        self.generate = build_generator(  # bf16: the sampler samples from its own bf16 copy (weight_sync.py; FSDP's is already one)
-            a.generation_backend, sampled, sampling, weights_dtype=torch.bfloat16 if bf16 and self.sampler_copy is None else None)
+        # bf16: the own sampler samples from its own bf16 copy; FSDP: either backend runs the gathered whole copy (weight_copy.py)
+        self.backend = build_backend(a, acc.unwrap_model(self.model), sampling, bf16=bf16, gathered=gathered)
+        self.synced_step = 0  # the optimizer step the backend's weights are from (update_weights once per rollout after a step)
         self.encode = PromptEncoder(self.tokenizer, a.max_prompt_length, a.chat_template_kwargs)
         self.entropy_control = EntropyControl.from_config(a)  # the entropy bonus's coefficient; None: no bonus
-        own_weights = getattr(self.generate, "weight_sync", None) is not None  # the sampler's bf16 copy: a second policy
-        self.correction = SamplingCorrection.from_config(a, own_weights)  # the sampler–trainer mismatch, TRL's vllm_importance_sampling_*
+        self.correction = SamplingCorrection.from_config(a, self.backend.owns_weights)  # the sampler–trainer mismatch, TRL's vllm_importance_sampling_*
         self.log_probs = LogProbs(a.temperature, autocast=self.autocast, entropy_grad=self.entropy_control is not None)  # packed, chunked head
-        self.produce = build_producer(self, checked.agents)  # single turn, multi-turn with tools/environments, or rollout_func
-        for note in fallback_notices(policy) + generator_notices(self.generate) if acc.is_main_process else []:
-            self.console.print(f"fastgrpo: {note}", soft_wrap=True)
+        notify = lambda note: acc.is_main_process and self.console.print(f"fastgrpo: {note}", soft_wrap=True)  # noqa: E731
+        producer, self.tokenizer = build_producer(
+            a, checked.agents, tokenizer=self.tokenizer, encode=self.encode, backend=self.backend, eos_token_ids=self.eos_token_ids,
+            device=acc.device, trainer=self, notify=notify,
+        )  # single turn, multi-turn with tools/environments, or rollout_func
+        for note in fallback_notices(policy) + self.backend.notices():
+            notify(note)
         self.streaming = isinstance(train_dataset, IterableDataset)  # rows come in stream order, not by index
-        if self.streaming:
-            self.order = StreamOrder(train_dataset)
-        else:
-            self.order = PromptOrder(len(train_dataset), a.data_seed if a.data_seed is not None else a.seed, a.shuffle_dataset)
+        self.order = prompt_order(train_dataset, a)  # the data order: seeded per epoch, or the stream's
         # π_old = π_θ detached (no pass) when the policy cannot move between generation and last use.
         self.needs_old_logps = not (a.num_iterations == 1 and a.steps_per_generation == a.gradient_accumulation_steps)
         self.step, self.timer, self.window, self.fresh_completions = 0, PhaseTimer(), Window(), []
@@ -152,20 +146,16 @@ class GRPOTrainer(TRLMethods):
         self.events = TrainerEvents(a, callbacks, self.model, self.tokenizer, self.optimizer, self.scheduler, acc.is_main_process)
         self.state, self.epochs_done = self.events.state, 0
         self.reward_hooks = RewardHooks(lambda: self.window)
-        behaviour = lambda r, rows: self._policy_logps(acc.unwrap_model(self.model), r, rows)  # noqa: E731 (one process's surplus: no DDP)
-        self.producer = rollout_producer(a, acc, self.reward_names, self.reward_weights, self._advantages, behaviour)  # one batch, or DAPO's rounds
-
-    def add_callback(self, callback) -> None:
-        """Add a `transformers.TrainerCallback` (instance or class), as `Trainer.add_callback`."""
-        self.events.add(callback)
-
-    def pop_callback(self, callback):
-        """Remove and return a callback (instance or class), as `Trainer.pop_callback`."""
-        return self.events.handler.pop_callback(callback)
-
-    def remove_callback(self, callback) -> None:
-        """Remove a callback (instance or class), as `Trainer.remove_callback`."""
-        self.events.handler.remove_callback(callback)
+        self.passes = LogProbPasses(self.log_probs, self.reference, a.per_device_train_batch_size, a.beta > 0 and a.kl_estimator == "k3", self.timer)
+        self.assembly = build_assembly(  # one batch, or DAPO's rounds; Â set once on what trains
+            a, acc, draw=self._draw, producer=producer, reward_funcs=self.reward_funcs, reward_names=self.reward_names,
+            reward_weights=self.reward_weights, reward_kwargs=self._reward_kwargs, pop_columns=self.reward_hooks.pop_columns,
+            behaviour_logps=lambda r, rows: self.passes.old(acc.unwrap_model(self.model), r, rows), timer=self.timer,  # one process's surplus: no DDP
+        )
+        self.update = OptimizerStep(
+            a, acc, self.model, self.optimizer, self.scheduler, log_probs=self.log_probs, correction=self.correction,
+            entropy_control=self.entropy_control, reference=self.reference, entropy_mask=self.get_high_entropy_mask, events=self.events, timer=self.timer,
+        )
 
     # ------------------------------------------------------------------ the loop
     def train(self, resume_from_checkpoint=None) -> TrainOutput:
@@ -179,7 +169,7 @@ class GRPOTrainer(TRLMethods):
             FloatingPointError: a non-finite gradient norm, before the optimizer step applies it.
         """
         a = self.args
-        rollout, done = trainer_checkpoints.resume(self, resume_from_checkpoint)
+        rollout, done = checkpoints.resume(self, resume_from_checkpoint)
         schedule = [(i, s) for i in range(a.num_iterations) for s in range(a.steps_per_generation // a.gradient_accumulation_steps)]
         self.events.train_begin(self.max_steps, self.step, self._epoch())
         if a.eval_on_start and self.eval_dataset is not None:
@@ -192,91 +182,54 @@ class GRPOTrainer(TRLMethods):
                     rollout, done = self._collect(), 0  # generate G completions per prompt, score, Â, π_ref, π_old
                 for iteration, step_in_pass in schedule[done:]:  # μ passes over the same rollout
                     self.events.step_begin()
-                    kl_old = self._optimizer_step(rollout, step_in_pass, capture_old=(iteration == 0 and step_in_pass == 0))
+                    kl_old, rollout = self._optimizer_step(rollout, step_in_pass, capture_old=(iteration == 0 and step_in_pass == 0))
                     self.step, done = self.step + 1, done + 1
                     stop_reuse = a.target_kl is not None and kl_old > a.target_kl
                     self.target_kl_stops += int(stop_reuse and done < a.steps_per_rollout)
                     done = a.steps_per_rollout if stop_reuse else done
                     self._after_step(rollout, done, progress)
                     if self.step < self.max_steps and interrupt.requested(self.accelerator):  # Ctrl-C: save this whole step, stop
-                        trainer_checkpoints.stop_interrupted(self, rollout, done)
+                        checkpoints.stop_interrupted(self, rollout, done)
                     if self.step >= self.max_steps or stop_reuse or self.events.control.should_training_stop:
                         break
         pending = self._log(to_callbacks=False) if self.window.sums.get("steps") else {}  # to the summary log, as TRL's log() merges it
         for tracker in self.accelerator.trackers:  # not end_training(): it ends the process group save_model needs
             tracker.finish()
-        trainer_checkpoints.prune_at_end(self)
+        self.backend.close()
+        checkpoints.prune_at_end(self)
         self.events.train_end(self.loss_sum / max(self.step, 1), pending)
         return TrainOutput(self.step, self.loss_sum / max(self.step, 1), self.last_metrics)
 
     # ------------------------------------------------------------------ rollout
     def _collect(self) -> Rollout:
-        """One rollout for this process, whole groups only: its share of the next B prompts, or of B groups with reward spread."""
+        """One rollout for this process, whole groups only (rollout/assembly.py), with π_ref and the π_old it needs."""
         a = self.args
-        rollout, extra, sums = self.producer(self._sample_share)  # dynamic_sampling.py
+        self._sync_weights()
+        rollout, extra, sums = self.assembly()
         later = micro_batch_rows(len(rollout), a.steps_per_generation)[a.gradient_accumulation_steps :]  # first used after an update
-        old = self._policy_logps(self.model, rollout, later) if self.needs_old_logps or rollout.old_logps is not None else None
-        rollout = dataclasses.replace(rollout, ref_logps=self._ref_logps(rollout), old_logps=old)
+        old = self.passes.old(self.model, rollout, later) if self.needs_old_logps or rollout.old_logps is not None else None
+        rollout = dataclasses.replace(rollout, ref_logps=self.passes.ref(rollout), old_logps=old)
         if a.log_completions:
             self.fresh_completions.append(CompletionRows.of(rollout, extra))
         self.window.add("rollouts", 1)
-        for key, value in {**sums, **rollout_metrics(rollout, self.reward_names, self.reward_weights, a.num_generations)}.items():
-            (self.window.extreme if key.endswith(("_min", "_max")) else self.window.add)(key, value)
+        self.window.record({**sums, **rollout_metrics(rollout, self.reward_names, self.reward_weights, a.num_generations)})
         return rollout
 
-    def _sample_share(self, prompts: int, advantages: Callable[[torch.Tensor], torch.Tensor]) -> tuple[Rollout, dict]:
-        """This process's `prompts` of the next `prompts` × world_size in the data order, sampled and scored (`_sample`)."""
+    def _sync_weights(self) -> None:
+        """The backend's weights from the policy after the last optimizer step: once per rollout, only after a step."""
+        if self.synced_step != self.step:
+            self.backend.update_weights(self.accelerator.unwrap_model(self.model))
+            self.synced_step = self.step
+
+    def _draw(self, prompts: int) -> list[dict]:
+        """This process's `prompts` rows of the next `prompts` × world_size in the data order."""
         acc = self.accelerator
         drawn = self.order.take(prompts * acc.num_processes)[acc.process_index * prompts : (acc.process_index + 1) * prompts]
-        return self._sample(drawn if self.streaming else [self.train_dataset[i] for i in drawn], advantages, self.timer)
-
-    def _sample(self, rows: list[dict], advantages: Callable[[torch.Tensor], torch.Tensor], timer: PhaseTimer, num_generations=None) -> tuple[Rollout, dict]:
-        """B prompt rows → a Rollout of B·G scored completions (rollout.collect; G = num_generations unless given), and the log_extra columns."""
-        if self.sampler_copy is not None:  # FSDP: gather the current weights once; decoding then sends nothing
-            self.sampler_copy.refresh(self.model)
-        rollout = collect(
-            rows, num_generations=num_generations or self.args.num_generations, produce=self.produce,
-            score=partial(score, self.reward_funcs, reward_kwargs=self._reward_kwargs()), advantages=advantages, timer=timer,
-        )
-        return rollout, self.reward_hooks.pop_columns()
+        return drawn if self.streaming else [self.train_dataset[i] for i in drawn]
 
     def _reward_kwargs(self) -> dict:
         """Extra keywords every reward function receives, as TRL passes them: trainer_state, log_extra, log_metric."""
         return {"trainer_state": self.state, "log_extra": self.reward_hooks.log_extra, "log_metric": self.reward_hooks.log_metric}
-
-    def _advantages(self, rewards: torch.Tensor) -> torch.Tensor:
-        """(N, R) rewards → (N,) Â, groups of G in the shape (num_prompts, G)."""
-        a = self.args
-        return rollout_advantages(
-            rewards.to(self.reward_weights.device), self.reward_weights, a.num_generations, a.scale_rewards,
-            a.multi_objective_aggregation, gather=self.accelerator.gather,  # batch statistics over all processes
-        )
-
-    @torch.no_grad()
-    def _policy_logps(self, model, rollout: Rollout, batches: list[slice]) -> torch.Tensor:
-        """(N, T) log π_θ of the rows in `batches`, NaN elsewhere; entries of rollout.old_logps already set (a carried group's π_behaviour) stay."""
-        old = torch.full(rollout.completion_ids.shape, float("nan"), device=rollout.completion_ids.device)
-        old = rollout.old_logps.clone() if rollout.old_logps is not None else old
-        with self.timer("old_logps"):
-            for rows in batches:
-                logps = self._logps(model, rollout.select(rows)).logps
-                kept = old[rows, : logps.shape[1]]
-                old[rows, : logps.shape[1]] = torch.where(torch.isnan(kept), logps, kept)
-        return old
-
-    @torch.no_grad()
-    def _ref_logps(self, rollout: Rollout) -> torch.Tensor | None:
-        """log π_ref per completion token (k3 KL only; the exact KL needs π_ref's logits at update time)."""
-        if self.args.beta == 0 or self.args.kl_estimator != "k3":
-            return None
-        size = self.args.per_device_train_batch_size
-        ref = torch.zeros(rollout.completion_ids.shape, device=rollout.completion_ids.device)
-        with self.timer("ref_logps"):
-            for start in range(0, len(rollout), size):
-                with self.reference() as ref_model:  # π_ref in the policy's precision (LogProbs' autocast): KL is 0 where they agree
-                    logps = self._logps(ref_model, rollout.select(slice(start, start + size))).logps
-                ref[start : start + size, : logps.shape[1]] = logps
-        return ref
 
     @contextmanager
     def reference(self):
@@ -287,91 +240,16 @@ class GRPOTrainer(TRLMethods):
             with as_reference(self.accelerator.unwrap_model(self.model)) as ref_model:
                 yield ref_model
 
-    def _logps(self, model, mb: Rollout, reference=None) -> TokenStats:
-        """Log-probs (B, T), entropy and, given `reference` (a context yielding π_ref), exact KL of the completion tokens at the sampling temperature (logprobs.py)."""
-        return self.log_probs(model, mb, reference)
-
     # ------------------------------------------------------------------ update
-    def _optimizer_step(self, rollout: Rollout, step_in_pass: int, capture_old: bool) -> float:
-        """One optimizer step over `gradient_accumulation_steps` micro-batches; returns mean KL(π_θ‖π_old)."""
-        a, acc, GA = self.args, self.accelerator, self.args.gradient_accumulation_steps
-        rows = micro_batch_rows(len(rollout), a.steps_per_generation)[step_in_pass * GA : (step_in_pass + 1) * GA]  # smaller at the cap
-        batches = [rollout.select(r) for r in rows]
-        masks = [self._loss_mask(mb) for mb in batches]
-        counts = StepCounts(self._step_tokens(rollout), sum(r.stop - r.start for r in rows), GA, a.max_completion_length)
-        sums: dict[str, torch.Tensor] = {}
-        with self.timer("update"):
-            self.model.train()
-            for j, (mb, mask) in enumerate(zip(batches, masks)):
-                with acc.no_sync(self.model) if j < GA - 1 else nullcontext():
-                    reference = self.reference if a.beta > 0 and a.kl_estimator == "full" else None
-                    stats = self._logps(self.model, mb, reference)
-                    logps, entropy = stats.logps, stats.entropy
-                    old = logps.detach() if mb.old_logps is None else mb.old_logps
-                    if capture_old and rollout.old_logps is not None:  # π_old for free where unset: the policy has not moved yet
-                        old = torch.where(torch.isnan(old), logps.detach(), old)
-                        rollout.old_logps[rows[j], : logps.shape[1]] = old
-                    weight, mismatch, vespo_ratio = self.correction(mb.advantages, logps.detach(), old, mb.sampling_logps, mask)
-                    out = grpo_loss(
-                        logps, old, mb.advantages, mask, counts, loss_type=a.loss_type, epsilon_low=a.epsilon,
-                        epsilon_high=a.epsilon_high, delta=a.delta, importance_sampling_level=a.importance_sampling_level,
-                        temperature_pos=a.sapo_temperature_pos, temperature_neg=a.sapo_temperature_neg, beta=a.beta,
-                        per_token_kl=self._kl(stats, mb) if a.beta > 0 else None,
-                        use_bias_correction_kl=a.use_bias_correction_kl, policy_mask=self._entropy_mask(entropy.detach(), mask), policy_weight=weight,
-                        vespo_k_pos=a.vespo_k_pos, vespo_lambda_pos=a.vespo_lambda_pos, vespo_k_neg=a.vespo_k_neg, vespo_lambda_neg=a.vespo_lambda_neg, vespo_ratio=vespo_ratio,
-                        entropy=entropy if self.entropy_control else None, entropy_coef=self.entropy_control.applied() if self.entropy_control else 0.0,
-                    )
-                    acc.backward(out.loss)
-                packing = {"padded_tokens": stats.padded_tokens, "real_tokens": stats.real_tokens, "packed_tokens": stats.packed_tokens}
-                accumulate(sums, {**out.metrics, "loss": out.loss.detach(), "entropy": masked_sum(entropy.detach(), mask), **packing, **mismatch})
-                if j < GA - 1:
-                    self.events.substep_end()
-            grad_norm = full_value(acc.clip_grad_norm_(self.model.parameters(), a.max_grad_norm if a.max_grad_norm > 0 else math.inf))  # 0: no clip
-            if not torch.isfinite(grad_norm):  # before optimizer.step: the weights and every checkpoint stay finite
-                raise FloatingPointError(
-                    f"step {self.step + 1}: the gradient norm is {float(grad_norm)} (loss {float(sums['loss'])}); the weights "
-                    "were not updated. Lower learning_rate, or check the model's weights and the rewards for inf/NaN."
-                )
-            self.events.pre_optimizer_step()
-            self.optimizer.step()
-            self.events.optimizer_step()
-            self.scheduler.step()
-            self.optimizer.zero_grad(set_to_none=True)
-        for key, value in sums.items():
-            (self.window.extreme if key.endswith(("_min", "_max")) else self.window.add)(key, value)
-        self.window.add("grad_norm", grad_norm)
+    def _optimizer_step(self, rollout: Rollout, step_in_pass: int, capture_old: bool) -> tuple[float, Rollout]:
+        """One optimizer step (update/step.py); its metrics into the window; → (mean KL(π_θ‖π_old), the rollout with π_old recorded)."""
+        out = self.update(rollout, step_in_pass, capture_old, self.step)
+        self.window.record(out.sums)
+        self.window.add("grad_norm", out.grad_norm)
         self.window.add("steps", 1)
         if self.entropy_control is not None:  # the next step's coefficient (adaptive: from this step's entropy, all processes)
-            self.window.add("entropy_coef", self.entropy_control.step_end(sums, acc))
-        kl_old = torch.stack([sums["kl_old"], sums["tokens"]])
-        if acc.num_processes > 1:  # a token mean over all processes: the same target_kl decision on each
-            kl_old = acc.reduce(kl_old, reduction="sum")
-        return float(kl_old[0] / kl_old[1].clamp(min=1))
-
-    def _loss_mask(self, mb: Rollout) -> torch.Tensor:
-        """Completion tokens that carry loss; none for truncated ones when mask_truncated_completions (DAPO)."""
-        mask = mb.model_mask().float()  # tool/environment tokens never carry loss
-        if self.args.mask_truncated_completions:
-            mask = mask * (~mb.is_truncated).float().unsqueeze(-1)
-        return mask
-
-    def _step_tokens(self, rollout: Rollout) -> float:
-        """dapo/cispo normaliser: the rollout's loss tokens on all processes, per process and optimizer step (TRL's)."""
-        acc, a = self.accelerator, self.args
-        tokens = self._loss_mask(rollout).sum()
-        if acc.num_processes > 1:
-            tokens = acc.reduce(tokens, reduction="sum")
-        return step_tokens(float(tokens), acc.num_processes, a.steps_per_generation // a.gradient_accumulation_steps)
-
-    def _entropy_mask(self, entropy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:
-        """top_entropy_quantile's policy tokens as a float mask, or None when every token carries the loss."""
-        if self.args.top_entropy_quantile >= 1.0:
-            return None
-        return self.get_high_entropy_mask(entropy, mask, 1 - self.args.top_entropy_quantile).float()
-
-    def _kl(self, stats: TokenStats, mb: Rollout) -> torch.Tensor:
-        """Per-token KL(π_θ‖π_ref): k3 from stored log π_ref, or exact over the vocabulary (computed in the policy pass)."""
-        return kl_k3(stats.logps, mb.ref_logps) if self.args.kl_estimator == "k3" else stats.kl
+            self.window.add("entropy_coef", self.entropy_control.step_end(out.sums, self.accelerator))
+        return out.kl_old, rollout if out.old_logps is None else dataclasses.replace(rollout, old_logps=out.old_logps)
 
     # ------------------------------------------------------------------ bookkeeping
     def _after_step(self, rollout: Rollout, done: int, progress) -> None:
@@ -396,7 +274,7 @@ class GRPOTrainer(TRLMethods):
         if control.should_evaluate and self.eval_dataset is not None:
             self.evaluate()
         if control.should_save:
-            trainer_checkpoints.save(self, rollout, done)
+            checkpoints.save(self, rollout, done)
 
     def _epoch(self) -> float:
         """Passes over the training prompts so far (TrainerState.epoch): whole epochs plus the drawn fraction."""
@@ -420,43 +298,3 @@ class GRPOTrainer(TRLMethods):
                 self.log.completions(self.step, r, self.reward_names, self.args.num_completions_to_print)
         self.last_metrics, self.window, self.fresh_completions = record, Window(), []
         return record
-
-    # ------------------------------------------------------------------ public helpers
-    @torch.no_grad()
-    def evaluate(self, eval_dataset=None, metric_key_prefix: str = "eval") -> dict:
-        """Mean reward of num_generations_eval (default G) sampled completions per eval prompt (each process scores its share).
-
-        Args:
-            eval_dataset: rows, or a dict / DatasetDict of them (each evaluated, metrics
-                prefixed `<prefix>_<name>_`); default: the trainer's eval_dataset.
-            metric_key_prefix: "eval" gives eval_reward and eval_rewards/<fn>/mean (TRL's naming).
-        Returns:
-            {"<prefix>_reward": mean weighted reward, "<prefix>_rewards/<fn>/mean" and "/std": each reward's}.
-        Raises:
-            ValueError: no eval dataset here or in the trainer, or one of a kind evaluation cannot read.
-        """
-        sets = eval_sets(eval_dataset) if eval_dataset is not None else self.eval_sets
-        if sets is None:
-            raise ValueError("evaluate() needs an eval_dataset: pass one to evaluate() or to GRPOTrainer.")
-        G = self.args.num_generations_eval or self.args.num_generations
-        metrics = mean_rewards(
-            sets, metric_key_prefix, partial(self._sample, num_generations=G), reward_names=self.reward_names, reward_weights=self.reward_weights,
-            num_generations=G, batch_size=self.args.per_device_eval_batch_size, accelerator=self.accelerator,
-            on_batch=self.events.prediction_step,
-        )
-        if self.log is not None:
-            self.log.write({"step": self.step, **metrics})
-        self.events.evaluate(metrics)
-        return metrics
-
-    def save_model(self, output_dir: str | None = None, merge_adapters: bool = False) -> None:
-        """Save the policy (safetensors) and tokenizer to `output_dir` (default args.output_dir); main process writes.
-
-        With adapters it writes them alone (`adapter_model.safetensors`, loadable with
-        `peft.PeftModel.from_pretrained`), or with `merge_adapters=True` the base
-        weights with the adapters merged in (loadable with `from_pretrained`).
-
-        Raises:
-            ValueError: merge_adapters=True for a policy without adapters.
-        """
-        trainer_checkpoints.save_model(self.accelerator, self.model, self.tokenizer, output_dir or self.args.output_dir, merge_adapters)

@@ -1,23 +1,27 @@
-"""TRL's public `GRPOTrainer` helper methods that tests and users call directly, on a mixin.
+"""TRL's public `GRPOTrainer` methods besides `train`, on a mixin: callbacks, evaluate, save_model, and the helpers
+tests and users call directly.
 
 `GRPOTrainer` inherits `TRLMethods`, so `GRPOTrainer.get_high_entropy_mask(trainer, …)`
 works as in TRL (TRL's own tests call it on a `Mock(spec=GRPOTrainer)` that has
 only an `accelerator`). Each method keeps TRL's signature and meaning; the maths
-lives in losses.py.
+lives in algo/losses.py, evaluation in run/evaluation.py, saving in run/checkpoints.py.
 
-Not here: the training loop (trainer.py), the loss terms (losses.py).
+Not here: the training loop (trainer.py), the loss terms (algo/losses.py).
 """
 
 from __future__ import annotations
 
 import torch
 
-from .importance_sampling import off_policy_mask
-from .losses import entropy_threshold, high_entropy_mask
+from .algo.losses import entropy_threshold, high_entropy_mask
+from .algo.sampling_correction import off_policy_mask
+from .run import checkpoints
+from .run.dataset_kinds import eval_sets
+from .run.evaluation import mean_rewards
 
 
 class TRLMethods:
-    """TRL 1.16 `GRPOTrainer` helpers; the class using it provides `accelerator` (and `entropy_control` for `entropy_coef`)."""
+    """TRL 1.16 `GRPOTrainer` methods; the class using it provides `accelerator` (and, for the others, GRPOTrainer's state: `entropy_control` for `entropy_coef`)."""
 
     get_off_policy_mask = staticmethod(off_policy_mask)  # TRL's static method, same signature (importance_sampling.py)
 
@@ -43,3 +47,56 @@ class TRLMethods:
             active = acc.gather(acc.pad_across_processes(active, dim=0, pad_index=-1.0))
             active = active[active >= 0]
         return high_entropy_mask(entropies, mask, entropy_threshold(active, 1 - threshold)).bool()
+
+    def add_callback(self, callback) -> None:
+        """Add a `transformers.TrainerCallback` (instance or class), as `Trainer.add_callback`."""
+        self.events.add(callback)
+
+    def pop_callback(self, callback):
+        """Remove and return a callback (instance or class), as `Trainer.pop_callback`."""
+        return self.events.handler.pop_callback(callback)
+
+    def remove_callback(self, callback) -> None:
+        """Remove a callback (instance or class), as `Trainer.remove_callback`."""
+        self.events.handler.remove_callback(callback)
+
+
+    @torch.no_grad()
+    def evaluate(self, eval_dataset=None, metric_key_prefix: str = "eval") -> dict:
+        """Mean reward of num_generations_eval (default G) sampled completions per eval prompt (each process scores its share).
+
+        Args:
+            eval_dataset: rows, or a dict / DatasetDict of them (each evaluated, metrics
+                prefixed `<prefix>_<name>_`); default: the trainer's eval_dataset.
+            metric_key_prefix: "eval" gives eval_reward and eval_rewards/<fn>/mean (TRL's naming).
+        Returns:
+            {"<prefix>_reward": mean weighted reward, "<prefix>_rewards/<fn>/mean" and "/std": each reward's}.
+        Raises:
+            ValueError: no eval dataset here or in the trainer, or one of a kind evaluation cannot read.
+        """
+        sets = eval_sets(eval_dataset) if eval_dataset is not None else self.eval_sets
+        if sets is None:
+            raise ValueError("evaluate() needs an eval_dataset: pass one to evaluate() or to GRPOTrainer.")
+        G = self.args.num_generations_eval or self.args.num_generations
+        self._sync_weights()
+        metrics = mean_rewards(
+            sets, metric_key_prefix, lambda rows, timer: self.assembly.score_rows(rows, G, timer), reward_names=self.reward_names, reward_weights=self.reward_weights,
+            num_generations=G, batch_size=self.args.per_device_eval_batch_size, accelerator=self.accelerator,
+            on_batch=self.events.prediction_step,
+        )
+        if self.log is not None:
+            self.log.write({"step": self.step, **metrics})
+        self.events.evaluate(metrics)
+        return metrics
+
+    def save_model(self, output_dir: str | None = None, merge_adapters: bool = False) -> None:
+        """Save the policy (safetensors) and tokenizer to `output_dir` (default args.output_dir); main process writes.
+
+        With adapters it writes them alone (`adapter_model.safetensors`, loadable with
+        `peft.PeftModel.from_pretrained`), or with `merge_adapters=True` the base
+        weights with the adapters merged in (loadable with `from_pretrained`).
+
+        Raises:
+            ValueError: merge_adapters=True for a policy without adapters.
+        """
+        checkpoints.save_model(self.accelerator, self.model, self.tokenizer, output_dir or self.args.output_dir, merge_adapters)

@@ -1,0 +1,322 @@
+"""`GRPOConfig`: every knob of a fastgrpo run, its default and its validation.
+
+Field names and defaults are TRL's (`trl.GRPOConfig`), so a TRL script runs with
+only its import changed; the defaults that differ (disable_dropout,
+gradient_checkpointing, num_completions_to_print, output_dir) are listed with
+their reasons in the README's "Differences from TRL". Counts are completions,
+not prompts (docs/design.md, "Batch semantics"). Every inconsistent combination is refused in
+`__post_init__` (the rules: config_checks.py), with one sentence naming the value and the
+fix, before any model is loaded.
+
+The rest of TRL's fields (the `transformers.TrainingArguments` it inherits,
+vLLM settings, variants fastgrpo lacks) are in trl_fields.py: a value that
+matches what fastgrpo does is accepted, any other is refused with the fix. A
+name in neither raises a `TypeError` naming the closest field.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import functools
+import json
+import math
+import os
+import typing
+import warnings
+from dataclasses import dataclass, field
+
+from .checks import DICT_FIELDS, SAMPLING_KEYS, check_types, validate, warn_like_trl
+from .trl_fields import TRL_FIELDS, check_trl_field
+
+
+
+def _accepts_trl_fields(cls):
+    """Class decorator over @dataclass: its __init__ first checks TRL's other fields (trl_fields.py) and sets them aside.
+
+    The generated __init__ takes the dataclass fields only, so the wrapper has to sit around it; a decorator
+    does that where the class is declared (a base class would split GRPOConfig's fields from its name).
+    """
+    fields = {f.name for f in dataclasses.fields(cls)}
+    dataclass_init = cls.__init__
+
+    @functools.wraps(dataclass_init)
+    def __init__(self, *args, **kwargs):
+        trl_values = {name: kwargs.pop(name) for name in list(kwargs) if name not in fields and name in TRL_FIELDS}
+        unknown = sorted(set(kwargs) - fields)
+        if unknown:
+            name = unknown[0]
+            close = difflib.get_close_matches(name, sorted(fields | set(TRL_FIELDS)), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise TypeError(
+                f"GRPOConfig has no field {name!r}; {hint}fastgrpo takes TRL's GRPOConfig fields (README, \"Configuration\")."
+            )
+        for name, value in trl_values.items():
+            check_trl_field(name, value)
+        object.__setattr__(self, "_trl_values", trl_values)
+        dataclass_init(self, *args, **kwargs)
+
+    cls.__init__ = __init__
+    return cls
+
+
+@_accepts_trl_fields
+@dataclass
+class GRPOConfig:
+    """Configuration of a GRPO run (TRL `GRPOConfig` names and defaults).
+
+    Batch sizes count completions: a rollout holds `generation_batch_size`
+    completions, i.e. `generation_batch_size / num_generations` prompts, split
+    into micro-batches of `per_device_train_batch_size`; every
+    `gradient_accumulation_steps` micro-batches make one optimizer step, and
+    the rollout is passed over `num_iterations` (μ) times.
+
+    Raises:
+        TypeError: an unknown field (the message names the closest known one).
+        ValueError: a value or combination that cannot work, with the fix.
+    """
+
+    # --- where and how long -------------------------------------------------
+    output_dir: str | None = "grpo-output"  # like TRL (trainer_output), under the cwd; None: this default
+    overwrite_output_dir: bool = False  # a new run in a folder holding another run's checkpoints/logs: False refuses, True removes them
+    seed: int = 42
+    data_seed: int | None = None  # seeds the prompt order; None: seed (transformers' meaning)
+    max_steps: int = -1  # optimizer steps; -1: num_train_epochs over the dataset
+    num_train_epochs: float = 3.0  # only read when max_steps == -1
+    shuffle_dataset: bool = True
+
+    # --- optimizer and schedule (TRL/transformers defaults) -------------------
+    learning_rate: float = 1e-6  # TRL's default; small because RL gradients are noisy
+    lr_scheduler_type: str = "linear"
+    lr_scheduler_kwargs: dict | str | None = None  # extra arguments of the scheduler (transformers' get_scheduler)
+    optim: str = "adamw_torch"  # a transformers optimizer name (OptimizerNames), built by transformers' factory
+    optim_args: str | None = None  # "key=value,…" for the optimizer (transformers' meaning)
+    warmup_ratio: float = 0.0  # older scripts' spelling of a fractional warmup_steps
+    warmup_steps: float = 0  # ≥ 1: optimizer steps; below 1: a fraction of them (TRL 1.16); wins when > 0
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_epsilon: float = 1e-8
+    max_grad_norm: float = 1.0
+
+    # --- batch semantics (completions, not prompts) ---------------------------
+    per_device_train_batch_size: int = 8
+    gradient_accumulation_steps: int = 1
+    num_generations: int = 8  # G: completions per prompt
+    num_generations_eval: int | None = None  # completions per eval prompt (TRL's); None: num_generations
+    generation_batch_size: int | None = None  # completions per rollout, all processes
+    steps_per_generation: int | None = None  # micro-batches per rollout per process
+    num_iterations: int = 1  # μ: passes over each rollout
+
+    # --- generation ------------------------------------------------------------
+    max_prompt_length: int | None = 512  # tokens; longer prompts lose their left part
+    max_completion_length: int = 512  # tokens
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    min_p: float | None = None
+    repetition_penalty: float = 1.0
+    generation_kwargs: dict | str | None = None  # sampling keys above may be given here instead (TRL); others refused
+    chat_template_kwargs: dict | str | None = None  # passed to apply_chat_template, e.g. {"enable_thinking": False}
+    generation_backend: str = "fastgrpo"  # "fastgrpo" (own sampler, sampler.py) or "transformers" (generate)
+    max_tool_calling_iterations: int | None = None  # rounds of tool calls per completion (agents); None: until max_completion_length ends them
+
+    # --- objective (see losses.py for each variant's paper) -------------------
+    loss_type: str = "dapo"
+    epsilon: float = 0.2  # ε: lower clip 1 − ε
+    epsilon_high: float | None = None  # upper clip 1 + ε_high; None: ε (cispo: 5.0)
+    delta: float | None = None  # two-sided clip: ratio ≤ δ for negative Â too
+    importance_sampling_level: str = "token"  # or "sequence" (GSPO)
+    sapo_temperature_pos: float = 1.0
+    sapo_temperature_neg: float = 1.05
+    vespo_k_pos: float = 2.0  # VESPO kernel φ(w) = w^k e^{λ(1−w)} for Â ≥ 0: k down-weights w < 1
+    vespo_lambda_pos: float = 3.0  # … λ down-weights w > 1
+    vespo_k_neg: float = 3.0  # the same for Â < 0
+    vespo_lambda_neg: float = 2.0
+    beta: float = 0.0  # β: KL(π_θ‖π_ref) weight; π_ref is loaded only when > 0
+    use_bias_correction_kl: bool = True  # KL term × ρ (TRL 1.16's default; DeepSeek-V3.2)
+    kl_estimator: str = "k3"  # "k3" (Schulman) or "full" (exact, over the vocabulary)
+    sync_ref_model: bool = False  # TR-DPO: π_ref ← α·π_θ + (1−α)·π_ref
+    ref_model_mixup_alpha: float = 0.6
+    ref_model_sync_steps: int = 512
+    top_entropy_quantile: float = 1.0  # ρ: keep the top-ρ tokens by entropy
+    mask_truncated_completions: bool = False
+    target_kl: float | None = None  # stop reusing a rollout once KL(π_θ‖π_old) exceeds it
+    entropy_coef: float = 0.0  # c: loss − c·mean H over the policy tokens; 0 off (adaptive: the initial c)
+    use_adaptive_entropy: bool = False  # Skywork-OR1: c += δ while H ≤ entropy_target, else c −= δ; applied only then
+    entropy_coef_min: float = 0.0
+    entropy_coef_max: float = 1.0
+    entropy_coef_delta: float = 0.005  # δ per optimizer step
+    entropy_target: float = 0.2  # nats; LMs sit at 2–10, so set it near the entropy logged early in training
+    # The sampler–trainer mismatch (TRL's names; importance_sampling.py). The correction applies where the
+    # sampler samples from its own weight copy (bf16): there its log-probs play vLLM's.
+    vllm_importance_sampling_correction: bool = True
+    vllm_importance_sampling_mode: str = "sequence_mask"  # or token_mask, token_truncate, sequence_truncate
+    vllm_importance_sampling_clip_max: float | None = 3.0  # C_max
+    vllm_importance_sampling_clip_min: float | None = None  # C_min
+    vllm_importance_sampling_cap: float | None = None  # deprecated spelling of clip_max (TRL)
+    off_policy_mask_threshold: float | None = None  # δ: DeepSeek-V3.2's off-policy sequence mask; None: off
+
+    # --- rewards and advantages -------------------------------------------------
+    reward_weights: list[float] | None = None
+    scale_rewards: str = "group"  # TRL also accepts True/False
+    multi_objective_aggregation: str = "sum_then_normalize"
+
+    # --- dynamic sampling (DAPO §3.2; verl's algorithm.filter_groups names, TRL has none; dynamic_sampling.py) ---
+    filter_groups: bool = False  # train only on groups whose rewards differ (Â ≠ 0), sampling more prompts to fill the rollout
+    filter_groups_metric: str | None = None  # spread in: None, what Â is computed from; a reward function's name; or "module:function"
+    max_num_gen_batches: int = 10  # sampling rounds per rollout at most (the first included; verl's DAPO recipe); then train on what there is
+    filter_groups_max_age: int = 1  # rollouts a surplus informative group may wait to be trained on; 0: surplus dropped (verl)
+
+    # --- model -------------------------------------------------------------------
+    disable_dropout: bool = True  # dropout would make π_old irreproducible
+    bf16: bool | None = None  # None: on where the hardware multiplies bf16 fast (AMX/AVX512-BF16 CPU, CUDA; precision.py)
+    gradient_checkpointing: bool = False
+    gradient_checkpointing_kwargs: dict | str | None = None  # passed to gradient_checkpointing_enable
+    model_init_kwargs: dict | str | None = None
+
+    # --- logging and saving --------------------------------------------------------
+    logging_steps: float = 10
+    logging_first_step: bool = False  # also log after the first optimizer step
+    log_completions: bool = False
+    num_completions_to_print: int | None = 4
+    report_to: str | list[str] = "none"
+    save_strategy: str = "steps"  # "steps": every save_steps and at the end; "epoch": after each pass over the prompts; "no"
+    save_steps: float = 500
+    save_total_limit: int | None = None
+    eval_strategy: str = "no"  # "steps": every eval_steps (default logging_steps); "epoch"; "no"
+    eval_steps: float | None = None
+    eval_on_start: bool = False  # evaluate once before the first step
+    per_device_eval_batch_size: int = 8
+    metric_for_best_model: str | None = None  # a logged or eval metric; tracked in trainer.state.best_metric
+    greater_is_better: bool | None = None  # None: True unless the metric's name ends in "loss" (transformers)
+    disable_tqdm: bool | None = False  # None: False
+
+    # Filled in by __post_init__ (world size read from the launcher's environment).
+    world_size: int = field(default=-1, repr=False, metadata={"help": argparse.SUPPRESS})
+
+    def __post_init__(self) -> None:
+        if self.world_size == -1:
+            self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        check_types(self, typing.get_type_hints(GRPOConfig))
+        self._apply_trl_spellings()
+        if isinstance(self.scale_rewards, bool):  # TRL's older spelling
+            self.scale_rewards = "group" if self.scale_rewards else "none"
+        if self.epsilon_high is None:
+            self.epsilon_high = 5.0 if self.loss_type == "cispo" else self.epsilon
+        if isinstance(self.report_to, str):
+            self.report_to = [] if self.report_to in ("none", "") else [self.report_to]
+        self._resolve_batches()
+        validate(self)
+        warn_like_trl(self)
+
+    def _apply_trl_spellings(self) -> None:
+        """TRL's None defaults and generation_kwargs, turned into the fields that hold them here."""
+        if self.output_dir is None:
+            self.output_dir = "grpo-output"
+        if self.vllm_importance_sampling_cap is not None:  # TRL's deprecation, word for word
+            warnings.warn("The `vllm_importance_sampling_cap` argument is deprecated and will be removed in v2.0.0. "
+                          "Use `vllm_importance_sampling_clip_max` instead.", FutureWarning, stacklevel=5)
+            self.vllm_importance_sampling_clip_max = self.vllm_importance_sampling_cap
+        if self.disable_tqdm is None:
+            self.disable_tqdm = False
+        for name in DICT_FIELDS:
+            text = getattr(self, name)
+            if isinstance(text, str):
+                try:
+                    setattr(self, name, json.loads(text))
+                except json.JSONDecodeError as err:
+                    raise ValueError(f"{name}={text!r} is not JSON ({err}); give a dict, e.g. '{{\"key\": 1}}'.") from err
+            if not isinstance(getattr(self, name), (dict, type(None))):
+                raise ValueError(f"{name}={getattr(self, name)!r}: give a dict (or its JSON text), or None.")
+        for key, value in (self.generation_kwargs or {}).items():
+            if key == "do_sample" and value is True:  # what GRPO always does: nothing to set
+                continue
+            if key == "do_sample":
+                raise ValueError("generation_kwargs['do_sample']=False: GRPO samples (greedy groups have no spread to learn from); remove it.")
+            if key not in SAMPLING_KEYS:
+                fix = "use max_completion_length" if key in ("max_new_tokens", "max_tokens") else "remove it"
+                raise ValueError(
+                    f"generation_kwargs[{key!r}] cannot be honoured: fastgrpo samples with its own settings "
+                    f"({', '.join(SAMPLING_KEYS)}); {fix}."
+                )
+            setattr(self, key, value)  # TRL lets generation_kwargs override the sampling fields
+        if self.metric_for_best_model is not None and self.greater_is_better is None:
+            self.greater_is_better = not self.metric_for_best_model.endswith("loss")
+        if self.eval_strategy == "steps" and self.eval_steps is None:
+            self.eval_steps = self.logging_steps  # transformers' default
+        if self.eval_strategy == "no" and self.eval_steps is not None:
+            warnings.warn(f"eval_steps={self.eval_steps} has no effect with eval_strategy='no'; set eval_strategy='steps' to evaluate.", stacklevel=5)
+
+    def _resolve_batches(self) -> None:
+        # Checked before the arithmetic below, which would divide by zero or
+        # read steps_per_generation=0 as "not set".
+        for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "world_size", "steps_per_generation", "generation_batch_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name}={value}: use 1 or more.")
+        per_step = self.per_device_train_batch_size * self.gradient_accumulation_steps * self.world_size
+        user_set_steps = self.steps_per_generation is not None
+        if self.generation_batch_size is not None and self.steps_per_generation is not None:
+            raise ValueError(
+                f"generation_batch_size={self.generation_batch_size} and steps_per_generation="
+                f"{self.steps_per_generation} are both set; set only one of them."
+            )
+        if self.generation_batch_size is None:
+            steps = self.steps_per_generation if user_set_steps else self.gradient_accumulation_steps
+            self.generation_batch_size = self.per_device_train_batch_size * steps * self.world_size
+        per_micro = self.per_device_train_batch_size * self.world_size
+        if self.generation_batch_size % per_micro:
+            raise ValueError(
+                f"generation_batch_size={self.generation_batch_size} is not a whole number of micro-batches "
+                f"(per_device_train_batch_size × world_size = {per_micro}); use a multiple of {per_micro}."
+            )
+        self.steps_per_generation = self.generation_batch_size // per_micro
+        if self.steps_per_generation % self.gradient_accumulation_steps:
+            fix = (
+                f"steps_per_generation that is a multiple of {self.gradient_accumulation_steps}"
+                if user_set_steps
+                else f"generation_batch_size that is a multiple of {per_step}"
+            )
+            raise ValueError(
+                f"a rollout of {self.generation_batch_size} completions makes {self.steps_per_generation} "
+                f"micro-batches per process, not a whole number of optimizer steps of "
+                f"gradient_accumulation_steps={self.gradient_accumulation_steps}; use a {fix}."
+            )
+
+    # --- derived counts ------------------------------------------------------------
+    @property
+    def steps_per_rollout(self) -> int:
+        """Optimizer steps fed by one rollout: μ × steps_per_generation / gradient_accumulation_steps."""
+        return self.num_iterations * self.steps_per_generation // self.gradient_accumulation_steps
+
+    @property
+    def prompts_per_rollout(self) -> int:
+        """Prompts in one rollout, all processes (B = generation_batch_size / G)."""
+        return self.generation_batch_size // self.num_generations
+
+    def num_warmup_steps(self, max_steps: int) -> int:
+        """Warm-up optimizer steps, transformers' `get_warmup_steps` rule.
+
+        warmup_steps ≥ 1 is a count; 0 < warmup_steps < 1 is a fraction of
+        `max_steps` (rounded up); warmup_steps = 0 falls back to warmup_ratio
+        (the field older transformers/TRL scripts use), also a fraction.
+        """
+        if self.warmup_steps >= 1:
+            return int(self.warmup_steps)
+        fraction = self.warmup_steps if self.warmup_steps > 0 else self.warmup_ratio
+        return math.ceil(fraction * max_steps)
+
+    def to_dict(self) -> dict:
+        """The fields as a plain dict (for YAML, checkpoints and logs)."""
+        return dataclasses.asdict(self)
+
+    def __getattr__(self, name: str):
+        """`args.<TRL field>` for a field kept in trl_fields.py: the value given, or TRL's default."""
+        if name in TRL_FIELDS:
+            return self.__dict__.get("_trl_values", {}).get(name, TRL_FIELDS[name].default)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
+_FIELDS = {f.name for f in dataclasses.fields(GRPOConfig)}  # the dataclass fields (the CLI and its tests read them)

@@ -1,0 +1,102 @@
+"""A user's `rollout_func` as a producer (TRL 1.16's contract), its output checked before anything is scored.
+
+    rollout_func(prompts, trainer) -> {"prompt_ids", "completion_ids", "logprobs", ["env_mask"], **extra}
+
+It gets this process's B prompts once (not G times) and returns G
+completions per prompt, groups contiguous: N = B·G entries per list. Each
+`completion_ids[i]` is the whole completion (every turn); `logprobs[i]` has
+one value per token (None or NaN where the sampler has none: that token's
+sampler–trainer ratio is 1 and it is left out of `sampling/sampling_logp_difference/*`,
+as TRL 1.16); `env_mask[i]` marks the model's tokens 1 and the
+environment's 0 (TRL's `tool_mask`). Every other key reaches the reward
+functions as a keyword.
+
+Not here: scoring (rollout.collect), the built-in multi-turn loop (multiturn.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+
+from ..prompts import is_conversational
+from ..rewards import RESERVED_COLUMNS
+from ..record import Generated
+
+REQUIRED_KEYS = ("prompt_ids", "completion_ids", "logprobs")
+
+
+def check_output(output, num_prompts: int, num_generations: int) -> None:
+    """Refuse a rollout_func output that does not follow the contract, naming the key and the fix.
+
+    Raises:
+        ValueError: not a dict, a required key missing, a list whose length is not B·G,
+            a row whose logprobs/env_mask length differs from its completion_ids, an empty
+            prompt, env_mask values other than 0/1, or an extra key the reward protocol reserves.
+    """
+    N = num_prompts * num_generations
+    if not isinstance(output, dict):
+        raise ValueError(f"rollout_func returned a {type(output).__name__}; return a dict with keys {list(REQUIRED_KEYS)}.")
+    clash = [k for k in output if k in RESERVED_COLUMNS and k not in REQUIRED_KEYS]
+    if clash:
+        raise ValueError(f"rollout_func returned a key {clash[0]!r}, which reward functions already receive; rename it.")
+    missing = [k for k in REQUIRED_KEYS if k not in output]
+    if missing:
+        raise ValueError(f"rollout_func must return keys {sorted(missing)} in its output dict (got {sorted(output)}).")
+    for key in (*REQUIRED_KEYS, *(["env_mask"] if "env_mask" in output else [])):
+        if len(output[key]) != N:
+            raise ValueError(
+                f"rollout_func returned {len(output[key])} {key} for {num_prompts} prompts × num_generations={num_generations}; "
+                f"return {N}: G completions per prompt, groups contiguous."
+            )
+    for i in range(N):
+        if len(output["prompt_ids"][i]) == 0:
+            raise ValueError(f"rollout_func returned an empty prompt_ids[{i}]; every row needs its prompt tokens.")
+        for key in ("logprobs", "env_mask"):
+            if key in output and len(output[key][i]) != len(output["completion_ids"][i]):
+                raise ValueError(
+                    f"rollout_func's {key}[{i}] has {len(output[key][i])} values for {len(output['completion_ids'][i])} "
+                    "completion_ids; give one per completion token."
+                )
+        if "env_mask" in output and any(v not in (0, 1) for v in output["env_mask"][i]):
+            raise ValueError(f"rollout_func's env_mask[{i}] holds values other than 0 and 1 (1 = model token, 0 = environment token).")
+
+
+class RolloutFunc:
+    """The `rollout_func` producer (a `rollout.collect` producer).
+
+    Args:
+        rollout_func: the user's function.
+        trainer: passed to it as its second argument (TRL's).
+        tokenizer: decodes the completions for the reward functions.
+        eos_token_ids, pad_token_id: a completion not ending in one of them is truncated; padding.
+        device: where the rollout's tensors live.
+    """
+
+    def __init__(self, rollout_func: Callable, trainer, tokenizer, eos_token_ids: Sequence[int], pad_token_id: int, device=None):
+        self.rollout_func, self.trainer, self.tokenizer = rollout_func, trainer, tokenizer
+        self.eos, self.pad, self.device = tuple(eos_token_ids), pad_token_id, device
+
+    def __call__(self, rows: list[dict], num_generations: int) -> Generated:
+        prompts = [row["prompt"] for row in rows]
+        output = self.rollout_func(list(prompts), self.trainer)
+        check_output(output, len(rows), num_generations)
+        extra = {k: v for k, v in output.items() if k not in (*REQUIRED_KEYS, "env_mask")}
+        prompt_ids, completion_ids = [list(p) for p in output["prompt_ids"]], [list(c) for c in output["completion_ids"]]
+        P, T = max(len(p) for p in prompt_ids), max(1, max(len(c) for c in completion_ids))
+        left = lambda rows, value: torch.tensor([[value] * (P - len(r)) + r for r in rows], device=self.device)  # noqa: E731
+        right = lambda rows, value: torch.tensor([r + [value] * (T - len(r)) for r in rows], device=self.device)  # noqa: E731
+        repeated = [p for p in prompts for _ in range(num_generations)]
+        texts = [self.tokenizer.decode(c, skip_special_tokens=True) for c in completion_ids]
+        completions = [[{"role": "assistant", "content": t}] if is_conversational(p) else t for t, p in zip(texts, repeated)]
+        env_mask = output.get("env_mask")
+        return Generated(
+            prompt_ids=left(prompt_ids, self.pad), prompt_mask=left([[1] * len(p) for p in prompt_ids], 0),
+            completion_ids=right(completion_ids, self.pad), completion_mask=right([[1] * len(c) for c in completion_ids], 0),
+            is_truncated=torch.tensor([not c or c[-1] not in self.eos for c in completion_ids], device=self.device),
+            prompts=repeated, completions=completions,
+            tool_mask=None if env_mask is None else right([list(m) for m in env_mask], 1),
+            reward_kwargs=extra, sampling_logps=right([[math.nan if v is None else float(v) for v in lp] for lp in output["logprobs"]], 0.0).float(),
+        )

@@ -1,0 +1,102 @@
+"""Choosing how a rollout's completions are produced: single-turn, multi-turn with tools/environments, or rollout_func.
+
+`check_agent_inputs` reads `GRPOTrainer`'s `tools`, `environment_factory`
+and `rollout_func` before any model loads (TRL 1.16's rules); once the model
+and tokenizer exist, `build_producer` returns the one producer the trainer's
+`collect` calls, so `trainer.py` never branches on which it is.
+
+Not here: the producers themselves (rollout.SingleTurn, multiturn.py, rollout_func.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import NamedTuple
+
+from ..generation.contract import GenerationBackend
+from .agents.chat_format import prepare_tool_tokenizer
+from .agents.environments import Environments, placeholder_dataset
+from .agents.multiturn import MultiTurn
+from .agents.rollout_func import RolloutFunc
+from .agents.tools import tool_schema
+from .collect import SingleTurn
+from .prompts import PromptEncoder, is_conversational
+
+
+class AgentInputs(NamedTuple):
+    """The agent arguments once checked."""
+
+    tools: list[Callable]
+    environments: Environments | None
+    rollout_func: Callable | None
+    train_dataset: object  # the given one, or TRL's placeholder when the environment owns the data
+    reward_funcs: list[Callable]  # one per environment class with get_reward (weight 1, named after the class)
+
+
+def check_agent_inputs(tools, environment_factory, rollout_func, train_dataset, max_steps: int, prompts_per_rollout: int) -> AgentInputs:
+    """Check `tools`, `environment_factory` and `rollout_func` (TRL's meanings) before any model loads.
+
+    Raises:
+        ValueError: tools that are not a list of documented callables (tools.tool_schema), an
+            environment without `reset` (environments.Environments), rollout_func that is not
+            callable or comes with tools/environments, no train_dataset without an environment
+            or without max_steps (environments.placeholder_dataset).
+    """
+    tools = list(tools or [])
+    for tool in tools:
+        tool_schema(tool)
+    if rollout_func is not None and not callable(rollout_func):
+        raise ValueError(f"rollout_func is {rollout_func!r}; give a function (prompts, trainer) -> dict.")
+    if rollout_func is not None and (tools or environment_factory is not None):
+        raise ValueError(
+            "rollout_func produces the whole completion itself; give either rollout_func, or tools/environment_factory "
+            "for fastgrpo's own multi-turn loop, not both."
+        )
+    environments = Environments(environment_factory, tools) if environment_factory is not None else None
+    if train_dataset is None and environment_factory is not None:
+        train_dataset = placeholder_dataset(environment_factory, max_steps, prompts_per_rollout)
+    return AgentInputs(tools, environments, rollout_func, train_dataset, environments.reward_funcs if environments else [])
+
+
+def build_producer(
+    args, agents: AgentInputs | None, *, tokenizer, encode: PromptEncoder, backend: GenerationBackend, eos_token_ids, device, trainer, notify,
+) -> tuple[Callable, object]:
+    """The producer `collect` calls: `SingleTurn`, `RolloutFunc`, or `MultiTurn` (the backend's turns), and the tokenizer.
+
+    Args:
+        args: the GRPOConfig.
+        agents: the checked agent arguments, or None.
+        tokenizer, encode: the policy's tokenizer and its prompt encoder.
+        backend: the `GenerationBackend` that samples.
+        eos_token_ids, device: every id that ends a completion; where the rollout's tensors live.
+        trainer: what a user's rollout_func receives as its second argument (TRL's contract).
+        notify: prints one start-up notice line.
+    Returns:
+        (producer, tokenizer): for tools/environments the tokenizer is made to render and parse
+        tool calls first (chat_format.prepare_tool_tokenizer; it is saved with the model).
+    """
+    if agents is None or not (agents.tools or agents.environments or agents.rollout_func):
+        return SingleTurn(partial(_encode, encode, device), backend, partial(_decode, tokenizer), eos_token_ids), tokenizer
+    if agents.rollout_func is not None:
+        return RolloutFunc(agents.rollout_func, trainer, tokenizer, eos_token_ids, tokenizer.pad_token_id, device), tokenizer
+    a = args
+    tokenizer, notice = prepare_tool_tokenizer(tokenizer)  # saved with the model: inference renders tools alike
+    if notice:
+        notify(notice)
+    multi = MultiTurn(
+        tokenizer, PromptEncoder(tokenizer, a.max_prompt_length, a.chat_template_kwargs), backend.turns, agents.tools, agents.environments,
+        max_completion_length=a.max_completion_length, max_tool_calling_iterations=a.max_tool_calling_iterations,
+        chat_template_kwargs=a.chat_template_kwargs or {}, eos_token_ids=eos_token_ids, pad_token_id=tokenizer.pad_token_id, device=device,
+    )
+    return multi, tokenizer
+
+
+def _encode(encoder, device, prompts):
+    ids, mask, truncated = encoder(prompts)
+    return ids.to(device), mask.to(device), truncated
+
+
+def _decode(tokenizer, completion_ids, mask, prompts):
+    texts = [tokenizer.decode(ids[m.bool()], skip_special_tokens=True) for ids, m in zip(completion_ids, mask)]
+    return [[{"role": "assistant", "content": t}] if is_conversational(p) else t for t, p in zip(texts, prompts)]

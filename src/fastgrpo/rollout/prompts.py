@@ -1,0 +1,94 @@
+"""Prompts as the model sees them: chat or text, rendered with the chat template and tokenised, left-padded.
+
+Not here: loading datasets (run/datasets.py), repeating prompts G times (rollout/collect.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+def is_conversational(prompt) -> bool:
+    """True for a prompt given as chat messages ([{"role": …, "content": …}, …])."""
+    return isinstance(prompt, list) and len(prompt) > 0 and isinstance(prompt[0], dict) and "role" in prompt[0]
+
+
+def is_chat(prompt: list) -> bool:
+    """At least one message, each a dict with a "role" and a text or list "content" (text parts, images)."""
+    return bool(prompt) and all(isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m for m in prompt)
+
+
+def ends_with_assistant(prompt) -> bool:
+    """True for chat messages whose last message is the assistant's: the model continues it (a prefilled reply)."""
+    return is_conversational(prompt) and prompt[-1].get("role") == "assistant"
+
+
+def conversation(prompt: list, completion: list) -> list:
+    """Chat prompt + completion messages as one conversation; a continued assistant message takes the completion's text.
+
+    Args:
+        prompt: chat messages (`ends_with_assistant` or not).
+        completion: [{"role": "assistant", "content": text}], as reward functions receive it.
+    Returns:
+        prompt + completion, or, when the prompt ends with an assistant message, that
+        message with the completion's text appended (what the model actually wrote on).
+    """
+    if not ends_with_assistant(prompt):
+        return prompt + completion
+    return prompt[:-1] + [{**prompt[-1], "content": prompt[-1]["content"] + completion[-1]["content"]}]
+
+
+class PromptEncoder:
+    """Prompts (text or messages) → left-padded token ids, cut to max_prompt_length.
+
+    Chat prompts are rendered with the tokenizer's chat template and the
+    generation prompt; the rendered text is tokenised without adding special
+    tokens, since templates already carry their own BOS (TRL does the same).
+    Text prompts get exactly what the tokenizer adds (e.g. its BOS), as
+    `tokenizer(text)` would.
+    Prompts longer than `max_prompt_length` tokens lose their left part.
+
+    Args:
+        tokenizer: a transformers tokenizer with padding_side "left".
+        max_prompt_length: tokens, or None for no limit.
+        chat_template_kwargs: extra variables for the chat template, e.g.
+            {"enable_thinking": False} (TRL's chat_template_kwargs).
+    """
+
+    def __init__(self, tokenizer, max_prompt_length: int | None, chat_template_kwargs: dict | None = None):
+        self.tokenizer = tokenizer
+        self.max_prompt_length = max_prompt_length
+        self.chat_template_kwargs = chat_template_kwargs or {}
+
+    def render(self, prompt, tools: list | None = None) -> str:
+        """The prompt text the model sees; `tools` (JSON schemas) are rendered by the chat template (agents).
+
+        A conversation ending with an assistant message is continued
+        (`continue_final_message=True`: the model writes on inside that message,
+        as transformers' chat pipeline and TRL's `apply_chat_template` helper
+        do); any other gets the generation prompt that opens a new assistant
+        turn. TRL 1.16's GRPOTrainer always adds the generation prompt, which
+        closes the final assistant message and starts another.
+        """
+        if is_conversational(prompt):
+            continues = ends_with_assistant(prompt)
+            return self.tokenizer.apply_chat_template(
+                prompt, tools=tools or None, tokenize=False, add_generation_prompt=not continues, continue_final_message=continues,
+                **self.chat_template_kwargs,
+            )
+        if isinstance(prompt, str):
+            return prompt
+        raise TypeError(f"prompt {prompt!r} is neither text nor a list of chat messages.")
+
+    def __call__(self, prompts: list, tools: list[list] | None = None) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Returns (prompt_ids (B, P), prompt_mask (B, P), number of prompts truncated); `tools`: per prompt, its tool schemas."""
+        tools = tools or [None] * len(prompts)
+        ids = [self.tokenizer(self.render(p, t), add_special_tokens=not is_conversational(p))["input_ids"] for p, t in zip(prompts, tools)]
+        limit = self.max_prompt_length
+        truncated = sum(1 for x in ids if limit is not None and len(x) > limit)
+        if limit is not None:
+            ids = [x[-limit:] for x in ids]
+        width = max(len(x) for x in ids)
+        pad = self.tokenizer.pad_token_id
+        prompt_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids])
+        prompt_mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
+        return prompt_ids, prompt_mask, truncated

@@ -1,0 +1,88 @@
+"""Sequence-classification reward models as reward functions (TRL's reward-model protocol).
+
+`reward_funcs` may hold a reward model (a hub id, a local folder or a
+`PreTrainedModel` instance) beside plain functions. `RewardModel` wraps one as
+a callable with the reward-function protocol (rewards.py), scoring each
+completion as TRL does: prompt + completion (chat messages rendered with the
+reward tokenizer's chat template, text concatenated), right-padded, the model's
+single logit at the last non-pad token, in no_grad. Special tokens are the
+ones the model was trained with: a chat's come from the template (as
+`apply_chat_template(tokenize=True)` gives them, nothing added), a text's from
+the reward tokenizer (its BOS, as `tokenizer(text)` adds it). TRL 1.16 adds
+none to text, so a reward model whose tokenizer adds BOS scores text prompts
+on tokens it never saw.
+A tokenizer without a pad token pads with EOS and the model's config is told
+so (TRL's handling of pad == EOS).
+
+Not here: calling reward functions and checking their values (rewards.py).
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import nullcontext
+
+import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
+
+from .prompts import conversation, is_conversational
+
+
+def looks_like_model(spec: str) -> bool:
+    """True for a local folder or a hub id ("org/name"): what TRL loads as a reward model."""
+    return os.path.isdir(os.path.expanduser(spec)) or (spec.count("/") == 1 and not spec.startswith((".", "/", "~")))
+
+
+class RewardModel:
+    """A sequence-classification model scoring prompt + completion; called like a reward function.
+
+    Args:
+        model: a hub id, a local folder, or a `PreTrainedModel` with one output label.
+        processing_class: its tokenizer; default: loaded from the model's own path.
+        init_kwargs: passed to `from_pretrained` when `model` is a name (GRPOConfig.model_init_kwargs).
+    Attributes:
+        __name__: the model's folder or repository name (TRL's reward name; logged as rewards/<name>/mean and /std).
+    Raises:
+        ValueError: a model with more than one output label.
+    """
+
+    def __init__(self, model: str | PreTrainedModel, processing_class=None, init_kwargs: dict | None = None):
+        if isinstance(model, str):
+            from ..model.loading import resolve_model_path
+
+            kwargs = {"num_labels": 1, **(init_kwargs or {})}
+            model = AutoModelForSequenceClassification.from_pretrained(resolve_model_path(model), **kwargs)
+        if model.config.num_labels != 1:
+            raise ValueError(f"reward model {model.config._name_or_path!r} has {model.config.num_labels} labels; a reward model has one (num_labels=1).")
+        name = model.config._name_or_path or type(model).__name__
+        tokenizer = processing_class if processing_class is not None else AutoTokenizer.from_pretrained(name)
+        if tokenizer.pad_token_id is None:  # pad == EOS, and the model must know it to find the last real token
+            tokenizer.pad_token = tokenizer.eos_token
+        model.config.pad_token_id = tokenizer.pad_token_id
+        self.model, self.tokenizer = model.eval().requires_grad_(False), tokenizer
+        self.__name__ = name.rstrip("/").split("/")[-1]
+        self.autocast, self.chat_template_kwargs = nullcontext, {}
+
+    def prepare(self, device: torch.device, autocast, chat_template_kwargs: dict | None = None) -> None:
+        """Move the model to the policy's device, score under the policy's precision (`autocast`: a context
+        factory) and render chats with the run's chat_template_kwargs (as TRL does)."""
+        self.model.to(device)
+        self.autocast, self.chat_template_kwargs = autocast, chat_template_kwargs or {}
+
+    def texts(self, prompts: list, completions: list) -> list[str]:
+        """What the model reads: chat prompt + completion through its chat template, or text concatenated (TRL)."""
+        if is_conversational(prompts[0]):
+            return [self.tokenizer.apply_chat_template(conversation(p, c), tokenize=False, **self.chat_template_kwargs) for p, c in zip(prompts, completions)]
+        return [p + c for p, c in zip(prompts, completions)]
+
+    @torch.no_grad()
+    def __call__(self, /, prompts: list, completions: list, **kwargs) -> list[float]:
+        """N prompts and completions → N rewards (the model's logit); special tokens as the model was trained with them.
+        Dataset columns in `kwargs` are ignored (`self` is positional-only, so a column of any name, even "self", passes through)."""
+        inputs = self.tokenizer(
+            text=self.texts(prompts, completions), return_tensors="pt", padding=True, padding_side="right",
+            add_special_tokens=not is_conversational(prompts[0]),  # a chat template writes its own special tokens
+        ).to(self.model.device)
+        with self.autocast():
+            logits = self.model(**inputs).logits[:, 0]  # (N,)
+        return logits.float().tolist()

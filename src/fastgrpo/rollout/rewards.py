@@ -1,0 +1,239 @@
+"""Calling reward functions and checking what they return.
+
+The protocol is TRL's: a reward function is a plain callable (or `async def`)
+
+    fn(prompts, completions, completion_ids, trainer_state, **columns) -> list[float | None]
+
+called once per rollout with N aligned lists (N completions). `completions`
+are strings, or `[{"role": "assistant", "content": text}]` when the prompts are
+chat messages; every dataset column other than "prompt" arrives as a keyword
+list, and the trainer adds TRL's `trainer_state`, `log_extra` and `log_metric`.
+None means "not applicable" and is skipped in the weighted sum; a list, tuple,
+numpy array or 1-D torch tensor is accepted. Async functions are awaited, all
+of them concurrently. A sequence-classification reward model (hub id, local
+folder or instance) is wrapped by reward_models.py into such a callable.
+
+Built-ins (`fastgrpo train --reward NAME`): `length` (the TRL quick-start
+reward), `format` (answer inside <answer>…</answer>), `brevity` (short
+replies), `reasoning_gym`
+(reasoning-gym's own scorer for the row's task), and any `module:function`.
+
+Not here: the built-in rewards themselves (tasks/rewards.py), turning rewards into advantages (algo/advantages.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import inspect
+import math
+import numbers
+import logging
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+from ..tasks import import_module
+from ..tasks.rewards import BUILTIN_REWARDS
+
+logger = logging.getLogger("fastgrpo.rewards")  # the name users filter on (before the layout it was the module's)
+RewardFunc = Callable[..., list]
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)  # rewards are stored as float32
+
+# Keywords the reward protocol itself passes: a dataset column of the same name would collide with them.
+# Every other name is free: columns travel as one dict (`score(..., columns)`) and meet keywords only in
+# the reward functions' own call, so a column named like a parameter of fastgrpo's code (`funcs`, `self`) is fine.
+RESERVED_COLUMNS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
+
+
+class RewardFunctionError(RuntimeError):
+    """A reward function raised; the user's own exception is chained (`__cause__`) with its traceback."""
+
+
+def reward_name(fn: RewardFunc) -> str:
+    """The name a reward is logged under (`rewards/<name>/mean`, `/std`): the function's `__name__`;
+    a `functools.partial` is named after the function it wraps."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return getattr(fn, "__name__", type(fn).__name__)
+
+
+def reward_names(funcs: Sequence[RewardFunc]) -> list[str]:
+    """Distinct log names for R reward functions: `reward_name`, duplicates suffixed `_2`, `_3`, …
+
+    Two rewards under one name would overwrite each other in metrics.jsonl and
+    completions.jsonl.
+    """
+    names: list[str] = []
+    for fn in funcs:
+        base = name = reward_name(fn)
+        k = 1
+        while name in names:
+            k += 1
+            name = f"{base}_{k}"
+        names.append(name)
+    return names
+
+
+def check_columns(dataset, dataset_name: str = "train_dataset", environments: bool = False) -> None:
+    """Refuse dataset columns that the reward protocol passes itself (checked when the trainer is built).
+
+    With `environments`, the `environments` keyword (one environment per completion) is reserved too.
+
+    Raises:
+        ValueError: a column named like one of `RESERVED_COLUMNS`, naming it.
+    """
+    columns = getattr(dataset, "column_names", None)
+    if columns is None:  # a list of dicts, or an IterableDataset whose features are unknown: its first row
+        columns = list(next(iter(dataset), {}))
+    reserved = (*RESERVED_COLUMNS, "environments") if environments else RESERVED_COLUMNS
+    clash = [c for c in columns if c in reserved]
+    if clash:
+        raise ValueError(
+            f"{dataset_name} has a column named {clash[0]!r}, which reward functions already receive as an argument; "
+            f"rename the column (reserved: {', '.join(reserved)})."
+        )
+
+
+def score(
+    funcs: Sequence[RewardFunc], prompts: list, completions: list, completion_ids: list,
+    columns: dict | None = None, reward_kwargs: dict | None = None,
+) -> torch.Tensor:
+    """Call every reward function once (async ones concurrently) and stack their values.
+
+    Args:
+        funcs: R reward functions.
+        prompts, completions, completion_ids: N aligned entries each.
+        columns: {dataset column: N values}, passed to every function as keywords
+            (a dict, not `**columns`, so no column name collides with this function's parameters).
+        reward_kwargs: extra keywords for every function (the trainer passes
+            `trainer_state`); None for none.
+    Returns:
+        (N, R) float32 rewards, NaN where a function returned None. A row that
+        is NaN everywhere (no function applies) is allowed: it gets Â = 0
+        (see `advantages.rollout_advantages`), with TRL's warning on this module's logger
+        (the first such completion's prompt, completion and columns).
+    Raises:
+        ValueError: a function returned the wrong number of values, or inf/NaN
+            (naming the function, the value and the completion).
+        TypeError: a function returned something that is not a sequence of numbers/None.
+        RewardFunctionError: a function raised; its own exception is chained.
+    """
+    n = len(completions)
+    names = reward_names(funcs)
+    kwargs = {**(columns or {}), **(reward_kwargs or {}), "prompts": prompts, "completions": completions, "completion_ids": completion_ids}
+    results = [_call(fn, name, kwargs) for fn, name in zip(funcs, names)]
+    pending = [k for k, r in enumerate(results) if inspect.isawaitable(r)]
+    if pending:
+        for k, value in zip(pending, _await_all([results[k] for k in pending], [names[k] for k in pending])):
+            results[k] = value
+    table = torch.empty(n, len(funcs), dtype=torch.float32)
+    for k, (name, values) in enumerate(zip(names, results)):
+        table[:, k] = _column(name, values, n)
+    none = torch.isnan(table).all(dim=1)
+    if none.any():
+        i = int(none.nonzero()[0])
+        row = {**{key: values[i] for key, values in (columns or {}).items()}, "prompt": prompts[i], "completion": completions[i]}
+        logger.warning(  # TRL's words, then what fastgrpo does with such a completion
+            f"All reward functions returned None for the following kwargs:\n{row}\nPlease ensure that at least one reward "
+            f"function returns a valid reward. {int(none.sum())} of {n} completions got None from every reward function "
+            f"({', '.join(names)}); they get advantage 0 and are left out of their group's mean and std (logged as frac_reward_none)."
+        )
+    return table
+
+
+def _call(fn: RewardFunc, name: str, kwargs: dict):
+    try:
+        return fn(**kwargs)
+    except Exception as err:
+        if fn in BUILTIN_REWARDS.values():  # fastgrpo's own rewards raise fastgrpo's own clear errors
+            raise
+        raise RewardFunctionError(f"reward function {name!r} raised {type(err).__name__}: {err}") from err
+
+
+def _await_all(awaitables: list, names: list[str]) -> list:
+    """Await the async reward functions' results concurrently, in a private event loop."""
+
+    async def gather():
+        return await asyncio.gather(*awaitables, return_exceptions=True)
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # the usual case: no loop in this thread
+        results = asyncio.run(gather())
+    else:  # called from inside a running loop (a notebook): run ours in a thread
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            results = pool.submit(asyncio.run, gather()).result()
+    for name, value in zip(names, results):
+        if isinstance(value, Exception):
+            raise RewardFunctionError(f"reward function {name!r} raised {type(value).__name__}: {value}") from value
+    return results
+
+
+def _column(name: str, values, n: int) -> torch.Tensor:
+    """One function's N values → (N,) float32, NaN for None; refuses anything else."""
+    if isinstance(values, (np.ndarray, torch.Tensor)):
+        if values.ndim != 1:
+            raise TypeError(f"reward function {name!r} returned an array of shape {tuple(values.shape)}; return {n} values, shape ({n},).")
+        values = values.tolist()
+    if not isinstance(values, (list, tuple)):
+        raise TypeError(f"reward function {name!r} returned {type(values).__name__}; return a list of {n} floats (None = not applicable).")
+    if len(values) != n:
+        raise ValueError(f"reward function {name!r} returned {len(values)} values for {n} completions; return one per completion.")
+    column = torch.empty(n, dtype=torch.float32)
+    for i, v in enumerate(values):
+        if v is None:
+            column[i] = math.nan
+        elif isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_)):
+            if not math.isfinite(v) or abs(v) > FLOAT32_MAX:
+                raise ValueError(
+                    f"reward function {name!r} returned {float(v)} for completion {i}; rewards must be finite numbers "
+                    f"within ±{FLOAT32_MAX:.3g} (float32; return None when a reward does not apply)."
+                )
+            column[i] = float(v)
+        else:
+            raise TypeError(f"reward function {name!r} returned {v!r} ({type(v).__name__}) for completion {i}; return a float or None.")
+    return column
+
+
+def resolve_reward(spec, processing_class=None, init_kwargs: dict | None = None) -> RewardFunc:
+    """A reward function from a built-in name, "module:function", a callable, or a reward model.
+
+    Args:
+        spec: a callable; a built-in name; "module:function"; a sequence-classification
+            model as a `PreTrainedModel`, a local folder or a hub id ("org/name").
+        processing_class: the reward model's tokenizer (TRL's reward_processing_classes entry).
+        init_kwargs: `from_pretrained` arguments for a reward model given by name.
+    Raises:
+        ValueError: an unknown name or a module/function that cannot be found.
+    """
+    from transformers import PreTrainedModel
+
+    from .reward_models import RewardModel, looks_like_model
+
+    if isinstance(spec, PreTrainedModel) or (isinstance(spec, str) and ":" not in spec and spec not in BUILTIN_REWARDS and looks_like_model(spec)):
+        return RewardModel(spec, processing_class, init_kwargs)
+    if callable(spec):
+        return spec
+    if not isinstance(spec, str):
+        raise TypeError(
+            f"reward_funcs entry {spec!r} is a {type(spec).__name__}; give a callable, a built-in name "
+            f"({', '.join(BUILTIN_REWARDS)}), 'module:function', or a reward model."
+        )
+    if spec in BUILTIN_REWARDS:
+        return BUILTIN_REWARDS[spec]
+    if ":" in spec:
+        module_name, _, attr = spec.partition(":")
+        try:
+            fn = getattr(import_module(module_name), attr)
+        except (ImportError, AttributeError) as err:
+            raise ValueError(f"reward {spec!r}: cannot import {attr!r} from {module_name!r} ({err}).") from err
+        if not callable(fn):
+            raise ValueError(f"reward {spec!r} is not callable.")
+        return fn
+    raise ValueError(
+        f"reward {spec!r} is unknown; use one of {', '.join(BUILTIN_REWARDS)}, 'module:function', "
+        f"or a reward model (a local folder or a hub id 'org/name')."
+    )

@@ -1,0 +1,195 @@
+"""What the trainer saves: checkpoints (also after Ctrl-C), resuming a run from one, and the final model.
+
+- `save`: checkpoint-<step> with the weights, the optimizer and scheduler, the
+  data order, the step counters, π_ref when `sync_ref_model` moves it, the
+  entropy bonus's coefficient (adaptive), each process's rollout while μ
+  passes over it remain, its logging window (the metric sums and completions
+  trained on but not yet logged) and dynamic sampling's carry-over buffer; then the
+  callbacks' on_save.
+- `stop_interrupted`: after Ctrl-C, that step's checkpoint (unless just
+  written) and `TrainingInterrupted` saying how to resume.
+- `resume`: a new run claims output_dir; a resumed one loads the state back,
+  applies the settings that changed, cuts the logs back to its step and takes
+  back the unlogged window, so whatever stops the run (Ctrl-C, a crash, a
+  callback) and wherever it resumes, every optimizer step and every completion
+  trained on reaches metrics.jsonl / completions.jsonl exactly once.
+- `save_model`: the policy (or its adapters, or both merged) and tokenizer,
+  loadable with `from_pretrained` (`GRPOTrainer.save_model`).
+
+A checkpoint is the trainer's state, so the first three take the trainer (`Checkpointed`):
+`save` reads, and `resume` sets, its step, target_kl_stops, run_id, order,
+optimizer, scheduler, ref_model and entropy_control.
+
+Not here: the files and their checks (checkpoint.py), the new-run rule and
+which config changes a resume accepts (runs.py), catching Ctrl-C (interrupt.py).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Protocol
+
+from . import checkpoint_files as ckpt
+from . import runs
+from .interrupt import TrainingInterrupted
+from ..model.loading import is_peft_model, merged_copy
+from ..rollout.record import Rollout
+from ..model.sharding import full_state_dict, is_sharded
+
+
+class Checkpointed(Protocol):
+    """What a checkpoint reads from and restores into a trainer (`GRPOTrainer` has it all; this module never imports it)."""
+
+    args: Any
+    accelerator: Any
+    model: Any
+    tokenizer: Any
+    optimizer: Any
+    scheduler: Any
+    order: Any
+    ref_model: Any
+    events: Any
+    state: Any
+    log: Any
+    console: Any
+    window: Any
+    fresh_completions: list
+    loss_sum: float
+    step: int
+    max_steps: int
+    target_kl_stops: int
+    run_id: str
+
+
+def save(trainer: Checkpointed, rollout: Rollout, done: int) -> str:
+    """Write checkpoint-<step> (every process calls it), then the callbacks' on_save.
+
+    Args:
+        trainer: the trainer whose state is saved.
+        rollout: this process's rollout in use; kept when `done` < steps_per_rollout.
+        done: optimizer steps already taken on `rollout`.
+    Returns:
+        The checkpoint's path.
+    Raises:
+        CheckpointWriteError: see checkpoint.save_checkpoint.
+    """
+    a = trainer.args
+    state = {
+        "step": trainer.step, "scheduler": trainer.scheduler.state_dict(),
+        "optimizer": None if is_sharded(trainer.model) else trainer.optimizer.state_dict(),  # sharded: with the weights' shards
+        "order": trainer.order.state_dict(), "target_kl_stops": trainer.target_kl_stops, "done": done,
+        "ref_model": trainer.ref_model.state_dict() if a.sync_ref_model else None, "config": a.to_dict(), "loss_sum": trainer.loss_sum,
+        "entropy_control": trainer.entropy_control.state_dict() if trainer.entropy_control else None,
+        "log_sizes": trainer.log.sizes() if trainer.log is not None else None,  # the main process writes this state
+    }
+    # this process's share of the rollout, of what was trained since the last log, and dynamic sampling's carry-over
+    own = {
+        "rollout": rollout if done < a.steps_per_rollout else None, "window": trainer.window, "completions": trainer.fresh_completions,
+        "producer": trainer.assembly.state_dict(),
+    }
+    acc = trainer.accelerator
+    path = ckpt.save_checkpoint(a.output_dir, trainer.step, acc, trainer.model, trainer.tokenizer, state, own, trainer.run_id, trainer.optimizer)
+    trainer.events.save(path)  # names the best checkpoint before pruning, as Trainer._save_checkpoint does
+    if acc.is_main_process:
+        ckpt.prune(a.output_dir, a.save_total_limit, trainer.run_id, trainer.state.best_model_checkpoint)
+    acc.wait_for_everyone()
+    return path
+
+
+def prune_at_end(trainer: Checkpointed) -> None:
+    """After training with save_total_limit=1: keep the best checkpoint alone (transformers' `Trainer.train` rule)."""
+    if trainer.accelerator.is_main_process:
+        ckpt.prune(trainer.args.output_dir, trainer.args.save_total_limit, trainer.run_id, trainer.state.best_model_checkpoint, at_end=True)
+
+
+def stop_interrupted(trainer: Checkpointed, rollout: Rollout, done: int) -> None:
+    """After Ctrl-C: save this step's checkpoint (unless just saved) and stop.
+
+    Raises:
+        TrainingInterrupted: always, naming the step, the checkpoint and how to resume.
+    """
+    path = os.path.join(trainer.args.output_dir, f"{ckpt.PREFIX}{trainer.step}")
+    if path not in ckpt.checkpoints(trainer.args.output_dir, trainer.run_id):
+        path = save(trainer, rollout, done)
+    raise TrainingInterrupted(
+        f"interrupted at step {trainer.step}/{trainer.max_steps}; saved {path}. Resume with "
+        "trainer.train(resume_from_checkpoint=True), or the same fastgrpo train command plus --resume."
+    )
+
+
+def resume(trainer: Checkpointed, resume_from_checkpoint) -> tuple[Rollout | None, int]:
+    """Start a new run (claiming output_dir) or resume a checkpoint: state, changed settings, logs cut back.
+
+    Args:
+        trainer: the trainer to restore.
+        resume_from_checkpoint: None/False (a new run), True (the latest checkpoint that
+            loads) or a checkpoint path, as `Trainer.train` takes it.
+    Returns:
+        (rollout, done): the saved rollout (None when saved at a window's end or resumed
+        on another number of processes) and its optimizer steps taken; (None, 0) for a new run.
+    Raises:
+        ValueError: a new run in an output_dir holding another run (runs.claim_output_dir);
+            a changed `runs.STATE_FIELDS` field; see checkpoint.load_checkpoint.
+        CorruptCheckpointError: see checkpoint.load_checkpoint.
+    """
+    a, acc = trainer.args, trainer.accelerator
+    path, state = ckpt.load_checkpoint(resume_from_checkpoint, a.output_dir, acc, trainer.model, trainer.optimizer)
+    if path is None:
+        removed = runs.claim_output_dir(a.output_dir, a.overwrite_output_dir) if acc.is_main_process else []
+        acc.wait_for_everyone()
+        if removed:
+            trainer.console.print(f"overwrite_output_dir: removed the previous run's {', '.join(removed)} from {a.output_dir}", soft_wrap=True)
+        return None, 0
+    changed = runs.config_changes(state["config"], a.to_dict())  # refuses a change to the saved state's meaning
+    trainer.events.resume(path)
+    if state["optimizer"] is not None:  # None: a sharded checkpoint, loaded with the weights
+        trainer.optimizer.load_state_dict(state["optimizer"])
+    trainer.scheduler.load_state_dict(state["scheduler"])
+    runs.apply_optimizer_settings(trainer.optimizer, trainer.scheduler, a)
+    trainer.order.load_state_dict(state["order"])
+    trainer.step, trainer.target_kl_stops, trainer.run_id = state["step"], state["target_kl_stops"], state["run_id"]
+    trainer.loss_sum = state.get("loss_sum", 0.0)
+    if "window" in state:  # the unlogged steps and completions up to this checkpoint (absent on another number of processes)
+        trainer.window, trainer.fresh_completions = state["window"], state["completions"]
+    if state["ref_model"] is not None:
+        trainer.ref_model.load_state_dict(state["ref_model"])
+    if state.get("entropy_control") and trainer.entropy_control:  # the adaptive coefficient where it was (TRL restores it too)
+        trainer.entropy_control.load_state_dict(state["entropy_control"])
+    if trainer.log is not None:
+        trainer.log.cut_back(trainer.step, state.get("log_sizes"))
+        trainer.console.print(f"resumed from {path} at step {trainer.step}", markup=False, soft_wrap=True)
+        if changed:
+            listed = ", ".join(f"{k} {old!r} → {new!r}" for k, old, new in changed)
+            trainer.console.print(f"changed since the checkpoint, applied: {listed}", markup=False, soft_wrap=True)
+    trainer.assembly.load_state_dict(state.get("producer"))  # dynamic sampling's carry-over buffer
+    return state.get("rollout"), state["done"]  # no rollout, no window: resumed on another number of processes
+
+
+def save_model(accelerator, model, tokenizer, output_dir: str, merge_adapters: bool) -> None:
+    """Write the policy (safetensors) and tokenizer to `output_dir`; every process calls it, the main one writes.
+
+    Args:
+        accelerator: gathers the state dict (sharded models) and says which process writes.
+        model: the policy as `accelerator.prepare` returned it.
+        merge_adapters: with adapters, write the base weights with them merged in
+            (`from_pretrained` loads it) instead of the adapters alone
+            (`adapter_model.safetensors`, `peft.PeftModel.from_pretrained` loads it).
+    Under FSDP the whole model is gathered (rank 0 holds it): a consolidated save.
+
+    Raises:
+        ValueError: merge_adapters=True for a policy without adapters, or for a sharded one.
+    """
+    policy = accelerator.unwrap_model(model)
+    if merge_adapters and not is_peft_model(policy):
+        raise ValueError("merge_adapters=True but the policy has no adapters; call save_model() without it.")
+    if merge_adapters and is_sharded(policy):
+        raise ValueError("merge_adapters=True under FSDP: save the adapters (save_model()), then merge them on one process with peft's merge_and_unload().")
+    state_dict = full_state_dict(model) if is_sharded(policy) else accelerator.get_state_dict(model)
+    if accelerator.is_main_process:
+        if merge_adapters:
+            merged_copy(policy).save_pretrained(output_dir, safe_serialization=True)
+        else:
+            policy.save_pretrained(output_dir, state_dict=state_dict, safe_serialization=True)
+        tokenizer.save_pretrained(output_dir)
+        ckpt.make_readable(output_dir)
+    accelerator.wait_for_everyone()

@@ -1,0 +1,251 @@
+"""Datasets: loading rows from a spec or a file, checking them, and the order prompts are drawn in.
+
+A dataset is a `datasets.Dataset` with a "prompt" column (text, or a list of
+chat messages) and any other columns, which reward functions receive as
+keyword lists. Sources: a hub name, a local json/jsonl/csv/parquet file, or
+`reasoning-gym:<task>[,<task>]` (procedural tasks with their own scorers,
+generated locally, no network).
+
+Not here: rendering and tokenising prompts (rollout/prompts.py), the built-in tasks (tasks/).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from urllib.parse import parse_qsl
+
+import datasets
+import torch
+from datasets import Dataset, load_dataset
+
+from ..rollout.prompts import is_chat
+from ..tasks.reasoning_gym import reasoning_gym_dataset
+
+LOCAL_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+# Endings of data files, never of hub dataset names: a spec ending so is a local path, looked up on the disk only.
+FILE_ENDINGS = (*LOCAL_FORMATS, ".tsv", ".txt", ".arrow", ".gz", ".zip", ".xlsx")
+
+def load_dataset_spec(spec: str, split: str = "train", size: int = 1000, seed: int = 0) -> Dataset:
+    """A Dataset from a command-line spec.
+
+    Args:
+        spec: "reasoning-gym:<task>[,<task>][?key=value&key=value]" (the query
+            sets task difficulty, e.g. "reasoning-gym:basic_arithmetic?max_terms=2",
+            and `few_shot=N` solved examples before each question),
+            "calculator" (the built-in agent task, agents/calculator.py), a local
+            .json/.jsonl/.csv/.parquet file, or a hub dataset name (needs network).
+        split: the split of a hub dataset.
+        size, seed: rows and seed for reasoning-gym and calculator specs.
+    Raises:
+        ValueError: a local-looking path that does not exist (no hub lookup), a
+            local file with an unsupported extension, that is empty, or that
+            cannot be parsed (file and line number), a reasoning-gym spec that
+            names no task or settings it refuses, or a dataset `check_dataset`
+            refuses (no prompt column, a missing or blank prompt: the row).
+    """
+    path = os.path.expanduser(spec)
+    if spec.startswith("reasoning-gym:"):
+        tasks, _, query = spec.split(":", 1)[1].partition("?")
+        kwargs = {k: _number(v) for k, v in parse_qsl(query)}
+        few_shot = kwargs.pop("few_shot", 0)
+        if not isinstance(few_shot, int) or few_shot < 0:
+            raise ValueError(f"{spec}: few_shot={few_shot!r}; give a number of solved examples, 0 or more.")
+        dataset = reasoning_gym_dataset(
+            [t.strip() for t in tasks.split(",") if t.strip()], size=size, seed=seed, task_kwargs=kwargs, few_shot=few_shot
+        )
+    elif spec == "calculator":
+        from ..tasks.calculator import calculator_dataset
+
+        dataset = calculator_dataset(size, seed)
+    elif os.path.exists(path):
+        dataset = load_data_file(path)
+    elif looks_like_local_path(spec):
+        raise ValueError(
+            f"dataset {spec!r}: no such file (looked in {os.getcwd()}); give an existing .json/.jsonl/.csv/.parquet file, "
+            "reasoning-gym:<task>, or a hub dataset name (org/name)."
+        )
+    else:
+        dataset = load_dataset(spec, split=split)
+    check_dataset(dataset, spec)
+    return dataset
+
+
+def looks_like_local_path(spec: str) -> bool:
+    """True for a spec that can only mean a file on this machine: it starts with ./, ../, / or ~, ends like a
+    data file (`FILE_ENDINGS`), or its first folder exists here. A hub name (org/name) does none of these."""
+    first = spec.split("/", 1)[0]
+    return spec.startswith((".", "/", "~")) or spec.lower().endswith(FILE_ENDINGS) or ("/" in spec and os.path.isdir(first))
+
+
+def load_data_file(path: str) -> Dataset:
+    """A local .json/.jsonl/.csv/.parquet file as a Dataset, its rows checked first, so a bad file is one clear line.
+
+    Raises:
+        ValueError: another extension, an empty file (no rows), or a row that
+            cannot be parsed, naming the file and the line (`check_data_file`).
+    """
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in LOCAL_FORMATS:
+        raise ValueError(f"dataset file {path!r}: use a .json, .jsonl, .csv or .parquet file.")
+    rows = check_data_file(path, ext)
+    if rows == 0:
+        raise ValueError(f"dataset file {path!r} has no rows; give at least one row with a 'prompt'.")
+    shown = not datasets.utils.are_progress_bars_disabled()
+    datasets.utils.disable_progress_bars()  # a local file loads in moments: its progress bar would only bury the messages
+    try:
+        return load_dataset(LOCAL_FORMATS[ext], data_files=path, split="train")
+    except Exception as err:  # datasets wraps the reader's own error (pandas, pyarrow) in a generic one
+        cause = err
+        while cause.__cause__ is not None or cause.__context__ is not None:
+            cause = cause.__cause__ or cause.__context__
+        raise ValueError(f"dataset file {path!r} cannot be read as {LOCAL_FORMATS[ext]}: {cause}; fix the file.") from err
+    finally:
+        if shown:
+            datasets.utils.enable_progress_bars()
+
+
+def check_data_file(path: str, ext: str) -> int:
+    """Parse a local data file once with the standard library (pyarrow for parquet); → its number of rows.
+
+    Raises:
+        ValueError: a line that does not parse or a row of the wrong shape, naming the file and the line (1-based).
+    """
+    if ext == ".parquet":
+        import pyarrow.parquet
+
+        try:
+            return pyarrow.parquet.ParquetFile(path).metadata.num_rows
+        except Exception as err:  # pyarrow.ArrowInvalid: not a parquet file
+            raise ValueError(f"dataset file {path!r} is not a parquet file ({err}); write it with pandas.DataFrame.to_parquet.") from None
+    if ext == ".csv":
+        with open(path, encoding="utf-8", newline="") as f:
+            reader = csv.reader(f)
+            header = next(reader, None)
+            rows = 0
+            for row in reader:
+                if header is not None and row and len(row) != len(header):
+                    raise ValueError(
+                        f"{path}, line {reader.line_num}: {len(row)} fields where the header has {len(header)} "
+                        f"({', '.join(header)}); quote values that hold commas, or fix that line."
+                    )
+                rows += bool(row)
+            return rows
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if ext == ".json" and text.lstrip().startswith("["):  # one JSON array of rows (else JSON lines, as datasets reads .json)
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}, line {err.lineno}: not valid JSON ({err.msg} at column {err.colno}); fix that line.") from None
+        for i, row in enumerate(rows):
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}: row {i} is a JSON {type(row).__name__}, not an object with a 'prompt' field.")
+        return len(rows)
+    return check_json_lines(path)
+
+
+def _number(text: str):
+    """A query value as int, float, bool ("true"/"false", any case) or, failing those, the text."""
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def check_dataset(dataset, name: str = "train_dataset") -> None:
+    """Refuse, before any compute, a dataset that cannot feed a GRPO run.
+
+    Reads the "prompt" column once (a pass over the rows, no model).
+
+    Raises:
+        ValueError: no "prompt" column, no rows, or a row whose prompt is
+            missing, blank ("", whitespace, no messages) or neither text nor
+            chat messages (naming the row, counted from 0, and the fix).
+    """
+    if len(dataset) == 0:
+        raise ValueError(f"{name} is empty; give it at least one prompt.")
+    columns = getattr(dataset, "column_names", None) or list(dataset[0])
+    if "prompt" not in columns:
+        raise ValueError(f"{name} has no 'prompt' column (columns: {columns}); rename the column holding the prompts to 'prompt'.")
+    prompts = dataset["prompt"] if hasattr(dataset, "column_names") else [row.get("prompt") for row in dataset]
+    for i, prompt in enumerate(prompts):
+        if prompt is None:
+            raise ValueError(f"{name} row {i} has no prompt (None); fill it in or drop the row.")
+        if not isinstance(prompt, (str, list)):
+            raise ValueError(f"{name} row {i}: prompt {prompt!r} is {type(prompt).__name__}; give text or a list of chat messages.")
+        if isinstance(prompt, str) and not prompt.strip():
+            raise ValueError(f"{name} row {i} has a blank prompt ({prompt!r}); the model needs text to continue. Fill it in or drop the row.")
+        if isinstance(prompt, list) and not prompt:
+            raise ValueError(f"{name} row {i} has no messages (prompt []); give at least one chat message, or drop the row.")
+        if isinstance(prompt, list) and not is_chat(prompt):
+            raise ValueError(
+                f"{name} row {i}: prompt {str(prompt)[:80]} is a list but not chat messages; give text or "
+                '[{"role": "user", "content": "..."}, ...].'
+            )
+
+
+def check_json_lines(path: str) -> int:
+    """Parse a .jsonl file line by line before `datasets` reads it, so a bad row is one clear line; → the rows.
+
+    Raises:
+        ValueError: a line that is not a JSON object, naming the file and the line number (1-based).
+    """
+    rows = 0
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            rows += 1
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}, line {number}: not valid JSON ({err.msg} at column {err.colno}); fix or remove that line.") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}, line {number}: a JSON {type(row).__name__}, not an object with a 'prompt' field.")
+    return rows
+
+
+class PromptOrder:
+    """The order prompts are drawn in: a seeded permutation per epoch, endless.
+
+    Every process holds the same order (same seed) and takes its own share of
+    each draw, so no prompt is split or repeated across processes.
+
+    Args:
+        size: rows in the dataset.
+        seed: permutation seed (epoch e uses seed + e).
+        shuffle: False keeps the dataset order (TRL's shuffle_dataset).
+    """
+
+    def __init__(self, size: int, seed: int, shuffle: bool = True):
+        self.size, self.seed, self.shuffle = size, seed, shuffle
+        self.epoch, self.position = 0, 0
+
+    def _permutation(self) -> list[int]:
+        if not self.shuffle:
+            return list(range(self.size))
+        return torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
+
+    def take(self, count: int) -> list[int]:
+        """The next `count` row indices, wrapping into a new epoch as needed."""
+        out = []
+        while len(out) < count:
+            order = self._permutation()
+            chunk = order[self.position : self.position + count - len(out)]
+            out += chunk
+            self.position += len(chunk)
+            if self.position >= self.size:
+                self.epoch, self.position = self.epoch + 1, 0
+        return out
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.position = state["epoch"], state["position"]

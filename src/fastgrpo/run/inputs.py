@@ -1,0 +1,95 @@
+"""What `GRPOTrainer(...)` is given, checked before any model loads: argument kinds, datasets, rewards.
+
+Every check here costs no model load and no compute, so a wrong argument is a
+one-line error at once (docs/reliability.md). The trainer builds the rest
+(accelerator, policy, optimizer) from what this returns.
+
+Not here: GRPOConfig's own field checks (config.py), loading models (models.py).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+import torch
+
+from ..rollout.producers import AgentInputs, check_agent_inputs
+from ..config import GRPOConfig
+from .dataset_kinds import check_train_dataset, eval_sets
+from ..rollout.group_filter import resolve_filter
+from ..model.loading import check_peft_inputs
+from ..model.optimizers import check_optimizer_name
+from ..rollout.reward_models import RewardModel
+from ..rollout.rewards import check_columns, resolve_reward, reward_names
+
+
+class TrainerInputs(NamedTuple):
+    """The trainer's arguments once checked and resolved."""
+
+    args: GRPOConfig
+    eval_sets: dict | None  # {metric prefix: rows}, or None without an eval_dataset
+    reward_funcs: list  # R callables (functions and wrapped reward models)
+    reward_names: list[str]  # R distinct log names
+    reward_processing_classes: list  # R: each reward model's tokenizer, None for functions (TRL's attribute)
+    reward_weights: list[float]  # R
+    train_dataset: object  # as given, or TRL's placeholder when an environment owns the data
+    agents: AgentInputs  # tools, environments, rollout_func (agents/setup.py)
+
+
+def check_trainer_inputs(
+    model, reward_funcs, args, train_dataset, eval_dataset, reward_processing_classes, peft_config,
+    tools=None, environment_factory=None, rollout_func=None,
+) -> TrainerInputs:
+    """Check and resolve `GRPOTrainer`'s arguments (TRL's meanings) before anything loads.
+
+    Raises:
+        TypeError: `args` that is not a fastgrpo GRPOConfig, a model or reward of the wrong kind.
+        ValueError: no reward function, no or an unreadable dataset, a reserved column,
+            reward_processing_classes or reward_weights whose count does not match the
+            reward functions, a peft_config that cannot apply (models.check_peft_inputs), a
+            filter_groups_metric that is no reward name or importable "module:function".
+    """
+    if args is not None and not isinstance(args, GRPOConfig):
+        raise TypeError(
+            f"args is a {type(args).__module__}.{type(args).__name__}; give a fastgrpo GRPOConfig "
+            "(`from fastgrpo import GRPOConfig`: TRL's field names, so only the import changes)."
+        )
+    if not isinstance(model, (str, os.PathLike, torch.nn.Module)):
+        raise TypeError(f"model is a {type(model).__name__}; give a model name or folder (text), a .gguf file, or a PreTrainedModel.")
+    a = args if args is not None else GRPOConfig()
+    agents = check_agent_inputs(tools, environment_factory, rollout_func, train_dataset, a.max_steps, a.prompts_per_rollout)
+    train_dataset = agents.train_dataset
+    no_rewards = reward_funcs is None or (isinstance(reward_funcs, (list, tuple)) and not reward_funcs)
+    if no_rewards and not agents.reward_funcs:
+        raise ValueError(
+            "reward_funcs is empty; give at least one reward function (TRL's protocol, see rewards.py) or reward model, "
+            "or an environment_factory whose environment defines get_reward()."
+        )
+    check_optimizer_name(a.optim)
+    if train_dataset is None:
+        raise ValueError("train_dataset is required: a datasets.Dataset (or list of dicts) with a 'prompt' column.")
+    check_train_dataset(train_dataset, a.max_steps)
+    sets = eval_sets(eval_dataset) if eval_dataset is not None else None
+    for name, rows in [("train_dataset", train_dataset), *(((f"{k} dataset", v) for k, v in (sets or {}).items()))]:
+        check_columns(rows, name, agents.environments is not None)
+    funcs = [] if no_rewards else list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+    if reward_processing_classes is None:
+        procs = [None] * len(funcs)
+    else:  # TRL's rule: a single one stands for a list of one
+        procs = list(reward_processing_classes) if isinstance(reward_processing_classes, (list, tuple)) else [reward_processing_classes]
+    if len(procs) != len(funcs):
+        raise ValueError(
+            f"reward_processing_classes has {len(procs)} entries for {len(funcs)} reward_funcs; the numbers must match "
+            "(one per entry, None for functions)."
+        )
+    resolved = [resolve_reward(f, p, a.model_init_kwargs) for f, p in zip(funcs, procs)]
+    weights = a.reward_weights if a.reward_weights is not None else [1.0] * len(resolved)
+    if len(weights) != len(resolved):
+        raise ValueError(f"reward_weights has {len(weights)} values for {len(resolved)} reward functions; give one weight per function.")
+    resolved, procs, weights = resolved + agents.reward_funcs, procs + [None] * len(agents.reward_funcs), [*weights, *[1.0] * len(agents.reward_funcs)]
+    check_peft_inputs(model, peft_config, a.sync_ref_model)
+    if a.filter_groups:  # a filter_groups_metric that names nothing fails here, not after the model loads
+        resolve_filter(a.filter_groups_metric, reward_names(resolved), torch.tensor(weights), a.multi_objective_aggregation)
+    tokenizers = [f.tokenizer if isinstance(f, RewardModel) else p for f, p in zip(resolved, procs)]
+    return TrainerInputs(a, sets, resolved, reward_names(resolved), tokenizers, list(weights), train_dataset, agents)

@@ -1,0 +1,389 @@
+"""Metric aggregation and output: phase timers, logging windows, metrics.jsonl,
+the completions table and trackers.
+
+Metrics are kept as sums over a logging window (tokens, completions, steps)
+and reduced across processes once per logging step, so every logged mean is
+a true mean over the window, never the last micro-batch's value.
+
+Not here: computing any metric's value (losses.py, trainer.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from ..algo.reductions import EXTREMES
+
+PHASES = ("generate", "score", "old_logps", "ref_logps", "update")
+
+
+class PhaseTimer:
+    """Wall-clock seconds per named phase (`generate`, `score`, `old_logps`, `ref_logps`, `update`).
+
+    The public seam for timing a run (`trainer.timer.listen(fn)`): each listener gets
+    (phase, start, end) in `time.perf_counter()` seconds as each phase ends (benchmarks/ use it).
+    """
+
+    def __init__(self):
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.listeners: list = []
+
+    def listen(self, fn) -> None:
+        """Call fn(phase, start, end) at the end of every phase from now on."""
+        self.listeners.append(fn)
+
+    @contextmanager
+    def __call__(self, phase: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            end = time.perf_counter()
+            self.seconds[phase] += end - start
+            for fn in self.listeners:
+                fn(phase, start, end)
+
+    def pop(self) -> dict[str, float]:
+        """Seconds per phase since the last pop, then reset."""
+        out = {phase: self.seconds.get(phase, 0.0) for phase in PHASES}
+        self.seconds.clear()
+        return out
+
+
+class Window:
+    """Sums of metrics over a logging window, reduced across processes on demand.
+
+    `add(name, value)` adds a number or 0-d tensor to a sum; `extreme(name,
+    value)` keeps a min or max (`algo.reductions.EXTREMES` says which); `record`
+    routes each metric by that table.
+    """
+
+    def __init__(self):
+        self.sums: dict[str, float] = defaultdict(float)
+        self.extremes: dict[str, float] = {}
+
+    def add(self, name: str, value) -> None:
+        self.sums[name] += float(value)
+
+    def extreme(self, name: str, value) -> None:
+        value = float(value)
+        pick = min if EXTREMES[name] == "min" else max
+        self.extremes[name] = pick(self.extremes.get(name, value), value)
+
+    def record(self, values: dict) -> None:
+        """Each metric into its sum or its extreme, as `EXTREMES` declares."""
+        for name, value in values.items():
+            (self.extreme if name in EXTREMES else self.add)(name, value)
+
+    def reduce(self, accelerator) -> tuple[dict[str, float], dict[str, float]]:
+        """(sums, extremes) over all processes: one all-reduce and one gather per call."""
+        names = sorted(self.sums)
+        sums = torch.tensor([self.sums[n] for n in names], dtype=torch.float64, device=accelerator.device)
+        ext_names = sorted(self.extremes)
+        ext = torch.tensor([self.extremes[n] for n in ext_names], dtype=torch.float64, device=accelerator.device)
+        if accelerator.num_processes > 1:
+            sums = accelerator.reduce(sums, reduction="sum")
+            if ext_names:  # every process holds the same keys, so all take this branch or none
+                gathered = accelerator.gather(ext.unsqueeze(0))  # (world, E)
+                ext = torch.stack([gathered[:, i].min() if EXTREMES[n] == "min" else gathered[:, i].max() for i, n in enumerate(ext_names)])
+        return dict(zip(names, sums.tolist())), dict(zip(ext_names, ext.tolist()))
+
+
+@dataclass(frozen=True)
+class CompletionRows:
+    """What completions.jsonl keeps of a rollout, on the CPU: cheap to hold until the log and to gather."""
+
+    prompts: list  # N prompts
+    completions: list  # N completions as reward functions saw them
+    rewards: torch.Tensor  # (N, R)
+    advantages: torch.Tensor  # (N,)
+    extra: dict | None = None  # column → N values that reward functions logged with log_extra
+
+    @classmethod
+    def of(cls, rollout, extra: dict | None = None) -> CompletionRows:
+        return cls(rollout.prompts, rollout.completions, rollout.rewards.cpu(), rollout.advantages.cpu(), extra)
+
+    def __len__(self) -> int:
+        return len(self.completions)
+
+
+class MetricsLog:
+    """Writes metrics.jsonl and completions.jsonl in output_dir, prints a line per log, feeds trackers.
+
+    Only the main process writes; the others call nothing here.
+    """
+
+    def __init__(self, output_dir: str, accelerator, console):
+        self.accelerator = accelerator
+        self.console = console
+        self.metrics_path = os.path.join(output_dir, "metrics.jsonl")
+        self.completions_path = os.path.join(output_dir, "completions.jsonl")
+        os.makedirs(output_dir, exist_ok=True)
+
+    def sizes(self) -> dict[str, int]:
+        """Bytes written so far to each log (0 before its first line): where a checkpoint saved now cuts them back to."""
+        return {path: os.path.getsize(path) if os.path.exists(path) else 0 for path in (self.metrics_path, self.completions_path)}
+
+    def cut_back(self, step: int, sizes: dict[str, int] | None = None) -> None:
+        """Cut both logs back to what they held when the checkpoint was saved: no record logged twice.
+
+        Args:
+            step: the checkpoint's step; without `sizes` (a checkpoint from before they
+                were saved), records after it are dropped.
+            sizes: `sizes()` at the checkpoint: each file is truncated to it, which also
+                drops what was logged at the checkpoint's own step after it was saved.
+        """
+        for path in (self.metrics_path, self.completions_path):
+            if not os.path.exists(path):
+                continue
+            if sizes is not None:
+                if os.path.getsize(path) > sizes.get(path, 0):
+                    os.truncate(path, sizes.get(path, 0))
+                continue
+            with open(path) as f:
+                kept = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
+            with open(path + ".tmp", "w") as f:  # rewritten under a temporary name and renamed into place
+                f.writelines(kept)
+            os.replace(path + ".tmp", path)
+
+    def write(self, record: dict) -> None:
+        """Append one record, print its key numbers, send it to trackers."""
+        with open(self.metrics_path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        keys = ("loss", "reward", "reward_std", "kl_old", "clip_ratio/region_mean", "completions/mean_length", "grad_norm", "learning_rate",
+                "dynamic_sampling/reward_before", "dynamic_sampling/keep_rate")  # the last two with filter_groups only
+        shown = "  ".join(f"{k} {record[k]:.4g}" for k in keys if k in record)
+        self.console.print(f"step {record['step']:>5}  {shown}", soft_wrap=True)  # one line at any width: `grep ^step` gets whole lines
+        self.accelerator.log({k: v for k, v in record.items() if isinstance(v, (int, float))}, step=record["step"])
+
+    def completions(self, step: int, rollout, reward_names: list[str], num_to_print: int | None) -> None:
+        """Every completion of `rollout` (a Rollout or its CompletionRows) to completions.jsonl; a table of the first few to the console."""
+        with open(self.completions_path, "a") as f:
+            for i in range(len(rollout)):
+                f.write(
+                    json.dumps(
+                        {
+                            "step": step,
+                            "prompt": rollout.prompts[i],
+                            "completion": rollout.completions[i],
+                            "rewards": dict(zip(reward_names, _floats(rollout.rewards[i]))),
+                            "advantage": float(rollout.advantages[i]),
+                            **{column: values[i] for column, values in (getattr(rollout, "extra", None) or {}).items() if i < len(values)},
+                        },
+                        default=str,
+                    )
+                    + "\n"
+                )
+        if num_to_print == 0:
+            return
+        from rich.table import Table
+        from rich.text import Text  # prompts and completions as plain text: "[/INST]" is not rich markup
+
+        table = Table(title=f"completions at step {step}", show_lines=True)
+        for column in ("prompt", "completion", *reward_names, "advantage"):
+            table.add_column(Text(column), overflow="fold")
+        for i in range(len(rollout) if num_to_print is None else min(num_to_print, len(rollout))):
+            prompt = rollout.prompts[i]
+            prompt = prompt[-1]["content"] if isinstance(prompt, list) else prompt
+            completion = rollout.completions[i]
+            completion = completion[-1]["content"] if isinstance(completion, list) else completion
+            values = ["None" if v is None else f"{v:.3g}" for v in _floats(rollout.rewards[i])]
+            table.add_row(Text(str(prompt)[-200:]), Text(str(completion)[:300]), *values, f"{float(rollout.advantages[i]):.3g}")
+        self.console.print(table)
+
+
+def rollout_metrics(rollout, reward_names: list[str], weights: torch.Tensor, num_generations: int) -> dict[str, float]:
+    """Sums (and extremes) describing one rollout, for a logging window.
+
+    Keys: completions, reward_sum and reward_sqsum (weighted rewards of the
+    scorable completions), scorable, groups,
+    zero_std_groups (groups whose rewards' std is 0, TRL's `isclose`: no learning signal),
+    reward_none (completions no reward function applied to),
+    terminated_length_sum/_min/_max and terminated (completions that ended with EOS),
+    rewards/<name>_sum, _sqsum and _count (applicable completions only),
+    completion_length_sum/_min/_max (tokens), completion_tokens, truncated,
+    truncated_prompts; with tools, tool_calls and tool_failures. Lengths count
+    the model's tokens only (tool/environment replies excluded, as TRL logs them).
+    """
+    rewards = rollout.rewards.to(weights.device)
+    scorable = ~torch.isnan(rewards).all(dim=-1)  # TRL: a completion no reward applied to is left out of reward / reward_std
+    total = torch.nansum(rewards * weights, dim=-1)  # (N,) as the advantages saw it
+    groups = torch.where(scorable, total, torch.nan).view(-1, num_generations)  # (num_prompts, G)
+    centred = groups - torch.nanmean(groups, dim=1, keepdim=True)  # TRL's nanstd per group: NaN-aware, n − 1
+    count = (~torch.isnan(groups)).sum(dim=1)
+    group_std = torch.sqrt(torch.nanmean(centred.square(), dim=1) * count / (count - 1))
+    lengths = rollout.model_mask().sum(-1).float()
+    ended = lengths[~rollout.is_truncated]
+    out = {
+        "completions": len(rollout),
+        "reward_sum": float(total[scorable].sum()),
+        "reward_sqsum": float(total[scorable].double().square().sum()),
+        "scorable": float(scorable.sum()),
+        "completion_length_sum": float(lengths.sum()),
+        "completion_length_min": float(lengths.min()),
+        "completion_length_max": float(lengths.max()),
+        "terminated_length_sum": float(ended.sum()), "terminated": float(len(ended)),
+        "completion_tokens": float(lengths.sum()),
+        "truncated": float(rollout.is_truncated.sum()),
+        "truncated_prompts": float(rollout.num_truncated_prompts),
+        "groups": groups.shape[0],
+        "zero_std_groups": float(torch.isclose(group_std, torch.zeros_like(group_std)).sum()),  # NaN std (≤ 1 reward) is not 0, as TRL
+        "reward_none": float((~scorable).sum()),  # no reward applied: Â = 0
+    }
+    if len(ended):
+        out.update(terminated_length_min=float(ended.min()), terminated_length_max=float(ended.max()))
+    if rollout.tool_calls is not None:
+        out.update(tool_calls=float(rollout.tool_calls), tool_failures=float(rollout.tool_failures))
+    for k, name in enumerate(reward_names):
+        column = rewards[:, k]
+        present = ~torch.isnan(column)
+        out[f"rewards/{name}_sum"] = float(column[present].sum())
+        out[f"rewards/{name}_sqsum"] = float(column[present].double().square().sum())
+        out[f"rewards/{name}_count"] = float(present.sum())
+    return out
+
+
+class RewardHooks:
+    """TRL's `log_metric` and `log_extra` for reward functions.
+
+    `log_metric(name, value)` adds a scalar that is averaged over the logging
+    window (all processes; every process must log the same names) and logged
+    as `name`; `log_extra(column, values)` adds a column (N values) to this
+    rollout's rows in completions.jsonl.
+    """
+
+    def __init__(self, window: Callable[[], Window]):
+        self.window = window  # the trainer's current logging window
+        self.columns: dict[str, list] = defaultdict(list)
+
+    def log_metric(self, name: str, value: float) -> None:
+        self.window().add(f"{name}{USER_SUM}", value)
+        self.window().add(f"{name}{USER_COUNT}", 1)
+
+    def log_extra(self, column: str, values: list) -> None:
+        self.columns[column].extend(values)
+
+    def pop_columns(self) -> dict[str, list]:
+        """The columns logged since the last pop (one rollout's), then reset."""
+        out, self.columns = dict(self.columns), defaultdict(list)
+        return out
+
+
+USER_SUM, USER_COUNT = "/user_sum", "/user_count"  # window keys of log_metric values
+
+
+def window_record(step: int, sums: dict, extremes: dict, seconds: dict, reward_names: list[str]) -> dict:
+    """One metrics.jsonl record from a window's reduced sums (see `Window`) and this process's phase seconds.
+
+    Means are over tokens (loss terms, KL, entropy, clip fractions), completions
+    (rewards, lengths) or optimizer steps (loss, grad_norm), as each quantity's
+    definition needs; a metric whose denominator is empty in the window is left out.
+    """
+    record: dict = {"step": step}
+
+    def mean(key: str, over: str, name: str | None = None) -> None:
+        if key in sums and sums.get(over, 0) > 0:
+            record[name or key] = sums[key] / sums[over]
+
+    mean("loss", "steps")
+    mean("policy_loss", "steps")  # the loss without the entropy bonus (entropy_coef)
+    mean("entropy_coef", "steps")
+    mean("vespo/phi_seq", "sequences", "vespo/phi_seq_mean")
+    mean("grad_norm", "steps")
+    mean("reward_sum", "scorable", "reward")  # TRL's: over the completions some reward applied to
+    if sums.get("scorable", 0) > 1:  # TRL's nanstd of the weighted rewards over the batch (n − 1)
+        n, total = sums["scorable"], sums["reward_sum"]
+        record["reward_std"] = math.sqrt(max(sums["reward_sqsum"] - total * total / n, 0.0) / (n - 1))
+    mean("zero_std_groups", "groups", "frac_reward_zero_std")
+    mean("reward_none", "completions", "frac_reward_none")
+    # dynamic sampling (dynamic_sampling.py): fresh groups sampled vs kept, before the filter, carry-over
+    mean("ds_kept_groups", "ds_sampled_groups", "dynamic_sampling/keep_rate")
+    mean("ds_rounds", "rollouts", "dynamic_sampling/rounds")
+    mean("ds_sampled_groups", "ds_kept_groups", "dynamic_sampling/prompts_per_kept_group")
+    mean("ds_carried_groups", "groups", "dynamic_sampling/carried_fraction")
+    mean("ds_dropped_groups", "ds_sampled_groups", "dynamic_sampling/dropped_fraction")
+    mean("ds_at_cap", "rollouts", "dynamic_sampling/at_cap")
+    mean("ds_zero_std_sampled", "ds_sampled_groups", "dynamic_sampling/frac_reward_zero_std_before")
+    mean("ds_reward_sampled", "ds_completions_sampled", "dynamic_sampling/reward_before")
+    record.update(reward_stats(sums, reward_names, "rewards"))
+    mean("completion_length_sum", "completions", "completions/mean_length")  # TRL's completions/* (model tokens only)
+    for key, name in (("completion_length_min", "min_length"), ("completion_length_max", "max_length"),
+                      ("terminated_length_min", "min_terminated_length"), ("terminated_length_max", "max_terminated_length")):
+        if key in extremes:
+            record[f"completions/{name}"] = extremes[key]
+    if "terminated" in sums:  # TRL logs 0 when no completion ended with EOS
+        record["completions/mean_terminated_length"] = sums["terminated_length_sum"] / sums["terminated"] if sums["terminated"] else 0.0
+        record.setdefault("completions/min_terminated_length", 0.0)
+        record.setdefault("completions/max_terminated_length", 0.0)
+    mean("truncated", "completions", "completions/clipped_ratio")
+    mean("tool_calls", "completions", "tools/call_frequency")  # TRL's: calls per completion, failures per call
+    if "tool_calls" in sums:
+        record["tools/failure_frequency"] = sums["tool_failures"] / sums["tool_calls"] if sums["tool_calls"] > 0 else 0.0
+    if "truncated_prompts" in sums:
+        record["truncated_prompts"] = int(sums["truncated_prompts"])
+    for key in ("kl", "kl_old", "entropy"):
+        mean(key, "tokens")
+    for key, name in (("clip_low", "low_mean"), ("clip_high", "high_mean"), ("clip_region", "region_mean")):  # TRL's names (losses.clip_metrics)
+        mean(key, "clip_units", f"clip_ratio/{name}")
+    mean("cispo_clipped", "clip_units", "cispo_clip_ratio")
+    for key, name in (("clip_low_min", "clip_ratio/low_min"), ("clip_high_max", "clip_ratio/high_max")):
+        if key in extremes:
+            record[name] = extremes[key]
+    for key in sums:
+        if key.endswith(USER_SUM):  # reward functions' log_metric values: mean over the window
+            mean(key, key[: -len(USER_SUM)] + USER_COUNT, key[: -len(USER_SUM)])
+    mean("logp_diff_sum", "logp_diff_count", "sampling/sampling_logp_difference/mean")  # TRL's names (importance_sampling.py)
+    mean("is_ratio_sum", "is_ratio_count", "sampling/importance_sampling_ratio/mean")
+    mean("is_masked", "is_ratio_count", "sampling/importance_sampling_ratio/masked_fraction")
+    for key, name in (("logp_diff_max", "sampling_logp_difference/max"), ("is_ratio_min", "importance_sampling_ratio/min"),
+                      ("is_ratio_max", "importance_sampling_ratio/max")):
+        if key in extremes:
+            record[f"sampling/{name}"] = extremes[key]
+    if sums.get("padded_tokens", 0) > 0:  # the update's passes (logprobs.py): padded layout tokens never computed
+        record["pad_fraction"] = 1 - sums["real_tokens"] / sums["padded_tokens"]
+        record["shared_prompt_fraction"] = 1 - sums["packed_tokens"] / sums["real_tokens"]
+    record.update({f"seconds/{phase}": round(s, 4) for phase, s in seconds.items()})
+    if seconds.get("generate", 0) > 0 and "completion_tokens" in sums:
+        record["generation_tokens_per_second"] = sums["completion_tokens"] / seconds["generate"]
+    if seconds.get("update", 0) > 0 and "tokens" in sums:
+        record["train_tokens_per_second"] = sums["tokens"] / seconds["update"]
+    return record
+
+
+def reward_stats(sums: dict, reward_names: list[str], prefix: str) -> dict[str, float]:
+    """TRL's `<prefix>/<name>/mean` and `/std` of each reward function over the completions it applied to.
+
+    The std is the sample (n − 1) std over all of the window's completions (TRL takes it per
+    generation batch and averages over the window: the same for a window of one rollout); a
+    function that applied to no completion is left out, one that applied to one has std 0.
+    """
+    out = {}
+    for name in reward_names:
+        n, total, squares = sums.get(f"rewards/{name}_count", 0), sums.get(f"rewards/{name}_sum", 0.0), sums.get(f"rewards/{name}_sqsum", 0.0)
+        if n > 0:
+            out[f"{prefix}/{name}/mean"] = total / n
+            out[f"{prefix}/{name}/std"] = math.sqrt(max(squares - total * total / n, 0.0) / (n - 1)) if n > 1 else 0.0
+    return out
+
+
+def _floats(row: torch.Tensor) -> list:
+    return [None if v != v else v for v in row.tolist()]  # NaN (not applicable) → None
+
+
+def progress_bar(console: Console, total_steps: int, done_steps: int, hidden: bool) -> Progress:
+    """The training progress bar in optimizer steps (done/total, elapsed, ETA); `hidden` for disable_tqdm or other processes."""
+    columns = (TextColumn("GRPO"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+    progress = Progress(*columns, console=console, disable=hidden)
+    progress.add_task("train", total=total_steps, completed=done_steps)
+    return progress

@@ -1,0 +1,107 @@
+"""One run per output_dir: the folder check before any model loads, the new-run rule, and what a resume may change.
+
+- `check_output_dir`: the folder can be created and written (not a file, not read-only).
+- `claim_output_dir`: a new run refuses a folder that holds another run's
+  checkpoints or logs, unless `overwrite_output_dir` (TRL's field), which removes them.
+- `config_changes`: resuming with a changed config; fields that give saved
+  state its meaning (`STATE_FIELDS`: batch shapes, G, μ, lengths, loss) are
+  refused, the rest are applied and listed in one notice.
+
+Not here: writing or reading checkpoint files (checkpoint.py).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+from .checkpoint_files import checkpoints
+
+LOGS = ("metrics.jsonl", "completions.jsonl")
+
+# A saved rollout, optimizer step count and data position only mean the same thing under these values.
+# Per-process sizes, not generation_batch_size: that one also scales with the number of processes, and a
+# resume on another number of processes is allowed (it generates a new rollout; checkpoint.load_checkpoint).
+STATE_FIELDS = (
+    "per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation", "num_generations",
+    "num_iterations", "max_prompt_length", "max_completion_length", "loss_type",
+    "importance_sampling_level", "temperature", "beta", "kl_estimator", "scale_rewards", "multi_objective_aggregation",
+    "reward_weights", "seed", "shuffle_dataset", "lr_scheduler_type", "sync_ref_model",
+)
+# Fields that say nothing about a run's maths (where it writes, how it resumes, how many processes run it).
+IGNORED_FIELDS = ("output_dir", "overwrite_output_dir", "world_size")
+
+
+def check_output_dir(output_dir: str) -> None:
+    """Create `output_dir` if needed and make sure files can be written in it.
+
+    Raises:
+        ValueError: it is a file, cannot be created, or is not writable (naming it).
+    """
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise ValueError(f"output_dir {output_dir!r} is a file; give a folder (it is created if missing).")
+    try:
+        os.makedirs(output_dir, exist_ok=True)
+        with tempfile.TemporaryFile(dir=output_dir):
+            pass
+    except OSError as err:
+        raise ValueError(f"output_dir {output_dir!r} is not writable ({err.strerror or err}); choose another folder.") from None
+
+
+def claim_output_dir(output_dir: str, overwrite: bool) -> list[str]:
+    """Make `output_dir` this new run's own: refuse another run's files there, or remove them when `overwrite`.
+
+    Returns:
+        The names removed (for one notice); [] when the folder held no run.
+    Raises:
+        ValueError: the folder holds checkpoints or logs and `overwrite` is False,
+            naming them and the three ways on.
+    """
+    found = [os.path.basename(p) for p in checkpoints(output_dir)] + [n for n in LOGS if os.path.exists(os.path.join(output_dir, n))]
+    if found and not overwrite:
+        raise ValueError(
+            f"output_dir {output_dir!r} already holds a run ({', '.join(found)}); resume it with resume_from_checkpoint=True "
+            "(fastgrpo train --resume), choose another output_dir, or set overwrite_output_dir=True to replace it."
+        )
+    for name in found:
+        path = os.path.join(output_dir, name)
+        shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+    return found
+
+
+def config_changes(saved: dict, current: dict) -> list[tuple[str, object, object]]:
+    """The fields that differ between a checkpoint's config and this run's, as (field, saved, now).
+
+    Raises:
+        ValueError: a `STATE_FIELDS` field differs, naming it and both values.
+    """
+    changed = [(k, saved[k], v) for k, v in current.items() if k in saved and saved[k] != v and k not in IGNORED_FIELDS]
+    for name, before, now in changed:
+        if name in STATE_FIELDS:
+            raise ValueError(
+                f"resuming with {name}={now!r}, but the checkpoint was saved with {name}={before!r}, and its saved "
+                f"state (rollout, step count, data order) only means the same under the saved value; resume with "
+                f"{name}={before!r}, or start a new run in another output_dir."
+            )
+    return changed
+
+
+def apply_optimizer_settings(optimizer, scheduler, args) -> None:
+    """A resumed run's own learning rate, betas, eps and weight decay over the loaded ones.
+
+    `optimizer.load_state_dict` restores the saved settings with the saved
+    state; a resume that changed them (a field outside `STATE_FIELDS`) means the
+    new ones. Only keys the optimizer (`optim`) has are set.
+
+    Args:
+        optimizer: a torch optimizer after `load_state_dict`.
+        scheduler: its `LambdaLR`-style scheduler after `load_state_dict`.
+        args: the run's GRPOConfig.
+    """
+    scheduler.base_lrs = [args.learning_rate] * len(scheduler.base_lrs)
+    settings = {"betas": (args.adam_beta1, args.adam_beta2), "eps": args.adam_epsilon, "weight_decay": args.weight_decay}
+    for group, factor in zip(optimizer.param_groups, scheduler.lr_lambdas):
+        group.update(lr=args.learning_rate * factor(scheduler.last_epoch), initial_lr=args.learning_rate)
+        group.update({k: v for k, v in settings.items() if k in group})
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]

@@ -1,0 +1,154 @@
+"""What `GRPOTrainer` builds before it trains: the accelerator, then the policy, its tokenizer and π_ref.
+
+- `build_accelerator`: refuses a broken launch or an unwritable output_dir, picks
+  the precision (`bf16`; None: where the hardware multiplies bf16 fast, precision.py,
+  with a one-line notice), starts the trackers,
+  checks the world size and seeds each process.
+- `load_policy`: the tokenizer and model (loaded once on the main process
+  first), adapters, dropout off, gradient checkpointing, π_ref, and the EOS ids;
+  under FSDP the sampler's whole copy, then the policy and π_ref sharded (sharding.py).
+- `prepare`: the policy and optimizer through `accelerator.prepare` (an FSDP-sharded
+  policy is already distributed: only the optimizer goes through it).
+
+Not here: checking the trainer's arguments (trainer_inputs.py), how models and
+adapters load (models.py), the optimizer and scheduler (trainer.py, optimizers.py).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import NamedTuple
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from rich.console import Console
+from transformers import PreTrainedTokenizerBase, get_scheduler
+
+from . import runs
+from ..config import GRPOConfig
+from ..model.launch import cpu_launch_error, cpu_only
+from ..generation.weight_copy import GatheredCopy
+from ..model.sharding import broadcast_weights, fsdp_requested, is_sharded, shard
+from ..model.loading import disable_dropout, enable_gradient_checkpointing, is_peft_model, load_model, load_tokenizer, prepare_adapters, prepare_tokenizer, reference_model
+from ..model.optimizers import build_optimizer
+from ..model.precision import resolve_bf16
+
+
+def build_accelerator(args: GRPOConfig) -> tuple[Accelerator, bool]:
+    """The run's `Accelerator` (device, process group, trackers) and whether its products run in bf16.
+
+    bf16 is `precision.resolve_bf16`'s decision, printed as one notice line (main
+    process) when `args.bf16` is None; the autocast is fastgrpo's (precision.py).
+
+    Raises:
+        ValueError: `accelerate launch --cpu` started one process of several
+            (launch.cpu_launch_error); output_dir is a file or not writable
+            (runs.check_output_dir); the config was built for another world size.
+    """
+    a = args
+    if (launch_error := cpu_launch_error()) is not None:
+        raise ValueError(launch_error)
+    runs.check_output_dir(a.output_dir)
+    bf16, notice = resolve_bf16(a.bf16, use_cuda=torch.cuda.is_available())
+    # cpu=True without GPUs: only then does accelerate join torchrun's processes into one gloo group.
+    # mixed_precision="no": the precision is GRPOConfig.bf16's (fastgrpo's own autocast), never a launcher
+    # config's (`accelerate launch` with `mixed_precision: bf16` would autocast the prepared model), as Trainer
+    # sets it from its arguments.
+    acc = Accelerator(cpu=cpu_only(), mixed_precision="no", log_with=a.report_to or None, project_dir=a.output_dir)
+    if a.report_to:  # TensorBoard/W&B through accelerate's trackers, under output_dir
+        acc.init_trackers("fastgrpo", config={k: v for k, v in a.to_dict().items() if isinstance(v, (int, float, str, bool))})
+    if acc.num_processes != a.world_size:
+        raise ValueError(f"GRPOConfig was built for world_size={a.world_size} but {acc.num_processes} processes run; build the config inside the launched script.")
+    if notice is not None and acc.is_main_process:
+        Console().print(f"fastgrpo: {notice}", highlight=False)
+    set_seed(a.seed, device_specific=True)  # each process samples its own completions; PromptOrder has its own seed
+    return acc, bf16
+
+
+class Policy(NamedTuple):
+    """What `load_policy` returns."""
+
+    tokenizer: PreTrainedTokenizerBase  # left padding, pad = EOS when it has none (models.prepare_tokenizer)
+    model: torch.nn.Module  # π_θ: adapters, dropout and gradient checkpointing as configured; not yet prepared
+    ref_model: torch.nn.Module | None  # π_ref's frozen copy on the device; None with beta = 0 or adapters (`as_reference`)
+    eos_token_ids: list[int]  # sorted: the model's generation_config EOS ids and the tokenizer's
+    sampler_copy: GatheredCopy | None  # under FSDP: the whole copy the sampler runs, refreshed per rollout; else None
+
+
+def load_policy(model, processing_class, peft_config, args: GRPOConfig, accelerator: Accelerator, bf16: bool = False) -> Policy:
+    """Load the policy and tokenizer and make them ready to train, as TRL's GRPOTrainer does.
+
+    Args:
+        model: a name, folder, .gguf file or hub id (models.load_model), a
+            `PreTrainedModel`, or a peft `PeftModel`.
+        processing_class: the tokenizer, or None for the model's own.
+        peft_config: a `peft.PeftConfig` or None.
+        args: model_init_kwargs, beta, disable_dropout, gradient_checkpointing(_kwargs) are read.
+        accelerator: the main process loads first (a built-in model's first load converts it once).
+        bf16: the run's products in bf16 (precision.py): under FSDP the shards compute in bf16 and the sampler's gathered copy is bf16.
+    Warns:
+        UserWarning: model_init_kwargs set for an already built model (ignored, as TRL warns).
+    Raises:
+        ValueError: see models.load_tokenizer, models.resolve_model_path and models.prepare_adapters.
+    """
+    a = args
+    name = model if isinstance(model, str) else model.config._name_or_path
+    if not isinstance(model, str) and a.model_init_kwargs is not None:  # TRL warns the same
+        warnings.warn("model_init_kwargs is set but the model is already instantiated; model_init_kwargs is ignored.", stacklevel=3)
+    with accelerator.main_process_first():  # a built-in model's first load converts it, once
+        tokenizer = prepare_tokenizer(processing_class) if processing_class is not None else load_tokenizer(name)
+        policy = load_model(model, a.model_init_kwargs)
+    # Adapters given (maybe trained) with beta > 0: π_ref = a frozen copy of them; fresh ones: adapters disabled.
+    policy = prepare_adapters(policy, peft_config, reference_copy=is_peft_model(model) and a.beta > 0)
+    if a.disable_dropout:  # after the adapters: their dropout too
+        disable_dropout(policy)
+    if a.gradient_checkpointing:
+        enable_gradient_checkpointing(policy, a.gradient_checkpointing_kwargs)
+    # π_ref: a frozen copy, or for an adapted policy the same model as its initial self (GRPOTrainer.reference).
+    ref_model = reference_model(policy).to(accelerator.device) if a.beta > 0 and not is_peft_model(policy) else None
+    sampler_copy = None
+    if fsdp_requested() and accelerator.num_processes > 1:
+        if a.sync_ref_model:
+            raise ValueError("sync_ref_model=True under FSDP: π_ref's sharded copy is not saved in checkpoints; train without it, or without FSDP.")
+        models = (policy, ref_model) if ref_model is not None else (policy,)
+        if cpu_only():  # accelerate makes no FSDP run on CPUs (it stays MULTI_CPU): shard as its plugin does on GPUs
+            for module in models:
+                broadcast_weights(module)  # process 0's weights everywhere, as DDP starts
+        sampler_copy = GatheredCopy(policy, torch.bfloat16 if bf16 else None)  # before sharding: whole weights
+        if cpu_only():
+            for module in models:
+                shard(module, bf16)
+    eos = policy.generation_config.eos_token_id
+    eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    return Policy(tokenizer, policy, ref_model, sorted(eos | {tokenizer.eos_token_id}), sampler_copy)
+
+
+def prepare(accelerator: Accelerator, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
+    """(model, optimizer) ready to train: `accelerator.prepare` wraps them (DDP, or FSDP on GPUs);
+    a policy `load_policy` already sharded is left as it is, since DDP around FSDP shards would be wrong."""
+    if is_sharded(model):
+        return model, accelerator.prepare(optimizer)
+    return accelerator.prepare(model, optimizer)
+
+
+def build_optimization(args: GRPOConfig, policy: torch.nn.Module, train_dataset) -> tuple[int, torch.optim.Optimizer, object]:
+    """The run's length in optimizer steps, its optimizer and its learning-rate schedule, as TRL's Trainer builds them.
+
+    max_steps is `args.max_steps` when > 0, else `num_train_epochs` passes over
+    `train_dataset`'s prompts in whole rollouts; the optimizer is `args.optim`'s
+    (optimizers.py); the schedule is transformers' `get_scheduler` with
+    `lr_scheduler_type`, warm-up and `lr_scheduler_kwargs`.
+    """
+    a = args
+    if a.max_steps > 0:
+        max_steps = a.max_steps
+    else:
+        max_steps = math.ceil(a.num_train_epochs * len(train_dataset) / a.prompts_per_rollout) * a.steps_per_rollout
+    optimizer = build_optimizer(a, policy)
+    scheduler = get_scheduler(
+        a.lr_scheduler_type, optimizer, num_warmup_steps=a.num_warmup_steps(max_steps), num_training_steps=max_steps,
+        scheduler_specific_kwargs=a.lr_scheduler_kwargs,
+    )
+    return max_steps, optimizer, scheduler

@@ -1,0 +1,456 @@
+"""The log-prob passes for π_θ, π_old and π_ref: packed rows, each prompt once, a chunked LM head.
+
+A micro-batch of B completions (left-padded prompts, right-padded completions)
+becomes one packed row with no pad token in it:
+
+    [prompt₁ | completion₁ | completion₂ | … | prompt₂ | completion₃ | …]
+
+Position ids restart at 0 for each prompt and continue from the prompt's end
+in each completion, exactly as `generate()` numbered them, so every real token
+sees the same positions as in the padded batch. When consecutive rows share the
+same prompt tokens (the G completions of a group are contiguous) the prompt is
+computed once and each of its completions attends to it through a 4D mask:
+completion tokens see their prompt and earlier tokens of their own completion,
+nothing else. The gradient through the shared prompt is the sum over its
+completions, which is what G separate copies would give.
+
+The last hidden states then go through the LM head in chunks of
+`CHUNK_TOKENS` tokens (`ChunkedHead`, a custom autograd function): each chunk's
+logits are made, reduced to log-prob, entropy and (optionally) the exact
+KL(π_θ‖π_ref), and freed; backward recomputes them. No (B, T, V) tensor
+exists; the head's peak is one (chunk, V) block.
+
+Maths, as in `losses.py` (which keeps the unchunked reference functions):
+logits z = h Wᵀ / τ (τ the sampling temperature, DESIGN "known pitfalls"),
+log π(y) = z_y − logsumexp(z), H = −Σ p log p, KL = Σ p (log p − log q).
+
+Not here: the loss (losses.py), which micro-batches run when (trainer.py).
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from ..algo.losses import entropy_from_logits, kl_full, selective_log_softmax
+
+# Tokens per LM-head chunk: a (256, 49 152) fp32 block is 50 MB for SmolLM2, about
+# the padded micro-batch's whole (4, 64, V) logits, while 256 rows keep the head
+# matmul at full speed.
+CHUNK_TOKENS = 256
+
+# Config fields that change logits after the linear head; such heads run unchunked
+# through the model's own forward (`LogProbs` says so once).
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+
+
+class TokenStats(NamedTuple):
+    """Per completion token of a micro-batch, 0 where `completion_mask` is 0."""
+
+    logps: torch.Tensor  # (B, T) log π(y_t | prefix) at temperature τ; differentiable
+    entropy: torch.Tensor  # (B, T) exact entropy over the vocabulary, nats; differentiable only with `entropy_grad`
+    kl: torch.Tensor | None  # (B, T) exact KL(π_θ‖π_ref); differentiable w.r.t. π_θ; None without π_ref
+    padded_tokens: int  # tokens of the padded layout B × (P + T)
+    real_tokens: int  # non-pad tokens: prompts counted once per completion
+    packed_tokens: int  # tokens actually computed (each shared prompt once)
+
+
+@dataclass(frozen=True)
+class PackedRow:
+    """One micro-batch as a single row; n = real completion tokens, L = packed length."""
+
+    input_ids: torch.Tensor  # (1, L)
+    position_ids: torch.Tensor  # (1, L) restarting at 0 for every prompt
+    attention_mask: torch.Tensor | None  # (1, 1, L, L) custom mask when prompts are shared, else None
+    source: torch.Tensor  # (n,) row position whose hidden state predicts each completion token
+    labels: torch.Tensor  # (n,) the completion tokens
+    rows: torch.Tensor  # (n,) sequence index b of each completion token in (B, T)
+    cols: torch.Tensor  # (n,) token index t of each completion token in (B, T)
+    padded_tokens: int
+    real_tokens: int
+
+
+def pack(
+    prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor, completion_mask: torch.Tensor,
+    share_prompts: bool, mask_dtype: torch.dtype | None = None,
+) -> PackedRow:
+    """Lay a padded micro-batch out as one packed row.
+
+    Args:
+        prompt_ids, prompt_mask: (B, P), prompts left-padded (mask 1 on real tokens).
+        completion_ids, completion_mask: (B, T), 1 up to and including the first EOS.
+        share_prompts: compute a prompt once for consecutive rows whose real prompt
+            tokens are identical (exact: equal tokens give equal activations), with a
+            (1, 1, L, L) mask; else every completion gets its own copy and no mask
+            (transformers derives the block-diagonal mask from the position ids).
+        mask_dtype: None for a boolean mask (True = attend, what sdpa takes), or a
+            float dtype for an additive 0 / −inf-like mask (what eager attention adds).
+    Returns:
+        `PackedRow`. Token t of completion b is predicted by the hidden state at
+        `source`: the last prompt token for t = 0, completion token t − 1 after it.
+    Raises:
+        ValueError: shapes that do not match.
+    """
+    if prompt_ids.shape != prompt_mask.shape or completion_ids.shape != completion_mask.shape or len(prompt_ids) != len(completion_ids):
+        raise ValueError(
+            f"pack() needs prompt_ids/prompt_mask (B, P) and completion_ids/completion_mask (B, T) with one B; got "
+            f"{tuple(prompt_ids.shape)}, {tuple(prompt_mask.shape)}, {tuple(completion_ids.shape)}, {tuple(completion_mask.shape)}."
+        )
+    B, T = completion_ids.shape
+    device = completion_ids.device
+    ids, positions, block, segment = [], [], [], []  # per piece; block = prompt copy, segment = completion (−1: prompt)
+    source, rows, cols = [], [], []
+    length, last_prompt, last_prompt_end = 0, None, 0
+    for b in range(B):
+        prompt = prompt_ids[b][prompt_mask[b].bool()]
+        completion = completion_ids[b][completion_mask[b].bool()]
+        if not (share_prompts and last_prompt is not None and torch.equal(prompt, last_prompt)):
+            ids.append(prompt)
+            positions.append(torch.arange(len(prompt), device=device))
+            block.append(torch.full((len(prompt),), b, device=device))
+            segment.append(torch.full((len(prompt),), -1, device=device))
+            length += len(prompt)
+            last_prompt, last_prompt_end, block_id = prompt, length, b
+        n = len(completion)
+        ids.append(completion)
+        positions.append(torch.arange(len(prompt), len(prompt) + n, device=device))
+        block.append(torch.full((n,), block_id, device=device))
+        segment.append(torch.full((n,), b, device=device))
+        # Logit t predicts token t + 1: the prompt's last token predicts the first completion token.
+        source.append(torch.cat([torch.tensor([last_prompt_end - 1], device=device), torch.arange(length, length + n - 1, device=device)])[:n])
+        rows.append(torch.full((n,), b, device=device))
+        cols.append(completion_mask[b].nonzero().flatten())
+        length += n
+    block_ids, segment_ids = torch.cat(block), torch.cat(segment)
+    mask = None
+    if share_prompts:
+        q, k = torch.arange(length, device=device).unsqueeze(1), torch.arange(length, device=device).unsqueeze(0)
+        same_block = block_ids.unsqueeze(1) == block_ids.unsqueeze(0)
+        visible = (segment_ids.unsqueeze(0) == -1) | (segment_ids.unsqueeze(1) == segment_ids.unsqueeze(0))  # prompt or own
+        allowed = (k <= q) & same_block & visible  # (L, L)
+        if mask_dtype is None:
+            mask = allowed[None, None]
+        else:
+            mask = torch.zeros(length, length, dtype=mask_dtype, device=device).masked_fill(~allowed, torch.finfo(mask_dtype).min)[None, None]
+    return PackedRow(
+        input_ids=torch.cat(ids).unsqueeze(0), position_ids=torch.cat(positions).unsqueeze(0), attention_mask=mask,
+        source=torch.cat(source).long(), labels=completion_ids[completion_mask.bool()],
+        rows=torch.cat(rows).long(), cols=torch.cat(cols).long(),
+        padded_tokens=B * (prompt_ids.shape[1] + T), real_tokens=int(prompt_mask.sum() + completion_mask.sum()),
+    )
+
+
+def sharing_support(model) -> str | None:
+    """Why `model` cannot take a shared-prompt 4D mask, or None when it can.
+
+    It can when its attention is "sdpa" or "eager" (both use a 4D mask as given,
+    transformers 5.24 `masking_utils`) and every layer is full attention: a custom
+    mask would drop a sliding window, and flash/flex kernels take no dense mask.
+    """
+    config = getattr(model, "module", model).config
+    implementation = getattr(config, "_attn_implementation", None)
+    if implementation not in ("sdpa", "eager"):
+        return f"attn_implementation={implementation!r} takes no custom 4D mask"
+    if getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True):
+        return f"{config.model_type} has sliding-window attention (sliding_window={config.sliding_window})"
+    if any(t != "full_attention" for t in getattr(config, "layer_types", None) or []):
+        return f"{config.model_type} mixes attention types ({sorted(set(config.layer_types))})"
+    return None
+
+
+def chunkable_head(model) -> str | None:
+    """Why `model`'s LM head cannot be chunked here, or None.
+
+    It cannot when the head is not an `nn.Linear` (e.g. a LoRA-adapted head), its
+    weight is sharded, or the config transforms logits after it (softcapping,
+    scaling). Then `LogProbs` calls the model's own head on the needed positions.
+    """
+    inner = getattr(model, "module", model)
+    head = inner.get_output_embeddings()
+    if not isinstance(head, nn.Linear):
+        return f"its output head is a {type(head).__name__}, not nn.Linear"
+    if hasattr(head.weight, "ds_id") or type(head.weight).__name__ == "DTensor" or "FullyShardedDataParallel" in type(model).__name__:
+        return "its head weight is sharded (FSDP / DeepSpeed ZeRO-3) and only gathered inside the model's forward"
+    config = inner.config
+    for name in _LOGIT_TRANSFORMS:
+        if getattr(config, name, None) not in (None, 1, 1.0):
+            return f"{config.model_type} transforms logits after the head ({name}={getattr(config, name)})"
+    return None
+
+
+def fallback_notices(model) -> list[str]:
+    """One sentence per part of the fast path `model` cannot take (for the start-up console), else []."""
+    notes = []
+    if (reason := sharing_support(model)) is not None:
+        notes.append(f"prompts are not shared between a group's completions ({reason}); packing only.")
+    if (reason := chunkable_head(model)) is not None:
+        notes.append(f"the LM head runs unchunked through the model's forward ({reason}).")
+    return notes
+
+
+class ChunkedHead(torch.autograd.Function):
+    """Log-prob, entropy and exact KL of tokens from last hidden states, one chunk of logits at a time.
+
+    forward(hidden (n, H), weight (V, H), bias (V,) or None, labels (n,), temperature,
+            ref_hidden (n, H) or None, ref_weight (V, H) or None, ref_bias or None, chunk, entropy_grad)
+      → logps (n,), entropy (n,), kl (n,) (zeros without π_ref).
+
+    Each chunk's logits z = (h Wᵀ + b) / τ are a product in the autocast dtype
+    when autocast is on (as the model's own head would be), then widened to fp32,
+    reduced and freed; backward recomputes them. With g_ℓ, g_KL, g_H the incoming
+    gradients, ∂/∂z = g_ℓ (onehot(y) − p) + g_KL p (log p − log q − KL)
+    − g_H p (log p + H) = p ⊙ (−g_H log p + g_KL (log p − log q) + c) + g_ℓ onehot(y)
+    with c = −g_ℓ − g_KL KL − g_H H per token; then ∂h = (∂z / τ) W
+    and ∂W = (∂z / τ)ᵀ h. Entropy has a gradient only with `entropy_grad` (the
+    entropy bonus); else it is a metric. π_ref's tensors take no gradient. A tied
+    head (embedding = head) receives its gradient through `weight` like any other
+    use of the parameter.
+
+    Speed (docs/benchmarks.md, "The bf16 update"): the weight is cast to the
+    product dtype once per call (not per chunk), and every (chunk, V) block lives
+    in buffers allocated once per call and overwritten in place: a fresh
+    (256, 49 152) fp32 block per op (tens of MB, served by the kernel's page
+    faults) made the head's elementwise work ~8× slower than the arithmetic.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, labels, temperature, ref_hidden, ref_weight, ref_bias, chunk, entropy_grad=False):
+        dtype = torch.get_autocast_dtype(hidden.device.type) if torch.is_autocast_enabled(hidden.device.type) else weight.dtype
+        ctx.save_for_backward(hidden, weight, bias, labels, ref_hidden, ref_weight, ref_bias)
+        ctx.temperature, ctx.chunk, ctx.dtype, ctx.entropy_grad = temperature, chunk, dtype, entropy_grad
+        n = hidden.shape[0]
+        logps, entropy, kl = (torch.zeros(n, dtype=_wide(dtype), device=hidden.device) for _ in range(3))
+        with torch.autocast(hidden.device.type, enabled=False):
+            head = _Head(weight, bias, temperature, dtype, min(chunk, n))
+            ref = _Head(ref_weight, ref_bias, temperature, dtype, min(chunk, n), probs=False) if ref_hidden is not None else None
+            for start in range(0, n, chunk):
+                part = slice(start, start + chunk)
+                logp, p = head(hidden[part])  # (c, V) each, views of the head's buffers
+                logps[part] = logp.gather(-1, labels[part, None]).squeeze(-1)
+                entropy[part] = -_rowdot(p, logp)
+                if ref is not None:
+                    kl[part] = _rowdot(p, _log_ratio(logp, ref(ref_hidden[part])[0]))
+        if not entropy_grad:
+            ctx.mark_non_differentiable(entropy)
+        return logps, entropy, kl
+
+    @staticmethod
+    def backward(ctx, grad_logps, grad_entropy, grad_kl):
+        hidden, weight, bias, labels, ref_hidden, ref_weight, ref_bias = ctx.saved_tensors
+        tau, dtype, n = ctx.temperature, ctx.dtype, hidden.shape[0]
+        need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]  # a frozen head (LoRA) skips its (V, H) products
+        grad_hidden = torch.empty_like(hidden) if need_hidden else None
+        grad_weight = grad_bias = None
+        with torch.autocast(hidden.device.type, enabled=False):
+            head = _Head(weight, bias, tau, dtype, min(ctx.chunk, n))
+            ref = _Head(ref_weight, ref_bias, tau, dtype, min(ctx.chunk, n), probs=False) if ref_hidden is not None else None
+            for start in range(0, n, ctx.chunk):
+                part = slice(start, start + ctx.chunk)
+                logp, p = head(hidden[part])  # recomputed, (c, V)
+                g_l = grad_logps[part, None].to(logp.dtype)
+                a, c = torch.zeros_like(g_l), -g_l  # ∂z = p ⊙ (a log p + g_KL (log p − log q) + c) + g_ℓ onehot
+                if ctx.entropy_grad:
+                    g_h = grad_entropy[part, None].to(logp.dtype)
+                    a, c = a - g_h, c + g_h * _rowdot(p, logp)[:, None]  # −g_H (log p + H), H = −Σ p log p
+                ratio = None
+                if ref is not None:
+                    g_kl = grad_kl[part, None].to(logp.dtype)
+                    ratio = _log_ratio(logp, ref(ref_hidden[part])[0])  # (c, V) log p − log q
+                    c = c - g_kl * _rowdot(p, ratio)[:, None]  # g_KL (log p − log q − KL)
+                grad_z = logp.mul_(a / tau).add_(c / tau)  # in place: log p is not needed again
+                if ratio is not None:
+                    grad_z.addcmul_(ratio, g_kl, value=1 / tau)
+                grad_z.mul_(p).scatter_add_(-1, labels[part, None], g_l / tau)  # ∂/∂(h Wᵀ + b)
+                grad_z = head.narrow(grad_z)  # the product dtype
+                if need_hidden:
+                    grad_hidden[part] = (grad_z @ head.weight).to(hidden.dtype)
+                if need_weight:
+                    part_grad = grad_z.T @ hidden[part].to(dtype)
+                    grad_weight = part_grad.to(_wide(dtype)) if grad_weight is None else grad_weight.add_(part_grad)
+                if need_bias:
+                    part_grad = grad_z.sum(0, dtype=_wide(dtype))
+                    grad_bias = part_grad if grad_bias is None else grad_bias.add_(part_grad)
+        grad_weight = grad_weight.to(weight.dtype) if need_weight else None
+        grad_bias = grad_bias.to(bias.dtype) if need_bias else None
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None, None
+
+
+def _wide(dtype: torch.dtype) -> torch.dtype:
+    """The softmax precision: fp32, or the matmul's dtype when wider (fp64 in gradient checks)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _rowdot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """(c, V), (c, V) → (c,) Σ_v a·b per row, as one batched product (no (c, V) temporary)."""
+    return (a.unsqueeze(1) @ b.unsqueeze(2)).view(-1)
+
+
+def _log_ratio(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """log p − log q, written over `ref_logp` (a `_Head` buffer), as one difference per element."""
+    return torch.sub(logp, ref_logp, out=ref_logp)
+
+
+class _Head:
+    """(c, H) hidden states → (c, V) log-softmax and softmax of (h Wᵀ + b) / τ, in buffers reused across chunks.
+
+    The weight (and bias) are cast to `dtype` once; the product runs in `dtype`
+    into a (chunk, V) buffer of that dtype, the softmax in at least fp32 in two
+    (chunk, V) buffers: log p and p (`probs=False`: log p only). The views returned
+    are overwritten by the next call.
+    """
+
+    def __init__(self, weight, bias, temperature, dtype, chunk, probs=True):
+        self.weight = weight.detach().to(dtype)
+        self.bias = None if bias is None else bias.detach().to(dtype)
+        self.temperature, self.dtype, wide = temperature, dtype, _wide(dtype)
+        V = weight.shape[0]
+        self.product = torch.empty(chunk, V, dtype=dtype, device=weight.device)
+        self.logp = self.product if dtype == wide else torch.empty(chunk, V, dtype=wide, device=weight.device)
+        self.p = torch.empty(chunk, V, dtype=wide, device=weight.device) if probs else None
+
+    def __call__(self, hidden):
+        c = hidden.shape[0]
+        z = torch.mm(hidden.to(self.dtype), self.weight.T, out=self.product[:c])
+        if self.bias is not None:
+            z.add_(self.bias)
+        logp = self.logp[:c]
+        if logp.data_ptr() != z.data_ptr():
+            logp.copy_(z)
+        logp.div_(self.temperature)
+        logp.sub_(logp.amax(-1, keepdim=True))
+        if self.p is None:
+            return logp.sub_(logp.exp().sum(-1, keepdim=True).log_()), None
+        p = torch.exp(logp, out=self.p[:c])
+        total = p.sum(-1, keepdim=True)
+        return logp.sub_(total.log()), p.div_(total)
+
+    def narrow(self, grad_z):
+        """(c, V) fp32 → the product dtype, into the product buffer (no new block)."""
+        if grad_z.dtype == self.dtype:
+            return grad_z
+        return self.product[: grad_z.shape[0]].copy_(grad_z)
+
+
+class LogProbs:
+    """The log-prob pass of one micro-batch through a policy (and, for the exact KL, π_ref).
+
+    Args:
+        temperature: τ, the sampling temperature (logits / τ, as sampled).
+        share_prompts: compute each prompt once per run of identical prompts, where
+            the model's attention can take the 4D mask (`sharing_support`).
+        chunk: tokens per LM-head chunk.
+        autocast: context factory around every pass, π_θ's, π_old's and π_ref's
+            alike (the trainer passes `accelerator.autocast`): the same products
+            in the same precision, so ρ = 1 and KL = 0 exactly where weights agree.
+            Under bf16 autocast the LM head's products are bf16 too (measured: on
+            SmolLM2 they add 0.008 to the body's 0.055 mean |Δ log p| against fp32,
+            for a 4× faster head on AMX); its log-softmax, entropy and KL stay fp32.
+        entropy_grad: entropies with gradient (the entropy bonus); else detached.
+    Call: `log_probs(model, mb, reference=None) → TokenStats`, where `mb` has
+    `prompt_ids`, `prompt_mask`, `completion_ids`, `completion_mask` (a `Rollout`
+    view). `reference` given — a zero-argument callable returning a context
+    manager that yields π_ref, e.g. `lambda: nullcontext(ref_model)`, or one that
+    disables a LoRA adapter for its duration — `kl` holds the exact KL(π_θ‖π_ref),
+    π_ref run without gradient on the same packed row after the policy's forward.
+    π_ref has the policy's architecture (a copy, or the policy without its
+    adapter), so the policy decides packing and chunking for both.
+    """
+
+    def __init__(self, temperature: float, share_prompts: bool = True, chunk: int = CHUNK_TOKENS, autocast=nullcontext, entropy_grad: bool = False):
+        if temperature <= 0:
+            raise ValueError(f"temperature={temperature}: log-probs are taken at logits / temperature; use a value > 0.")
+        if chunk < 1:
+            raise ValueError(f"chunk={chunk}: the LM head needs at least 1 token per chunk.")
+        self.temperature, self.share_prompts, self.chunk, self.autocast = temperature, share_prompts, chunk, autocast
+        self.entropy_grad = entropy_grad
+
+    def __call__(self, model, mb, reference=None) -> TokenStats:
+        with self.autocast():
+            return self._stats(model, mb, reference)
+
+    def _stats(self, model, mb, reference) -> TokenStats:
+        share = self.share_prompts and sharing_support(model) is None
+        mask_dtype = None if _attention(model) == "sdpa" else _dtype(model)
+        row = pack(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.completion_mask, share, mask_dtype)
+        shape = mb.completion_ids.shape
+        if chunkable_head(model) is None:
+            hidden = _last_hidden(model, row)  # (n, H)
+            ref_hidden = ref_head = None
+            if reference is not None:
+                with torch.no_grad(), reference() as ref_model:
+                    ref_hidden, ref_head = _last_hidden(ref_model, row), _head(ref_model)
+            head = _head(model)
+            logps, entropy, kl = ChunkedHead.apply(
+                hidden, head.weight, head.bias, row.labels, self.temperature, ref_hidden,
+                None if ref_head is None else ref_head.weight.detach(),
+                None if ref_head is None or ref_head.bias is None else ref_head.bias.detach(), self.chunk, self.entropy_grad,
+            )
+        else:  # the model's own head on the needed positions only: (1, n, V) at most
+            logits = _logits(model, row) / self.temperature
+            logps = selective_log_softmax(logits, row.labels[None])[0]
+            with torch.set_grad_enabled(self.entropy_grad and torch.is_grad_enabled()):  # its graph is a second (n, V) block
+                entropy = entropy_from_logits(logits)[0]
+            kl = None
+            if reference is not None:
+                with torch.no_grad(), reference() as ref_model:
+                    ref_logits = _logits(ref_model, row) / self.temperature
+                kl = kl_full(logits, ref_logits)[0]
+        return TokenStats(
+            logps=_scatter(logps, row, shape), entropy=_scatter(entropy if self.entropy_grad else entropy.detach(), row, shape),
+            kl=_scatter(kl, row, shape) if reference is not None else None,
+            padded_tokens=row.padded_tokens, real_tokens=row.real_tokens, packed_tokens=row.input_ids.shape[1],
+        )
+
+
+def _scatter(values: torch.Tensor, row: PackedRow, shape) -> torch.Tensor:
+    """(n,) per real completion token → (B, T), 0 elsewhere (differentiable)."""
+    out = torch.zeros(shape, dtype=values.dtype, device=values.device)
+    return out.index_put((row.rows, row.cols), values)
+
+
+def _inner(model):
+    return getattr(model, "module", model)  # DDP wraps the model; the call still goes through the wrapper
+
+
+def _attention(model) -> str | None:
+    return getattr(_inner(model).config, "_attn_implementation", None)
+
+
+def _dtype(model) -> torch.dtype:
+    return next(_inner(model).parameters()).dtype
+
+
+def _head(model) -> nn.Linear:
+    return _inner(model).get_output_embeddings()
+
+
+def _forward(model, row: PackedRow, logits_to_keep: torch.Tensor):
+    return model(
+        input_ids=row.input_ids, position_ids=row.position_ids, attention_mask=row.attention_mask,
+        logits_to_keep=logits_to_keep, use_cache=False,
+    )
+
+
+def _last_hidden(model, row: PackedRow) -> torch.Tensor:
+    """(n, H) final hidden states at `row.source`, through the model's (possibly DDP-wrapped) forward.
+
+    The forward runs through the wrapper, so DDP's gradient synchronisation stays
+    in place; its head runs on zero positions, and a hook on the decoder keeps the
+    hidden states.
+    """
+    kept = []
+    hook = _inner(model).get_decoder().register_forward_hook(lambda module, args, out: kept.append(out[0]))
+    try:
+        _forward(model, row, row.source[:0])
+    finally:
+        hook.remove()
+    return kept[0][0, row.source]
+
+
+def _logits(model, row: PackedRow) -> torch.Tensor:
+    """(1, n, V) fp32 logits at `row.source` from the model's own head (heads that cannot be chunked)."""
+    return _forward(model, row, row.source).logits.float()

@@ -1,0 +1,162 @@
+"""One optimizer step: `gradient_accumulation_steps` micro-batches of a rollout through the loss, then clip and step.
+
+`OptimizerStep` is built once per run: the loss parameters are bound from the config then (`LossSettings`,
+TRL's field names → `grpo_loss`'s keywords), as are the correction, the entropy bonus and the π_ref
+context. A call takes the rollout and which step of the pass it is, and returns what the loop needs:
+the mean KL(π_θ‖π_old) (target_kl), π_old as recorded at the rollout's first step (a new tensor; the
+frozen rollout is never written), and the step's metric sums.
+
+Not here: the log-prob pass itself (logprobs.py), the loss maths (algo/losses.py), routing the metrics
+into the logging window (run/metrics.Window.record, by algo/reductions.EXTREMES).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from contextlib import nullcontext
+from typing import NamedTuple
+
+import torch
+
+from ..algo.losses import StepCounts, grpo_loss, kl_k3, masked_sum, step_tokens
+from ..algo.reductions import accumulate
+from ..model.sharding import full_value
+from ..rollout.record import Rollout, micro_batch_rows
+from .logprobs import TokenStats
+
+
+@dataclasses.dataclass(frozen=True)
+class LossSettings:
+    """`grpo_loss`'s keyword arguments from a GRPOConfig, bound once per run (TRL's field → the loss's name)."""
+
+    loss_type: str
+    epsilon_low: float
+    epsilon_high: float
+    delta: float | None
+    importance_sampling_level: str
+    temperature_pos: float
+    temperature_neg: float
+    beta: float
+    use_bias_correction_kl: bool
+    vespo_k_pos: float
+    vespo_lambda_pos: float
+    vespo_k_neg: float
+    vespo_lambda_neg: float
+
+    @classmethod
+    def from_config(cls, a) -> LossSettings:
+        return cls(
+            loss_type=a.loss_type, epsilon_low=a.epsilon, epsilon_high=a.epsilon_high, delta=a.delta,
+            importance_sampling_level=a.importance_sampling_level, temperature_pos=a.sapo_temperature_pos,
+            temperature_neg=a.sapo_temperature_neg, beta=a.beta, use_bias_correction_kl=a.use_bias_correction_kl,
+            vespo_k_pos=a.vespo_k_pos, vespo_lambda_pos=a.vespo_lambda_pos, vespo_k_neg=a.vespo_k_neg, vespo_lambda_neg=a.vespo_lambda_neg,
+        )
+
+
+class StepResult(NamedTuple):
+    """What one optimizer step gives the loop."""
+
+    kl_old: float  # mean KL(π_θ‖π_old) over this step's tokens on all processes (target_kl's measure)
+    old_logps: torch.Tensor | None  # (N, T) the rollout's π_old with this step's rows recorded (capture steps); None: unchanged
+    sums: dict  # metric sums of the step's micro-batches (EXTREMES' keys: min/max), tensors
+    grad_norm: torch.Tensor  # the gradient norm before clipping (0-d)
+
+
+class OptimizerStep:
+    """One optimizer step over `gradient_accumulation_steps` micro-batches (module docstring).
+
+    Args:
+        args: the GRPOConfig (read once here).
+        accelerator, model, optimizer, scheduler: as prepared (accelerate's no_sync, backward, clipping).
+        log_probs: the policy pass (logprobs.LogProbs).
+        correction: the sampler–trainer correction (algo/sampling_correction.SamplingCorrection).
+        entropy_control: the entropy bonus's coefficient, or None (no bonus).
+        reference: () → context yielding π_ref (exact KL only).
+        entropy_mask: (entropy (B, T), mask (B, T), threshold) → (B, T) bool, top_entropy_quantile's tokens (TRL's get_high_entropy_mask).
+        events: the callbacks (substep_end, pre_optimizer_step, optimizer_step).
+        timer: phase timer; phase "update".
+    """
+
+    def __init__(self, args, accelerator, model, optimizer, scheduler, *, log_probs, correction, entropy_control, reference, entropy_mask, events, timer):
+        self.args, self.accelerator, self.model, self.optimizer, self.scheduler = args, accelerator, model, optimizer, scheduler
+        self.log_probs, self.correction, self.entropy_control, self.events, self.timer = log_probs, correction, entropy_control, events, timer
+        self.loss = LossSettings.from_config(args)
+        self.reference = reference if args.beta > 0 and args.kl_estimator == "full" else None
+        self.entropy_mask, self.clip = entropy_mask, args.max_grad_norm if args.max_grad_norm > 0 else math.inf  # 0: no clip
+
+    def __call__(self, rollout: Rollout, step_in_pass: int, capture_old: bool, step: int) -> StepResult:
+        """Step `step_in_pass` of a pass over `rollout`; `capture_old`: record π_old where unset (the rollout's first step).
+
+        Raises:
+            FloatingPointError: a non-finite gradient norm, before the optimizer step applies it (`step`: the step number, for the message).
+        """
+        a, acc, GA = self.args, self.accelerator, self.args.gradient_accumulation_steps
+        rows = micro_batch_rows(len(rollout), a.steps_per_generation)[step_in_pass * GA : (step_in_pass + 1) * GA]  # smaller at the cap
+        batches = [rollout.select(r) for r in rows]
+        masks = [self.loss_mask(mb) for mb in batches]
+        counts = StepCounts(self.step_tokens(rollout), sum(r.stop - r.start for r in rows), GA, a.max_completion_length)
+        recorded = rollout.old_logps.clone() if capture_old and rollout.old_logps is not None else None
+        sums: dict[str, torch.Tensor] = {}
+        with self.timer("update"):
+            self.model.train()
+            for j, (mb, mask) in enumerate(zip(batches, masks)):
+                with acc.no_sync(self.model) if j < GA - 1 else nullcontext():
+                    stats = self.log_probs(self.model, mb, self.reference)
+                    logps, entropy = stats.logps, stats.entropy
+                    old = logps.detach() if mb.old_logps is None else mb.old_logps
+                    if recorded is not None:  # π_old for free where unset: the policy has not moved yet
+                        old = torch.where(torch.isnan(old), logps.detach(), old)
+                        recorded[rows[j], : logps.shape[1]] = old
+                    weight, mismatch, vespo_ratio = self.correction(mb.advantages, logps.detach(), old, mb.sampling_logps, mask)
+                    out = grpo_loss(
+                        logps, old, mb.advantages, mask, counts, **dataclasses.asdict(self.loss),
+                        per_token_kl=self.kl(stats, mb) if a.beta > 0 else None, policy_mask=self.policy_mask(entropy.detach(), mask),
+                        policy_weight=weight, vespo_ratio=vespo_ratio, entropy=entropy if self.entropy_control else None,
+                        entropy_coef=self.entropy_control.applied() if self.entropy_control else 0.0,
+                    )
+                    acc.backward(out.loss)
+                packing = {"padded_tokens": stats.padded_tokens, "real_tokens": stats.real_tokens, "packed_tokens": stats.packed_tokens}
+                accumulate(sums, {**out.metrics, "loss": out.loss.detach(), "entropy": masked_sum(entropy.detach(), mask), **packing, **mismatch})
+                if j < GA - 1:
+                    self.events.substep_end()
+            grad_norm = full_value(acc.clip_grad_norm_(self.model.parameters(), self.clip))
+            if not torch.isfinite(grad_norm):  # before optimizer.step: the weights and every checkpoint stay finite
+                raise FloatingPointError(
+                    f"step {step + 1}: the gradient norm is {float(grad_norm)} (loss {float(sums['loss'])}); the weights "
+                    "were not updated. Lower learning_rate, or check the model's weights and the rewards for inf/NaN."
+                )
+            self.events.pre_optimizer_step()
+            self.optimizer.step()
+            self.events.optimizer_step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        kl_old = torch.stack([sums["kl_old"], sums["tokens"]])
+        if acc.num_processes > 1:  # a token mean over all processes: the same target_kl decision on each
+            kl_old = acc.reduce(kl_old, reduction="sum")
+        return StepResult(float(kl_old[0] / kl_old[1].clamp(min=1)), recorded, sums, grad_norm)
+
+    def loss_mask(self, mb: Rollout) -> torch.Tensor:
+        """Completion tokens that carry loss; none for truncated ones when mask_truncated_completions (DAPO)."""
+        mask = mb.model_mask().float()  # tool/environment tokens never carry loss
+        if self.args.mask_truncated_completions:
+            mask = mask * (~mb.is_truncated).float().unsqueeze(-1)
+        return mask
+
+    def step_tokens(self, rollout: Rollout) -> float:
+        """dapo/cispo normaliser: the rollout's loss tokens on all processes, per process and optimizer step (TRL's)."""
+        acc, a = self.accelerator, self.args
+        tokens = self.loss_mask(rollout).sum()
+        if acc.num_processes > 1:
+            tokens = acc.reduce(tokens, reduction="sum")
+        return step_tokens(float(tokens), acc.num_processes, a.steps_per_generation // a.gradient_accumulation_steps)
+
+    def policy_mask(self, entropy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:
+        """top_entropy_quantile's policy tokens as a float mask, or None when every token carries the loss."""
+        if self.args.top_entropy_quantile >= 1.0:
+            return None
+        return self.entropy_mask(entropy, mask, 1 - self.args.top_entropy_quantile).float()
+
+    def kl(self, stats: TokenStats, mb: Rollout) -> torch.Tensor:
+        """Per-token KL(π_θ‖π_ref): k3 from stored log π_ref, or exact over the vocabulary (computed in the policy pass)."""
+        return kl_k3(stats.logps, mb.ref_logps) if self.args.kl_estimator == "k3" else stats.kl
