@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from fastgrpo.logprobs import pack, sharing_support
-from fastgrpo.rollout import micro_batch_rows
+from fastgrpo.update.logprobs import pack, sharing_support
+from fastgrpo.rollout.record import micro_batch_rows
 
 
 def model_sizes(model) -> dict:

@@ -73,7 +73,7 @@ def build_trainer(bf16: bool | None, steps: int, model: str = "smollm2-135m-inst
 @contextmanager
 def head_scope():
     """Name the chunked head's forward in the profile (its backward is named by autograd: ChunkedHeadBackward)."""
-    from fastgrpo import logprobs
+    from fastgrpo.update import logprobs
 
     forward = logprobs.ChunkedHead.forward
 
@@ -136,7 +136,7 @@ def main() -> None:
     param_shapes = {tuple(p.shape) for p in model.parameters() if p.dim() == 2}
     rollout = trainer._collect()
     rows = flops.step_rows(trainer, rollout)
-    trainer._optimizer_step(rollout, 0, capture_old=True)  # warm-up: oneDNN primitives, allocator
+    trainer.update(rollout, 0, True, 0)  # warm-up: oneDNN primitives, allocator
     clip = trainer.accelerator.clip_grad_norm_
 
     def named_clip(*a, **k):
@@ -148,7 +148,7 @@ def main() -> None:
     with head_scope(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
         for _ in range(args.steps):
             start = time.perf_counter()
-            trainer._optimizer_step(rollout, 0, capture_old=False)
+            trainer.update(rollout, 0, False, 0)
             seconds.append(time.perf_counter() - start)
     trainer.accelerator.clip_grad_norm_ = clip
     peaks_after = {"fp32": linear_peak(torch.float32), "bf16": linear_peak(torch.bfloat16)}

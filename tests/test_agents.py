@@ -449,7 +449,7 @@ def test_rollout_func_missing_logprobs_are_neutral(tmp_path, tokenizer, make_mod
     rollout = first._collect()
     assert torch.isnan(rollout.sampling_logps).sum() == 16  # every token missing: the rollout builds (no TypeError)
     with torch.no_grad():
-        exact.extend(first._logps(first.model, rollout).logps[0].tolist())  # π_old of the one completion (every row is it)
+        exact.extend(first.passes.log_probs(first.model, rollout).logps[0].tolist())  # π_old of the one completion (every row is it)
     trainer = trainer_for("b")
     assert torch.isnan(trainer._collect().sampling_logps).sum() == 6
     trainer.train()
@@ -467,10 +467,10 @@ def test_cached_turns_repetition_penalty_sees_each_rows_own_tokens(tokenizer, ma
     far) exactly, so the pad id is penalised only where the row holds it."""
     from transformers import RepetitionPenaltyLogitsProcessor
 
-    from fastgrpo.agents.cached_turns import CachedTurns
+    from fastgrpo.generation.cached_turns import CachedTurns
     from fastgrpo.data import PromptEncoder
-    from fastgrpo.generation import SamplingSettings
-    from fastgrpo.sampler import Sampler
+    from fastgrpo.generation.contract import SamplingSettings
+    from fastgrpo.generation.sampler import Sampler
 
     model = make_model().eval()
     eos = tokenizer.eos_token_id
@@ -508,8 +508,8 @@ def test_reprefill_turns_never_show_the_processors_a_pad(tokenizer, make_model):
     """The Reprefill engine (whole sequences again, left-padded to the longest): the processors read no pad id in any
     turn (pad 7 is in no row's tokens), so the repetition penalty sees each row's own tokens there too."""
     from fastgrpo.data import PromptEncoder
-    from fastgrpo.generation import SamplingSettings
-    from fastgrpo.sampler import Sampler
+    from fastgrpo.generation.contract import SamplingSettings
+    from fastgrpo.generation.sampler import Sampler
 
     eos, pad = tokenizer.eos_token_id, 7
     sampler = Sampler(make_model().eval(), SamplingSettings(max_completion_length=40, eos_token_ids=[eos], pad_token_id=pad, repetition_penalty=1.5))

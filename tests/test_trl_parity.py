@@ -418,8 +418,8 @@ def test_rollout_keys_mean_what_trls_mean():
     """reward, reward_std, frac_reward_zero_std, rewards/<fn>/* and completions/* of one rollout against TRL 1.16's own
     formulas (`_generate_and_score_completions`, `nanstd`): an unscorable completion is left out of reward and reward_std,
     reward_std is the batch's std (not a mean of group stds), lengths count the model's tokens, terminated ones apart."""
-    from fastgrpo.metrics import rollout_metrics
-    from fastgrpo.rollout import Rollout
+    from fastgrpo.run.metrics import rollout_metrics
+    from fastgrpo.rollout.record import Rollout
 
     rewards = torch.tensor([[1.0, 0.0], [0.0, 0.5], [1.0, float("nan")], [float("nan")] * 2,  # group 0: one unscorable row
                             [0.5, 0.5], [0.5, 0.5], [0.5, 0.5], [0.5, 0.5]])  # group 1: no spread
