@@ -199,22 +199,14 @@ class ChunkedHead(torch.autograd.Function):
             ref_hidden (n, H) or None, ref_weight (V, H) or None, ref_bias or None, chunk, entropy_grad)
       → logps (n,), entropy (n,), kl (n,) (zeros without π_ref).
 
-    Each chunk's logits z = (h Wᵀ + b) / τ are a product in the autocast dtype
-    when autocast is on (as the model's own head would be), then widened to fp32,
+    Each chunk's logits z = (h Wᵀ + b) / τ are computed in fp32 after the matmul
+    (in the autocast dtype when autocast is on, as the model's own head would be),
     reduced and freed; backward recomputes them. With g_ℓ, g_KL, g_H the incoming
     gradients, ∂/∂z = g_ℓ (onehot(y) − p) + g_KL p (log p − log q − KL)
-    − g_H p (log p + H) = p ⊙ (−g_H log p + g_KL (log p − log q) + c) + g_ℓ onehot(y)
-    with c = −g_ℓ − g_KL KL − g_H H per token; then ∂h = (∂z / τ) W
-    and ∂W = (∂z / τ)ᵀ h. Entropy has a gradient only with `entropy_grad` (the
-    entropy bonus); else it is a metric. π_ref's tensors take no gradient. A tied
-    head (embedding = head) receives its gradient through `weight` like any other
-    use of the parameter.
-
-    Speed (docs/benchmarks.md, "The bf16 update"): the weight is cast to the
-    product dtype once per call (not per chunk), and every (chunk, V) block lives
-    in buffers allocated once per call and overwritten in place: a fresh
-    (256, 49 152) fp32 block per op (tens of MB, served by the kernel's page
-    faults) made the head's elementwise work ~8× slower than the arithmetic.
+    − g_H p (log p + H), then ∂h = (∂z / τ) W and ∂W = (∂z / τ)ᵀ h. Entropy has
+    a gradient only with `entropy_grad` (the entropy bonus); else it is a metric.
+    π_ref's tensors take no gradient. A tied head (embedding = head) receives its
+    gradient through `weight` like any other use of the parameter.
     """
 
     @staticmethod
@@ -225,15 +217,15 @@ class ChunkedHead(torch.autograd.Function):
         n = hidden.shape[0]
         logps, entropy, kl = (torch.zeros(n, dtype=_wide(dtype), device=hidden.device) for _ in range(3))
         with torch.autocast(hidden.device.type, enabled=False):
-            head = _Head(weight, bias, temperature, dtype, min(chunk, n))
-            ref = _Head(ref_weight, ref_bias, temperature, dtype, min(chunk, n), probs=False) if ref_hidden is not None else None
             for start in range(0, n, chunk):
                 part = slice(start, start + chunk)
-                logp, p = head(hidden[part])  # (c, V) each, views of the head's buffers
+                logp = _chunk_log_softmax(hidden[part], weight, bias, temperature, dtype)  # (c, V)
                 logps[part] = logp.gather(-1, labels[part, None]).squeeze(-1)
-                entropy[part] = -_rowdot(p, logp)
-                if ref is not None:
-                    kl[part] = _rowdot(p, _log_ratio(logp, ref(ref_hidden[part])[0]))
+                p = logp.exp()
+                entropy[part] = -(p * logp).sum(-1)
+                if ref_hidden is not None:
+                    ref_logp = _chunk_log_softmax(ref_hidden[part], ref_weight, ref_bias, temperature, dtype)
+                    kl[part] = (p * (logp - ref_logp)).sum(-1)
         if not entropy_grad:
             ctx.mark_non_differentiable(entropy)
         return logps, entropy, kl
@@ -241,39 +233,32 @@ class ChunkedHead(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_logps, grad_entropy, grad_kl):
         hidden, weight, bias, labels, ref_hidden, ref_weight, ref_bias = ctx.saved_tensors
-        tau, dtype, n = ctx.temperature, ctx.dtype, hidden.shape[0]
+        tau, dtype = ctx.temperature, ctx.dtype
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]  # a frozen head (LoRA) skips its (V, H) products
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
-        grad_weight = grad_bias = None
+        grad_weight = torch.zeros(weight.shape, dtype=_wide(dtype), device=weight.device) if need_weight else None
+        grad_bias = torch.zeros(weight.shape[0], dtype=_wide(dtype), device=weight.device) if need_bias else None
         with torch.autocast(hidden.device.type, enabled=False):
-            head = _Head(weight, bias, tau, dtype, min(ctx.chunk, n))
-            ref = _Head(ref_weight, ref_bias, tau, dtype, min(ctx.chunk, n), probs=False) if ref_hidden is not None else None
-            for start in range(0, n, ctx.chunk):
+            for start in range(0, hidden.shape[0], ctx.chunk):
                 part = slice(start, start + ctx.chunk)
-                logp, p = head(hidden[part])  # recomputed, (c, V)
-                g_l = grad_logps[part, None].to(logp.dtype)
-                a, c = torch.zeros_like(g_l), -g_l  # ∂z = p ⊙ (a log p + g_KL (log p − log q) + c) + g_ℓ onehot
-                if ctx.entropy_grad:
-                    g_h = grad_entropy[part, None].to(logp.dtype)
-                    a, c = a - g_h, c + g_h * _rowdot(p, logp)[:, None]  # −g_H (log p + H), H = −Σ p log p
-                ratio = None
-                if ref is not None:
-                    g_kl = grad_kl[part, None].to(logp.dtype)
-                    ratio = _log_ratio(logp, ref(ref_hidden[part])[0])  # (c, V) log p − log q
-                    c = c - g_kl * _rowdot(p, ratio)[:, None]  # g_KL (log p − log q − KL)
-                grad_z = logp.mul_(a / tau).add_(c / tau)  # in place: log p is not needed again
-                if ratio is not None:
-                    grad_z.addcmul_(ratio, g_kl, value=1 / tau)
-                grad_z.mul_(p).scatter_add_(-1, labels[part, None], g_l / tau)  # ∂/∂(h Wᵀ + b)
-                grad_z = head.narrow(grad_z)  # the product dtype
+                logp = _chunk_log_softmax(hidden[part], weight, bias, tau, dtype)  # recomputed, (c, V)
+                p = logp.exp()
+                grad_z = p * -grad_logps[part, None]  # g_ℓ (onehot − p), the onehot added next
+                grad_z.scatter_add_(-1, labels[part, None], grad_logps[part, None])
+                if ctx.entropy_grad:  # ∂H/∂z = −p (log p + H)
+                    plogp = p * logp
+                    grad_z -= grad_entropy[part, None] * (plogp - p * plogp.sum(-1, keepdim=True))
+                if ref_hidden is not None:
+                    diff = logp - _chunk_log_softmax(ref_hidden[part], ref_weight, ref_bias, tau, dtype)
+                    kl = (p * diff).sum(-1, keepdim=True)
+                    grad_z += grad_kl[part, None] * p * (diff - kl)
+                grad_z = (grad_z / tau).to(dtype)  # ∂/∂(h Wᵀ + b)
                 if need_hidden:
-                    grad_hidden[part] = (grad_z @ head.weight).to(hidden.dtype)
+                    grad_hidden[part] = (grad_z @ weight.to(dtype)).to(hidden.dtype)
                 if need_weight:
-                    part_grad = grad_z.T @ hidden[part].to(dtype)
-                    grad_weight = part_grad.to(_wide(dtype)) if grad_weight is None else grad_weight.add_(part_grad)
-                if need_bias:
-                    part_grad = grad_z.sum(0, dtype=_wide(dtype))
-                    grad_bias = part_grad if grad_bias is None else grad_bias.add_(part_grad)
+                    grad_weight += grad_z.T @ hidden[part].to(dtype)
+                if grad_bias is not None:
+                    grad_bias += grad_z.sum(0)
         grad_weight = grad_weight.to(weight.dtype) if need_weight else None
         grad_bias = grad_bias.to(bias.dtype) if need_bias else None
         return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None, None
@@ -284,55 +269,13 @@ def _wide(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-def _rowdot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """(c, V), (c, V) → (c,) Σ_v a·b per row, as one batched product (no (c, V) temporary)."""
-    return (a.unsqueeze(1) @ b.unsqueeze(2)).view(-1)
-
-
-def _log_ratio(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """log p − log q, written over `ref_logp` (a `_Head` buffer), as one difference per element."""
-    return torch.sub(logp, ref_logp, out=ref_logp)
-
-
-class _Head:
-    """(c, H) hidden states → (c, V) log-softmax and softmax of (h Wᵀ + b) / τ, in buffers reused across chunks.
-
-    The weight (and bias) are cast to `dtype` once; the product runs in `dtype`
-    into a (chunk, V) buffer of that dtype, the softmax in at least fp32 in two
-    (chunk, V) buffers: log p and p (`probs=False`: log p only). The views returned
-    are overwritten by the next call.
-    """
-
-    def __init__(self, weight, bias, temperature, dtype, chunk, probs=True):
-        self.weight = weight.detach().to(dtype)
-        self.bias = None if bias is None else bias.detach().to(dtype)
-        self.temperature, self.dtype, wide = temperature, dtype, _wide(dtype)
-        V = weight.shape[0]
-        self.product = torch.empty(chunk, V, dtype=dtype, device=weight.device)
-        self.logp = self.product if dtype == wide else torch.empty(chunk, V, dtype=wide, device=weight.device)
-        self.p = torch.empty(chunk, V, dtype=wide, device=weight.device) if probs else None
-
-    def __call__(self, hidden):
-        c = hidden.shape[0]
-        z = torch.mm(hidden.to(self.dtype), self.weight.T, out=self.product[:c])
-        if self.bias is not None:
-            z.add_(self.bias)
-        logp = self.logp[:c]
-        if logp.data_ptr() != z.data_ptr():
-            logp.copy_(z)
-        logp.div_(self.temperature)
-        logp.sub_(logp.amax(-1, keepdim=True))
-        if self.p is None:
-            return logp.sub_(logp.exp().sum(-1, keepdim=True).log_()), None
-        p = torch.exp(logp, out=self.p[:c])
-        total = p.sum(-1, keepdim=True)
-        return logp.sub_(total.log()), p.div_(total)
-
-    def narrow(self, grad_z):
-        """(c, V) fp32 → the product dtype, into the product buffer (no new block)."""
-        if grad_z.dtype == self.dtype:
-            return grad_z
-        return self.product[: grad_z.shape[0]].copy_(grad_z)
+def _chunk_log_softmax(hidden, weight, bias, temperature, dtype) -> torch.Tensor:
+    """(c, H) hidden states → (c, V) log-softmax of (h Wᵀ + b) / τ, the matmul in `dtype`, the softmax at least fp32."""
+    logits = hidden.to(dtype) @ weight.to(dtype).T
+    if bias is not None:
+        logits = logits + bias.to(dtype)
+    logits = logits.to(_wide(dtype)).div_(temperature)
+    return logits.sub_(torch.logsumexp(logits, dim=-1, keepdim=True))
 
 
 class LogProbs:
