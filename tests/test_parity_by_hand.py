@@ -14,6 +14,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from fastgrpo import GRPOConfig, GRPOTrainer
+from fastgrpo.update.step import OptimizerStep
 from fastgrpo.rollout.prompts import PromptEncoder
 from fastgrpo.algo.advantages import batch_normalize, normalize_then_sum, rollout_advantages
 from fastgrpo.algo.losses import LOSS_TYPES, StepCounts, entropy_threshold, grpo_loss, high_entropy_mask, kl_k3, step_tokens
@@ -149,13 +150,15 @@ def test_item_6_trainer_gathers_every_processs_entropies():
         def gather(self, padded):
             return torch.cat([padded, other])
 
-    trainer = object.__new__(GRPOTrainer)  # only the two attributes _entropy_mask reads
-    trainer.accelerator, trainer.args = TwoProcesses(), GRPOConfig(top_entropy_quantile=0.5)
-    keep = trainer.update.policy_mask(torch.tensor([[0.0, 1.0, 9.0]]), torch.tensor([[1.0, 1.0, 0.0]]))
+    trainer = object.__new__(GRPOTrainer)  # only the accelerator get_high_entropy_mask reads
+    trainer.accelerator = TwoProcesses()
+    step = object.__new__(OptimizerStep)  # only the two attributes policy_mask reads
+    step.args, step.entropy_mask = GRPOConfig(top_entropy_quantile=0.5), trainer.get_high_entropy_mask
+    keep = step.policy_mask(torch.tensor([[0.0, 1.0, 9.0]]), torch.tensor([[1.0, 1.0, 0.0]]))
     assert keep.tolist() == [[0.0, 0.0, 0.0]]
     # ρ = 1: no filter at all (every active token carries the policy term)
-    trainer.args = GRPOConfig()
-    assert trainer.update.policy_mask(torch.tensor([[0.0, 1.0, 9.0]]), torch.tensor([[1.0, 1.0, 0.0]])) is None
+    step.args = GRPOConfig()
+    assert step.policy_mask(torch.tensor([[0.0, 1.0, 9.0]]), torch.tensor([[1.0, 1.0, 0.0]])) is None
 
 
 def test_item_7_every_dropout_is_off(tokenizer):
