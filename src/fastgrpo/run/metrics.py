@@ -334,7 +334,7 @@ def window_record(step: int, sums: dict, extremes: dict, seconds: dict, reward_n
         record["truncated_prompts"] = int(sums["truncated_prompts"])
     for key in ("kl", "kl_old", "entropy"):
         mean(key, "tokens")
-    for key, name in (("clip_low", "low_mean"), ("clip_high", "high_mean"), ("clip_region", "region_mean")):  # TRL's names (losses.clip_metrics)
+    for key, name in (("clip_low", "low_mean"), ("clip_high", "high_mean"), ("clip_region", "region_mean")):  # TRL's names (algo/clip_metrics.py)
         mean(key, "clip_units", f"clip_ratio/{name}")
     mean("cispo_clipped", "clip_units", "cispo_clip_ratio")
     for key, name in (("clip_low_min", "clip_ratio/low_min"), ("clip_high_max", "clip_ratio/high_max")):
