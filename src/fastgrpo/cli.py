@@ -1,4 +1,4 @@
-"""`fastgrpo train`: the command line.
+"""`fastgrpo train` (and `fastgrpo vllm-serve`, generation/vllm/serve.py): the command line.
 
     fastgrpo train                                  # the built-in job (README)
     fastgrpo train --config examples/run.yaml       # model, dataset, reward and GRPOConfig fields from YAML
@@ -105,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fastgrpo", description="GRPO fine-tuning with multi-step rollout reuse.", allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("train", help="train a model with GRPO (no arguments: the built-in job; `fastgrpo train --help` lists the flags)", add_help=False)
+    sub.add_parser("vllm-serve", help="serve a model with vLLM for use_vllm=True, vllm_mode='server' (`fastgrpo vllm-serve --help`)", add_help=False)
     return parser
 
 
@@ -328,14 +329,19 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `fastgrpo` console script."""
     argv = sys.argv[1:] if argv is None else argv
     command, rest = build_parser().parse_known_args(argv[:1])
+    if command.command == "vllm-serve":
+        from .generation.vllm.serve import main as serve
+
+        return serve(argv[1:] + rest)
     ns = train_parser().parse_args(argv[1:] + rest)
-    from .run.checkpoint_files import CheckpointWriteError  # imports torch: only once a run starts, never for --help
+    from .generation.contract import EngineError  # imports torch: only once a run starts, never for --help
+    from .run.checkpoint_files import CheckpointWriteError
     from .run.interrupt import TrainingInterrupted
 
     try:
         if command.command == "train":
             train(ns)
-    except (ValueError, TypeError, FloatingPointError, CheckpointWriteError) as err:  # fastgrpo's own checks; errors in user code keep their traceback
+    except (ValueError, TypeError, FloatingPointError, CheckpointWriteError, EngineError) as err:  # fastgrpo's own checks; errors in user code keep their traceback
         print(f"fastgrpo: error: {err}", file=sys.stderr)
         return 2
     except TrainingInterrupted as err:  # Ctrl-C: the checkpoint is saved, the message says how to resume

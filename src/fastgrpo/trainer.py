@@ -8,9 +8,7 @@ micro-batches. accelerate supplies the device, gradient synchronisation
 Usage (TRL's API; only the import differs):
 
     from fastgrpo import GRPOConfig, GRPOTrainer
-    trainer = GRPOTrainer(model="smollm2-135m-instruct", reward_funcs=fn,
-                          args=GRPOConfig(num_iterations=4), train_dataset=ds)
-    trainer.train()
+    GRPOTrainer(model="smollm2-135m-instruct", reward_funcs=fn, args=GRPOConfig(num_iterations=4), train_dataset=ds).train()
 
 Not here (docs/design.md has the map): the maths (algo/), generating (generation/), a rollout (rollout/),
 log-prob passes and the optimizer step (update/), set-up, checkpoints, evaluation, metrics (run/).
@@ -31,7 +29,7 @@ from rich.console import Console
 from .algo.entropy_control import EntropyControl
 from .algo.sampling_correction import SamplingCorrection
 from .config import GRPOConfig
-from .generation.build import build_backend
+from .generation.build import build_backend, open_engine
 from .generation.contract import SamplingSettings
 from .model.loading import as_reference, sync_reference
 from .model.precision import autocast_for
@@ -86,14 +84,12 @@ class GRPOTrainer(TRLMethods):
     Attributes:
         state: a `transformers.TrainerState` (global_step, log_history, best_metric), as Trainer keeps it.
     Raises:
-        ValueError/TypeError: a missing or empty dataset, a missing or empty
-            prompt (naming the row), a column the reward protocol reserves,
-            reward weights that do not match the functions, a world size that
-            does not match the config, an output_dir that is a file or not
-            writable, a peft_config that is not one or comes with a PeftModel
-            or sync_ref_model, args that are not a fastgrpo GRPOConfig, a model
-            or reward of the wrong type, no reward function — all before any
-            model is loaded.
+        ValueError/TypeError: a missing or empty dataset, a missing or empty prompt (naming the row), a column the
+            reward protocol reserves, reward weights that do not match the functions, a world size that does not
+            match the config, an output_dir that is a file or not writable, a peft_config that is not one or comes
+            with a PeftModel or sync_ref_model, args that are not a fastgrpo GRPOConfig, a model or reward of the
+            wrong type, no reward function — all before any model is loaded.
+        EngineError: use_vllm=True without vLLM, or its server down or serving another model (before loading).
     """
 
     def __init__(
@@ -117,13 +113,15 @@ class GRPOTrainer(TRLMethods):
             if isinstance(fn, RewardModel):
                 fn.prepare(acc.device, self.autocast, a.chat_template_kwargs)  # scored in the policy's precision
 
+        server = open_engine(a, model, is_main=acc.is_main_process, bf16=bf16)  # vLLM installed; its server up, serving this model
         self.tokenizer, policy, self.ref_model, self.eos_token_ids, gathered = load_policy(model, processing_class, peft_config, a, acc, bf16)
 
         self.max_steps, optimizer, self.scheduler = build_optimization(a, policy, train_dataset)
         self.model, self.optimizer = prepare(acc, policy, optimizer)
         sampling = SamplingSettings.from_config(a, self.eos_token_ids, self.tokenizer.pad_token_id)
-        # bf16: the own sampler samples from its own bf16 copy; FSDP: either backend runs the gathered whole copy (weight_copy.py)
-        self.backend = build_backend(a, acc.unwrap_model(self.model), sampling, bf16=bf16, gathered=gathered)
+        # bf16: the own sampler samples from its own bf16 copy; FSDP: the gathered whole copy (weight_copy.py); vLLM: its engine
+        self.backend = build_backend(a, acc.unwrap_model(self.model), sampling, bf16=bf16, gathered=gathered, server=server,
+                                     tokenizer=self.tokenizer, seed=a.seed + acc.process_index)
         self.synced_step = 0  # the optimizer step the backend's weights are from (update_weights once per rollout after a step)
         self.encode = PromptEncoder(self.tokenizer, a.max_prompt_length, a.chat_template_kwargs)
         self.entropy_control = EntropyControl.from_config(a)  # the entropy bonus's coefficient; None: no bonus
@@ -218,7 +216,8 @@ class GRPOTrainer(TRLMethods):
     def _sync_weights(self) -> None:
         """The backend's weights from the policy after the last optimizer step: once per rollout, only after a step."""
         if self.synced_step != self.step:
-            self.backend.update_weights(self.accelerator.unwrap_model(self.model))
+            with self.timer("weight_sync"):
+                self.backend.update_weights(self.accelerator.unwrap_model(self.model))
             self.synced_step = self.step
 
     def _draw(self, prompts: int) -> list[dict]:

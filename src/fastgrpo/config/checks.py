@@ -29,7 +29,9 @@ TRACKERS = ("tensorboard", "wandb", "trackio", "all")
 # generation_kwargs keys that are sampling settings of their own here (TRL passes them to the engine).
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 KL_ESTIMATORS = ("k3", "full")
-GENERATION_BACKENDS = ("fastgrpo", "transformers")  # generation.py's backends
+GENERATION_BACKENDS = ("fastgrpo", "transformers", "vllm")  # generation/build.py's backends
+VLLM_MODES = ("colocate", "server")  # TRL's vllm_mode values
+VLLM_MODEL_IMPLS = ("vllm", "transformers", "auto")  # vLLM's model_impl values
 IMPORTANCE_SAMPLING_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")  # TRL's vllm_importance_sampling_mode values
 
 
@@ -114,6 +116,7 @@ def validate(c) -> None:
         c.generation_backend in GENERATION_BACKENDS,
         f"generation_backend={c.generation_backend!r}: use one of {', '.join(GENERATION_BACKENDS)}.",
     )
+    check_vllm(c)
     need(c.loss_type in LOSS_TYPES, f"loss_type={c.loss_type!r} is unknown; use one of {', '.join(LOSS_TYPES)}.")
     need(0 <= c.epsilon < 1, f"epsilon={c.epsilon}: use a value in [0, 1), e.g. 0.2.")
     need(
@@ -168,6 +171,47 @@ def validate(c) -> None:
     need(c.eval_steps is None or c.eval_steps > 0, f"eval_steps={c.eval_steps}: use a positive number of steps, or None.")
     for tracker in c.report_to:
         need(tracker in TRACKERS, f"report_to={tracker!r}: use 'none' or one of {', '.join(TRACKERS)}.")
+
+
+def check_vllm(c) -> None:
+    """The vLLM fields (TRL's), checked before any model loads; what vLLM cannot do on a CPU is refused with the reason.
+
+    Raises:
+        ValueError: use_vllm=True with generation_backend='transformers'; an unknown vllm_mode or
+            vllm_model_impl; a memory share outside (0, 1]; sleep mode (vLLM 0.32's CPU backend has
+            none; on CUDA fastgrpo does not drive it yet); vllm_tensor_parallel_size > 1 in colocate mode (one engine per training
+            process here, where TRL shards one across them; a bigger engine is a server's flag).
+    """
+    if c.use_vllm and c.generation_backend != "vllm":
+        raise ValueError(f"use_vllm=True and generation_backend={c.generation_backend!r} contradict each other; set one of them.")
+    if c.generation_backend != "vllm":
+        return
+    if c.vllm_mode not in VLLM_MODES:
+        raise ValueError(f"vllm_mode={c.vllm_mode!r}: use one of {', '.join(VLLM_MODES)}.")
+    if c.vllm_model_impl not in VLLM_MODEL_IMPLS:
+        raise ValueError(f"vllm_model_impl={c.vllm_model_impl!r}: use one of {', '.join(VLLM_MODEL_IMPLS)}.")
+    if not 0 < c.vllm_gpu_memory_utilization <= 1:
+        raise ValueError(f"vllm_gpu_memory_utilization={c.vllm_gpu_memory_utilization}: use a share in (0, 1], e.g. 0.3.")
+    if c.vllm_server_timeout <= 0:
+        raise ValueError(f"vllm_server_timeout={c.vllm_server_timeout}: use a positive number of seconds, e.g. 240.")
+    import torch  # noqa: PLC0415 (the device decides what the engine can do)
+
+    if c.vllm_enable_sleep_mode:
+        reason = "vLLM has no sleep mode on CPU (it frees GPU memory only)" if not torch.cuda.is_available() else \
+            "fastgrpo does not put its engine to sleep between rollouts yet (not built)"
+        raise ValueError(f"vllm_enable_sleep_mode=True: {reason}; set it to False.")
+    if c.vllm_mode == "colocate" and c.vllm_tensor_parallel_size != 1:
+        reason = "vLLM's CPU backend runs one engine per process here" if not torch.cuda.is_available() else \
+            "fastgrpo runs one whole engine per training process"
+        raise ValueError(
+            f"vllm_tensor_parallel_size={c.vllm_tensor_parallel_size} in colocate mode: {reason}; use 1, or vllm_mode='server' "
+            f"with `fastgrpo vllm-serve --model … --tensor-parallel-size {c.vllm_tensor_parallel_size}` (GPUs)."
+        )
+    if c.vllm_max_model_length is not None and c.vllm_max_model_length < c.max_completion_length + 1:
+        raise ValueError(
+            f"vllm_max_model_length={c.vllm_max_model_length} leaves no room for a prompt and max_completion_length="
+            f"{c.max_completion_length}; use at least max_prompt_length + max_completion_length, or None."
+        )
 
 
 def warn_like_trl(c) -> None:

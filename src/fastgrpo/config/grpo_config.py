@@ -119,8 +119,22 @@ class GRPOConfig:
     repetition_penalty: float = 1.0
     generation_kwargs: dict | str | None = None  # sampling keys above may be given here instead (TRL); others refused
     chat_template_kwargs: dict | str | None = None  # passed to apply_chat_template, e.g. {"enable_thinking": False}
-    generation_backend: str = "fastgrpo"  # "fastgrpo" (own sampler, sampler.py) or "transformers" (generate)
+    generation_backend: str = "fastgrpo"  # "fastgrpo" (own sampler), "transformers" (generate) or "vllm" (use_vllm=True sets it)
     max_tool_calling_iterations: int | None = None  # rounds of tool calls per completion (agents); None: until max_completion_length ends them
+
+    # --- vLLM as the generation engine (TRL's fields and defaults; generation/vllm/) --------
+    use_vllm: bool = False  # sample with vLLM (generation_backend="vllm")
+    vllm_mode: str = "colocate"  # "colocate": one engine per training process; "server": `fastgrpo vllm-serve` started by the user
+    vllm_model_impl: str = "vllm"  # vLLM's model_impl: "vllm" or "transformers"
+    vllm_enable_sleep_mode: bool = False  # colocate: the engine frees its memory while the policy trains (CUDA only)
+    vllm_server_base_url: str | None = None  # server: e.g. "http://localhost:8000"; None: http://{host}:{port}
+    vllm_server_host: str = "0.0.0.0"
+    vllm_server_port: int = 8000
+    vllm_server_timeout: float = 240.0  # seconds to wait for the server to answer at start-up
+    vllm_group_port: int = 51216  # server on CUDA: the NCCL weight-transfer group's port
+    vllm_gpu_memory_utilization: float = 0.3  # colocate: the engine's share of GPU memory (of RAM on CPU: its KV cache)
+    vllm_max_model_length: int | None = None  # colocate: the engine's context; None: max_prompt_length + max_completion_length
+    vllm_tensor_parallel_size: int = 1  # colocate: 1 (a bigger engine runs in server mode)
 
     # --- objective (see losses.py for each variant's paper) -------------------
     loss_type: str = "dapo"
@@ -230,6 +244,8 @@ class GRPOConfig:
                     raise ValueError(f"{name}={text!r} is not JSON ({err}); give a dict, e.g. '{{\"key\": 1}}'.") from err
             if not isinstance(getattr(self, name), (dict, type(None))):
                 raise ValueError(f"{name}={getattr(self, name)!r}: give a dict (or its JSON text), or None.")
+        if self.use_vllm and self.generation_backend == "fastgrpo":  # TRL's switch, the default backend otherwise
+            self.generation_backend = "vllm"
         for key, value in (self.generation_kwargs or {}).items():
             if key == "do_sample" and value is True:  # what GRPO always does: nothing to set
                 continue

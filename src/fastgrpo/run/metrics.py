@@ -25,11 +25,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from ..algo.reductions import EXTREMES
 
-PHASES = ("generate", "score", "old_logps", "ref_logps", "update")
+PHASES = ("weight_sync", "generate", "score", "old_logps", "ref_logps", "update")
 
 
 class PhaseTimer:
-    """Wall-clock seconds per named phase (`generate`, `score`, `old_logps`, `ref_logps`, `update`).
+    """Wall-clock seconds per named phase (`weight_sync`, `generate`, `score`, `old_logps`, `ref_logps`, `update`).
 
     The public seam for timing a run (`trainer.timer.listen(fn)`): each listener gets
     (phase, start, end) in `time.perf_counter()` seconds as each phase ends (benchmarks/ use it).

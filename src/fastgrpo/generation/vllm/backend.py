@@ -1,0 +1,119 @@
+"""vLLM behind the generation contract: token-id prompts in, G completions each, the sampled tokens' log-probs kept.
+
+The same `SamplingSettings` as the own sampler become vLLM's `SamplingParams` (temperature, top_p, top_k,
+min_p, repetition_penalty; EOS as `stop_token_ids` with vLLM's own EOS rule off, so exactly the configured
+ids end a completion). The engine starts with `generation_config="vllm"`: a model's
+`generation_config.json` never changes what is sampled.
+
+Log-probs: vLLM returns the sampled token's log-prob after its logits processing (`processed_logprobs`,
+as TRL's server). With no truncation (top_p = 1, top_k = 0, no min_p) and no repetition penalty that is
+log softmax(logits / T) — the distribution the trainer takes π_old over — so they are the sampler's
+log-probs of the contract (`Samples.logps`), TRL's `vllm_importance_sampling_*` corrects for the engine's
+own weights (bf16, another kernel), and π_old needs no pass where it is free (μ = 1). Under truncation vLLM
+renormalises over the kept tokens (trl#6789): log p_kept = log p − log Σ_kept p ≥ log p, which would bias
+every ratio below 1. fastgrpo then drops them: `owns_weights` is False, the correction is off, and π_old is
+the trainer's own (one start-up notice says so).
+
+Weights: `update_weights` takes the policy's full weights (weight_copy.full_weights: LoRA merged, FSDP
+shards gathered — on every process, the gather is collective) and the engine that owns them pushes them;
+a server shared by several training processes receives them once, from the main process, and the others
+wait at a barrier before sampling.
+
+Not here: the engines (colocate.py, server.py), the weights folder (weights.py), choosing this backend (../build.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ..contract import EngineError, Samples, SamplingSettings
+from ..reprefill import Reprefill
+from ..weight_copy import full_weights
+from .engines import Engine
+from .weights import with_head
+
+
+def is_exact(sampling: SamplingSettings) -> bool:
+    """vLLM's processed log-probs are log softmax(logits / T) (no truncation, no penalty): usable as the sampler's."""
+    return sampling.top_p >= 1.0 and sampling.top_k == 0 and not sampling.min_p and sampling.repetition_penalty == 1.0
+
+
+def sampling_params(sampling: SamplingSettings, n: int, max_tokens: int) -> dict:
+    """vLLM `SamplingParams` fields for `sampling`: n completions of at most `max_tokens`, the sampled token's log-prob."""
+    return {
+        "n": n, "max_tokens": max_tokens, "temperature": sampling.temperature, "top_p": sampling.top_p,
+        "top_k": sampling.top_k, "min_p": sampling.min_p or 0.0, "repetition_penalty": sampling.repetition_penalty,
+        "logprobs": 0,  # the sampled token's own
+        "stop_token_ids": list(sampling.eos_token_ids), "ignore_eos": True,  # exactly the configured EOS ids end a row
+    }
+
+
+class VLLMGenerator:
+    """The `GenerationBackend` that samples with a vLLM engine (colocated or a server).
+
+    Args:
+        engine: the engine (engines.Engine: colocate.ColocateEngine or server.ServerEngine).
+        sampling: the `SamplingSettings` every backend samples with.
+        tied: the policy ties its input and output embeddings (the engine runs them untied: weights.py).
+    Attributes:
+        owns_weights: True where vLLM's log-probs are of the distribution π_old is taken over (`is_exact`):
+            `Samples.logps` are given and corrected for; False under truncation or a repetition penalty.
+        sync_bytes: the bytes of the last weights pushed (0 in a process that does not push).
+    """
+
+    def __init__(self, engine: Engine, sampling: SamplingSettings, *, tied: bool = False):
+        self.engine, self.sampling, self.tied = engine, sampling, tied
+        self.owns_weights = is_exact(sampling)
+        self.sync_bytes = 0
+
+    def update_weights(self, policy: torch.nn.Module) -> None:
+        """The policy's full weights into the engine (the pushing process), then every process waits for it."""
+        weights = with_head(full_weights(policy), self.tied)  # every process: an FSDP gather is collective
+        if self.engine.pushes_weights:
+            self.engine.push(weights)
+            self.sync_bytes = sum(t.numel() * t.element_size() for t in weights.values())
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()  # nobody samples from a shared server before its weights are in
+
+    @torch.no_grad()
+    def sample(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, num_generations: int, max_new_tokens: int | None = None) -> Samples:
+        """(B, P) left-padded prompts → `Samples` of B·G rows (prompt i's G completions together), ≤ T_max columns.
+
+        Returns:
+            completion ids (B·G, T') right-padded with pad_token_id after the stop token, T' the longest
+            completion; logps (B·G, T') float32 (0 after the stop token) when `owns_weights`, else None.
+        Raises:
+            EngineError: the engine returned another number of completions than B·G.
+        """
+        T = max_new_tokens or self.sampling.max_completion_length
+        prompts = [ids[m.bool()].tolist() for ids, m in zip(prompt_ids, prompt_mask)]
+        rows = [c for group in self.engine.generate(prompts, sampling_params(self.sampling, num_generations, T)) for c in group]
+        if len(rows) != len(prompts) * num_generations:
+            raise EngineError(f"{self.engine.description} returned {len(rows)} completions for {len(prompts)} prompts × G={num_generations}.")
+        width = max(1, max(len(r.tokens) for r in rows))
+        ids = torch.full((len(rows), width), self.sampling.pad_token_id, dtype=prompt_ids.dtype)
+        logps = torch.zeros(len(rows), width)
+        for i, row in enumerate(rows):
+            ids[i, : len(row.tokens)] = torch.tensor(row.tokens[:T], dtype=prompt_ids.dtype)
+            logps[i, : len(row.logps)] = torch.tensor(row.logps[:T])
+        return Samples(ids.to(prompt_ids.device), logps.to(prompt_ids.device) if self.owns_weights else None)
+
+    def turns(self) -> Reprefill:
+        """Turns that send each continuing row's whole sequence again (vLLM's prefix cache makes the prefix cheap; TRL's way)."""
+        return Reprefill(self, self.sampling.pad_token_id, self.sampling.eos_token_ids)
+
+    def notices(self) -> list[str]:
+        """Where the engine runs, and that its log-probs are not used under truncation or a repetition penalty."""
+        notes = [f"sampling with {self.engine.description}; its weights are synced once per rollout after the optimizer step."]
+        if not self.owns_weights:
+            notes.append(
+                "top_p/top_k/min_p/repetition_penalty: vLLM's log-probs are of the truncated, renormalised distribution "
+                "(trl#6789), not the one π_old is taken over; they are not used, so the sampler–trainer correction "
+                "(vllm_importance_sampling_correction) is off and π_old comes from the trainer."
+            )
+        return notes
+
+    def close(self) -> None:
+        """Stop the colocated engine (a server keeps running)."""
+        self.engine.close()

@@ -1,0 +1,70 @@
+"""vLLM colocated with the trainer (TRL's vllm_mode="colocate"): one engine per training process, on its device.
+
+vLLM's `LLM` lives in the training process; its engine core runs in a child process (vLLM's default
+multiprocessing), so vLLM's own set-up (thread binding, its process group, its seeds) stays out of the
+trainer. TRL runs the engine inside the process instead (`external_launcher`); measured here (round 4), that
+resets torch's threads and seeds and opens a gloo group inside the trainer.
+
+Weights: the engine starts from the policy's own weights (weights.WeightsFolder), and each sync reloads them
+from that folder in place (`reload_weights`, vLLM 0.32), then drops the prefix cache.
+
+Not here: the sampling settings and the `Samples` built from the output (backend.py), the server (server.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .engines import LOGPROBS_MODE, Completion
+from .weights import WeightsFolder
+
+
+class ColocateEngine:
+    """vLLM's `LLM` started from a model folder, in this process (engine core in a child process).
+
+    Args:
+        folder: the model folder it starts from (`WeightsFolder.write_model`: config, tokenizer, weights),
+            rewritten by each `push`; its dtype is the engine's.
+        max_model_len: the longest prompt + completion, tokens.
+        memory_utilization: vLLM's gpu_memory_utilization (on CPU: the share of RAM the engine may reserve;
+            vLLM's `VLLM_CPU_KVCACHE_SPACE`, in GiB, sets the KV cache instead).
+        model_impl: vLLM's model_impl ("vllm", "transformers", "auto").
+        seed: the engine's sampling seed.
+    Raises:
+        ImportError: vLLM is not installed (the message names the install command).
+    """
+
+    pushes_weights = True
+    description = "vLLM in this process"
+
+    def __init__(self, folder: WeightsFolder, *, max_model_len: int, memory_utilization: float, model_impl: str, seed: int):
+        from vllm import LLM, SamplingParams  # noqa: PLC0415 (an optional dependency, imported when the backend is chosen)
+
+        on_cpu = not torch.cuda.is_available()
+        self.llm = LLM(
+            model=folder.path, dtype=str(folder.dtype).removeprefix("torch."), max_model_len=max_model_len, gpu_memory_utilization=memory_utilization,
+            model_impl=model_impl, seed=seed, enable_prefix_caching=True, logprobs_mode=LOGPROBS_MODE,
+            generation_config="vllm",  # vLLM's neutral defaults: the model's generation_config.json never changes sampling
+            enforce_eager=on_cpu,  # no graph capture or compilation on CPU (minutes at start-up for nothing)
+            distributed_executor_backend="uni" if on_cpu else None,  # the worker inside the engine core: one child process
+        )
+        self.sampling_params, self.folder = SamplingParams, folder
+
+    def generate(self, prompts: list[list[int]], params: dict) -> list[list[Completion]]:
+        """`LLM.generate` on token-id prompts (no tokenising); → per prompt, its n completions with their log-probs."""
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], self.sampling_params(**params, detokenize=False), use_tqdm=False)
+        return [
+            [Completion(list(c.token_ids), [step[token].logprob for step, token in zip(c.logprobs, c.token_ids)]) for c in out.outputs]
+            for out in outputs
+        ]
+
+    def push(self, weights: dict[str, torch.Tensor]) -> None:
+        """Write `weights` into the folder, reload them in place (every worker), reset the prefix cache."""
+        self.folder.write(weights)
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": self.folder.path})
+        self.llm.reset_prefix_cache()
+
+    def close(self) -> None:
+        """Stop the engine core process (it would otherwise live until this process exits) and remove the folder."""
+        self.llm.llm_engine.engine_core.shutdown()
+        self.folder.close()

@@ -1,0 +1,42 @@
+"""What the vLLM backend needs from an engine, whichever process runs it: the contract of colocate.py and server.py.
+
+Not here: the backend built on it (backend.py), the engines themselves (colocate.py, server.py).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Protocol
+
+import torch
+
+
+class Completion(NamedTuple):
+    """One sampled completion: its tokens (the stop token included when one ended it) and each token's log-prob."""
+
+    tokens: list[int]
+    logps: list[float]  # vLLM's processed log-prob of each sampled token (`LOGPROBS_MODE` below)
+
+
+# vLLM's log-probs after its logits processing (temperature, penalties, truncation), as TRL's server runs it:
+# with no truncation and no penalty that is log softmax(logits / T), the distribution π_old is taken over.
+LOGPROBS_MODE = "processed_logprobs"
+
+
+class Engine(Protocol):
+    """A vLLM engine holding one model: samples token-id prompts, reloads its weights from a folder."""
+
+    description: str  # where it runs, for messages ("vLLM in this process", "the vLLM server at http://…")
+    pushes_weights: bool  # this process writes the weights (False: another training process does, for a shared server)
+
+    def generate(self, prompts: list[list[int]], params: dict) -> list[list[Completion]]:
+        """One list of `params["n"]` completions per prompt, in prompt order; `params` are vLLM `SamplingParams` fields."""
+        ...
+
+    def push(self, weights: dict[str, torch.Tensor]) -> None:
+        """Replace every weight with `weights` (a plain model's names, full tensors), then drop the prefix cache
+        (it holds the old weights' keys and values)."""
+        ...
+
+    def close(self) -> None:
+        """Stop what this process started (the colocated engine); a server keeps running."""
+        ...

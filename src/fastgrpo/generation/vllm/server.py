@@ -1,0 +1,164 @@
+"""A vLLM server as the engine (TRL's vllm_mode="server"): `fastgrpo vllm-serve` started by the user, the trainer its client.
+
+Requests are vLLM's OpenAI-compatible `/v1/completions` with token-id prompts, `n` = G and vLLM's extra
+sampling fields (`top_k`, `min_p`, `repetition_penalty`, `stop_token_ids`, `return_token_ids`), as TRL's
+`VLLMClient.generate` sends them. Weights, once per rollout, pushed by the main training process only
+(a shared server holds one model for every process):
+
+- on CPU, through a folder in shared memory (weights.WeightsFolder) and the dev-mode `/collective_rpc`
+  `reload_weights`: the server must run on the trainer's machine;
+- on CUDA, as TRL's client does, over vLLM's NCCL weight-transfer engine (`/init_weight_transfer_engine`,
+  `/start_weight_update`, `/update_weights`, `/finish_weight_update`): not run on this project's CPU machines.
+
+Then `/reset_prefix_cache`. Every failure (no server, a server that dies, one that serves another model or was
+started without its dev endpoints) is an `EngineError` naming the URL and the fix.
+
+Not here: the server command (serve.py), the sampling settings (backend.py).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from ..contract import EngineError
+from .engines import Completion
+from .weights import WeightsFolder
+
+START_COMMAND = "fastgrpo vllm-serve --model {model} --host 127.0.0.1 --port 8000"
+
+
+def base_url(args) -> str:
+    """The server's URL from TRL's fields: `vllm_server_base_url`, else http://{vllm_server_host}:{vllm_server_port}."""
+    if args.vllm_server_base_url:
+        return args.vllm_server_base_url.rstrip("/")
+    host = "127.0.0.1" if args.vllm_server_host == "0.0.0.0" else args.vllm_server_host  # TRL's default host is the listen-all address
+    return f"http://{host}:{args.vllm_server_port}"
+
+
+class ServerEngine:
+    """A running vLLM server (started by `fastgrpo vllm-serve`), checked once at start-up.
+
+    Args:
+        url: the server's base URL.
+        model: the model name the trainer trains (the server must serve this one).
+        aliases: other spellings of the same model (its resolved folder) the server may report.
+        timeout: seconds to wait for the server at start-up, and for each request to answer.
+        pushes_weights: this process sends the weights (the main training process); the others wait for it.
+        dtype: the dtype the weights are sent in (the policy's sampling precision).
+        group_port: the NCCL weight-transfer group's port (CUDA only; TRL's vllm_group_port).
+    Raises:
+        EngineError: no answer within `timeout` seconds; the server serves another model; it was started
+            without its dev endpoints (VLLM_SERVER_DEV_MODE=1, which `fastgrpo vllm-serve` sets).
+    """
+
+    def __init__(self, url: str, model: str, *, aliases: tuple[str, ...] = (), timeout: float, pushes_weights: bool,
+                 dtype: torch.dtype = torch.bfloat16, group_port: int = 51216):
+        self.url, self.timeout, self.pushes_weights, self.group_port = url, timeout, pushes_weights, group_port
+        self.description = f"the vLLM server at {url}"
+        self.wait_until_up(model)
+        served = self.request("GET", "/v1/models")["data"][0]["id"]
+        if served not in (model, *aliases):
+            raise EngineError(f"{self.description} serves {served!r}, not the model being trained ({model!r}); "
+                              f"start one for it: `{START_COMMAND.format(model=model)}`.")
+        self.model = served
+        info = self.request("GET", "/server_info?config_format=json", missing="its dev endpoints are off")
+        self.nccl = torch.cuda.is_available() and bool(info.get("weight_transfer_config"))
+        self.communicator, self.folder = None, WeightsFolder(dtype) if pushes_weights and not self.nccl else None
+
+    def wait_until_up(self, model: str) -> None:
+        """Poll `/health` until it answers 200, for at most `timeout` seconds."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=min(5.0, self.timeout)) as response:
+                    if response.status == 200:
+                        return
+            except (OSError, http.client.HTTPException):
+                pass
+            if time.monotonic() >= deadline:
+                raise EngineError(
+                    f"no vLLM server answered at {self.url} within vllm_server_timeout={self.timeout:g} s; start one with "
+                    f"`{START_COMMAND.format(model=model)}` and set vllm_server_base_url (or vllm_server_host/port) to it."
+                )
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+
+    def request(self, method: str, path: str, body: dict | None = None, missing: str = "") -> dict:
+        """One HTTP request; → the JSON answer ({} for an empty one). Raises EngineError on any failure."""
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as response:
+                text = response.read()
+        except urllib.error.HTTPError as err:
+            detail = err.read().decode(errors="replace")[:300]
+            if err.code == 404 and missing:
+                raise EngineError(f"{self.description} has no {path.split('?')[0]} ({missing}); start it with "
+                                  f"`{START_COMMAND.format(model='…')}`, which turns them on.") from None
+            raise EngineError(f"{self.description} refused {method} {path.split('?')[0]} (HTTP {err.code}: {detail}).") from None
+        except (OSError, http.client.HTTPException) as err:
+            raise EngineError(
+                f"{self.description} stopped answering ({type(err).__name__}: {err}) during {method} {path.split('?')[0]}; "
+                "the last checkpoint is kept: restart the server, then resume with resume_from_checkpoint=True."
+            ) from None
+        return json.loads(text) if text.strip() else {}
+
+    def generate(self, prompts: list[list[int]], params: dict) -> list[list[Completion]]:
+        """`/v1/completions` with token-id prompts; choices come prompt-major (prompt i's n completions, then i + 1's)."""
+        n = params["n"]
+        answer = self.request("POST", "/v1/completions", {"model": self.model, "prompt": prompts, "return_token_ids": True, **params})
+        choices = sorted(answer["choices"], key=lambda c: c["index"])
+        if len(choices) != n * len(prompts):
+            raise EngineError(f"{self.description} returned {len(choices)} completions for {len(prompts)} prompts × n={n}.")
+        rows = [Completion(c["token_ids"], c["logprobs"]["token_logprobs"]) for c in choices]
+        return [rows[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+    def push(self, weights: dict[str, torch.Tensor]) -> None:
+        """The weights to the server (CPU: a shared-memory folder it reloads from; CUDA: NCCL), then its prefix cache dropped."""
+        if self.nccl:
+            self.send_weights(weights)
+        else:
+            self.folder.write(weights)
+            self.request("POST", "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": self.folder.path}},
+                         missing="its dev endpoints are off")
+        self.request("POST", "/reset_prefix_cache")
+
+    def send_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """CUDA: the weights over vLLM's NCCL weight-transfer engine, as TRL 1.16's `VLLMClient` (not run here: no GPU)."""
+        from vllm.distributed.weight_transfer.nccl_common import trainer_init  # noqa: PLC0415 (CUDA only)
+        from vllm.distributed.weight_transfer.packed_tensor import packed_nccl_broadcast_producer  # noqa: PLC0415
+        from vllm.utils.network_utils import get_ip  # noqa: PLC0415
+
+        if self.communicator is None:
+            world_size = self.request("GET", "/get_world_size")["world_size"] + 1  # the trainer joins as rank 0
+            init = {"master_address": get_ip(), "master_port": self.group_port, "rank_offset": 1, "world_size": world_size, "packed": True}
+            with ThreadPoolExecutor(max_workers=1) as pool:  # the server blocks in the rendezvous while answering
+                answer = pool.submit(self.request, "POST", "/init_weight_transfer_engine", {"init_info": init})
+                self.communicator = trainer_init(init)
+                answer.result()
+        items = [(name, t.to("cuda").contiguous()) for name, t in weights.items()]
+        info = {"names": [n for n, _ in items], "dtype_names": [str(t.dtype).removeprefix("torch.") for _, t in items],
+                "shapes": [list(t.shape) for _, t in items]}
+        self.request("POST", "/start_weight_update", {})
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            answer = pool.submit(self.request, "POST", "/update_weights", {"update_info": info})
+            packed_nccl_broadcast_producer(iterator=iter(items), group=self.communicator, src=0, post_iter_func=lambda item: item[1])
+            answer.result()
+        self.request("POST", "/finish_weight_update", {})
+
+    def close(self) -> None:
+        """Remove the weights folder; the server belongs to the user and keeps running."""
+        if self.folder is not None:
+            self.folder.close()
+
+
+def same_model(name: str, folder: str) -> tuple[str, ...]:
+    """The spellings a server may report for a model given as `name` that resolved to `folder`."""
+    return tuple({name, folder, os.path.realpath(folder)} - {name})

@@ -1,0 +1,126 @@
+"""The policy's weights as a folder vLLM loads: safetensors in shared memory, rewritten once per rollout.
+
+vLLM 0.32's workers reload their weights in place from a folder (`reload_weights(weights_path=…)`, the same
+loader that reads a checkpoint). On one machine that folder lives in `/dev/shm`, so a sync is a memory copy
+into the page cache and vLLM's load from it, with no disk and no collective; a CUDA server takes the weights
+over NCCL instead (server.py). The tensors are `generation.weight_copy.full_weights`: LoRA merged (W + ΔW,
+adapters untouched), `modules_to_save` and trainable tokens in place, FSDP shards gathered.
+
+Not here: the full weights (backend.py, from weight_copy.full_weights), what reads the folder (colocate.py, server.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+
+SHARED_MEMORY = "/dev/shm"  # Linux's RAM-backed tmpfs; elsewhere the system's temporary folder
+HEAD = "lm_head.weight"  # the output embedding's name in transformers' and vLLM's Llama, Mistral and Qwen2
+
+# Tied embeddings: vLLM 0.32's in-place reload leaves a tied head with its old weights ("ParallelLMHead:
+# Failed to load weights"; measured: a synced fp32 engine then differs from the policy by 4e-3 in log-prob
+# instead of 4e-7). So every engine fastgrpo starts runs the head untied (`tie_word_embeddings` False,
+# the head a copy of the embedding), and each sync sends it under its own name (`with_head`).
+
+
+def with_head(weights: dict[str, torch.Tensor], tied: bool) -> dict[str, torch.Tensor]:
+    """`weights` with the tied head given under its own name (the embedding's tensor), for an untied engine.
+
+    Raises:
+        ValueError: tied embeddings in a model with no `…embed_tokens.weight` (not a Llama-family layout).
+    """
+    if not tied or HEAD in weights:
+        return weights
+    embed = next((n for n in weights if n.endswith("embed_tokens.weight")), None)
+    if embed is None:
+        raise ValueError("tied embeddings without an `embed_tokens.weight`: vLLM's weight sync supports Llama-family layouts here.")
+    return {**weights, HEAD: weights[embed]}
+
+
+def untied_folder(folder: str, target: str) -> str:
+    """`folder` (a safetensors model) as vLLM should serve it: the same when untied, else an untied copy in `target`.
+
+    The copy links every file but `config.json` (tie_word_embeddings False) and adds `lm_head.safetensors`
+    (the embedding, as the head), listed in the shards' index when there is one. Written once; → the folder to serve.
+    """
+    with open(os.path.join(folder, "config.json")) as f:
+        config = json.load(f)
+    if not config.get("tie_word_embeddings", False):
+        return folder
+    if os.path.exists(os.path.join(target, "config.json")):
+        return target
+    os.makedirs(target, exist_ok=True)
+    for name in os.listdir(folder):
+        if name not in ("config.json", "model.safetensors.index.json") and not os.path.exists(os.path.join(target, name)):
+            os.symlink(os.path.join(os.path.abspath(folder), name), os.path.join(target, name))
+    shards = sorted(n for n in os.listdir(folder) if n.endswith(".safetensors"))
+    for shard in shards:
+        with safe_open(os.path.join(folder, shard), "pt") as f:
+            embed = next((k for k in f.keys() if k.endswith("embed_tokens.weight")), None)
+            if embed is not None:
+                save_file({HEAD: f.get_tensor(embed)}, os.path.join(target, "lm_head.safetensors"), metadata={"format": "pt"})
+                break
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            table = json.load(f)
+        table["weight_map"][HEAD] = "lm_head.safetensors"
+        with open(os.path.join(target, "model.safetensors.index.json"), "w") as f:
+            json.dump(table, f)
+    with open(os.path.join(target, "config.json"), "w") as f:  # last: its presence marks a finished copy
+        json.dump({**config, "tie_word_embeddings": False}, f)
+    return target
+
+
+class WeightsFolder:
+    """A folder holding the policy as vLLM loads a model: `config.json`, the tokenizer, `model.safetensors`.
+
+    Args:
+        dtype: the engine's dtype (torch.bfloat16 or torch.float32); the weights are cast to it once per write.
+        prefix: the folder's name prefix (one folder per process and run).
+    Attributes:
+        path: the folder, created under /dev/shm (or the temporary folder where there is none); removed by `close`.
+        nbytes: the bytes of the last weights written.
+    """
+
+    def __init__(self, dtype: torch.dtype, prefix: str = "fastgrpo-vllm-"):
+        base = SHARED_MEMORY if os.path.isdir(SHARED_MEMORY) else None
+        self.path = tempfile.mkdtemp(prefix=prefix, dir=base)
+        self.dtype, self.nbytes = dtype, 0
+
+    def write_model(self, config: dict, tokenizer, weights: dict[str, torch.Tensor]) -> str:
+        """The whole model folder an engine starts from: `config` (the model's, as a dict; written untied), the tokenizer,
+        the weights (`with_head` already applied); → its path."""
+        dtype = str(self.dtype).removeprefix("torch.")
+        config = {**config, "torch_dtype": dtype, "dtype": dtype, "tie_word_embeddings": False}  # the head untied (above)
+        with open(os.path.join(self.path, "config.json"), "w") as f:
+            json.dump(config, f)
+        tokenizer.save_pretrained(self.path)
+        self.write(weights)
+        return self.path
+
+    def write(self, weights: dict[str, torch.Tensor]) -> None:
+        """Write {name: tensor} (a plain model's names) as `model.safetensors`, cast to `dtype`, on CPU.
+
+        Written to a temporary name and renamed, so a reader never sees half a file.
+        """
+        tensors, seen = {}, set()
+        for name, value in weights.items():
+            tensor = value.detach().to(device="cpu", dtype=self.dtype).contiguous()
+            tensors[name] = tensor.clone() if tensor.data_ptr() in seen else tensor  # a tied head: its own copy on disk
+            seen.add(tensor.data_ptr())
+        partial = os.path.join(self.path, "model.safetensors.partial")
+        save_file(tensors, partial, metadata={"format": "pt"})
+        os.replace(partial, os.path.join(self.path, "model.safetensors"))
+        self.nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+
+    def close(self) -> None:
+        """Remove the folder."""
+        shutil.rmtree(self.path, ignore_errors=True)
