@@ -26,6 +26,18 @@ def tiny_model(tokenizer, seed: int = 0) -> LlamaForCausalLM:
     return LlamaForCausalLM(config)
 
 
+def vllm_tiny_model(tokenizer, seed: int = 0, tied: bool = True) -> LlamaForCausalLM:
+    """`tiny_model` with 2 heads of 32 (vLLM's CPU attention takes head sizes 32, 64, 80, …; not 16)."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=tied,
+    )
+    return LlamaForCausalLM(config)
+
+
 @pytest.fixture
 def make_model(tokenizer):
     return lambda seed=0: tiny_model(tokenizer, seed)

