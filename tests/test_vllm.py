@@ -21,6 +21,7 @@ from peft import LoraConfig, get_peft_model
 from conftest import vllm_tiny_model
 from fastgrpo import GRPOConfig, GRPOTrainer
 from fastgrpo.generation.contract import EngineError, SamplingSettings
+from fastgrpo.generation.reprefill import until_eos
 from fastgrpo.generation.vllm.backend import VLLMGenerator
 from fastgrpo.generation.vllm.colocate import ColocateEngine
 from fastgrpo.generation.vllm.weights import WeightsFolder, with_head
@@ -140,6 +141,21 @@ def test_sampling_settings_are_honoured(engine, tokenizer):
     assert len({tuple(r) for r in out.completion_ids.tolist()}) == 8
 
 
+def test_multi_turn_turns_continue_each_row_on_the_engine(engine, tokenizer):
+    policy = vllm_tiny_model(tokenizer, seed=0)
+    backend = VLLMGenerator(engine, settings(tokenizer), tied=True)
+    backend.update_weights(policy)
+    turns = backend.turns()  # each continuing row's whole sequence again (the prefix cache makes it cheap)
+    first = turns.first(*prompt_tensors(), 2, 6)
+    reply = [198, 2683, 359]  # a tool's reply, appended to row 1
+    second = turns.extend([1], [reply], [5])
+    assert len(first) == 2 and len(second) == 1 and 0 < len(second[0].tokens) <= 5
+    sequence = first[1].tokens + reply + second[0].tokens
+    ids = torch.tensor([sequence])
+    expected = sequence_logps(policy, PROMPT + first[1].tokens + reply, ids[:, len(first[1].tokens) + len(reply):], torch.ones(1, len(second[0].tokens)))
+    assert (expected - torch.tensor([second[0].logps])).abs().max() < 1e-4  # the continuation's log-probs: the policy's, given everything before
+
+
 def config(tmp_path, **overrides):
     values = dict(
         output_dir=str(tmp_path / "out"), use_vllm=True, per_device_train_batch_size=8, num_generations=8, max_prompt_length=32,
@@ -232,6 +248,43 @@ def test_two_processes_share_one_server(tmp_path, server, model_dir):
     assert all(r["steps"] == 3 for r in records)
     assert records[0]["pushed_bytes"] > 0 and records[1]["pushed_bytes"] == 0  # one push, from the main process
     assert not set(records[0]["prompts"]) & set(records[1]["prompts"])  # each sampled its own prompts
+
+
+def test_rollout_func_and_tools_run_on_the_server_after_the_sync(tmp_path, tokenizer, prompts, server, model_dir):
+    from fastgrpo.rollout.prompts import PromptEncoder
+
+    synced = []
+
+    def rollout_func(prompts, trainer):  # TRL's contract; samples through the trainer's vLLM backend
+        synced.append(trainer.synced_step == trainer.state.global_step)  # TRL syncs the weights before rollout_func
+        G = trainer.args.num_generations
+        ids, mask, _ = PromptEncoder(trainer.tokenizer, 32)(prompts)
+        out = trainer.backend.sample(ids, mask, G)
+        rows = [r[m.bool()].tolist() for r, m in zip(ids.repeat_interleave(G, 0), mask.repeat_interleave(G, 0))]
+        completions = [until_eos(c, [tokenizer.eos_token_id]) for c in out.completion_ids.tolist()]
+        return {"prompt_ids": rows, "completion_ids": completions, "logprobs": [lp[: len(c)] for lp, c in zip(out.logps.tolist(), completions)]}
+
+    args = config(tmp_path, vllm_mode="server", vllm_server_base_url=server, max_steps=2)
+    GRPOTrainer(model_dir, reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer, rollout_func=rollout_func).train()
+    assert synced == [True, True]
+
+    def multiply(a: int, b: int) -> int:
+        """
+        Multiply two integers.
+
+        Args:
+            a: The first integer.
+            b: The second integer.
+
+        Returns:
+            The product.
+        """
+        return a * b
+
+    args = config(tmp_path, vllm_mode="server", vllm_server_base_url=server, max_steps=1, output_dir=str(tmp_path / "tools"))
+    trainer = GRPOTrainer(model_dir, reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer, tools=[multiply])
+    trainer.train()  # the multi-turn producer samples its turns through vLLM
+    assert trainer.state.global_step == 1 and "tools/call_frequency" in trainer.last_metrics
 
 
 def test_a_server_holding_another_model_is_refused(tmp_path, tokenizer, prompts, server):

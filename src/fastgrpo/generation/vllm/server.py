@@ -126,8 +126,14 @@ class ServerEngine:
             self.send_weights(weights)
         else:
             self.folder.write(weights)
-            self.request("POST", "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": self.folder.path}},
-                         missing="its dev endpoints are off")
+            try:
+                self.request("POST", "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": self.folder.path}},
+                             missing="its dev endpoints are off")
+            except EngineError as err:
+                if "refused" not in str(err):
+                    raise
+                raise EngineError(f"{err} Without a GPU the server must run on this machine: it reloads the weights from "
+                                  f"{self.folder.path} (shared memory).") from None
         self.request("POST", "/reset_prefix_cache")
 
     def send_weights(self, weights: dict[str, torch.Tensor]) -> None:
