@@ -94,6 +94,7 @@ class WeightsFolder:
         base = SHARED_MEMORY if os.path.isdir(SHARED_MEMORY) else None
         self.path = tempfile.mkdtemp(prefix=prefix, dir=base)
         self.dtype, self.nbytes = dtype, 0
+        self.layout, self.shapes, self.views = None, None, None  # the file's safetensors header, and its tensors mapped
 
     def write_model(self, config: dict, tokenizer, weights: dict[str, torch.Tensor]) -> str:
         """The whole model folder an engine starts from: `config` (the model's, as a dict; written untied), the tokenizer,
@@ -109,17 +110,38 @@ class WeightsFolder:
     def write(self, weights: dict[str, torch.Tensor]) -> None:
         """Write {name: tensor} (a plain model's names) as `model.safetensors`, cast to `dtype`, on CPU.
 
-        Written to a temporary name and renamed, so a reader never sees half a file.
+        The first write (or one with other names or shapes) saves a new file, to a temporary name renamed
+        into place; later writes cast each tensor straight into that file's bytes, mapped in memory (the
+        safetensors layout does not change), which halves a sync's cost: no second copy for serialising.
         """
+        shapes = {name: tuple(value.shape) for name, value in weights.items()}
+        if self.layout is None or self.shapes != shapes:
+            self._save(weights)
+            self.shapes = shapes
+        else:
+            for name, value in weights.items():
+                self.views[name].copy_(value.detach())  # the cast to dtype happens in the copy
+        self.nbytes = sum(v.numel() * v.element_size() for v in self.views.values())
+
+    def _save(self, weights: dict[str, torch.Tensor]) -> None:
+        """A new `model.safetensors` from `weights`, and views of its tensors' bytes in the mapped file."""
         tensors, seen = {}, set()
         for name, value in weights.items():
             tensor = value.detach().to(device="cpu", dtype=self.dtype).contiguous()
             tensors[name] = tensor.clone() if tensor.data_ptr() in seen else tensor  # a tied head: its own copy on disk
             seen.add(tensor.data_ptr())
-        partial = os.path.join(self.path, "model.safetensors.partial")
-        save_file(tensors, partial, metadata={"format": "pt"})
-        os.replace(partial, os.path.join(self.path, "model.safetensors"))
-        self.nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+        path = os.path.join(self.path, "model.safetensors")
+        save_file(tensors, path + ".partial", metadata={"format": "pt"})
+        os.replace(path + ".partial", path)
+        with open(path, "rb") as f:
+            header_bytes = int.from_bytes(f.read(8), "little")
+            self.layout = json.loads(f.read(header_bytes))
+        storage = torch.UntypedStorage.from_file(path, shared=True, nbytes=os.path.getsize(path))
+        start, size = 8 + header_bytes, torch.tensor([], dtype=self.dtype).element_size()
+        self.views = {
+            name: torch.tensor([], dtype=self.dtype).set_(storage, (start + entry["data_offsets"][0]) // size, entry["shape"])
+            for name, entry in self.layout.items() if name != "__metadata__"
+        }
 
     def close(self) -> None:
         """Remove the folder."""
