@@ -4,6 +4,7 @@
     python benchmarks/time_to_reward.py --suite sweep --seeds 0           # learning rate × μ × ε, fastgrpo
     python benchmarks/time_to_reward.py --suite addition                  # correctness only (reasoning-gym addition)
     python benchmarks/time_to_reward.py --suite dapo --seeds 0 --append   # dynamic sampling off/on (one seed per call, appended)
+    python benchmarks/time_to_reward.py --suite vllm                      # the own sampler vs vLLM colocate (needs `make vllm`)
     python benchmarks/time_to_reward.py --report benchmarks/results/<file>.json   # re-render tables and plots
 
 Every run is its own process (ttr_worker.py) with a wall-clock budget. Runs go
@@ -63,11 +64,16 @@ DAPO = [  # dynamic sampling (filter_groups) off and on, on the built-in job (ad
     ("fastgrpo μ=1 filter_groups", "fastgrpo", {"num_iterations": 1, "filter_groups": True}),
     ("fastgrpo μ=2 filter_groups", "fastgrpo", {"num_iterations": 2, "filter_groups": True}),
 ]
+VLLM = [  # the own sampler against vLLM (colocate) on the built-in job, both at this CPU's fastest precision (bf16)
+    ("fastgrpo μ=1 bf16", "fastgrpo", {"num_iterations": 1, "bf16": True}),
+    ("fastgrpo μ=1 bf16 vLLM colocate", "fastgrpo", {"num_iterations": 1, "bf16": True, "use_vllm": True}),
+]
 SUITES = {
     "builtin": {"task": "arithmetic", "settings": BUILTIN, "target": 0.7, "budget": 150},
     "sweep": {"task": "arithmetic", "settings": SWEEP, "target": 0.7, "budget": 150},
     "lr3": {"task": "arithmetic", "settings": LR3, "target": 0.7, "budget": 120},
     "addition": {"task": "addition", "settings": BUILTIN, "target": 0.4, "budget": 120},
+    "vllm": {"task": "addition", "settings": VLLM, "target": 0.4, "budget": 120},
     "dapo": {"task": "addition", "settings": DAPO, "target": 0.4, "budget": 120, "rolling_completions": ROLLING_COMPLETIONS},
 }
 

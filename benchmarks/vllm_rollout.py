@@ -24,6 +24,7 @@ import argparse
 import datetime
 import json
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -78,7 +79,7 @@ def one_run(flags: list[str], steps: int) -> dict:
     per = {p: statistics.mean(r[f"seconds/{p}"] for r in rollouts) for p in PHASES}
     per["rollout"] = sum(per[p] for p in PHASES)
     per["update_per_step"] = statistics.mean(r["seconds/update"] for r in records[1:])
-    per["reward"] = statistics.mean(r["reward"] for r in records)
+    per["reward"] = statistics.mean(r["reward"] for r in records if "reward" in r)
     per["wall"] = wall
     return per
 
@@ -104,7 +105,7 @@ def main() -> None:
                 print(f"round {r + 1} {name:18s} sampling {row['generate']:.2f} s  sync {row['weight_sync']:.3f} s  "
                       f"rollout {row['rollout']:.2f} s  update/step {row['update_per_step']:.2f} s  wall {row['wall']:.0f} s", flush=True)
     finally:
-        server.kill()
+        os.killpg(server.pid, signal.SIGKILL)  # the server and its engine processes
     keys = ("generate", "weight_sync", "rollout", "update_per_step", "wall")
     med = {name: {k: statistics.median(x[k] for x in rows) for k in keys} for name, rows in runs.items()}
     base = med["fastgrpo sampler"]

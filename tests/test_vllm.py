@@ -340,6 +340,13 @@ def test_what_vllm_cannot_do_here_is_refused_in_the_config(tmp_path, fields, mes
         config(tmp_path, **fields)
 
 
+def test_an_engine_that_cannot_start_names_the_memory_knobs(tmp_path, tokenizer, prompts, monkeypatch):
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE")  # so vLLM sizes itself from the share of RAM asked for: more than is free
+    args = config(tmp_path, vllm_gpu_memory_utilization=1.0)
+    with pytest.raises(EngineError, match="could not start its engine.*vllm_gpu_memory_utilization=1 of this machine's RAM.*VLLM_CPU_KVCACHE_SPACE"):
+        GRPOTrainer(vllm_tiny_model(tokenizer), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
+
+
 def test_vllm_not_installed_is_one_line_naming_the_install_command(tmp_path, tokenizer, prompts, monkeypatch):
     import importlib.util
 

@@ -14,6 +14,12 @@ renormalises over the kept tokens (trl#6789): log p_kept = log p − log Σ_kept
 every ratio below 1. fastgrpo then drops them: `owns_weights` is False, the correction is off, and π_old is
 the trainer's own (one start-up notice says so).
 
+Prefill: vLLM splits a request with n = G into G requests scheduled together, and its prefix cache only
+serves blocks written by an earlier step, so each of the G would prefill the whole prompt again (measured on
+SmolLM2, 2 prompts of 200 tokens, G = 8, CPU: 0.89 s for one token each). `sample` therefore first sends
+each prompt once for a single token, and the G completions then find it cached (0.14 s with 32-token blocks,
+the CPU engines' block size here: vLLM's default of 128 leaves up to 127 tokens per completion uncached).
+
 Weights: `update_weights` takes the policy's full weights (weight_copy.full_weights: LoRA merged, FSDP
 shards gathered — on every process, the gather is collective) and the engine that owns them pushes them;
 a server shared by several training processes receives them once, from the main process, and the others
@@ -88,6 +94,8 @@ class VLLMGenerator:
         """
         T = max_new_tokens or self.sampling.max_completion_length
         prompts = [ids[m.bool()].tolist() for ids, m in zip(prompt_ids, prompt_mask)]
+        if num_generations > 1:  # each prompt into the prefix cache once, so its G completions share it (below)
+            self.engine.generate(prompts, {**sampling_params(self.sampling, 1, 1), "logprobs": None})
         rows = [c for group in self.engine.generate(prompts, sampling_params(self.sampling, num_generations, T)) for c in group]
         if len(rows) != len(prompts) * num_generations:
             raise EngineError(f"{self.engine.description} returned {len(rows)} completions for {len(prompts)} prompts × G={num_generations}.")

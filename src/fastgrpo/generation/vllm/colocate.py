@@ -15,8 +15,13 @@ from __future__ import annotations
 
 import torch
 
+from ..contract import EngineError
 from .engines import LOGPROBS_MODE, Completion
 from .weights import WeightsFolder
+
+# KV-cache block on CPU (tokens): the smallest vLLM's CPU attention takes (a multiple of 32); its default of 128
+# leaves up to 127 prompt tokens per completion outside the prefix cache (backend.py, "Prefill").
+CPU_BLOCK_SIZE = 32
 
 
 class ColocateEngine:
@@ -31,7 +36,7 @@ class ColocateEngine:
         model_impl: vLLM's model_impl ("vllm", "transformers", "auto").
         seed: the engine's sampling seed.
     Raises:
-        ImportError: vLLM is not installed (the message names the install command).
+        EngineError: vLLM could not start (memory, most often: the message names the knobs).
     """
 
     pushes_weights = True
@@ -41,20 +46,30 @@ class ColocateEngine:
         from vllm import LLM, SamplingParams  # noqa: PLC0415 (an optional dependency, imported when the backend is chosen)
 
         on_cpu = not torch.cuda.is_available()
-        self.llm = LLM(
-            model=folder.path, dtype=str(folder.dtype).removeprefix("torch."), max_model_len=max_model_len, gpu_memory_utilization=memory_utilization,
-            model_impl=model_impl, seed=seed, enable_prefix_caching=True, logprobs_mode=LOGPROBS_MODE,
-            generation_config="vllm",  # vLLM's neutral defaults: the model's generation_config.json never changes sampling
-            enforce_eager=on_cpu,  # no graph capture or compilation on CPU (minutes at start-up for nothing)
-            distributed_executor_backend="uni" if on_cpu else None,  # the worker inside the engine core: one child process
-        )
+        try:
+            self.llm = LLM(
+                model=folder.path, dtype=str(folder.dtype).removeprefix("torch."), max_model_len=max_model_len,
+                gpu_memory_utilization=memory_utilization, model_impl=model_impl, seed=seed, enable_prefix_caching=True,
+                logprobs_mode=LOGPROBS_MODE,
+                generation_config="vllm",  # vLLM's neutral defaults: the model's generation_config.json never changes sampling
+                enforce_eager=on_cpu,  # no graph capture or compilation on CPU (minutes at start-up for nothing)
+                distributed_executor_backend="uni" if on_cpu else None,  # the worker inside the engine core: one child process
+                **({"block_size": CPU_BLOCK_SIZE} if on_cpu else {}),
+            )
+        except RuntimeError as err:  # vLLM logs the cause above its own message ("Engine core initialization failed")
+            folder.close()
+            share = f"{memory_utilization:g} of this machine's RAM (vLLM's CPU reading of it)" if on_cpu else f"{memory_utilization:g} of the GPU"
+            raise EngineError(
+                f"vLLM could not start its engine ({err}; its log above says why). It reserves vllm_gpu_memory_utilization="
+                f"{share}: lower it, or on CPU set VLLM_CPU_KVCACHE_SPACE=<GiB> for its KV cache, or free memory."
+            ) from None
         self.sampling_params, self.folder = SamplingParams, folder
 
     def generate(self, prompts: list[list[int]], params: dict) -> list[list[Completion]]:
         """`LLM.generate` on token-id prompts (no tokenising); → per prompt, its n completions with their log-probs."""
         outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], self.sampling_params(**params, detokenize=False), use_tqdm=False)
         return [
-            [Completion(list(c.token_ids), [step[token].logprob for step, token in zip(c.logprobs, c.token_ids)]) for c in out.outputs]
+            [Completion(list(c.token_ids), [step[token].logprob for step, token in zip(c.logprobs or [], c.token_ids)]) for c in out.outputs]
             for out in outputs
         ]
 

@@ -14,7 +14,7 @@ class Completion(NamedTuple):
     """One sampled completion: its tokens (the stop token included when one ended it) and each token's log-prob."""
 
     tokens: list[int]
-    logps: list[float]  # vLLM's processed log-prob of each sampled token (`LOGPROBS_MODE` below)
+    logps: list[float]  # vLLM's processed log-prob of each sampled token (`LOGPROBS_MODE` below); [] when none were asked for
 
 
 # vLLM's log-probs after its logits processing (temperature, penalties, truncation), as TRL's server runs it:

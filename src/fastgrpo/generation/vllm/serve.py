@@ -23,6 +23,7 @@ import shlex
 import sys
 
 from ...model.loading import cache_dir, resolve_model_path
+from .colocate import CPU_BLOCK_SIZE
 from .engines import LOGPROBS_MODE
 from .weights import untied_folder
 
@@ -83,6 +84,8 @@ def serve_command(args: ServeArguments, extra: list[str], cuda: bool) -> list[st
         command += ["--distributed-executor-backend", args.distributed_executor_backend]
     if cuda:
         command += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
+    else:
+        command += ["--block-size", str(CPU_BLOCK_SIZE)]  # prompts shared by their G completions (backend.py, "Prefill")
     return command + extra
 
 

@@ -117,7 +117,7 @@ class ServerEngine:
         choices = sorted(answer["choices"], key=lambda c: c["index"])
         if len(choices) != n * len(prompts):
             raise EngineError(f"{self.description} returned {len(choices)} completions for {len(prompts)} prompts × n={n}.")
-        rows = [Completion(c["token_ids"], c["logprobs"]["token_logprobs"]) for c in choices]
+        rows = [Completion(c["token_ids"], (c["logprobs"] or {}).get("token_logprobs", [])) for c in choices]
         return [rows[i * n : (i + 1) * n] for i in range(len(prompts))]
 
     def push(self, weights: dict[str, torch.Tensor]) -> None:
