@@ -61,7 +61,7 @@ def test_every_grpo_config_field_and_trl_field_is_a_flag_with_help():
     for name in own | set(TRL_FIELDS):
         assert helps[name] and not helps[name].startswith(" ("), f"--{name} has no help text"
     assert "passes over each rollout" in helps["num_iterations"] and "(default 1)" in helps["num_iterations"]
-    assert "accepts False" in helps["use_vllm"] and "any value is accepted" in helps["run_name"]
+    assert "vLLM" in helps["use_vllm"] and "(default False)" in helps["use_vllm"] and "any value is accepted" in helps["run_name"]
 
 
 def test_text_a_field_refuses_is_named(tmp_path):
@@ -69,8 +69,8 @@ def test_text_a_field_refuses_is_named(tmp_path):
         from_yaml(tmp_path, {"num_iterations": "four"})
     with pytest.raises(ValueError, match=r"bf16: expected bool, got 'maybe'"):
         from_yaml(tmp_path, {"bf16": "maybe"})
-    with pytest.raises(ValueError, match=r"use_vllm=True is not supported"):  # accepted as a flag, refused as from Python
-        GRPOConfig(**parse("--use_vllm", "true")[1])
+    with pytest.raises(ValueError, match=r"vllm_structured_outputs_regex='a\+' is not supported"):  # accepted as a flag, refused as from Python
+        GRPOConfig(**parse("--vllm_structured_outputs_regex", "a+")[1])
 
 
 @pytest.mark.parametrize(

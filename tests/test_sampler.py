@@ -137,10 +137,10 @@ def test_unsupported_model_falls_back_to_generate(tokenizer):
     with pytest.warns(UserWarning, match="model_type 'gpt2'"):
         generate = build_generator("fastgrpo", gpt2, settings(tokenizer))
     assert isinstance(generate, TransformersGenerator)
-    with pytest.raises(ValueError, match="generation_backend='vllm'"):
-        build_generator("vllm", gpt2, settings(tokenizer))
-    with pytest.raises(ValueError, match="generation_backend='vllm': use one of fastgrpo, transformers"):
-        GRPOConfig(generation_backend="vllm")
+    with pytest.raises(ValueError, match="generation_backend='sglang': use one of fastgrpo, transformers, vllm"):
+        build_generator("sglang", gpt2, settings(tokenizer))
+    with pytest.raises(ValueError, match="generation_backend='sglang': use one of fastgrpo, transformers, vllm"):
+        GRPOConfig(generation_backend="sglang")
 
 
 def test_peft_adapter_is_sampled_from(tokenizer, make_model):

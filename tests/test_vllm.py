@@ -66,12 +66,13 @@ def engine(tokenizer):
     """One fp32 colocated engine for the module's engine tests, started from a tiny model's folder."""
     folder = WeightsFolder(torch.float32)
     model = vllm_tiny_model(tokenizer, seed=0)
-    folder.write_model(model.config.to_dict(), tokenizer, with_head(full_weights(model), True))
+    folder.write_model(model.config.to_dict(), tokenizer, with_head(full_weights(model), TIED))
     engine = ColocateEngine(folder, max_model_len=128, memory_utilization=0.3, model_impl="vllm", seed=0)
     yield engine
     engine.close()
 
 
+TIED = ("model.embed_tokens.weight", "lm_head.weight")  # the tiny model's tied names (weights.tied_names)
 PROMPT = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 2]
 
 
@@ -81,7 +82,7 @@ def prompt_tensors():
 
 def test_synced_engine_gives_the_policys_logprobs_and_a_stale_one_does_not(engine, tokenizer):
     policy = vllm_tiny_model(tokenizer, seed=0)
-    backend = VLLMGenerator(engine, settings(tokenizer), tied=True)
+    backend = VLLMGenerator(engine, settings(tokenizer), tied=TIED)
     backend.update_weights(policy)  # the engine holds seed 0's weights
     torch.manual_seed(1)
     optimizer = torch.optim.SGD(policy.parameters(), lr=50.0)  # one large step: every log-prob moves
@@ -104,7 +105,7 @@ def test_lora_sync_equals_the_merged_model_and_leaves_the_adapters(engine, token
     base = vllm_tiny_model(tokenizer, seed=3)
     policy = get_peft_model(base, LoraConfig(r=4, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False))
     adapters = {k: v.clone() for k, v in policy.named_parameters() if "lora_" in k}
-    backend = VLLMGenerator(engine, settings(tokenizer), tied=True)
+    backend = VLLMGenerator(engine, settings(tokenizer), tied=TIED)
     backend.update_weights(policy)
     assert all(torch.equal(adapters[k], v) for k, v in policy.named_parameters() if "lora_" in k)  # untouched, still adapters
     merged = get_peft_model(vllm_tiny_model(tokenizer, seed=3), policy.peft_config["default"])
@@ -119,21 +120,21 @@ def test_lora_sync_equals_the_merged_model_and_leaves_the_adapters(engine, token
 
 def test_sampling_settings_are_honoured(engine, tokenizer):
     policy = vllm_tiny_model(tokenizer, seed=0)
-    VLLMGenerator(engine, settings(tokenizer), tied=True).update_weights(policy)
+    VLLMGenerator(engine, settings(tokenizer), tied=TIED).update_weights(policy)
     with torch.no_grad():
         greedy = policy(input_ids=torch.tensor([PROMPT])).logits[0, -1].argmax().item()
     # top_k = 1: every row is the greedy continuation; its first token as EOS ends each row there, padded after.
-    backend = VLLMGenerator(engine, settings(tokenizer, top_k=1, eos_token_ids=[greedy]), tied=True)
+    backend = VLLMGenerator(engine, settings(tokenizer, top_k=1, eos_token_ids=[greedy]), tied=TIED)
     out = backend.sample(*prompt_tensors(), 4)
     assert out.completion_ids.tolist() == [[greedy]] * 4
     assert out.logps is None and not backend.owns_weights  # truncated: vLLM's renormalised log-probs are not used
     assert backend.notices()[-1].startswith("top_p/top_k/min_p/repetition_penalty")
     # top_k = 1 without that EOS: identical greedy rows, each cut at max_new_tokens.
-    out = VLLMGenerator(engine, settings(tokenizer, top_k=1), tied=True).sample(*prompt_tensors(), 3, max_new_tokens=5)
+    out = VLLMGenerator(engine, settings(tokenizer, top_k=1), tied=TIED).sample(*prompt_tensors(), 3, max_new_tokens=5)
     assert out.completion_ids.shape == (3, 5) and len({tuple(r) for r in out.completion_ids.tolist()}) == 1
     assert out.completion_ids[0, 0].item() == greedy
     # A high temperature spreads the samples; T = 1 log-probs are of softmax(logits / T).
-    out = VLLMGenerator(engine, settings(tokenizer, temperature=2.0), tied=True).sample(*prompt_tensors(), 8)
+    out = VLLMGenerator(engine, settings(tokenizer, temperature=2.0), tied=TIED).sample(*prompt_tensors(), 8)
     with torch.no_grad():
         logits = policy(input_ids=torch.cat([torch.tensor([PROMPT] * 8), out.completion_ids], 1)).logits[:, len(PROMPT) - 1 : -1]
     expected = (logits / 2.0).log_softmax(-1).gather(2, out.completion_ids[:, :, None]).squeeze(2)
@@ -143,7 +144,7 @@ def test_sampling_settings_are_honoured(engine, tokenizer):
 
 def test_multi_turn_turns_continue_each_row_on_the_engine(engine, tokenizer):
     policy = vllm_tiny_model(tokenizer, seed=0)
-    backend = VLLMGenerator(engine, settings(tokenizer), tied=True)
+    backend = VLLMGenerator(engine, settings(tokenizer), tied=TIED)
     backend.update_weights(policy)
     turns = backend.turns()  # each continuing row's whole sequence again (the prefix cache makes it cheap)
     first = turns.first(*prompt_tensors(), 2, 6)

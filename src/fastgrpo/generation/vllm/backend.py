@@ -61,14 +61,14 @@ class VLLMGenerator:
     Args:
         engine: the engine (engines.Engine: colocate.ColocateEngine or server.ServerEngine).
         sampling: the `SamplingSettings` every backend samples with.
-        tied: the policy ties its input and output embeddings (the engine runs them untied: weights.py).
+        tied: the names the policy's tied embedding weight goes by (`weights.tied_names`; the engine runs them untied).
     Attributes:
         owns_weights: True where vLLM's log-probs are of the distribution π_old is taken over (`is_exact`):
             `Samples.logps` are given and corrected for; False under truncation or a repetition penalty.
         sync_bytes: the bytes of the last weights pushed (0 in a process that does not push).
     """
 
-    def __init__(self, engine: Engine, sampling: SamplingSettings, *, tied: bool = False):
+    def __init__(self, engine: Engine, sampling: SamplingSettings, *, tied: tuple[str, ...] = ()):
         self.engine, self.sampling, self.tied = engine, sampling, tied
         self.owns_weights = is_exact(sampling)
         self.sync_bytes = 0

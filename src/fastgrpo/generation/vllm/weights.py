@@ -22,7 +22,7 @@ from safetensors.torch import save_file
 
 
 SHARED_MEMORY = "/dev/shm"  # Linux's RAM-backed tmpfs; elsewhere the system's temporary folder
-HEAD = "lm_head.weight"  # the output embedding's name in transformers' and vLLM's Llama, Mistral and Qwen2
+HEAD = "lm_head.weight"  # the output embedding's name in transformers' and vLLM's Llama-family models (untied_folder)
 
 # Tied embeddings: vLLM 0.32's in-place reload leaves a tied head with its old weights ("ParallelLMHead:
 # Failed to load weights"; measured: a synced fp32 engine then differs from the policy by 4e-3 in log-prob
@@ -30,18 +30,21 @@ HEAD = "lm_head.weight"  # the output embedding's name in transformers' and vLLM
 # the head a copy of the embedding), and each sync sends it under its own name (`with_head`).
 
 
-def with_head(weights: dict[str, torch.Tensor], tied: bool) -> dict[str, torch.Tensor]:
-    """`weights` with the tied head given under its own name (the embedding's tensor), for an untied engine.
+def tied_names(lm: torch.nn.Module) -> tuple[str, ...]:
+    """The names under which `lm` holds its input embedding's weight: (the embedding's, then each tied alias, e.g. the
+    head's), or () when nothing is tied. Read from the model (`named_parameters(remove_duplicate=False)`)."""
+    embedding = lm.get_input_embeddings().weight
+    names = tuple(n for n, p in lm.named_parameters(remove_duplicate=False) if p is embedding)
+    return names if len(names) > 1 else ()
 
-    Raises:
-        ValueError: tied embeddings in a model with no `…embed_tokens.weight` (not a Llama-family layout).
-    """
-    if not tied or HEAD in weights:
+
+def with_head(weights: dict[str, torch.Tensor], tied: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """`weights` with every tied alias (`tied_names`: the head) given under its own name, the embedding's tensor, for an
+    untied engine; `weights` itself when nothing is tied."""
+    if not tied:
         return weights
-    embed = next((n for n in weights if n.endswith("embed_tokens.weight")), None)
-    if embed is None:
-        raise ValueError("tied embeddings without an `embed_tokens.weight`: vLLM's weight sync supports Llama-family layouts here.")
-    return {**weights, HEAD: weights[embed]}
+    embed = next(n for n in tied if n in weights)
+    return {**weights, **{alias: weights[embed] for alias in tied if alias not in weights}}
 
 
 def untied_folder(folder: str, target: str) -> str:
