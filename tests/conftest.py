@@ -14,28 +14,21 @@ def tokenizer():
     return load_tokenizer("smollm2-135m-instruct")
 
 
-def tiny_model(tokenizer, seed: int = 0) -> LlamaForCausalLM:
+def tiny_model(tokenizer, seed: int = 0, heads: int = 4, kv_heads: int = 2, tied: bool = True) -> LlamaForCausalLM:
     """A 2-layer, 64-wide Llama with SmolLM2's vocabulary (≈3.2 M parameters, mostly embeddings)."""
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=512,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=tied,
     )
     return LlamaForCausalLM(config)
 
 
 def vllm_tiny_model(tokenizer, seed: int = 0, tied: bool = True) -> LlamaForCausalLM:
     """`tiny_model` with 2 heads of 32 (vLLM's CPU attention takes head sizes 32, 64, 80, …; not 16)."""
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=tied,
-    )
-    return LlamaForCausalLM(config)
+    return tiny_model(tokenizer, seed, heads=2, kv_heads=1, tied=tied)
 
 
 @pytest.fixture
