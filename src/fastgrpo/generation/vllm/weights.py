@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import tempfile
+import weakref
 
 import torch
 from safetensors import safe_open
@@ -89,13 +90,15 @@ class WeightsFolder:
         dtype: the engine's dtype (torch.bfloat16 or torch.float32); the weights are cast to it once per write.
         prefix: the folder's name prefix (one folder per process and run).
     Attributes:
-        path: the folder, created under /dev/shm (or the temporary folder where there is none); removed by `close`.
+        path: the folder, created under /dev/shm (or the temporary folder where there is none); removed by `close`,
+            or when the object is collected or the process exits.
         nbytes: the bytes of the last weights written.
     """
 
     def __init__(self, dtype: torch.dtype, prefix: str = "fastgrpo-vllm-"):
         base = SHARED_MEMORY if os.path.isdir(SHARED_MEMORY) else None
         self.path = tempfile.mkdtemp(prefix=prefix, dir=base)
+        self.remove = weakref.finalize(self, shutil.rmtree, self.path, True)  # also when never closed (RAM, not disk)
         self.dtype, self.nbytes = dtype, 0
         self.layout, self.shapes, self.views = None, None, None  # the file's safetensors header, and its tensors mapped
 
@@ -147,5 +150,5 @@ class WeightsFolder:
         }
 
     def close(self) -> None:
-        """Remove the folder."""
-        shutil.rmtree(self.path, ignore_errors=True)
+        """Remove the folder (done at exit or collection too, if nobody calls this)."""
+        self.remove()
