@@ -40,6 +40,9 @@ from .engines import Engine
 from .weights import with_head
 
 
+SEED_STRIDE = 1 << 16  # seeds between two requests: room for their n completions' seed + 0 … n − 1
+
+
 def is_exact(sampling: SamplingSettings) -> bool:
     """vLLM's processed log-probs are log softmax(logits / T) (no truncation, no penalty): usable as the sampler's."""
     return sampling.top_p >= 1.0 and sampling.top_k == 0 and not sampling.min_p and sampling.repetition_penalty == 1.0
@@ -62,14 +65,17 @@ class VLLMGenerator:
         engine: the engine (engines.Engine: colocate.ColocateEngine or server.ServerEngine).
         sampling: the `SamplingSettings` every backend samples with.
         tied: the names the policy's tied embedding weight goes by (`weights.tied_names`; the engine runs them untied).
+        seed: None, or the base of each request's vLLM `seed` (request k: seed + k·SEED_STRIDE; vLLM gives its
+            n completions seed + 0 … n − 1): a server shared by runs then samples a run's requests the same
+            whatever else it serves, and whenever they are sent (the overlap's max_staleness=0 equals the synchronous loop).
     Attributes:
         owns_weights: True where vLLM's log-probs are of the distribution π_old is taken over (`is_exact`):
             `Samples.logps` are given and corrected for; False under truncation or a repetition penalty.
         sync_bytes: the bytes of the last weights pushed (0 in a process that does not push).
     """
 
-    def __init__(self, engine: Engine, sampling: SamplingSettings, *, tied: tuple[str, ...] = ()):
-        self.engine, self.sampling, self.tied = engine, sampling, tied
+    def __init__(self, engine: Engine, sampling: SamplingSettings, *, tied: tuple[str, ...] = (), seed: int | None = None):
+        self.engine, self.sampling, self.tied, self.seed, self.requests = engine, sampling, tied, seed, 0
         self.owns_weights = is_exact(sampling)
         self.sync_bytes = 0
 
@@ -96,7 +102,10 @@ class VLLMGenerator:
         prompts = [ids[m.bool()].tolist() for ids, m in zip(prompt_ids, prompt_mask)]
         if num_generations > 1:  # each prompt into the prefix cache once, so its G completions share it (below)
             self.engine.generate(prompts, {**sampling_params(self.sampling, 1, 1), "logprobs": None})
-        rows = [c for group in self.engine.generate(prompts, sampling_params(self.sampling, num_generations, T)) for c in group]
+        params = sampling_params(self.sampling, num_generations, T)
+        if self.seed is not None:
+            params["seed"], self.requests = self.seed + self.requests * SEED_STRIDE, self.requests + 1
+        rows = [c for group in self.engine.generate(prompts, params) for c in group]
         if len(rows) != len(prompts) * num_generations:
             raise EngineError(f"{self.engine.description} returned {len(rows)} completions for {len(prompts)} prompts × G={num_generations}.")
         width = max(1, max(len(r.tokens) for r in rows))
