@@ -212,5 +212,8 @@ def test_a_dead_server_ends_the_run_with_one_error_and_keeps_the_checkpoint(tmp_
     with pytest.raises(EngineError, match="stopped answering.*last checkpoint is kept"):
         trainer.train()
     assert time.monotonic() - start < 30 + 60  # within heartbeat_stale_after_s of the kill (and the start-up before it)
-    assert os.path.isdir(os.path.join(args.output_dir, "checkpoint-2")) and not os.path.isdir(os.path.join(args.output_dir, "checkpoint-3"))
-    assert not trainer.assembly.thread.is_alive()
+    # Rollouts already made when the server died still train (their samples are whole); the run stops at the first
+    # hand-over after the producer's failure, with every step it logged checkpointed (save_steps=1) and none beyond.
+    last = [r["step"] for r in metrics(args.output_dir)][-1]
+    assert 2 <= last < 6 and os.path.isdir(os.path.join(args.output_dir, f"checkpoint-{last}"))
+    assert not os.path.isdir(os.path.join(args.output_dir, f"checkpoint-{last + 1}")) and not trainer.assembly.thread.is_alive()

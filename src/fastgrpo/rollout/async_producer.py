@@ -10,9 +10,10 @@ fastgrpo's rollout (one `RolloutAssembly()` call: B prompts × G completions, sc
                outstanding (started, not yet taken). max_staleness = 0: rollout k starts only once the trainer
                asks for it, after the weights it trains with are pushed — the synchronous loop, same draws,
                same sampling seeds, same numbers (tests/test_async_grpo.py);
-    tagging    each rollout records the weight version in the engine when its generation started (TRL's tag:
-               tokens sampled after a push mid-generation come from the newer weights, so the lag is an upper
-               bound) and its sampler log-probs (`Rollout.sampling_logps`);
+    tagging    each rollout records the trainer's weight version when its generation started (TRL's tag) and its
+               sampler log-probs (`Rollout.sampling_logps`). The push itself runs in this thread, first thing in
+               the rollout's sampling (VLLMGenerator `deferred`): the trainer only copies the weights, and a push
+               requested meanwhile makes the rollout fresher than its tag, never staler;
     dropping   at hand-over, staleness = version now − the tag; a rollout with staleness > max_staleness is
                dropped, counted (its completions, TRL's `sample/dropped_stale_total`) and replaced. The
                admission rule keeps a run with one push per rollout within the bound, so drops are the guard
@@ -26,8 +27,8 @@ rollouts in flight or queued at a checkpoint are drawn and sampled again on resu
 skipped), plus the dropped count. Faults: an error in the producer (a dead server: `EngineError`) is raised in
 the trainer at its next hand-over; no progress for `heartbeat_stale_after_s` seconds raises `TimeoutError`.
 
-Thread safety: the producer thread alone draws prompts, generates, and scores; the trainer thread alone pushes
-weights and trains. One process only (the advantage statistics' all-gather would run in two threads).
+Thread safety: the producer thread alone draws prompts, pushes weights, generates and scores; the trainer thread
+copies the weights (a lock hands them over) and trains. One process only (the advantage statistics' all-gather would run in two threads).
 
 Not here: the weight push (trainer `_sync_weights`), the correction's maths (algo/sampling_correction.py).
 """

@@ -134,7 +134,7 @@ class ServerEngine:
                     raise
                 raise EngineError(f"{err} Without a GPU the server must run on this machine: it reloads the weights from "
                                   f"{self.folder.path} (shared memory).") from None
-        # requests still running (the overlap pushes mid-generation) are preempted and recomputed under the new weights;
+        # requests still running (another process's, an evaluation's) are preempted and recomputed under the new weights;
         # without the flag vLLM refuses the reset while they hold blocks, and later prompts would hit the old weights' cache
         self.request("POST", "/reset_prefix_cache?reset_running_requests=true")
 
