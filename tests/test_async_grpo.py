@@ -198,6 +198,24 @@ def test_async_grpo_takes_trls_fields_and_refuses_what_it_cannot_honour(tmp_path
         AsyncGRPOTrainer("tiny", reward_even_tokens, args=args, rollout_worker=object())
 
 
+def test_a_producer_silent_past_the_heartbeat_ends_the_run(tmp_path, tokenizer, prompts, server, model_dir):
+    # A reward function that hangs on its third rollout: the producer shows no life, and the trainer stops waiting
+    # after heartbeat_stale_after_s with one EngineError, the steps before it trained and checkpointed.
+    calls = []
+
+    def hangs_on_the_third_rollout(completion_ids, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            time.sleep(8)
+        return reward_even_tokens(completion_ids)
+
+    args = config(tmp_path, server, max_staleness=1, max_steps=4, save_strategy="steps", save_steps=1, heartbeat_stale_after_s=2)
+    trainer = GRPOTrainer(model_dir, hangs_on_the_third_rollout, args=args, train_dataset=prompts, processing_class=tokenizer)
+    with pytest.raises(EngineError, match=r"made no progress for [2-7] s \(heartbeat_stale_after_s=2\)"):
+        trainer.train()
+    assert [r["step"] for r in metrics(args.output_dir)] == [1, 2] and os.path.isdir(os.path.join(args.output_dir, "checkpoint-2"))
+
+
 def test_a_dead_server_ends_the_run_with_one_error_and_keeps_the_checkpoint(tmp_path, tokenizer, prompts, server, model_dir):
     # Runs last: kills the module's server once step 2 is saved, with the producer working ahead.
     class KillServerAfterStep2(TrainerCallback):

@@ -25,7 +25,7 @@ fastgrpo's rollout (one `RolloutAssembly()` call: B prompts × G completions, sc
 Checkpoints: `state_dict()` holds the data order as it stood after the last rollout handed to the trainer, so
 rollouts in flight or queued at a checkpoint are drawn and sampled again on resume (never trained twice, never
 skipped), plus the dropped count. Faults: an error in the producer (a dead server: `EngineError`) is raised in
-the trainer at its next hand-over; no progress for `heartbeat_stale_after_s` seconds raises `TimeoutError`.
+the trainer at its next hand-over; no progress for `heartbeat_stale_after_s` seconds raises `EngineError`.
 
 Thread safety: the producer thread alone draws prompts, pushes weights, generates and scores; the trainer thread
 copies the weights (a lock hands them over) and trains. One process only (the advantage statistics' all-gather would run in two threads).
@@ -42,6 +42,7 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple
 
+from ..generation.contract import EngineError
 from .record import Rollout
 
 POLL_S = 0.5  # how often a waiting thread looks at the stop flag, the producer's health and the trainer's requests
@@ -72,7 +73,7 @@ class RolloutPipeline:
         `async_staleness` (Σ lag), `async_staleness_max`, `async_dropped` (completions), `async_queue` (Σ completions
         waiting at hand-over), `async_trainer_wait` and `async_sampler_idle` (seconds since the last hand-over).
     Raises (from the call):
-        EngineError (or whatever the producer raised), re-raised in the trainer's thread; TimeoutError after
+        EngineError (or whatever the producer raised), re-raised in the trainer's thread; EngineError after
         `heartbeat_stale_after_s` seconds without a rollout or a sign of life.
     """
 
@@ -118,7 +119,7 @@ class RolloutPipeline:
             return tagged.rollout, tagged.extra, sums
 
     def _take(self) -> Tagged:
-        """The next produced rollout; re-raises the producer's error; TimeoutError once it has shown no life for too long."""
+        """The next produced rollout; re-raises the producer's error; EngineError once it has shown no life for too long."""
         while True:
             try:
                 return self.ready.get(timeout=POLL_S)
@@ -128,7 +129,7 @@ class RolloutPipeline:
                 raise self.error
             silent = time.monotonic() - self.beat
             if silent > self.heartbeat or not self.thread.is_alive():
-                raise TimeoutError(
+                raise EngineError(
                     f"the rollout producer made no progress for {silent:.0f} s (heartbeat_stale_after_s={self.heartbeat:g}); "
                     "the last checkpoint is kept: check the vLLM server, then resume with resume_from_checkpoint=True."
                 )

@@ -4,8 +4,9 @@
   data order, the step counters, π_ref when `sync_ref_model` moves it, the
   entropy bonus's coefficient (adaptive), each process's rollout while μ
   passes over it remain, its logging window (the metric sums and completions
-  trained on but not yet logged) and dynamic sampling's carry-over buffer; then the
-  callbacks' on_save.
+  trained on but not yet logged), dynamic sampling's carry-over buffer and, with the overlap
+  (max_staleness), the data order after the last rollout trained (rollouts in flight are sampled
+  again on resume) and the weight version; then the callbacks' on_save.
 - `stop_interrupted`: after Ctrl-C, that step's checkpoint (unless just
   written) and `TrainingInterrupted` saying how to resume.
 - `resume`: a new run claims output_dir; a resumed one loads the state back,
