@@ -43,13 +43,13 @@ def server(model_dir):
     stop(SERVED[url])
 
 
-def config(tmp_path, server, name="out", **overrides):
+def config(tmp_path, server, name="out", cls=GRPOConfig, **overrides):
     values = dict(
         output_dir=str(tmp_path / name), use_vllm=True, vllm_mode="server", vllm_server_base_url=server, vllm_server_timeout=180,
         per_device_train_batch_size=8, num_generations=8, max_prompt_length=32, max_completion_length=8, max_steps=4,
         learning_rate=1e-3, logging_steps=1, save_strategy="no", disable_tqdm=True, seed=0, bf16=False, report_to="none",
     )
-    return GRPOConfig(**{**values, **overrides})
+    return cls(**{**values, **overrides})
 
 
 class SlowTrainer(TrainerCallback):
@@ -169,7 +169,8 @@ def trained_prompts(output_dir):
 def test_resume_retrains_nothing_and_resamples_what_was_in_flight(tmp_path, tokenizer, prompts, server, model_dir):
     # Stopped at step 2 with rollouts made ahead (max_staleness=2): the checkpoint keeps the data order after rollout 2,
     # so the resumed run draws prompts 3 and 4 again and the four steps train the data order's first four prompts.
-    args = config(tmp_path, server, max_staleness=2, save_strategy="steps", save_steps=2, log_completions=True)
+    # A TRL async script's config: AsyncGRPOConfig's defaults (gradient_checkpointing=True, constant schedule) but the sizes.
+    args = config(tmp_path, server, cls=AsyncGRPOConfig, max_staleness=2, save_strategy="steps", save_steps=2, log_completions=True)
     make = lambda callbacks: AsyncGRPOTrainer(model_dir, reward_even_tokens, args=args, train_dataset=prompts,  # noqa: E731
                                               processing_class=tokenizer, callbacks=callbacks)
     make([StopAt(2)]).train()
