@@ -8,6 +8,7 @@ and every lag is the bound's, worked out by hand in each test.
 
 import json
 import os
+import signal
 import time
 
 import pytest
@@ -21,6 +22,7 @@ from fastgrpo.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
 from fastgrpo.generation.contract import EngineError
 from fastgrpo.rollout.async_producer import RolloutPipeline
 from fastgrpo.run.datasets import PromptOrder
+from fastgrpo.run.interrupt import TrainingInterrupted
 from test_vllm import free_port, metrics, reward_even_tokens, start_server, stop
 
 SERVED: dict = {}
@@ -148,13 +150,17 @@ def test_the_correction_weights_are_trls_formula_on_the_stale_rollouts(tmp_path,
 
 
 class StopAt(TrainerCallback):
-    def __init__(self, step: int):
-        self.step = step
+    """At optimizer step `step`: a callback's stop, or Ctrl-C (SIGINT to this process: the step finishes, saves, stops)."""
+
+    def __init__(self, step: int, how: str):
+        self.step, self.how = step, how
 
     def on_step_end(self, args, state, control, **kwargs):
         time.sleep(1.0)  # rollouts 3 and 4 are in flight or queued when step 2 saves
-        if state.global_step == self.step:
+        if state.global_step == self.step and self.how == "callback":
             control.should_training_stop = True
+        elif state.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGINT)
 
 
 def trained_prompts(output_dir):
@@ -166,14 +172,21 @@ def trained_prompts(output_dir):
     return [sorted(by_step[s]) for s in sorted(by_step)]
 
 
-def test_resume_retrains_nothing_and_resamples_what_was_in_flight(tmp_path, tokenizer, prompts, server, model_dir):
+@pytest.mark.parametrize("how", ["callback", "ctrl_c"])
+def test_resume_retrains_nothing_and_resamples_what_was_in_flight(tmp_path, tokenizer, prompts, server, model_dir, how):
     # Stopped at step 2 with rollouts made ahead (max_staleness=2): the checkpoint keeps the data order after rollout 2,
     # so the resumed run draws prompts 3 and 4 again and the four steps train the data order's first four prompts.
     # A TRL async script's config: AsyncGRPOConfig's defaults (gradient_checkpointing=True, constant schedule) but the sizes.
     args = config(tmp_path, server, cls=AsyncGRPOConfig, max_staleness=2, save_strategy="steps", save_steps=2, log_completions=True)
     make = lambda callbacks: AsyncGRPOTrainer(model_dir, reward_even_tokens, args=args, train_dataset=prompts,  # noqa: E731
                                               processing_class=tokenizer, callbacks=callbacks)
-    make([StopAt(2)]).train()
+    first = make([StopAt(2, how)])
+    if how == "ctrl_c":
+        with pytest.raises(TrainingInterrupted, match="interrupted at step 2/4; saved"):
+            first.train()
+    else:
+        first.train()
+    assert not first.assembly.thread.is_alive() and os.path.isdir(os.path.join(args.output_dir, "checkpoint-2"))
     assert trained_prompts(args.output_dir) == [[p] for p in ["Count to {}.".format(i) for i in PromptOrder(32, 0, True).take(2)]]
     trainer = make([])
     trainer.train(resume_from_checkpoint=True)
