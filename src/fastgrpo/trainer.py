@@ -34,6 +34,7 @@ from .generation.contract import SamplingSettings
 from .model.loading import as_reference, sync_reference
 from .model.precision import autocast_for
 from .rollout.assembly import build_assembly
+from .rollout.async_producer import overlapped, running
 from .rollout.producers import build_producer
 from .rollout.prompts import PromptEncoder
 from .rollout.record import Rollout, micro_batch_rows
@@ -122,7 +123,7 @@ class GRPOTrainer(TRLMethods):
         # bf16: the own sampler samples from its own bf16 copy; FSDP: the gathered whole copy (weight_copy.py); vLLM: its engine
         self.backend = build_backend(a, acc.unwrap_model(self.model), sampling, bf16=bf16, gathered=gathered, server=server,
                                      tokenizer=self.tokenizer, seed=a.seed + acc.process_index)
-        self.synced_step = 0  # the optimizer step the backend's weights are from (update_weights once per rollout after a step)
+        self.synced_step, self.weight_version = 0, 0  # the step the backend's weights are from, and its pushes so far (TRL's model_version)
         self.encode = PromptEncoder(self.tokenizer, a.max_prompt_length, a.chat_template_kwargs)
         self.entropy_control = EntropyControl.from_config(a)  # the entropy bonus's coefficient; None: no bonus
         self.correction = SamplingCorrection.from_config(a, self.backend.owns_weights)  # the sampler–trainer mismatch, TRL's vllm_importance_sampling_*
@@ -145,11 +146,11 @@ class GRPOTrainer(TRLMethods):
         self.state, self.epochs_done = self.events.state, 0
         self.reward_hooks = RewardHooks(lambda: self.window)
         self.passes = LogProbPasses(self.log_probs, self.reference, a.per_device_train_batch_size, a.beta > 0 and a.kl_estimator == "k3", self.timer)
-        self.assembly = build_assembly(  # one batch, or DAPO's rounds; Â set once on what trains
+        self.assembly = overlapped(a, build_assembly(  # one batch, or DAPO's rounds; Â set once on what trains; max_staleness: made ahead
             a, acc, draw=self._draw, producer=producer, reward_funcs=self.reward_funcs, reward_names=self.reward_names,
             reward_weights=self.reward_weights, reward_kwargs=self._reward_kwargs, pop_columns=self.reward_hooks.pop_columns,
             behaviour_logps=lambda r, rows: self.passes.old(acc.unwrap_model(self.model), r, rows), timer=self.timer,  # one process's surplus: no DDP
-        )
+        ), self.order, lambda: self.weight_version)
         self.update = OptimizerStep(
             a, acc, self.model, self.optimizer, self.scheduler, log_probs=self.log_probs, correction=self.correction,
             entropy_control=self.entropy_control, reference=self.reference, entropy_mask=self.get_high_entropy_mask, events=self.events, timer=self.timer,
@@ -174,7 +175,7 @@ class GRPOTrainer(TRLMethods):
             self.evaluate()
         self.events.epoch_begin()
         hidden = a.disable_tqdm or not self.accelerator.is_main_process
-        with progress_bar(self.console, self.max_steps, self.step, hidden) as progress, StopOnInterrupt() as interrupt:
+        with progress_bar(self.console, self.max_steps, self.step, hidden) as progress, StopOnInterrupt() as interrupt, running(self.assembly):
             while self.step < self.max_steps and not self.events.control.should_training_stop:
                 if rollout is None or done >= a.steps_per_rollout:
                     rollout, done = self._collect(), 0  # generate G completions per prompt, score, Â, π_ref, π_old
@@ -214,11 +215,11 @@ class GRPOTrainer(TRLMethods):
         return rollout
 
     def _sync_weights(self) -> None:
-        """The backend's weights from the policy after the last optimizer step: once per rollout, only after a step."""
-        if self.synced_step != self.step:
+        """The backend's weights from the policy: at a rollout's start, once weight_sync_steps optimizer steps were taken since the last."""
+        if self.step - self.synced_step >= self.args.weight_sync_steps:
             with self.timer("weight_sync"):
                 self.backend.update_weights(self.accelerator.unwrap_model(self.model))
-            self.synced_step = self.step
+            self.synced_step, self.weight_version = self.step, self.weight_version + 1
 
     def _draw(self, prompts: int) -> list[dict]:
         """This process's `prompts` rows of the next `prompts` × world_size in the data order."""

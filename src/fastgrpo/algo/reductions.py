@@ -21,6 +21,7 @@ EXTREMES: dict[str, str] = {
     "logp_diff_max": "max",
     "is_ratio_min": "min",
     "is_ratio_max": "max",
+    "async_staleness_max": "max",  # weight versions a trained rollout lagged (rollout/async_producer.py)
 }
 
 

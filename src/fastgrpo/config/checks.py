@@ -117,6 +117,7 @@ def validate(c) -> None:
         f"generation_backend={c.generation_backend!r}: use one of {', '.join(GENERATION_BACKENDS)}.",
     )
     check_vllm(c)
+    check_async(c)
     need(c.loss_type in LOSS_TYPES, f"loss_type={c.loss_type!r} is unknown; use one of {', '.join(LOSS_TYPES)}.")
     need(0 <= c.epsilon < 1, f"epsilon={c.epsilon}: use a value in [0, 1), e.g. 0.2.")
     need(
@@ -171,6 +172,38 @@ def validate(c) -> None:
     need(c.eval_steps is None or c.eval_steps > 0, f"eval_steps={c.eval_steps}: use a positive number of steps, or None.")
     for tracker in c.report_to:
         need(tracker in TRACKERS, f"report_to={tracker!r}: use 'none' or one of {', '.join(TRACKERS)}.")
+
+
+def check_async(c) -> None:
+    """The overlap's fields (TRL's AsyncGRPOConfig names; rollout/async_producer.py), checked before any model loads.
+
+    Raises:
+        ValueError: a negative max_staleness, weight_sync_steps or heartbeat below 1 / 0; max_staleness set without
+            the vLLM server (TRL's async trainer samples from one; a colocated engine or the own sampler shares this
+            process), with more than one process or with filter_groups (both would run collectives or the policy's
+            forward in the producer's thread); max_inflight_tasks (other than -1) or queue_maxsize below one rollout.
+    """
+    if c.weight_sync_steps < 1:
+        raise ValueError(f"weight_sync_steps={c.weight_sync_steps}: use 1 or more optimizer steps between weight pushes.")
+    if c.heartbeat_stale_after_s <= 0:
+        raise ValueError(f"heartbeat_stale_after_s={c.heartbeat_stale_after_s}: use a positive number of seconds, e.g. 300.")
+    if c.max_staleness is None:
+        return
+    if c.max_staleness < 0:
+        raise ValueError(f"max_staleness={c.max_staleness}: use 0 or more weight versions (None: the synchronous loop).")
+    if c.generation_backend != "vllm" or c.vllm_mode != "server":
+        raise ValueError(f"max_staleness={c.max_staleness} overlaps generation with training on a vLLM server; set use_vllm=True, "
+                         "vllm_mode='server' (`fastgrpo vllm-serve`), or max_staleness=None for the synchronous loop.")
+    if c.world_size > 1:
+        raise ValueError(f"max_staleness={c.max_staleness} with world_size={c.world_size}: the overlap runs in one training process; "
+                         "launch one process, or set max_staleness=None.")
+    for name, value in (("max_inflight_tasks", c.max_inflight_tasks), ("queue_maxsize", c.queue_maxsize)):
+        if value < c.generation_batch_size and not (name == "max_inflight_tasks" and value == -1):
+            raise ValueError(f"{name}={value} holds less than one rollout of generation_batch_size={c.generation_batch_size} "
+                             f"completions (fastgrpo sends a rollout's prompts together); use {c.generation_batch_size} or more.")
+    if c.filter_groups:
+        raise ValueError(f"max_staleness={c.max_staleness} with filter_groups=True: DAPO's carried groups need the policy's forward "
+                         "in the producer's thread; set one of them.")
 
 
 def check_vllm(c) -> None:

@@ -127,6 +127,11 @@ FIELD_HELP = {
     "num_generations_eval": "completions per prompt in evaluation (default: num_generations)",
     "max_tool_calling_iterations": "agents: rounds of tool calls per completion (none: until max_completion_length ends them)",
     "filter_groups_max_age": "dynamic sampling: rollouts a carried-over group may wait (0: drop the surplus)",
+    "max_staleness": "overlap generation with training on the vLLM server: rollouts made ahead, at most this many weight versions old (none: the synchronous loop; 0: no lookahead)",
+    "weight_sync_steps": "optimizer steps between weight pushes to the vLLM engine",
+    "max_inflight_tasks": "with max_staleness: completions started and not yet trained, at most (-1: max(max_staleness, 1) rollouts)",
+    "queue_maxsize": "with max_staleness: completions produced and waiting to be trained, at most",
+    "heartbeat_stale_after_s": "with max_staleness: seconds without a rollout or a sign of life from the producer before the run stops",
 }
 
 # TRL 1.16's annotations of the fields trl_fields.py keeps whose default (None, 0) does not show the type.

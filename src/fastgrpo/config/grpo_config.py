@@ -32,7 +32,7 @@ from .trl_fields import TRL_FIELDS, check_trl_field
 
 
 
-def _accepts_trl_fields(cls):
+def accepts_trl_fields(cls):
     """Class decorator over @dataclass: its __init__ first checks TRL's other fields (trl_fields.py) and sets them aside.
 
     The generated __init__ takes the dataclass fields only, so the wrapper has to sit around it; a decorator
@@ -61,7 +61,7 @@ def _accepts_trl_fields(cls):
     return cls
 
 
-@_accepts_trl_fields
+@accepts_trl_fields
 @dataclass
 class GRPOConfig:
     """Configuration of a GRPO run (TRL `GRPOConfig` names and defaults).
@@ -135,6 +135,12 @@ class GRPOConfig:
     vllm_gpu_memory_utilization: float = 0.3  # colocate: the engine's share of GPU memory (of RAM on CPU: its KV cache)
     vllm_max_model_length: int | None = None  # colocate: the engine's context; None: max_prompt_length + max_completion_length
     vllm_tensor_parallel_size: int = 1  # colocate: 1 (a bigger engine runs in server mode)
+    # --- generation overlapped with training (TRL's AsyncGRPOConfig fields; rollout/async_producer.py) ------
+    max_staleness: int | None = None  # None: the synchronous loop; k ≥ 0: rollouts produced ahead, ≤ k weight versions old (AsyncGRPOConfig: 4)
+    weight_sync_steps: int = 1  # optimizer steps between weight pushes to the engine (made when a rollout is taken)
+    max_inflight_tasks: int = -1  # completions started and not yet trained, at most; -1: max(max_staleness, 1) rollouts (TRL's auto)
+    queue_maxsize: int = 1024  # completions produced and waiting, at most
+    heartbeat_stale_after_s: float = 300.0  # seconds without a rollout or a sign of life from the producer before the run stops
 
     # --- objective (see losses.py for each variant's paper) -------------------
     loss_type: str = "dapo"
@@ -213,7 +219,7 @@ class GRPOConfig:
     def __post_init__(self) -> None:
         if self.world_size == -1:
             self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
-        check_types(self, typing.get_type_hints(GRPOConfig))
+        check_types(self, typing.get_type_hints(type(self)))
         self._apply_trl_spellings()
         if isinstance(self.scale_rewards, bool):  # TRL's older spelling
             self.scale_rewards = "group" if self.scale_rewards else "none"

@@ -68,7 +68,7 @@ def build_backend(
         gathered: under FSDP, the whole copy of the sharded policy (`GatheredCopy`) either backend runs;
             it takes the place of the bf16 copy.
         server: the connected vLLM server (`open_engine`), in server mode.
-        tokenizer, seed: the colocated vLLM engine's tokenizer and sampling seed.
+        tokenizer, seed: the colocated vLLM engine's tokenizer and sampling seed (the server's: its requests' seed base).
     Returns:
         A `Sampler`; a `TransformersGenerator` when asked for or when the
         sampler cannot run this model (a one-line `UserWarning` says why); a `VLLMGenerator` with a
@@ -83,7 +83,8 @@ def build_backend(
         lm = decoder_of(policy)
         tied = tied_names(lm)  # vLLM's engine runs them untied (vllm/weights.py)
         if server is not None:
-            backend = VLLMGenerator(server, sampling, tied=tied)
+            backend = VLLMGenerator(server, sampling, tied=tied, seed=seed,  # a shared server: seeded per request
+                                    deferred=args.max_staleness is not None)  # the overlap: pushed from the producer's thread
             backend.update_weights(policy)  # the server may hold other weights (another run's, or the model before LoRA)
             return backend
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # vLLM's start-up INFO lines would bury the trainer's own

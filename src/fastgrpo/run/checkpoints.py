@@ -4,8 +4,9 @@
   data order, the step counters, π_ref when `sync_ref_model` moves it, the
   entropy bonus's coefficient (adaptive), each process's rollout while μ
   passes over it remain, its logging window (the metric sums and completions
-  trained on but not yet logged) and dynamic sampling's carry-over buffer; then the
-  callbacks' on_save.
+  trained on but not yet logged), dynamic sampling's carry-over buffer and, with the overlap
+  (max_staleness), the data order after the last rollout trained (rollouts in flight are sampled
+  again on resume) and the weight version; then the callbacks' on_save.
 - `stop_interrupted`: after Ctrl-C, that step's checkpoint (unless just
   written) and `TrainingInterrupted` saying how to resume.
 - `resume`: a new run claims output_dir; a resumed one loads the state back,
@@ -59,6 +60,7 @@ class Checkpointed(Protocol):
     max_steps: int
     target_kl_stops: int
     run_id: str
+    weight_version: int  # weight pushes so far (TRL's model_version; the overlap's staleness counts them)
 
 
 def save(trainer: Checkpointed, rollout: Rollout, done: int) -> str:
@@ -79,6 +81,7 @@ def save(trainer: Checkpointed, rollout: Rollout, done: int) -> str:
         "optimizer": None if is_sharded(trainer.model) else trainer.optimizer.state_dict(),  # sharded: with the weights' shards
         "order": trainer.order.state_dict(), "target_kl_stops": trainer.target_kl_stops, "done": done,
         "ref_model": trainer.ref_model.state_dict() if a.sync_ref_model else None, "config": a.to_dict(), "loss_sum": trainer.loss_sum,
+        "weight_version": trainer.weight_version,
         "entropy_control": trainer.entropy_control.state_dict() if trainer.entropy_control else None,
         "log_sizes": trainer.log.sizes() if trainer.log is not None else None,  # the main process writes this state
     }
@@ -148,7 +151,7 @@ def resume(trainer: Checkpointed, resume_from_checkpoint) -> tuple[Rollout | Non
     runs.apply_optimizer_settings(trainer.optimizer, trainer.scheduler, a)
     trainer.order.load_state_dict(state["order"])
     trainer.step, trainer.target_kl_stops, trainer.run_id = state["step"], state["target_kl_stops"], state["run_id"]
-    trainer.loss_sum = state.get("loss_sum", 0.0)
+    trainer.loss_sum, trainer.weight_version = state.get("loss_sum", 0.0), state.get("weight_version", 0)
     if "window" in state:  # the unlogged steps and completions up to this checkpoint (absent on another number of processes)
         trainer.window, trainer.fresh_completions = state["window"], state["completions"]
     if state["ref_model"] is not None:
@@ -161,7 +164,7 @@ def resume(trainer: Checkpointed, resume_from_checkpoint) -> tuple[Rollout | Non
         if changed:
             listed = ", ".join(f"{k} {old!r} → {new!r}" for k, old, new in changed)
             trainer.console.print(f"changed since the checkpoint, applied: {listed}", markup=False, soft_wrap=True)
-    trainer.assembly.load_state_dict(state.get("producer"))  # dynamic sampling's carry-over buffer
+    trainer.assembly.load_state_dict(state.get("producer"))  # DAPO's carry-over; the overlap's: the order after the last rollout trained
     return state.get("rollout"), state["done"]  # no rollout, no window: resumed on another number of processes
 
 

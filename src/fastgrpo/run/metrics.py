@@ -353,6 +353,14 @@ def window_record(step: int, sums: dict, extremes: dict, seconds: dict, reward_n
     if sums.get("padded_tokens", 0) > 0:  # the update's passes (logprobs.py): padded layout tokens never computed
         record["pad_fraction"] = 1 - sums["real_tokens"] / sums["padded_tokens"]
         record["shared_prompt_fraction"] = 1 - sums["packed_tokens"] / sums["real_tokens"]
+    # the overlap (rollout/async_producer.py), TRL's async_grpo keys: lag in weight versions, completions dropped as stale,
+    # rollouts waiting at hand-over, and per optimizer step the trainer's wait for a rollout and the sampler's for admission
+    mean("async_staleness", "async_rollouts", "sample/staleness_mean")
+    if "async_staleness_max" in extremes:
+        record["sample/staleness_max"], record["sample/dropped_stale_total"] = extremes["async_staleness_max"], int(sums["async_dropped"])
+    mean("async_queue", "async_rollouts", "sample/rollout_queue_size")
+    mean("async_trainer_wait", "steps", "perf/rollout_wait_s")
+    mean("async_sampler_idle", "steps", "rollout/backpressure_s")
     record.update({f"seconds/{phase}": round(s, 4) for phase, s in seconds.items()})
     if seconds.get("generate", 0) > 0 and "completion_tokens" in sums:
         record["generation_tokens_per_second"] = sums["completion_tokens"] / seconds["generate"]

@@ -23,12 +23,15 @@ the CPU engines' block size here: vLLM's default of 128 leaves up to 127 tokens 
 Weights: `update_weights` takes the policy's full weights (weight_copy.full_weights: LoRA merged, FSDP
 shards gathered — on every process, the gather is collective) and the engine that owns them pushes them;
 a server shared by several training processes receives them once, from the main process, and the others
-wait at a barrier before sampling.
+wait at a barrier before sampling. Deferred (the overlap, one process): `update_weights` only copies them and
+the next `sample` pushes them first, so the push runs in the producer's thread between two rollouts.
 
 Not here: the engines (colocate.py, server.py), the weights folder (weights.py), choosing this backend (../build.py).
 """
 
 from __future__ import annotations
+
+import threading
 
 import torch
 import torch.distributed as dist
@@ -38,6 +41,9 @@ from ..reprefill import Reprefill
 from ..weight_copy import full_weights
 from .engines import Engine
 from .weights import with_head
+
+
+SEED_STRIDE = 1 << 16  # seeds between two requests: room for their n completions' seed + 0 … n − 1
 
 
 def is_exact(sampling: SamplingSettings) -> bool:
@@ -62,20 +68,31 @@ class VLLMGenerator:
         engine: the engine (engines.Engine: colocate.ColocateEngine or server.ServerEngine).
         sampling: the `SamplingSettings` every backend samples with.
         tied: the names the policy's tied embedding weight goes by (`weights.tied_names`; the engine runs them untied).
+        deferred: pushes wait for the next `sample` (the overlap, rollout/async_producer.py: its producer thread samples,
+            so the push runs there, between two rollouts, and the trainer only copies the weights); one process only.
+        seed: None, or the base of each request's vLLM `seed` (request k: seed + k·SEED_STRIDE; vLLM gives its
+            n completions seed + 0 … n − 1): a server shared by runs then samples a run's requests the same
+            whatever else it serves, and whenever they are sent (the overlap's max_staleness=0 equals the synchronous loop).
     Attributes:
         owns_weights: True where vLLM's log-probs are of the distribution π_old is taken over (`is_exact`):
             `Samples.logps` are given and corrected for; False under truncation or a repetition penalty.
         sync_bytes: the bytes of the last weights pushed (0 in a process that does not push).
     """
 
-    def __init__(self, engine: Engine, sampling: SamplingSettings, *, tied: tuple[str, ...] = ()):
-        self.engine, self.sampling, self.tied = engine, sampling, tied
+    def __init__(self, engine: Engine, sampling: SamplingSettings, *, tied: tuple[str, ...] = (), seed: int | None = None,
+                 deferred: bool = False):
+        self.engine, self.sampling, self.tied, self.seed, self.requests = engine, sampling, tied, seed, 0
+        self.deferred, self.pending, self.lock = deferred, None, threading.Lock()  # pending: the weights the next sample pushes first
         self.owns_weights = is_exact(sampling)
         self.sync_bytes = 0
 
     def update_weights(self, policy: torch.nn.Module) -> None:
         """The policy's full weights into the engine (the pushing process), then every process waits for it."""
         weights = with_head(full_weights(policy), self.tied)  # every process: an FSDP gather is collective
+        if self.deferred:  # a copy: the optimizer steps on while the producer thread pushes it
+            with self.lock:
+                self.pending = {name: t.detach().clone() for name, t in weights.items()}
+            return
         if self.engine.pushes_weights:
             self.engine.push(weights)
             self.sync_bytes = sum(t.numel() * t.element_size() for t in weights.values())
@@ -93,10 +110,18 @@ class VLLMGenerator:
             EngineError: the engine returned another number of completions than B·G.
         """
         T = max_new_tokens or self.sampling.max_completion_length
+        with self.lock:  # deferred: the latest weights in before this rollout's requests
+            weights, self.pending = self.pending, None
+            if weights is not None:
+                self.engine.push(weights)
+                self.sync_bytes = sum(t.numel() * t.element_size() for t in weights.values())
         prompts = [ids[m.bool()].tolist() for ids, m in zip(prompt_ids, prompt_mask)]
         if num_generations > 1:  # each prompt into the prefix cache once, so its G completions share it (below)
             self.engine.generate(prompts, {**sampling_params(self.sampling, 1, 1), "logprobs": None})
-        rows = [c for group in self.engine.generate(prompts, sampling_params(self.sampling, num_generations, T)) for c in group]
+        params = sampling_params(self.sampling, num_generations, T)
+        if self.seed is not None:
+            params["seed"], self.requests = self.seed + self.requests * SEED_STRIDE, self.requests + 1
+        rows = [c for group in self.engine.generate(prompts, params) for c in group]
         if len(rows) != len(prompts) * num_generations:
             raise EngineError(f"{self.engine.description} returned {len(rows)} completions for {len(prompts)} prompts × G={num_generations}.")
         width = max(1, max(len(r.tokens) for r in rows))

@@ -134,7 +134,9 @@ class ServerEngine:
                     raise
                 raise EngineError(f"{err} Without a GPU the server must run on this machine: it reloads the weights from "
                                   f"{self.folder.path} (shared memory).") from None
-        self.request("POST", "/reset_prefix_cache")
+        # requests still running (another process's, an evaluation's) are preempted and recomputed under the new weights;
+        # without the flag vLLM refuses the reset while they hold blocks, and later prompts would hit the old weights' cache
+        self.request("POST", "/reset_prefix_cache?reset_running_requests=true")
 
     def send_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """CUDA: the weights over vLLM's NCCL weight-transfer engine, as TRL 1.16's `VLLMClient` (not run here: no GPU)."""

@@ -1,0 +1,109 @@
+"""TRL 1.16's `trl.experimental.async_grpo` API on fastgrpo: a TRL async script runs with only its import changed.
+
+    from fastgrpo.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
+    AsyncGRPOTrainer(model="smollm2-135m-instruct", reward_funcs=fn, train_dataset=ds,
+                     args=AsyncGRPOConfig(vllm_server_base_url="http://127.0.0.1:8000", max_staleness=2)).train()
+
+`AsyncGRPOConfig` is `GRPOConfig` with TRL's `AsyncGRPOConfig` defaults (max_staleness=4, the vLLM server at
+http://localhost:8000, logging_steps=1, lr_scheduler_type="constant", max_completion_length=2048,
+gradient_checkpointing=True, num_completions_to_print=None) and its own fields, each honoured, mapped or refused:
+
+- `max_staleness`, `weight_sync_steps`, `max_inflight_tasks`, `queue_maxsize`, `heartbeat_stale_after_s`: honoured
+  (rollout/async_producer.py; the units are TRL's: completions, seconds, optimizer steps);
+- `dtype`: "float32" only (TRL's default): fastgrpo keeps fp32 master weights and autocasts to bf16 where `bf16` says;
+- `token_budget`: None or ≤ 0 (TRL's fixed-count packing): fastgrpo packs `per_device_train_batch_size`
+  completions per micro-batch, so a positive budget is refused;
+- `fork_threshold_tokens`: any value: fastgrpo's multi-turn rollouts keep each turn's token ids and never
+  re-tokenize a conversation, so there is no fork to decide;
+- `request_timeout`, `weight_sync_timeout`: any value: fastgrpo's server requests and pushes time out after
+  `vllm_server_timeout` (the dead-server error names the URL), and a timeout changes no result;
+- `trust_remote_code`, `router_aux_loss_coef`, `model_init_kwargs`, `chat_template_kwargs`, `log_completions`: as GRPOConfig's.
+
+`AsyncGRPOTrainer` is `GRPOTrainer` with TRL's async constructor; its `rollout_worker` and `weight_transfer`
+hooks and custom `optimizers` are refused (the producer is fastgrpo's, the weights go through the server's
+reload; the optimizer is built from `optim`). The loss is fastgrpo's GRPO loss with π_old the trainer's
+weights at a rollout's first use and TRL's `vllm_importance_sampling_*` weight π_old / π_behaviour for the lag
+(TRL's async trainer puts π_behaviour in the ratio itself and applies no further weight: docs/design.md says why).
+
+Not here: the pipeline (rollout/async_producer.py), the loop (trainer.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import GRPOConfig
+from ..config.grpo_config import accepts_trl_fields
+from ..trainer import GRPOTrainer
+
+
+@accepts_trl_fields
+@dataclass
+class AsyncGRPOConfig(GRPOConfig):
+    """`GRPOConfig` with TRL 1.16 `AsyncGRPOConfig`'s defaults and fields (module docstring: what each becomes).
+
+    Raises:
+        ValueError: dtype other than "float32", a positive token_budget, max_staleness=None (use GRPOConfig), and every
+            GRPOConfig check (the overlap needs the vLLM server, one process, no filter_groups).
+    """
+
+    # TRL AsyncGRPOConfig's defaults where GRPOConfig's differ
+    max_staleness: int | None = 4
+    logging_steps: float = 1
+    lr_scheduler_type: str = "constant"
+    max_completion_length: int = 2048
+    gradient_checkpointing: bool = True
+    num_completions_to_print: int | None = None
+    use_vllm: bool = True
+    vllm_mode: str = "server"
+    vllm_server_base_url: str | None = "http://localhost:8000"
+    # TRL AsyncGRPOConfig's own fields
+    dtype: str = "float32"
+    token_budget: int | None = None
+    fork_threshold_tokens: int = 1024
+    request_timeout: int = 600
+    weight_sync_timeout: int = 1800
+
+    def __post_init__(self) -> None:
+        if self.dtype != "float32":
+            raise ValueError(f"dtype={self.dtype!r}: fastgrpo keeps float32 master weights (TRL's default here) and multiplies in "
+                             "bf16 where bf16=True says; remove dtype, and set bf16=True for bf16 products.")
+        if self.token_budget is not None and self.token_budget > 0:
+            raise ValueError(f"token_budget={self.token_budget}: fastgrpo packs per_device_train_batch_size completions per "
+                             "micro-batch (TRL's token_budget <= 0); set per_device_train_batch_size instead and remove token_budget.")
+        if self.max_staleness is None:
+            raise ValueError("max_staleness=None is the synchronous loop: use fastgrpo.GRPOConfig and GRPOTrainer for it, "
+                             "or max_staleness=0 (no lookahead) and up.")
+        super().__post_init__()
+
+
+class AsyncGRPOTrainer(GRPOTrainer):
+    """`GRPOTrainer` taking TRL 1.16 `AsyncGRPOTrainer`'s arguments; generation overlaps training (rollout/async_producer.py).
+
+    Args:
+        model, reward_funcs, train_dataset, processing_class, callbacks, peft_config, tools, environment_factory:
+            as `GRPOTrainer`'s (TRL's meanings).
+        args: an `AsyncGRPOConfig` (a `GRPOConfig` with max_staleness set works too); default
+            `AsyncGRPOConfig("<model name>-AsyncGRPO")`, as TRL.
+        optimizers, rollout_worker, weight_transfer: TRL's hooks; only their defaults (fastgrpo's own) are accepted.
+    Raises:
+        ValueError: a custom optimizer, rollout worker or weight transfer; args whose max_staleness is None;
+            everything `GRPOTrainer` raises.
+    """
+
+    def __init__(
+        self, model, reward_funcs=None, args: GRPOConfig | None = None, train_dataset=None, processing_class=None, callbacks=None,
+        optimizers=(None, None), peft_config=None, tools=None, environment_factory=None, rollout_worker=None, weight_transfer=None,
+    ):
+        refused = {"optimizers": (optimizers != (None, None), "set optim, learning_rate and lr_scheduler_type in the config"),
+                   "rollout_worker": (rollout_worker is not None, "fastgrpo's producer samples from the vLLM server; remove it"),
+                   "weight_transfer": (weight_transfer is not None, "weights go to the server as its reload; remove it")}
+        for name, (given, fix) in refused.items():
+            if given:
+                raise ValueError(f"AsyncGRPOTrainer({name}=…) is not supported: {fix}.")
+        if args is None:
+            args = AsyncGRPOConfig(f"{str(model).rstrip('/').split('/')[-1]}-AsyncGRPO")
+        if isinstance(args, GRPOConfig) and args.max_staleness is None:
+            raise ValueError("args.max_staleness=None is the synchronous loop: use GRPOTrainer, or set max_staleness (TRL's default 4).")
+        super().__init__(model, reward_funcs, args=args, train_dataset=train_dataset, processing_class=processing_class,
+                         callbacks=callbacks, peft_config=peft_config, tools=tools, environment_factory=environment_factory)

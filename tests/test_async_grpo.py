@@ -1,0 +1,251 @@
+"""Generation overlapped with training (max_staleness; rollout/async_producer.py), on a real vLLM server on loopback.
+
+One server serves the module (started once, as tests/test_vllm.py starts its own); the dead-server test runs last
+and kills it. The tiny model samples 8 tokens, so a rollout takes a fraction of a second: the lag tests make the
+trainer the slow side (a callback sleeps after each step), so the producer always runs up to its admission bound
+and every lag is the bound's, worked out by hand in each test.
+"""
+
+import json
+import os
+import signal
+import time
+
+import pytest
+import torch
+from transformers import TrainerCallback
+
+from conftest import vllm_tiny_model
+from fastgrpo import GRPOConfig, GRPOTrainer
+from fastgrpo.algo.sampling_correction import importance_sampling_ratio
+from fastgrpo.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
+from fastgrpo.generation.contract import EngineError
+from fastgrpo.rollout.async_producer import RolloutPipeline
+from fastgrpo.run.datasets import PromptOrder
+from fastgrpo.run.interrupt import TrainingInterrupted
+from test_vllm import free_port, metrics, reward_even_tokens, start_server, stop
+
+SERVED: dict = {}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, tokenizer):
+    folder = str(tmp_path_factory.mktemp("served") / "tiny")
+    vllm_tiny_model(tokenizer).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    SERVED[url] = start_server(model_dir, port)
+    yield url
+    stop(SERVED[url])
+
+
+def config(tmp_path, server, name="out", cls=GRPOConfig, **overrides):
+    values = dict(
+        output_dir=str(tmp_path / name), use_vllm=True, vllm_mode="server", vllm_server_base_url=server, vllm_server_timeout=180,
+        per_device_train_batch_size=8, num_generations=8, max_prompt_length=32, max_completion_length=8, max_steps=4,
+        learning_rate=1e-3, logging_steps=1, save_strategy="no", disable_tqdm=True, seed=0, bf16=False, report_to="none",
+    )
+    return cls(**{**values, **overrides})
+
+
+class SlowTrainer(TrainerCallback):
+    """Makes the trainer the slow side: after each optimizer step, the producer has `seconds` to run up to its bound."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def on_step_end(self, args, state, control, **kwargs):
+        time.sleep(self.seconds)
+
+
+TIMING_KEYS = ("seconds/", "perf/", "rollout/", "sample/", "generation_tokens_per_second", "train_tokens_per_second")
+
+
+def comparable(records):
+    return [{k: v for k, v in r.items() if not k.startswith(TIMING_KEYS)} for r in records]
+
+
+def test_max_staleness_0_is_the_synchronous_loop(tmp_path, tokenizer, prompts, server, model_dir):
+    # max_staleness=0: rollout k is started only once the trainer asks for it, after its weights are pushed; the
+    # requests carry the same seeds in the same order, so every logged number is the synchronous run's.
+    runs = {}
+    for staleness in (None, 0):
+        args = config(tmp_path, server, name=f"s{staleness}", max_staleness=staleness)
+        GRPOTrainer(model_dir, reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer).train()
+        runs[staleness] = metrics(args.output_dir)
+    assert len(runs[0]) == 4 and comparable(runs[0]) == comparable(runs[None])
+    assert [r["sample/staleness_max"] for r in runs[0]] == [0, 0, 0, 0] and "sample/staleness_max" not in runs[None][0]
+    assert runs[None][1]["loss"] != runs[None][2]["loss"]  # the runs train (different numbers per step), they are not constant
+
+
+@pytest.mark.parametrize("max_staleness,lags", [(1, [0, 1, 1, 1, 1]), (2, [0, 1, 2, 2, 2])])
+def test_staleness_is_bounded_with_the_lags_of_a_slow_trainer(tmp_path, tokenizer, prompts, server, model_dir, max_staleness, lags):
+    # One push per rollout (weight_sync_steps=1, one step per rollout): version v = rollouts taken − 1. The producer may
+    # start rollout k once k < asked + max_staleness; with the trainer slow it always does, at the version then:
+    #   s=1: rollout 0 at v0 (lag 0); rollout k ≥ 1 once rollout k−1 is asked for, at v(k−1): lag 1.
+    #   s=2: rollouts 0, 1 at v0 (lags 0, 1), also rollout 2 at v0 before the first push (lag 2), then rollout k once
+    #        k−2 is asked for, at v(k−2): lag 2.
+    args = config(tmp_path, server, max_staleness=max_staleness, max_steps=5)
+    trainer = GRPOTrainer(model_dir, reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer,
+                          callbacks=[SlowTrainer(2.0)])
+    trainer.train()
+    records = metrics(args.output_dir)
+    assert [r["sample/staleness_mean"] for r in records] == lags and [r["sample/staleness_max"] for r in records] == lags
+    assert all(r["sample/dropped_stale_total"] == 0 for r in records)  # the admission bound keeps every rollout within max_staleness
+    assert all(r["perf/rollout_wait_s"] < 1.0 for r in records[1:])  # the slow trainer never waits on a rollout after the first
+
+
+def test_a_rollout_past_the_bound_is_dropped_counted_and_replaced(tmp_path, tokenizer, prompts, server, model_dir):
+    # A scripted version schedule through the pipeline's own API: the trainer's version jumps from 0 to 2 while
+    # rollout 1 (started at v0) waits, so it lags 2 > max_staleness=1 and is dropped; rollout 2 starts after the jump.
+    trainer = GRPOTrainer(model_dir, reward_even_tokens, args=config(tmp_path, server), train_dataset=prompts, processing_class=tokenizer)
+    version = [0]
+    pipeline = RolloutPipeline(trainer.assembly, trainer.order, lambda: version[0], max_staleness=1, inflight=3, heartbeat_stale_after_s=60)
+    try:
+        first, _, sums = pipeline()
+        assert (sums["async_staleness"], sums["async_dropped"]) == (0, 0) and len(first) == 8
+        deadline = time.monotonic() + 60
+        while pipeline.ready.qsize() < 1 and time.monotonic() < deadline:  # rollout 1, made at v0
+            time.sleep(0.05)
+        version[0] = 2
+        second, _, sums = pipeline()
+        assert (sums["async_staleness"], sums["async_dropped"]) == (0, 8)  # rollout 1's 8 completions dropped; rollout 2 made at v2
+        # The checkpoint's order is the one after rollout 2's draw (1 prompt per rollout: 3 drawn), whatever is in flight.
+        assert pipeline.state_dict()["order"] == {"epoch": 0, "position": 3}
+        expected = [prompts[i]["prompt"][0]["content"] for i in PromptOrder(32, 0, True).take(3)]
+        assert [first.prompts[0][-1]["content"], second.prompts[0][-1]["content"]] == [expected[0], expected[2]]
+    finally:
+        pipeline.close()
+    assert not pipeline.thread.is_alive()
+
+
+def test_the_correction_weights_are_trls_formula_on_the_stale_rollouts(tmp_path, tokenizer, prompts, server, model_dir):
+    # π_old of a stale rollout is the trainer's weights at its first use (free: μ = 1); its loss weight is TRL's
+    # vllm_importance_sampling ratio of π_old to the sampler's log-probs (sequence_mask, C_max = 3 by default).
+    args = config(tmp_path, server, max_staleness=1, max_steps=3, vllm_importance_sampling_mode="token_truncate",
+                  vllm_importance_sampling_clip_max=1.5)
+    trainer = GRPOTrainer(model_dir, reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer,
+                          callbacks=[SlowTrainer(1.0)])
+    calls, correction = [], trainer.update.correction
+
+    def recording(advantages, logps, old_logps, sampling_logps, mask):
+        out = correction(advantages, logps, old_logps, sampling_logps, mask)
+        calls.append((old_logps.clone(), sampling_logps.clone(), mask.clone(), out[0]))
+        return out
+
+    trainer.update.correction = recording
+    trainer.train()
+    assert len(calls) == 3 and [r["sample/staleness_max"] for r in metrics(args.output_dir)] == [0, 1, 1]
+    for old, sampled, mask, weight in calls:
+        trl = torch.clamp(torch.exp(torch.nan_to_num((old - sampled) * mask, nan=0.0)), max=1.5)  # TRL's token_truncate, written out
+        assert torch.equal(weight, trl) and torch.equal(weight, importance_sampling_ratio(old, sampled, mask, "token_truncate", None, 1.5))
+    lag = (calls[2][0] - calls[2][1]).abs()[calls[2][2].bool()]
+    assert lag.max() > 1e-3  # a stale rollout: one update of lr 1e-3 moved π_old off the sampler's weights (fp32 noise is ≤ 1e-4)
+
+
+class StopAt(TrainerCallback):
+    """At optimizer step `step`: a callback's stop, or Ctrl-C (SIGINT to this process: the step finishes, saves, stops)."""
+
+    def __init__(self, step: int, how: str):
+        self.step, self.how = step, how
+
+    def on_step_end(self, args, state, control, **kwargs):
+        time.sleep(1.0)  # rollouts 3 and 4 are in flight or queued when step 2 saves
+        if state.global_step == self.step and self.how == "callback":
+            control.should_training_stop = True
+        elif state.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+def trained_prompts(output_dir):
+    with open(os.path.join(output_dir, "completions.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    by_step = {}
+    for row in rows:
+        by_step.setdefault(row["step"], set()).add(row["prompt"][-1]["content"])
+    return [sorted(by_step[s]) for s in sorted(by_step)]
+
+
+@pytest.mark.parametrize("how", ["callback", "ctrl_c"])
+def test_resume_retrains_nothing_and_resamples_what_was_in_flight(tmp_path, tokenizer, prompts, server, model_dir, how):
+    # Stopped at step 2 with rollouts made ahead (max_staleness=2): the checkpoint keeps the data order after rollout 2,
+    # so the resumed run draws prompts 3 and 4 again and the four steps train the data order's first four prompts.
+    # A TRL async script's config: AsyncGRPOConfig's defaults (gradient_checkpointing=True, constant schedule) but the sizes.
+    args = config(tmp_path, server, cls=AsyncGRPOConfig, max_staleness=2, save_strategy="steps", save_steps=2, log_completions=True)
+    make = lambda callbacks: AsyncGRPOTrainer(model_dir, reward_even_tokens, args=args, train_dataset=prompts,  # noqa: E731
+                                              processing_class=tokenizer, callbacks=callbacks)
+    first = make([StopAt(2, how)])
+    if how == "ctrl_c":
+        with pytest.raises(TrainingInterrupted, match="interrupted at step 2/4; saved"):
+            first.train()
+    else:
+        first.train()
+    assert not first.assembly.thread.is_alive() and os.path.isdir(os.path.join(args.output_dir, "checkpoint-2"))
+    assert trained_prompts(args.output_dir) == [[p] for p in ["Count to {}.".format(i) for i in PromptOrder(32, 0, True).take(2)]]
+    trainer = make([])
+    trainer.train(resume_from_checkpoint=True)
+    assert trainer.state.global_step == 4 and trainer.weight_version == 3  # pushes before rollouts 1, 2, 3 (restored from the checkpoint)
+    assert trained_prompts(args.output_dir) == [[f"Count to {i}."] for i in PromptOrder(32, 0, True).take(4)]
+    assert [r["step"] for r in metrics(args.output_dir)] == [1, 2, 3, 4]
+
+
+def test_async_grpo_takes_trls_fields_and_refuses_what_it_cannot_honour(tmp_path, server):
+    args = AsyncGRPOConfig(output_dir=str(tmp_path / "a"), vllm_server_base_url=server, per_device_train_batch_size=8,
+                           run_name="trl-script", fork_threshold_tokens=512, request_timeout=60)
+    assert (args.max_staleness, args.weight_sync_steps, args.max_inflight_tasks, args.queue_maxsize, args.heartbeat_stale_after_s) == (4, 1, -1, 1024, 300.0)
+    assert (args.generation_backend, args.vllm_mode, args.lr_scheduler_type, args.logging_steps) == ("vllm", "server", "constant", 1)
+    for fields, message in (({"dtype": "bfloat16"}, "float32 master weights"), ({"token_budget": 4096}, "per_device_train_batch_size"),
+                            ({"max_staleness": None}, "synchronous loop"), ({"max_staleness": -1}, "use 0 or more")):
+        with pytest.raises(ValueError, match=message):
+            AsyncGRPOConfig(output_dir=str(tmp_path / "a"), **fields)
+    with pytest.raises(ValueError, match="max_staleness=2 overlaps generation with training on a vLLM server"):
+        GRPOConfig(max_staleness=2)
+    with pytest.raises(ValueError, match="max_inflight_tasks=4 holds less than one rollout"):
+        AsyncGRPOConfig(output_dir=str(tmp_path / "b"), per_device_train_batch_size=8, max_inflight_tasks=4)
+    with pytest.raises(ValueError, match="rollout_worker"):
+        AsyncGRPOTrainer("tiny", reward_even_tokens, args=args, rollout_worker=object())
+
+
+def test_a_producer_silent_past_the_heartbeat_ends_the_run(tmp_path, tokenizer, prompts, server, model_dir):
+    # A reward function that hangs on its third rollout: the producer shows no life, and the trainer stops waiting
+    # after heartbeat_stale_after_s with one EngineError, the steps before it trained and checkpointed.
+    calls = []
+
+    def hangs_on_the_third_rollout(completion_ids, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            time.sleep(8)
+        return reward_even_tokens(completion_ids)
+
+    args = config(tmp_path, server, max_staleness=1, max_steps=4, save_strategy="steps", save_steps=1, heartbeat_stale_after_s=2)
+    trainer = GRPOTrainer(model_dir, hangs_on_the_third_rollout, args=args, train_dataset=prompts, processing_class=tokenizer)
+    with pytest.raises(EngineError, match=r"made no progress for [2-7] s \(heartbeat_stale_after_s=2\)"):
+        trainer.train()
+    assert [r["step"] for r in metrics(args.output_dir)] == [1, 2] and os.path.isdir(os.path.join(args.output_dir, "checkpoint-2"))
+
+
+def test_a_dead_server_ends_the_run_with_one_error_and_keeps_the_checkpoint(tmp_path, tokenizer, prompts, server, model_dir):
+    # Runs last: kills the module's server once step 2 is saved, with the producer working ahead.
+    class KillServerAfterStep2(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            if state.global_step == 2:
+                stop(SERVED[server])
+
+    args = config(tmp_path, server, max_staleness=2, max_steps=6, save_strategy="steps", save_steps=1, heartbeat_stale_after_s=30)
+    trainer = GRPOTrainer(model_dir, reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer,
+                          callbacks=[KillServerAfterStep2()])
+    start = time.monotonic()
+    with pytest.raises(EngineError, match="stopped answering.*last checkpoint is kept"):
+        trainer.train()
+    assert time.monotonic() - start < 30 + 60  # within heartbeat_stale_after_s of the kill (and the start-up before it)
+    # Rollouts already made when the server died still train (their samples are whole); the run stops at the first
+    # hand-over after the producer's failure, with every step it logged checkpointed (save_steps=1) and none beyond.
+    last = [r["step"] for r in metrics(args.output_dir)][-1]
+    assert 2 <= last < 6 and os.path.isdir(os.path.join(args.output_dir, f"checkpoint-{last}"))
+    assert not os.path.isdir(os.path.join(args.output_dir, f"checkpoint-{last + 1}")) and not trainer.assembly.thread.is_alive()
