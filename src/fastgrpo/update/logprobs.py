@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from ..algo.losses import entropy_from_logits, kl_full, selective_log_softmax
+from .chunked_head import ChunkedHead
 
 # Tokens per LM-head chunk: a (256, 49 152) fp32 block is 50 MB for SmolLM2, about
 # the padded micro-batch's whole (4, 64, V) logits, while 256 rows keep the head
@@ -190,92 +191,6 @@ def fallback_notices(model) -> list[str]:
     if (reason := chunkable_head(model)) is not None:
         notes.append(f"the LM head runs unchunked through the model's forward ({reason}).")
     return notes
-
-
-class ChunkedHead(torch.autograd.Function):
-    """Log-prob, entropy and exact KL of tokens from last hidden states, one chunk of logits at a time.
-
-    forward(hidden (n, H), weight (V, H), bias (V,) or None, labels (n,), temperature,
-            ref_hidden (n, H) or None, ref_weight (V, H) or None, ref_bias or None, chunk, entropy_grad)
-      → logps (n,), entropy (n,), kl (n,) (zeros without π_ref).
-
-    Each chunk's logits z = (h Wᵀ + b) / τ are computed in fp32 after the matmul
-    (in the autocast dtype when autocast is on, as the model's own head would be),
-    reduced and freed; backward recomputes them. With g_ℓ, g_KL, g_H the incoming
-    gradients, ∂/∂z = g_ℓ (onehot(y) − p) + g_KL p (log p − log q − KL)
-    − g_H p (log p + H), then ∂h = (∂z / τ) W and ∂W = (∂z / τ)ᵀ h. Entropy has
-    a gradient only with `entropy_grad` (the entropy bonus); else it is a metric.
-    π_ref's tensors take no gradient. A tied head (embedding = head) receives its
-    gradient through `weight` like any other use of the parameter.
-    """
-
-    @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, temperature, ref_hidden, ref_weight, ref_bias, chunk, entropy_grad=False):
-        dtype = torch.get_autocast_dtype(hidden.device.type) if torch.is_autocast_enabled(hidden.device.type) else weight.dtype
-        ctx.save_for_backward(hidden, weight, bias, labels, ref_hidden, ref_weight, ref_bias)
-        ctx.temperature, ctx.chunk, ctx.dtype, ctx.entropy_grad = temperature, chunk, dtype, entropy_grad
-        n = hidden.shape[0]
-        logps, entropy, kl = (torch.zeros(n, dtype=_wide(dtype), device=hidden.device) for _ in range(3))
-        with torch.autocast(hidden.device.type, enabled=False):
-            for start in range(0, n, chunk):
-                part = slice(start, start + chunk)
-                logp = _chunk_log_softmax(hidden[part], weight, bias, temperature, dtype)  # (c, V)
-                logps[part] = logp.gather(-1, labels[part, None]).squeeze(-1)
-                p = logp.exp()
-                entropy[part] = -(p * logp).sum(-1)
-                if ref_hidden is not None:
-                    ref_logp = _chunk_log_softmax(ref_hidden[part], ref_weight, ref_bias, temperature, dtype)
-                    kl[part] = (p * (logp - ref_logp)).sum(-1)
-        if not entropy_grad:
-            ctx.mark_non_differentiable(entropy)
-        return logps, entropy, kl
-
-    @staticmethod
-    def backward(ctx, grad_logps, grad_entropy, grad_kl):
-        hidden, weight, bias, labels, ref_hidden, ref_weight, ref_bias = ctx.saved_tensors
-        tau, dtype = ctx.temperature, ctx.dtype
-        need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]  # a frozen head (LoRA) skips its (V, H) products
-        grad_hidden = torch.empty_like(hidden) if need_hidden else None
-        grad_weight = torch.zeros(weight.shape, dtype=_wide(dtype), device=weight.device) if need_weight else None
-        grad_bias = torch.zeros(weight.shape[0], dtype=_wide(dtype), device=weight.device) if need_bias else None
-        with torch.autocast(hidden.device.type, enabled=False):
-            for start in range(0, hidden.shape[0], ctx.chunk):
-                part = slice(start, start + ctx.chunk)
-                logp = _chunk_log_softmax(hidden[part], weight, bias, tau, dtype)  # recomputed, (c, V)
-                p = logp.exp()
-                grad_z = p * -grad_logps[part, None]  # g_ℓ (onehot − p), the onehot added next
-                grad_z.scatter_add_(-1, labels[part, None], grad_logps[part, None])
-                if ctx.entropy_grad:  # ∂H/∂z = −p (log p + H)
-                    plogp = p * logp
-                    grad_z -= grad_entropy[part, None] * (plogp - p * plogp.sum(-1, keepdim=True))
-                if ref_hidden is not None:
-                    diff = logp - _chunk_log_softmax(ref_hidden[part], ref_weight, ref_bias, tau, dtype)
-                    kl = (p * diff).sum(-1, keepdim=True)
-                    grad_z += grad_kl[part, None] * p * (diff - kl)
-                grad_z = (grad_z / tau).to(dtype)  # ∂/∂(h Wᵀ + b)
-                if need_hidden:
-                    grad_hidden[part] = (grad_z @ weight.to(dtype)).to(hidden.dtype)
-                if need_weight:
-                    grad_weight += grad_z.T @ hidden[part].to(dtype)
-                if grad_bias is not None:
-                    grad_bias += grad_z.sum(0)
-        grad_weight = grad_weight.to(weight.dtype) if need_weight else None
-        grad_bias = grad_bias.to(bias.dtype) if need_bias else None
-        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None, None
-
-
-def _wide(dtype: torch.dtype) -> torch.dtype:
-    """The softmax precision: fp32, or the matmul's dtype when wider (fp64 in gradient checks)."""
-    return torch.promote_types(dtype, torch.float32)
-
-
-def _chunk_log_softmax(hidden, weight, bias, temperature, dtype) -> torch.Tensor:
-    """(c, H) hidden states → (c, V) log-softmax of (h Wᵀ + b) / τ, the matmul in `dtype`, the softmax at least fp32."""
-    logits = hidden.to(dtype) @ weight.to(dtype).T
-    if bias is not None:
-        logits = logits + bias.to(dtype)
-    logits = logits.to(_wide(dtype)).div_(temperature)
-    return logits.sub_(torch.logsumexp(logits, dim=-1, keepdim=True))
 
 
 class LogProbs:
