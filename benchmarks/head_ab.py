@@ -42,6 +42,7 @@ def baseline_head(revision: str):
                 f.write(source)
             module = types.ModuleType(f"baseline_{revision}")
             module.__file__ = f.name
+            sys.modules[module.__name__] = module  # dataclasses look their module up
             exec(compile(source, f.name, "exec"), module.__dict__)
             return module.ChunkedHead
     raise SystemExit(f"--baseline {revision}: no ChunkedHead in update/chunked_head.py or update/logprobs.py at that revision")

@@ -20,7 +20,8 @@ class ChunkedHead(torch.autograd.Function):
     """Log-prob, entropy and exact KL of tokens from last hidden states, one chunk of logits at a time.
 
     forward(hidden (n, H), weight (V, H), bias (V,) or None, labels (n,), temperature,
-            ref_hidden (n, H) or None, ref_weight (V, H) or None, ref_bias or None, chunk, entropy_grad)
+            ref_hidden (n, H) or None, ref_weight (V, H) or None, ref_bias or None, chunk, entropy_grad,
+            weight_copy (V, H) in the product dtype or None)
       → logps (n,), entropy (n,), kl (n,) (zeros without π_ref), fp32 (fp64 for fp64 inputs).
 
     Each chunk's logits z = (h Wᵀ + b) / τ are a product in the autocast dtype
@@ -36,21 +37,22 @@ class ChunkedHead(torch.autograd.Function):
     (the model's own, under FSDP) gives the same values to fp32 rounding.
 
     Speed (docs/benchmarks.md, "The bf16 update"): the weight is cast to the
-    product dtype once per call (not per chunk), and every (chunk, V) block lives
+    product dtype once per call (not per chunk), or not at all when `weight_copy`
+    (the policy's bf16 working copy, model/working_copy.py) is given, and every (chunk, V) block lives
     in buffers allocated once per call and overwritten in place: a fresh
     (256, 49 152) fp32 block per op (tens of MB, served by the kernel's page
     faults) made the head's elementwise work several times slower than its arithmetic.
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, temperature, ref_hidden, ref_weight, ref_bias, chunk, entropy_grad=False):
+    def forward(ctx, hidden, weight, bias, labels, temperature, ref_hidden, ref_weight, ref_bias, chunk, entropy_grad=False, weight_copy=None):
         dtype = torch.get_autocast_dtype(hidden.device.type) if torch.is_autocast_enabled(hidden.device.type) else weight.dtype
-        ctx.save_for_backward(hidden, weight, bias, labels, ref_hidden, ref_weight, ref_bias)
+        ctx.save_for_backward(hidden, weight, bias, labels, ref_hidden, ref_weight, ref_bias, weight_copy)
         ctx.temperature, ctx.chunk, ctx.dtype, ctx.entropy_grad = temperature, chunk, dtype, entropy_grad
         n = hidden.shape[0]
         logps, entropy, kl = (torch.zeros(n, dtype=_wide(dtype), device=hidden.device) for _ in range(3))
         with torch.autocast(hidden.device.type, enabled=False):
-            head = _Head(weight, bias, temperature, dtype, min(chunk, n))
+            head = _Head(weight if weight_copy is None else weight_copy, bias, temperature, dtype, min(chunk, n))
             ref = _Head(ref_weight, ref_bias, temperature, dtype, min(chunk, n)) if ref_hidden is not None else None
             for start in range(0, n, chunk):
                 part = slice(start, start + chunk)
@@ -65,13 +67,13 @@ class ChunkedHead(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_logps, grad_entropy, grad_kl):
-        hidden, weight, bias, labels, ref_hidden, ref_weight, ref_bias = ctx.saved_tensors
+        hidden, weight, bias, labels, ref_hidden, ref_weight, ref_bias, weight_copy = ctx.saved_tensors
         tau, dtype, n = ctx.temperature, ctx.dtype, hidden.shape[0]
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]  # a frozen head (LoRA) skips its (V, H) products
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
         grad_weight = grad_bias = None
         with torch.autocast(hidden.device.type, enabled=False):
-            head = _Head(weight, bias, tau, dtype, min(ctx.chunk, n))
+            head = _Head(weight if weight_copy is None else weight_copy, bias, tau, dtype, min(ctx.chunk, n))
             ref = _Head(ref_weight, ref_bias, tau, dtype, min(ctx.chunk, n)) if ref_hidden is not None else None
             for start in range(0, n, ctx.chunk):
                 part = slice(start, start + ctx.chunk)
@@ -97,7 +99,7 @@ class ChunkedHead(torch.autograd.Function):
                     grad_bias = part_grad.to(_wide(dtype)) if grad_bias is None else grad_bias.add_(part_grad)
         grad_weight = grad_weight.to(weight.dtype) if need_weight else None
         grad_bias = grad_bias.to(bias.dtype) if need_bias else None
-        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None, None
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None, None, None
 
 
 def _wide(dtype: torch.dtype) -> torch.dtype:

@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from ..algo.losses import entropy_from_logits, kl_full, selective_log_softmax
+from ..model.working_copy import WorkingCopy
 from .chunked_head import ChunkedHead
 
 # Tokens per LM-head chunk: a (256, 49 152) fp32 block is 50 MB for SmolLM2, about
@@ -208,6 +209,11 @@ class LogProbs:
             SmolLM2 they add 0.008 to the body's 0.055 mean |Δ log p| against fp32,
             for a 4× faster head on AMX); its log-softmax, entropy and KL stay fp32.
         entropy_grad: entropies with gradient (the entropy bonus); else detached.
+        weights: the policy's bf16 `WorkingCopy` (model/working_copy.py), or None. Given, the
+            policy's linear layers and chunked head multiply its copies (cast once per
+            optimizer step, not by autocast at every forward; gradients reach the fp32
+            parameters, widened as autocast's cast would): the same products, so the
+            same values. A model it does not hold (a separate π_ref) runs through autocast.
     Call: `log_probs(model, mb, reference=None) → TokenStats`, where `mb` has
     `prompt_ids`, `prompt_mask`, `completion_ids`, `completion_mask` (a `Rollout`
     view). `reference` given — a zero-argument callable returning a context
@@ -218,13 +224,16 @@ class LogProbs:
     adapter), so the policy decides packing and chunking for both.
     """
 
-    def __init__(self, temperature: float, share_prompts: bool = True, chunk: int = CHUNK_TOKENS, autocast=nullcontext, entropy_grad: bool = False):
+    def __init__(
+        self, temperature: float, share_prompts: bool = True, chunk: int = CHUNK_TOKENS, autocast=nullcontext, entropy_grad: bool = False,
+        weights: WorkingCopy | None = None,
+    ):
         if temperature <= 0:
             raise ValueError(f"temperature={temperature}: log-probs are taken at logits / temperature; use a value > 0.")
         if chunk < 1:
             raise ValueError(f"chunk={chunk}: the LM head needs at least 1 token per chunk.")
         self.temperature, self.share_prompts, self.chunk, self.autocast = temperature, share_prompts, chunk, autocast
-        self.entropy_grad = entropy_grad
+        self.entropy_grad, self.weights = entropy_grad, weights
 
     def __call__(self, model, mb, reference=None) -> TokenStats:
         with self.autocast():
@@ -236,7 +245,8 @@ class LogProbs:
         row = pack(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.completion_mask, share, mask_dtype)
         shape = mb.completion_ids.shape
         if chunkable_head(model) is None:
-            hidden = _last_hidden(model, row)  # (n, H)
+            working = self.weights if self.weights is not None and self.weights.holds(model) else None
+            hidden = _last_hidden(model, row, working)  # (n, H)
             ref_hidden = ref_head = None
             if reference is not None:
                 with torch.no_grad(), reference() as ref_model:
@@ -246,6 +256,7 @@ class LogProbs:
                 hidden, head.weight, head.bias, row.labels, self.temperature, ref_hidden,
                 None if ref_head is None else ref_head.weight.detach(),
                 None if ref_head is None or ref_head.bias is None else ref_head.bias.detach(), self.chunk, self.entropy_grad,
+                None if working is None else working.cast(head.weight),
             )
         else:  # the model's own head on the needed positions only: (1, n, V) at most
             logits = _logits(model, row) / self.temperature
@@ -286,14 +297,15 @@ def _head(model) -> nn.Linear:
     return _inner(model).get_output_embeddings()
 
 
-def _forward(model, row: PackedRow, logits_to_keep: torch.Tensor):
-    return model(
-        input_ids=row.input_ids, position_ids=row.position_ids, attention_mask=row.attention_mask,
-        logits_to_keep=logits_to_keep, use_cache=False,
-    )
+def _forward(model, row: PackedRow, logits_to_keep: torch.Tensor, working: WorkingCopy | None = None):
+    inputs = dict(input_ids=row.input_ids, position_ids=row.position_ids, attention_mask=row.attention_mask,
+                  logits_to_keep=logits_to_keep, use_cache=False)
+    if working is None:
+        return model(**inputs)
+    return torch.func.functional_call(model, working.linear_weights(model), kwargs=inputs, tie_weights=False)  # the copies as weights
 
 
-def _last_hidden(model, row: PackedRow) -> torch.Tensor:
+def _last_hidden(model, row: PackedRow, working: WorkingCopy | None = None) -> torch.Tensor:
     """(n, H) final hidden states at `row.source`, through the model's (possibly DDP-wrapped) forward.
 
     The forward runs through the wrapper, so DDP's gradient synchronisation stays
@@ -303,7 +315,7 @@ def _last_hidden(model, row: PackedRow) -> torch.Tensor:
     kept = []
     hook = _inner(model).get_decoder().register_forward_hook(lambda module, args, out: kept.append(out[0]))
     try:
-        _forward(model, row, row.source[:0])
+        _forward(model, row, row.source[:0], working)
     finally:
         hook.remove()
     return kept[0][0, row.source]
