@@ -2,6 +2,7 @@
 
     flock /tmp/fastgrpo-cpu.lock python benchmarks/update_profile.py --threads 1            # bf16 (this CPU's default)
     python benchmarks/update_profile.py --threads 1 --bf16 false --steps 1                  # the fp32 path
+    PYTHONPATH=OTHER/src python benchmarks/update_profile.py --time-only --steps 3          # A/B: seconds only, no profiler
 
 The seed configuration on the built-in SmolLM2 (per_device 4, GA 4, G 8,
 64/64 tokens, μ = 4, β = 0, the seed's length reward; worker.py's prompts):
@@ -23,6 +24,9 @@ stretches every op alike); the seconds are not. FLOPs are counted from the
 packed rows the step actually ran (`flops.step_flops`); the peaks are
 `F.linear` at 1024³ in fp32 and bf16 measured in the same process, before and
 after (the best of both). Writes `<out>/<date>-update-profile-<precision>.json`.
+
+`--time-only`: no profiler, no file; one line with each timed step's seconds
+and which `fastgrpo` tree ran (A/B pairs alternate trees through PYTHONPATH).
 
 Not here: whole runs against TRL (run.py), the peak table (bf16_peaks.py).
 """
@@ -127,9 +131,23 @@ def main() -> None:
     parser.add_argument("--bf16", choices=("true", "false", "auto"), default="true")
     parser.add_argument("--steps", type=int, default=2, help="profiled optimizer steps after one warm-up step")
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    parser.add_argument("--time-only", action="store_true", help="seconds of --steps steps, no profiler (A/B pairs)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     bf16 = {"true": True, "false": False, "auto": None}[args.bf16]
+    if args.time_only:
+        import fastgrpo
+
+        trainer = build_trainer(bf16, 1 + args.steps)
+        rollout = trainer._collect()
+        trainer.update(rollout, 0, True, 0)  # warm-up
+        seconds = []
+        for _ in range(args.steps):
+            start = time.perf_counter()
+            trainer.update(rollout, 0, False, 0)
+            seconds.append(time.perf_counter() - start)
+        print(json.dumps({"tree": os.path.dirname(os.path.dirname(fastgrpo.__file__)), "step_seconds": seconds}))
+        return
     peaks_before = {"fp32": linear_peak(torch.float32), "bf16": linear_peak(torch.bfloat16)}
     trainer = build_trainer(bf16, 1 + args.steps)
     model = trainer.accelerator.unwrap_model(trainer.model)
