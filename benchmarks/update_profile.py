@@ -92,6 +92,18 @@ def head_scope():
         logprobs.ChunkedHead.forward = staticmethod(forward)
 
 
+def recorded(trainer, rollout):
+    """One optimizer step that records π_old (the rollout's first), → the rollout with it, as the trainer keeps it.
+
+    Steps after it reuse the rollout with π_old set; without it π_old is still
+    unset (NaN where not yet recorded) and the loss is NaN.
+    """
+    import dataclasses
+
+    out = trainer.update(rollout, 0, True, 0)
+    return rollout if out.old_logps is None else dataclasses.replace(rollout, old_logps=out.old_logps)
+
+
 def classify(prof, param_shapes: set) -> dict:
     """({(where, what): self µs}, {(where, what, op name): self µs}) over every event of the profile (module docstring)."""
     table, ops = defaultdict(float), defaultdict(float)
@@ -140,7 +152,7 @@ def main() -> None:
 
         trainer = build_trainer(bf16, 1 + args.steps)
         rollout = trainer._collect()
-        trainer.update(rollout, 0, True, 0)  # warm-up
+        rollout = recorded(trainer, rollout)  # warm-up
         seconds = []
         for _ in range(args.steps):
             start = time.perf_counter()
@@ -154,7 +166,7 @@ def main() -> None:
     param_shapes = {tuple(p.shape) for p in model.parameters() if p.dim() == 2}
     rollout = trainer._collect()
     rows = flops.step_rows(trainer, rollout)
-    trainer.update(rollout, 0, True, 0)  # warm-up: oneDNN primitives, allocator
+    rollout = recorded(trainer, rollout)  # warm-up: oneDNN primitives, allocator
     clip = trainer.accelerator.clip_grad_norm_
 
     def named_clip(*a, **k):
