@@ -27,6 +27,10 @@ after (the best of both). Writes `<out>/<date>-update-profile-<precision>.json`.
 
 `--time-only`: no profiler, no file; one line with each timed step's seconds
 and which `fastgrpo` tree ran (A/B pairs alternate trees through PYTHONPATH).
+`--ab-working-copy N`: N pairs of steps in one process, alternating the
+update with and without the bf16 working copy (model/working_copy.py; without
+it autocast casts every weight at every forward), the order swapped each pair;
+one line with both sides' seconds and the median per-pair ratio.
 
 Not here: whole runs against TRL (run.py), the peak table (bf16_peaks.py).
 """
@@ -144,9 +148,28 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2, help="profiled optimizer steps after one warm-up step")
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     parser.add_argument("--time-only", action="store_true", help="seconds of --steps steps, no profiler (A/B pairs)")
+    parser.add_argument("--ab-working-copy", type=int, default=0, metavar="N", help="N in-process pairs: with / without the working copy")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     bf16 = {"true": True, "false": False, "auto": None}[args.bf16]
+    if args.ab_working_copy:
+        import statistics
+
+        trainer = build_trainer(bf16, 1 + 2 * args.ab_working_copy)
+        working = trainer.log_probs.weights
+        if working is None:
+            raise SystemExit("--ab-working-copy: this run has no working copy (bf16 off, adapters, several processes or checkpointing)")
+        rollout = recorded(trainer, trainer._collect())  # warm-up
+        seconds = {"with": [], "without": []}
+        for pair in range(args.ab_working_copy):
+            for side in (("with", "without") if pair % 2 == 0 else ("without", "with")):
+                trainer.log_probs.weights = working if side == "with" else None
+                start = time.perf_counter()
+                trainer.update(rollout, 0, False, 0)
+                seconds[side].append(time.perf_counter() - start)
+        ratios = [w / o for w, o in zip(seconds["with"], seconds["without"])]
+        print(json.dumps({"seconds": seconds, "ratio_median": statistics.median(ratios), "ratios": ratios}))
+        return
     if args.time_only:
         import fastgrpo
 
