@@ -227,7 +227,7 @@ def plots(case: dict, prefix: str) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colours = {"fastgrpo": "tab:blue", "trl": "tab:orange", "fastgrpo-full": "tab:cyan", "fastgrpo-bf16": "tab:green"}
+    colours = {"fastgrpo": "tab:blue", "trl": "tab:orange", "fastgrpo-full": "tab:cyan", "fastgrpo-bf16": "tab:green", "fastgrpo-gc": "tab:purple"}
     styles = {1: "-", 4: "--"}
     fig, ax = plt.subplots(figsize=(7, 4))
     seen = set()

@@ -81,6 +81,15 @@ CASES = {
         "lora": {"lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "lora_target_modules": None},
         "systems": ("fastgrpo", "trl", "fastgrpo-full"),
     },
+    "memory": {
+        "description": "Seed configuration on SmolLM2, μ = 4, each system at its defaults: fastgrpo (bf16 where the CPU has "
+        "bf16 units; one bf16 working copy), fastgrpo with gradient checkpointing, and TRL's defaults (bf16 autocast with "
+        "use_cpu, gradient checkpointing): peak RSS and its split, seconds per step.",
+        "model": "smollm2-135m-instruct", "mus": [4], "steps": 4, "pairs": 1, "learning_rate": 2e-5,
+        "systems": ("fastgrpo", "fastgrpo-gc", "trl"),
+        "extras": {"fastgrpo": {"bf16": None}, "fastgrpo-gc": {"bf16": None, "gradient_checkpointing": True},
+                   "trl": {"bf16": True, "gradient_checkpointing": True, "use_cpu": True}},
+    },
 }
 DEFAULT_SUITE = ["smollm2", "tiny", "beta"]
 
@@ -177,6 +186,7 @@ def run_case(name: str, case: dict, out_dir: str, date: str, threads: int, steps
             for system in case.get("systems", ("fastgrpo", "trl")):
                 full = system == "fastgrpo-full"  # every weight trains: the LoRA case's own baseline
                 extra = {"lora": None} if full else {"bf16": True} if system == "fastgrpo-bf16" else {}
+                extra = case.get("extras", {}).get(system, extra)
                 record["runs"].append(run_one({**spec, "system": system, **extra}, log))
                 with open(path, "w") as f:  # keep what is done if a later run fails
                     json.dump(record, f)

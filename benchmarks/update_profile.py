@@ -2,6 +2,7 @@
 
     flock /tmp/fastgrpo-cpu.lock python benchmarks/update_profile.py --threads 1            # bf16 (this CPU's default)
     python benchmarks/update_profile.py --threads 1 --bf16 false --steps 1                  # the fp32 path
+    PYTHONPATH=OTHER/src python benchmarks/update_profile.py --time-only --steps 3          # A/B: seconds only, no profiler
 
 The seed configuration on the built-in SmolLM2 (per_device 4, GA 4, G 8,
 64/64 tokens, μ = 4, β = 0, the seed's length reward; worker.py's prompts):
@@ -23,6 +24,13 @@ stretches every op alike); the seconds are not. FLOPs are counted from the
 packed rows the step actually ran (`flops.step_flops`); the peaks are
 `F.linear` at 1024³ in fp32 and bf16 measured in the same process, before and
 after (the best of both). Writes `<out>/<date>-update-profile-<precision>.json`.
+
+`--time-only`: no profiler, no file; one line with each timed step's seconds
+and which `fastgrpo` tree ran (A/B pairs alternate trees through PYTHONPATH).
+`--ab-working-copy N`: N pairs of steps in one process, alternating the
+update with and without the bf16 working copy (model/working_copy.py; without
+it autocast casts every weight at every forward), the order swapped each pair;
+one line with both sides' seconds and the median per-pair ratio.
 
 Not here: whole runs against TRL (run.py), the peak table (bf16_peaks.py).
 """
@@ -88,6 +96,18 @@ def head_scope():
         logprobs.ChunkedHead.forward = staticmethod(forward)
 
 
+def recorded(trainer, rollout):
+    """One optimizer step that records π_old (the rollout's first), → the rollout with it, as the trainer keeps it.
+
+    Steps after it reuse the rollout with π_old set; without it π_old is still
+    unset (NaN where not yet recorded) and the loss is NaN.
+    """
+    import dataclasses
+
+    out = trainer.update(rollout, 0, True, 0)
+    return rollout if out.old_logps is None else dataclasses.replace(rollout, old_logps=out.old_logps)
+
+
 def classify(prof, param_shapes: set) -> dict:
     """({(where, what): self µs}, {(where, what, op name): self µs}) over every event of the profile (module docstring)."""
     table, ops = defaultdict(float), defaultdict(float)
@@ -127,16 +147,49 @@ def main() -> None:
     parser.add_argument("--bf16", choices=("true", "false", "auto"), default="true")
     parser.add_argument("--steps", type=int, default=2, help="profiled optimizer steps after one warm-up step")
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    parser.add_argument("--time-only", action="store_true", help="seconds of --steps steps, no profiler (A/B pairs)")
+    parser.add_argument("--ab-working-copy", type=int, default=0, metavar="N", help="N in-process pairs: with / without the working copy")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     bf16 = {"true": True, "false": False, "auto": None}[args.bf16]
+    if args.ab_working_copy:
+        import statistics
+
+        trainer = build_trainer(bf16, 1 + 2 * args.ab_working_copy)
+        working = trainer.log_probs.weights
+        if working is None:
+            raise SystemExit("--ab-working-copy: this run has no working copy (bf16 off, adapters, several processes or checkpointing)")
+        rollout = recorded(trainer, trainer._collect())  # warm-up
+        seconds = {"with": [], "without": []}
+        for pair in range(args.ab_working_copy):
+            for side in (("with", "without") if pair % 2 == 0 else ("without", "with")):
+                trainer.log_probs.weights = working if side == "with" else None
+                start = time.perf_counter()
+                trainer.update(rollout, 0, False, 0)
+                seconds[side].append(time.perf_counter() - start)
+        ratios = [w / o for w, o in zip(seconds["with"], seconds["without"])]
+        print(json.dumps({"seconds": seconds, "ratio_median": statistics.median(ratios), "ratios": ratios}))
+        return
+    if args.time_only:
+        import fastgrpo
+
+        trainer = build_trainer(bf16, 1 + args.steps)
+        rollout = trainer._collect()
+        rollout = recorded(trainer, rollout)  # warm-up
+        seconds = []
+        for _ in range(args.steps):
+            start = time.perf_counter()
+            trainer.update(rollout, 0, False, 0)
+            seconds.append(time.perf_counter() - start)
+        print(json.dumps({"tree": os.path.dirname(os.path.dirname(fastgrpo.__file__)), "step_seconds": seconds}))
+        return
     peaks_before = {"fp32": linear_peak(torch.float32), "bf16": linear_peak(torch.bfloat16)}
     trainer = build_trainer(bf16, 1 + args.steps)
     model = trainer.accelerator.unwrap_model(trainer.model)
     param_shapes = {tuple(p.shape) for p in model.parameters() if p.dim() == 2}
     rollout = trainer._collect()
     rows = flops.step_rows(trainer, rollout)
-    trainer.update(rollout, 0, True, 0)  # warm-up: oneDNN primitives, allocator
+    rollout = recorded(trainer, rollout)  # warm-up: oneDNN primitives, allocator
     clip = trainer.accelerator.clip_grad_norm_
 
     def named_clip(*a, **k):

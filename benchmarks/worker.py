@@ -157,9 +157,9 @@ def config_values(spec: dict, output_dir: str) -> dict:
         "num_generations": spec["num_generations"], "num_iterations": spec["num_iterations"],
         "max_completion_length": spec["max_completion_length"], "temperature": 1.0, "top_p": 1.0, "top_k": 0,
         "beta": spec["beta"], "epsilon": 0.2, "loss_type": "dapo", "scale_rewards": "group",
-        # TRL defaults to bf16 autocast and gradient checkpointing; fastgrpo to neither on CPU. Same work: both off,
-        # except system "fastgrpo-bf16" (bf16 products, the sampler's own bf16 copy).
-        "bf16": spec.get("bf16", False), "gradient_checkpointing": False, "disable_dropout": True,
+        # TRL defaults to bf16 autocast and gradient checkpointing; fastgrpo to bf16 where the CPU has bf16 units. Same
+        # work: both off, unless the case says otherwise per system (run.py's "extras"; None: fastgrpo's default).
+        "bf16": spec.get("bf16", False), "gradient_checkpointing": spec.get("gradient_checkpointing", False), "disable_dropout": True,
         "logging_steps": 10, "report_to": "none", "disable_tqdm": True, "log_completions": False,
     }
 
@@ -214,7 +214,7 @@ def run_trl(spec: dict, dataset, reward, rec: Recorder, output_dir: str):
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    args = GRPOConfig(**config_values(spec, output_dir), save_strategy="no")
+    args = GRPOConfig(**config_values(spec, output_dir), save_strategy="no", use_cpu=spec.get("use_cpu", False))  # bf16 on a CPU: use_cpu
     trainer = GRPOTrainer(model=spec["model_path"], reward_funcs=reward, args=args, train_dataset=dataset, peft_config=peft_config(spec))
 
     logps = trainer._get_per_token_logps_and_entropies

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from test_trainer import config, reward_even_tokens
 
 import fastgrpo.update.step as step_module
@@ -22,6 +23,7 @@ from fastgrpo.model.loading import lora_config, merged_copy
 from fastgrpo.model.precision import resolve_bf16
 from fastgrpo.rollout.record import completion_mask
 from fastgrpo.generation.weight_copy import MergedCopy
+from fastgrpo.model.working_copy import WorkingCopy
 
 AMX_CPU = {"cpu_name": "Intel Xeon", "amx_bf16": True, "amx_tile": True, "avx512_bf16": True, "avx2": True}
 AVX2_CPU = {"cpu_name": "AMD EPYC", "avx2": True, "amx_bf16": False, "avx512_bf16": False}
@@ -233,3 +235,69 @@ def test_vespo_trains_with_the_bf16_samplers_correction(tmp_path, tokenizer, mak
     trainer.train()
     record = trainer.state.log_history[0]
     assert "sampling/importance_sampling_ratio/mean" in record and 0 < record["vespo/phi_seq_mean"] <= 1.0 + 1e-6
+
+
+def test_working_copy_gives_autocasts_values_and_gradients_and_follows_the_weights(tokenizer, make_model):
+    # The update's one bf16 copy (model/working_copy.py) stands in for autocast's per-call casts: the same rounding
+    # of the same weights, so log-probs and KL are autocast's bit for bit and the fp32 parameters get autocast's
+    # gradients; an in-place step moves a weight's version counter and only then is it recast.
+    ids, mask = left_padded(tokenizer, ["Count to 3.", "Name a colour, any colour you like."])
+    completion_ids = torch.randint(0, len(tokenizer), (8, 6), generator=torch.Generator().manual_seed(0))
+    batch = SimpleNamespace(
+        prompt_ids=ids.repeat_interleave(4, 0), prompt_mask=mask.repeat_interleave(4, 0),
+        completion_ids=completion_ids, completion_mask=completion_mask(completion_ids, [tokenizer.eos_token_id]),
+    )
+    autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731
+    runs = []
+    for working in (False, True):
+        model, ref = make_model(0), make_model(1).eval()
+        copy = WorkingCopy(model) if working else None
+        stats = LogProbs(0.9, chunk=5, autocast=autocast, weights=copy)(model, batch, lambda: nullcontext(ref))
+        ((stats.logps + 0.1 * stats.kl) * batch.completion_mask).sum().backward()
+        runs.append((stats, {n: p.grad for n, p in model.named_parameters()}, model, copy))
+    (stats, grads, _, _), (stats_w, grads_w, model, copy) = runs
+    assert torch.equal(stats.logps, stats_w.logps) and torch.equal(stats.kl, stats_w.kl)
+    assert grads.keys() == grads_w.keys() and len(grads) == len(list(model.parameters()))
+    for name in grads:
+        assert grads_w[name].dtype == torch.float32 and torch.equal(grads_w[name], grads[name]), name
+    q = model.model.layers[0].self_attn.q_proj.weight
+    before = copy.cast(q)
+    assert copy.cast(q) is before and torch.equal(before, q.detach().to(torch.bfloat16))  # unchanged: not recast
+    torch.optim.SGD(model.parameters(), lr=1.0).step()  # in place: the version counter moves
+    assert copy.cast(q) is before and torch.equal(before, q.detach().to(torch.bfloat16))  # recast into the same tensor
+    assert copy.holds(model) and not copy.holds(make_model(1))  # a separate π_ref runs through autocast
+
+
+class ParameterCasts(TorchDispatchMode):
+    """Counts the dtype casts (aten._to_copy) whose input is one of `params`: what autocast does at every product."""
+
+    def __init__(self, params):
+        super().__init__()
+        self.pointers, self.count = {p.data_ptr() for p in params}, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._to_copy.default and args[0].data_ptr() in self.pointers:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_trainer_holds_the_weights_in_bf16_once_for_the_update_and_the_sampler(tmp_path, capsys, tokenizer, make_model, prompts, checkpointing):
+    # bf16 on one process without adapters: the sampler's MergedCopy parameters are the working copy's tensors
+    # (no second bf16 copy) and the update casts no weight (every product multiplies the copies), and after
+    # training both equal the trained fp32 weights rounded to bf16. With gradient checkpointing there is no working
+    # copy (its recomputation runs outside functional_call): autocast casts the weights, the sampler has its own copy.
+    args = config(tmp_path, bf16=True, max_steps=2, learning_rate=1e-2, gradient_checkpointing=checkpointing)
+    trainer = GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
+    out = capsys.readouterr().out
+    policy, working = trainer.accelerator.unwrap_model(trainer.model), trainer.log_probs.weights
+    sampled = dict(trainer.backend.weight_copy.module.named_parameters())
+    assert (working is None) == checkpointing
+    assert ("share one bfloat16 copy of the weights (6 MiB)" in out) == (not checkpointing)
+    with ParameterCasts(policy.parameters()) as casts:
+        trainer.train()
+    assert (casts.count > 0) == checkpointing
+    trainer.backend.update_weights(policy)  # what the next rollout's sampling would start with
+    for name, param in policy.named_parameters():
+        assert torch.equal(sampled[name], param.detach().to(torch.bfloat16)), name  # updated after the last step
+        assert checkpointing or sampled[name].data_ptr() == working.cast(param).data_ptr(), name

@@ -13,7 +13,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fastgrpo.update.logprobs import ChunkedHead, LogProbs, chunkable_head, fallback_notices, pack, sharing_support
+from fastgrpo.update.chunked_head import ChunkedHead
+from fastgrpo.update.logprobs import LogProbs, chunkable_head, fallback_notices, pack, sharing_support
 from fastgrpo.algo.losses import LOSS_TYPES, StepCounts, entropy_from_logits, grpo_loss, high_entropy_mask, kl_full, selective_log_softmax
 
 TAU = 0.7

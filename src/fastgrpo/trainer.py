@@ -33,6 +33,7 @@ from .generation.build import build_backend, open_engine
 from .generation.contract import SamplingSettings
 from .model.loading import as_reference, sync_reference
 from .model.precision import autocast_for
+from .model.working_copy import working_copy
 from .rollout.assembly import build_assembly
 from .rollout.async_producer import overlapped, running
 from .rollout.producers import build_producer
@@ -75,8 +76,7 @@ class GRPOTrainer(TRLMethods):
         eval_dataset: optional rows, or a dict / DatasetDict of them, for
             `evaluate()` (run as `eval_strategy` says).
         processing_class: the tokenizer; default: the model's own.
-        reward_processing_classes: tokenizers of the reward models, one per
-            reward_funcs entry (None for functions) or a single one (TRL's).
+        reward_processing_classes: tokenizers of the reward models, one per reward_funcs entry (None for functions) or a single one (TRL's).
         callbacks: `transformers.TrainerCallback` instances or classes (callbacks.py).
         peft_config: a `peft.PeftConfig` (e.g. `LoraConfig`, see `models.lora_config`):
             train adapters only; with beta > 0, π_ref is the same model run as
@@ -120,14 +120,14 @@ class GRPOTrainer(TRLMethods):
         self.max_steps, optimizer, self.scheduler = build_optimization(a, policy, train_dataset)
         self.model, self.optimizer = prepare(acc, policy, optimizer)
         sampling = SamplingSettings.from_config(a, self.eos_token_ids, self.tokenizer.pad_token_id)
-        # bf16: the own sampler samples from its own bf16 copy; FSDP: the gathered whole copy (weight_copy.py); vLLM: its engine
+        working = working_copy(policy, a, bf16=bf16, processes=acc.num_processes)  # the update's and the own sampler's one bf16 copy, where it applies
         self.backend = build_backend(a, acc.unwrap_model(self.model), sampling, bf16=bf16, gathered=gathered, server=server,
-                                     tokenizer=self.tokenizer, seed=a.seed + acc.process_index)
+                                     tokenizer=self.tokenizer, seed=a.seed + acc.process_index, working=working)  # one bf16 copy of the weights
         self.synced_step, self.weight_version = 0, 0  # the step the backend's weights are from, and its pushes so far (TRL's model_version)
         self.encode = PromptEncoder(self.tokenizer, a.max_prompt_length, a.chat_template_kwargs)
         self.entropy_control = EntropyControl.from_config(a)  # the entropy bonus's coefficient; None: no bonus
         self.correction = SamplingCorrection.from_config(a, self.backend.owns_weights)  # the sampler–trainer mismatch, TRL's vllm_importance_sampling_*
-        self.log_probs = LogProbs(a.temperature, autocast=self.autocast, entropy_grad=self.entropy_control is not None)  # packed, chunked head
+        self.log_probs = LogProbs(a.temperature, autocast=self.autocast, entropy_grad=self.entropy_control is not None, weights=working)  # packed, chunked head
         notify = lambda note: acc.is_main_process and self.console.print(f"fastgrpo: {note}", soft_wrap=True)  # noqa: E731
         producer, self.tokenizer = build_producer(
             a, checked.agents, tokenizer=self.tokenizer, encode=self.encode, backend=self.backend, eos_token_ids=self.eos_token_ids,

@@ -17,6 +17,7 @@ import torch
 
 from ..config.checks import GENERATION_BACKENDS
 from ..model.loading import decoder_of, resolve_model_path
+from ..model.working_copy import WorkingCopy
 from .contract import EngineError, GenerationBackend, SamplingSettings
 from .sampler import Sampler, unsupported_reason
 from .transformers_generate import TransformersGenerator
@@ -55,7 +56,7 @@ def open_engine(args, model, *, is_main: bool, bf16: bool) -> ServerEngine | Non
 
 def build_backend(
     args, policy: torch.nn.Module, sampling: SamplingSettings, *, bf16: bool, gathered: GatheredCopy | None = None,
-    server: ServerEngine | None = None, tokenizer=None, seed: int = 0,
+    server: ServerEngine | None = None, tokenizer=None, seed: int = 0, working: WorkingCopy | None = None,
 ) -> GenerationBackend:
     """The `GenerationBackend` for `args.generation_backend`: fastgrpo's `Sampler`, or transformers' `generate`.
 
@@ -69,6 +70,8 @@ def build_backend(
             it takes the place of the bf16 copy.
         server: the connected vLLM server (`open_engine`), in server mode.
         tokenizer, seed: the colocated vLLM engine's tokenizer and sampling seed (the server's: its requests' seed base).
+        working: the update's bf16 `WorkingCopy` (model/working_copy.py): fastgrpo's sampler's
+            `MergedCopy` shares its tensors instead of holding its own.
     Returns:
         A `Sampler`; a `TransformersGenerator` when asked for or when the
         sampler cannot run this model (a one-line `UserWarning` says why); a `VLLMGenerator` with a
@@ -99,7 +102,7 @@ def build_backend(
     if backend == "fastgrpo":
         reason = unsupported_reason(model)
         if reason is None:
-            copy = gathered if gathered is not None else MergedCopy(policy, torch.bfloat16) if bf16 else None
+            copy = gathered if gathered is not None else MergedCopy(policy, torch.bfloat16, working) if bf16 else None
             return Sampler(model, sampling, weight_copy=copy)
         warnings.warn(f"fastgrpo's sampler cannot run {reason}; generating with transformers' generate instead.", stacklevel=2)
     return TransformersGenerator(policy, sampling, weight_copy=gathered)

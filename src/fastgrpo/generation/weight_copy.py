@@ -35,6 +35,7 @@ from torch import nn
 
 from ..model.loading import decoder_of
 from ..model.sharding import full_value
+from ..model.working_copy import WorkingCopy
 
 
 class WeightCopy(Protocol):
@@ -119,41 +120,53 @@ class MergedCopy:
     Args:
         policy: the trained model (unwrapped; a peft model is fine).
         dtype: the copy's dtype (torch.bfloat16).
+        working: the update's `WorkingCopy` of a plain policy (model/working_copy.py) in `dtype`:
+            the copy's parameters are its tensors (the weights held in bf16 once, not twice) and
+            `update` recasts only what changed; None: a copy of its own.
     Attributes:
         module: the copy, a plain model of the policy's architecture (eval, no grad).
-        nbytes: bytes its parameters hold (the copy's memory).
+        nbytes: bytes its parameters hold of their own (0 when they are the working copy's).
     The copy is allocated once; its buffers (rotary frequencies) are the
     policy's own, in their own dtype.
     """
 
     second_policy = True
 
-    def __init__(self, policy: nn.Module, dtype: torch.dtype = torch.bfloat16):
-        self.dtype = dtype
+    def __init__(self, policy: nn.Module, dtype: torch.dtype = torch.bfloat16, working: WorkingCopy | None = None):
+        if working is not None and working.dtype != dtype:
+            raise ValueError(f"MergedCopy(dtype={dtype}) cannot share a {working.dtype} WorkingCopy; pass one of {dtype}.")
+        self.dtype, self.working = dtype, working
         lm = decoder_of(policy)
         device = next(lm.parameters()).device
         with torch.device("meta"):  # no fp32 allocation nor random init: every value is written below
             plain = type(lm)(lm.config)
         plain.to_empty(device=device).tie_weights()  # to_empty unties shared parameters; the config says which to share
-        for _, param in plain.named_parameters():
-            param.data = torch.empty(param.shape, dtype=dtype, device=device)
+        own = dict(lm.named_parameters())
+        for name, param in plain.named_parameters():
+            param.data = working.cast(own[name]) if working is not None else torch.empty(param.shape, dtype=dtype, device=device)
         buffers = dict(lm.named_buffers())
         for name, buffer in plain.named_buffers():
             module, _, leaf = name.rpartition(".")
             plain.get_submodule(module)._buffers[leaf] = buffers[name].clone()
         self.module = plain.eval().requires_grad_(False)
-        self.nbytes = sum(p.numel() * p.element_size() for p in self.module.parameters())
+        self.nbytes = 0 if working is not None else sum(p.numel() * p.element_size() for p in self.module.parameters())
         self.update(policy)
 
     @torch.no_grad()
     def update(self, policy: nn.Module) -> None:
         """Write the policy's current full weights into the copy (rounded to `dtype`, as `Tensor.to` rounds)."""
+        if self.working is not None:  # the copy's tensors are the working copy's: recast what changed
+            self.working.refresh()
+            return
         weights = full_weights(policy)
         for name, param in self.module.named_parameters():
             param.copy_(weights[name])
 
     def notices(self) -> list[str]:
         """The copy's dtype and memory, as one start-up sentence."""
+        if self.working is not None:
+            return [f"the sampler and the update share one {str(self.dtype).removeprefix('torch.')} copy of the weights "
+                    f"({self.working.nbytes / 2**20:.0f} MiB), recast once per optimizer step."]
         return [f"the sampler samples from its own {str(self.dtype).removeprefix('torch.')} copy of the weights "
                 f"({self.nbytes / 2**20:.0f} MiB), refreshed once per rollout."]
 

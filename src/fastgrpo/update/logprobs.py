@@ -37,6 +37,8 @@ import torch
 from torch import nn
 
 from ..algo.losses import entropy_from_logits, kl_full, selective_log_softmax
+from ..model.working_copy import WorkingCopy
+from .chunked_head import ChunkedHead
 
 # Tokens per LM-head chunk: a (256, 49 152) fp32 block is 50 MB for SmolLM2, about
 # the padded micro-batch's whole (4, 64, V) logits, while 256 rows keep the head
@@ -192,92 +194,6 @@ def fallback_notices(model) -> list[str]:
     return notes
 
 
-class ChunkedHead(torch.autograd.Function):
-    """Log-prob, entropy and exact KL of tokens from last hidden states, one chunk of logits at a time.
-
-    forward(hidden (n, H), weight (V, H), bias (V,) or None, labels (n,), temperature,
-            ref_hidden (n, H) or None, ref_weight (V, H) or None, ref_bias or None, chunk, entropy_grad)
-      → logps (n,), entropy (n,), kl (n,) (zeros without π_ref).
-
-    Each chunk's logits z = (h Wᵀ + b) / τ are computed in fp32 after the matmul
-    (in the autocast dtype when autocast is on, as the model's own head would be),
-    reduced and freed; backward recomputes them. With g_ℓ, g_KL, g_H the incoming
-    gradients, ∂/∂z = g_ℓ (onehot(y) − p) + g_KL p (log p − log q − KL)
-    − g_H p (log p + H), then ∂h = (∂z / τ) W and ∂W = (∂z / τ)ᵀ h. Entropy has
-    a gradient only with `entropy_grad` (the entropy bonus); else it is a metric.
-    π_ref's tensors take no gradient. A tied head (embedding = head) receives its
-    gradient through `weight` like any other use of the parameter.
-    """
-
-    @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, temperature, ref_hidden, ref_weight, ref_bias, chunk, entropy_grad=False):
-        dtype = torch.get_autocast_dtype(hidden.device.type) if torch.is_autocast_enabled(hidden.device.type) else weight.dtype
-        ctx.save_for_backward(hidden, weight, bias, labels, ref_hidden, ref_weight, ref_bias)
-        ctx.temperature, ctx.chunk, ctx.dtype, ctx.entropy_grad = temperature, chunk, dtype, entropy_grad
-        n = hidden.shape[0]
-        logps, entropy, kl = (torch.zeros(n, dtype=_wide(dtype), device=hidden.device) for _ in range(3))
-        with torch.autocast(hidden.device.type, enabled=False):
-            for start in range(0, n, chunk):
-                part = slice(start, start + chunk)
-                logp = _chunk_log_softmax(hidden[part], weight, bias, temperature, dtype)  # (c, V)
-                logps[part] = logp.gather(-1, labels[part, None]).squeeze(-1)
-                p = logp.exp()
-                entropy[part] = -(p * logp).sum(-1)
-                if ref_hidden is not None:
-                    ref_logp = _chunk_log_softmax(ref_hidden[part], ref_weight, ref_bias, temperature, dtype)
-                    kl[part] = (p * (logp - ref_logp)).sum(-1)
-        if not entropy_grad:
-            ctx.mark_non_differentiable(entropy)
-        return logps, entropy, kl
-
-    @staticmethod
-    def backward(ctx, grad_logps, grad_entropy, grad_kl):
-        hidden, weight, bias, labels, ref_hidden, ref_weight, ref_bias = ctx.saved_tensors
-        tau, dtype = ctx.temperature, ctx.dtype
-        need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]  # a frozen head (LoRA) skips its (V, H) products
-        grad_hidden = torch.empty_like(hidden) if need_hidden else None
-        grad_weight = torch.zeros(weight.shape, dtype=_wide(dtype), device=weight.device) if need_weight else None
-        grad_bias = torch.zeros(weight.shape[0], dtype=_wide(dtype), device=weight.device) if need_bias else None
-        with torch.autocast(hidden.device.type, enabled=False):
-            for start in range(0, hidden.shape[0], ctx.chunk):
-                part = slice(start, start + ctx.chunk)
-                logp = _chunk_log_softmax(hidden[part], weight, bias, tau, dtype)  # recomputed, (c, V)
-                p = logp.exp()
-                grad_z = p * -grad_logps[part, None]  # g_ℓ (onehot − p), the onehot added next
-                grad_z.scatter_add_(-1, labels[part, None], grad_logps[part, None])
-                if ctx.entropy_grad:  # ∂H/∂z = −p (log p + H)
-                    plogp = p * logp
-                    grad_z -= grad_entropy[part, None] * (plogp - p * plogp.sum(-1, keepdim=True))
-                if ref_hidden is not None:
-                    diff = logp - _chunk_log_softmax(ref_hidden[part], ref_weight, ref_bias, tau, dtype)
-                    kl = (p * diff).sum(-1, keepdim=True)
-                    grad_z += grad_kl[part, None] * p * (diff - kl)
-                grad_z = (grad_z / tau).to(dtype)  # ∂/∂(h Wᵀ + b)
-                if need_hidden:
-                    grad_hidden[part] = (grad_z @ weight.to(dtype)).to(hidden.dtype)
-                if need_weight:
-                    grad_weight += grad_z.T @ hidden[part].to(dtype)
-                if grad_bias is not None:
-                    grad_bias += grad_z.sum(0)
-        grad_weight = grad_weight.to(weight.dtype) if need_weight else None
-        grad_bias = grad_bias.to(bias.dtype) if need_bias else None
-        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None, None
-
-
-def _wide(dtype: torch.dtype) -> torch.dtype:
-    """The softmax precision: fp32, or the matmul's dtype when wider (fp64 in gradient checks)."""
-    return torch.promote_types(dtype, torch.float32)
-
-
-def _chunk_log_softmax(hidden, weight, bias, temperature, dtype) -> torch.Tensor:
-    """(c, H) hidden states → (c, V) log-softmax of (h Wᵀ + b) / τ, the matmul in `dtype`, the softmax at least fp32."""
-    logits = hidden.to(dtype) @ weight.to(dtype).T
-    if bias is not None:
-        logits = logits + bias.to(dtype)
-    logits = logits.to(_wide(dtype)).div_(temperature)
-    return logits.sub_(torch.logsumexp(logits, dim=-1, keepdim=True))
-
-
 class LogProbs:
     """The log-prob pass of one micro-batch through a policy (and, for the exact KL, π_ref).
 
@@ -293,6 +209,11 @@ class LogProbs:
             SmolLM2 they add 0.008 to the body's 0.055 mean |Δ log p| against fp32,
             for a 4× faster head on AMX); its log-softmax, entropy and KL stay fp32.
         entropy_grad: entropies with gradient (the entropy bonus); else detached.
+        weights: the policy's bf16 `WorkingCopy` (model/working_copy.py), or None. Given, the
+            policy's linear layers and chunked head multiply its copies (cast once per
+            optimizer step, not by autocast at every forward; gradients reach the fp32
+            parameters, widened as autocast's cast would): the same products, so the
+            same values. A model it does not hold (a separate π_ref) runs through autocast.
     Call: `log_probs(model, mb, reference=None) → TokenStats`, where `mb` has
     `prompt_ids`, `prompt_mask`, `completion_ids`, `completion_mask` (a `Rollout`
     view). `reference` given — a zero-argument callable returning a context
@@ -303,13 +224,16 @@ class LogProbs:
     adapter), so the policy decides packing and chunking for both.
     """
 
-    def __init__(self, temperature: float, share_prompts: bool = True, chunk: int = CHUNK_TOKENS, autocast=nullcontext, entropy_grad: bool = False):
+    def __init__(
+        self, temperature: float, share_prompts: bool = True, chunk: int = CHUNK_TOKENS, autocast=nullcontext, entropy_grad: bool = False,
+        weights: WorkingCopy | None = None,
+    ):
         if temperature <= 0:
             raise ValueError(f"temperature={temperature}: log-probs are taken at logits / temperature; use a value > 0.")
         if chunk < 1:
             raise ValueError(f"chunk={chunk}: the LM head needs at least 1 token per chunk.")
         self.temperature, self.share_prompts, self.chunk, self.autocast = temperature, share_prompts, chunk, autocast
-        self.entropy_grad = entropy_grad
+        self.entropy_grad, self.weights = entropy_grad, weights
 
     def __call__(self, model, mb, reference=None) -> TokenStats:
         with self.autocast():
@@ -321,7 +245,8 @@ class LogProbs:
         row = pack(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.completion_mask, share, mask_dtype)
         shape = mb.completion_ids.shape
         if chunkable_head(model) is None:
-            hidden = _last_hidden(model, row)  # (n, H)
+            working = self.weights if self.weights is not None and self.weights.holds(model) else None
+            hidden = _last_hidden(model, row, working)  # (n, H)
             ref_hidden = ref_head = None
             if reference is not None:
                 with torch.no_grad(), reference() as ref_model:
@@ -331,6 +256,7 @@ class LogProbs:
                 hidden, head.weight, head.bias, row.labels, self.temperature, ref_hidden,
                 None if ref_head is None else ref_head.weight.detach(),
                 None if ref_head is None or ref_head.bias is None else ref_head.bias.detach(), self.chunk, self.entropy_grad,
+                None if working is None else working.cast(head.weight),
             )
         else:  # the model's own head on the needed positions only: (1, n, V) at most
             logits = _logits(model, row) / self.temperature
@@ -371,14 +297,15 @@ def _head(model) -> nn.Linear:
     return _inner(model).get_output_embeddings()
 
 
-def _forward(model, row: PackedRow, logits_to_keep: torch.Tensor):
-    return model(
-        input_ids=row.input_ids, position_ids=row.position_ids, attention_mask=row.attention_mask,
-        logits_to_keep=logits_to_keep, use_cache=False,
-    )
+def _forward(model, row: PackedRow, logits_to_keep: torch.Tensor, working: WorkingCopy | None = None):
+    inputs = dict(input_ids=row.input_ids, position_ids=row.position_ids, attention_mask=row.attention_mask,
+                  logits_to_keep=logits_to_keep, use_cache=False)
+    if working is None:
+        return model(**inputs)
+    return torch.func.functional_call(model, working.linear_weights(model), kwargs=inputs, tie_weights=False)  # the copies as weights
 
 
-def _last_hidden(model, row: PackedRow) -> torch.Tensor:
+def _last_hidden(model, row: PackedRow, working: WorkingCopy | None = None) -> torch.Tensor:
     """(n, H) final hidden states at `row.source`, through the model's (possibly DDP-wrapped) forward.
 
     The forward runs through the wrapper, so DDP's gradient synchronisation stays
@@ -388,7 +315,7 @@ def _last_hidden(model, row: PackedRow) -> torch.Tensor:
     kept = []
     hook = _inner(model).get_decoder().register_forward_hook(lambda module, args, out: kept.append(out[0]))
     try:
-        _forward(model, row, row.source[:0])
+        _forward(model, row, row.source[:0], working)
     finally:
         hook.remove()
     return kept[0][0, row.source]

@@ -1,0 +1,100 @@
+"""The chunked LM head against an earlier revision's, alternated in one process: forward + backward seconds and their ratio.
+
+    flock /work/cpu.lock python benchmarks/head_ab.py --baseline 25512f9 --pairs 6            # bf16 autocast, 1 thread
+    python benchmarks/head_ab.py --baseline 25512f9 --bf16 false                             # fp32
+
+SmolLM2-135M's head shapes (V = 49 152, H = 576, tied: the weight takes a
+gradient) on `--tokens` completion tokens, one micro-batch of the seed
+configuration (≈ 220 head tokens per micro-batch, benchmarks/flops.py), β = 0
+(no π_ref) unless `--beta`; random values (the time does not depend on them).
+`--baseline` is a git revision whose `ChunkedHead` (in `src/fastgrpo/update/logprobs.py`
+or `update/chunked_head.py`) is loaded from the repository's history; the
+current tree's is the other side. Pairs alternate which side runs first; the
+report is each side's median and the median of per-pair ratios (current /
+baseline), with the values compared bit for bit.
+
+Not here: the whole optimizer step (update_profile.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import types
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def baseline_head(revision: str):
+    """`ChunkedHead` as it was at `revision` (its module's source, run in a fresh namespace)."""
+    for path in ("src/fastgrpo/update/chunked_head.py", "src/fastgrpo/update/logprobs.py"):
+        done = subprocess.run(["git", "-C", ROOT, "show", f"{revision}:{path}"], capture_output=True, text=True)
+        if done.returncode == 0 and "class ChunkedHead" in done.stdout:
+            source = done.stdout.replace("from ..algo.losses import", "from fastgrpo.algo.losses import").replace("from .chunked_head import", "from fastgrpo.update.chunked_head import")
+            with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+                f.write(source)
+            module = types.ModuleType(f"baseline_{revision}")
+            module.__file__ = f.name
+            sys.modules[module.__name__] = module  # dataclasses look their module up
+            exec(compile(source, f.name, "exec"), module.__dict__)
+            return module.ChunkedHead
+    raise SystemExit(f"--baseline {revision}: no ChunkedHead in update/chunked_head.py or update/logprobs.py at that revision")
+
+
+def run_once(head, inputs, bf16: bool, beta: bool):
+    """Seconds of one forward + backward, and (log-probs, ∂hidden, ∂weight)."""
+    hidden, weight, labels, ref_hidden, ref_weight, grad = inputs
+    hidden.grad = weight.grad = None
+    start = time.perf_counter()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        logps, _, kl = head.apply(hidden, weight, None, labels, 1.0, ref_hidden if beta else None, ref_weight if beta else None, None, 256, False)
+    ((logps * grad).sum() + 0.04 * kl.sum()).backward()
+    return time.perf_counter() - start, (logps.detach(), hidden.grad.clone(), weight.grad.clone())
+
+
+def main() -> None:
+    from fastgrpo.update.chunked_head import ChunkedHead
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--baseline", required=True, help="git revision of the other side")
+    parser.add_argument("--tokens", type=int, default=220)
+    parser.add_argument("--pairs", type=int, default=6)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--bf16", choices=("true", "false"), default="true")
+    parser.add_argument("--beta", action="store_true", help="with π_ref (the exact KL's second head)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    bf16 = args.bf16 == "true"
+    g = torch.Generator().manual_seed(0)
+    V, H, n = 49152, 576, args.tokens
+    inputs = (
+        torch.randn(n, H, generator=g).requires_grad_(), (0.02 * torch.randn(V, H, generator=g)).requires_grad_(),
+        torch.randint(0, V, (n,), generator=g), torch.randn(n, H, generator=g), 0.02 * torch.randn(V, H, generator=g),
+        torch.randn(n, generator=g),
+    )
+    sides = {"baseline": baseline_head(args.baseline), "current": ChunkedHead}
+    for head in sides.values():  # warm-up: oneDNN primitives, the allocator
+        run_once(head, inputs, bf16, args.beta)
+    seconds, values = {k: [] for k in sides}, {}
+    for pair in range(args.pairs):
+        for name in (("baseline", "current") if pair % 2 == 0 else ("current", "baseline")):
+            s, values[name] = run_once(sides[name], inputs, bf16, args.beta)
+            seconds[name].append(s)
+    ratios = [c / b for c, b in zip(seconds["current"], seconds["baseline"])]
+    same = all(torch.equal(a, b) for a, b in zip(values["baseline"], values["current"]))
+    print(f"{'bf16' if bf16 else 'fp32'}, {n} tokens, {args.threads} thread(s), beta {'0.04' if args.beta else '0'}, cpu "
+          f"{torch.cpu.get_capabilities().get('cpu_name', '?')}: baseline {args.baseline} median {statistics.median(seconds['baseline']):.3f} s, "
+          f"current {statistics.median(seconds['current']):.3f} s, ratio median {statistics.median(ratios):.2f} "
+          f"[{min(ratios):.2f}-{max(ratios):.2f}] over {args.pairs} pairs; values bit for bit equal: {same}")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.join(ROOT, "src"))
+    main()

@@ -1,0 +1,123 @@
+"""One bf16 working copy of a plain policy's weights, recast once per optimizer step, read by the update and the sampler.
+
+Under bf16 autocast every linear layer casts its fp32 weight to bf16 at every
+forward (each micro-batch of π_θ, each π_old pass: autocast caches within one
+forward only), the chunked head casts its weight in its forward and again in
+its backward, and the sampler holds a bf16 copy of its own
+(generation/weight_copy.MergedCopy).
+`WorkingCopy` casts each floating-point parameter once and recasts it, in
+place into the same tensor, only when the parameter's version counter moved
+(AdamW's in-place step moves it; so do `copy_` and `load_state_dict`). The
+update's products multiply these copies (update/logprobs.py, through
+`torch.func.functional_call`; update/chunked_head.py for the LM head), and
+`MergedCopy` takes its parameters from the same tensors: the weights are
+held in bf16 once.
+
+Values: `Tensor.to`'s rounding is autocast's, so the products, log-probs and
+gradients are autocast's bit for bit (tests/test_bf16.py); the gradient reaches
+the fp32 master through `_CastOnce`, widened as autocast's cast's backward widens it.
+
+`working_copy` decides where it applies: bf16 on, a plain model (no peft
+adapters: the sampler's copy merges them and the base is frozen), one process
+without FSDP (a sharded or DDP-wrapped forward keeps autocast), no gradient
+checkpointing (its recomputation runs outside `functional_call`).
+
+Not here: the autocast itself (precision.py), the sampler's copy (generation/weight_copy.py).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .loading import is_peft_model
+
+
+class WorkingCopy:
+    """One `dtype` copy of a model's floating-point parameters, recast when (and only when) a parameter changed.
+
+    Args:
+        model: the policy (a plain causal LM); its parameters stay the fp32 masters
+            that gradients and AdamW update.
+        dtype: the products' dtype (torch.bfloat16).
+    `cast(param)` returns the copy of one parameter: a tensor allocated once and
+    rewritten in place when the parameter's version counter moved. Within an
+    optimizer step every micro-batch and π_old pass, and the sampler, read the same tensors.
+    Attributes:
+        nbytes: bytes the copies hold.
+    """
+
+    def __init__(self, model: nn.Module, dtype: torch.dtype = torch.bfloat16):
+        self.dtype = dtype
+        self._copies: dict[int, tuple[int, torch.Tensor]] = {}  # id(param) → (version cast, copy)
+        self._params = [p for p in model.parameters() if p.is_floating_point()]
+        for p in self._params:
+            self.cast(p)
+        self.nbytes = sum(c.numel() * c.element_size() for _, c in self._copies.values())
+
+    @torch.no_grad()
+    def cast(self, param: torch.Tensor) -> torch.Tensor:
+        """`param` (one of the model's) in `dtype`, recast in place if it changed since the last call; no gradient."""
+        version, copy = self._copies.get(id(param), (None, None))
+        if copy is None:
+            copy = param.detach().to(self.dtype, copy=True)
+            self._copies[id(param)] = (param._version, copy)
+        elif version != param._version:
+            copy.copy_(param.detach())
+            self._copies[id(param)] = (param._version, copy)
+        return copy
+
+    def refresh(self) -> None:
+        """Recast every parameter that changed (before the sampler reads the copies directly)."""
+        for p in self._params:
+            self.cast(p)
+
+    def holds(self, model: nn.Module) -> bool:
+        """Whether `model`'s parameters are the ones this copies (the policy, not a separate π_ref)."""
+        first = next(model.parameters(), None)
+        return first is not None and id(first) in self._copies
+
+    def weight(self, param: torch.Tensor) -> torch.Tensor:
+        """`param`'s copy for a product: through `_CastOnce` when it trains (the gradient reaches `param`), else the copy itself."""
+        return _CastOnce.apply(param, self.cast(param)) if param.requires_grad else self.cast(param)
+
+    def linear_weights(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """{name: weight in `dtype`} for every `nn.Linear` weight of `model`, for `torch.func.functional_call(..., tie_weights=False)`.
+
+        Every weight but the LM head's comes through `weight` (the gradient reaches
+        the fp32 parameter). The head's is the copy itself, detached: the model's
+        own head runs on zero positions (update/logprobs.py's `_last_hidden`; the
+        chunked head takes the copy itself and gives the gradient), where autocast
+        would still cast the whole (V, H) weight. With untied names (`tie_weights=False`)
+        a tied input embedding keeps its fp32 weight.
+        """
+        head = model.get_output_embeddings()
+        return {f"{name}.weight": self.cast(module.weight) if module is head else self.weight(module.weight)
+                for name, module in model.named_modules() if isinstance(module, nn.Linear)}
+
+
+class _CastOnce(torch.autograd.Function):
+    """forward(weight (fp32), copy (bf16)) → copy; backward: the gradient widened to weight's dtype (autocast's ToCopyBackward)."""
+
+    @staticmethod
+    def forward(ctx, weight, copy):
+        ctx.dtype = weight.dtype
+        return copy.detach()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.to(ctx.dtype), None
+
+
+def working_copy(policy: nn.Module, args, *, bf16: bool, processes: int) -> WorkingCopy | None:
+    """The policy's bf16 `WorkingCopy` where it applies (module docstring), else None (autocast casts at each product).
+
+    Args:
+        policy: the unwrapped policy; a peft model gets none.
+        args: the GRPOConfig (`gradient_checkpointing` is read).
+        bf16: the run's products in bf16 (precision.py).
+        processes: the world size (more than one: none).
+    """
+    if not bf16 or is_peft_model(policy) or processes > 1 or args.gradient_checkpointing:
+        return None
+    return WorkingCopy(policy, torch.bfloat16)

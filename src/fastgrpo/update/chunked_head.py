@@ -1,0 +1,163 @@
+"""The LM head in chunks of tokens: log-prob, entropy and exact KL from last hidden states, no (n, V) tensor kept.
+
+`ChunkedHead` is a custom autograd function: each chunk's logits are made,
+reduced and freed; backward recomputes them. The head's peak is a few
+(chunk, V) buffers, allocated once per call and overwritten in place.
+
+Maths, as in `algo/losses.py` (which keeps the unchunked reference functions):
+logits z = (h Wᵀ + b) / τ, log π(y) = z_y − logsumexp(z), H = −Σ p log p,
+KL = Σ p (log p − log q).
+
+Not here: packing the rows and running the decoder (logprobs.py), the loss (algo/losses.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class ChunkedHead(torch.autograd.Function):
+    """Log-prob, entropy and exact KL of tokens from last hidden states, one chunk of logits at a time.
+
+    forward(hidden (n, H), weight (V, H), bias (V,) or None, labels (n,), temperature,
+            ref_hidden (n, H) or None, ref_weight (V, H) or None, ref_bias or None, chunk, entropy_grad,
+            weight_copy (V, H) in the product dtype or None)
+      → logps (n,), entropy (n,), kl (n,) (zeros without π_ref), fp32 (fp64 for fp64 inputs).
+
+    Each chunk's logits z = (h Wᵀ + b) / τ are a product in the autocast dtype
+    when autocast is on (as the model's own head would be), else in the weight's
+    dtype, then widened to fp32; reduced and freed; backward recomputes them.
+    With g_ℓ, g_KL, g_H the incoming gradients, ∂/∂z = g_ℓ (onehot(y) − p)
+    + g_KL p (log p − log q − KL) − g_H p (log p + H), then ∂h = (∂z / τ) W and
+    ∂W = (∂z / τ)ᵀ h. Entropy has a gradient only with `entropy_grad` (the
+    entropy bonus); else it is a metric. π_ref's tensors take no gradient. A tied
+    head (embedding = head) receives its gradient through `weight` like any
+    other use of the parameter. Row sums (Σ_v) are `Tensor.sum` over the
+    vocabulary, as `algo/losses.py` takes them, so a whole-vocabulary head
+    (the model's own, under FSDP) gives the same values to fp32 rounding.
+
+    Speed (docs/benchmarks.md, "The bf16 update"): the weight is cast to the
+    product dtype once per call (not per chunk), or not at all when `weight_copy`
+    (the policy's bf16 working copy, model/working_copy.py) is given, and every (chunk, V) block lives
+    in buffers allocated once per call and overwritten in place: a fresh
+    (256, 49 152) fp32 block per op (tens of MB, served by the kernel's page
+    faults) made the head's elementwise work several times slower than its arithmetic.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, labels, temperature, ref_hidden, ref_weight, ref_bias, chunk, entropy_grad=False, weight_copy=None):
+        dtype = torch.get_autocast_dtype(hidden.device.type) if torch.is_autocast_enabled(hidden.device.type) else weight.dtype
+        ctx.save_for_backward(hidden, weight, bias, labels, ref_hidden, ref_weight, ref_bias, weight_copy)
+        ctx.temperature, ctx.chunk, ctx.dtype, ctx.entropy_grad = temperature, chunk, dtype, entropy_grad
+        n = hidden.shape[0]
+        logps, entropy, kl = (torch.zeros(n, dtype=_wide(dtype), device=hidden.device) for _ in range(3))
+        with torch.autocast(hidden.device.type, enabled=False):
+            head = _Head(weight if weight_copy is None else weight_copy, bias, temperature, dtype, min(chunk, n))
+            ref = _Head(ref_weight, ref_bias, temperature, dtype, min(chunk, n)) if ref_hidden is not None else None
+            for start in range(0, n, chunk):
+                part = slice(start, start + chunk)
+                logp, p = head(hidden[part])  # (c, V) each, views of the head's buffers
+                logps[part] = logp.gather(-1, labels[part, None]).squeeze(-1)
+                entropy[part] = -head.rowsum(p, logp)
+                if ref is not None:
+                    kl[part] = head.rowsum(p, _log_ratio(logp, ref(ref_hidden[part])[0]))
+        if not entropy_grad:
+            ctx.mark_non_differentiable(entropy)
+        return logps, entropy, kl
+
+    @staticmethod
+    def backward(ctx, grad_logps, grad_entropy, grad_kl):
+        hidden, weight, bias, labels, ref_hidden, ref_weight, ref_bias, weight_copy = ctx.saved_tensors
+        tau, dtype, n = ctx.temperature, ctx.dtype, hidden.shape[0]
+        need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]  # a frozen head (LoRA) skips its (V, H) products
+        grad_hidden = torch.empty_like(hidden) if need_hidden else None
+        grad_weight = grad_bias = None
+        with torch.autocast(hidden.device.type, enabled=False):
+            head = _Head(weight if weight_copy is None else weight_copy, bias, tau, dtype, min(ctx.chunk, n))
+            ref = _Head(ref_weight, ref_bias, tau, dtype, min(ctx.chunk, n)) if ref_hidden is not None else None
+            for start in range(0, n, ctx.chunk):
+                part = slice(start, start + ctx.chunk)
+                logp, p = head(hidden[part])  # recomputed, (c, V)
+                g_l = grad_logps[part, None]
+                grad_z = torch.mul(p, -g_l, out=head.scratch(p))  # g_ℓ (onehot − p), the onehot added next
+                grad_z.scatter_add_(-1, labels[part, None], g_l)
+                if ctx.entropy_grad:  # ∂H/∂z = −p (log p + H)
+                    plogp = p * logp
+                    grad_z -= grad_entropy[part, None] * (plogp - p * plogp.sum(-1, keepdim=True))
+                if ref is not None:  # + g_KL p (log p − log q − KL), log p's buffer reused (not needed again)
+                    diff = _log_ratio(logp, ref(ref_hidden[part])[0])
+                    kl = torch.mul(p, diff, out=logp).sum(-1, keepdim=True)
+                    grad_z += torch.mul(p, grad_kl[part, None], out=logp).mul_(diff.sub_(kl))
+                grad_z = head.narrow(grad_z.div_(tau))  # ∂/∂(h Wᵀ + b), in the product dtype
+                if need_hidden:
+                    grad_hidden[part] = (grad_z @ head.weight).to(hidden.dtype)
+                if need_weight:
+                    part_grad = grad_z.T @ hidden[part].to(dtype)
+                    grad_weight = part_grad.to(_wide(dtype)) if grad_weight is None else grad_weight.add_(part_grad)
+                if need_bias:
+                    part_grad = grad_z.sum(0)
+                    grad_bias = part_grad.to(_wide(dtype)) if grad_bias is None else grad_bias.add_(part_grad)
+        grad_weight = grad_weight.to(weight.dtype) if need_weight else None
+        grad_bias = grad_bias.to(bias.dtype) if need_bias else None
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None, None, None
+
+
+def _wide(dtype: torch.dtype) -> torch.dtype:
+    """The softmax precision: fp32, or the matmul's dtype when wider (fp64 in gradient checks)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _log_ratio(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """log p − log q, written over `ref_logp` (a `_Head` buffer)."""
+    return torch.sub(logp, ref_logp, out=ref_logp)
+
+
+class _Head:
+    """(c, H) hidden states → (c, V) log-softmax and softmax of (h Wᵀ + b) / τ, in buffers reused across chunks.
+
+    The weight (and bias) are cast to `dtype` once; the product runs in `dtype`
+    into a (chunk, V) buffer of that dtype (the log-softmax's own buffer when
+    `dtype` is already fp32), the softmax in at least fp32 into (chunk, V)
+    buffers for log p and p. The views returned are overwritten by the next call.
+    """
+
+    def __init__(self, weight, bias, temperature, dtype, chunk):
+        self.weight = weight.detach().to(dtype)
+        self.bias = None if bias is None else bias.detach().to(dtype)
+        self.temperature, self.dtype, wide = temperature, dtype, _wide(dtype)
+        V, device = weight.shape[0], weight.device
+        self.logp = torch.empty(chunk, V, dtype=wide, device=device)
+        self.product = self.logp if dtype == wide else torch.empty(chunk, V, dtype=dtype, device=device)
+        self.p = torch.empty(chunk, V, dtype=wide, device=device)
+        self.spare = None  # a third (chunk, V) block, made when backward first needs one
+
+    def __call__(self, hidden):
+        c = hidden.shape[0]
+        z = torch.mm(hidden.to(self.dtype), self.weight.T, out=self.product[:c])
+        if self.bias is not None:
+            z.add_(self.bias)
+        logp, p = self.logp[:c], self.p[:c]
+        if logp.data_ptr() != z.data_ptr():
+            logp.copy_(z)
+        logp.div_(self.temperature)
+        top = logp.amax(-1, keepdim=True)  # torch.logsumexp's steps, in place: max + log Σ exp(z − max)
+        top.masked_fill_(top.abs() == torch.inf, 0)
+        lse = torch.sub(logp, top, out=p).exp_().sum(-1, keepdim=True).log_().add_(top)
+        logp.sub_(lse)
+        return logp, torch.exp(logp, out=p)
+
+    def rowsum(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """(c, V), (c, V) → (c,) Σ_v a·b per row: the product in the scratch block, then `Tensor.sum` (as algo/losses.py)."""
+        return torch.mul(a, b, out=self.scratch(a)).sum(-1)
+
+    def scratch(self, like: torch.Tensor) -> torch.Tensor:
+        """A (c, V) block of `like`'s shape and dtype, the same one at every call."""
+        if self.spare is None:
+            self.spare = torch.empty(self.logp.shape, dtype=like.dtype, device=like.device)
+        return self.spare[: like.shape[0]]
+
+    def narrow(self, grad_z):
+        """(c, V) fp32 → the product dtype, into the product buffer (no new block)."""
+        if grad_z.dtype == self.dtype:
+            return grad_z
+        return self.product[: grad_z.shape[0]].copy_(grad_z)
