@@ -21,7 +21,7 @@ from .run.evaluation import mean_rewards
 
 
 class TRLMethods:
-    """TRL 1.16 `GRPOTrainer` methods; the class using it provides `accelerator` (and, for the others, GRPOTrainer's state: `entropy_control` for `entropy_coef`)."""
+    """TRL 1.16 `GRPOTrainer` methods; the class using it provides `accelerator` (and, for the others, GRPOTrainer's state: `entropy_control` for `entropy_coef`, `router` for the aux-loss attributes)."""
 
     get_off_policy_mask = staticmethod(off_policy_mask)  # TRL's static method, same signature (importance_sampling.py)
 
@@ -30,6 +30,16 @@ class TRLMethods:
         """TRL's `trainer.entropy_coef`: the entropy bonus's current coefficient c (adaptive: as it has moved); 0.0 when off."""
         control = self.entropy_control  # None: no bonus
         return control.coef if control is not None else 0.0
+
+    @property
+    def aux_loss_enabled(self) -> bool:
+        """TRL's `trainer.aux_loss_enabled`: a mixture-of-experts policy whose load-balancing loss is added (model/experts.py)."""
+        return self.router.enabled
+
+    @property
+    def router_aux_loss_coef(self) -> float:
+        """TRL's `trainer.router_aux_loss_coef`: the aux loss's weight (GRPOConfig's, else the model config's, else 0.0)."""
+        return self.router.coef
 
     def get_high_entropy_mask(self, entropies: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.Tensor:
         """TRL's method: (B, T) bool, active tokens whose entropy is ≥ the `threshold` quantile (in [0, 1]) of the

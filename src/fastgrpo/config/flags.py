@@ -135,7 +135,7 @@ _TRL_TYPES = {
     "optim_target_modules": list[str] | None, "tf32": bool | None, "activation_checkpointing": bool | None,
     "activation_checkpointing_kwargs": dict | str | None, "torch_compile_backend": str | None, "torch_compile_mode": str | None,
     "liger_kernel_config": dict | str | None, "neftune_noise_alpha": float | None, "torch_empty_cache_steps": int | None,
-    "router_aux_loss_coef": float | None, "run_name": str | None, "trackio_space_id": str | None, "trackio_bucket_id": str | None,
+    "run_name": str | None, "trackio_space_id": str | None, "trackio_bucket_id": str | None,
     "trackio_static_space_id": str | None, "log_completions_hub_repo": str | None, "eval_delay": float,
     "eval_accumulation_steps": int | None, "include_for_metrics": list[str], "num_generations_eval": int | None,
     "hub_token": str | None, "hub_private_repo": bool | None, "hub_model_id": str | None, "hub_revision": str | None,
