@@ -144,6 +144,34 @@ class OptimizerStep:
             kl_old = acc.reduce(kl_old, reduction="sum")
         return StepResult(float(kl_old[0] / kl_old[1].clamp(min=1)), recorded, sums, grad_norm)
 
+    @torch.no_grad()
+    def eval_loss(self, rollout: Rollout) -> torch.Tensor:
+        """TRL's eval-mode loss of one eval batch (0-d): `_compute_loss` with π_old = π_θ detached (ρ = 1), no accumulation.
+
+        `rollout` is the whole batch as one micro-batch (TRL's eval batch of per_device_eval_batch_size completions),
+        with its Â (and π_ref's log-probs for the k3 KL). The loss terms are the training ones: the objective at ρ = 1
+        (−Â per token, clipped alike), β·KL, the sampler correction, the entropy bonus and the router's aux loss at
+        weight coef (no 1/GA). Normalisers: dapo/cispo/vespo divide by this batch's loss tokens on this process
+        (TRL: the batch's tokens on all processes / world size — equal on one process).
+        """
+        a, was_training = self.args, self.model.training
+        self.model.eval()
+        try:
+            mask = self.loss_mask(rollout)
+            stats = self.log_probs(self.model, rollout, self.reference)
+            logps = stats.logps
+            counts = StepCounts(float(mask.sum()), len(rollout), 1, a.max_completion_length)
+            weight, _, vespo_ratio = self.correction(rollout.advantages, logps, logps, rollout.sampling_logps, mask)
+            out = grpo_loss(
+                logps, logps, rollout.advantages, mask, counts, **dataclasses.asdict(self.loss),
+                per_token_kl=self.kl(stats, rollout) if a.beta > 0 else None, policy_mask=self.policy_mask(stats.entropy, mask),
+                policy_weight=weight, vespo_ratio=vespo_ratio, entropy=stats.entropy if self.entropy_control else None,
+                entropy_coef=self.entropy_control.applied() if self.entropy_control else 0.0,
+            )
+        finally:
+            self.model.train(was_training)
+        return out.loss + self.router.coef * stats.aux_loss if self.router.enabled else out.loss
+
     def loss_mask(self, mb: Rollout) -> torch.Tensor:
         """Completion tokens that carry loss; none for truncated ones when mask_truncated_completions (DAPO)."""
         mask = mb.model_mask().float()  # tool/environment tokens never carry loss
