@@ -187,14 +187,21 @@ def test_tiny_model_raises_a_learnable_reward(tmp_path, tokenizer, make_model, p
     assert first < 0.65 and last > first + 0.2, rewards
 
 
-def test_constant_reward_gives_zero_loss_and_no_update(tmp_path, tokenizer, make_model, prompts):
-    # Equal rewards in every group: Â = 0 exactly, so the loss and the gradient are exactly 0.
-    args = config(tmp_path, max_steps=1)
+@pytest.mark.parametrize("extra", [
+    {}, {"scale_rewards": "batch"}, {"scale_rewards": "none"}, {"multi_objective_aggregation": "normalize_then_sum"},
+    {"num_iterations": 2, "steps_per_generation": 4, "target_kl": 0.01}, {"loss_type": "vespo"}, {"loss_type": "cispo"},
+    {"top_entropy_quantile": 0.5}, {"off_policy_mask_threshold": 0.5}, {"mask_truncated_completions": True},
+    {"importance_sampling_level": "sequence", "loss_type": "grpo"},
+])
+def test_constant_reward_gives_zero_loss_and_no_update(tmp_path, tokenizer, make_model, prompts, extra):
+    # Equal rewards in every group (a solved task: issue 30, kind 6): Â = 0 exactly, so the loss and the gradient are
+    # exactly 0 with every advantage scaling, loss and mask, and nothing divides by the zero std.
+    args = config(tmp_path, max_steps=2, **extra)
     model = make_model()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     trainer = GRPOTrainer(model, lambda completions, **k: [0.35] * len(completions), args=args, train_dataset=prompts, processing_class=tokenizer)
     trainer.train()
-    assert read_metrics(args.output_dir)[0]["loss"] == 0.0
+    assert all(r["loss"] == 0.0 for r in read_metrics(args.output_dir))
     after = trainer.accelerator.unwrap_model(trainer.model).state_dict()
     assert all(torch.equal(before[k], after[k].cpu()) for k in before)
 

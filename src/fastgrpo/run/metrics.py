@@ -315,6 +315,7 @@ def window_record(step: int, sums: dict, extremes: dict, seconds: dict, reward_n
     mean("ds_carried_groups", "groups", "dynamic_sampling/carried_fraction")
     mean("ds_dropped_groups", "ds_sampled_groups", "dynamic_sampling/dropped_fraction")
     mean("ds_at_cap", "rollouts", "dynamic_sampling/at_cap")
+    mean("ds_filled_groups", "groups", "dynamic_sampling/filled_fraction")  # groups without spread that filled a rollout at the cap
     mean("ds_zero_std_sampled", "ds_sampled_groups", "dynamic_sampling/frac_reward_zero_std_before")
     mean("ds_reward_sampled", "ds_completions_sampled", "dynamic_sampling/reward_before")
     record.update(reward_stats(sums, reward_names, "rewards"))
