@@ -267,3 +267,35 @@ def test_trl_settings_fastgrpo_accepts_as_trl_does(tmp_path, tokenizer, make_mod
     assert trainer.entropy_coef == 0.05
     plain = GRPOTrainer(make_model(), reward_even_tokens, args=config(tmp_path, max_steps=1), train_dataset=prompts, processing_class=tokenizer)
     assert plain.entropy_coef == 0.0
+
+
+def test_resume_after_the_run_folder_moved_keeps_its_logs(tmp_path, tokenizer, make_model, prompts):
+    # A checkpoint records each log's size by file name, so a moved folder resumes with its first steps' records
+    # kept (issue 30: absolute paths cut metrics.jsonl to empty) and the later ones logged once more.
+    args = config(tmp_path / "a", max_steps=4, save_steps=2)
+    GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer).train()
+    reference = {r["step"]: r for r in read_metrics(args.output_dir)}
+    os.rename(tmp_path / "a", tmp_path / "b")
+    moved = config(tmp_path / "b", max_steps=4, save_steps=2)
+    trainer = GRPOTrainer(make_model(), reward_even_tokens, args=moved, train_dataset=prompts, processing_class=tokenizer)
+    trainer.train(resume_from_checkpoint=os.path.join(moved.output_dir, "checkpoint-2"))
+    after = read_metrics(moved.output_dir)
+    assert [r["step"] for r in after] == [1, 2, 3, 4]
+    assert after[0] == reference[1] and after[1] == reference[2]  # kept as written
+    assert after[3]["loss"] == pytest.approx(reference[4]["loss"], rel=1e-5, abs=1e-7)
+
+
+def test_log_sizes_of_older_checkpoints_are_read_by_file_name(tmp_path):
+    # Checkpoints before issue 30 keyed the sizes by absolute path: a folder moved since still cuts each log right.
+    from rich.console import Console
+
+    from fastgrpo.run.metrics import MetricsLog
+
+    log = MetricsLog(str(tmp_path), None, Console())
+    with open(log.metrics_path, "w") as f:
+        f.write('{"step": 1}\n{"step": 2}\n')
+    with open(log.completions_path, "w") as f:
+        f.write("x" * 10)
+    log.cut_back(1, {"/elsewhere/run/metrics.jsonl": len('{"step": 1}\n'), "/elsewhere/run/completions.jsonl": 4})
+    assert open(log.metrics_path).read() == '{"step": 1}\n' and os.path.getsize(log.completions_path) == 4
+    assert log.sizes() == {"metrics.jsonl": 12, "completions.jsonl": 4}

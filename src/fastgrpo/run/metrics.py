@@ -132,8 +132,9 @@ class MetricsLog:
         os.makedirs(output_dir, exist_ok=True)
 
     def sizes(self) -> dict[str, int]:
-        """Bytes written so far to each log (0 before its first line): where a checkpoint saved now cuts them back to."""
-        return {path: os.path.getsize(path) if os.path.exists(path) else 0 for path in (self.metrics_path, self.completions_path)}
+        """Bytes written so far to each log (0 before its first line), by file name within output_dir: where a checkpoint
+        saved now cuts them back to, wherever the run's folder is later moved."""
+        return {os.path.basename(p): os.path.getsize(p) if os.path.exists(p) else 0 for p in (self.metrics_path, self.completions_path)}
 
     def cut_back(self, step: int, sizes: dict[str, int] | None = None) -> None:
         """Cut both logs back to what they held when the checkpoint was saved: no record logged twice.
@@ -142,14 +143,16 @@ class MetricsLog:
             step: the checkpoint's step; without `sizes` (a checkpoint from before they
                 were saved), records after it are dropped.
             sizes: `sizes()` at the checkpoint: each file is truncated to it, which also
-                drops what was logged at the checkpoint's own step after it was saved.
+                drops what was logged at the checkpoint's own step after it was saved. Keys are
+                file names; older checkpoints keyed them by absolute path, read by their file name.
         """
+        recorded = None if sizes is None else {os.path.basename(k): v for k, v in sizes.items()}
         for path in (self.metrics_path, self.completions_path):
             if not os.path.exists(path):
                 continue
-            if sizes is not None:
-                if os.path.getsize(path) > sizes.get(path, 0):
-                    os.truncate(path, sizes.get(path, 0))
+            if recorded is not None:
+                if os.path.getsize(path) > recorded.get(os.path.basename(path), 0):
+                    os.truncate(path, recorded.get(os.path.basename(path), 0))
                 continue
             with open(path) as f:
                 kept = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
