@@ -273,3 +273,40 @@ def test_two_processes_at_the_cap_with_nothing_on_one_process_train_on_together(
         assert len(record["warnings"]) == 1 and "a process holds 0 group(s) with reward spread" in record["warnings"][0]
     for name, value in rank0["weights"].items():
         assert torch.equal(value, rank1["weights"][name]), name
+
+
+def test_a_carried_groups_pi_behaviour_and_kl_old_by_hand(tmp_path, monkeypatch, tokenizer, make_model, prompts):
+    # Issue 30, kind 7. As in the test above, group 3 is sampled in rollout 1 and trained in rollout 2 (after one update).
+    # Its π_old must be log π_behaviour: the initial weights (make_model() again: same seed, same weights) on its own
+    # prompt and completion tokens, positions over the real tokens, logits / τ (τ = 0.7 here); and step 2's kl_old
+    # must be the token mean of k3 = e^{old − logp} − (old − logp) − 1 over both of its micro-batches.
+    calls = []
+    real = step_module.grpo_loss
+
+    def spy(logps, old_logps, *args, **kwargs):
+        calls.append((logps.detach().clone(), old_logps.detach().clone(), args[1].clone()))
+        return real(logps, old_logps, *args, **kwargs)
+
+    monkeypatch.setattr(step_module, "grpo_loss", spy)
+    args = config(tmp_path, max_steps=2, temperature=0.7)
+    trainer = GRPOTrainer(make_model(), spread_where(lambda n: n % 4 != 0), args=args, train_dataset=prompts, processing_class=tokenizer)
+    rollouts, collect = [], trainer._collect
+    trainer._collect = lambda: rollouts.append(collect()) or rollouts[-1]
+    trainer.train()
+    carried = rollouts[1].select(slice(0, 4))  # group 3: rows 0–3 of rollout 2
+    assert carried.prompts[0][0]["content"] == "Count to 3."
+    ids = torch.cat([carried.prompt_ids, carried.completion_ids], 1)
+    mask = torch.cat([carried.prompt_mask, carried.completion_mask], 1)
+    with torch.no_grad():
+        logits = make_model()(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
+    T = carried.completion_ids.shape[1]
+    behaviour = torch.log_softmax(logits[:, -T - 1 : -1].float() / 0.7, -1).gather(-1, carried.completion_ids[..., None]).squeeze(-1)
+    real_tokens = carried.completion_mask.bool()
+    torch.testing.assert_close(carried.old_logps[real_tokens], behaviour[real_tokens], atol=1e-5, rtol=0)
+    step2 = calls[2:4]  # rollout 2's two micro-batches (group 3, then group 5)
+    torch.testing.assert_close(step2[0][1][real_tokens], behaviour[real_tokens], atol=1e-5, rtol=0)  # what the loss saw
+    k3_sum = sum(float(((torch.exp(old - new) - (old - new) - 1) * m).sum()) for new, old, m in step2)
+    tokens = sum(float(m.sum()) for _, _, m in step2)
+    record = read_metrics(args.output_dir)[1]
+    assert record["step"] == 2 and record["kl_old"] == pytest.approx(k3_sum / tokens, rel=1e-5)
+    assert 0 < record["kl_old"] < 0.1  # one update of lr 1e-3 moves a lagging group's π by a little, not nats per token
