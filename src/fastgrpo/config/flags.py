@@ -127,6 +127,7 @@ FIELD_HELP = {
     "num_generations_eval": "completions per prompt in evaluation (default: num_generations)",
     "max_tool_calling_iterations": "agents: rounds of tool calls per completion (none: until max_completion_length ends them)",
     "filter_groups_max_age": "dynamic sampling: rollouts a carried-over group may wait (0: drop the surplus)",
+    "router_aux_loss_coef": "mixture-of-experts models: weight of the router load-balancing loss (default: the model config's; 0 off)",
 }
 
 # TRL 1.16's annotations of the fields trl_fields.py keeps whose default (None, 0) does not show the type.
