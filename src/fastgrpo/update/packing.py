@@ -152,11 +152,12 @@ def packing_support(model) -> str | None:
     positions = torch.arange(3, device=inner.device).repeat(2)[None]
     was_training = inner.training
     inner.eval()
-    try:
-        with torch.no_grad():
+    try:  # in the weights' own dtype, without autocast: equal rows are equal to rounding
+        with torch.no_grad(), torch.autocast(ids.device.type, enabled=False):
             logits = inner(input_ids=ids, position_ids=positions, use_cache=False).logits[0].float()
     finally:
         inner.train(was_training)
-    if torch.allclose(logits[:3], logits[3:], atol=1e-4, rtol=1e-3):
+    tol = 1e-4 if next(inner.parameters()).dtype == torch.float32 else 3e-2  # bf16 rounding; a leak moves logits by far more
+    if torch.allclose(logits[:3], logits[3:], atol=tol, rtol=tol):
         return None
     return f"{inner.config.model_type} does not separate packed sequences by their position ids"
