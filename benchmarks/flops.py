@@ -1,7 +1,7 @@
 """FLOPs of an optimizer step, counted from what actually runs.
 
 Update (one optimizer step, `step_flops`): every micro-batch is one packed row
-of L tokens (logprobs.pack: pads removed, a group's prompt once) of which n are
+of L tokens (packing.pack: pads removed, a group's prompt once) of which n are
 completion tokens whose log-prob is taken.
 
 - body: the decoder's linear layers, N_body weights (every parameter less the
@@ -18,9 +18,8 @@ Not here: measuring the peaks (bf16_peaks.py, worker.linear_peak).
 
 from __future__ import annotations
 
-import torch
 
-from fastgrpo.update.logprobs import pack, sharing_support
+from fastgrpo.update.packing import pack, sharing_support
 from fastgrpo.rollout.record import micro_batch_rows
 
 

@@ -8,13 +8,14 @@ Each rollout is 16 completions, 2 prompts × G = 4 per process, one optimizer st
 process 0 takes the first n, process 1 the next n. Writes OUT/record_<rank>.pt:
 the prompt numbers of each rollout's groups (every group's G rows checked to
 be one prompt), the optimizer steps taken, the final weights, and the
-NoInformativeGroups message if training ended with it.
+warnings dynamic sampling gave (a rollout filled at the cap).
 """
 
 import argparse
 import os
 import re
 import sys
+import warnings
 
 import torch
 from datasets import Dataset
@@ -23,7 +24,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import tiny_model  # noqa: E402
 
 from fastgrpo import GRPOConfig, GRPOTrainer  # noqa: E402
-from fastgrpo.rollout.group_filter import NoInformativeGroups  # noqa: E402
 from fastgrpo.model.loading import load_tokenizer  # noqa: E402
 
 G = 4
@@ -55,13 +55,12 @@ def main(output_dir: str, rank0_only: bool) -> None:
         return rollout
 
     trainer._collect = spy
-    error = None
-    try:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         trainer.train()
-    except NoInformativeGroups as err:
-        error = str(err)
+    said = [str(w.message) for w in caught if "dynamic sampling" in str(w.message)]
     weights = {k: v.detach().clone() for k, v in trainer.accelerator.unwrap_model(trainer.model).state_dict().items()}
-    torch.save({"groups": groups, "steps": trainer.state.global_step, "weights": weights, "error": error},
+    torch.save({"groups": groups, "steps": trainer.state.global_step, "weights": weights, "warnings": said},
                os.path.join(output_dir, f"record_{rank}.pt"))
 
 

@@ -77,7 +77,7 @@ def test_dict_of_eval_datasets_prefixes_metrics_and_evaluate_takes_a_dataset(tmp
     logged = [r for r in trainer.state.log_history if "eval_easy_reward" in r]
     assert len(logged) == 1 and "eval_hard_reward" in logged[0] and "eval_hard_rewards/reward_even_tokens/mean" in logged[0]
     metrics = trainer.evaluate(eval_dataset=prompts.select(range(1)), metric_key_prefix="test")
-    assert set(metrics) == {"test_reward", "test_rewards/reward_even_tokens/mean", "test_rewards/reward_even_tokens/std"}
+    assert set(metrics) == {"test_loss", "test_reward", "test_rewards/reward_even_tokens/mean", "test_rewards/reward_even_tokens/std"}
     with pytest.raises(ValueError, match="eval dataset is a int"):
         trainer.evaluate(eval_dataset=3)
 

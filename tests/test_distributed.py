@@ -142,7 +142,7 @@ def test_two_processes_write_one_set_of_files_and_resume(runs):
     ],
 )
 def test_rollout_that_splits_groups_across_processes_is_refused_with_a_size_that_works(fields, fix):
-    with pytest.raises(ValueError, match=rf"whole groups .* {fields['world_size']} process.* multiple of {fix}\b") as err:
+    with pytest.raises(ValueError, match=rf"whole groups .* {fields['world_size']} process.* multiple of {fix}\b"):
         GRPOConfig(**fields)
     config = GRPOConfig(**{**fields, "generation_batch_size": fix})  # the number in the message works
     assert config.generation_batch_size // config.world_size % config.num_generations == 0

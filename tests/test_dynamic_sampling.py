@@ -17,7 +17,7 @@ from datasets import IterableDataset
 
 import fastgrpo.update.step as step_module
 from fastgrpo import GRPOConfig, GRPOTrainer
-from fastgrpo.rollout.group_filter import NoInformativeGroups, informative_groups
+from fastgrpo.rollout.group_filter import informative_groups
 from fastgrpo.model.loading import lora_config
 
 from test_distributed import TIMEOUT_S, free_port
@@ -132,11 +132,23 @@ def test_carry_over_buffer_resumes_exactly(tmp_path, tokenizer, make_model, prom
         assert r["dynamic_sampling/carried_fraction"] == reference[r["step"]]["dynamic_sampling/carried_fraction"]
 
 
-def test_nothing_with_spread_ends_with_the_documented_error(tmp_path, tokenizer, make_model, prompts):
-    args = config(tmp_path, max_num_gen_batches=2)
-    trainer = GRPOTrainer(make_model(), spread_where(lambda n: False), args=args, train_dataset=prompts, processing_class=tokenizer)
-    with pytest.raises(NoInformativeGroups, match=r"max_num_gen_batches=2 rounds .* mean reward 0\), a process holds 0 group"):
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo", "vespo"])
+def test_a_solved_task_trains_on_without_an_error(tmp_path, tokenizer, make_model, prompts, loss_type):
+    # Issue 30 (kind 6): every completion right (reward 1), so no group ever has spread. At the cap (2 rounds) each
+    # rollout is filled with the first share of groups it sampled, Â = 0: zero loss and no gradient; one warning for the run.
+    args = config(tmp_path, max_num_gen_batches=2, loss_type=loss_type, max_steps=4)
+    trainer = GRPOTrainer(make_model(), lambda completion_ids, **kw: [1.0] * len(completion_ids), args=args, train_dataset=prompts,
+                          processing_class=tokenizer)
+    seen = trained_groups(trainer)
+    before = {k: v.clone() for k, v in trainer.model.named_parameters()}
+    with pytest.warns(UserWarning, match=r"max_num_gen_batches=2 rounds .* mean reward 1\) a process holds 0 group") as caught:
         trainer.train()
+    assert sum("dynamic sampling" in str(w.message) for w in caught) == 1
+    # rollout 1 samples 2 prompts, then (keep rate at its floor 1/4) 4; later ones 4 + 4; the first 2 of each fill it
+    assert seen == [[0, 1], [6, 7], [14, 15], [22, 23]]
+    records = read_metrics(args.output_dir)
+    assert len(records) == 4 and all(r["loss"] == 0.0 and r["dynamic_sampling/filled_fraction"] == 1.0 for r in records)
+    assert all(torch.equal(before[k], v) for k, v in trainer.model.named_parameters())  # Â = 0 and β = 0: no gradient
 
 
 def test_rare_spread_trains_a_smaller_step_with_the_smaller_normaliser(tmp_path, monkeypatch, tokenizer, make_model, prompts):
@@ -242,16 +254,59 @@ def test_two_processes_fill_their_own_share_with_whole_groups_in_step(tmp_path):
     rank0, rank1 = torchrun(tmp_path)
     assert rank0["groups"] == [[0, 1], [4, 5], [12, 13]]
     assert rank1["groups"] == [[8, 9], [16, 17], [24, 25]]
-    assert rank0["steps"] == rank1["steps"] == 3 and rank0["error"] is rank1["error"] is None
+    assert rank0["steps"] == rank1["steps"] == 3 and rank0["warnings"] == rank1["warnings"] == []
     for name, value in rank0["weights"].items():  # DDP's gradient average ran every step: the same weights on both
         assert torch.equal(value, rank1["weights"][name]), name
 
 
 @pytest.mark.slow
-def test_two_processes_at_the_cap_with_nothing_on_one_process_stop_together(tmp_path):
-    # Only process 0's groups have spread: after max_num_gen_batches = 2 rounds process 1 holds none, so the
-    # fewest any process holds is 0 and both raise the documented error at the same rollout (no hang, no step).
+def test_two_processes_at_the_cap_with_nothing_on_one_process_train_on_together(tmp_path):
+    # Only process 0's groups have spread. Rollout 1: [0, 1] | [2, 3], then (keep rate 2/4) 4 prompts each: [4 … 7] |
+    # [8 … 11]; the cap (2 rounds) with 0 groups on process 1: each trains a full share, process 0 its first two
+    # groups with spread (carrying 4, 5), process 1 its first two without ([2, 3], Â = 0). Rollout 2: process 0 trains
+    # its carry [4, 5]; process 1 [16, 17] of [16 … 19] | … Both make every step, in step (one warning each).
     rank0, rank1 = torchrun(tmp_path, "--rank0_only")
+    assert rank0["groups"] == [[0, 1], [4, 5], [12, 13]]
+    assert rank1["groups"][:2] == [[2, 3], [16, 17]] and len(rank1["groups"]) == 3
+    assert rank0["steps"] == rank1["steps"] == 3
     for record in (rank0, rank1):
-        assert record["steps"] == 0 and record["groups"] == []
-        assert "max_num_gen_batches=2 rounds" in record["error"] and "a process holds 0 group(s)" in record["error"]
+        assert len(record["warnings"]) == 1 and "a process holds 0 group(s) with reward spread" in record["warnings"][0]
+    for name, value in rank0["weights"].items():
+        assert torch.equal(value, rank1["weights"][name]), name
+
+
+def test_a_carried_groups_pi_behaviour_and_kl_old_by_hand(tmp_path, monkeypatch, tokenizer, make_model, prompts):
+    # Issue 30, kind 7. As in the test above, group 3 is sampled in rollout 1 and trained in rollout 2 (after one update).
+    # Its π_old must be log π_behaviour: the initial weights (make_model() again: same seed, same weights) on its own
+    # prompt and completion tokens, positions over the real tokens, logits / τ (τ = 0.7 here); and step 2's kl_old
+    # must be the token mean of k3 = e^{old − logp} − (old − logp) − 1 over both of its micro-batches.
+    calls = []
+    real = step_module.grpo_loss
+
+    def spy(logps, old_logps, *args, **kwargs):
+        calls.append((logps.detach().clone(), old_logps.detach().clone(), args[1].clone()))
+        return real(logps, old_logps, *args, **kwargs)
+
+    monkeypatch.setattr(step_module, "grpo_loss", spy)
+    args = config(tmp_path, max_steps=2, temperature=0.7)
+    trainer = GRPOTrainer(make_model(), spread_where(lambda n: n % 4 != 0), args=args, train_dataset=prompts, processing_class=tokenizer)
+    rollouts, collect = [], trainer._collect
+    trainer._collect = lambda: rollouts.append(collect()) or rollouts[-1]
+    trainer.train()
+    carried = rollouts[1].select(slice(0, 4))  # group 3: rows 0–3 of rollout 2
+    assert carried.prompts[0][0]["content"] == "Count to 3."
+    ids = torch.cat([carried.prompt_ids, carried.completion_ids], 1)
+    mask = torch.cat([carried.prompt_mask, carried.completion_mask], 1)
+    with torch.no_grad():
+        logits = make_model()(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
+    T = carried.completion_ids.shape[1]
+    behaviour = torch.log_softmax(logits[:, -T - 1 : -1].float() / 0.7, -1).gather(-1, carried.completion_ids[..., None]).squeeze(-1)
+    real_tokens = carried.completion_mask.bool()
+    torch.testing.assert_close(carried.old_logps[real_tokens], behaviour[real_tokens], atol=1e-5, rtol=0)
+    step2 = calls[2:4]  # rollout 2's two micro-batches (group 3, then group 5)
+    torch.testing.assert_close(step2[0][1][real_tokens], behaviour[real_tokens], atol=1e-5, rtol=0)  # what the loss saw
+    k3_sum = sum(float(((torch.exp(old - new) - (old - new) - 1) * m).sum()) for new, old, m in step2)
+    tokens = sum(float(m.sum()) for _, _, m in step2)
+    record = read_metrics(args.output_dir)[1]
+    assert record["step"] == 2 and record["kl_old"] == pytest.approx(k3_sum / tokens, rel=1e-5)
+    assert 0 < record["kl_old"] < 0.1  # one update of lr 1e-3 moves a lagging group's π by a little, not nats per token

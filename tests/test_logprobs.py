@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from fastgrpo.update.chunked_head import ChunkedHead
-from fastgrpo.update.logprobs import LogProbs, chunkable_head, fallback_notices, pack, sharing_support
+from fastgrpo.update.logprobs import LogProbs, chunkable_head, fallback_notices
+from fastgrpo.update.packing import pack, sharing_support
 from fastgrpo.algo.losses import LOSS_TYPES, StepCounts, entropy_from_logits, grpo_loss, high_entropy_mask, kl_full, selective_log_softmax
 
 TAU = 0.7
@@ -221,10 +222,11 @@ def test_fallbacks_are_named_and_give_the_same_logps(make_model):
     assert sharing_support(model) is None and chunkable_head(model) is None and fallback_notices(model) == []
     model.config._attn_implementation = "flash_attention_2"
     assert "flash_attention_2" in sharing_support(model)
-    assert fallback_notices(model) == ["prompts are not shared between a group's completions (attn_implementation='flash_attention_2' takes no custom 4D mask); packing only."]
     model.config._attn_implementation = "sdpa"
     model.config.sliding_window = 16
     assert "sliding" in sharing_support(model)
+    # Llama separates packed sequences by their position ids (packing_support runs it): packed rows, no shared prompt
+    assert fallback_notices(model) == ["prompts are not shared between a group's completions (llama has sliding-window attention (sliding_window=16)); packing only."]
     model.config.sliding_window = None
     # A logit transform after the head: the model's own head runs (Llama ignores the field, so values must agree).
     model.config.final_logit_softcapping = 30.0

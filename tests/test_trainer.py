@@ -187,14 +187,21 @@ def test_tiny_model_raises_a_learnable_reward(tmp_path, tokenizer, make_model, p
     assert first < 0.65 and last > first + 0.2, rewards
 
 
-def test_constant_reward_gives_zero_loss_and_no_update(tmp_path, tokenizer, make_model, prompts):
-    # Equal rewards in every group: Â = 0 exactly, so the loss and the gradient are exactly 0.
-    args = config(tmp_path, max_steps=1)
+@pytest.mark.parametrize("extra", [
+    {}, {"scale_rewards": "batch"}, {"scale_rewards": "none"}, {"multi_objective_aggregation": "normalize_then_sum"},
+    {"num_iterations": 2, "steps_per_generation": 4, "target_kl": 0.01}, {"loss_type": "vespo"}, {"loss_type": "cispo"},
+    {"top_entropy_quantile": 0.5}, {"off_policy_mask_threshold": 0.5}, {"mask_truncated_completions": True},
+    {"importance_sampling_level": "sequence", "loss_type": "grpo"},
+])
+def test_constant_reward_gives_zero_loss_and_no_update(tmp_path, tokenizer, make_model, prompts, extra):
+    # Equal rewards in every group (a solved task: issue 30, kind 6): Â = 0 exactly, so the loss and the gradient are
+    # exactly 0 with every advantage scaling, loss and mask, and nothing divides by the zero std.
+    args = config(tmp_path, max_steps=2, **extra)
     model = make_model()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     trainer = GRPOTrainer(model, lambda completions, **k: [0.35] * len(completions), args=args, train_dataset=prompts, processing_class=tokenizer)
     trainer.train()
-    assert read_metrics(args.output_dir)[0]["loss"] == 0.0
+    assert all(r["loss"] == 0.0 for r in read_metrics(args.output_dir))
     after = trainer.accelerator.unwrap_model(trainer.model).state_dict()
     assert all(torch.equal(before[k], after[k].cpu()) for k in before)
 
@@ -260,3 +267,35 @@ def test_trl_settings_fastgrpo_accepts_as_trl_does(tmp_path, tokenizer, make_mod
     assert trainer.entropy_coef == 0.05
     plain = GRPOTrainer(make_model(), reward_even_tokens, args=config(tmp_path, max_steps=1), train_dataset=prompts, processing_class=tokenizer)
     assert plain.entropy_coef == 0.0
+
+
+def test_resume_after_the_run_folder_moved_keeps_its_logs(tmp_path, tokenizer, make_model, prompts):
+    # A checkpoint records each log's size by file name, so a moved folder resumes with its first steps' records
+    # kept (issue 30: absolute paths cut metrics.jsonl to empty) and the later ones logged once more.
+    args = config(tmp_path / "a", max_steps=4, save_steps=2)
+    GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer).train()
+    reference = {r["step"]: r for r in read_metrics(args.output_dir)}
+    os.rename(tmp_path / "a", tmp_path / "b")
+    moved = config(tmp_path / "b", max_steps=4, save_steps=2)
+    trainer = GRPOTrainer(make_model(), reward_even_tokens, args=moved, train_dataset=prompts, processing_class=tokenizer)
+    trainer.train(resume_from_checkpoint=os.path.join(moved.output_dir, "checkpoint-2"))
+    after = read_metrics(moved.output_dir)
+    assert [r["step"] for r in after] == [1, 2, 3, 4]
+    assert after[0] == reference[1] and after[1] == reference[2]  # kept as written
+    assert after[3]["loss"] == pytest.approx(reference[4]["loss"], rel=1e-5, abs=1e-7)
+
+
+def test_log_sizes_of_older_checkpoints_are_read_by_file_name(tmp_path):
+    # Checkpoints before issue 30 keyed the sizes by absolute path: a folder moved since still cuts each log right.
+    from rich.console import Console
+
+    from fastgrpo.run.metrics import MetricsLog
+
+    log = MetricsLog(str(tmp_path), None, Console())
+    with open(log.metrics_path, "w") as f:
+        f.write('{"step": 1}\n{"step": 2}\n')
+    with open(log.completions_path, "w") as f:
+        f.write("x" * 10)
+    log.cut_back(1, {"/elsewhere/run/metrics.jsonl": len('{"step": 1}\n'), "/elsewhere/run/completions.jsonl": 4})
+    assert open(log.metrics_path).read() == '{"step": 1}\n' and os.path.getsize(log.completions_path) == 4
+    assert log.sizes() == {"metrics.jsonl": 12, "completions.jsonl": 4}

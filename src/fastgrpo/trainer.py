@@ -115,7 +115,7 @@ class GRPOTrainer(TRLMethods):
                 fn.prepare(acc.device, self.autocast, a.chat_template_kwargs)  # scored in the policy's precision
 
         server = open_engine(a, model, is_main=acc.is_main_process, bf16=bf16)  # vLLM installed; its server up, serving this model
-        self.tokenizer, policy, self.ref_model, self.eos_token_ids, gathered = load_policy(model, processing_class, peft_config, a, acc, bf16)
+        self.tokenizer, policy, self.ref_model, self.eos_token_ids, gathered, self.router = load_policy(model, processing_class, peft_config, a, acc, bf16)
 
         self.max_steps, optimizer, self.scheduler = build_optimization(a, policy, train_dataset)
         self.model, self.optimizer = prepare(acc, policy, optimizer)
@@ -127,7 +127,7 @@ class GRPOTrainer(TRLMethods):
         self.encode = PromptEncoder(self.tokenizer, a.max_prompt_length, a.chat_template_kwargs)
         self.entropy_control = EntropyControl.from_config(a)  # the entropy bonus's coefficient; None: no bonus
         self.correction = SamplingCorrection.from_config(a, self.backend.owns_weights)  # the sampler–trainer mismatch, TRL's vllm_importance_sampling_*
-        self.log_probs = LogProbs(a.temperature, autocast=self.autocast, entropy_grad=self.entropy_control is not None, weights=working)  # packed, chunked head
+        self.log_probs = LogProbs(a.temperature, autocast=self.autocast, entropy_grad=self.entropy_control is not None, weights=working, router_aux_loss=self.router.enabled)
         notify = lambda note: acc.is_main_process and self.console.print(f"fastgrpo: {note}", soft_wrap=True)  # noqa: E731
         producer, self.tokenizer = build_producer(
             a, checked.agents, tokenizer=self.tokenizer, encode=self.encode, backend=self.backend, eos_token_ids=self.eos_token_ids,
@@ -152,7 +152,7 @@ class GRPOTrainer(TRLMethods):
             behaviour_logps=lambda r, rows: self.passes.old(acc.unwrap_model(self.model), r, rows), timer=self.timer,  # one process's surplus: no DDP
         ), self.order, lambda: self.weight_version)
         self.update = OptimizerStep(
-            a, acc, self.model, self.optimizer, self.scheduler, log_probs=self.log_probs, correction=self.correction,
+            a, acc, self.model, self.optimizer, self.scheduler, log_probs=self.log_probs, correction=self.correction, router=self.router,
             entropy_control=self.entropy_control, reference=self.reference, entropy_mask=self.get_high_entropy_mask, events=self.events, timer=self.timer,
         )
 

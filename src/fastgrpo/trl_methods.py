@@ -11,8 +11,11 @@ Not here: the training loop (trainer.py), the loss terms (algo/losses.py).
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
+from .algo.advantages import rollout_advantages
 from .algo.losses import entropy_threshold, high_entropy_mask
 from .algo.sampling_correction import off_policy_mask
 from .run import checkpoints
@@ -21,7 +24,7 @@ from .run.evaluation import mean_rewards
 
 
 class TRLMethods:
-    """TRL 1.16 `GRPOTrainer` methods; the class using it provides `accelerator` (and, for the others, GRPOTrainer's state: `entropy_control` for `entropy_coef`)."""
+    """TRL 1.16 `GRPOTrainer` methods; the class using it provides `accelerator` (and, for the others, GRPOTrainer's state: `entropy_control` for `entropy_coef`, `router` for the aux-loss attributes)."""
 
     get_off_policy_mask = staticmethod(off_policy_mask)  # TRL's static method, same signature (importance_sampling.py)
 
@@ -30,6 +33,16 @@ class TRLMethods:
         """TRL's `trainer.entropy_coef`: the entropy bonus's current coefficient c (adaptive: as it has moved); 0.0 when off."""
         control = self.entropy_control  # None: no bonus
         return control.coef if control is not None else 0.0
+
+    @property
+    def aux_loss_enabled(self) -> bool:
+        """TRL's `trainer.aux_loss_enabled`: a mixture-of-experts policy whose load-balancing loss is added (model/experts.py)."""
+        return self.router.enabled
+
+    @property
+    def router_aux_loss_coef(self) -> float:
+        """TRL's `trainer.router_aux_loss_coef`: the aux loss's weight (GRPOConfig's, else the model config's, else 0.0)."""
+        return self.router.coef
 
     def get_high_entropy_mask(self, entropies: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.Tensor:
         """TRL's method: (B, T) bool, active tokens whose entropy is ≥ the `threshold` quantile (in [0, 1]) of the
@@ -70,7 +83,8 @@ class TRLMethods:
                 prefixed `<prefix>_<name>_`); default: the trainer's eval_dataset.
             metric_key_prefix: "eval" gives eval_reward and eval_rewards/<fn>/mean (TRL's naming).
         Returns:
-            {"<prefix>_reward": mean weighted reward, "<prefix>_rewards/<fn>/mean" and "/std": each reward's}.
+            {"<prefix>_loss": TRL's eval-mode loss (ρ = 1; OptimizerStep.eval_loss), "<prefix>_reward": mean weighted
+            reward, "<prefix>_rewards/<fn>/mean" and "/std": each reward's}.
         Raises:
             ValueError: no eval dataset here or in the trainer, or one of a kind evaluation cannot read.
         """
@@ -80,14 +94,24 @@ class TRLMethods:
         G = self.args.num_generations_eval or self.args.num_generations
         self._sync_weights()
         metrics = mean_rewards(
-            sets, metric_key_prefix, lambda rows, timer: self.assembly.score_rows(rows, G, timer), reward_names=self.reward_names, reward_weights=self.reward_weights,
-            num_generations=G, batch_size=self.args.per_device_eval_batch_size, accelerator=self.accelerator,
-            on_batch=self.events.prediction_step,
+            sets, metric_key_prefix, lambda rows, timer: self._eval_batch(rows, G, timer), reward_names=self.reward_names,
+            reward_weights=self.reward_weights, num_generations=G, batch_size=self.args.per_device_eval_batch_size,
+            accelerator=self.accelerator, on_batch=self.events.prediction_step, loss=self.update.eval_loss,
         )
         if self.log is not None:
             self.log.write({"step": self.step, **metrics})
         self.events.evaluate(metrics)
         return metrics
+
+    def _eval_batch(self, rows: list[dict], G: int, timer):
+        """An eval batch as TRL's `_prepare_inputs` makes it in eval mode: sampled, scored, its Â over its own groups
+        of G (scale_rewards "batch": over this process's batch), π_ref's log-probs for the k3 KL."""
+        a = self.args
+        rollout, extra = self.assembly.score_rows(rows, G, timer)
+        advantages = rollout_advantages(rollout.rewards.to(self.reward_weights.device), self.reward_weights, G, a.scale_rewards,
+                                        a.multi_objective_aggregation, gather=lambda values: values)
+        rollout = dataclasses.replace(rollout, advantages=advantages)
+        return dataclasses.replace(rollout, ref_logps=self.passes.ref(rollout)), extra
 
     def save_model(self, output_dir: str | None = None, merge_adapters: bool = False) -> None:
         """Save the policy (safetensors) and tokenizer to `output_dir` (default args.output_dir); main process writes.

@@ -132,6 +132,7 @@ FIELD_HELP = {
     "max_inflight_tasks": "with max_staleness: completions started and not yet trained, at most (-1: max(max_staleness, 1) rollouts)",
     "queue_maxsize": "with max_staleness: completions produced and waiting to be trained, at most",
     "heartbeat_stale_after_s": "with max_staleness: seconds without a rollout or a sign of life from the producer before the run stops",
+    "router_aux_loss_coef": "mixture-of-experts models: weight of the router load-balancing loss (default: the model config's; 0 off)",
 }
 
 # TRL 1.16's annotations of the fields trl_fields.py keeps whose default (None, 0) does not show the type.
@@ -140,7 +141,7 @@ _TRL_TYPES = {
     "optim_target_modules": list[str] | None, "tf32": bool | None, "activation_checkpointing": bool | None,
     "activation_checkpointing_kwargs": dict | str | None, "torch_compile_backend": str | None, "torch_compile_mode": str | None,
     "liger_kernel_config": dict | str | None, "neftune_noise_alpha": float | None, "torch_empty_cache_steps": int | None,
-    "router_aux_loss_coef": float | None, "run_name": str | None, "trackio_space_id": str | None, "trackio_bucket_id": str | None,
+    "run_name": str | None, "trackio_space_id": str | None, "trackio_bucket_id": str | None,
     "trackio_static_space_id": str | None, "log_completions_hub_repo": str | None, "eval_delay": float,
     "eval_accumulation_steps": int | None, "include_for_metrics": list[str], "num_generations_eval": int | None,
     "hub_token": str | None, "hub_private_repo": bool | None, "hub_model_id": str | None, "hub_revision": str | None,

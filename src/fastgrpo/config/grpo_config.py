@@ -169,6 +169,7 @@ class GRPOConfig:
     entropy_coef_max: float = 1.0
     entropy_coef_delta: float = 0.005  # δ per optimizer step
     entropy_target: float = 0.2  # nats; LMs sit at 2–10, so set it near the entropy logged early in training
+    router_aux_loss_coef: float | None = None  # MoE load-balancing loss weight; None: the model config's (TRL; model/experts.py)
     # The sampler–trainer mismatch (TRL's names; importance_sampling.py). The correction applies where the
     # sampler samples from its own weight copy (bf16): there its log-probs play vLLM's.
     vllm_importance_sampling_correction: bool = True

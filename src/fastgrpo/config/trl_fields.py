@@ -58,7 +58,6 @@ TRL_FIELDS: dict[str, TrlField] = {
     "torch_empty_cache_steps": TrlField(None, ANY),
     "auto_find_batch_size": TrlField(False, (False,), "a smaller batch would split groups (TRL refuses it too); lower per_device_train_batch_size instead"),
     "cast_lm_head_to_fp32": TrlField(False, (False,), "the LM head runs in the policy's precision and its logits are cast to float32 before the log-softmax; remove it"),
-    "router_aux_loss_coef": TrlField(None, (None,), "mixture-of-experts auxiliary losses are not added; remove it"),
     # --- logging and trackers --------------------------------------------------------
     "logging_strategy": TrlField("steps", ("steps",), "fastgrpo logs every logging_steps; set logging_steps"),
     "log_on_each_node": TrlField(True, ANY),

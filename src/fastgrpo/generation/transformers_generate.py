@@ -13,6 +13,7 @@ import copy
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel
 
+from ..model.experts import router_kwargs
 from ..model.loading import decoder_of
 from .contract import Samples, SamplingSettings
 from .processors import OnRealTokens, fill_pads, logits_processors
@@ -85,6 +86,7 @@ class TransformersGenerator:
                 attention_mask=prompt_mask.repeat_interleave(num_generations, dim=0),
                 generation_config=config,
                 logits_processor=LogitsProcessorList([OnRealTokens(self.processors, fill_pads(prompt_ids, prompt_mask).repeat_interleave(num_generations, dim=0))]),
+                **router_kwargs(lm.config, False),  # a config's output_router_logits=True fails in the cached steps (model/experts.py)
             )
         finally:
             self.model.train(was_training)

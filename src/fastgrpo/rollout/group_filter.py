@@ -29,8 +29,13 @@ group of equal rewards has Â = 0 and teaches nothing:
    micro-batches (`rollout.micro_batch_rows`), so every process makes the same
    optimizer steps, and the loss normalisers count the smaller batch (dapo's
    tokens, grpo's sequences). With K below `min_groups` (a micro-batch would
-   be empty; K = 0 when nothing at all had spread) every process raises
-   `NoInformativeGroups`.
+   be empty; K = 0 when nothing at all had spread: a solved task, every group
+   all right, or a hopeless one) every process trains on a full rollout: its
+   groups with spread, then groups without, in sampling order — the batch TRL
+   trains on without a filter, whose equal-reward groups have Â = 0 and add
+   no policy gradient (β·KL and the entropy bonus still act). It warns once
+   per run and logs `dynamic_sampling/filled_fraction`; a learned task never
+   ends the run with an exception (verl raises there instead).
 
 Advantages are computed once the rollout is assembled: a group's own mean
 and std ("group", "none") do not depend on which other groups were kept; the
@@ -45,6 +50,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -55,10 +61,6 @@ from .record import Rollout, concat, micro_batch_rows
 
 # prompts per process → (this process's share of them sampled and scored: a Rollout without Â, π_old, π_ref; log_extra columns)
 DrawAndScore = Callable[[int], tuple[Rollout, dict]]
-
-
-class NoInformativeGroups(RuntimeError):
-    """Dynamic sampling's round cap was reached with too few groups with reward spread to train on."""
 
 
 def informative_groups(rewards: torch.Tensor, weights: torch.Tensor, aggregation: str) -> torch.Tensor:
@@ -136,7 +138,7 @@ class DynamicSampling:
         gather: (k,) tensor → (world_size · k,), every process's values (identity on one process).
         max_rounds: sampling rounds per rollout at most (max_num_gen_batches).
         max_age: rollouts a surplus group may wait; 0: surplus is dropped.
-        min_groups: fewest groups that fill every micro-batch (below it, at the cap: NoInformativeGroups).
+        min_groups: fewest groups that fill every micro-batch (below it, at the cap: groups without spread fill the rollout).
     """
 
     def __init__(
@@ -147,6 +149,7 @@ class DynamicSampling:
         self.behaviour_logps, self.gather = behaviour_logps, gather
         self.max_rounds, self.max_age, self.min_groups = max_rounds, max_age, min_groups
         self.keep_rate, self.rollouts = 1.0, 0  # keep rate of the last round (all processes); rollouts made
+        self.warned = False  # the cap's fill has been warned about (once per run)
         self.carry: Rollout | None = None  # surplus groups with their behaviour log-probs as old_logps
         self.carry_born: list[int] = []  # per carried group: the rollout that sampled it
         self.carry_extra: dict = {}  # their log_extra columns
@@ -154,15 +157,18 @@ class DynamicSampling:
     def __call__(self, sample: DrawAndScore) -> tuple[Rollout, dict, dict]:
         """This process's rollout of informative groups, its log_extra columns, and the window sums it adds.
 
-        Raises:
-            NoInformativeGroups: at the round cap, some process holds fewer than `min_groups` groups with spread.
+        Warns:
+            UserWarning: once per run, the first time the cap is reached with fewer than `min_groups` groups with
+                spread on some process, and groups without spread fill the rollout (module docstring, step 4).
         """
         self.rollouts += 1
         G = self.G
         carried, born, carried_extra, dropped = self._aged_carry()
         fresh: list[tuple[Rollout, dict]] = []
+        rejected: list[tuple[Rollout, dict]] = []  # the rounds' groups without spread: what fills a rollout at the cap
         sums = {"ds_rounds": 0, "ds_sampled_groups": 0, "ds_kept_groups": 0, "ds_zero_std_sampled": 0, "ds_reward_sampled": 0.0,
-                "ds_completions_sampled": 0, "ds_carried_groups": len(born), "ds_dropped_groups": dropped, "ds_at_cap": 0}
+                "ds_completions_sampled": 0, "ds_carried_groups": len(born), "ds_dropped_groups": dropped, "ds_at_cap": 0,
+                "ds_filled_groups": 0}
         have, kept, prompts = len(born), 0, 0
         while True:  # one gather per round, the same decision on every process: (shortfall, kept, sampled) of each
             everyone = self.gather(torch.tensor([self.share - have, kept, prompts], dtype=torch.float64)).view(-1, 3)
@@ -175,8 +181,9 @@ class DynamicSampling:
             rollout, extra = sample(prompts)
             rewards = rollout.rewards.view(prompts, G, -1)
             keep = self.keep(rewards).to(torch.bool).cpu()
-            rows = (torch.nonzero(keep).view(-1, 1) * G + torch.arange(G)).view(-1)
-            fresh.append((rollout.take(rows), {k: [v[i] for i in rows.tolist()] for k, v in extra.items()}))
+            for part, groups in ((fresh, keep), (rejected, ~keep)):
+                rows = (torch.nonzero(groups).view(-1, 1) * G + torch.arange(G)).view(-1)
+                part.append((rollout.take(rows), {k: [v[i] for i in rows.tolist()] for k, v in extra.items()}))
             kept = int(keep.sum())
             have += kept
             sums["ds_rounds"] += 1
@@ -186,28 +193,44 @@ class DynamicSampling:
             sums["ds_zero_std_sampled"] += int((total == total[:, :1]).all(1).sum())
             sums["ds_reward_sampled"] += float(total.sum())
             sums["ds_completions_sampled"] += len(rollout)
-        use = self.share
+        use, fill = self.share, 0
         if need > 0:  # the cap: everyone trains on the fewest groups any process holds
             use = int(self.share - everyone[:, 0].max())
             sums["ds_at_cap"] = 1
-            if use < self.min_groups:
-                mean = sums["ds_reward_sampled"] / max(sums["ds_completions_sampled"], 1)
-                raise NoInformativeGroups(
-                    f"dynamic sampling: after max_num_gen_batches={self.max_rounds} rounds ({sums['ds_sampled_groups']} prompts "
-                    f"sampled on this process, mean reward {mean:.3g}), a process holds {use} group(s) with reward spread; at "
-                    f"least {self.min_groups} are needed to train (one completion per micro-batch). Nearly every group's rewards "
-                    "were equal — all right (the prompts are solved: harder ones, or stop) or all wrong (easier prompts, a reward "
-                    "with partial credit) — raise max_num_gen_batches, or set filter_groups=False."
-                )
+            if use < self.min_groups:  # too few to fill a step: a full rollout, groups without spread after those with
+                use = min(have, self.share)
+                fill = self.share - use
+                self._warn_filled(sums, int(self.share - everyone[:, 0].max()))
         parts = ([(carried, carried_extra)] if carried is not None else []) + fresh
         rows_by_part = [p.completion_ids.shape[0] for p, _ in parts]
         whole = concat([p for p, _ in parts])  # never empty: a carry that fills the rollout, or at least one round
         extra = _concat_extra([e for _, e in parts], rows_by_part)
         born = born + [self.rollouts] * (sum(rows_by_part) // G - len(born))
-        trained = whole.take(torch.arange(use * G))
-        trained = dataclasses.replace(trained, advantages=self.advantages(trained.rewards))
+        trained, trained_extra = whole.take(torch.arange(use * G)), {k: v[: use * G] for k, v in extra.items()}
         sums["ds_dropped_groups"] += self._keep_surplus(whole, born, extra, use)
-        return trained, {k: v[: use * G] for k, v in extra.items()}, sums
+        if fill:  # every process has sampled at least `share` groups, so the rejected ones cover the shortfall
+            filler = concat([p for p, _ in rejected]).take(torch.arange(fill * G))
+            filler_extra = _concat_extra([e for _, e in rejected], [p.completion_ids.shape[0] for p, _ in rejected])
+            trained_extra = _concat_extra([trained_extra, {k: v[: fill * G] for k, v in filler_extra.items()}], [use * G, fill * G])
+            trained = concat([trained, dataclasses.replace(filler, old_logps=None)]) if use else filler
+            sums["ds_filled_groups"] = fill
+        trained = dataclasses.replace(trained, advantages=self.advantages(trained.rewards))
+        return trained, trained_extra, sums
+
+    def _warn_filled(self, sums: dict, fewest: int) -> None:
+        """The cap's fill, said once per run (later ones are in `dynamic_sampling/filled_fraction`)."""
+        if self.warned:
+            return
+        self.warned = True
+        mean = sums["ds_reward_sampled"] / max(sums["ds_completions_sampled"], 1)
+        warnings.warn(
+            f"dynamic sampling: after max_num_gen_batches={self.max_rounds} rounds ({sums['ds_sampled_groups']} prompts sampled "
+            f"on this process, mean reward {mean:.3g}) a process holds {fewest} group(s) with reward spread, fewer than the "
+            f"{self.min_groups} a step needs; this rollout is filled with groups whose rewards are all equal (Â = 0, no policy "
+            "gradient: what training without filter_groups would do). All right: the prompts are solved — stop, or use harder "
+            "ones; all wrong: easier prompts or a reward with partial credit. dynamic_sampling/filled_fraction logs how often.",
+            stacklevel=2,
+        )
 
     def _aged_carry(self) -> tuple[Rollout | None, list[int], dict, int]:
         """The carried groups still young enough (≤ max_age rollouts), and how many aged out."""

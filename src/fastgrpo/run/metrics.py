@@ -132,8 +132,9 @@ class MetricsLog:
         os.makedirs(output_dir, exist_ok=True)
 
     def sizes(self) -> dict[str, int]:
-        """Bytes written so far to each log (0 before its first line): where a checkpoint saved now cuts them back to."""
-        return {path: os.path.getsize(path) if os.path.exists(path) else 0 for path in (self.metrics_path, self.completions_path)}
+        """Bytes written so far to each log (0 before its first line), by file name within output_dir: where a checkpoint
+        saved now cuts them back to, wherever the run's folder is later moved."""
+        return {os.path.basename(p): os.path.getsize(p) if os.path.exists(p) else 0 for p in (self.metrics_path, self.completions_path)}
 
     def cut_back(self, step: int, sizes: dict[str, int] | None = None) -> None:
         """Cut both logs back to what they held when the checkpoint was saved: no record logged twice.
@@ -142,14 +143,16 @@ class MetricsLog:
             step: the checkpoint's step; without `sizes` (a checkpoint from before they
                 were saved), records after it are dropped.
             sizes: `sizes()` at the checkpoint: each file is truncated to it, which also
-                drops what was logged at the checkpoint's own step after it was saved.
+                drops what was logged at the checkpoint's own step after it was saved. Keys are
+                file names; older checkpoints keyed them by absolute path, read by their file name.
         """
+        recorded = None if sizes is None else {os.path.basename(k): v for k, v in sizes.items()}
         for path in (self.metrics_path, self.completions_path):
             if not os.path.exists(path):
                 continue
-            if sizes is not None:
-                if os.path.getsize(path) > sizes.get(path, 0):
-                    os.truncate(path, sizes.get(path, 0))
+            if recorded is not None:
+                if os.path.getsize(path) > recorded.get(os.path.basename(path), 0):
+                    os.truncate(path, recorded.get(os.path.basename(path), 0))
                 continue
             with open(path) as f:
                 kept = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
@@ -301,6 +304,7 @@ def window_record(step: int, sums: dict, extremes: dict, seconds: dict, reward_n
     mean("entropy_coef", "steps")
     mean("vespo/phi_seq", "sequences", "vespo/phi_seq_mean")
     mean("grad_norm", "steps")
+    mean("aux_loss", "aux_micro_batches")  # the router's load-balancing loss, mean over micro-batches (TRL's)
     mean("reward_sum", "scorable", "reward")  # TRL's: over the completions some reward applied to
     if sums.get("scorable", 0) > 1:  # TRL's nanstd of the weighted rewards over the batch (n − 1)
         n, total = sums["scorable"], sums["reward_sum"]
@@ -314,6 +318,7 @@ def window_record(step: int, sums: dict, extremes: dict, seconds: dict, reward_n
     mean("ds_carried_groups", "groups", "dynamic_sampling/carried_fraction")
     mean("ds_dropped_groups", "ds_sampled_groups", "dynamic_sampling/dropped_fraction")
     mean("ds_at_cap", "rollouts", "dynamic_sampling/at_cap")
+    mean("ds_filled_groups", "groups", "dynamic_sampling/filled_fraction")  # groups without spread that filled a rollout at the cap
     mean("ds_zero_std_sampled", "ds_sampled_groups", "dynamic_sampling/frac_reward_zero_std_before")
     mean("ds_reward_sampled", "ds_completions_sampled", "dynamic_sampling/reward_before")
     record.update(reward_stats(sums, reward_names, "rewards"))

@@ -5,7 +5,8 @@
   with a one-line notice), starts the trackers,
   checks the world size and seeds each process.
 - `load_policy`: the tokenizer and model (loaded once on the main process
-  first), adapters, dropout off, gradient checkpointing, π_ref, and the EOS ids;
+  first), adapters, dropout off, gradient checkpointing, π_ref, the EOS ids and
+  the router's load-balancing loss (model/experts.py);
   under FSDP the sampler's whole copy, then the policy and π_ref sharded (sharding.py).
 - `prepare`: the policy and optimizer through `accelerator.prepare` (an FSDP-sharded
   policy is already distributed: only the optimizer goes through it).
@@ -32,6 +33,7 @@ from ..model.launch import cpu_launch_error, cpu_only
 from ..generation.weight_copy import GatheredCopy
 from ..model.sharding import broadcast_weights, fsdp_requested, is_sharded, shard
 from ..model.loading import disable_dropout, enable_gradient_checkpointing, is_peft_model, load_model, load_tokenizer, prepare_adapters, prepare_tokenizer, reference_model
+from ..model.experts import RouterAuxLoss
 from ..model.optimizers import build_optimizer
 from ..model.precision import resolve_bf16
 
@@ -75,6 +77,7 @@ class Policy(NamedTuple):
     ref_model: torch.nn.Module | None  # π_ref's frozen copy on the device; None with beta = 0 or adapters (`as_reference`)
     eos_token_ids: list[int]  # sorted: the model's generation_config EOS ids and the tokenizer's
     sampler_copy: GatheredCopy | None  # under FSDP: the whole copy the sampler runs, refreshed per rollout; else None
+    router: RouterAuxLoss  # whether a mixture-of-experts policy's load-balancing loss is added, and its weight (TRL's rule)
 
 
 def load_policy(model, processing_class, peft_config, args: GRPOConfig, accelerator: Accelerator, bf16: bool = False) -> Policy:
@@ -91,7 +94,8 @@ def load_policy(model, processing_class, peft_config, args: GRPOConfig, accelera
     Warns:
         UserWarning: model_init_kwargs set for an already built model (ignored, as TRL warns).
     Raises:
-        ValueError: see models.load_tokenizer, models.resolve_model_path and models.prepare_adapters.
+        ValueError: see models.load_tokenizer, models.resolve_model_path and models.prepare_adapters; a
+            router_aux_loss_coef for a model without router logits (experts.RouterAuxLoss).
     """
     a = args
     name = model if isinstance(model, str) else model.config._name_or_path
@@ -122,7 +126,8 @@ def load_policy(model, processing_class, peft_config, args: GRPOConfig, accelera
                 shard(module, bf16)
     eos = policy.generation_config.eos_token_id
     eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-    return Policy(tokenizer, policy, ref_model, sorted(eos | {tokenizer.eos_token_id}), sampler_copy)
+    router = RouterAuxLoss.from_config(a.router_aux_loss_coef, policy.config)
+    return Policy(tokenizer, policy, ref_model, sorted(eos | {tokenizer.eos_token_id}), sampler_copy, router)
 
 
 def prepare(accelerator: Accelerator, model: torch.nn.Module, optimizer: torch.optim.Optimizer):

@@ -12,7 +12,9 @@ same prompt tokens (the G completions of a group are contiguous) the prompt is
 computed once and each of its completions attends to it through a 4D mask:
 completion tokens see their prompt and earlier tokens of their own completion,
 nothing else. The gradient through the shared prompt is the sum over its
-completions, which is what G separate copies would give.
+completions, which is what G separate copies would give. A model that does not
+separate packed sequences by their position ids (`packing.packing_support`,
+measured once per model class) runs TRL's padded rows instead (`packing.pad`).
 
 The last hidden states then go through the LM head in chunks of
 `CHUNK_TOKENS` tokens (`ChunkedHead`, a custom autograd function): each chunk's
@@ -30,7 +32,6 @@ Not here: the loss (losses.py), which micro-batches run when (trainer.py).
 from __future__ import annotations
 
 from contextlib import nullcontext
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -38,7 +39,9 @@ from torch import nn
 
 from ..algo.losses import entropy_from_logits, kl_full, selective_log_softmax
 from ..model.working_copy import WorkingCopy
+from ..model.experts import router_kwargs
 from .chunked_head import ChunkedHead
+from .packing import PackedRow, pack, packing_support, pad, sharing_support
 
 # Tokens per LM-head chunk: a (256, 49 152) fp32 block is 50 MB for SmolLM2, about
 # the padded micro-batch's whole (4, 64, V) logits, while 256 rows keep the head
@@ -56,112 +59,10 @@ class TokenStats(NamedTuple):
     logps: torch.Tensor  # (B, T) log π(y_t | prefix) at temperature τ; differentiable
     entropy: torch.Tensor  # (B, T) exact entropy over the vocabulary, nats; differentiable only with `entropy_grad`
     kl: torch.Tensor | None  # (B, T) exact KL(π_θ‖π_ref); differentiable w.r.t. π_θ; None without π_ref
+    aux_loss: torch.Tensor | None  # 0-d the router's load-balancing loss (model/experts.py), differentiable; None unless `router_aux_loss`
     padded_tokens: int  # tokens of the padded layout B × (P + T)
     real_tokens: int  # non-pad tokens: prompts counted once per completion
     packed_tokens: int  # tokens actually computed (each shared prompt once)
-
-
-@dataclass(frozen=True)
-class PackedRow:
-    """One micro-batch as a single row; n = real completion tokens, L = packed length."""
-
-    input_ids: torch.Tensor  # (1, L)
-    position_ids: torch.Tensor  # (1, L) restarting at 0 for every prompt
-    attention_mask: torch.Tensor | None  # (1, 1, L, L) custom mask when prompts are shared, else None
-    source: torch.Tensor  # (n,) row position whose hidden state predicts each completion token
-    labels: torch.Tensor  # (n,) the completion tokens
-    rows: torch.Tensor  # (n,) sequence index b of each completion token in (B, T)
-    cols: torch.Tensor  # (n,) token index t of each completion token in (B, T)
-    padded_tokens: int
-    real_tokens: int
-
-
-def pack(
-    prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor, completion_mask: torch.Tensor,
-    share_prompts: bool, mask_dtype: torch.dtype | None = None,
-) -> PackedRow:
-    """Lay a padded micro-batch out as one packed row.
-
-    Args:
-        prompt_ids, prompt_mask: (B, P), prompts left-padded (mask 1 on real tokens).
-        completion_ids, completion_mask: (B, T), 1 up to and including the first EOS.
-        share_prompts: compute a prompt once for consecutive rows whose real prompt
-            tokens are identical (exact: equal tokens give equal activations), with a
-            (1, 1, L, L) mask; else every completion gets its own copy and no mask
-            (transformers derives the block-diagonal mask from the position ids).
-        mask_dtype: None for a boolean mask (True = attend, what sdpa takes), or a
-            float dtype for an additive 0 / −inf-like mask (what eager attention adds).
-    Returns:
-        `PackedRow`. Token t of completion b is predicted by the hidden state at
-        `source`: the last prompt token for t = 0, completion token t − 1 after it.
-    Raises:
-        ValueError: shapes that do not match.
-    """
-    if prompt_ids.shape != prompt_mask.shape or completion_ids.shape != completion_mask.shape or len(prompt_ids) != len(completion_ids):
-        raise ValueError(
-            f"pack() needs prompt_ids/prompt_mask (B, P) and completion_ids/completion_mask (B, T) with one B; got "
-            f"{tuple(prompt_ids.shape)}, {tuple(prompt_mask.shape)}, {tuple(completion_ids.shape)}, {tuple(completion_mask.shape)}."
-        )
-    B, T = completion_ids.shape
-    device = completion_ids.device
-    ids, positions, block, segment = [], [], [], []  # per piece; block = prompt copy, segment = completion (−1: prompt)
-    source, rows, cols = [], [], []
-    length, last_prompt, last_prompt_end = 0, None, 0
-    for b in range(B):
-        prompt = prompt_ids[b][prompt_mask[b].bool()]
-        completion = completion_ids[b][completion_mask[b].bool()]
-        if not (share_prompts and last_prompt is not None and torch.equal(prompt, last_prompt)):
-            ids.append(prompt)
-            positions.append(torch.arange(len(prompt), device=device))
-            block.append(torch.full((len(prompt),), b, device=device))
-            segment.append(torch.full((len(prompt),), -1, device=device))
-            length += len(prompt)
-            last_prompt, last_prompt_end, block_id = prompt, length, b
-        n = len(completion)
-        ids.append(completion)
-        positions.append(torch.arange(len(prompt), len(prompt) + n, device=device))
-        block.append(torch.full((n,), block_id, device=device))
-        segment.append(torch.full((n,), b, device=device))
-        # Logit t predicts token t + 1: the prompt's last token predicts the first completion token.
-        source.append(torch.cat([torch.tensor([last_prompt_end - 1], device=device), torch.arange(length, length + n - 1, device=device)])[:n])
-        rows.append(torch.full((n,), b, device=device))
-        cols.append(completion_mask[b].nonzero().flatten())
-        length += n
-    block_ids, segment_ids = torch.cat(block), torch.cat(segment)
-    mask = None
-    if share_prompts:
-        q, k = torch.arange(length, device=device).unsqueeze(1), torch.arange(length, device=device).unsqueeze(0)
-        same_block = block_ids.unsqueeze(1) == block_ids.unsqueeze(0)
-        visible = (segment_ids.unsqueeze(0) == -1) | (segment_ids.unsqueeze(1) == segment_ids.unsqueeze(0))  # prompt or own
-        allowed = (k <= q) & same_block & visible  # (L, L)
-        if mask_dtype is None:
-            mask = allowed[None, None]
-        else:
-            mask = torch.zeros(length, length, dtype=mask_dtype, device=device).masked_fill(~allowed, torch.finfo(mask_dtype).min)[None, None]
-    return PackedRow(
-        input_ids=torch.cat(ids).unsqueeze(0), position_ids=torch.cat(positions).unsqueeze(0), attention_mask=mask,
-        source=torch.cat(source).long(), labels=completion_ids[completion_mask.bool()],
-        rows=torch.cat(rows).long(), cols=torch.cat(cols).long(),
-        padded_tokens=B * (prompt_ids.shape[1] + T), real_tokens=int(prompt_mask.sum() + completion_mask.sum()),
-    )
-
-
-def sharing_support(model) -> str | None:
-    """Why `model` cannot take a shared-prompt 4D mask, or None when it can.
-
-    It can when its attention is "sdpa" or "eager" (both use a 4D mask as given,
-    transformers 5.24 `masking_utils`) and every layer is full attention: a custom
-    mask would drop a sliding window, and flash/flex kernels take no dense mask.
-    """
-    config = getattr(model, "module", model).config
-    implementation = getattr(config, "_attn_implementation", None)
-    if implementation not in ("sdpa", "eager"):
-        return f"attn_implementation={implementation!r} takes no custom 4D mask"
-    if getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True):
-        return f"{config.model_type} has sliding-window attention (sliding_window={config.sliding_window})"
-    if any(t != "full_attention" for t in getattr(config, "layer_types", None) or []):
-        return f"{config.model_type} mixes attention types ({sorted(set(config.layer_types))})"
-    return None
 
 
 def chunkable_head(model) -> str | None:
@@ -188,7 +89,10 @@ def fallback_notices(model) -> list[str]:
     """One sentence per part of the fast path `model` cannot take (for the start-up console), else []."""
     notes = []
     if (reason := sharing_support(model)) is not None:
-        notes.append(f"prompts are not shared between a group's completions ({reason}); packing only.")
+        if (unpackable := packing_support(model)) is not None:
+            notes.append(f"the update runs padded rows, as TRL does ({reason}; {unpackable}).")
+        else:
+            notes.append(f"prompts are not shared between a group's completions ({reason}); packing only.")
     if (reason := chunkable_head(model)) is not None:
         notes.append(f"the LM head runs unchunked through the model's forward ({reason}).")
     return notes
@@ -214,6 +118,9 @@ class LogProbs:
             optimizer step, not by autocast at every forward; gradients reach the fp32
             parameters, widened as autocast's cast would): the same products, so the
             same values. A model it does not hold (a separate π_ref) runs through autocast.
+        router_aux_loss: a mixture-of-experts policy's load-balancing loss is returned
+            (`TokenStats.aux_loss`, the model's own over the packed row); its prompts are
+            then not shared (model/experts.py says why). Else router logits are never asked for.
     Call: `log_probs(model, mb, reference=None) → TokenStats`, where `mb` has
     `prompt_ids`, `prompt_mask`, `completion_ids`, `completion_mask` (a `Rollout`
     view). `reference` given — a zero-argument callable returning a context
@@ -226,31 +133,38 @@ class LogProbs:
 
     def __init__(
         self, temperature: float, share_prompts: bool = True, chunk: int = CHUNK_TOKENS, autocast=nullcontext, entropy_grad: bool = False,
-        weights: WorkingCopy | None = None,
+        weights: WorkingCopy | None = None, router_aux_loss: bool = False,
     ):
         if temperature <= 0:
             raise ValueError(f"temperature={temperature}: log-probs are taken at logits / temperature; use a value > 0.")
         if chunk < 1:
             raise ValueError(f"chunk={chunk}: the LM head needs at least 1 token per chunk.")
         self.temperature, self.share_prompts, self.chunk, self.autocast = temperature, share_prompts, chunk, autocast
-        self.entropy_grad, self.weights = entropy_grad, weights
+        self.entropy_grad, self.weights, self.router_aux_loss = entropy_grad, weights, router_aux_loss
+        self.packs: dict[type, bool] = {}  # model class → runs a packed row without a mask (packing.packing_support)
 
     def __call__(self, model, mb, reference=None) -> TokenStats:
         with self.autocast():
             return self._stats(model, mb, reference)
 
     def _stats(self, model, mb, reference) -> TokenStats:
-        share = self.share_prompts and sharing_support(model) is None
+        share = self.share_prompts and not self.router_aux_loss and sharing_support(model) is None
         mask_dtype = None if _attention(model) == "sdpa" else _dtype(model)
-        row = pack(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.completion_mask, share, mask_dtype)
+        kind = type(_inner(model))
+        if not share and kind not in self.packs:  # measured once per model class (packing.packing_support)
+            self.packs[kind] = packing_support(model) is None
+        if share or self.packs[kind]:
+            row = pack(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.completion_mask, share, mask_dtype)
+        else:  # TRL's padded rows: the model would let packed sequences see each other
+            row = pad(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.completion_mask)
         shape = mb.completion_ids.shape
         if chunkable_head(model) is None:
             working = self.weights if self.weights is not None and self.weights.holds(model) else None
-            hidden = _last_hidden(model, row, working)  # (n, H)
+            hidden, aux_loss = _last_hidden(model, row, self.router_aux_loss, working)  # (n, H)
             ref_hidden = ref_head = None
             if reference is not None:
                 with torch.no_grad(), reference() as ref_model:
-                    ref_hidden, ref_head = _last_hidden(ref_model, row), _head(ref_model)
+                    ref_hidden, ref_head = _last_hidden(ref_model, row, False)[0], _head(ref_model)
             head = _head(model)
             logps, entropy, kl = ChunkedHead.apply(
                 hidden, head.weight, head.bias, row.labels, self.temperature, ref_hidden,
@@ -259,19 +173,20 @@ class LogProbs:
                 None if working is None else working.cast(head.weight),
             )
         else:  # the model's own head on the needed positions only: (1, n, V) at most
-            logits = _logits(model, row) / self.temperature
+            out = _forward(model, row, _keep(row), self.router_aux_loss)
+            logits, aux_loss = _kept_logits(out, row) / self.temperature, _aux_loss(model, out, self.router_aux_loss)
             logps = selective_log_softmax(logits, row.labels[None])[0]
             with torch.set_grad_enabled(self.entropy_grad and torch.is_grad_enabled()):  # its graph is a second (n, V) block
                 entropy = entropy_from_logits(logits)[0]
             kl = None
             if reference is not None:
                 with torch.no_grad(), reference() as ref_model:
-                    ref_logits = _logits(ref_model, row) / self.temperature
+                    ref_logits = _kept_logits(_forward(ref_model, row, _keep(row), False), row) / self.temperature
                 kl = kl_full(logits, ref_logits)[0]
         return TokenStats(
             logps=_scatter(logps, row, shape), entropy=_scatter(entropy if self.entropy_grad else entropy.detach(), row, shape),
-            kl=_scatter(kl, row, shape) if reference is not None else None,
-            padded_tokens=row.padded_tokens, real_tokens=row.real_tokens, packed_tokens=row.input_ids.shape[1],
+            kl=_scatter(kl, row, shape) if reference is not None else None, aux_loss=aux_loss,
+            padded_tokens=row.padded_tokens, real_tokens=row.real_tokens, packed_tokens=row.input_ids.numel(),
         )
 
 
@@ -297,16 +212,49 @@ def _head(model) -> nn.Linear:
     return _inner(model).get_output_embeddings()
 
 
-def _forward(model, row: PackedRow, logits_to_keep: torch.Tensor, working: WorkingCopy | None = None):
+def _forward(model, row: PackedRow, logits_to_keep: torch.Tensor, router_logits: bool, working: WorkingCopy | None = None):
+    """The model's forward on the packed row; a mixture-of-experts model returns its load-balancing loss only when `router_logits`.
+
+    `working` given, the policy's linear layers multiply its bf16 copies (`torch.func.functional_call`).
+    """
     inputs = dict(input_ids=row.input_ids, position_ids=row.position_ids, attention_mask=row.attention_mask,
-                  logits_to_keep=logits_to_keep, use_cache=False)
+                  logits_to_keep=logits_to_keep, use_cache=False, **router_kwargs(_inner(model).config, router_logits))
     if working is None:
         return model(**inputs)
     return torch.func.functional_call(model, working.linear_weights(model), kwargs=inputs, tie_weights=False)  # the copies as weights
 
 
-def _last_hidden(model, row: PackedRow, working: WorkingCopy | None = None) -> torch.Tensor:
-    """(n, H) final hidden states at `row.source`, through the model's (possibly DDP-wrapped) forward.
+def _keep(row: PackedRow):
+    """logits_to_keep: the packed row's needed positions, or every position of padded rows (`packing.pad`)."""
+    return row.source if row.input_ids.shape[0] == 1 else 0
+
+
+def _kept_logits(out, row: PackedRow) -> torch.Tensor:
+    """(1, n, V) fp32 logits at `row.source` from a forward run with `_keep(row)`."""
+    logits = out.logits.float()
+    return logits if row.input_ids.shape[0] == 1 else logits.flatten(0, 1)[row.source][None]
+
+
+def _aux_loss(model, out, router_logits: bool) -> torch.Tensor | None:
+    """The forward's 0-d `aux_loss` when asked for, else None.
+
+    Raises:
+        ValueError: the model declares router logits but returns no load-balancing loss (DeepSeek-V3-style
+            routers balance with a bias instead, transformers 5.19).
+    """
+    if not router_logits:
+        return None
+    if getattr(out, "aux_loss", None) is None:
+        config = _inner(model).config.get_text_config()
+        raise ValueError(
+            f"{config.model_type} returns no router load-balancing loss (its router balances without one), so "
+            "router_aux_loss_coef has nothing to weight; set router_aux_loss_coef=0.0."
+        )
+    return out.aux_loss
+
+
+def _last_hidden(model, row: PackedRow, router_logits: bool, working: WorkingCopy | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(n, H) final hidden states at `row.source`, and the forward's `aux_loss` (`_aux_loss`), through the model's (possibly DDP-wrapped) forward.
 
     The forward runs through the wrapper, so DDP's gradient synchronisation stays
     in place; its head runs on zero positions, and a hook on the decoder keeps the
@@ -315,12 +263,7 @@ def _last_hidden(model, row: PackedRow, working: WorkingCopy | None = None) -> t
     kept = []
     hook = _inner(model).get_decoder().register_forward_hook(lambda module, args, out: kept.append(out[0]))
     try:
-        _forward(model, row, row.source[:0], working)
+        out = _forward(model, row, row.source[:0], router_logits, working)
     finally:
         hook.remove()
-    return kept[0][0, row.source]
-
-
-def _logits(model, row: PackedRow) -> torch.Tensor:
-    """(1, n, V) fp32 logits at `row.source` from the model's own head (heads that cannot be chunked)."""
-    return _forward(model, row, row.source).logits.float()
+    return kept[0].flatten(0, 1)[row.source], _aux_loss(model, out, router_logits)

@@ -70,6 +70,9 @@ class OptimizerStep:
         args: the GRPOConfig (read once here).
         accelerator, model, optimizer, scheduler: as prepared (accelerate's no_sync, backward, clipping).
         log_probs: the policy pass (logprobs.LogProbs).
+        router: the router's load-balancing loss (model/experts.RouterAuxLoss): when enabled, each micro-batch's
+            loss gains coef · aux_loss / gradient_accumulation_steps and `aux_loss` is logged (TRL 1.16's
+            `_compute_loss`: its policy loss is scaled for accumulation, so is the aux loss).
         correction: the sampler–trainer correction (algo/sampling_correction.SamplingCorrection).
         entropy_control: the entropy bonus's coefficient, or None (no bonus).
         reference: () → context yielding π_ref (exact KL only).
@@ -78,9 +81,10 @@ class OptimizerStep:
         timer: phase timer; phase "update".
     """
 
-    def __init__(self, args, accelerator, model, optimizer, scheduler, *, log_probs, correction, entropy_control, reference, entropy_mask, events, timer):
+    def __init__(self, args, accelerator, model, optimizer, scheduler, *, log_probs, correction, router, entropy_control, reference, entropy_mask, events, timer):
         self.args, self.accelerator, self.model, self.optimizer, self.scheduler = args, accelerator, model, optimizer, scheduler
         self.log_probs, self.correction, self.entropy_control, self.events, self.timer = log_probs, correction, entropy_control, events, timer
+        self.router = router
         self.loss = LossSettings.from_config(args)
         self.reference = reference if args.beta > 0 and args.kl_estimator == "full" else None
         self.entropy_mask, self.clip = entropy_mask, args.max_grad_norm if args.max_grad_norm > 0 else math.inf  # 0: no clip
@@ -115,9 +119,13 @@ class OptimizerStep:
                         policy_weight=weight, vespo_ratio=vespo_ratio, entropy=entropy if self.entropy_control else None,
                         entropy_coef=self.entropy_control.applied() if self.entropy_control else 0.0,
                     )
-                    acc.backward(out.loss)
+                    loss, aux = out.loss, {}
+                    if self.router.enabled:  # TRL: loss + coef · aux_loss / GA; `loss` is logged with it, as TRL's is
+                        loss = loss + self.router.coef * stats.aux_loss / GA
+                        aux = {"aux_loss": stats.aux_loss.detach().float(), "aux_micro_batches": torch.ones((), device=loss.device)}
+                    acc.backward(loss)
                 packing = {"padded_tokens": stats.padded_tokens, "real_tokens": stats.real_tokens, "packed_tokens": stats.packed_tokens}
-                accumulate(sums, {**out.metrics, "loss": out.loss.detach(), "entropy": masked_sum(entropy.detach(), mask), **packing, **mismatch})
+                accumulate(sums, {**out.metrics, "loss": loss.detach(), "entropy": masked_sum(entropy.detach(), mask), **packing, **mismatch, **aux})
                 if j < GA - 1:
                     self.events.substep_end()
             grad_norm = full_value(acc.clip_grad_norm_(self.model.parameters(), self.clip))
@@ -135,6 +143,34 @@ class OptimizerStep:
         if acc.num_processes > 1:  # a token mean over all processes: the same target_kl decision on each
             kl_old = acc.reduce(kl_old, reduction="sum")
         return StepResult(float(kl_old[0] / kl_old[1].clamp(min=1)), recorded, sums, grad_norm)
+
+    @torch.no_grad()
+    def eval_loss(self, rollout: Rollout) -> torch.Tensor:
+        """TRL's eval-mode loss of one eval batch (0-d): `_compute_loss` with π_old = π_θ detached (ρ = 1), no accumulation.
+
+        `rollout` is the whole batch as one micro-batch (TRL's eval batch of per_device_eval_batch_size completions),
+        with its Â (and π_ref's log-probs for the k3 KL). The loss terms are the training ones: the objective at ρ = 1
+        (−Â per token, clipped alike), β·KL, the sampler correction, the entropy bonus and the router's aux loss at
+        weight coef (no 1/GA). Normalisers: dapo/cispo/vespo divide by this batch's loss tokens on this process
+        (TRL: the batch's tokens on all processes / world size — equal on one process).
+        """
+        a, was_training = self.args, self.model.training
+        self.model.eval()
+        try:
+            mask = self.loss_mask(rollout)
+            stats = self.log_probs(self.model, rollout, self.reference)
+            logps = stats.logps
+            counts = StepCounts(float(mask.sum()), len(rollout), 1, a.max_completion_length)
+            weight, _, vespo_ratio = self.correction(rollout.advantages, logps, logps, rollout.sampling_logps, mask)
+            out = grpo_loss(
+                logps, logps, rollout.advantages, mask, counts, **dataclasses.asdict(self.loss),
+                per_token_kl=self.kl(stats, rollout) if a.beta > 0 else None, policy_mask=self.policy_mask(stats.entropy, mask),
+                policy_weight=weight, vespo_ratio=vespo_ratio, entropy=stats.entropy if self.entropy_control else None,
+                entropy_coef=self.entropy_control.applied() if self.entropy_control else 0.0,
+            )
+        finally:
+            self.model.train(was_training)
+        return out.loss + self.router.coef * stats.aux_loss if self.router.enabled else out.loss
 
     def loss_mask(self, mb: Rollout) -> torch.Tensor:
         """Completion tokens that carry loss; none for truncated ones when mask_truncated_completions (DAPO)."""
