@@ -18,7 +18,6 @@ Not here: measuring the peaks (bf16_peaks.py, worker.linear_peak).
 
 from __future__ import annotations
 
-
 from fastgrpo.update.packing import pack, sharing_support
 from fastgrpo.rollout.record import micro_batch_rows
 
