@@ -151,8 +151,7 @@ class MetricsLog:
             if not os.path.exists(path):
                 continue
             if recorded is not None:
-                if os.path.getsize(path) > recorded.get(os.path.basename(path), 0):
-                    os.truncate(path, recorded.get(os.path.basename(path), 0))
+                os.truncate(path, min(os.path.getsize(path), recorded.get(os.path.basename(path), 0)))
                 continue
             with open(path) as f:
                 kept = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
@@ -358,8 +357,7 @@ def window_record(step: int, sums: dict, extremes: dict, seconds: dict, reward_n
     if sums.get("padded_tokens", 0) > 0:  # the update's passes (logprobs.py): padded layout tokens never computed
         record["pad_fraction"] = 1 - sums["real_tokens"] / sums["padded_tokens"]
         record["shared_prompt_fraction"] = 1 - sums["packed_tokens"] / sums["real_tokens"]
-    # the overlap (rollout/async_producer.py), TRL's async_grpo keys: lag in weight versions, completions dropped as stale,
-    # rollouts waiting at hand-over, and per optimizer step the trainer's wait for a rollout and the sampler's for admission
+    # the overlap (rollout/async_producer.py), TRL's async_grpo keys: lag, dropped, queue, trainer's and sampler's waits per step
     mean("async_staleness", "async_rollouts", "sample/staleness_mean")
     if "async_staleness_max" in extremes:
         record["sample/staleness_max"], record["sample/dropped_stale_total"] = extremes["async_staleness_max"], int(sums["async_dropped"])
