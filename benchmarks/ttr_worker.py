@@ -75,7 +75,6 @@ def main(spec_path: str, out_path: str) -> None:
     from transformers import TrainerCallback
 
     from fastgrpo.tasks.reasoning_gym import reasoning_gym_dataset
-    from fastgrpo.rollout.group_filter import NoInformativeGroups
 
     dataset = reasoning_gym_dataset(size=spec["dataset_size"], seed=spec["seed"], **DATASETS[spec["task"]])
     calls: list[dict] = []
@@ -134,13 +133,9 @@ def main(spec_path: str, out_path: str) -> None:
             last[0] = phase
 
         trainer.timer.listen(phase_ended)
-    try:
-        trainer.train()
-        stopped = None
-    except NoInformativeGroups as err:  # dynamic sampling found no group with spread: the run ends here, its curve stands
-        stopped = str(err)
+    trainer.train()
     result = {"spec": spec, "train_seconds": now(), "steps": trainer.state.global_step, "calls": calls, "phase_seconds": phases, "rollouts": counts["rollout"],
-              "target_kl_stops": getattr(trainer, "target_kl_stops", None), "stopped": stopped}
+              "target_kl_stops": getattr(trainer, "target_kl_stops", None)}
     with open(out_path, "w") as f:
         json.dump(result, f)
 
