@@ -5,6 +5,7 @@
     python benchmarks/time_to_reward.py --suite addition                  # correctness only (reasoning-gym addition)
     python benchmarks/time_to_reward.py --suite dapo --seeds 0 --append   # dynamic sampling off/on (one seed per call, appended)
     python benchmarks/time_to_reward.py --suite vllm                      # the own sampler vs vLLM colocate (needs `make vllm`)
+    python benchmarks/time_to_reward.py --suite async                     # vLLM server: synchronous vs max_staleness 1, 4 (needs `make vllm`)
     python benchmarks/time_to_reward.py --report benchmarks/results/<file>.json   # re-render tables and plots
 
 Every run is its own process (ttr_worker.py) with a wall-clock budget. Runs go
@@ -28,6 +29,7 @@ import argparse
 import datetime
 import json
 import os
+import signal
 import statistics
 import sys
 
@@ -68,12 +70,18 @@ VLLM = [  # the own sampler against vLLM (colocate) on the built-in job, both at
     ("fastgrpo μ=1 bf16", "fastgrpo", {"num_iterations": 1, "bf16": True}),
     ("fastgrpo μ=1 bf16 vLLM colocate", "fastgrpo", {"num_iterations": 1, "bf16": True, "use_vllm": True}),
 ]
+ASYNC = [  # the vLLM server (core 0) and one trainer (core 1): the synchronous loop against the overlap (filter_groups off in all)
+    (name, "fastgrpo", {"num_iterations": 1, "bf16": True, "use_vllm": True, "vllm_mode": "server", "filter_groups": False,
+                        **({} if staleness is None else {"max_staleness": staleness})})
+    for name, staleness in (("synchronous (vLLM server)", None), ("max_staleness=1", 1), ("max_staleness=4", 4))
+]
 SUITES = {
     "builtin": {"task": "arithmetic", "settings": BUILTIN, "target": 0.7, "budget": 150},
     "sweep": {"task": "arithmetic", "settings": SWEEP, "target": 0.7, "budget": 150},
     "lr3": {"task": "arithmetic", "settings": LR3, "target": 0.7, "budget": 120},
     "addition": {"task": "addition", "settings": BUILTIN, "target": 0.4, "budget": 120},
     "vllm": {"task": "addition", "settings": VLLM, "target": 0.4, "budget": 120},
+    "async": {"task": "addition", "settings": ASYNC, "target": 0.4, "budget": 75, "server": True, "threads": 1},
     "dapo": {"task": "addition", "settings": DAPO, "target": 0.4, "budget": 120, "rolling_completions": ROLLING_COMPLETIONS},
 }
 
@@ -248,7 +256,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (data and training)")
     parser.add_argument("--settings", help="comma-separated setting names to run (default: the suite's)")
     parser.add_argument("--budget", type=float, help="wall-clock seconds per run (default: the suite's)")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, help="torch threads per run (default: the suite's, else 2)")
     parser.add_argument("--model", default="smollm2-135m-instruct", help="built-in name or local folder")
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     parser.add_argument("--report", help="re-render tables and plots of a results JSON, run nothing")
@@ -257,10 +265,10 @@ def main(argv=None) -> int:
     if ns.report:
         print(render(ns.report))
         return 0
-    from fastgrpo.model.loading import resolve_model_path
     from ttr_worker import job_config
 
     suite = SUITES[ns.suite]
+    ns.threads = ns.threads or suite.get("threads", 2)
     wanted = set(ns.settings.split(",")) if ns.settings else None
     settings = [s for s in suite["settings"] if wanted is None or s[0] in wanted]
     seeds = [int(s) for s in ns.seeds.split(",")]
@@ -273,6 +281,27 @@ def main(argv=None) -> int:
             earlier = json.load(f)
         record["runs"], record["seeds"] = earlier["runs"], sorted(set(earlier["seeds"]) | set(seeds))
     log = lambda msg: print(msg, flush=True)  # noqa: E731
+    server = None
+    if suite.get("server"):  # one vLLM server for every run, on core 0; the runs on core 1 (async_rollout.py's split)
+        from async_rollout import free_port, start_server
+
+        port = free_port()
+        server = start_server(port)
+        os.sched_setaffinity(0, {1})  # the worker processes inherit it
+        settings = [(name, system, {**o, "vllm_server_base_url": f"http://127.0.0.1:{port}"}) for name, system, o in settings]
+    try:
+        run_all(record, settings, seeds, ns, suite, path, log)
+    finally:
+        if server is not None:
+            os.killpg(server.pid, signal.SIGKILL)  # the server's engine processes too (start_new_session)
+    print(render(path))
+    return 0
+
+
+def run_all(record: dict, settings: list, seeds: list[int], ns, suite: dict, path: str, log) -> None:
+    """Every setting once per seed, seed by seed; the record saved after each run."""
+    from fastgrpo.model.loading import resolve_model_path
+
     for seed in seeds:
         for name, system, overrides in settings:
             spec = {"name": name, "system": system, "overrides": overrides, "seed": seed, "task": suite["task"],
@@ -281,8 +310,6 @@ def main(argv=None) -> int:
             record["runs"].append(run_one(spec, log))
             with open(path, "w") as f:  # keep what is done if a later run fails
                 json.dump(record, f)
-    print(render(path))
-    return 0
 
 
 if __name__ == "__main__":

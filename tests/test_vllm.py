@@ -294,6 +294,20 @@ def test_a_server_holding_another_model_is_refused(tmp_path, tokenizer, prompts,
         GRPOTrainer(vllm_tiny_model(tokenizer), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
 
 
+def test_a_built_in_models_folder_answers_to_its_alias(tmp_path, monkeypatch):
+    """`fastgrpo vllm-serve --model smollm2-135m-instruct` reports the alias; a run given the alias's converted
+    folder (or a link to it) trains that model, so the server check accepts the alias for it, and for no other folder."""
+    from fastgrpo.model.loading import builtin_names_of
+
+    monkeypatch.setenv("FASTGRPO_CACHE", str(tmp_path))
+    folder = tmp_path / "smollm2-135m-instruct"
+    folder.mkdir()
+    (tmp_path / "link").symlink_to(folder)
+    assert builtin_names_of(str(folder)) == ("smollm2-135m-instruct",)
+    assert builtin_names_of(str(tmp_path / "link")) == ("smollm2-135m-instruct",)
+    assert builtin_names_of(str(tmp_path)) == ()
+
+
 def test_no_server_is_one_line_naming_the_url_within_the_timeout(tmp_path, model_dir):
     port = free_port()
     out = tmp_path / "out"

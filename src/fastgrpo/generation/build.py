@@ -16,7 +16,7 @@ import warnings
 import torch
 
 from ..config.checks import GENERATION_BACKENDS
-from ..model.loading import decoder_of, resolve_model_path
+from ..model.loading import builtin_names_of, decoder_of, resolve_model_path
 from ..model.working_copy import WorkingCopy
 from .contract import EngineError, GenerationBackend, SamplingSettings
 from .sampler import Sampler, unsupported_reason
@@ -49,7 +49,8 @@ def open_engine(args, model, *, is_main: bool, bf16: bool) -> ServerEngine | Non
             raise EngineError(f"use_vllm=True needs vLLM, which is not installed: {VLLM_INSTALL}.")
         return None
     name = model if isinstance(model, str) else getattr(decoder_of(model).config, "name_or_path", "") or type(model).__name__
-    aliases = same_model(name, resolve_model_path(name)) if isinstance(model, str) else ()
+    folder = resolve_model_path(name) if isinstance(model, str) else None  # a built-in model's folder also answers to its alias
+    aliases = tuple(set(same_model(name, folder) + builtin_names_of(folder)) - {name}) if folder else ()
     return ServerEngine(base_url(args), name, aliases=aliases, timeout=args.vllm_server_timeout, pushes_weights=is_main,
                         dtype=torch.bfloat16 if bf16 else torch.float32, group_port=args.vllm_group_port)
 

@@ -72,6 +72,16 @@ def convert_gguf(folder: str, gguf_file: str, target: str) -> str:
     return target
 
 
+def builtin_names_of(folder: str) -> tuple[str, ...]:
+    """The built-in aliases (`BUILTIN_MODELS`) whose converted folder `folder` is (none for any other folder).
+
+    `resolve_model_path(alias)` converts a built-in model into `cache_dir()/alias`; a run given that folder
+    trains the same model as a run given the alias (a vLLM server started with the alias reports the alias).
+    """
+    real = os.path.realpath(folder)
+    return tuple(alias for alias in BUILTIN_MODELS if os.path.realpath(os.path.join(cache_dir(), alias)) == real)
+
+
 def resolve_model_path(name: str) -> str:
     """A loadable path or hub id for a model name.
 
