@@ -23,39 +23,18 @@ import datetime
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from vllm_rollout import free_port, start_server  # noqa: E402
+
 SYSTEMS = {"synchronous": None, "max_staleness=1": 1, "max_staleness=2": 2, "max_staleness=4": 4}
 PHASES = ("weight_sync", "generate", "score", "old_logps", "ref_logps", "update")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(port: int) -> subprocess.Popen:
-    """`fastgrpo vllm-serve` for the built-in model (bf16) on core 0, up once /health answers."""
-    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    server = subprocess.Popen(
-        ["taskset", "-c", "0", sys.executable, "-m", "fastgrpo.cli", "vllm-serve", "--model", "smollm2-135m-instruct",
-         "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16", "--max_model_len", "1024"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env)
-    for _ in range(300):
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                return server
-        except OSError:
-            time.sleep(1)
-    raise RuntimeError("fastgrpo vllm-serve did not come up within 300 s")
 
 
 def worker(spec: dict) -> dict:
@@ -128,7 +107,7 @@ def main() -> None:
 
     caps = torch.cpu.get_capabilities()
     port = free_port()
-    server = start_server(port)
+    server = start_server(port, core=0)
     runs: dict[str, list[dict]] = {name: [] for name in SYSTEMS}
     try:
         for r in range(ns.rounds):

@@ -283,10 +283,10 @@ def main(argv=None) -> int:
     log = lambda msg: print(msg, flush=True)  # noqa: E731
     server = None
     if suite.get("server"):  # one vLLM server for every run, on core 0; the runs on core 1 (async_rollout.py's split)
-        from async_rollout import free_port, start_server
+        from vllm_rollout import free_port, start_server
 
         port = free_port()
-        server = start_server(port)
+        server = start_server(port, core=0)
         os.sched_setaffinity(0, {1})  # the worker processes inherit it
         settings = [(name, system, {**o, "vllm_server_base_url": f"http://127.0.0.1:{port}"}) for name, system, o in settings]
     try:

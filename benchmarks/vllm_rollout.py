@@ -48,12 +48,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(port: int) -> subprocess.Popen:
-    """`fastgrpo vllm-serve` for the built-in model (bf16), up once /health answers."""
+def start_server(port: int, core: int | None = None) -> subprocess.Popen:
+    """`fastgrpo vllm-serve` for the built-in model (bf16), up once /health answers; `core` given, pinned to that core
+    (taskset, and vLLM's own thread binding `VLLM_CPU_OMP_THREADS_BIND`)."""
+    pin = [] if core is None else ["taskset", "-c", str(core)]
+    env = {**os.environ} if core is None else {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": str(core), "VLLM_CPU_KVCACHE_SPACE": "1"}
     server = subprocess.Popen(
-        [sys.executable, "-m", "fastgrpo.cli", "vllm-serve", "--model", "smollm2-135m-instruct", "--host", "127.0.0.1",
+        [*pin, sys.executable, "-m", "fastgrpo.cli", "vllm-serve", "--model", "smollm2-135m-instruct", "--host", "127.0.0.1",
          "--port", str(port), "--dtype", "bfloat16", "--max_model_len", "1024"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env)
     for _ in range(300):
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
