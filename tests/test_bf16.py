@@ -281,13 +281,14 @@ class ParameterCasts(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("checkpointing", [False, True])
-def test_trainer_holds_the_weights_in_bf16_once_for_the_update_and_the_sampler(tmp_path, capsys, tokenizer, make_model, prompts, checkpointing):
+@pytest.mark.parametrize("checkpointing,optim", [(False, "adamw_torch_fused"), (False, "adamw_torch"), (True, "adamw_torch_fused")])
+def test_trainer_holds_the_weights_in_bf16_once_for_the_update_and_the_sampler(tmp_path, capsys, tokenizer, make_model, prompts, checkpointing, optim):
     # bf16 on one process without adapters: the sampler's MergedCopy parameters are the working copy's tensors
     # (no second bf16 copy) and the update casts no weight (every product multiplies the copies), and after
     # training both equal the trained fp32 weights rounded to bf16. With gradient checkpointing there is no working
     # copy (its recomputation runs outside functional_call): autocast casts the weights, the sampler has its own copy.
-    args = config(tmp_path, bf16=True, max_steps=2, learning_rate=1e-2, gradient_checkpointing=checkpointing)
+    # AdamW's fused kernel (TRL's default optimizer) moves no version counter: the copy must follow it all the same.
+    args = config(tmp_path, bf16=True, max_steps=2, learning_rate=1e-2, gradient_checkpointing=checkpointing, optim=optim)
     trainer = GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
     out = capsys.readouterr().out
     policy, working = trainer.accelerator.unwrap_model(trainer.model), trainer.log_probs.weights

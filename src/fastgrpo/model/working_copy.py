@@ -6,8 +6,9 @@ forward only), the chunked head casts its weight in its forward and again in
 its backward, and the sampler holds a bf16 copy of its own
 (generation/weight_copy.MergedCopy).
 `WorkingCopy` casts each floating-point parameter once and recasts it, in
-place into the same tensor, only when the parameter's version counter moved
-(AdamW's in-place step moves it; so do `copy_` and `load_state_dict`). The
+place into the same tensor, only when the parameter changed: after each step of
+the optimizer (`watch`: the fused AdamW kernel moves no version counter), or
+when its version counter moved (`copy_`, `load_state_dict`). The
 update's products multiply these copies (update/logprobs.py, through
 `torch.func.functional_call`; update/chunked_head.py for the LM head), and
 `MergedCopy` takes its parameters from the same tensors: the weights are
@@ -67,6 +68,21 @@ class WorkingCopy:
             self._copies[id(param)] = (param._version, copy)
         return copy
 
+    def watch(self, optimizer: torch.optim.Optimizer) -> None:
+        """Recast `optimizer`'s parameters after each of its steps, whether or not their version counters moved.
+
+        AdamW's fused kernel (`adamw_torch_fused`, TRL's default optimizer) writes the parameters without moving
+        their version counters, so the counters alone would keep a stale copy: the update and the sampler would
+        multiply the weights of before the step, silently (tests/test_bf16.py, both optimizers).
+        """
+        def stale(opt, args, kwargs) -> None:
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    if id(p) in self._copies:
+                        self._copies[id(p)] = (None, self._copies[id(p)][1])  # recast at the next `cast`
+
+        optimizer.register_step_post_hook(stale)
+
     def refresh(self) -> None:
         """Recast every parameter that changed (before the sampler reads the copies directly)."""
         for p in self._params:
@@ -109,15 +125,18 @@ class _CastOnce(torch.autograd.Function):
         return grad.to(ctx.dtype), None
 
 
-def working_copy(policy: nn.Module, args, *, bf16: bool, processes: int) -> WorkingCopy | None:
+def working_copy(policy: nn.Module, args, optimizer: torch.optim.Optimizer, *, bf16: bool, processes: int) -> WorkingCopy | None:
     """The policy's bf16 `WorkingCopy` where it applies (module docstring), else None (autocast casts at each product).
 
     Args:
         policy: the unwrapped policy; a peft model gets none.
         args: the GRPOConfig (`gradient_checkpointing` is read).
+        optimizer: the torch optimizer that updates `policy` (the copy recasts what it stepped: `WorkingCopy.watch`).
         bf16: the run's products in bf16 (precision.py).
         processes: the world size (more than one: none).
     """
     if not bf16 or is_peft_model(policy) or processes > 1 or args.gradient_checkpointing:
         return None
-    return WorkingCopy(policy, torch.bfloat16)
+    working = WorkingCopy(policy, torch.bfloat16)
+    working.watch(optimizer)
+    return working
