@@ -391,7 +391,6 @@ def test_defaults_are_trls_except_the_documented_ones():
         "gradient_checkpointing",  # False: speed first; the default model fits without it
         "num_completions_to_print",  # 4 per log step instead of every completion
         "disable_tqdm",  # False vs None, which transformers resolves to False at the default log level
-        "optim",  # adamw_torch vs adamw_torch_fused (accepted too; fused is a CUDA kernel)
     }
     assert GRPOConfig().max_completion_length == theirs["max_completion_length"] == 512
 

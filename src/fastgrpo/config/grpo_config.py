@@ -90,7 +90,7 @@ class GRPOConfig:
     learning_rate: float = 1e-6  # TRL's default; small because RL gradients are noisy
     lr_scheduler_type: str = "linear"
     lr_scheduler_kwargs: dict | str | None = None  # extra arguments of the scheduler (transformers' get_scheduler)
-    optim: str = "adamw_torch"  # a transformers optimizer name (OptimizerNames), built by transformers' factory
+    optim: str = "adamw_torch_fused"  # a transformers optimizer name (OptimizerNames); transformers' default from torch 2.8 (CPU kernel since 2.4)
     optim_args: str | None = None  # "key=value,…" for the optimizer (transformers' meaning)
     warmup_ratio: float = 0.0  # older scripts' spelling of a fractional warmup_steps
     warmup_steps: float = 0  # ≥ 1: optimizer steps; below 1: a fraction of them (TRL 1.16); wins when > 0
