@@ -31,6 +31,10 @@ and which `fastgrpo` tree ran (A/B pairs alternate trees through PYTHONPATH).
 update with and without the bf16 working copy (model/working_copy.py; without
 it autocast casts every weight at every forward), the order swapped each pair;
 one line with both sides' seconds and the median per-pair ratio.
+`--ab-token-budget N` alternates the step's micro-batches merged into passes of
+at most `--budget` tokens (`update_token_budget`) with one pass per micro-batch;
+`--ab-fused-adamw N` AdamW's fused kernel (`adamw_torch_fused`) with its
+for-loop (`adamw_torch` on CPU), the same optimizer state.
 
 Not here: whole runs against TRL (run.py), the peak table (bf16_peaks.py).
 """
@@ -141,6 +145,27 @@ def classify(prof, param_shapes: set) -> dict:
     return table, ops
 
 
+def ab_pairs(trainer, pairs: int, sides: dict) -> dict:
+    """`pairs` pairs of optimizer steps over one rollout, alternating two settings (order swapped each pair).
+
+    `sides`: {name: () → None setting the trainer up for that side}. → each side's seconds and the median
+    per-pair ratio first / second.
+    """
+    import statistics
+
+    rollout = recorded(trainer, trainer._collect())  # warm-up
+    names = list(sides)
+    seconds = {name: [] for name in names}
+    for pair in range(pairs):
+        for name in (names if pair % 2 == 0 else names[::-1]):
+            sides[name]()
+            start = time.perf_counter()
+            trainer.update(rollout, 0, False, 0)
+            seconds[name].append(time.perf_counter() - start)
+    ratios = [a / b for a, b in zip(seconds[names[0]], seconds[names[1]])]
+    return {"seconds": seconds, "ratio_median": statistics.median(ratios), "ratios": ratios, "ratio": f"{names[0]} / {names[1]}"}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--threads", type=int, default=1)
@@ -149,26 +174,27 @@ def main() -> None:
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     parser.add_argument("--time-only", action="store_true", help="seconds of --steps steps, no profiler (A/B pairs)")
     parser.add_argument("--ab-working-copy", type=int, default=0, metavar="N", help="N in-process pairs: with / without the working copy")
+    parser.add_argument("--ab-token-budget", type=int, default=0, metavar="N", help="N in-process pairs: micro-batches merged under --budget / one pass each")
+    parser.add_argument("--budget", type=int, default=4096, help="--ab-token-budget's update_token_budget (tokens)")
+    parser.add_argument("--ab-fused-adamw", type=int, default=0, metavar="N", help="N in-process pairs: AdamW's fused kernel / its for-loop")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     bf16 = {"true": True, "false": False, "auto": None}[args.bf16]
-    if args.ab_working_copy:
-        import statistics
-
-        trainer = build_trainer(bf16, 1 + 2 * args.ab_working_copy)
-        working = trainer.log_probs.weights
-        if working is None:
-            raise SystemExit("--ab-working-copy: this run has no working copy (bf16 off, adapters, several processes or checkpointing)")
-        rollout = recorded(trainer, trainer._collect())  # warm-up
-        seconds = {"with": [], "without": []}
-        for pair in range(args.ab_working_copy):
-            for side in (("with", "without") if pair % 2 == 0 else ("without", "with")):
-                trainer.log_probs.weights = working if side == "with" else None
-                start = time.perf_counter()
-                trainer.update(rollout, 0, False, 0)
-                seconds[side].append(time.perf_counter() - start)
-        ratios = [w / o for w, o in zip(seconds["with"], seconds["without"])]
-        print(json.dumps({"seconds": seconds, "ratio_median": statistics.median(ratios), "ratios": ratios}))
+    if args.ab_working_copy or args.ab_token_budget or args.ab_fused_adamw:
+        pairs = args.ab_working_copy or args.ab_token_budget or args.ab_fused_adamw
+        trainer = build_trainer(bf16, 1 + 2 * pairs)
+        if args.ab_working_copy:
+            working = trainer.log_probs.weights
+            if working is None:
+                raise SystemExit("--ab-working-copy: this run has no working copy (bf16 off, adapters, several processes or checkpointing)")
+            sides = {"with": lambda: setattr(trainer.log_probs, "weights", working), "without": lambda: setattr(trainer.log_probs, "weights", None)}
+        elif args.ab_token_budget:
+            sides = {"merged": lambda: setattr(trainer.update, "token_budget", args.budget), "per micro-batch": lambda: setattr(trainer.update, "token_budget", None)}
+        else:
+            groups = trainer.optimizer.param_groups
+            sides = {"fused": lambda: [g.update(fused=True, foreach=None) for g in groups],
+                     "for-loop": lambda: [g.update(fused=None, foreach=False) for g in groups]}
+        print(json.dumps(ab_pairs(trainer, pairs, sides)))
         return
     if args.time_only:
         import fastgrpo

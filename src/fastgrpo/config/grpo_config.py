@@ -108,6 +108,7 @@ class GRPOConfig:
     generation_batch_size: int | None = None  # completions per rollout, all processes
     steps_per_generation: int | None = None  # micro-batches per rollout per process
     num_iterations: int = 1  # μ: passes over each rollout
+    update_token_budget: int | None = None  # tokens per forward/backward: a step's micro-batches run merged while they fit (update/step.py)
 
     # --- generation ------------------------------------------------------------
     max_prompt_length: int | None = 512  # tokens; longer prompts lose their left part

@@ -1,5 +1,8 @@
 """One optimizer step: `gradient_accumulation_steps` micro-batches of a rollout through the loss, then clip and step.
 
+With `update_token_budget`, consecutive micro-batches run as one forward/backward while their tokens fit
+(`merged_passes`); micro-batches stay the unit of the batch semantics and of the callbacks.
+
 `OptimizerStep` is built once per run: the loss parameters are bound from the config then (`LossSettings`,
 TRL's field names → `grpo_loss`'s keywords), as are the correction, the entropy bonus and the π_ref
 context. A call takes the rollout and which step of the pass it is, and returns what the loop needs:
@@ -54,6 +57,38 @@ class LossSettings:
         )
 
 
+def merged_passes(rollout: Rollout, rows: list[slice], budget: int | None) -> list[list[int]]:
+    """An optimizer step's micro-batches grouped into forward/backward passes: consecutive ones merged while they fit.
+
+    Fewer, larger passes do the per-pass work once per pass instead of once per micro-batch (the
+    tied embedding's (V, H) gradient, the weight gradients' fp32 accumulation, the LM head's set-up)
+    and feed the matrix units longer rows (docs/benchmarks.md, "Token budget"). The loss is a sum of
+    per-token terms over a normaliser fixed for the step (`StepCounts`), so a merged pass gives the
+    gradient of its micro-batches, to float summation order.
+
+    Args:
+        rollout: the rollout; a micro-batch's size is its rows' prompt plus completion tokens (an upper
+            bound on its packed row, where a shared prompt counts once).
+        rows: the step's micro-batches, consecutive slices of `rollout`.
+        budget: tokens per pass, or None: every micro-batch its own pass.
+    Returns:
+        Lists of indices into `rows`, in order, each micro-batch once; one above the budget alone is a pass of its own.
+    """
+    if budget is None:
+        return [[j] for j in range(len(rows))]
+    passes: list[list[int]] = []
+    total = 0
+    for j, r in enumerate(rows):
+        size = int(rollout.prompt_mask[r].sum() + rollout.completion_mask[r].sum())
+        if passes and total + size <= budget:
+            passes[-1].append(j)
+            total += size
+        else:
+            passes.append([j])
+            total = size
+    return passes
+
+
 class StepResult(NamedTuple):
     """What one optimizer step gives the loop."""
 
@@ -88,6 +123,10 @@ class OptimizerStep:
         self.loss = LossSettings.from_config(args)
         self.reference = reference if args.beta > 0 and args.kl_estimator == "full" else None
         self.entropy_mask, self.clip = entropy_mask, args.max_grad_norm if args.max_grad_norm > 0 else math.inf  # 0: no clip
+        # Merging micro-batches is exact only where no term is normalised per micro-batch: bnpo's token mean, the
+        # entropy bonus's mean, top_entropy_quantile's per-micro-batch threshold and the router's mean aux loss are.
+        per_micro_batch = args.loss_type == "bnpo" or entropy_control is not None or args.top_entropy_quantile < 1 or router.enabled
+        self.token_budget = None if per_micro_batch else args.update_token_budget
 
     def __call__(self, rollout: Rollout, step_in_pass: int, capture_old: bool, step: int) -> StepResult:
         """Step `step_in_pass` of a pass over `rollout`; `capture_old`: record π_old where unset (the rollout's first step).
@@ -97,21 +136,23 @@ class OptimizerStep:
         """
         a, acc, GA = self.args, self.accelerator, self.args.gradient_accumulation_steps
         rows = micro_batch_rows(len(rollout), a.steps_per_generation)[step_in_pass * GA : (step_in_pass + 1) * GA]  # smaller at the cap
-        batches = [rollout.select(r) for r in rows]
-        masks = [self.loss_mask(mb) for mb in batches]
+        groups = merged_passes(rollout, rows, self.token_budget)
         counts = StepCounts(self.step_tokens(rollout), sum(r.stop - r.start for r in rows), GA, a.max_completion_length)
         recorded = rollout.old_logps.clone() if capture_old and rollout.old_logps is not None else None
         sums: dict[str, torch.Tensor] = {}
         with self.timer("update"):
             self.model.train()
-            for j, (mb, mask) in enumerate(zip(batches, masks)):
-                with acc.no_sync(self.model) if j < GA - 1 else nullcontext():
+            for j, group in enumerate(groups):
+                span, last = slice(rows[group[0]].start, rows[group[-1]].stop), j == len(groups) - 1
+                mb = rollout.select(span)
+                mask = self.loss_mask(mb)
+                with acc.no_sync(self.model) if not last else nullcontext():
                     stats = self.log_probs(self.model, mb, self.reference)
                     logps, entropy = stats.logps, stats.entropy
                     old = logps.detach() if mb.old_logps is None else mb.old_logps
                     if recorded is not None:  # π_old for free where unset: the policy has not moved yet
                         old = torch.where(torch.isnan(old), logps.detach(), old)
-                        recorded[rows[j], : logps.shape[1]] = old
+                        recorded[span, : logps.shape[1]] = old
                     weight, mismatch, vespo_ratio = self.correction(mb.advantages, logps.detach(), old, mb.sampling_logps, mask)
                     out = grpo_loss(
                         logps, old, mb.advantages, mask, counts, **dataclasses.asdict(self.loss),
@@ -126,7 +167,7 @@ class OptimizerStep:
                     acc.backward(loss)
                 packing = {"padded_tokens": stats.padded_tokens, "real_tokens": stats.real_tokens, "packed_tokens": stats.packed_tokens}
                 accumulate(sums, {**out.metrics, "loss": loss.detach(), "entropy": masked_sum(entropy.detach(), mask), **packing, **mismatch, **aux})
-                if j < GA - 1:
+                for _ in range(len(group) - last):  # TRL's on_substep_end: once per micro-batch but the step's last
                     self.events.substep_end()
             grad_norm = full_value(acc.clip_grad_norm_(self.model.parameters(), self.clip))
             if not torch.isfinite(grad_norm):  # before optimizer.step: the weights and every checkpoint stay finite

@@ -1,0 +1,89 @@
+"""update_token_budget: an optimizer step's micro-batches merged into fewer forward/backward passes.
+
+The grouping is checked by hand; a merged step must give the weights an unmerged one gives (the loss is a sum of
+per-token terms over the step's normaliser) while running fewer passes, and loss types normalised per micro-batch
+must not merge.
+"""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import TrainerCallback
+
+import fastgrpo.update.step as step_module
+from fastgrpo import GRPOConfig, GRPOTrainer
+from fastgrpo.update.step import merged_passes
+
+
+def rows_of(prompt_tokens, completion_tokens):
+    """A stand-in rollout whose row i has prompt_tokens[i] and completion_tokens[i] real tokens (all merged_passes reads)."""
+    P, T = max(prompt_tokens), max(completion_tokens)
+    prompt_mask = torch.tensor([[0] * (P - p) + [1] * p for p in prompt_tokens])  # left-padded
+    completion_mask = torch.tensor([[1] * c + [0] * (T - c) for c in completion_tokens])
+    return SimpleNamespace(prompt_mask=prompt_mask, completion_mask=completion_mask)
+
+
+def test_micro_batches_merge_in_order_while_they_fit():
+    # 4 micro-batches of 2 rows: 10+5 + 10+3 = 28, 10+8 + 10+2 = 30, 4+1 + 4+1 = 10, 20+20 + 20+20 = 80 tokens
+    rollout = rows_of([10, 10, 10, 10, 4, 4, 20, 20], [5, 3, 8, 2, 1, 1, 20, 20])
+    rows = [slice(0, 2), slice(2, 4), slice(4, 6), slice(6, 8)]
+    assert merged_passes(rollout, rows, None) == [[0], [1], [2], [3]]
+    assert merged_passes(rollout, rows, 10_000) == [[0, 1, 2, 3]]
+    assert merged_passes(rollout, rows, 68) == [[0, 1, 2], [3]]  # 28 + 30 + 10 = 68 fits exactly
+    assert merged_passes(rollout, rows, 67) == [[0, 1], [2], [3]]
+    assert merged_passes(rollout, rows, 5) == [[0], [1], [2], [3]]  # each above the budget: a pass of its own
+
+
+def test_budget_must_be_positive(tmp_path):
+    with pytest.raises(ValueError, match="update_token_budget=0"):
+        GRPOConfig(output_dir=str(tmp_path), update_token_budget=0)
+
+
+def reward_even_tokens(completion_ids, **kwargs):
+    return [sum(1 for t in ids if t % 2 == 0) / max(len(ids), 1) for ids in completion_ids]
+
+
+class Substeps(TrainerCallback):
+    def __init__(self):
+        self.count = 0
+
+    def on_substep_end(self, args, state, control, **kwargs):
+        self.count += 1
+
+
+def run(tmp_path, name, tokenizer, make_model, prompts, monkeypatch, **overrides):
+    """Two optimizer steps (GA 4 micro-batches of 2) from one rollout; → (weights, passes per step, substep events)."""
+    passes = []
+    real = step_module.grpo_loss
+    monkeypatch.setattr(step_module, "grpo_loss", lambda *a, **k: passes.append(1) or real(*a, **k))
+    args = GRPOConfig(
+        output_dir=str(tmp_path / name), per_device_train_batch_size=2, gradient_accumulation_steps=4, steps_per_generation=8,
+        num_generations=4, max_prompt_length=32, max_completion_length=8, max_steps=2, learning_rate=1e-3,
+        logging_steps=1, save_strategy="no", disable_tqdm=True, seed=0, **overrides,
+    )
+    events = Substeps()
+    trainer = GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer, callbacks=[events])
+    trainer.train()
+    return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}, len(passes) / 2, events.count
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo"])
+def test_a_merged_step_trains_the_weights_an_unmerged_one_does(tmp_path, tokenizer, make_model, prompts, monkeypatch, loss_type):
+    apart, apart_passes, apart_events = run(tmp_path, "apart", tokenizer, make_model, prompts, monkeypatch, loss_type=loss_type)
+    merged, merged_passes_, merged_events = run(tmp_path, "merged", tokenizer, make_model, prompts, monkeypatch,
+                                                loss_type=loss_type, update_token_budget=100_000)
+    assert (apart_passes, merged_passes_) == (4, 1)  # the 4 micro-batches ran as one pass
+    assert apart_events == merged_events == 2 * 3  # TRL's on_substep_end: GA − 1 per optimizer step either way
+    moved = 0.0
+    for name, value in apart.items():
+        # summation order only: ≤ 1e-5 = lr / 100 (AdamW's first step g / √v amplifies the rounding of near-zero gradients)
+        torch.testing.assert_close(merged[name], value, rtol=1e-5, atol=1e-5)
+        moved = max(moved, float((value - make_model().state_dict()[name]).abs().max()))
+    assert moved > 1e-4  # the steps did train (lr 1e-3)
+
+
+def test_loss_normalised_per_micro_batch_is_not_merged(tmp_path, tokenizer, make_model, prompts, monkeypatch):
+    # bnpo divides each micro-batch by its own token count: merging would change the loss, so the budget is not applied
+    _, passes, _ = run(tmp_path, "bnpo", tokenizer, make_model, prompts, monkeypatch, loss_type="bnpo", update_token_budget=100_000)
+    assert passes == 4
