@@ -1,6 +1,7 @@
 """fastgrpo's sampler: rollout generation vs TRL's, and decode step time vs the machine's limit.
 
     flock /tmp/fastgrpo-bench.lock python benchmarks/sampler.py            # CPU, 1 thread, fp32 (a few minutes)
+    python benchmarks/sampler.py --bf16 --skip-trl --pairs 1                # CPU, the bf16 path; decode vs both peaks
     python benchmarks/sampler.py --device cuda --skip-trl                   # CUDA, bf16 autocast, vs transformers' generate
 
 Part 1, seconds per rollout at the seed configuration (benchmarks/run.py:
@@ -139,8 +140,12 @@ def bare_matmuls(model, batch: int, device: torch.device, autocast) -> float:
     return min(synced(run) for _ in range(3))
 
 
-def decode_table(model, tokenizer, ids, mask, device, autocast, peak: float, bandwidth: float, batches, lengths) -> list[dict]:
-    """Decode seconds per step at each (batch, completion length) vs the compute/read limit."""
+def decode_table(model, tokenizer, ids, mask, device, autocast, peak: float, bandwidth: float, batches, lengths, peaks: dict | None = None) -> list[dict]:
+    """Decode seconds per step at each (batch, completion length) vs the compute/read limit.
+
+    `peak` is the run's precision's matmul FLOP/s; `peaks` ({"fp32": …, "bf16": …}, CPU) adds each row's
+    step against the limit at either peak (`percent_of_limit_at`), the bytes read at the run's precision.
+    """
     config = model.config
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     params, bytes_per = matmul_params(model), 4 if autocast is None else 2
@@ -165,7 +170,8 @@ def decode_table(model, tokenizer, ids, mask, device, autocast, peak: float, ban
             flops = 2 * batch * params + attention_flops
             kv_bytes = 2 * batch * config.num_hidden_layers * config.num_key_value_heads * head_dim * context * bytes_per
             limit = max(flops / peak, (params * bytes_per + kv_bytes) / bandwidth)
-            rows.append({"batch": batch, "completion_length": length, "context": context, "step_seconds": step,
+            at = {k: 100 * max(flops / v, (params * bytes_per + kv_bytes) / bandwidth) / step for k, v in (peaks or {}).items()}
+            rows.append({"batch": batch, "completion_length": length, "context": context, "step_seconds": step, "percent_of_limit_at": at,
                          "limit_seconds": limit, "fraction_of_limit": limit / step, "bare_matmul_seconds": matmuls, "gflops_per_second": flops / step / 1e9,
                          "compute_bound": flops / peak >= (params * bytes_per + kv_bytes) / bandwidth})
             print(f"decode batch {batch:3d} L {length:3d}: {step * 1e3:7.1f} ms/step, limit {limit * 1e3:6.1f} ms ({limit / step:.0%}), "
@@ -176,18 +182,22 @@ def decode_table(model, tokenizer, ids, mask, device, autocast, peak: float, ban
 def markdown(result: dict) -> str:
     r = result
     lines = [f"# Sampler benchmark, {r['date']} ({r['device']}, {r['threads']} thread(s), {r['precision']})", "",
-             f"matmul peak {r['matmul_flops'] / 1e9:.1f} GFLOP/s (2048³), read bandwidth {r['read_bandwidth'] / 1e9:.1f} GB/s", "",
+             f"matmul peak {r['matmul_flops'] / 1e9:.1f} GFLOP/s (2048³)"
+             + ("".join(f", {k} {v / 1e9:.1f}" for k, v in r["matmul_peaks"].items()) if r.get("matmul_peaks") else "")
+             + f", read bandwidth {r['read_bandwidth'] / 1e9:.1f} GB/s", "",
              f"## Seconds per rollout: 2 prompts × G = {G}, {T}-token completions (fastgrpo vs {r['peer']})", "",
              "| pair | fastgrpo s | tokens | peer s | tokens | ratio |", "| --- | --- | --- | --- | --- | --- |"]
     for i, run in enumerate(r["rollouts"]):
         lines.append(f"| {i} | {run['fastgrpo']:.2f} | {run['fastgrpo_tokens']} | {run['peer']:.2f} | {run['peer_tokens']} | {run['fastgrpo'] / run['peer']:.2f} |")
     lines += [f"| median | {r['rollout_median']['fastgrpo']:.2f} | | {r['rollout_median']['peer']:.2f} | | {r['rollout_median']['ratio']:.2f} |", "",
               "## Decode step vs its limit (mid-completion context)", "",
-              "| batch | completion length | context | ms/step | limit ms | % of limit | GFLOP/s | bound | bare matmuls ms |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+              "| batch | completion length | context | ms/step | limit ms | % of limit | % of limit at the fp32 / bf16 peak | GFLOP/s | bound | bare matmuls ms |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for d in r["decode"]:
+        at = d.get("percent_of_limit_at") or {}
+        both = " / ".join(f"{at[k]:.0f} %" for k in ("fp32", "bf16") if k in at) or "—"
         lines.append(f"| {d['batch']} | {d['completion_length']} | {d['context']} | {d['step_seconds'] * 1e3:.1f} | {d['limit_seconds'] * 1e3:.1f} | "
-                     f"{d['fraction_of_limit']:.0%} | {d['gflops_per_second']:.1f} | {'compute' if d['compute_bound'] else 'reads'} | "
+                     f"{d['fraction_of_limit']:.0%} | {both} | {d['gflops_per_second']:.1f} | {'compute' if d['compute_bound'] else 'reads'} | "
                      f"{d['bare_matmul_seconds'] * 1e3:.1f} |")
     return "\n".join(lines) + "\n"
 
@@ -199,13 +209,16 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 16, 64])
     parser.add_argument("--lengths", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--bf16", action="store_true", help="CPU: the bf16 path (autocast, the sampler's bf16 copy), as the trainer's bf16=None on a CPU with bf16 units")
     parser.add_argument("--skip-trl", action="store_true", help="compare with fastgrpo's TransformersGenerator instead of TRL")
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    autocast = torch.bfloat16 if device.type == "cuda" else None  # as the trainer does with bf16 on CUDA (its own bf16 copy)
-    peak = matmul_peak() if device.type == "cpu" else _cuda_peak()
+    # bf16 on CUDA, and on CPU with --bf16: the trainer's bf16 path (the sampler multiplies its own bf16 copy)
+    autocast = torch.bfloat16 if device.type == "cuda" or args.bf16 else None
+    peaks = {"fp32": matmul_peak(torch.float32), "bf16": matmul_peak(torch.bfloat16)} if device.type == "cpu" else None
+    peak = _cuda_peak() if peaks is None else peaks["bf16" if autocast else "fp32"]
     bandwidth = read_bandwidth(device)
     tokenizer = load_tokenizer(MODEL)
     model = load_model(MODEL).to(device).eval()
@@ -223,11 +236,11 @@ def main() -> None:
     rollouts = rollout_seconds(counted, peer, ids, mask, args.pairs)
     for run in rollouts:
         print(f"rollout: fastgrpo {run['fastgrpo']:.2f} s, {peer_name} {run['peer']:.2f} s, ratio {run['fastgrpo'] / run['peer']:.2f}", flush=True)
-    decode = decode_table(model, tokenizer, ids, mask, device, autocast, peak, bandwidth, args.batches, args.lengths)
+    decode = decode_table(model, tokenizer, ids, mask, device, autocast, peak, bandwidth, args.batches, args.lengths, peaks)
     result = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "device": args.device,
         "threads": args.threads, "precision": "bf16 autocast" if autocast else "fp32", "platform": platform.platform(),
-        "torch": torch.__version__, "matmul_flops": peak, "read_bandwidth": bandwidth, "peer": peer_name,
+        "torch": torch.__version__, "matmul_flops": peak, "matmul_peaks": peaks, "read_bandwidth": bandwidth, "peer": peer_name,
         "rollouts": rollouts, "decode": decode,
         "rollout_median": {"fastgrpo": statistics.median(r["fastgrpo"] for r in rollouts),
                            "peer": statistics.median(r["peer"] for r in rollouts),

@@ -6,6 +6,8 @@
     python benchmarks/time_to_reward.py --suite dapo --seeds 0 --append   # dynamic sampling off/on (one seed per call, appended)
     python benchmarks/time_to_reward.py --suite vllm                      # the own sampler vs vLLM colocate (needs `make vllm`)
     python benchmarks/time_to_reward.py --suite async                     # vLLM server: synchronous vs max_staleness 1, 4 (needs `make vllm`)
+    python benchmarks/time_to_reward.py --suite best                      # TRL bf16 autocast against fastgrpo's defaults (built-in job, ± group filter)
+    python benchmarks/time_to_reward.py --suite reuse                     # μ ∈ {1, 2, 4} and target_kl, 256-token completions (sampling-heavy)
     python benchmarks/time_to_reward.py --report benchmarks/results/<file>.json   # re-render tables and plots
 
 Every run is its own process (ttr_worker.py) with a wall-clock budget. Runs go
@@ -75,6 +77,15 @@ ASYNC = [  # the vLLM server (core 0) and one trainer (core 1): the synchronous 
                         **({} if staleness is None else {"max_staleness": staleness})})
     for name, staleness in (("synchronous (vLLM server)", None), ("max_staleness=1", 1), ("max_staleness=4", 4))
 ]
+BEST = [  # each system at its fastest on this CPU: TRL bf16 autocast (use_cpu, no checkpointing), fastgrpo's defaults
+    ("TRL μ=1 bf16 autocast", "trl", {"num_iterations": 1, "bf16": True, "use_cpu": True}),
+    ("fastgrpo built-in job", "fastgrpo", {"bf16": None, "filter_groups": True}),
+    ("fastgrpo built-in job without group filter", "fastgrpo", {"bf16": None, "filter_groups": False}),
+]
+REUSE = [  # "when reuse pays" where sampling weighs most: the built-in job (bf16, group filter) with 256-token completions
+    *[(f"fastgrpo μ={mu}", "fastgrpo", {"num_iterations": mu, "bf16": None, "filter_groups": True, "max_completion_length": 256}) for mu in (1, 2, 4)],
+    ("fastgrpo μ=4 target_kl=0.005", "fastgrpo", {"num_iterations": 4, "target_kl": 0.005, "bf16": None, "filter_groups": True, "max_completion_length": 256}),
+]
 SUITES = {
     "builtin": {"task": "arithmetic", "settings": BUILTIN, "target": 0.7, "budget": 150},
     "sweep": {"task": "arithmetic", "settings": SWEEP, "target": 0.7, "budget": 150},
@@ -82,6 +93,8 @@ SUITES = {
     "addition": {"task": "addition", "settings": BUILTIN, "target": 0.4, "budget": 120},
     "vllm": {"task": "addition", "settings": VLLM, "target": 0.4, "budget": 120},
     "async": {"task": "addition", "settings": ASYNC, "target": 0.4, "budget": 75, "server": True, "threads": 1},
+    "best": {"task": "addition", "settings": BEST, "target": 0.4, "budget": 120, "rolling_completions": ROLLING_COMPLETIONS},
+    "reuse": {"task": "addition", "settings": REUSE, "target": 0.4, "budget": 120, "rolling_completions": ROLLING_COMPLETIONS},
     "dapo": {"task": "addition", "settings": DAPO, "target": 0.4, "budget": 120, "rolling_completions": ROLLING_COMPLETIONS},
 }
 
