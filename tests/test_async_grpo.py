@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import TrainerCallback
 
-from conftest import vllm_tiny_model
+from conftest import SERVERS
 from fastgrpo import GRPOConfig, GRPOTrainer
 from fastgrpo.algo.sampling_correction import importance_sampling_ratio
 from fastgrpo.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
@@ -23,27 +23,8 @@ from fastgrpo.generation.contract import EngineError
 from fastgrpo.rollout.async_producer import RolloutPipeline
 from fastgrpo.run.datasets import PromptOrder
 from fastgrpo.run.interrupt import TrainingInterrupted
-from test_vllm import free_port, metrics, reward_even_tokens, start_server, stop
-
-SERVED: dict = {}
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory, tokenizer):
-    folder = str(tmp_path_factory.mktemp("served") / "tiny")
-    vllm_tiny_model(tokenizer).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
-@pytest.fixture(scope="module")
-def server(model_dir):
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    SERVED[url] = start_server(model_dir, port)
-    yield url
-    stop(SERVED[url])
-
+from conftest import stop
+from test_vllm import metrics, reward_even_tokens
 
 def config(tmp_path, server, name="out", cls=GRPOConfig, **overrides):
     values = dict(
@@ -235,7 +216,7 @@ def test_a_dead_server_ends_the_run_with_one_error_and_keeps_the_checkpoint(tmp_
     class KillServerAfterStep2(TrainerCallback):
         def on_save(self, args, state, control, **kwargs):
             if state.global_step == 2:
-                stop(SERVED[server])
+                stop(SERVERS[server])
 
     args = config(tmp_path, server, max_staleness=2, max_steps=6, save_strategy="steps", save_steps=1, heartbeat_stale_after_s=30)
     trainer = GRPOTrainer(model_dir, reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer,

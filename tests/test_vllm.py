@@ -8,8 +8,6 @@ TRL's importance-sampling correction is there for.
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,7 +16,7 @@ import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 
-from conftest import vllm_tiny_model
+from conftest import SERVERS, VLLM_ENV, free_port, start_server, stop, vllm_tiny_model
 from fastgrpo import GRPOConfig, GRPOTrainer
 from fastgrpo.generation.contract import EngineError, SamplingSettings
 from fastgrpo.generation.reprefill import until_eos
@@ -28,7 +26,6 @@ from fastgrpo.generation.vllm.weights import WeightsFolder, with_head
 from fastgrpo.generation.weight_copy import full_weights
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # 1 GiB of KV cache per engine, not a share of RAM
 
 
@@ -192,44 +189,6 @@ def test_colocate_importance_ratios_are_one_at_mu_1_and_the_sync_is_timed(tmp_pa
 
 
 # ------------------------------------------------------------------ server mode
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(model_dir: str, port: int) -> subprocess.Popen:
-    command = [sys.executable, "-m", "fastgrpo.cli", "vllm-serve", "--model", model_dir, "--host", "127.0.0.1", "--port", str(port),
-               "--max_model_len", "256", "--dtype", "float32"]
-    return subprocess.Popen(command, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-
-
-def stop(server: subprocess.Popen) -> None:
-    if server.poll() is None:
-        os.killpg(server.pid, signal.SIGKILL)
-        server.wait()
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory, tokenizer):
-    folder = str(tmp_path_factory.mktemp("served") / "tiny")
-    vllm_tiny_model(tokenizer).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
-SERVERS: dict[str, subprocess.Popen] = {}  # the module server's process by URL (the last test stops it on purpose)
-
-
-@pytest.fixture(scope="module")
-def server(model_dir):
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    SERVERS[url] = start_server(model_dir, port)
-    yield url
-    stop(SERVERS[url])
-
-
 def test_server_run_learns(tmp_path, tokenizer, prompts, server, model_dir):
     args = config(tmp_path, vllm_mode="server", vllm_server_base_url=server, **LEARNING)
     GRPOTrainer(model_dir, reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer).train()
@@ -243,7 +202,7 @@ def test_two_processes_share_one_server(tmp_path, server, model_dir):
     port = server.rsplit(":", 1)[1]
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                           os.path.join(ROOT, "tests", "vllm_server_script.py"), model_dir, out, port],
-                         env=ENV, capture_output=True, text=True, timeout=600)
+                         env=VLLM_ENV, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-8000:]
     records = [json.load(open(os.path.join(out, f"record_{rank}.json"))) for rank in (0, 1)]
     assert all(r["steps"] == 3 for r in records)
@@ -314,7 +273,7 @@ def test_no_server_is_one_line_naming_the_url_within_the_timeout(tmp_path, model
     start = time.monotonic()
     run = subprocess.run([sys.executable, "-m", "fastgrpo.cli", "train", "--model", model_dir, "--dataset", "calculator", "--reward", "exact",
                           "--use_vllm", "true", "--vllm_mode", "server", "--vllm_server_port", str(port), "--vllm_server_timeout", "3",
-                          "--output_dir", str(out)], env=ENV, capture_output=True, text=True, timeout=300)
+                          "--output_dir", str(out)], env=VLLM_ENV, capture_output=True, text=True, timeout=300)
     assert run.returncode == 2 and time.monotonic() - start < 120
     assert run.stderr.strip().splitlines()[-1].startswith(f"fastgrpo: error: no vLLM server answered at http://127.0.0.1:{port} within")
     assert "Traceback" not in run.stderr and not (out / "checkpoint-1").exists()
