@@ -127,14 +127,17 @@ def bare_matmuls(model, batch: int, device: torch.device, autocast) -> float:
 
     The same products as a step, in the same order, with nothing between them:
     what this machine's GEMM reaches at these shapes, as opposed to the 2048³ peak.
+    With bf16 (`autocast`), the weights are cast once beforehand, as the sampler's bf16 copy holds them.
     """
+    dtype = autocast or torch.float32
     linears = [m for m in model.model.layers.modules() if isinstance(m, torch.nn.Linear)] + [model.lm_head]
-    inputs = {m.in_features: torch.randn(batch, m.in_features, device=device) for m in linears}
+    weights = [m.weight.detach().to(dtype) for m in linears]
+    inputs = {m.in_features: torch.randn(batch, m.in_features, device=device, dtype=dtype) for m in linears}
 
     def run():
-        with torch.no_grad(), torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
-            for m in linears:
-                m(inputs[m.in_features])
+        with torch.no_grad():
+            for w in weights:
+                torch.nn.functional.linear(inputs[w.shape[1]], w)
 
     run()
     return min(synced(run) for _ in range(3))

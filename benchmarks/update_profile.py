@@ -176,13 +176,15 @@ def main() -> None:
     parser.add_argument("--ab-working-copy", type=int, default=0, metavar="N", help="N in-process pairs: with / without the working copy")
     parser.add_argument("--ab-token-budget", type=int, default=0, metavar="N", help="N in-process pairs: micro-batches merged under --budget / one pass each")
     parser.add_argument("--budget", type=int, default=4096, help="--ab-token-budget's update_token_budget (tokens)")
+    parser.add_argument("--per-device", type=int, default=4, help="per_device_train_batch_size (completions per micro-batch)")
+    parser.add_argument("--grad-accum", type=int, default=4, help="gradient_accumulation_steps (micro-batches per optimizer step)")
     parser.add_argument("--ab-fused-adamw", type=int, default=0, metavar="N", help="N in-process pairs: AdamW's fused kernel / its for-loop")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     bf16 = {"true": True, "false": False, "auto": None}[args.bf16]
     if args.ab_working_copy or args.ab_token_budget or args.ab_fused_adamw:
         pairs = args.ab_working_copy or args.ab_token_budget or args.ab_fused_adamw
-        trainer = build_trainer(bf16, 1 + 2 * pairs)
+        trainer = build_trainer(bf16, 1 + 2 * pairs, per_device_train_batch_size=args.per_device, gradient_accumulation_steps=args.grad_accum)
         if args.ab_working_copy:
             working = trainer.log_probs.weights
             if working is None:
