@@ -62,7 +62,7 @@ def merged_passes(rollout: Rollout, rows: list[slice], budget: int | None) -> li
 
     Fewer, larger passes do the per-pass work once per pass instead of once per micro-batch (the
     tied embedding's (V, H) gradient, the weight gradients' fp32 accumulation, the LM head's set-up)
-    and feed the matrix units longer rows (docs/benchmarks.md, "Token budget"). The loss is a sum of
+    and feed the matrix units longer rows (docs/benchmarks.md, "Micro-batches merged under a token budget"). The loss is a sum of
     per-token terms over a normaliser fixed for the step (`StepCounts`), so a merged pass gives the
     gradient of its micro-batches, to float summation order.
 
@@ -125,7 +125,10 @@ class OptimizerStep:
         self.entropy_mask, self.clip = entropy_mask, args.max_grad_norm if args.max_grad_norm > 0 else math.inf  # 0: no clip
         # Merging micro-batches is exact only where no term is normalised per micro-batch: bnpo's token mean, the
         # entropy bonus's mean, top_entropy_quantile's per-micro-batch threshold and the router's mean aux loss are.
-        per_micro_batch = args.loss_type == "bnpo" or entropy_control is not None or args.top_entropy_quantile < 1 or router.enabled
+        # Several processes would merge differently (their tokens differ) and so run different numbers of
+        # forwards, whose FSDP collectives must match: one pass per micro-batch there.
+        per_micro_batch = (args.loss_type == "bnpo" or entropy_control is not None or args.top_entropy_quantile < 1 or router.enabled
+                           or accelerator.num_processes > 1)
         self.token_budget = None if per_micro_batch else args.update_token_budget
 
     def __call__(self, rollout: Rollout, step_in_pass: int, capture_old: bool, step: int) -> StepResult:
