@@ -67,21 +67,20 @@ class GRPOTrainer(TRLMethods):
     Args:
         model: "smollm2-135m-instruct", a local folder or .gguf file, a hub
             id, a `PreTrainedModel`, or a peft `PeftModel` (its adapters train).
-        reward_funcs: a callable, a built-in reward name, "module:function", a
-            sequence-classification reward model (instance, local folder or hub
-            id; reward_models.py), or a list of them (see rewards.py for the protocol).
+        reward_funcs: a callable, a built-in reward name, "module:function", a sequence-classification reward model
+            (instance, local folder or hub id; rollout/reward_models.py), or a list of them (protocol: rollout/rewards.py).
         args: `GRPOConfig`; default `GRPOConfig()`.
-        train_dataset: rows with a "prompt" column (text or chat messages): a
-            Dataset, a list of dicts or an IterableDataset (dataset_kinds.py).
-        eval_dataset: optional rows, or a dict / DatasetDict of them, for
-            `evaluate()` (run as `eval_strategy` says).
+        train_dataset: rows with a "prompt" column (text or chat messages): a Dataset, a list of dicts or an IterableDataset (run/dataset_kinds.py).
+        eval_dataset: optional rows, or a dict / DatasetDict of them, for `evaluate()` (run as `eval_strategy` says).
         processing_class: the tokenizer; default: the model's own.
         reward_processing_classes: tokenizers of the reward models, one per reward_funcs entry (None for functions) or a single one (TRL's).
-        callbacks: `transformers.TrainerCallback` instances or classes (callbacks.py).
-        peft_config: a `peft.PeftConfig` (e.g. `LoraConfig`, see `models.lora_config`):
+        callbacks: `transformers.TrainerCallback` instances or classes (run/callbacks.py).
+        optimizers: (optimizer, lr_scheduler), either None (Trainer's): an optimizer over `model`'s parameters; default args.optim's.
+        quantization_config: passed to `from_pretrained` when `model` is a name (TRL's; e.g. QLoRA with peft_config).
+        peft_config: a `peft.PeftConfig` (e.g. `LoraConfig`, see `model.loading.lora_config`):
             train adapters only; with beta > 0, π_ref is the same model run as
             it started (adapters disabled), never a second copy.
-        tools, environment_factory, rollout_func: agent training, TRL's meanings (agents/).
+        tools, environment_factory, rollout_func: agent training, TRL's meanings (rollout/agents/).
     Attributes:
         state: a `transformers.TrainerState` (global_step, log_history, best_metric), as Trainer keeps it.
     Raises:
@@ -89,17 +88,17 @@ class GRPOTrainer(TRLMethods):
             reward protocol reserves, reward weights that do not match the functions, a world size that does not
             match the config, an output_dir that is a file or not writable, a peft_config that is not one or comes
             with a PeftModel or sync_ref_model, args that are not a fastgrpo GRPOConfig, a model or reward of the
-            wrong type, no reward function — all before any model is loaded.
+            wrong type, no reward function, `optimizers` that cannot drive the model — all before any model is loaded.
         EngineError: use_vllm=True without vLLM, or its server down or serving another model (before loading).
     """
 
     def __init__(
-        self, model, reward_funcs, args: GRPOConfig | None = None, train_dataset=None, eval_dataset=None, processing_class=None,
-        reward_processing_classes=None, callbacks=None, peft_config=None, tools=None, rollout_func=None, environment_factory=None,
+        self, model, reward_funcs=None, args: GRPOConfig | None = None, train_dataset=None, eval_dataset=None, processing_class=None,
+        reward_processing_classes=None, callbacks=None, optimizers=(None, None), quantization_config=None, peft_config=None, tools=None,
+        rollout_func=None, environment_factory=None,
     ):
-        checked = check_trainer_inputs(
-            model, reward_funcs, args, train_dataset, eval_dataset, reward_processing_classes, peft_config, tools, environment_factory, rollout_func
-        )
+        checked = check_trainer_inputs(model, reward_funcs, args, train_dataset, eval_dataset, reward_processing_classes, peft_config,
+                                       tools, environment_factory, rollout_func, optimizers, quantization_config)
         self.args = a = checked.args
         train_dataset = checked.train_dataset  # TRL's placeholder rows when an environment owns the data
         self.train_dataset, self.eval_dataset, self.eval_sets = train_dataset, eval_dataset, checked.eval_sets
@@ -117,7 +116,7 @@ class GRPOTrainer(TRLMethods):
         server = open_engine(a, model, is_main=acc.is_main_process, bf16=bf16)  # vLLM installed; its server up, serving this model
         self.tokenizer, policy, self.ref_model, self.eos_token_ids, gathered, self.router = load_policy(model, processing_class, peft_config, a, acc, bf16)
 
-        self.max_steps, optimizer, self.scheduler = build_optimization(a, policy, train_dataset)
+        self.max_steps, optimizer, self.scheduler = build_optimization(a, policy, train_dataset, checked.optimizers)
         self.model, self.optimizer = prepare(acc, policy, optimizer)
         sampling = SamplingSettings.from_config(a, self.eos_token_ids, self.tokenizer.pad_token_id)
         working = working_copy(policy, a, optimizer, bf16=bf16, processes=acc.num_processes)  # the update's and the own sampler's one bf16 copy, where it applies
@@ -163,7 +162,7 @@ class GRPOTrainer(TRLMethods):
         Raises:
             ValueError: a new run in an output_dir holding another run (unless
                 `overwrite_output_dir`); a resume that changes a `runs.STATE_FIELDS` field.
-            CorruptCheckpointError, CheckpointWriteError: see checkpoint.py.
+            CorruptCheckpointError, CheckpointWriteError: see run/checkpoint_files.py.
             TrainingInterrupted: after Ctrl-C, once this step's checkpoint is saved.
             FloatingPointError: a non-finite gradient norm, before the optimizer step applies it.
         """

@@ -19,9 +19,9 @@ gradient_checkpointing=True, num_completions_to_print=None) and its own fields, 
   `vllm_server_timeout` (the dead-server error names the URL), and a timeout changes no result;
 - `trust_remote_code`, `router_aux_loss_coef`, `model_init_kwargs`, `chat_template_kwargs`, `log_completions`: as GRPOConfig's.
 
-`AsyncGRPOTrainer` is `GRPOTrainer` with TRL's async constructor; its `rollout_worker` and `weight_transfer`
-hooks and custom `optimizers` are refused (the producer is fastgrpo's, the weights go through the server's
-reload; the optimizer is built from `optim`). The loss is fastgrpo's GRPO loss with π_old the trainer's
+`AsyncGRPOTrainer` is `GRPOTrainer` with TRL's async constructor; `optimizers` is GRPOTrainer's; its
+`rollout_worker` and `weight_transfer` hooks are refused (the producer is fastgrpo's, the weights go through the
+server's reload). The loss is fastgrpo's GRPO loss with π_old the trainer's
 weights at a rollout's first use and TRL's `vllm_importance_sampling_*` weight π_old / π_behaviour for the lag
 (TRL's async trainer puts π_behaviour in the ratio itself and applies no further weight: docs/design.md says why).
 
@@ -81,13 +81,13 @@ class AsyncGRPOTrainer(GRPOTrainer):
     """`GRPOTrainer` taking TRL 1.16 `AsyncGRPOTrainer`'s arguments; generation overlaps training (rollout/async_producer.py).
 
     Args:
-        model, reward_funcs, train_dataset, processing_class, callbacks, peft_config, tools, environment_factory:
+        model, reward_funcs, train_dataset, processing_class, callbacks, optimizers, peft_config, tools, environment_factory:
             as `GRPOTrainer`'s (TRL's meanings).
         args: an `AsyncGRPOConfig` (a `GRPOConfig` with max_staleness set works too); default
             `AsyncGRPOConfig("<model name>-AsyncGRPO")`, as TRL.
-        optimizers, rollout_worker, weight_transfer: TRL's hooks; only their defaults (fastgrpo's own) are accepted.
+        rollout_worker, weight_transfer: TRL's hooks; only their defaults (fastgrpo's own) are accepted.
     Raises:
-        ValueError: a custom optimizer, rollout worker or weight transfer; args whose max_staleness is None;
+        ValueError: a custom rollout worker or weight transfer; args whose max_staleness is None;
             everything `GRPOTrainer` raises.
     """
 
@@ -95,8 +95,7 @@ class AsyncGRPOTrainer(GRPOTrainer):
         self, model, reward_funcs=None, args: GRPOConfig | None = None, train_dataset=None, processing_class=None, callbacks=None,
         optimizers=(None, None), peft_config=None, tools=None, environment_factory=None, rollout_worker=None, weight_transfer=None,
     ):
-        refused = {"optimizers": (optimizers != (None, None), "set optim, learning_rate and lr_scheduler_type in the config"),
-                   "rollout_worker": (rollout_worker is not None, "fastgrpo's producer samples from the vLLM server; remove it"),
+        refused = {"rollout_worker": (rollout_worker is not None, "fastgrpo's producer samples from the vLLM server; remove it"),
                    "weight_transfer": (weight_transfer is not None, "weights go to the server as its reload; remove it")}
         for name, (given, fix) in refused.items():
             if given:
@@ -106,4 +105,4 @@ class AsyncGRPOTrainer(GRPOTrainer):
         if isinstance(args, GRPOConfig) and args.max_staleness is None:
             raise ValueError("args.max_staleness=None is the synchronous loop: use GRPOTrainer, or set max_staleness (TRL's default 4).")
         super().__init__(model, reward_funcs, args=args, train_dataset=train_dataset, processing_class=processing_class,
-                         callbacks=callbacks, peft_config=peft_config, tools=tools, environment_factory=environment_factory)
+                         callbacks=callbacks, optimizers=optimizers, peft_config=peft_config, tools=tools, environment_factory=environment_factory)

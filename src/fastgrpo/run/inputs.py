@@ -4,12 +4,14 @@ Every check here costs no model load and no compute, so a wrong argument is a
 one-line error at once (docs/reliability.md). The trainer builds the rest
 (accelerator, policy, optimizer) from what this returns.
 
-Not here: GRPOConfig's own field checks (config.py), loading models (models.py).
+Not here: GRPOConfig's own field checks (config/checks.py), loading models (model/loading.py).
 """
 
 from __future__ import annotations
 
+import copy
 import os
+import warnings
 from typing import NamedTuple
 
 import torch
@@ -19,6 +21,7 @@ from ..config import GRPOConfig
 from .dataset_kinds import check_train_dataset, eval_sets
 from ..rollout.group_filter import resolve_filter
 from ..model.loading import check_peft_inputs
+from ..model.sharding import fsdp_requested
 from ..model.optimizers import check_optimizer_name
 from ..rollout.reward_models import RewardModel
 from ..rollout.rewards import check_columns, resolve_reward, reward_names
@@ -34,12 +37,13 @@ class TrainerInputs(NamedTuple):
     reward_processing_classes: list  # R: each reward model's tokenizer, None for functions (TRL's attribute)
     reward_weights: list[float]  # R
     train_dataset: object  # as given, or TRL's placeholder when an environment owns the data
-    agents: AgentInputs  # tools, environments, rollout_func (agents/setup.py)
+    agents: AgentInputs  # tools, environments, rollout_func (rollout/producers.py)
+    optimizers: tuple  # (optimizer or None, lr_scheduler or None): the caller's, as Trainer's `optimizers`
 
 
 def check_trainer_inputs(
     model, reward_funcs, args, train_dataset, eval_dataset, reward_processing_classes, peft_config,
-    tools=None, environment_factory=None, rollout_func=None,
+    tools=None, environment_factory=None, rollout_func=None, optimizers=(None, None), quantization_config=None,
 ) -> TrainerInputs:
     """Check and resolve `GRPOTrainer`'s arguments (TRL's meanings) before anything loads.
 
@@ -48,7 +52,10 @@ def check_trainer_inputs(
         ValueError: no reward function, no or an unreadable dataset, a reserved column,
             reward_processing_classes or reward_weights whose count does not match the
             reward functions, a peft_config that cannot apply (models.check_peft_inputs), a
-            filter_groups_metric that is no reward name or importable "module:function".
+            filter_groups_metric that is no reward name or importable "module:function"; `optimizers` that cannot
+            drive this model (`check_optimizers`); `quantization_config` also set in model_init_kwargs (TRL's error).
+    Warns:
+        UserWarning: `quantization_config` for an already built model (ignored, as TRL warns).
     """
     if args is not None and not isinstance(args, GRPOConfig):
         raise TypeError(
@@ -57,7 +64,7 @@ def check_trainer_inputs(
         )
     if not isinstance(model, (str, os.PathLike, torch.nn.Module)):
         raise TypeError(f"model is a {type(model).__name__}; give a model name or folder (text), a .gguf file, or a PreTrainedModel.")
-    a = args if args is not None else GRPOConfig()
+    a = with_quantization(args if args is not None else GRPOConfig(), model, quantization_config)
     agents = check_agent_inputs(tools, environment_factory, rollout_func, train_dataset, a.max_steps, a.prompts_per_rollout)
     train_dataset = agents.train_dataset
     no_rewards = reward_funcs is None or (isinstance(reward_funcs, (list, tuple)) and not reward_funcs)
@@ -89,7 +96,68 @@ def check_trainer_inputs(
         raise ValueError(f"reward_weights has {len(weights)} values for {len(resolved)} reward functions; give one weight per function.")
     resolved, procs, weights = resolved + agents.reward_funcs, procs + [None] * len(agents.reward_funcs), [*weights, *[1.0] * len(agents.reward_funcs)]
     check_peft_inputs(model, peft_config, a.sync_ref_model)
+    pair = check_optimizers(optimizers, model, peft_config)
     if a.filter_groups:  # a filter_groups_metric that names nothing fails here, not after the model loads
         resolve_filter(a.filter_groups_metric, reward_names(resolved), torch.tensor(weights), a.multi_objective_aggregation)
     tokenizers = [f.tokenizer if isinstance(f, RewardModel) else p for f, p in zip(resolved, procs)]
-    return TrainerInputs(a, sets, resolved, reward_names(resolved), tokenizers, list(weights), train_dataset, agents)
+    return TrainerInputs(a, sets, resolved, reward_names(resolved), tokenizers, list(weights), train_dataset, agents, pair)
+
+
+def with_quantization(args: GRPOConfig, model, quantization_config) -> GRPOConfig:
+    """`args` with the trainer's `quantization_config` in `model_init_kwargs` when the model loads from a name (TRL 1.16's rule).
+
+    The config reaches `from_pretrained` as TRL passes it (e.g. a `BitsAndBytesConfig` with `peft_config` for QLoRA);
+    transformers raises if its package is missing. `args` itself is not changed.
+    Raises:
+        ValueError: `quantization_config` given both here and in `args.model_init_kwargs`.
+    Warns:
+        UserWarning: a model already built (the config is ignored).
+    """
+    if quantization_config is None:
+        return args
+    if isinstance(model, torch.nn.Module):
+        warnings.warn("quantization_config is set but the model is already instantiated; quantization_config is ignored.", stacklevel=4)
+        return args
+    kwargs = dict(args.model_init_kwargs or {})
+    if "quantization_config" in kwargs:
+        raise ValueError("quantization_config is set both as a trainer argument and in args.model_init_kwargs; set it in one place, preferably the trainer argument (TRL's rule).")
+    merged = copy.copy(args)  # the fields as they are (a replace() would re-derive the batch fields and refuse them)
+    merged.model_init_kwargs = {**kwargs, "quantization_config": quantization_config}
+    return merged
+
+
+def check_optimizers(optimizers, model, peft_config) -> tuple:
+    """The trainer's `optimizers=(optimizer, lr_scheduler)` (transformers.Trainer's argument), checked before any model loads.
+
+    Either may be None: no optimizer means `args.optim`'s (model/optimizers.py), no scheduler means
+    `args.lr_scheduler_type`'s over the optimizer (run/setup.py). A given optimizer must be over the very
+    model passed in (its parameters are the ones trained and checkpointed).
+    Returns:
+        (optimizer or None, lr_scheduler or None).
+    Raises:
+        TypeError: not a pair; an optimizer that is no `torch.optim.Optimizer`; a scheduler that is no `torch.optim.lr_scheduler.LRScheduler`.
+        ValueError: an optimizer with a model given by name, with `peft_config` (peft makes new parameters) or with
+            FSDP (transformers' rule); parameters that are not the model's; a scheduler over another optimizer.
+    """
+    if not isinstance(optimizers, (tuple, list)) or len(optimizers) != 2:
+        raise TypeError(f"optimizers={optimizers!r}; give a pair (optimizer, lr_scheduler), either may be None (transformers.Trainer's argument).")
+    optimizer, scheduler = optimizers
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizers[0] is a {type(optimizer).__name__}; give a torch.optim.Optimizer built over the model's parameters, or None for args.optim's.")
+    if scheduler is not None and not isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler):
+        raise TypeError(f"optimizers[1] is a {type(scheduler).__name__}; give a torch.optim.lr_scheduler.LRScheduler (e.g. LambdaLR), or None for args.lr_scheduler_type's.")
+    if scheduler is not None and scheduler.optimizer is not optimizer:
+        raise ValueError("optimizers[1] schedules another optimizer than optimizers[0]; build the scheduler over the optimizer you pass, and pass both.")
+    if optimizer is None:
+        return None, None
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"optimizers=(optimizer, ...) with model={model!r}, a name: the optimizer must be over the model it trains; load the model first and pass it.")
+    if peft_config is not None:
+        raise ValueError("optimizers=(optimizer, ...) with peft_config: peft creates the adapter parameters after your optimizer; pass a peft.PeftModel with an optimizer over its trainable parameters, or leave optimizers to args.optim.")
+    if fsdp_requested():
+        raise ValueError("optimizers=(optimizer, ...) under FSDP: the optimizer must be built over the sharded parameters (transformers' rule); leave optimizers to args.optim.")
+    owned = {id(p) for p in model.parameters()}
+    foreign = sum(1 for group in optimizer.param_groups for p in group["params"] if id(p) not in owned)
+    if foreign:
+        raise ValueError(f"optimizers[0] holds {foreign} parameters that are not the model's; build it over model.parameters() of the model you pass.")
+    return optimizer, scheduler

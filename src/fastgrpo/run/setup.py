@@ -11,8 +11,8 @@
 - `prepare`: the policy and optimizer through `accelerator.prepare` (an FSDP-sharded
   policy is already distributed: only the optimizer goes through it).
 
-Not here: checking the trainer's arguments (trainer_inputs.py), how models and
-adapters load (models.py), the optimizer and scheduler (trainer.py, optimizers.py).
+Not here: checking the trainer's arguments (inputs.py), how models and
+adapters load (model/loading.py), the optimizer's class (model/optimizers.py).
 """
 
 from __future__ import annotations
@@ -138,21 +138,23 @@ def prepare(accelerator: Accelerator, model: torch.nn.Module, optimizer: torch.o
     return accelerator.prepare(model, optimizer)
 
 
-def build_optimization(args: GRPOConfig, policy: torch.nn.Module, train_dataset) -> tuple[int, torch.optim.Optimizer, object]:
+def build_optimization(args: GRPOConfig, policy: torch.nn.Module, train_dataset, optimizers=(None, None)) -> tuple[int, torch.optim.Optimizer, object]:
     """The run's length in optimizer steps, its optimizer and its learning-rate schedule, as TRL's Trainer builds them.
 
     max_steps is `args.max_steps` when > 0, else `num_train_epochs` passes over
-    `train_dataset`'s prompts in whole rollouts; the optimizer is `args.optim`'s
-    (optimizers.py); the schedule is transformers' `get_scheduler` with
-    `lr_scheduler_type`, warm-up and `lr_scheduler_kwargs`.
+    `train_dataset`'s prompts in whole rollouts; the optimizer is `optimizers[0]`, else `args.optim`'s
+    (model/optimizers.py); the schedule is `optimizers[1]`, else transformers' `get_scheduler` with
+    `lr_scheduler_type`, warm-up and `lr_scheduler_kwargs` over the optimizer (Trainer's
+    `create_optimizer_and_scheduler`). `optimizers` comes checked (inputs.check_optimizers).
     """
     a = args
     if a.max_steps > 0:
         max_steps = a.max_steps
     else:
         max_steps = math.ceil(a.num_train_epochs * len(train_dataset) / a.prompts_per_rollout) * a.steps_per_rollout
-    optimizer = build_optimizer(a, policy)
-    scheduler = get_scheduler(
+    optimizer, scheduler = optimizers
+    optimizer = optimizer if optimizer is not None else build_optimizer(a, policy)
+    scheduler = scheduler if scheduler is not None else get_scheduler(
         a.lr_scheduler_type, optimizer, num_warmup_steps=a.num_warmup_steps(max_steps), num_training_steps=max_steps,
         scheduler_specific_kwargs=a.lr_scheduler_kwargs,
     )

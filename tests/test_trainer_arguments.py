@@ -1,0 +1,97 @@
+"""GRPOTrainer takes TRL 1.16's constructor arguments, in TRL's order, with their meanings: a TRL script's call
+runs unchanged. `optimizers=(optimizer, lr_scheduler)` and `quantization_config` end to end on a tiny model."""
+
+import inspect
+import warnings
+
+import pytest
+import torch
+from transformers import BitsAndBytesConfig
+
+from fastgrpo import GRPOConfig, GRPOTrainer
+
+
+def reward_even(completion_ids, **kwargs):
+    """Fraction of even token ids: varies across a group, so every step has a gradient."""
+    return [sum(t % 2 == 0 for t in ids) / max(len(ids), 1) for ids in completion_ids]
+
+
+def config(tmp_path, **overrides):
+    values = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, gradient_accumulation_steps=1, num_generations=4,
+                  max_prompt_length=32, max_completion_length=4, max_steps=2, learning_rate=1e-3, save_steps=1000, disable_tqdm=True, seed=0)
+    values.update(overrides)
+    return GRPOConfig(**values)
+
+
+def test_the_constructors_take_trls_arguments_in_trls_order_with_trls_defaults():
+    import trl
+    from trl.experimental.async_grpo import AsyncGRPOTrainer as TRLAsync
+
+    from fastgrpo.experimental.async_grpo import AsyncGRPOTrainer
+
+    for ours, theirs in [(GRPOTrainer, trl.GRPOTrainer), (AsyncGRPOTrainer, TRLAsync)]:
+        mine, trls = inspect.signature(ours.__init__).parameters, inspect.signature(theirs.__init__).parameters
+        assert list(mine) == list(trls), ours.__name__
+        assert {n: p.default for n, p in mine.items()} == {n: p.default for n, p in trls.items()}, ours.__name__
+
+
+def test_a_given_optimizer_and_scheduler_are_the_ones_that_step(tmp_path, tokenizer, make_model, prompts):
+    # A schedule of 0 keeps SGD's learning rate at 0 from the first step: the weights must not move.
+    model = make_model()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.0)
+    trainer = GRPOTrainer(model, reward_even, args=config(tmp_path), train_dataset=prompts, processing_class=tokenizer,
+                          optimizers=(optimizer, scheduler))
+    assert trainer.scheduler is scheduler
+    trainer.train()
+    assert trainer.state.global_step == 2
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+
+
+def test_a_given_optimizer_without_scheduler_gets_the_configs_schedule(tmp_path, tokenizer, make_model, prompts):
+    model = make_model()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    trainer = GRPOTrainer(model, reward_even, args=config(tmp_path, lr_scheduler_type="constant"), train_dataset=prompts,
+                          processing_class=tokenizer, optimizers=(optimizer, None))
+    assert trainer.scheduler.optimizer is optimizer
+    trainer.train()
+    assert optimizer.param_groups[0]["lr"] == 0.5  # SGD's own rate under a constant schedule, not args.learning_rate
+    assert any(not torch.equal(p, before[n]) for n, p in model.named_parameters())
+
+
+def test_optimizers_that_cannot_drive_the_model_are_refused_before_loading(tmp_path, tokenizer, make_model, prompts):
+    from peft import LoraConfig
+
+    model, other = make_model(), make_model(1)
+    own = torch.optim.SGD(model.parameters(), lr=0.1)
+    cases = [
+        (dict(model=model, optimizers=own), TypeError, "pair"),
+        (dict(model=model, optimizers=("sgd", None)), TypeError, "torch.optim.Optimizer"),
+        (dict(model=model, optimizers=(own, "linear")), TypeError, "LRScheduler"),
+        (dict(model=model, optimizers=(own, torch.optim.lr_scheduler.LambdaLR(torch.optim.SGD(other.parameters(), lr=0.1), lambda s: 1.0))), ValueError, "another optimizer"),
+        (dict(model="no-such-model-name", optimizers=(own, None)), ValueError, "a name"),
+        (dict(model=model, optimizers=(torch.optim.SGD(other.parameters(), lr=0.1), None)), ValueError, "not the model's"),
+        (dict(model=model, optimizers=(own, None), peft_config=LoraConfig(r=4, target_modules=["q_proj"])), ValueError, "peft"),
+    ]
+    for kwargs, error, words in cases:
+        with pytest.raises(error, match=words):
+            GRPOTrainer(reward_funcs=reward_even, args=config(tmp_path), train_dataset=prompts, processing_class=tokenizer, **kwargs)
+
+
+def test_quantization_config_reaches_from_pretrained_for_a_name_and_is_ignored_for_a_model(tmp_path, tokenizer, make_model, prompts):
+    q = BitsAndBytesConfig(load_in_4bit=True)
+    folder = str(tmp_path / "tiny")
+    make_model().save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    with pytest.raises(ValueError, match="both as a trainer argument and in args.model_init_kwargs"):
+        GRPOTrainer(folder, reward_even, args=config(tmp_path, model_init_kwargs={"quantization_config": q}), train_dataset=prompts,
+                    quantization_config=q)
+    # This machine has no bitsandbytes: transformers refuses the 4-bit load, which shows the config reached it.
+    with pytest.raises(ImportError, match="bitsandbytes"):
+        GRPOTrainer(folder, reward_even, args=config(tmp_path), train_dataset=prompts, quantization_config=q)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        GRPOTrainer(make_model(), reward_even, args=config(tmp_path), train_dataset=prompts, processing_class=tokenizer, quantization_config=q)
+    assert any("quantization_config is ignored" in str(w.message) for w in caught)
