@@ -1,6 +1,6 @@
 """fp32 vs bf16 product speed on this machine: the shapes behind `bf16=None`'s decision.
 
-    flock /tmp/fastgrpo-cpu.lock python benchmarks/bf16_peaks.py --threads 1
+    python benchmarks/bf16_peaks.py --threads 1
 
 For each shape of issue 18's table (M×K×N: the update's MLP and LM-head
 products, decode at batch 16), GFLOP/s of `F.linear(x, w)` = x @ wᵀ (nn.Linear's

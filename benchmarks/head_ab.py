@@ -1,6 +1,6 @@
 """The chunked LM head against an earlier revision's, alternated in one process: forward + backward seconds and their ratio.
 
-    flock /work/cpu.lock python benchmarks/head_ab.py --baseline 25512f9 --pairs 6            # bf16 autocast, 1 thread
+    python benchmarks/head_ab.py --baseline 25512f9 --pairs 6            # bf16 autocast, 1 thread
     python benchmarks/head_ab.py --baseline 25512f9 --bf16 false                             # fp32
 
 SmolLM2-135M's head shapes (V = 49 152, H = 576, tied: the weight takes a

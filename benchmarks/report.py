@@ -38,6 +38,7 @@ Definitions (docs/benchmarks.md repeats them):
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 
@@ -221,7 +222,7 @@ def markdown_table(case: dict) -> str:
 
 
 def plots(case: dict, prefix: str) -> list[str]:
-    """reward vs wall-clock (every run) and the per-phase split (medians); returns the PNG paths."""
+    """reward vs wall-clock (every run) and the per-phase split (medians); returns the PNGs' file names (next to the JSON)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -264,7 +265,7 @@ def plots(case: dict, prefix: str) -> list[str]:
     phases_png = f"{prefix}-phases.png"
     fig.savefig(phases_png, dpi=110)
     plt.close(fig)
-    return [reward_png, phases_png]
+    return [os.path.basename(reward_png), os.path.basename(phases_png)]
 
 
 def render(path: str) -> None:

@@ -1,6 +1,6 @@
 """fastgrpo's sampler: rollout generation vs TRL's, and decode step time vs the machine's limit.
 
-    flock /tmp/fastgrpo-bench.lock python benchmarks/sampler.py            # CPU, 1 thread, fp32 (a few minutes)
+    python benchmarks/sampler.py            # CPU, 1 thread, fp32 (a few minutes)
     python benchmarks/sampler.py --bf16 --skip-trl --pairs 1                # CPU, the bf16 path; decode vs both peaks
     python benchmarks/sampler.py --device cuda --skip-trl                   # CUDA, bf16 autocast, vs transformers' generate
 

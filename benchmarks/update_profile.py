@@ -1,6 +1,6 @@
 """Where one optimizer step's time goes, by op, and its FLOPs against this run's measured peaks.
 
-    flock /tmp/fastgrpo-cpu.lock python benchmarks/update_profile.py --threads 1            # bf16 (this CPU's default)
+    python benchmarks/update_profile.py --threads 1            # bf16 (this CPU's default)
     python benchmarks/update_profile.py --threads 1 --bf16 false --steps 1                  # the fp32 path
     PYTHONPATH=OTHER/src python benchmarks/update_profile.py --time-only --steps 3          # A/B: seconds only, no profiler
 

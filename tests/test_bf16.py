@@ -1,4 +1,4 @@
-"""bf16 products (precision.py, logprobs.py, weight_sync.py): the default's detection, exactness where weights agree,
+"""bf16 products (precision.py, logprobs.py, generation/weight_copy.py): the default's detection, exactness where weights agree,
 the sampler's bf16 copy, and the distance to fp32.
 
 The suite pins the hardware to "no bf16 units" (conftest.py), so `bf16=None` is fp32

@@ -116,7 +116,7 @@ def test_environment_and_tools_flags_run_the_calculator_task(tmp_path, monkeypat
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
     code = main([
         "train", "--model", str(model_dir), "--dataset", "calculator", "--environment", "calculator", "--tools", "mytools:add",
-        "--reward", "fastgrpo.agents.calculator:answer_correct", "--dataset_size", "4", "--max_steps", "1",
+        "--reward", "fastgrpo.tasks.calculator:answer_correct", "--dataset_size", "4", "--max_steps", "1",
         "--per_device_train_batch_size", "4", "--num_generations", "2", "--max_completion_length", "8", "--max_prompt_length", "400",
         "--output_dir", "out", "--disable_tqdm", "true", "--logging_steps", "1",
     ])

@@ -2,7 +2,7 @@
 
 The prompts are "Count to n." for n = 0, 1, 2, … in dataset order (shuffle_dataset=False), so the
 prompts each round draws, the groups kept, the carry-over and every logged count can be worked out
-by hand from the rules in dynamic_sampling.py. B = 2 prompts per rollout (8 completions, G = 4),
+by hand from the rules in rollout/group_filter.py. B = 2 prompts per rollout (8 completions, G = 4),
 one optimizer step per rollout (2 micro-batches of 4, gradient_accumulation_steps = 2).
 """
 

@@ -1,4 +1,4 @@
-"""The sampler–trainer correction (importance_sampling.py): hand-worked values per mode, and TRL 1.16's own code.
+"""The sampler–trainer correction (algo/sampling_correction.py): hand-worked values per mode, and TRL 1.16's own code.
 
 TRL computes the vLLM importance-sampling ratio and its `sampling/*` metrics
 inline in `_generate_and_score_completions`; those blocks are cut from its

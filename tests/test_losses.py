@@ -1,4 +1,4 @@
-"""Hand-checked tests of fastgrpo.losses: every expected value and gradient is
+"""Hand-checked tests of fastgrpo.algo.losses: every expected value and gradient is
 worked out in the comment next to its assertion (torchtune's test_ppo_loss.py
 style). Tiny tensors, CPU, float64 unless the dtype is the point of the test.
 

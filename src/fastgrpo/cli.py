@@ -4,7 +4,7 @@
     fastgrpo train --config examples/run.yaml       # model, dataset, reward and GRPOConfig fields from YAML
     fastgrpo train --model ./my-model --dataset data.jsonl --reward mymod:score --num_iterations 4
     fastgrpo train --model smollm2-135m-instruct --dataset calculator --environment calculator \
-        --reward fastgrpo.agents.calculator:answer_correct   # an agent task (README "Agents")
+        --reward fastgrpo.tasks.calculator:answer_correct   # an agent task (README "Agents")
 
 Every `GRPOConfig` field, TRL's passthrough fields included (`--run_name x`,
 `--use_vllm false`), is a flag, parsed by transformers' `HfArgumentParser` as

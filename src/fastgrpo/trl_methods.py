@@ -26,7 +26,7 @@ from .run.evaluation import mean_rewards
 class TRLMethods:
     """TRL 1.16 `GRPOTrainer` methods; the class using it provides `accelerator` (and, for the others, GRPOTrainer's state: `entropy_control` for `entropy_coef`, `router` for the aux-loss attributes)."""
 
-    get_off_policy_mask = staticmethod(off_policy_mask)  # TRL's static method, same signature (importance_sampling.py)
+    get_off_policy_mask = staticmethod(off_policy_mask)  # TRL's static method, same signature (algo/sampling_correction.py)
 
     @property
     def entropy_coef(self) -> float:

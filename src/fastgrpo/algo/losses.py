@@ -343,7 +343,7 @@ def grpo_loss(
             is L − entropy_coef·`entropy_bonus` over the policy tokens (TRL's
             entropy bonus; its coefficient may be 0 this step, entropy_control.py).
         policy_weight: (B, T) or (B, 1) factor on the policy term, no gradient (TRL's
-            sampler importance ratio × off-policy mask, importance_sampling.py); None: 1.
+            sampler importance ratio × off-policy mask, algo/sampling_correction.py); None: 1.
         vespo_ratio: (B, T) or (B, 1) the sampler's IS ratio that vespo folds into φ(w) (TRL's), no gradient; None: none.
         The other keywords are `ObjectiveParams` (objectives.py).
     Returns:

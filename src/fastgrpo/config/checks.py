@@ -1,11 +1,11 @@
 """`GRPOConfig`'s checks: the type of every field, each value and combination, and TRL's warnings.
 
 Pure functions of a built config (`c`), called once from `GRPOConfig.__post_init__`
-(config.py), so config.py holds the fields and this module the rules. Every
+(config/grpo_config.py), so config/grpo_config.py holds the fields and this module the rules. Every
 refusal is one sentence naming the value and the fix, raised before any model
 is loaded; the warnings are TRL's own, word for word where TRL warns.
 
-Not here: the fields and their defaults (config.py), TRL's fields that fastgrpo
+Not here: the fields and their defaults (config/grpo_config.py), TRL's fields that fastgrpo
 only accepts or refuses (trl_fields.py).
 """
 
@@ -36,7 +36,7 @@ IMPORTANCE_SAMPLING_MODES = ("token_truncate", "token_mask", "sequence_truncate"
 
 
 def check_importance_sampling(correction: bool, mode: str, clip_min: float | None, clip_max: float | None) -> None:
-    """TRL's checks on the `vllm_importance_sampling_*` fields (GRPOConfig.__post_init__; the maths: importance_sampling.py).
+    """TRL's checks on the `vllm_importance_sampling_*` fields (GRPOConfig.__post_init__; the maths: algo/sampling_correction.py).
 
     Raises:
         ValueError: an unknown mode, clip_min ≥ clip_max, or a *_truncate mode with no bound.

@@ -9,7 +9,7 @@
   `--use_vllm false` as `trl grpo` would; the value then meets GRPOConfig's
   usual check (`trl_fields.check_trl_field`), exactly as from Python.
 
-Not here: the fields themselves and their checks (config.py, trl_fields.py).
+Not here: the fields themselves and their checks (config/grpo_config.py, trl_fields.py).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ only its import changed; the defaults that differ (disable_dropout,
 gradient_checkpointing, num_completions_to_print, output_dir) are listed with
 their reasons in the README's "Differences from TRL". Counts are completions,
 not prompts (docs/design.md, "Batch semantics"). Every inconsistent combination is refused in
-`__post_init__` (the rules: config_checks.py), with one sentence naming the value and the
+`__post_init__` (the rules: config/checks.py), with one sentence naming the value and the
 fix, before any model is loaded.
 
 The rest of TRL's fields (the `transformers.TrainingArguments` it inherits,
@@ -171,7 +171,7 @@ class GRPOConfig:
     entropy_coef_delta: float = 0.005  # δ per optimizer step
     entropy_target: float = 0.2  # nats; LMs sit at 2–10, so set it near the entropy logged early in training
     router_aux_loss_coef: float | None = None  # MoE load-balancing loss weight; None: the model config's (TRL; model/experts.py)
-    # The sampler–trainer mismatch (TRL's names; importance_sampling.py). The correction applies where the
+    # The sampler–trainer mismatch (TRL's names; algo/sampling_correction.py). The correction applies where the
     # sampler samples from its own weight copy (bf16): there its log-probs play vLLM's.
     vllm_importance_sampling_correction: bool = True
     vllm_importance_sampling_mode: str = "sequence_mask"  # or token_mask, token_truncate, sequence_truncate
@@ -185,7 +185,7 @@ class GRPOConfig:
     scale_rewards: str = "group"  # TRL also accepts True/False
     multi_objective_aggregation: str = "sum_then_normalize"
 
-    # --- dynamic sampling (DAPO §3.2; verl's algorithm.filter_groups names, TRL has none; dynamic_sampling.py) ---
+    # --- dynamic sampling (DAPO §3.2; verl's algorithm.filter_groups names, TRL has none; rollout/group_filter.py) ---
     filter_groups: bool = False  # train only on groups whose rewards differ (Â ≠ 0), sampling more prompts to fill the rollout
     filter_groups_metric: str | None = None  # spread in: None, what Â is computed from; a reward function's name; or "module:function"
     max_num_gen_batches: int = 10  # sampling rounds per rollout at most (the first included; verl's DAPO recipe); then train on what there is

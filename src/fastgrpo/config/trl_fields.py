@@ -1,6 +1,6 @@
 """TRL 1.16 `GRPOConfig` fields that fastgrpo does not keep as its own: accepted or refused.
 
-`GRPOConfig` (config.py) honours most of TRL's fields as dataclass fields. The
+`GRPOConfig` (config/grpo_config.py) honours most of TRL's fields as dataclass fields. The
 rest of TRL's `GRPOConfig` (the ~190 fields it has with the
 `transformers.TrainingArguments` it inherits) is listed here, each with TRL's
 default and the values that describe what fastgrpo does anyway:
@@ -11,12 +11,12 @@ default and the values that describe what fastgrpo does anyway:
 - a tuple: the values fastgrpo already behaves as; any other value raises a
   `ValueError` naming the field and what to do instead.
 
-A name in neither config.py nor this table keeps config.py's `TypeError`
+A name in neither config/grpo_config.py nor this table keeps config/grpo_config.py's `TypeError`
 naming the closest field. Accepted values are kept and read back as
 attributes (`args.run_name`), with TRL's default when not given.
 
-Not here: fields fastgrpo honours (config.py), warnings about combinations
-(config.py, where the fields live).
+Not here: fields fastgrpo honours (config/grpo_config.py), warnings about combinations
+(config/grpo_config.py, where the fields live).
 """
 
 from __future__ import annotations

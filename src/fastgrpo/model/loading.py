@@ -277,7 +277,7 @@ def check_peft_inputs(model, peft_config, sync_ref_model: bool) -> None:
         from peft import PeftConfig
 
         if not isinstance(peft_config, PeftConfig):
-            raise TypeError(f"peft_config must be a peft.PeftConfig such as peft.LoraConfig(r=16, lora_alpha=32), not {type(peft_config).__name__}; fastgrpo.models.lora_config() builds one from TRL's names.")
+            raise TypeError(f"peft_config must be a peft.PeftConfig such as peft.LoraConfig(r=16, lora_alpha=32), not {type(peft_config).__name__}; fastgrpo.model.loading.lora_config() builds one from TRL's names.")
         if is_peft_model(model):
             raise ValueError("model is already a PeftModel and peft_config was given too; pass the PeftModel alone (its adapters train) or a plain model with peft_config.")
     if adapted and sync_ref_model:
@@ -380,7 +380,7 @@ def load_adapters(model: torch.nn.Module, folder: str, weights: dict | None = No
 
     Args:
         folder: the folder holding `adapter_model.safetensors` (named in errors).
-        weights: its tensors, already read (checkpoint.py reads every file first); None reads the file.
+        weights: its tensors, already read (run/checkpoint_files.py reads every file first); None reads the file.
     Raises:
         ValueError: no adapter file (a checkpoint of a run without adapters), or its tensors are not exactly the model's.
     """

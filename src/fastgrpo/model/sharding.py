@@ -17,7 +17,7 @@ gathered into the sampler's copy (generation/weight_copy.GatheredCopy), so decod
 collective inside its loop (processes finish their completions at different
 steps; a per-token all-gather would make them wait for each other or hang).
 
-Not here: when checkpoints are written (checkpoint.py uses `save_sharded` /
+Not here: when checkpoints are written (run/checkpoint_files.py uses `save_sharded` /
 `load_sharded`), the loop (trainer.py), anything DeepSpeed.
 """
 

@@ -21,7 +21,7 @@ A checkpoint is the trainer's state, so the first three take the trainer (`Check
 `save` reads, and `resume` sets, its step, target_kl_stops, run_id, order,
 optimizer, scheduler, ref_model and entropy_control.
 
-Not here: the files and their checks (checkpoint.py), the new-run rule and
+Not here: the files and their checks (run/checkpoint_files.py), the new-run rule and
 which config changes a resume accepts (runs.py), catching Ctrl-C (interrupt.py).
 """
 

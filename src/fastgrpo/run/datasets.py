@@ -34,7 +34,7 @@ def load_dataset_spec(spec: str, split: str = "train", size: int = 1000, seed: i
         spec: "reasoning-gym:<task>[,<task>][?key=value&key=value]" (the query
             sets task difficulty, e.g. "reasoning-gym:basic_arithmetic?max_terms=2",
             and `few_shot=N` solved examples before each question),
-            "calculator" (the built-in agent task, agents/calculator.py), a local
+            "calculator" (the built-in agent task, tasks/calculator.py), a local
             .json/.jsonl/.csv/.parquet file, or a hub dataset name (needs network).
         split: the split of a hub dataset.
         size, seed: rows and seed for reasoning-gym and calculator specs.

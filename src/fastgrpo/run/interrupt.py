@@ -6,7 +6,7 @@ after each optimizer step, so the checkpoint holds a whole step. A second
 SIGINT restores Python's handler and raises `KeyboardInterrupt` at once.
 Outside the main thread (where signal handlers cannot be set) it does nothing.
 
-Not here: what a checkpoint holds (checkpoint.py).
+Not here: what a checkpoint holds (run/checkpoint_files.py).
 """
 
 from __future__ import annotations

@@ -310,7 +310,7 @@ def window_record(step: int, sums: dict, extremes: dict, seconds: dict, reward_n
         record["reward_std"] = math.sqrt(max(sums["reward_sqsum"] - total * total / n, 0.0) / (n - 1))
     mean("zero_std_groups", "groups", "frac_reward_zero_std")
     mean("reward_none", "completions", "frac_reward_none")
-    # dynamic sampling (dynamic_sampling.py): fresh groups sampled vs kept, before the filter, carry-over
+    # dynamic sampling (rollout/group_filter.py): fresh groups sampled vs kept, before the filter, carry-over
     mean("ds_kept_groups", "ds_sampled_groups", "dynamic_sampling/keep_rate")
     mean("ds_rounds", "rollouts", "dynamic_sampling/rounds")
     mean("ds_sampled_groups", "ds_kept_groups", "dynamic_sampling/prompts_per_kept_group")
@@ -347,7 +347,7 @@ def window_record(step: int, sums: dict, extremes: dict, seconds: dict, reward_n
     for key in sums:
         if key.endswith(USER_SUM):  # reward functions' log_metric values: mean over the window
             mean(key, key[: -len(USER_SUM)] + USER_COUNT, key[: -len(USER_SUM)])
-    mean("logp_diff_sum", "logp_diff_count", "sampling/sampling_logp_difference/mean")  # TRL's names (importance_sampling.py)
+    mean("logp_diff_sum", "logp_diff_count", "sampling/sampling_logp_difference/mean")  # TRL's names (algo/sampling_correction.py)
     mean("is_ratio_sum", "is_ratio_count", "sampling/importance_sampling_ratio/mean")
     mean("is_masked", "is_ratio_count", "sampling/importance_sampling_ratio/masked_fraction")
     for key, name in (("logp_diff_max", "sampling_logp_difference/max"), ("is_ratio_min", "importance_sampling_ratio/min"),

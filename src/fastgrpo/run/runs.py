@@ -7,7 +7,7 @@
   state its meaning (`STATE_FIELDS`: batch shapes, G, μ, lengths, loss) are
   refused, the rest are applied and listed in one notice.
 
-Not here: writing or reading checkpoint files (checkpoint.py).
+Not here: writing or reading checkpoint files (run/checkpoint_files.py).
 """
 
 from __future__ import annotations

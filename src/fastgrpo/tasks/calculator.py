@@ -8,7 +8,7 @@ already parse as tool calls and about a third are exactly right, so GRPO has
 a signal from the first rollout:
 
     fastgrpo train --model smollm2-135m-instruct --dataset calculator --environment calculator \
-        --reward fastgrpo.agents.calculator:answer_correct
+        --reward fastgrpo.tasks.calculator:answer_correct
 
 Rewards: `answer_correct` (the final reply is the product) and the
 environment's own `get_reward` (logged as rewards/Calculator: 1 when the tool

@@ -26,7 +26,7 @@ a server shared by several training processes receives them once, from the main 
 wait at a barrier before sampling. Deferred (the overlap, one process): `update_weights` only copies them and
 the next `sample` pushes them first, so the push runs in the producer's thread between two rollouts.
 
-Not here: the engines (colocate.py, server.py), the weights folder (weights.py), choosing this backend (../build.py).
+Not here: the engines (colocate.py, server.py), the weights folder (weights.py), choosing this backend (generation/build.py).
 """
 
 from __future__ import annotations

@@ -126,7 +126,7 @@ class MultiTurn:
                     messages[r].append(parse_assistant(self.tokenizer, turn.tokens, prefix, schemas[r]))
             active = [r for r in going if turn_calls(messages[r])]
             rounds += 1
-        if not turns.own_weights:  # sampled with the trained weights: π_old is the sampler, no correction (importance_sampling.py)
+        if not turns.own_weights:  # sampled with the trained weights: π_old is the sampler, no correction (algo/sampling_correction.py)
             logps = [None] * N
         return self._generated(ids, mask, truncated, prompts, completion, model, logps, messages, extra, calls, failures)
 
