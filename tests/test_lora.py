@@ -128,14 +128,17 @@ def test_gradient_checkpointing_trains_the_adapters_as_without_it(tmp_path, toke
 
 def test_tiny_model_with_lora_raises_a_learnable_reward(tmp_path, tokenizer, make_model, prompts):
     # As test_trainer's learnable-reward test, but only rank-8 adapters on every linear layer train (the tied
-    # embedding/LM head is frozen), so they get a larger constant rate and 40 steps: 0.57 → ≈ 0.89 when written.
+    # embedding/LM head is frozen). One record per rollout of 16 completions, so single records are noisy: the
+    # first three and the last three are averaged. Measured with seeds 0-4 on an Intel Xeon (AMX) in fp32:
+    # 0.55-0.61 → 0.76-1.00 (rises 0.21-0.40). At 1e-2 and 40 steps the run peaked mid-way and fell back on some
+    # CPUs (seed 0 on the Xeon ended at 0.66), since every CPU's kernels round differently.
     args = dict(num_iterations=2, per_device_train_batch_size=8, gradient_accumulation_steps=1, num_generations=8,
-                steps_per_generation=2, max_steps=40, learning_rate=1e-2, lr_scheduler_type="constant", logging_steps=4, top_k=20)
+                steps_per_generation=2, max_steps=80, learning_rate=3e-3, lr_scheduler_type="constant", logging_steps=4, top_k=20)
     trainer = trainer_with_lora(tmp_path, make_model, tokenizer, prompts, **args)
     trainer.train()
     rewards = [r["reward"] for r in read_metrics(trainer.args.output_dir) if "reward" in r]  # one rollout per record
-    first, last = rewards[0], sum(rewards[-2:]) / 2
-    assert first < 0.65 and last > first + 0.2, rewards
+    first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
+    assert first < 0.65 and last > first + 0.15, rewards
 
 
 def test_resume_with_lora_reproduces_the_uninterrupted_run(tmp_path, tokenizer, make_model, prompts):
