@@ -117,6 +117,26 @@ def test_packed_pass_matches_the_padded_forward(tokenizer, name):
                 assert stats.aux_loss is None
 
 
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_the_bf16_working_copy_gives_autocasts_log_probs_and_gradients(tokenizer, name):
+    # model/working_copy.py under bf16 autocast: its linear copies, its own lookup of a plain nn.Embedding (Gemma 3's
+    # scaled one stays the model's) and the head's gradient added into .grad give autocast's own pass: log-probs
+    # bit for bit, gradients to fp32 summation order.
+    from fastgrpo.model.working_copy import WorkingCopy
+
+    mb, runs = micro_batch(tokenizer), []
+    for working in (False, True):
+        model = family_model(name, tokenizer)
+        stats = LogProbs(1.0, autocast=lambda: torch.autocast("cpu", dtype=torch.bfloat16), weights=WorkingCopy(model) if working else None)(model, mb)
+        (stats.logps * mb.completion_mask).sum().backward()
+        runs.append((stats.logps, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+    (logps, grads), (logps_w, grads_w) = runs
+    assert torch.equal(logps, logps_w)
+    assert grads.keys() == grads_w.keys()
+    for key in grads:
+        torch.testing.assert_close(grads_w[key], grads[key], rtol=1e-5, atol=1e-7, msg=key)
+
+
 def reward_even_tokens(completion_ids, **kwargs):
     return [sum(1 for t in ids if t % 2 == 0) / max(len(ids), 1) for ids in completion_ids]
 

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from conftest import tiny_model
 from test_trainer import config, reward_even_tokens
 
 import fastgrpo.update.step as step_module
@@ -237,12 +238,16 @@ def test_vespo_trains_with_the_bf16_samplers_correction(tmp_path, tokenizer, mak
     assert "sampling/importance_sampling_ratio/mean" in record and 0 < record["vespo/phi_seq_mean"] <= 1.0 + 1e-6
 
 
-def test_working_copy_gives_autocasts_values_and_gradients_and_follows_the_weights(tokenizer, make_model):
+@pytest.mark.parametrize("tied", [True, False])
+def test_working_copy_gives_autocasts_values_and_gradients_and_follows_the_weights(tokenizer, make_model, tied):
     # The update's one bf16 copy (model/working_copy.py) stands in for autocast's per-call casts: the same rounding
     # of the same weights, so log-probs and KL are autocast's bit for bit and the fp32 parameters get autocast's
-    # gradients; an in-place step moves a weight's version counter and only then is it recast.
+    # gradients (added into .grad by the copy's own backward, the embedding's only at the rows read, tied to the
+    # head or not; the pad token's row gets none); an in-place step moves a weight's version counter and only then
+    # is it recast.
     ids, mask = left_padded(tokenizer, ["Count to 3.", "Name a colour, any colour you like."])
     completion_ids = torch.randint(0, len(tokenizer), (8, 6), generator=torch.Generator().manual_seed(0))
+    ids[:, -1] = tokenizer.pad_token_id  # a real prompt token (mask 1) with the embedding's padding_idx: its row takes no gradient
     batch = SimpleNamespace(
         prompt_ids=ids.repeat_interleave(4, 0), prompt_mask=mask.repeat_interleave(4, 0),
         completion_ids=completion_ids, completion_mask=completion_mask(completion_ids, [tokenizer.eos_token_id]),
@@ -250,7 +255,8 @@ def test_working_copy_gives_autocasts_values_and_gradients_and_follows_the_weigh
     autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731
     runs = []
     for working in (False, True):
-        model, ref = make_model(0), make_model(1).eval()
+        model, ref = tiny_model(tokenizer, 0, tied=tied), tiny_model(tokenizer, 1, tied=tied).eval()
+        assert model.get_input_embeddings().padding_idx == tokenizer.pad_token_id
         copy = WorkingCopy(model) if working else None
         stats = LogProbs(0.9, chunk=5, autocast=autocast, weights=copy)(model, batch, lambda: nullcontext(ref))
         ((stats.logps + 0.1 * stats.kl) * batch.completion_mask).sum().backward()

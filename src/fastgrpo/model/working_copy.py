@@ -18,6 +18,13 @@ Values: `Tensor.to`'s rounding is autocast's, so the products, log-probs and
 gradients are autocast's bit for bit (tests/test_bf16.py); the gradient reaches
 the fp32 master through `_CastOnce`, widened as autocast's cast's backward widens it.
 
+The (V, H) gradients: the input embedding's lookup (`input_embeddings`) adds its gradient
+into the rows it read, where autograd would zero-fill a dense (V, H) fp32 gradient (113 MB
+for SmolLM2, freshly mapped and page-faulted at every micro-batch) and add it whole; the
+chunked head adds its weight gradient into `.grad` itself (update/chunked_head.py). Both
+bypass autograd's gradient accumulation, so they are only used where no gradient hook
+runs: the working copy's own rule below (one process, no DDP or FSDP).
+
 `working_copy` decides where it applies: bf16 on, a plain model (no peft
 adapters: the sampler's copy merges them and the base is frozen), one process
 without FSDP (a sharded or DDP-wrapped forward keeps autocast), no gradient
@@ -111,6 +118,20 @@ class WorkingCopy:
         return {f"{name}.weight": self.cast(module.weight) if module is head else self.weight(module.weight)
                 for name, module in model.named_modules() if isinstance(module, nn.Linear)}
 
+    @staticmethod
+    def input_embeddings(model: nn.Module, input_ids: torch.Tensor) -> torch.Tensor | None:
+        """(B, L) token ids → (B, L, H) `model`'s input embedding rows (its fp32 weight, as the model looks them up), or None.
+
+        The rows' gradient is added into the weight's `.grad` at the rows read (`_EmbeddingRows`), to
+        the same values as autograd's dense gradient. None when the embedding is not a plain
+        `nn.Embedding` (a subclass that scales, like Gemma's, or max_norm / scale_grad_by_freq / sparse):
+        the model then looks its ids up itself.
+        """
+        embedding = model.get_input_embeddings()
+        if type(embedding) is not nn.Embedding or embedding.max_norm is not None or embedding.scale_grad_by_freq or embedding.sparse:
+            return None
+        return _EmbeddingRows.apply(input_ids, embedding.weight, embedding.padding_idx)
+
 
 class _CastOnce(torch.autograd.Function):
     """forward(weight (fp32), copy (bf16)) → copy; backward: the gradient widened to weight's dtype (autocast's ToCopyBackward)."""
@@ -123,6 +144,35 @@ class _CastOnce(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return grad.to(ctx.dtype), None
+
+
+class _EmbeddingRows(torch.autograd.Function):
+    """forward(ids (B, L) int64, weight (V, H), padding_idx or None) → weight[ids] (B, L, H); backward: into weight.grad's rows.
+
+    Backward sums each distinct id's token gradients in token order (as `F.embedding`'s dense
+    backward does; the padding_idx row gets none, as there) and adds those sums into `.grad`'s rows:
+    the values of autograd's dense gradient added to `.grad`, touching only the rows used.
+    """
+
+    @staticmethod
+    def forward(ctx, ids, weight, padding_idx):
+        ctx.save_for_backward(ids)
+        ctx.weight, ctx.padding_idx = weight, padding_idx
+        return torch.nn.functional.embedding(ids, weight, padding_idx)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (ids,) = ctx.saved_tensors
+        weight, ids, grad = ctx.weight, ids.reshape(-1), grad.reshape(-1, grad.shape[-1])
+        if ctx.padding_idx is not None:
+            keep = ids != ctx.padding_idx
+            ids, grad = ids[keep], grad[keep]
+        used, inverse = torch.unique(ids, return_inverse=True)
+        rows = torch.zeros(used.numel(), grad.shape[1], dtype=weight.dtype, device=grad.device).index_add_(0, inverse, grad)
+        if weight.grad is None:
+            weight.grad = torch.zeros_like(weight)
+        weight.grad.index_add_(0, used, rows)
+        return None, None, None
 
 
 def working_copy(policy: nn.Module, args, optimizer: torch.optim.Optimizer, *, bf16: bool, processes: int) -> WorkingCopy | None:

@@ -13,6 +13,8 @@ Not here: packing the rows and running the decoder (logprobs.py), the loss (algo
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 
@@ -21,7 +23,7 @@ class ChunkedHead(torch.autograd.Function):
 
     forward(hidden (n, H), weight (V, H), bias (V,) or None, labels (n,), temperature,
             ref_hidden (n, H) or None, ref_weight (V, H) or None, ref_bias or None, chunk, entropy_grad,
-            weight_copy (V, H) in the product dtype or None)
+            weight_copy (V, H) in the product dtype or None, scratch (a `Scratch`) or None)
       → logps (n,), entropy (n,), kl (n,) (zeros without π_ref), fp32 (fp64 for fp64 inputs).
 
     Each chunk's logits z = (h Wᵀ + b) / τ are a product in the autocast dtype
@@ -39,21 +41,27 @@ class ChunkedHead(torch.autograd.Function):
     Speed (docs/benchmarks.md, "The bf16 update"): the weight is cast to the
     product dtype once per call (not per chunk), or not at all when `weight_copy`
     (the policy's bf16 working copy, model/working_copy.py) is given, and every (chunk, V) block lives
-    in buffers allocated once per call and overwritten in place: a fresh
-    (256, 49 152) fp32 block per op (tens of MB, served by the kernel's page
-    faults) made the head's elementwise work several times slower than its arithmetic.
+    in buffers overwritten in place: a fresh (256, 49 152) fp32 block per op (tens of MB,
+    served by the kernel's page faults) made the head's elementwise work several times slower
+    than its arithmetic. With `scratch` the blocks are kept across calls (allocated once per
+    run, not once per call). With `weight_copy` (one process, no gradient hooks: the working
+    copy's rule) each chunk's (V, H) weight gradient is made in a kept bf16 block and added
+    into `weight.grad` in slices (`add_into_grad`) and none is returned: a returned one would
+    be a fresh (V, H) block, widened into another, summed with a tied embedding's dense
+    gradient into a third and then accumulated, every micro-batch.
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, temperature, ref_hidden, ref_weight, ref_bias, chunk, entropy_grad=False, weight_copy=None):
+    def forward(ctx, hidden, weight, bias, labels, temperature, ref_hidden, ref_weight, ref_bias, chunk, entropy_grad=False, weight_copy=None,
+                scratch=None):
         dtype = torch.get_autocast_dtype(hidden.device.type) if torch.is_autocast_enabled(hidden.device.type) else weight.dtype
         ctx.save_for_backward(hidden, weight, bias, labels, ref_hidden, ref_weight, ref_bias, weight_copy)
-        ctx.temperature, ctx.chunk, ctx.dtype, ctx.entropy_grad = temperature, chunk, dtype, entropy_grad
+        ctx.temperature, ctx.chunk, ctx.dtype, ctx.entropy_grad, ctx.scratch = temperature, chunk, dtype, entropy_grad, scratch or Scratch()
         n = hidden.shape[0]
         logps, entropy, kl = (torch.zeros(n, dtype=_wide(dtype), device=hidden.device) for _ in range(3))
         with torch.autocast(hidden.device.type, enabled=False):
-            head = _Head(weight if weight_copy is None else weight_copy, bias, temperature, dtype, min(chunk, n))
-            ref = _Head(ref_weight, ref_bias, temperature, dtype, min(chunk, n)) if ref_hidden is not None else None
+            head = _Head(weight if weight_copy is None else weight_copy, bias, temperature, dtype, min(chunk, n), ctx.scratch, "policy")
+            ref = _Head(ref_weight, ref_bias, temperature, dtype, min(chunk, n), ctx.scratch, "ref") if ref_hidden is not None else None
             for start in range(0, n, chunk):
                 part = slice(start, start + chunk)
                 logp, p = head(hidden[part])  # (c, V) each, views of the head's buffers
@@ -70,11 +78,12 @@ class ChunkedHead(torch.autograd.Function):
         hidden, weight, bias, labels, ref_hidden, ref_weight, ref_bias, weight_copy = ctx.saved_tensors
         tau, dtype, n = ctx.temperature, ctx.dtype, hidden.shape[0]
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]  # a frozen head (LoRA) skips its (V, H) products
+        into_grad = weight_copy is not None  # the working copy's rule: added into weight.grad, none returned
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
         grad_weight = grad_bias = None
         with torch.autocast(hidden.device.type, enabled=False):
-            head = _Head(weight if weight_copy is None else weight_copy, bias, tau, dtype, min(ctx.chunk, n))
-            ref = _Head(ref_weight, ref_bias, tau, dtype, min(ctx.chunk, n)) if ref_hidden is not None else None
+            head = _Head(weight if weight_copy is None else weight_copy, bias, tau, dtype, min(ctx.chunk, n), ctx.scratch, "policy")
+            ref = _Head(ref_weight, ref_bias, tau, dtype, min(ctx.chunk, n), ctx.scratch, "ref") if ref_hidden is not None else None
             for start in range(0, n, ctx.chunk):
                 part = slice(start, start + ctx.chunk)
                 logp, p = head(hidden[part])  # recomputed, (c, V)
@@ -91,15 +100,60 @@ class ChunkedHead(torch.autograd.Function):
                 grad_z = head.narrow(grad_z.div_(tau))  # ∂/∂(h Wᵀ + b), in the product dtype
                 if need_hidden:
                     grad_hidden[part] = (grad_z @ head.weight).to(hidden.dtype)
-                if need_weight:
+                if need_weight and into_grad:
+                    block = ctx.scratch.block("weight_grad", tuple(weight.shape), dtype, weight.device)
+                    add_into_grad(weight, torch.mm(grad_z.T, hidden[part].to(dtype), out=block))
+                elif need_weight:
                     part_grad = grad_z.T @ hidden[part].to(dtype)
                     grad_weight = part_grad.to(_wide(dtype)) if grad_weight is None else grad_weight.add_(part_grad)
                 if need_bias:
                     part_grad = grad_z.sum(0)
                     grad_bias = part_grad.to(_wide(dtype)) if grad_bias is None else grad_bias.add_(part_grad)
-        grad_weight = grad_weight.to(weight.dtype) if need_weight else None
+        grad_weight = grad_weight.to(weight.dtype) if need_weight and not into_grad else None
         grad_bias = grad_bias.to(bias.dtype) if need_bias else None
-        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None, None, None
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None, None, None, None
+
+
+class Scratch:
+    """`ChunkedHead`'s (chunk, V) and (V, H) blocks, kept from call to call: one per name, shape and dtype, per thread.
+
+    A fresh block of tens of MB is mapped anew by the allocator and zero-filled by the kernel page
+    by page at first touch, which cost more than the head's own elementwise work (docs/benchmarks.md,
+    "The bf16 update"). A block is reused while it is large enough and replaced when a call needs
+    more rows. Each thread has its own (the async producer's π_behaviour pass runs beside the update).
+    Memory: the blocks stay resident between calls, about what one call allocated anyway.
+    """
+
+    def __init__(self):
+        self._local = threading.local()
+
+    def block(self, name: str, shape: tuple[int, int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A (rows, cols) tensor of `dtype`, contents undefined: the first `rows` rows of the kept block."""
+        blocks = self._local.__dict__.setdefault("blocks", {})
+        kept = blocks.get((name, dtype, device))
+        if kept is None or kept.shape[0] < shape[0] or kept.shape[1] != shape[1]:
+            kept = blocks[(name, dtype, device)] = torch.empty(shape, dtype=dtype, device=device)
+        return kept[: shape[0]]
+
+
+def add_into_grad(param: torch.Tensor, grad: torch.Tensor, slice_numel: int = 1 << 21) -> None:
+    """`param.grad += grad` (widened to `param`'s dtype), in slices of `slice_numel` elements; AccumulateGrad's values.
+
+    Args:
+        param: a trained parameter (fp32), contiguous.
+        grad: the gradient of one use of it, `param`'s shape, contiguous, bf16 or fp32.
+    The first gradient (`.grad` None) is widened into a new `.grad`. Later ones are added in
+    slices: CPU kernels widen a bf16 operand into a temporary of the whole tensor, and a (V, H)
+    temporary is freshly mapped memory (page faults: 3× the add's own time measured for
+    49 152 × 576); a slice's temporary (8 MB) comes from the allocator's reused heap.
+    The sum is elementwise, so the values are AccumulateGrad's (fp32 += widened bf16) bit for bit.
+    """
+    if param.grad is None:
+        param.grad = grad.to(param.dtype)
+        return
+    target, source = param.grad.view(-1), grad.view(-1)
+    for start in range(0, target.numel(), slice_numel):
+        target[start : start + slice_numel].add_(source[start : start + slice_numel])
 
 
 def _wide(dtype: torch.dtype) -> torch.dtype:
@@ -121,15 +175,15 @@ class _Head:
     buffers for log p and p. The views returned are overwritten by the next call.
     """
 
-    def __init__(self, weight, bias, temperature, dtype, chunk):
+    def __init__(self, weight, bias, temperature, dtype, chunk, scratch: Scratch, key: str):
         self.weight = weight.detach().to(dtype)
         self.bias = None if bias is None else bias.detach().to(dtype)
         self.temperature, self.dtype, wide = temperature, dtype, _wide(dtype)
         V, device = weight.shape[0], weight.device
-        self.logp = torch.empty(chunk, V, dtype=wide, device=device)
-        self.product = self.logp if dtype == wide else torch.empty(chunk, V, dtype=dtype, device=device)
-        self.p = torch.empty(chunk, V, dtype=wide, device=device)
-        self.spare = None  # a third (chunk, V) block, made when backward first needs one
+        self.logp = scratch.block(f"{key}.logp", (chunk, V), wide, device)
+        self.product = self.logp if dtype == wide else scratch.block(f"{key}.product", (chunk, V), dtype, device)
+        self.p = scratch.block(f"{key}.p", (chunk, V), wide, device)
+        self.blocks, self.key, self.spare = scratch, key, None  # a third (chunk, V) block, taken when backward first needs one
 
     def __call__(self, hidden):
         c = hidden.shape[0]
@@ -153,7 +207,7 @@ class _Head:
     def scratch(self, like: torch.Tensor) -> torch.Tensor:
         """A (c, V) block of `like`'s shape and dtype, the same one at every call."""
         if self.spare is None:
-            self.spare = torch.empty(self.logp.shape, dtype=like.dtype, device=like.device)
+            self.spare = self.blocks.block(f"{self.key}.spare", tuple(self.logp.shape), like.dtype, like.device)
         return self.spare[: like.shape[0]]
 
     def narrow(self, grad_z):

@@ -40,7 +40,7 @@ from torch import nn
 from ..algo.losses import entropy_from_logits, kl_full, selective_log_softmax
 from ..model.working_copy import WorkingCopy
 from ..model.experts import router_kwargs
-from .chunked_head import ChunkedHead
+from .chunked_head import ChunkedHead, Scratch
 from .packing import PackedRow, pack, packing_support, pad, sharing_support
 
 # Tokens per LM-head chunk: a (256, 49 152) fp32 block is 50 MB for SmolLM2, about
@@ -142,6 +142,7 @@ class LogProbs:
         self.temperature, self.share_prompts, self.chunk, self.autocast = temperature, share_prompts, chunk, autocast
         self.entropy_grad, self.weights, self.router_aux_loss = entropy_grad, weights, router_aux_loss
         self.packs: dict[type, bool] = {}  # model class → runs a packed row without a mask (packing.packing_support)
+        self.scratch = Scratch()  # the chunked head's (chunk, V) blocks, kept from pass to pass
 
     def __call__(self, model, mb, reference=None) -> TokenStats:
         with self.autocast():
@@ -170,7 +171,7 @@ class LogProbs:
                 hidden, head.weight, head.bias, row.labels, self.temperature, ref_hidden,
                 None if ref_head is None else ref_head.weight.detach(),
                 None if ref_head is None or ref_head.bias is None else ref_head.bias.detach(), self.chunk, self.entropy_grad,
-                None if working is None else working.cast(head.weight),
+                None if working is None else working.cast(head.weight), self.scratch,
             )
         else:  # the model's own head on the needed positions only: (1, n, V) at most
             out = _forward(model, row, _keep(row), self.router_aux_loss)
@@ -215,12 +216,16 @@ def _head(model) -> nn.Linear:
 def _forward(model, row: PackedRow, logits_to_keep: torch.Tensor, router_logits: bool, working: WorkingCopy | None = None):
     """The model's forward on the packed row; a mixture-of-experts model returns its load-balancing loss only when `router_logits`.
 
-    `working` given, the policy's linear layers multiply its bf16 copies (`torch.func.functional_call`).
+    `working` given, the policy's linear layers multiply its bf16 copies (`torch.func.functional_call`)
+    and a plain input embedding is looked up outside the model (`WorkingCopy.input_embeddings`).
     """
     inputs = dict(input_ids=row.input_ids, position_ids=row.position_ids, attention_mask=row.attention_mask,
                   logits_to_keep=logits_to_keep, use_cache=False, **router_kwargs(_inner(model).config, router_logits))
     if working is None:
         return model(**inputs)
+    embeds = working.input_embeddings(_inner(model), row.input_ids)
+    if embeds is not None:
+        inputs.update(input_ids=None, inputs_embeds=embeds)
     return torch.func.functional_call(model, working.linear_weights(model), kwargs=inputs, tie_weights=False)  # the copies as weights
 
 
