@@ -66,5 +66,5 @@ def test_harness_runs_both_systems_and_writes_every_field(tmp_path):
             "speedup_fastgrpo_mu4_vs_trl_mu4"} <= set(summary["time_to_reward"])
     assert {"trl", "transformers", "torch", "fastgrpo"} <= set(case["versions"])
     assert "| fastgrpo | 1 |" in case["table"] and "| trl | 1 |" in case["table"]
-    for png in case["plots"]:
-        assert os.path.getsize(png) > 1000
+    for png in case["plots"]:  # file names next to the JSON (no path outside the results folder)
+        assert os.path.basename(png) == png and os.path.getsize(tmp_path / png) > 1000

@@ -58,8 +58,8 @@ def test_iterable_dataset_needs_max_steps(tmp_path, prompts):
     "train,match",
     [
         (DatasetDict({"train": Dataset.from_list([{"prompt": "a"}])}), r"DatasetDict of splits \['train'\]; pass one split"),
-        (42, "train_dataset is a int"),
-        ("prompts.jsonl", "train_dataset is a str"),
+        (42, "train_dataset has type int"),
+        ("prompts.jsonl", "train_dataset has type str"),
     ],
 )
 def test_other_train_kinds_are_refused_naming_the_type(tmp_path, train, match):
@@ -78,7 +78,7 @@ def test_dict_of_eval_datasets_prefixes_metrics_and_evaluate_takes_a_dataset(tmp
     assert len(logged) == 1 and "eval_hard_reward" in logged[0] and "eval_hard_rewards/reward_even_tokens/mean" in logged[0]
     metrics = trainer.evaluate(eval_dataset=prompts.select(range(1)), metric_key_prefix="test")
     assert set(metrics) == {"test_loss", "test_reward", "test_rewards/reward_even_tokens/mean", "test_rewards/reward_even_tokens/std"}
-    with pytest.raises(ValueError, match="eval dataset is a int"):
+    with pytest.raises(ValueError, match="eval dataset has type int"):
         trainer.evaluate(eval_dataset=3)
 
 

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fastgrpo.update.chunked_head import ChunkedHead
+from fastgrpo.update.chunked_head import ChunkedHead, Scratch, add_into_grad
 from fastgrpo.update.logprobs import LogProbs, chunkable_head, fallback_notices
 from fastgrpo.update.packing import pack, sharing_support
 from fastgrpo.algo.losses import LOSS_TYPES, StepCounts, entropy_from_logits, grpo_loss, high_entropy_mask, kl_full, selective_log_softmax
@@ -200,6 +200,38 @@ def test_chunked_head_gradient_matches_autograd_in_float64():
     ((logp.gather(-1, labels[:, None]).squeeze(-1) * g1).sum() + (kl_ref * g2).sum() + (entropy_ref * g3).sum()).backward()
     for got, want in zip(chunked, (hidden.grad, weight.grad, bias.grad)):
         torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-10)
+
+
+def test_the_head_adds_its_bf16_weight_gradient_into_grad_as_autograd_accumulates_it():
+    # With a bf16 weight copy (the working copy's rule) the head's (V, H) gradient goes straight into weight.grad,
+    # chunk by chunk, through blocks kept from call to call; autograd's path returns the chunks' fp32 sum. One
+    # micro-batch: bit for bit (c1, then + c2, then + c3 either way); a second one to fp32 summation order.
+    torch.manual_seed(0)
+    n, H, V = 7, 5, 11
+    weight = torch.randn(V, H, requires_grad=True)
+    batches = [(torch.randn(n, H, requires_grad=True), torch.randint(0, V, (n,)), torch.randn(n)) for _ in range(2)]
+    grads, scratch = [], Scratch()
+    for into_grad in (False, True):
+        weight.grad = None
+        for number, (hidden, labels, g) in enumerate(batches):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                copy = weight.detach().to(torch.bfloat16) if into_grad else None
+                logps, _, _ = ChunkedHead.apply(hidden, weight, None, labels, 0.7, None, None, None, 3, False, copy, scratch if into_grad else None)
+            (logps * g).sum().backward()
+            grads.append(weight.grad.clone())
+    (one, two), (one_into, two_into) = grads[:2], grads[2:]
+    assert torch.equal(one_into, one)
+    torch.testing.assert_close(two_into, two, rtol=1e-6, atol=1e-7)
+    assert not torch.equal(two, one)
+
+
+def test_add_into_grad_adds_slice_by_slice_and_never_keeps_the_callers_block():
+    param = torch.zeros(7, 3, requires_grad=True)
+    block = torch.arange(21.0).reshape(7, 3)
+    add_into_grad(param, block, slice_numel=5)
+    assert torch.equal(param.grad, block) and param.grad.data_ptr() != block.data_ptr()  # a copy, though the dtype matches
+    add_into_grad(param, block.to(torch.bfloat16), slice_numel=5)  # 21 elements: slices of 5, 5, 5, 5, 1
+    assert torch.equal(param.grad, 2 * block)
 
 
 def test_frozen_head_gets_no_gradient_and_the_body_the_same_one(make_model):

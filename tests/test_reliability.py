@@ -282,10 +282,10 @@ def test_second_ctrl_c_aborts_at_once():
 
 
 @pytest.mark.parametrize("field,value,error", [
-    ("temperature", "0.7", "temperature='0.7' is a str; give a float"),
-    ("num_generations", 2.5, "num_generations=2.5 is a float; give a int"),
-    ("seed", "abc", "seed='abc' is a str; give a int"),
-    ("disable_dropout", 1, "disable_dropout=1 is a int; give a bool"),
+    ("temperature", "0.7", "temperature='0.7' has type str; give one of type float"),
+    ("num_generations", 2.5, "num_generations=2.5 has type float; give one of type int"),
+    ("seed", "abc", "seed='abc' has type str; give one of type int"),
+    ("disable_dropout", 1, "disable_dropout=1 has type int; give one of type bool"),
     ("learning_rate", float("inf"), "learning_rate=inf: give a finite number"),
     ("beta", float("nan"), "beta=nan: give a finite number"),
     ("reward_weights", [1.0, float("nan")], "every value must be a finite number"),
@@ -301,11 +301,11 @@ def test_config_keeps_trls_bool_spelling_and_an_int_for_a_float(tmp_path):
 
 
 @pytest.mark.parametrize("kwargs,error", [
-    ({"args": "trl-args"}, "args is a builtins.str; give a fastgrpo GRPOConfig"),
-    ({"model": 5}, "model is a int; give a model name"),
+    ({"args": "trl-args"}, "args has type builtins.str; give a fastgrpo GRPOConfig"),
+    ({"model": 5}, "model has type int; give a model name"),
     ({"reward_funcs": []}, "reward_funcs is empty"),
     ({"reward_funcs": None}, "reward_funcs is empty"),
-    ({"reward_funcs": [42]}, "reward_funcs entry 42 is a int"),
+    ({"reward_funcs": [42]}, "reward_funcs entry 42 has type int"),
 ])
 def test_trainer_arguments_of_the_wrong_kind_are_refused_before_loading(tmp_path, prompts, kwargs, error):
     given = {"model": NOT_LOADED, "reward_funcs": reward_even_tokens, "args": config(tmp_path), "train_dataset": prompts, **kwargs}

@@ -242,7 +242,7 @@ def resolve_job(ns: argparse.Namespace) -> tuple[dict, dict, dict]:
         )
     for key in ("model", "dataset"):
         if not isinstance(job[key], str):
-            raise ValueError(f"{key}: {job[key]!r} is a {type(job[key]).__name__}; give a name or a path (text).")
+            raise ValueError(f"{key}: {job[key]!r} has type {type(job[key]).__name__}; give a name or a path (text).")
     if not isinstance(job["dataset_size"], int) or isinstance(job["dataset_size"], bool) or job["dataset_size"] < 1:
         raise ValueError(f"dataset_size={job['dataset_size']!r}: give the number of reasoning-gym rows to generate, 1 or more.")
     for key in ("reward", "tools"):

@@ -69,7 +69,7 @@ def check_types(c, hints: dict) -> None:
             ok = True  # an int where a float is expected
         if not ok:
             expected = " or ".join(k.__name__ for k in kinds)
-            raise TypeError(f"{f.name}={value!r} is a {type(value).__name__}; give a {expected}.")
+            raise TypeError(f"{f.name}={value!r} has type {type(value).__name__}; give one of type {expected}.")
         if isinstance(value, float) and (math.isnan(value) or (math.isinf(value) and f.name != "max_grad_norm")):
             raise ValueError(f"{f.name}={value}: give a finite number.")
         if isinstance(value, list) and any(isinstance(v, float) and not math.isfinite(v) for v in value):

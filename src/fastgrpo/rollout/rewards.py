@@ -219,7 +219,7 @@ def resolve_reward(spec, processing_class=None, init_kwargs: dict | None = None)
         return spec
     if not isinstance(spec, str):
         raise TypeError(
-            f"reward_funcs entry {spec!r} is a {type(spec).__name__}; give a callable, a built-in name "
+            f"reward_funcs entry {spec!r} has type {type(spec).__name__}; give a callable, a built-in name "
             f"({', '.join(BUILTIN_REWARDS)}), 'module:function', or a reward model."
         )
     if spec in BUILTIN_REWARDS:

@@ -212,7 +212,7 @@ def check_callback(callback) -> None:
     """Raise TypeError unless `callback` is a TrainerCallback instance or subclass."""
     is_class = isinstance(callback, type) and issubclass(callback, TrainerCallback)
     if not (is_class or isinstance(callback, TrainerCallback)):
-        raise TypeError(f"callback {callback!r} is a {type(callback).__name__}; pass a transformers.TrainerCallback instance or class.")
+        raise TypeError(f"callback {callback!r} has type {type(callback).__name__}; pass a transformers.TrainerCallback instance or class.")
 
 
 def _absolute(steps: float, max_steps: int) -> int:

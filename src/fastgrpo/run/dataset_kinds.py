@@ -39,7 +39,7 @@ def check_train_dataset(dataset, max_steps: int) -> None:
     if isinstance(dataset, Mapping):
         raise ValueError(f"train_dataset is a {type(dataset).__name__} of splits {list(dataset)}; pass one split, e.g. dataset['train'].")
     if not has_rows(dataset):
-        raise ValueError(f"train_dataset is a {type(dataset).__name__}; give a datasets.Dataset, an IterableDataset or a list of dicts.")
+        raise ValueError(f"train_dataset has type {type(dataset).__name__}; give a datasets.Dataset, an IterableDataset or a list of dicts.")
     check_dataset(dataset)
 
 
@@ -61,7 +61,7 @@ def eval_sets(eval_dataset) -> dict:
                 raise ValueError(f"{prefix} dataset (IterableDataset) yields {'no rows' if first is None else f'rows without a prompt column (columns: {list(first)})'}; give rows with a 'prompt'.")
             continue
         if not has_rows(ds):
-            raise ValueError(f"{prefix} dataset is a {type(ds).__name__}; give a datasets.Dataset, a list of dicts, or a dict of them.")
+            raise ValueError(f"{prefix} dataset has type {type(ds).__name__}; give a datasets.Dataset, a list of dicts, or a dict of them.")
         check_dataset(ds, f"{prefix} dataset")
     return named
 

@@ -59,11 +59,11 @@ def check_trainer_inputs(
     """
     if args is not None and not isinstance(args, GRPOConfig):
         raise TypeError(
-            f"args is a {type(args).__module__}.{type(args).__name__}; give a fastgrpo GRPOConfig "
+            f"args has type {type(args).__module__}.{type(args).__name__}; give a fastgrpo GRPOConfig "
             "(`from fastgrpo import GRPOConfig`: TRL's field names, so only the import changes)."
         )
     if not isinstance(model, (str, os.PathLike, torch.nn.Module)):
-        raise TypeError(f"model is a {type(model).__name__}; give a model name or folder (text), a .gguf file, or a PreTrainedModel.")
+        raise TypeError(f"model has type {type(model).__name__}; give a model name or folder (text), a .gguf file, or a PreTrainedModel.")
     a = with_quantization(args if args is not None else GRPOConfig(), model, quantization_config)
     agents = check_agent_inputs(tools, environment_factory, rollout_func, train_dataset, a.max_steps, a.prompts_per_rollout)
     train_dataset = agents.train_dataset
@@ -143,9 +143,9 @@ def check_optimizers(optimizers, model, peft_config) -> tuple:
         raise TypeError(f"optimizers={optimizers!r}; give a pair (optimizer, lr_scheduler), either may be None (transformers.Trainer's argument).")
     optimizer, scheduler = optimizers
     if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"optimizers[0] is a {type(optimizer).__name__}; give a torch.optim.Optimizer built over the model's parameters, or None for args.optim's.")
+        raise TypeError(f"optimizers[0] has type {type(optimizer).__name__}; give a torch.optim.Optimizer built over the model's parameters, or None for args.optim's.")
     if scheduler is not None and not isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler):
-        raise TypeError(f"optimizers[1] is a {type(scheduler).__name__}; give a torch.optim.lr_scheduler.LRScheduler (e.g. LambdaLR), or None for args.lr_scheduler_type's.")
+        raise TypeError(f"optimizers[1] has type {type(scheduler).__name__}; give a torch.optim.lr_scheduler.LRScheduler (e.g. LambdaLR), or None for args.lr_scheduler_type's.")
     if scheduler is not None and scheduler.optimizer is not optimizer:
         raise ValueError("optimizers[1] schedules another optimizer than optimizers[0]; build the scheduler over the optimizer you pass, and pass both.")
     if optimizer is None:

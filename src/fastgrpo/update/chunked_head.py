@@ -149,7 +149,7 @@ def add_into_grad(param: torch.Tensor, grad: torch.Tensor, slice_numel: int = 1 
     The sum is elementwise, so the values are AccumulateGrad's (fp32 += widened bf16) bit for bit.
     """
     if param.grad is None:
-        param.grad = grad.to(param.dtype)
+        param.grad = grad.to(param.dtype, copy=True)  # never the caller's block itself (it is reused)
         return
     target, source = param.grad.view(-1), grad.view(-1)
     for start in range(0, target.numel(), slice_numel):

@@ -75,7 +75,7 @@ def chunkable_head(model) -> str | None:
     inner = getattr(model, "module", model)
     head = inner.get_output_embeddings()
     if not isinstance(head, nn.Linear):
-        return f"its output head is a {type(head).__name__}, not nn.Linear"
+        return f"its output head has type {type(head).__name__}, not nn.Linear"
     if hasattr(head.weight, "ds_id") or type(head.weight).__name__ == "DTensor" or "FullyShardedDataParallel" in type(model).__name__:
         return "its head weight is sharded (FSDP / DeepSpeed ZeRO-3) and only gathered inside the model's forward"
     config = inner.config

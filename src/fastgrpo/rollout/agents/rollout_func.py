@@ -38,7 +38,7 @@ def check_output(output, num_prompts: int, num_generations: int) -> None:
     """
     N = num_prompts * num_generations
     if not isinstance(output, dict):
-        raise ValueError(f"rollout_func returned a {type(output).__name__}; return a dict with keys {list(REQUIRED_KEYS)}.")
+        raise ValueError(f"rollout_func returned type {type(output).__name__}; return a dict with keys {list(REQUIRED_KEYS)}.")
     clash = [k for k in output if k in RESERVED_COLUMNS and k not in REQUIRED_KEYS]
     if clash:
         raise ValueError(f"rollout_func returned a key {clash[0]!r}, which reward functions already receive; rename it.")
