@@ -67,7 +67,10 @@ def test_optimizers_that_cannot_drive_the_model_are_refused_before_loading(tmp_p
     model, other = make_model(), make_model(1)
     own = torch.optim.SGD(model.parameters(), lr=0.1)
     cases = [
-        (dict(model=model, optimizers=own), TypeError, "pair"),
+        (dict(model=model, optimizers=own), TypeError, "optimizers has type SGD; give a pair"),
+        (dict(model=model, optimizers=(own,)), TypeError, "of length 1"),
+        (dict(model=model, optimizers=(own, torch.optim.lr_scheduler.ReduceLROnPlateau(own))), ValueError, "ReduceLROnPlateau"),
+        (dict(model=model, optimizers=(None, torch.optim.lr_scheduler.LambdaLR(own, lambda s: 1.0))), ValueError, "pass that optimizer too"),
         (dict(model=model, optimizers=("sgd", None)), TypeError, "torch.optim.Optimizer"),
         (dict(model=model, optimizers=(own, "linear")), TypeError, "LRScheduler"),
         (dict(model=model, optimizers=(own, torch.optim.lr_scheduler.LambdaLR(torch.optim.SGD(other.parameters(), lr=0.1), lambda s: 1.0))), ValueError, "another optimizer"),
@@ -95,3 +98,25 @@ def test_quantization_config_reaches_from_pretrained_for_a_name_and_is_ignored_f
         warnings.simplefilter("always")
         GRPOTrainer(make_model(), reward_even, args=config(tmp_path), train_dataset=prompts, processing_class=tokenizer, quantization_config=q)
     assert any("quantization_config is ignored" in str(w.message) for w in caught)
+
+
+def test_resume_keeps_a_given_optimizers_own_learning_rates_and_any_scheduler(tmp_path, tokenizer, make_model, prompts):
+    # Trainer restores a caller's optimizer and scheduler as saved; args.learning_rate (1e-3 here) applies only
+    # to an optimizer fastgrpo built. Two groups: 0.05 and a frozen 0.0, halved every step by StepLR (no lr_lambdas).
+    def build():
+        model = make_model()
+        first = [p for n, p in model.named_parameters() if "layers.0" in n]
+        rest = [p for n, p in model.named_parameters() if "layers.0" not in n]
+        optimizer = torch.optim.SGD([{"params": first, "lr": 0.05}, {"params": rest, "lr": 0.0}])
+        return model, optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+
+    model, optimizer, scheduler = build()
+    GRPOTrainer(model, reward_even, args=config(tmp_path, max_steps=2, save_steps=1), train_dataset=prompts, processing_class=tokenizer,
+                optimizers=(optimizer, scheduler)).train()
+    model, optimizer, scheduler = build()
+    frozen = {n: p.detach().clone() for n, p in model.named_parameters() if "layers.0" not in n}
+    trainer = GRPOTrainer(model, reward_even, args=config(tmp_path, max_steps=3, save_steps=1), train_dataset=prompts,
+                          processing_class=tokenizer, optimizers=(optimizer, scheduler))
+    trainer.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-1"))
+    assert [g["lr"] for g in optimizer.param_groups] == [0.05 * 0.5 ** 3, 0.0]  # three steps of StepLR, from the saved state on
+    assert all(torch.equal(p, frozen[n]) for n, p in model.named_parameters() if n in frozen)  # lr 0 stayed 0

@@ -117,6 +117,7 @@ class GRPOTrainer(TRLMethods):
         self.tokenizer, policy, self.ref_model, self.eos_token_ids, gathered, self.router = load_policy(model, processing_class, peft_config, a, acc, bf16)
 
         self.max_steps, optimizer, self.scheduler = build_optimization(a, policy, train_dataset, checked.optimizers)
+        self.optimizer_from_args = checked.optimizers[0] is None  # a resume re-applies args' settings only to these (run/checkpoints.py)
         self.model, self.optimizer = prepare(acc, policy, optimizer)
         sampling = SamplingSettings.from_config(a, self.eos_token_ids, self.tokenizer.pad_token_id)
         working = working_copy(policy, a, optimizer, bf16=bf16, processes=acc.num_processes)  # the update's and the own sampler's one bf16 copy, where it applies

@@ -47,6 +47,7 @@ class Checkpointed(Protocol):
     tokenizer: Any
     optimizer: Any
     scheduler: Any
+    optimizer_from_args: bool  # built from args (optim, learning_rate, …), not the caller's `optimizers`
     order: Any
     ref_model: Any
     events: Any
@@ -148,7 +149,8 @@ def resume(trainer: Checkpointed, resume_from_checkpoint) -> tuple[Rollout | Non
     if state["optimizer"] is not None:  # None: a sharded checkpoint, loaded with the weights
         trainer.optimizer.load_state_dict(state["optimizer"])
     trainer.scheduler.load_state_dict(state["scheduler"])
-    runs.apply_optimizer_settings(trainer.optimizer, trainer.scheduler, a)
+    if trainer.optimizer_from_args:  # a caller's optimizer and scheduler resume with their own saved settings (Trainer's)
+        runs.apply_optimizer_settings(trainer.optimizer, trainer.scheduler, a)
     trainer.order.load_state_dict(state["order"])
     trainer.step, trainer.target_kl_stops, trainer.run_id = state["step"], state["target_kl_stops"], state["run_id"]
     trainer.loss_sum, trainer.weight_version = state.get("loss_sum", 0.0), state.get("weight_version", 0)

@@ -131,21 +131,30 @@ def check_optimizers(optimizers, model, peft_config) -> tuple:
 
     Either may be None: no optimizer means `args.optim`'s (model/optimizers.py), no scheduler means
     `args.lr_scheduler_type`'s over the optimizer (run/setup.py). A given optimizer must be over the very
-    model passed in (its parameters are the ones trained and checkpointed).
+    model passed in (its parameters are the ones trained and checkpointed); on resume it keeps its own
+    saved settings (learning rates, betas), as Trainer restores them, where args' are applied only to
+    an optimizer built from args.
     Returns:
         (optimizer or None, lr_scheduler or None).
     Raises:
         TypeError: not a pair; an optimizer that is no `torch.optim.Optimizer`; a scheduler that is no `torch.optim.lr_scheduler.LRScheduler`.
         ValueError: an optimizer with a model given by name, with `peft_config` (peft makes new parameters) or with
-            FSDP (transformers' rule); parameters that are not the model's; a scheduler over another optimizer.
+            FSDP (transformers' rule); parameters that are not the model's; a scheduler without its optimizer or over
+            another one; ReduceLROnPlateau (stepped on a metric).
     """
     if not isinstance(optimizers, (tuple, list)) or len(optimizers) != 2:
-        raise TypeError(f"optimizers={optimizers!r}; give a pair (optimizer, lr_scheduler), either may be None (transformers.Trainer's argument).")
+        raise TypeError(f"optimizers has type {type(optimizers).__name__}{'' if not isinstance(optimizers, (tuple, list)) else f' of length {len(optimizers)}'}; "
+                        "give a pair (optimizer, lr_scheduler), either may be None (transformers.Trainer's argument; default (None, None)).")
     optimizer, scheduler = optimizers
     if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"optimizers[0] has type {type(optimizer).__name__}; give a torch.optim.Optimizer built over the model's parameters, or None for args.optim's.")
     if scheduler is not None and not isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler):
         raise TypeError(f"optimizers[1] has type {type(scheduler).__name__}; give a torch.optim.lr_scheduler.LRScheduler (e.g. LambdaLR), or None for args.lr_scheduler_type's.")
+    if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        raise ValueError("optimizers[1] is a ReduceLROnPlateau, which steps on a metric the GRPO loop does not have at each optimizer step; "
+                         "give a scheduler stepped once per optimizer step (LambdaLR, StepLR, CosineAnnealingLR, …) or set lr_scheduler_type.")
+    if scheduler is not None and optimizer is None:
+        raise ValueError("optimizers=(None, lr_scheduler): a scheduler drives the optimizer it was built over; pass that optimizer too.")
     if scheduler is not None and scheduler.optimizer is not optimizer:
         raise ValueError("optimizers[1] schedules another optimizer than optimizers[0]; build the scheduler over the optimizer you pass, and pass both.")
     if optimizer is None:
