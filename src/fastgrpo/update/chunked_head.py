@@ -183,7 +183,7 @@ class _Head:
         self.logp = scratch.block(f"{key}.logp", (chunk, V), wide, device)
         self.product = self.logp if dtype == wide else scratch.block(f"{key}.product", (chunk, V), dtype, device)
         self.p = scratch.block(f"{key}.p", (chunk, V), wide, device)
-        self.blocks, self.key, self.spare = scratch, key, None  # a third (chunk, V) block, taken when backward first needs one
+        self.blocks, self.key = scratch, key  # a third (chunk, V) block comes from them when backward needs one (`scratch`)
 
     def __call__(self, hidden):
         c = hidden.shape[0]
@@ -206,9 +206,7 @@ class _Head:
 
     def scratch(self, like: torch.Tensor) -> torch.Tensor:
         """A (c, V) block of `like`'s shape and dtype, the same one at every call."""
-        if self.spare is None:
-            self.spare = self.blocks.block(f"{self.key}.spare", tuple(self.logp.shape), like.dtype, like.device)
-        return self.spare[: like.shape[0]]
+        return self.blocks.block(f"{self.key}.spare", tuple(self.logp.shape), like.dtype, like.device)[: like.shape[0]]
 
     def narrow(self, grad_z):
         """(c, V) fp32 → the product dtype, into the product buffer (no new block)."""
