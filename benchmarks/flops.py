@@ -1,17 +1,20 @@
 """FLOPs of an optimizer step, counted from what actually runs.
 
-Update (one optimizer step, `step_flops`): every micro-batch is one packed row
-of L tokens (packing.pack: pads removed, a group's prompt once) of which n are
-completion tokens whose log-prob is taken.
+Update (one optimizer step, `step_flops`): every pass (a micro-batch, or several
+merged under `update_token_budget`) is one packed row of L tokens (packing.pack:
+pads removed, a group's prompt once) of which n are completion tokens whose
+log-prob is taken.
 
 - body: the decoder's linear layers, N_body weights (every parameter less the
   embedding, and less the head when it is untied): 2·N_body·L forward, 4·N_body·L
   backward (input and weight gradients), i.e. the usual 6·N·tokens;
 - head: V·H weights on the n completion tokens only: 6·V·H·n, plus 2·V·H·n for
   the chunked head's recomputed logits in its backward (`head_recompute`);
-- attention: QKᵀ and AV over the whole packed row, H_attn = heads × head_dim:
-  4·L²·H_attn per layer forward, twice that backward (the kernel computes the
-  full L × L with a custom mask).
+- attention: QKᵀ and AV over the query–key pairs the kernel computes, H_attn =
+  heads × head_dim: 4·pairs·H_attn per layer forward, twice that backward. sdpa
+  with a mask computes pairs = L² (the full L × L); grouped_attention (shared
+  prompts) computes its padded pieces, pairs = Σ N·Lq·Lk, and recomputes QKᵀ in
+  backward (2·pairs·H_attn more).
 
 Not here: measuring the peaks (bf16_peaks.py, worker.linear_peak).
 """
@@ -19,6 +22,7 @@ Not here: measuring the peaks (bf16_peaks.py, worker.linear_peak).
 from __future__ import annotations
 
 from fastgrpo.update.packing import pack, sharing_support
+from fastgrpo.update.step import merged_passes
 from fastgrpo.rollout.record import micro_batch_rows
 
 
@@ -35,27 +39,31 @@ def model_sizes(model) -> dict:
     return {"body": body - norms, "head": head.numel(), "layers": c.num_hidden_layers, "attn_width": c.num_attention_heads * head_dim}
 
 
-def step_rows(trainer, rollout, step_in_pass: int = 0) -> list[tuple[int, int]]:
-    """(L, n) of each packed micro-batch row of one optimizer step, as `LogProbs` packs them."""
+def step_rows(trainer, rollout, step_in_pass: int = 0) -> list[tuple[int, int, int, bool]]:
+    """(L, n, attention pairs, grouped) of each packed row of one optimizer step's passes, as `LogProbs` packs them."""
     a = trainer.args
     GA = a.gradient_accumulation_steps
     model = trainer.accelerator.unwrap_model(trainer.model)
     share = trainer.log_probs.share_prompts and sharing_support(model) is None
+    grouped = share and getattr(model.config, "_attn_implementation", None) == "sdpa" and not model.is_gradient_checkpointing
+    rows = micro_batch_rows(len(rollout), a.steps_per_generation)[step_in_pass * GA : (step_in_pass + 1) * GA]
     out = []
-    for rows in micro_batch_rows(len(rollout), a.steps_per_generation)[step_in_pass * GA : (step_in_pass + 1) * GA]:
-        mb = rollout.select(rows)
-        row = pack(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.completion_mask, share)
-        out.append((row.input_ids.shape[1], len(row.labels)))
+    for group in merged_passes(rollout, rows, trainer.update.token_budget):
+        mb = rollout.select(slice(rows[group[0]].start, rows[group[-1]].stop))
+        row = pack(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.completion_mask, share, grouped=grouped)
+        L = row.input_ids.shape[1]
+        pairs = sum(p.mask.numel() for p in (row.layout.prompts, row.layout.completions) if p is not None) if grouped else L * L
+        out.append((L, len(row.labels), pairs, grouped))
     return out
 
 
-def step_flops(model, rows: list[tuple[int, int]]) -> dict:
-    """FLOPs of one optimizer step over packed rows [(L, n), …] (module docstring); 'total' = body + head + attention + recompute."""
+def step_flops(model, rows: list[tuple[int, int, int, bool]]) -> dict:
+    """FLOPs of one optimizer step over packed rows [(L, n, pairs, grouped), …] (`step_rows`, module docstring); 'total' = body + head + attention + recompute."""
     s = model_sizes(model)
-    tokens, head_tokens = sum(L for L, _ in rows), sum(n for _, n in rows)
+    tokens, head_tokens = sum(r[0] for r in rows), sum(r[1] for r in rows)
     body = 6 * s["body"] * tokens
     head = 6 * s["head"] * head_tokens
     recompute = 2 * s["head"] * head_tokens
-    attention = sum(12 * L * L * s["attn_width"] * s["layers"] for L, _ in rows)
+    attention = sum((14 if grouped else 12) * pairs * s["attn_width"] * s["layers"] for _, _, pairs, grouped in rows)
     return {"tokens": tokens, "head_tokens": head_tokens, "body": body, "head": head, "head_recompute": recompute,
             "attention": attention, "model_6NT": 6 * (s["body"] + s["head"]) * tokens, "total": body + head + recompute + attention}

@@ -25,8 +25,11 @@ packed rows the step actually ran (`flops.step_flops`); the peaks are
 `F.linear` at 1024³ in fp32 and bf16 measured in the same process, before and
 after (the best of both). Writes `<out>/<date>-update-profile-<precision>.json`.
 
-`--time-only`: no profiler, no file; one line with each timed step's seconds
-and which `fastgrpo` tree ran (A/B pairs alternate trees through PYTHONPATH).
+`--time-only`: no profiler, no file; one line with each timed step's seconds,
+which `fastgrpo` tree ran (A/B pairs alternate trees through PYTHONPATH), the
+step's FLOPs and the best step's share of the fp32 and bf16 peaks measured in
+the same process. `--update-token-budget N` runs the timed or profiled steps
+with micro-batches merged into passes of at most N tokens.
 `--ab-working-copy N`: N pairs of steps in one process, alternating the
 update with and without the bf16 working copy (model/working_copy.py; without
 it autocast casts every weight at every forward), the order swapped each pair;
@@ -179,6 +182,7 @@ def main() -> None:
     parser.add_argument("--per-device", type=int, default=4, help="per_device_train_batch_size (completions per micro-batch)")
     parser.add_argument("--grad-accum", type=int, default=4, help="gradient_accumulation_steps (micro-batches per optimizer step)")
     parser.add_argument("--ab-fused-adamw", type=int, default=0, metavar="N", help="N in-process pairs: AdamW's fused kernel / its for-loop")
+    parser.add_argument("--update-token-budget", type=int, default=None, help="update_token_budget of the timed or profiled steps")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     bf16 = {"true": True, "false": False, "auto": None}[args.bf16]
@@ -201,18 +205,23 @@ def main() -> None:
     if args.time_only:
         import fastgrpo
 
-        trainer = build_trainer(bf16, 1 + args.steps)
+        peaks = {"fp32": linear_peak(torch.float32), "bf16": linear_peak(torch.bfloat16)}
+        trainer = build_trainer(bf16, 1 + args.steps, update_token_budget=args.update_token_budget)
         rollout = trainer._collect()
+        count = flops.step_flops(trainer.accelerator.unwrap_model(trainer.model), flops.step_rows(trainer, rollout))
         rollout = recorded(trainer, rollout)  # warm-up
         seconds = []
         for _ in range(args.steps):
             start = time.perf_counter()
             trainer.update(rollout, 0, False, 0)
             seconds.append(time.perf_counter() - start)
-        print(json.dumps({"tree": os.path.dirname(os.path.dirname(fastgrpo.__file__)), "step_seconds": seconds}))
+        peaks = {k: max(v, linear_peak(getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[k]))) for k, v in peaks.items()}
+        print(json.dumps({"tree": os.path.dirname(os.path.dirname(fastgrpo.__file__)), "update_token_budget": args.update_token_budget,
+                          "step_seconds": seconds, "gflop": count["total"] / 1e9, "peaks_gflops": {k: v / 1e9 for k, v in peaks.items()},
+                          "percent_of_peak": {k: 100 * count["total"] / min(seconds) / v for k, v in peaks.items()}}))
         return
     peaks_before = {"fp32": linear_peak(torch.float32), "bf16": linear_peak(torch.bfloat16)}
-    trainer = build_trainer(bf16, 1 + args.steps)
+    trainer = build_trainer(bf16, 1 + args.steps, update_token_budget=args.update_token_budget)
     model = trainer.accelerator.unwrap_model(trainer.model)
     param_shapes = {tuple(p.shape) for p in model.parameters() if p.dim() == 2}
     rollout = trainer._collect()

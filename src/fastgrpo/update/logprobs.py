@@ -41,6 +41,7 @@ from ..algo.losses import entropy_from_logits, kl_full, selective_log_softmax
 from ..model.working_copy import WorkingCopy
 from ..model.experts import router_kwargs
 from .chunked_head import ChunkedHead, Scratch
+from .grouped_attention import IMPLEMENTATION, attention_implementation
 from .packing import PackedRow, pack, packing_support, pad, sharing_support
 
 # Tokens per LM-head chunk: a (256, 49 152) fp32 block is 50 MB for SmolLM2, about
@@ -151,11 +152,12 @@ class LogProbs:
     def _stats(self, model, mb, reference) -> TokenStats:
         share = self.share_prompts and not self.router_aux_loss and sharing_support(model) is None
         mask_dtype = None if _attention(model) == "sdpa" else _dtype(model)
+        grouped = _grouped_attention(model)
         kind = type(_inner(model))
         if not share and kind not in self.packs:  # measured once per model class (packing.packing_support)
             self.packs[kind] = packing_support(model) is None
         if share or self.packs[kind]:
-            row = pack(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.completion_mask, share, mask_dtype)
+            row = pack(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.completion_mask, share, mask_dtype, grouped)
         else:  # TRL's padded rows: the model would let packed sequences see each other
             row = pad(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.completion_mask)
         shape = mb.completion_ids.shape
@@ -191,6 +193,17 @@ class LogProbs:
         )
 
 
+def _grouped_attention(model) -> bool:
+    """Whether shared-prompt rows run grouped_attention (its layout, no dense (L, L) mask) rather than sdpa with the mask.
+
+    Yes for sdpa models, except under gradient checkpointing (the recomputed forward runs in backward, after
+    the pass has switched the model back to sdpa) and with attention dropout in training (grouped_attention has none).
+    """
+    inner = _inner(model)
+    dropout = inner.training and float(getattr(inner.config, "attention_dropout", 0.0) or 0.0) > 0
+    return _attention(model) == "sdpa" and not getattr(inner, "is_gradient_checkpointing", False) and not dropout
+
+
 def _scatter(values: torch.Tensor, row: PackedRow, shape) -> torch.Tensor:
     """(n,) per real completion token → (B, T), 0 elsewhere (differentiable)."""
     out = torch.zeros(shape, dtype=values.dtype, device=values.device)
@@ -218,15 +231,19 @@ def _forward(model, row: PackedRow, logits_to_keep: torch.Tensor, router_logits:
 
     `working` given, the policy's linear layers multiply its bf16 copies (`torch.func.functional_call`)
     and a plain input embedding is looked up outside the model (`WorkingCopy.input_embeddings`).
+    A row with an attention layout runs with grouped_attention (its layout passed to every layer).
     """
     inputs = dict(input_ids=row.input_ids, position_ids=row.position_ids, attention_mask=row.attention_mask,
                   logits_to_keep=logits_to_keep, use_cache=False, **router_kwargs(_inner(model).config, router_logits))
-    if working is None:
-        return model(**inputs)
-    embeds = working.input_embeddings(_inner(model), row.input_ids)
-    if embeds is not None:
-        inputs.update(input_ids=None, inputs_embeds=embeds)
-    return torch.func.functional_call(model, working.linear_weights(model), kwargs=inputs, tie_weights=False)  # the copies as weights
+    if row.layout is not None:
+        inputs["attention_layout"] = row.layout
+    with attention_implementation(model, IMPLEMENTATION if row.layout is not None else None):
+        if working is None:
+            return model(**inputs)
+        embeds = working.input_embeddings(_inner(model), row.input_ids)
+        if embeds is not None:
+            inputs.update(input_ids=None, inputs_embeds=embeds)
+        return torch.func.functional_call(model, working.linear_weights(model), kwargs=inputs, tie_weights=False)  # the copies as weights
 
 
 def _keep(row: PackedRow):

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .grouped_attention import AttentionLayout, build_layout
+
 
 @dataclass(frozen=True)
 class PackedRow:
@@ -21,18 +23,19 @@ class PackedRow:
 
     input_ids: torch.Tensor  # (1, L)
     position_ids: torch.Tensor  # (1, L) restarting at 0 for every prompt
-    attention_mask: torch.Tensor | None  # (1, 1, L, L) custom mask when prompts are shared, else None
+    attention_mask: torch.Tensor | None  # (1, 1, L, L) custom mask when prompts are shared without a layout, else None
     source: torch.Tensor  # (n,) row position whose hidden state predicts each completion token
     labels: torch.Tensor  # (n,) the completion tokens
     rows: torch.Tensor  # (n,) sequence index b of each completion token in (B, T)
     cols: torch.Tensor  # (n,) token index t of each completion token in (B, T)
     padded_tokens: int
     real_tokens: int
+    layout: AttentionLayout | None = None  # shared prompts with `grouped`: the pieces grouped_attention runs, instead of the mask
 
 
 def pack(
     prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor, completion_mask: torch.Tensor,
-    share_prompts: bool, mask_dtype: torch.dtype | None = None,
+    share_prompts: bool, mask_dtype: torch.dtype | None = None, grouped: bool = False,
 ) -> PackedRow:
     """Lay a padded micro-batch out as one packed row.
 
@@ -45,6 +48,8 @@ def pack(
             (transformers derives the block-diagonal mask from the position ids).
         mask_dtype: None for a boolean mask (True = attend, what sdpa takes), or a
             float dtype for an additive 0 / −inf-like mask (what eager attention adds).
+        grouped: with share_prompts, an `AttentionLayout` of the row's pieces for
+            grouped_attention instead of the dense mask (which is then None).
     Returns:
         `PackedRow`. Token t of completion b is predicted by the hidden state at
         `source`: the last prompt token for t = 0, completion token t − 1 after it.
@@ -60,6 +65,7 @@ def pack(
     device = completion_ids.device
     ids, positions, block, segment = [], [], [], []  # per piece; block = prompt copy, segment = completion (−1: prompt)
     source, rows, cols = [], [], []
+    prompt_pieces, completion_pieces = [], []  # (start, length) / (start, length, prompt piece) for the layout
     length, last_prompt, last_prompt_end = 0, None, 0
     for b in range(B):
         prompt = prompt_ids[b][prompt_mask[b].bool()]
@@ -69,9 +75,12 @@ def pack(
             positions.append(torch.arange(len(prompt), device=device))
             block.append(torch.full((len(prompt),), b, device=device))
             segment.append(torch.full((len(prompt),), -1, device=device))
+            prompt_pieces.append((length, len(prompt)))
             length += len(prompt)
             last_prompt, last_prompt_end, block_id = prompt, length, b
         n = len(completion)
+        if n:
+            completion_pieces.append((length, n, len(prompt_pieces) - 1))
         ids.append(completion)
         positions.append(torch.arange(len(prompt), len(prompt) + n, device=device))
         block.append(torch.full((n,), block_id, device=device))
@@ -82,8 +91,10 @@ def pack(
         cols.append(completion_mask[b].nonzero().flatten())
         length += n
     block_ids, segment_ids = torch.cat(block), torch.cat(segment)
-    mask = None
-    if share_prompts:
+    mask = layout = None
+    if share_prompts and grouped:
+        layout = build_layout(prompt_pieces, completion_pieces, length, device)
+    elif share_prompts:
         q, k = torch.arange(length, device=device).unsqueeze(1), torch.arange(length, device=device).unsqueeze(0)
         same_block = block_ids.unsqueeze(1) == block_ids.unsqueeze(0)
         visible = (segment_ids.unsqueeze(0) == -1) | (segment_ids.unsqueeze(1) == segment_ids.unsqueeze(0))  # prompt or own
@@ -96,7 +107,7 @@ def pack(
         input_ids=torch.cat(ids).unsqueeze(0), position_ids=torch.cat(positions).unsqueeze(0), attention_mask=mask,
         source=torch.cat(source).long(), labels=completion_ids[completion_mask.bool()],
         rows=torch.cat(rows).long(), cols=torch.cat(cols).long(),
-        padded_tokens=B * (prompt_ids.shape[1] + T), real_tokens=int(prompt_mask.sum() + completion_mask.sum()),
+        padded_tokens=B * (prompt_ids.shape[1] + T), real_tokens=int(prompt_mask.sum() + completion_mask.sum()), layout=layout,
     )
 
 
