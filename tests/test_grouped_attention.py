@@ -119,6 +119,7 @@ def test_log_probs_run_it_for_sdpa_and_restore_the_models_attention(make_model, 
     assert len(calls) == model.config.num_hidden_layers and model.config._attn_implementation == "sdpa"
     calls.clear()
     LogProbs(1.0, share_prompts=False)(model, mb)  # unshared rows: transformers' own sdpa over the packed row
+    LogProbs(1.0, grouped_attention=False)(model, mb)  # switched off: sdpa over the dense mask
     assert not calls
     model.gradient_checkpointing_enable()  # its recomputed forward runs after the pass: the dense mask then
     model.train()

@@ -122,6 +122,9 @@ class LogProbs:
         router_aux_loss: a mixture-of-experts policy's load-balancing loss is returned
             (`TokenStats.aux_loss`, the model's own over the packed row); its prompts are
             then not shared (model/experts.py says why). Else router logits are never asked for.
+        grouped_attention: shared-prompt rows of sdpa models attend piece by piece
+            (update/grouped_attention.py) where `_grouped_attention` allows; False: sdpa
+            over the dense (L, L) mask (the same values to float rounding; benchmarks' A/B).
     Call: `log_probs(model, mb, reference=None) → TokenStats`, where `mb` has
     `prompt_ids`, `prompt_mask`, `completion_ids`, `completion_mask` (a `Rollout`
     view). `reference` given — a zero-argument callable returning a context
@@ -134,7 +137,7 @@ class LogProbs:
 
     def __init__(
         self, temperature: float, share_prompts: bool = True, chunk: int = CHUNK_TOKENS, autocast=nullcontext, entropy_grad: bool = False,
-        weights: WorkingCopy | None = None, router_aux_loss: bool = False,
+        weights: WorkingCopy | None = None, router_aux_loss: bool = False, grouped_attention: bool = True,
     ):
         if temperature <= 0:
             raise ValueError(f"temperature={temperature}: log-probs are taken at logits / temperature; use a value > 0.")
@@ -142,6 +145,7 @@ class LogProbs:
             raise ValueError(f"chunk={chunk}: the LM head needs at least 1 token per chunk.")
         self.temperature, self.share_prompts, self.chunk, self.autocast = temperature, share_prompts, chunk, autocast
         self.entropy_grad, self.weights, self.router_aux_loss = entropy_grad, weights, router_aux_loss
+        self.grouped_attention = grouped_attention
         self.packs: dict[type, bool] = {}  # model class → runs a packed row without a mask (packing.packing_support)
         self.scratch = Scratch()  # the chunked head's (chunk, V) blocks, kept from pass to pass
 
@@ -152,7 +156,7 @@ class LogProbs:
     def _stats(self, model, mb, reference) -> TokenStats:
         share = self.share_prompts and not self.router_aux_loss and sharing_support(model) is None
         mask_dtype = None if _attention(model) == "sdpa" else _dtype(model)
-        grouped = _grouped_attention(model)
+        grouped = self.grouped_attention and _grouped_attention(model)
         kind = type(_inner(model))
         if not share and kind not in self.packs:  # measured once per model class (packing.packing_support)
             self.packs[kind] = packing_support(model) is None
