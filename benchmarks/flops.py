@@ -45,7 +45,8 @@ def step_rows(trainer, rollout, step_in_pass: int = 0) -> list[tuple[int, int, i
     GA = a.gradient_accumulation_steps
     model = trainer.accelerator.unwrap_model(trainer.model)
     share = trainer.log_probs.share_prompts and sharing_support(model) is None
-    grouped = share and getattr(model.config, "_attn_implementation", None) == "sdpa" and not model.is_gradient_checkpointing
+    grouped = (share and trainer.log_probs.grouped_attention and getattr(model.config, "_attn_implementation", None) == "sdpa"
+               and not model.is_gradient_checkpointing)  # LogProbs' rule (logprobs._grouped_attention)
     rows = micro_batch_rows(len(rollout), a.steps_per_generation)[step_in_pass * GA : (step_in_pass + 1) * GA]
     out = []
     for group in merged_passes(rollout, rows, trainer.update.token_budget):

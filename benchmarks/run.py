@@ -84,18 +84,22 @@ CASES = {
     "memory": {
         "description": "Seed configuration on SmolLM2, μ = 4, each system at its defaults: fastgrpo (bf16 where the CPU has "
         "bf16 units; one bf16 working copy), fastgrpo with gradient checkpointing, and TRL's defaults (bf16 autocast with "
-        "use_cpu, gradient checkpointing): peak RSS and its split, seconds per step.",
+        "use_cpu, gradient checkpointing): peak RSS and its split, seconds per step; fastgrpo-merged as in case best.",
         "model": "smollm2-135m-instruct", "mus": [4], "steps": 4, "pairs": 1, "learning_rate": 2e-5,
-        "systems": ("fastgrpo", "fastgrpo-gc", "trl"),
-        "extras": {"fastgrpo": {"bf16": None}, "fastgrpo-gc": {"bf16": None, "gradient_checkpointing": True},
+        "systems": ("fastgrpo", "fastgrpo-merged", "fastgrpo-gc", "trl"),
+        "extras": {"fastgrpo": {"bf16": None}, "fastgrpo-merged": {"bf16": None, "update_token_budget": 4096},
+                   "fastgrpo-gc": {"bf16": None, "gradient_checkpointing": True},
                    "trl": {"bf16": True, "gradient_checkpointing": True, "use_cpu": True}},
     },
     "best": {
         "description": "Seed configuration on SmolLM2, μ = 4, each system at its fastest on this CPU: fastgrpo's defaults "
         "(bf16 where the CPU has bf16 units, one bf16 working copy) against TRL with bf16 autocast (use_cpu) and no "
-        "gradient checkpointing: seconds per step and update, the issue-29 ratios (TRL's lowest memory: case memory).",
+        "gradient checkpointing: seconds per step and update, the issue-29 ratios (TRL's lowest memory: case memory); "
+        "fastgrpo-merged: its defaults with the step's micro-batches merged into one pass (update_token_budget=4096).",
         "model": "smollm2-135m-instruct", "mus": [4], "steps": 4, "pairs": 2, "learning_rate": 2e-5,
-        "extras": {"fastgrpo": {"bf16": None}, "trl": {"bf16": True, "use_cpu": True, "gradient_checkpointing": False}},
+        "systems": ("fastgrpo", "fastgrpo-merged", "trl"),
+        "extras": {"fastgrpo": {"bf16": None}, "fastgrpo-merged": {"bf16": None, "update_token_budget": 4096},
+                   "trl": {"bf16": True, "use_cpu": True, "gradient_checkpointing": False}},
     },
 }
 DEFAULT_SUITE = ["smollm2", "tiny", "beta"]

@@ -28,8 +28,11 @@ after (the best of both). Writes `<out>/<date>-update-profile-<precision>.json`.
 `--time-only`: no profiler, no file; one line with each timed step's seconds,
 which `fastgrpo` tree ran (A/B pairs alternate trees through PYTHONPATH), the
 step's FLOPs and the best step's share of the fp32 and bf16 peaks measured in
-the same process. `--update-token-budget N` runs the timed or profiled steps
-with micro-batches merged into passes of at most N tokens.
+the same process, and the process's peak RSS. `--update-token-budget N` runs
+the timed or profiled steps with micro-batches merged into passes of at most N
+tokens; `--dense-attention` runs shared-prompt rows through sdpa's dense mask
+instead of grouped attention (`LogProbs.grouped_attention`); `--per-device` and
+`--grad-accum` apply here too.
 `--ab-working-copy N`: N pairs of steps in one process, alternating the
 update with and without the bf16 working copy (model/working_copy.py; without
 it autocast casts every weight at every forward), the order swapped each pair;
@@ -37,7 +40,10 @@ one line with both sides' seconds and the median per-pair ratio.
 `--ab-token-budget N` alternates the step's micro-batches merged into passes of
 at most `--budget` tokens (`update_token_budget`) with one pass per micro-batch;
 `--ab-fused-adamw N` AdamW's fused kernel (`adamw_torch_fused`) with its
-for-loop (`adamw_torch` on CPU), the same optimizer state.
+for-loop (`adamw_torch` on CPU), the same optimizer state;
+`--ab-grouped-attention N` a shared-prompt row's attention piece by piece
+(update/grouped_attention.py) with sdpa over the dense (L, L) mask (with
+`--per-device`, `--grad-accum` and `--update-token-budget`).
 
 Not here: whole runs against TRL (run.py), the peak table (bf16_peaks.py).
 """
@@ -48,6 +54,7 @@ import argparse
 import datetime
 import json
 import os
+import resource
 import sys
 import tempfile
 import time
@@ -158,6 +165,9 @@ def ab_pairs(trainer, pairs: int, sides: dict) -> dict:
 
     rollout = recorded(trainer, trainer._collect())  # warm-up
     names = list(sides)
+    for name in names:  # and one untimed step per side: a side's first step maps its blocks afresh
+        sides[name]()
+        trainer.update(rollout, 0, False, 0)
     seconds = {name: [] for name in names}
     for pair in range(pairs):
         for name in (names if pair % 2 == 0 else names[::-1]):
@@ -182,14 +192,20 @@ def main() -> None:
     parser.add_argument("--per-device", type=int, default=4, help="per_device_train_batch_size (completions per micro-batch)")
     parser.add_argument("--grad-accum", type=int, default=4, help="gradient_accumulation_steps (micro-batches per optimizer step)")
     parser.add_argument("--ab-fused-adamw", type=int, default=0, metavar="N", help="N in-process pairs: AdamW's fused kernel / its for-loop")
-    parser.add_argument("--update-token-budget", type=int, default=None, help="update_token_budget of the timed or profiled steps")
+    parser.add_argument("--update-token-budget", type=int, default=None, help="update_token_budget of the timed, profiled or grouped-attention A/B steps")
+    parser.add_argument("--dense-attention", action="store_true", help="--time-only: sdpa over the dense mask, not grouped attention")
+    parser.add_argument("--ab-grouped-attention", type=int, default=0, metavar="N", help="N in-process pairs: grouped attention / sdpa with the dense mask")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     bf16 = {"true": True, "false": False, "auto": None}[args.bf16]
-    if args.ab_working_copy or args.ab_token_budget or args.ab_fused_adamw:
-        pairs = args.ab_working_copy or args.ab_token_budget or args.ab_fused_adamw
-        trainer = build_trainer(bf16, 1 + 2 * pairs, per_device_train_batch_size=args.per_device, gradient_accumulation_steps=args.grad_accum)
-        if args.ab_working_copy:
+    if args.ab_working_copy or args.ab_token_budget or args.ab_fused_adamw or args.ab_grouped_attention:
+        pairs = args.ab_working_copy or args.ab_token_budget or args.ab_fused_adamw or args.ab_grouped_attention
+        trainer = build_trainer(bf16, 3 + 2 * pairs, per_device_train_batch_size=args.per_device, gradient_accumulation_steps=args.grad_accum,
+                                update_token_budget=args.update_token_budget)
+        if args.ab_grouped_attention:
+            sides = {"grouped": lambda: setattr(trainer.log_probs, "grouped_attention", True),
+                     "dense mask": lambda: setattr(trainer.log_probs, "grouped_attention", False)}
+        elif args.ab_working_copy:
             working = trainer.log_probs.weights
             if working is None:
                 raise SystemExit("--ab-working-copy: this run has no working copy (bf16 off, adapters, several processes or checkpointing)")
@@ -206,7 +222,9 @@ def main() -> None:
         import fastgrpo
 
         peaks = {"fp32": linear_peak(torch.float32), "bf16": linear_peak(torch.bfloat16)}
-        trainer = build_trainer(bf16, 1 + args.steps, update_token_budget=args.update_token_budget)
+        trainer = build_trainer(bf16, 1 + args.steps, update_token_budget=args.update_token_budget,
+                                per_device_train_batch_size=args.per_device, gradient_accumulation_steps=args.grad_accum)
+        trainer.log_probs.grouped_attention = not args.dense_attention
         rollout = trainer._collect()
         count = flops.step_flops(trainer.accelerator.unwrap_model(trainer.model), flops.step_rows(trainer, rollout))
         rollout = recorded(trainer, rollout)  # warm-up
@@ -217,7 +235,8 @@ def main() -> None:
             seconds.append(time.perf_counter() - start)
         peaks = {k: max(v, linear_peak(getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[k]))) for k, v in peaks.items()}
         print(json.dumps({"tree": os.path.dirname(os.path.dirname(fastgrpo.__file__)), "update_token_budget": args.update_token_budget,
-                          "step_seconds": seconds, "gflop": count["total"] / 1e9, "peaks_gflops": {k: v / 1e9 for k, v in peaks.items()},
+                          "per_device": args.per_device, "grad_accum": args.grad_accum, "dense_attention": args.dense_attention,
+                          "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "step_seconds": seconds, "gflop": count["total"] / 1e9, "peaks_gflops": {k: v / 1e9 for k, v in peaks.items()},
                           "percent_of_peak": {k: 100 * count["total"] / min(seconds) / v for k, v in peaks.items()}}))
         return
     peaks_before = {"fp32": linear_peak(torch.float32), "bf16": linear_peak(torch.bfloat16)}

@@ -182,7 +182,8 @@ def run_fastgrpo(spec: dict, dataset, reward, rec: Recorder, output_dir: str):
 
     from fastgrpo import GRPOConfig, GRPOTrainer
 
-    args = GRPOConfig(**config_values(spec, output_dir), max_prompt_length=spec["max_prompt_length"], save_strategy="no")
+    args = GRPOConfig(**config_values(spec, output_dir), max_prompt_length=spec["max_prompt_length"], save_strategy="no",
+                      update_token_budget=spec.get("update_token_budget"))  # fastgrpo only (run.py's "extras")
     trainer = GRPOTrainer(model=spec["model_path"], reward_funcs=reward, args=args, train_dataset=dataset, peft_config=peft_config(spec))
 
     logps = trainer.log_probs  # the passes' public seam: both holders of the LogProbs pass (update/passes.py, update/step.py)
