@@ -134,8 +134,7 @@ def _gathered(q: torch.Tensor, k: torch.Tensor, pieces: Pieces, scale: float):
 
 def _to_rows(x: torch.Tensor, heads: int) -> torch.Tensor:
     """(N, KV, rep·Lq, D) → (N·Lq, H, D): each query slot's heads, in slot order."""
-    N, KV, _, D = x.shape
-    return x.unflatten(2, (heads // KV, -1)).flatten(1, 2).transpose(1, 2).flatten(0, 1)
+    return x.unflatten(2, (heads // x.shape[1], -1)).flatten(1, 2).transpose(1, 2).flatten(0, 1)
 
 
 def _from_rows(x: torch.Tensor, N: int, KV: int) -> torch.Tensor:
