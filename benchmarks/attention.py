@@ -78,7 +78,7 @@ def main() -> None:
         for turn in range(2):  # alternated
             for name in (list(sides) if turn == 0 else list(sides)[::-1]):
                 ms[name].append(timed(sides[name]))
-        pairs = {"dense mask": L * L, "grouped": sum(p.mask.numel() for p in (grouped.layout.prompts, grouped.layout.completions))}
+        pairs = {"dense mask": L * L, "grouped": grouped.layout.pairs}
         print(json.dumps({"groups": groups, "L": L, "ms_forward_backward": {n: round(min(t), 2) for n, t in ms.items()},
                           "pairs_per_head": pairs, "grouped / dense": round(min(ms["grouped"]) / min(ms["dense mask"]), 2)}))
 

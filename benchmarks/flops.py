@@ -46,15 +46,15 @@ def step_rows(trainer, rollout, step_in_pass: int = 0) -> list[tuple[int, int, i
     model = trainer.accelerator.unwrap_model(trainer.model)
     share = trainer.log_probs.share_prompts and sharing_support(model) is None
     grouped = (share and trainer.log_probs.grouped_attention and getattr(model.config, "_attn_implementation", None) == "sdpa"
-               and not model.is_gradient_checkpointing)  # LogProbs' rule (logprobs._grouped_attention)
+               and not model.is_gradient_checkpointing)  # LogProbs' rule (logprobs._grouped_attention; SmolLM2 passes grouped_support)
     rows = micro_batch_rows(len(rollout), a.steps_per_generation)[step_in_pass * GA : (step_in_pass + 1) * GA]
     out = []
     for group in merged_passes(rollout, rows, trainer.update.token_budget):
         mb = rollout.select(slice(rows[group[0]].start, rows[group[-1]].stop))
         row = pack(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.completion_mask, share, grouped=grouped)
         L = row.input_ids.shape[1]
-        pairs = sum(p.mask.numel() for p in (row.layout.prompts, row.layout.completions) if p is not None) if grouped else L * L
-        out.append((L, len(row.labels), pairs, grouped))
+        pairs = L * L if row.layout is None else row.layout.pairs  # pack keeps the dense mask where it is cheaper
+        out.append((L, len(row.labels), pairs, row.layout is not None))
     return out
 
 

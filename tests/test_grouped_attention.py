@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from types import SimpleNamespace
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from fastgrpo.update import grouped_attention as ga
+from fastgrpo.update import packing
 from fastgrpo.update.logprobs import LogProbs
 from fastgrpo.update.packing import pack
 
@@ -37,21 +37,39 @@ def ragged(seed=0, groups=3, G=3, P=6, T=7):
 def test_layout_worked_by_hand():
     mb = worked_example()
     row = pack(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.completion_mask, share_prompts=True, grouped=True)
-    layout = row.layout
     assert row.attention_mask is None and row.input_ids.tolist() == [[7, 8, 1, 2, 3, 9, 4, 5]]
-    # Prompt pieces: positions 0–1 and 5 (padded with 0); causal; the padded query of the 1-token prompt sees key 0 only.
-    assert layout.prompts.query.tolist() == [[0, 1], [5, 0]]
-    assert layout.prompts.mask.tolist() == [[[True, False], [True, True]], [[True, False], [True, False]]]
-    # Completion pieces: queries 2–3, 4, 6–7; keys = their prompt's positions (padded to 2), then their own.
-    assert layout.completions.query.tolist() == [[2, 3], [4, 0], [6, 7]]
-    assert layout.completions.key.tolist() == [[0, 1, 2, 3], [0, 1, 4, 0], [5, 0, 6, 7]]
-    assert layout.completions.mask.tolist() == [
+    # Pieces: prompts [7 8] at 0 and [9] at 5; completions [1 2] at 2 and [3] at 4 (prompt [7 8]), [4 5] at 6 (prompt [9]).
+    # Own pairs (queries × keys): [1 2] 2 × 4, [4 5] 2 × 3, [3] 1 × 3, [7 8] 2 × 2, [9] 1 × 1. Sorted by keys, then
+    # queries, and batched while no piece is padded to more than twice its pairs: {[1 2], [4 5]} padded to 2 × (2 + 2);
+    # [3] would be padded from 3 to 8 pairs, so each of the rest is a batch of its own.
+    batches = row.layout.batches
+    assert [b.query.tolist() for b in batches] == [[[2, 3], [6, 7]], [[4]], [[0, 1]], [[5]]]
+    assert [b.key.tolist() for b in batches] == [[[0, 1, 2, 3], [5, 0, 6, 7]], [[0, 1, 4]], [[0, 1]], [[5]]]
+    assert batches[0].mask.tolist() == [
         [[True, True, True, False], [True, True, True, True]],  # [1 2] sees 7 8, then itself causally
-        [[True, True, True, False], [True, False, False, False]],  # [3]; its padded query sees key 0 only
         [[True, False, True, False], [True, False, True, True]],  # [4 5] sees 9 (not the padding), then itself
     ]
-    # Output slots: prompts 2 × 2 (0–3), completions from 4 in rows of 2: positions 2 3 | 4 | 6 7 → slots 4 5 | 6 | 8 9.
-    assert layout.order.tolist() == [0, 1, 4, 5, 6, 2, 8, 9]
+    assert [b.mask.tolist() for b in batches[1:]] == [[[[True, True, True]]], [[[True, False], [True, True]]], [[[True]]]]
+    # Output slots in batch order: positions 2 3 6 7 | 4 | 0 1 | 5 → slots 0 1 2 3 | 4 | 5 6 | 7.
+    assert row.layout.order.tolist() == [5, 6, 0, 1, 4, 7, 2, 3]
+    assert row.layout.pairs == 2 * 2 * 4 + 3 + 4 + 1  # 24, under half of the dense mask's 64
+
+
+def test_uneven_pieces_are_batched_by_length_and_a_skewed_row_keeps_the_dense_mask():
+    # 8 completions of 3 tokens and one of 40 after one 4-token prompt: padding the short ones to 40 would cost
+    # 9 × 40 × 44 pairs; batched by length, the long one is alone and the rest (prompt included) pad to 4 × (4 + 4).
+    completions = [(4, 40, 0)] + [(44 + 3 * i, 3, 0) for i in range(8)]
+    layout = ga.build_layout([(0, 4)], completions, 68, "cpu")
+    assert [tuple(b.mask.shape) for b in layout.batches] == [(1, 40, 44), (9, 4, 8)]
+    assert layout.pairs == 40 * 44 + 9 * 32 and ga.use_layout(layout, 68)  # 2048 ≤ 68² / 2
+    # One completion much longer than the rest of its row: its own pairs exceed half of L², so pack keeps the dense mask.
+    mb = SimpleNamespace(prompt_ids=torch.tensor([[7, 8], [7, 8]]), prompt_mask=torch.ones(2, 2, dtype=torch.long),
+                         completion_ids=torch.arange(1, 25).view(2, 12), completion_mask=torch.tensor([[1] * 12, [1] + [0] * 11]))
+    row = pack(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.completion_mask, share_prompts=True, grouped=True)
+    assert row.layout is None and row.attention_mask is not None  # 12 × 14 + 1 × 3 + 2 × 2 = 175 pairs > 15² / 2
+    # A batch is capped in pairs: 8 equal completions at a cap of 2 pieces' pairs make batches of 2.
+    capped = ga.build_layout([(0, 4)], [(4 + 5 * i, 5, 0) for i in range(8)], 44, "cpu", batch_pairs=2 * 5 * 9)
+    assert [b.query.shape[0] for b in capped.batches] == [2, 2, 2, 2, 1]
 
 
 def attention_inputs(L, heads=6, kv_heads=2, dim=8, dtype=torch.float32, seed=0):
@@ -59,25 +77,35 @@ def attention_inputs(L, heads=6, kv_heads=2, dim=8, dtype=torch.float32, seed=0)
     return [torch.randn(1, n, L, dim, generator=g).to(dtype).requires_grad_() for n in (heads, kv_heads, kv_heads)]
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_values_and_gradients_equal_sdpa_with_the_dense_mask(seed):
+@pytest.fixture
+def always_grouped(monkeypatch):
+    """pack(grouped=True) gives the layout whatever its cost (the rule is tested on its own above)."""
+    monkeypatch.setattr(packing, "use_layout", lambda layout, length: True)
+
+
+@pytest.mark.parametrize("seed,batch_pairs,value_dim", [(0, ga.BATCH_PAIRS, 8), (1, ga.BATCH_PAIRS, 8), (2, 30, 8), (3, ga.BATCH_PAIRS, 5)])
+def test_values_and_gradients_equal_sdpa_with_the_dense_mask(seed, batch_pairs, value_dim, always_grouped, monkeypatch):
+    # batch_pairs 30: one piece per batch; value_dim 5: MLA's value heads narrower than its query/key heads (DeepSeek-V3).
+    monkeypatch.setattr(ga, "BATCH_PAIRS", batch_pairs)
     mb = ragged(seed)
     dense = pack(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.completion_mask, share_prompts=True)
     grouped = pack(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.completion_mask, share_prompts=True, grouped=True)
+    assert all(b.mask.numel() <= batch_pairs for b in grouped.layout.batches if len(b.query) > 1)
     L = dense.input_ids.shape[1]
     q, k, v = attention_inputs(L, seed=seed)
+    v = v[..., :value_dim].detach().requires_grad_()
     module = SimpleNamespace(num_key_value_groups=3, is_causal=True)
     out, weights = ga.grouped_attention(module, q, k, v, None, scaling=0.3, attention_layout=grouped.layout)
     rep = 3
     expected = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), attn_mask=dense.attention_mask, scale=0.3).transpose(1, 2)
-    assert weights is None and out.shape == (1, L, 6, 8)
+    assert weights is None and out.shape == (1, L, 6, value_dim)
     torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-5)
     grad = torch.randn(expected.shape, generator=torch.Generator().manual_seed(9))
     for got, want in zip(torch.autograd.grad((out * grad).sum(), (q, k, v)), torch.autograd.grad((expected * grad).sum(), (q, k, v))):
         torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)  # a prompt's keys: the sum over its completions' reads
 
 
-def test_bf16_inputs_are_attended_in_fp32_and_rounded_once():
+def test_bf16_inputs_are_attended_in_fp32_and_rounded_once(always_grouped):
     mb = ragged()
     row = pack(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.completion_mask, share_prompts=True, grouped=True)
     q, k, v = attention_inputs(row.input_ids.shape[1], dtype=torch.bfloat16)
@@ -89,11 +117,12 @@ def test_bf16_inputs_are_attended_in_fp32_and_rounded_once():
     assert torch.equal(out, wide.to(torch.bfloat16))
 
 
-def test_without_a_layout_it_is_sdpa():
+def test_without_a_layout_it_refuses_to_attend_over_the_whole_row():
+    # A layer that drops keywords (or another thread's forward while a pass has switched the model) would otherwise
+    # attend causally across every completion and group of the packed row: an error, not wrong log-probs.
     q, k, v = attention_inputs(5)
-    module = SimpleNamespace(num_key_value_groups=3, is_causal=True)
-    mask = torch.ones(5, 5, dtype=torch.bool).tril()[None, None]
-    assert torch.equal(ga.grouped_attention(module, q, k, v, mask)[0], sdpa_attention_forward(module, q, k, v, mask)[0])
+    with pytest.raises(RuntimeError, match="without the packed row's layout"):
+        ga.grouped_attention(SimpleNamespace(num_key_value_groups=3), q, k, v, None)
 
 
 def test_refusals():
@@ -115,7 +144,10 @@ def test_log_probs_run_it_for_sdpa_and_restore_the_models_attention(make_model, 
     monkeypatch.setattr(ga._GroupedAttention, "apply", lambda *a: calls.append(1) or real(*a))
     mb = worked_example()
     model = make_model()
-    LogProbs(1.0)(model, mb)
+    log_probs = LogProbs(1.0)
+    log_probs(model, mb)  # the first pass of a model class also measures grouped_support
+    calls.clear()
+    log_probs(model, mb)
     assert len(calls) == model.config.num_hidden_layers and model.config._attn_implementation == "sdpa"
     calls.clear()
     LogProbs(1.0, share_prompts=False)(model, mb)  # unshared rows: transformers' own sdpa over the packed row
@@ -134,3 +166,50 @@ def test_a_failed_forward_leaves_the_models_attention_as_it_was(make_model):
             assert model.config._attn_implementation == ga.IMPLEMENTATION
             raise RuntimeError("boom")
     assert model.config._attn_implementation == "sdpa"
+
+
+def padded_logps(model, mb):
+    ids, mask = torch.cat([mb.prompt_ids, mb.completion_ids], 1), torch.cat([mb.prompt_mask, mb.completion_mask], 1)
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
+    T = mb.completion_ids.shape[1]
+    return torch.log_softmax(logits[:, -T - 1 : -1].float(), -1).gather(-1, mb.completion_ids[..., None])[..., 0] * mb.completion_mask
+
+
+@pytest.mark.parametrize("config_class", ["StableLmConfig", "NemotronConfig", "FalconConfig"])
+def test_a_model_whose_layers_do_not_pass_the_layout_on_keeps_the_dense_mask(tokenizer, config_class, always_grouped):
+    # StableLM's and Nemotron's decoder layers drop attention keywords; Falcon tests for "sdpa" by name (transformers
+    # 5.19). grouped_support measures it once per class, and LogProbs keeps the dense mask: the padded forward's values.
+    import transformers
+
+    own = {"NemotronConfig": {"head_dim": 16}, "FalconConfig": {"new_decoder_architecture": True, "num_kv_heads": 2}}.get(config_class, {})
+    config = getattr(transformers, config_class)(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                                 num_key_value_heads=2, intermediate_size=128, **own)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+    assert packing.grouped_support(model) is not None and model.config._attn_implementation == "sdpa"
+    mb = ragged()
+    with torch.no_grad():
+        torch.testing.assert_close(LogProbs(1.0)(model, mb).logps, padded_logps(model, mb), atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["attention_dropout", "attn_pdrop"])
+def test_attention_dropout_in_training_keeps_the_dense_mask(make_model, monkeypatch, name):
+    calls = []
+    real = ga._GroupedAttention.apply
+    monkeypatch.setattr(ga._GroupedAttention, "apply", lambda *a: calls.append(1) or real(*a))
+    model = make_model()
+    setattr(model.config, name, 0.1)
+    model.train()
+    LogProbs(1.0)(model, worked_example())
+    assert not calls
+    model.eval()
+    LogProbs(1.0)(model, worked_example())
+    assert calls
+
+
+def test_a_row_without_completion_tokens_packs():
+    mb = worked_example()
+    mb.completion_mask = torch.tensor([[1, 1], [0, 0], [1, 1]])
+    for grouped in (False, True):
+        row = pack(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.completion_mask, share_prompts=True, grouped=grouped)
+        assert row.input_ids.tolist() == [[7, 8, 1, 2, 9, 4, 5]] and row.rows.tolist() == [0, 0, 2, 2]

@@ -21,7 +21,9 @@ float rounding (tests/test_grouped_attention.py).
 It is registered with transformers' `AttentionInterface` as `IMPLEMENTATION`.
 `LogProbs` switches a model to it for one forward (`attention_implementation`)
 and passes the layout as the `attention_layout` keyword, which transformers
-hands on to every layer's attention function; without a layout it is sdpa.
+hands on to every layer's attention function; a model whose layers do not
+(packing.grouped_support, measured once per model class) keeps the dense mask.
+Rows whose pieces are uneven or long keep it too (`use_layout`).
 
 Not here: the row's layout (packing.pack), which passes use it (logprobs.py).
 """
@@ -29,11 +31,10 @@ Not here: the row's layout (packing.pack), which passes use it (logprobs.py).
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 IMPLEMENTATION = "fastgrpo_grouped_sdpa"
 
@@ -43,39 +44,57 @@ class Pieces:
     """Pieces of a packed row padded into one batch: N pieces of up to Lq queries and Lk keys.
 
     Indices are positions in the packed row; padding repeats position 0 and is
-    masked. Key slot 0 is always real, and a padded query sees it alone (a finite
-    softmax whose output is never read; an all-masked row would give NaN gradients).
+    masked. A padded query sees key slot 0 alone: a finite softmax whose output is
+    never read and whose gradient is 0 (an all-masked row would give NaN gradients).
     """
 
     query: torch.Tensor  # (N, Lq) long: row position of each piece's queries
     key: torch.Tensor  # (N, Lk) long: row position of each piece's keys
     mask: torch.Tensor  # (N, Lq, Lk) bool: query i of piece n sees key j
-    biases: dict = field(default_factory=dict, compare=False, repr=False)  # rep → its additive mask, made once per row
-
-    def bias(self, rep: int) -> torch.Tensor:
-        """(N, 1, rep·Lq, Lk) fp32: 0 where seen, −inf elsewhere, for `rep` query heads per key head (made at the first layer)."""
-        if rep not in self.biases:
-            blocked = ~self.mask[:, None].repeat(1, 1, rep, 1)
-            self.biases[rep] = torch.zeros(blocked.shape, device=blocked.device).masked_fill_(blocked, float("-inf"))
-        return self.biases[rep]
 
 
 @dataclass(frozen=True)
 class AttentionLayout:
-    """Which keys each query of a packed row sees, as two padded batches of pieces (module docstring)."""
+    """Which keys each query of a packed row sees, as padded batches of pieces (module docstring)."""
 
-    prompts: Pieces  # each prompt: its own tokens, causal (Lk = Lq = Lp)
-    completions: Pieces | None  # each completion: its prompt's tokens (padded to Lp), then its own, causal; None: none
-    order: torch.Tensor  # (L,) long: each row position's slot in the flattened [prompt pieces (Np·Lp) | completion pieces (Nc·Lc)] output
+    batches: tuple[Pieces, ...]  # pieces of similar lengths, each batch at most BATCH_PAIRS padded pairs per head
+    order: torch.Tensor  # (L,) long: each row position's slot in the batches' flattened queries (N·Lq each, in order)
+    pairs: int  # query–key pairs per head the batches compute, padding included (sdpa's dense mask: L²)
 
 
-def build_layout(prompts: list[tuple[int, int]], completions: list[tuple[int, int, int]], length: int, device) -> AttentionLayout:
+# Padded query–key pairs per head in one batch of pieces: its fp32 scores are BATCH_PAIRS × heads × 4 bytes
+# (36 MB for SmolLM2's 9 heads), so a long row is attended batch by batch, never as one block. A piece
+# larger than PIECE_PAIRS alone (a long completion) would make one such block too large: its row keeps
+# sdpa's dense mask, whose kernels tile (`use_layout`).
+BATCH_PAIRS = 1 << 20
+PIECE_PAIRS = 4 << 20
+
+
+def use_layout(layout: AttentionLayout, length: int) -> bool:
+    """Whether a row of `length` tokens should run grouped attention with `layout` rather than sdpa with the dense mask.
+
+    Yes when the batches compute at most half of the dense mask's L² pairs (measured: grouped attention is
+    faster per pair below that, docs/benchmarks.md) and no single piece exceeds PIECE_PAIRS.
+    """
+    largest = max(b.mask[0].numel() for b in layout.batches)  # a batch's first piece is its longest
+    return 2 * layout.pairs <= length * length and largest <= PIECE_PAIRS
+
+
+def build_layout(prompts: list[tuple[int, int]], completions: list[tuple[int, int, int]], length: int, device,
+                 batch_pairs: int | None = None) -> AttentionLayout:
     """The layout of a packed row from its pieces.
 
+    Pieces are sorted by length and batched so that each batch is padded only to its own longest
+    piece, no piece to more than twice its own pairs, and a batch computes at most `batch_pairs`
+    padded pairs per head (one piece alone may exceed it): uneven completions cost little padding,
+    and no batch's scores grow with the whole row.
+
     Args:
-        prompts: (start, length) of each prompt in the row.
-        completions: (start, length, index into `prompts` of the prompt it continues) of each completion.
+        prompts: (start, length) of each prompt in the row; a prompt sees itself, causally.
+        completions: (start, length, index into `prompts` of the prompt it continues) of each
+            completion; it sees its prompt, then itself causally.
         length: L, the row's length; every position must be in exactly one piece.
+        batch_pairs: the cap on a batch's padded pairs per head (None: BATCH_PAIRS).
     Returns:
         `AttentionLayout`.
     Raises:
@@ -83,37 +102,52 @@ def build_layout(prompts: list[tuple[int, int]], completions: list[tuple[int, in
     """
     if not prompts or any(n < 1 for _, n in prompts) or any(n < 1 for _, n, _ in completions):
         raise ValueError(f"build_layout() needs at least one prompt and no empty piece; got prompts {prompts}, completions {completions}.")
-    p_start, p_len = (torch.tensor(v, dtype=torch.long, device=device) for v in zip(*prompts))
-    p_real = torch.arange(int(p_len.max()), device=device) < p_len[:, None]  # (Np, Lp)
-    prompt_query = torch.where(p_real, p_start[:, None] + torch.arange(p_real.shape[1], device=device), 0)
-    prompt = Pieces(prompt_query, prompt_query, _padded_causal(p_real, None))
-    flat, slots = [prompt_query[p_real]], [torch.arange(p_real.numel(), device=device)[p_real.flatten()]]
-    completion = None
-    if completions:
-        c_start, c_len, c_prompt = (torch.tensor(v, dtype=torch.long, device=device) for v in zip(*completions))
-        c_real = torch.arange(int(c_len.max()), device=device) < c_len[:, None]  # (Nc, Lc)
-        completion_query = torch.where(c_real, c_start[:, None] + torch.arange(c_real.shape[1], device=device), 0)
-        key = torch.cat([prompt_query[c_prompt], completion_query], 1)  # (Nc, Lp + Lc)
-        completion = Pieces(completion_query, key, _padded_causal(c_real, p_real[c_prompt]))
-        flat.append(completion_query[c_real])
-        slots.append(p_real.numel() + torch.arange(c_real.numel(), device=device)[c_real.flatten()])
+    # (query start, query length, prefix start, prefix length): a completion's prefix is its prompt.
+    pieces = [(start, n, 0, 0) for start, n in prompts] + [(start, n, *prompts[j]) for start, n, j in completions]
+    pieces.sort(key=lambda p: (p[1] + p[3], p[1]), reverse=True)  # longest first: each batch's first piece sets its padding
+    batch_pairs = BATCH_PAIRS if batch_pairs is None else batch_pairs
+    own = [n * (n + p_len) for _, n, _, p_len in pieces]  # each piece's pairs, unpadded
+    batches, flat, slots, offset, i = [], [], [], 0, 0
+    while i < len(pieces):
+        Lq, Lp, smallest, j = pieces[i][1], pieces[i][3], own[i], i + 1
+        while j < len(pieces):
+            wider_q, wider_p = max(Lq, pieces[j][1]), max(Lp, pieces[j][3])
+            padded = wider_q * (wider_p + wider_q)  # each piece's padded pairs in the batch
+            if (j + 1 - i) * padded > batch_pairs or 2 * min(smallest, own[j]) < padded:
+                break  # the batch is full, or a piece in it would be padded to more than twice its pairs
+            Lq, Lp, smallest, j = wider_q, wider_p, min(smallest, own[j]), j + 1
+        batch, real = _batch(pieces[i:j], Lq, Lp, device)
+        flat.append(batch.query[real])
+        slots.append(offset + torch.arange(real.numel(), device=device)[real.flatten()])
+        batches.append(batch)
+        offset, i = offset + real.numel(), j
     flat, slots = torch.cat(flat), torch.cat(slots)
     if len(flat) != length or not torch.equal(torch.sort(flat).values, torch.arange(length, device=device)):
         raise ValueError(f"build_layout(): the pieces cover {len(flat)} positions, not each of the row's {length} once.")
     order = torch.empty(length, dtype=torch.long, device=device)
     order[flat] = slots  # the output slot of each row position
-    return AttentionLayout(prompt, completion, order)
+    return AttentionLayout(tuple(batches), order, sum(b.mask.numel() for b in batches))
 
 
-def _padded_causal(real: torch.Tensor, prefix: torch.Tensor | None) -> torch.Tensor:
-    """(N, Lq, P + Lq) mask: every real key of `prefix` (N, P) (none if None), then causal over the piece's own real tokens.
+def _batch(pieces: list[tuple[int, int, int, int]], Lq: int, Lp: int, device) -> tuple[Pieces, torch.Tensor]:
+    """Pieces (query start, query length, prefix start, prefix length) padded to Lq queries and Lp + Lq keys, and their (N, Lq) real queries."""
+    start, n, p_start, p_len = (torch.tensor(v, dtype=torch.long, device=device)[:, None] for v in zip(*pieces))
+    iq, ip = torch.arange(Lq, device=device), torch.arange(Lp, device=device)
+    real, prefix = iq < n, ip < p_len  # (N, Lq), (N, Lp)
+    query = torch.where(real, start + iq, 0)
+    key = torch.cat([torch.where(prefix, p_start + ip, 0), query], 1)  # (N, Lp + Lq)
+    return Pieces(query, key, _padded_causal(real, prefix)), real
 
-    `real` (N, Lq) marks the piece's real tokens; a padded query row sees key 0 only.
+
+def _padded_causal(real: torch.Tensor, prefix: torch.Tensor) -> torch.Tensor:
+    """(N, Lq, P + Lq) mask: every real key of `prefix` (N, P) bool, then causal over the piece's own real tokens.
+
+    `real` (N, Lq) marks the piece's real tokens; a padded query row sees key slot 0 only.
     """
     N, Lq = real.shape
     i = torch.arange(Lq, device=real.device)
     own = (i[None, None, :] <= i[None, :, None]) & real[:, None, :]  # (N, Lq, Lq)
-    mask = own if prefix is None else torch.cat([prefix[:, None, :].expand(N, Lq, -1), own], 2)
+    mask = torch.cat([prefix[:, None, :].expand(N, Lq, -1), own], 2)
     first_only = torch.zeros_like(mask)
     first_only[..., 0] = True
     return torch.where(real[:, :, None], mask, first_only)
@@ -126,9 +160,11 @@ def _gathered(q: torch.Tensor, k: torch.Tensor, pieces: Pieces, scale: float):
     without repeating keys); scores are (N, KV, rep·Lq, Lk), −inf where masked.
     """
     KV, rep = k.shape[0], q.shape[0] // k.shape[0]
+    (N, Lq), Lk = pieces.query.shape, pieces.key.shape[1]
     queries = q[:, pieces.query].transpose(0, 1).unflatten(1, (KV, rep)).flatten(2, 3)
     keys = k[:, pieces.key].transpose(0, 1)
-    scores = torch.matmul(queries, keys.transpose(-1, -2)).mul_(scale).add_(pieces.bias(rep))
+    scores = torch.matmul(queries, keys.transpose(-1, -2)).mul_(scale)
+    scores.view(N, KV, rep, Lq, Lk).masked_fill_(~pieces.mask[:, None, None], float("-inf"))  # one mask for every head
     return queries, keys, scores
 
 
@@ -155,7 +191,7 @@ class _GroupedAttention(torch.autograd.Function):
         heads = query.shape[0]
         q, k, v = query.float(), key.float(), value.float()
         outs = []
-        for pieces in _groups(layout):
+        for pieces in layout.batches:
             _, _, scores = _gathered(q, k, pieces, scale)
             outs.append(_to_rows(torch.softmax(scores, -1) @ v[:, pieces.key].transpose(0, 1), heads))
         ctx.save_for_backward(query, key, value)
@@ -168,11 +204,12 @@ class _GroupedAttention(torch.autograd.Function):
         layout, scale = ctx.layout, ctx.scale
         heads, KV = query.shape[0], key.shape[0]
         q, k, v = query.float(), key.float(), value.float()
-        slots = grad_out.new_zeros(layout.order.numel() + _padding(layout), heads, q.shape[-1], dtype=torch.float32)
+        padded = sum(p.query.numel() for p in layout.batches)
+        slots = grad_out.new_zeros(padded, heads, grad_out.shape[-1], dtype=torch.float32)  # the value's head size (MLA: not the query's)
         slots[layout.order] = grad_out.float()  # padded slots keep a zero gradient
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         start = 0
-        for pieces in _groups(layout):
+        for pieces in layout.batches:
             N, Lq = pieces.query.shape
             queries, keys, scores = _gathered(q, k, pieces, scale)
             values = v[:, pieces.key].transpose(0, 1)
@@ -187,33 +224,29 @@ class _GroupedAttention(torch.autograd.Function):
         return dq.to(query.dtype), dk.to(key.dtype), dv.to(value.dtype), None, None
 
 
-def _groups(layout: AttentionLayout) -> list[Pieces]:
-    return [layout.prompts] + ([layout.completions] if layout.completions is not None else [])
-
-
-def _padding(layout: AttentionLayout) -> int:
-    """Padded (never read) slots in the flattened output."""
-    return sum(p.query.numel() for p in _groups(layout)) - layout.order.numel()
-
-
 def grouped_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None,
                       attention_layout: AttentionLayout | None = None, **kwargs):
-    """transformers' attention-function signature: `attention_layout` given, the grouped computation; else sdpa's.
+    """transformers' attention-function signature over a packed row's `attention_layout`.
 
     Args:
         query: (1, H, L, D); key, value: (1, KV, L, D) (after rotary embeddings), a packed row.
-        attention_mask: ignored with a layout (the layout is the mask); passed to sdpa without one.
+        attention_mask: ignored (the layout is the mask).
         dropout: must be 0 with a layout (`LogProbs` runs the dense mask when attention dropout is on).
         scaling: the softmax scale (default D^-0.5).
-        attention_layout: the row's `AttentionLayout`, or None.
+        attention_layout: the row's `AttentionLayout`.
     Returns:
         ((1, L, H, D) in the query's dtype, None), as transformers' sdpa_attention_forward.
     Raises:
+        RuntimeError: no layout (a layer that does not pass keywords on, or a concurrent forward).
         ValueError: a batch of more than one row, attention dropout, or attention features the layout
             does not express (a sliding window, logit softcapping, attention sinks).
     """
-    if attention_layout is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    if attention_layout is None:  # only a layer that drops keywords, or another thread's forward, lands here
+        raise RuntimeError(
+            f"{type(module).__name__} ran with attention {IMPLEMENTATION!r} but without the packed row's layout: its "
+            "decoder layer does not pass attention keywords on (packing.grouped_support refuses such models), or another "
+            "thread ran the model while a log-prob pass had switched it. Run forwards of one model from one thread."
+        )
     unsupported = [name for name in ("sliding_window", "softcap", "s_aux") if kwargs.get(name) is not None]
     if query.shape[0] != 1 or dropout > 0 or unsupported:
         raise ValueError(f"grouped attention takes one packed row of plain softmax attention without dropout; got batch "

@@ -43,12 +43,15 @@ from ..model.working_copy import WorkingCopy
 from ..model.experts import router_kwargs
 from .chunked_head import ChunkedHead, Scratch
 from .grouped_attention import IMPLEMENTATION, attention_implementation
-from .packing import PackedRow, pack, packing_support, pad, sharing_support
+from .packing import PackedRow, grouped_support, pack, packing_support, pad, sharing_support
 
 # Tokens per LM-head chunk: a (256, 49 152) fp32 block is 50 MB for SmolLM2, about
 # the padded micro-batch's whole (4, 64, V) logits, while 256 rows keep the head
 # matmul at full speed.
 CHUNK_TOKENS = 256
+
+# Config fields that hold an attention-probability dropout (Llama's, GPT-2's, BERT-style, and others').
+_ATTENTION_DROPOUT = ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob", "attn_dropout")
 
 # Config fields that change logits after the linear head; such heads run unchunked
 # through the model's own forward (`LogProbs` says so once).
@@ -95,6 +98,8 @@ def fallback_notices(model) -> list[str]:
             notes.append(f"the update runs padded rows, as TRL does ({reason}; {unpackable}).")
         else:
             notes.append(f"prompts are not shared between a group's completions ({reason}); packing only.")
+    elif _attention(model) == "sdpa" and (ungrouped := grouped_support(model)) is not None:
+        notes.append(f"shared prompts are attended through a dense (L, L) mask ({ungrouped}).")
     if (reason := chunkable_head(model)) is not None:
         notes.append(f"the LM head runs unchunked through the model's forward ({reason}).")
     return notes
@@ -148,6 +153,7 @@ class LogProbs:
         self.entropy_grad, self.weights, self.router_aux_loss = entropy_grad, weights, router_aux_loss
         self.grouped_attention = grouped_attention
         self.packs: dict[type, bool] = {}  # model class → runs a packed row without a mask (packing.packing_support)
+        self.groups: dict[type, bool] = {}  # model class → runs grouped attention (packing.grouped_support)
         self.scratch = Scratch()  # the chunked head's (chunk, V) blocks, kept from pass to pass
 
     def __call__(self, model, mb, reference=None) -> TokenStats:
@@ -157,8 +163,11 @@ class LogProbs:
     def _stats(self, model, mb, reference) -> TokenStats:
         share = self.share_prompts and not self.router_aux_loss and sharing_support(model) is None
         mask_dtype = None if _attention(model) == "sdpa" else _dtype(model)
-        grouped = self.grouped_attention and _grouped_attention(model)
         kind = type(_inner(model))
+        grouped = share and self.grouped_attention and _grouped_attention(model)
+        if grouped and kind not in self.groups:  # measured once per model class
+            self.groups[kind] = grouped_support(model) is None
+        grouped = grouped and self.groups[kind]
         if not share and kind not in self.packs:  # measured once per model class (packing.packing_support)
             self.packs[kind] = packing_support(model) is None
         if share or self.packs[kind]:
@@ -205,7 +214,7 @@ def _grouped_attention(model) -> bool:
     the pass has switched the model back to sdpa) and with attention dropout in training (grouped_attention has none).
     """
     inner = _inner(model)
-    dropout = inner.training and float(getattr(inner.config, "attention_dropout", 0.0) or 0.0) > 0
+    dropout = inner.training and any(float(getattr(inner.config, name, 0.0) or 0.0) > 0 for name in _ATTENTION_DROPOUT)
     return _attention(model) == "sdpa" and not getattr(inner, "is_gradient_checkpointing", False) and not dropout
 
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .grouped_attention import AttentionLayout, build_layout
+from ..model.experts import router_kwargs
+from .grouped_attention import IMPLEMENTATION, AttentionLayout, attention_implementation, build_layout, use_layout
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,8 @@ def pack(
         mask_dtype: None for a boolean mask (True = attend, what sdpa takes), or a
             float dtype for an additive 0 / −inf-like mask (what eager attention adds).
         grouped: with share_prompts, an `AttentionLayout` of the row's pieces for
-            grouped_attention instead of the dense mask (which is then None).
+            grouped_attention instead of the dense mask (which is then None), where
+            `use_layout` finds it cheaper; else the dense mask as without it.
     Returns:
         `PackedRow`. Token t of completion b is predicted by the hidden state at
         `source`: the last prompt token for t = 0, completion token t − 1 after it.
@@ -86,7 +88,7 @@ def pack(
         block.append(torch.full((n,), block_id, device=device))
         segment.append(torch.full((n,), b, device=device))
         # Logit t predicts token t + 1: the prompt's last token predicts the first completion token.
-        source.append(torch.cat([torch.tensor([last_prompt_end - 1], device=device), torch.arange(length, length + n - 1, device=device)])[:n])
+        source.append(torch.cat([torch.tensor([last_prompt_end - 1], device=device), torch.arange(length, length + max(n - 1, 0), device=device)])[:n])
         rows.append(torch.full((n,), b, device=device))
         cols.append(completion_mask[b].nonzero().flatten())
         length += n
@@ -94,7 +96,9 @@ def pack(
     mask = layout = None
     if share_prompts and grouped:
         layout = build_layout(prompt_pieces, completion_pieces, length, device)
-    elif share_prompts:
+        if not use_layout(layout, length):  # uneven or long pieces: the dense mask costs less
+            layout = None
+    if share_prompts and layout is None:
         q, k = torch.arange(length, device=device).unsqueeze(1), torch.arange(length, device=device).unsqueeze(0)
         same_block = block_ids.unsqueeze(1) == block_ids.unsqueeze(0)
         visible = (segment_ids.unsqueeze(0) == -1) | (segment_ids.unsqueeze(1) == segment_ids.unsqueeze(0))  # prompt or own
@@ -172,3 +176,37 @@ def packing_support(model) -> str | None:
     if torch.allclose(logits[:3], logits[3:], atol=tol, rtol=tol):
         return None
     return f"{inner.config.model_type} does not separate packed sequences by their position ids"
+
+
+def grouped_support(model) -> str | None:
+    """Why `model` cannot run grouped_attention (update/grouped_attention.py), or None when it can.
+
+    It can when its layers hand the `attention_layout` keyword on to transformers' attention function
+    and read no attention name of their own (Falcon tests for "sdpa"; StableLM's and Nemotron's decoder
+    layers drop the keywords, transformers 5.19). Measured, not assumed: a prompt shared by two
+    completions, packed, must give the dense mask's logits. Run once per model class by `LogProbs`
+    (eval mode, no gradient), after `sharing_support` found the model can share prompts.
+    """
+    inner = getattr(model, "module", model)
+    device = inner.device
+    prompt_ids = torch.tensor([[1, 2, 3], [1, 2, 3]], device=device)  # row: 1 2 3 | 4 5 | 6
+    completion_ids, completion_mask = torch.tensor([[4, 5], [6, 0]], device=device), torch.tensor([[1, 1], [1, 0]], device=device)
+    dense = pack(prompt_ids, torch.ones_like(prompt_ids), completion_ids, completion_mask, share_prompts=True)
+    layout = build_layout([(0, 3)], [(3, 2, 0), (5, 1, 0)], 6, device)
+    inputs = dict(input_ids=dense.input_ids, position_ids=dense.position_ids, use_cache=False, **router_kwargs(inner.config, False))
+    was_training = inner.training
+    inner.eval()
+    try:  # in the weights' own dtype, without autocast
+        with torch.no_grad(), torch.autocast(device.type, enabled=False):
+            expected = inner(**inputs, attention_mask=dense.attention_mask).logits[0].float()
+            try:
+                with attention_implementation(inner, IMPLEMENTATION):
+                    got = inner(**inputs, attention_mask=None, attention_layout=layout).logits[0].float()
+            except Exception as error:  # noqa: BLE001 — any failure means: keep the dense mask
+                return f"{inner.config.model_type} does not run grouped attention ({type(error).__name__}: {error})"
+    finally:
+        inner.train(was_training)
+    tol = 1e-4 if next(inner.parameters()).dtype == torch.float32 else 3e-2
+    if torch.allclose(got, expected, atol=tol, rtol=tol):
+        return None
+    return f"{inner.config.model_type}'s grouped attention differs from its dense mask"
