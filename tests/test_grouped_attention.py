@@ -10,7 +10,10 @@ from types import SimpleNamespace
 
 from fastgrpo.update import grouped_attention as ga
 from fastgrpo.update import packing
+from fastgrpo.model.experts import RouterAuxLoss
 from fastgrpo.update.logprobs import LogProbs
+from test_architectures import FAMILIES, family_model, padded_forward
+from test_architectures import micro_batch as arch_micro_batch
 from fastgrpo.update.packing import pack
 
 
@@ -34,7 +37,13 @@ def ragged(seed=0, groups=3, G=3, P=6, T=7):
                            completion_ids=torch.randint(1, 500, (groups * G, T), generator=g), completion_mask=completion_mask)
 
 
-def test_layout_worked_by_hand():
+@pytest.fixture
+def always_grouped(monkeypatch):
+    """pack(grouped=True) gives the layout whatever its cost (the rule, use_layout, is tested on its own)."""
+    monkeypatch.setattr(packing, "use_layout", lambda layout, length: True)
+
+
+def test_layout_worked_by_hand(always_grouped):
     mb = worked_example()
     row = pack(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.completion_mask, share_prompts=True, grouped=True)
     assert row.attention_mask is None and row.input_ids.tolist() == [[7, 8, 1, 2, 3, 9, 4, 5]]
@@ -52,7 +61,8 @@ def test_layout_worked_by_hand():
     assert [b.mask.tolist() for b in batches[1:]] == [[[[True, True, True]]], [[[True, False], [True, True]]], [[[True]]]]
     # Output slots in batch order: positions 2 3 6 7 | 4 | 0 1 | 5 → slots 0 1 2 3 | 4 | 5 6 | 7.
     assert row.layout.order.tolist() == [5, 6, 0, 1, 4, 7, 2, 3]
-    assert row.layout.pairs == 2 * 2 * 4 + 3 + 4 + 1  # 24, under half of the dense mask's 64
+    assert row.layout.pairs == 2 * 2 * 4 + 3 + 4 + 1  # 24
+    assert not ga.use_layout(row.layout, 8)  # over a quarter of the dense mask's 64: pack keeps the mask for so short a row
 
 
 def test_uneven_pieces_are_batched_by_length_and_a_skewed_row_keeps_the_dense_mask():
@@ -61,12 +71,14 @@ def test_uneven_pieces_are_batched_by_length_and_a_skewed_row_keeps_the_dense_ma
     completions = [(4, 40, 0)] + [(44 + 3 * i, 3, 0) for i in range(8)]
     layout = ga.build_layout([(0, 4)], completions, 68, "cpu")
     assert [tuple(b.mask.shape) for b in layout.batches] == [(1, 40, 44), (9, 4, 8)]
-    assert layout.pairs == 40 * 44 + 9 * 32 and ga.use_layout(layout, 68)  # 2048 ≤ 68² / 2
+    assert layout.pairs == 40 * 44 + 9 * 32 and not ga.use_layout(layout, 68)  # 2048 > 68² / 4
+    # Eight 40-token completions of one prompt: 8 × 40 × 44 + 4 × 4 = 14 096 pairs ≤ 324² / 4.
+    assert ga.use_layout(ga.build_layout([(0, 4)], [(4 + 40 * i, 40, 0) for i in range(8)], 324, "cpu"), 324)
     # One completion much longer than the rest of its row: its own pairs exceed half of L², so pack keeps the dense mask.
     mb = SimpleNamespace(prompt_ids=torch.tensor([[7, 8], [7, 8]]), prompt_mask=torch.ones(2, 2, dtype=torch.long),
                          completion_ids=torch.arange(1, 25).view(2, 12), completion_mask=torch.tensor([[1] * 12, [1] + [0] * 11]))
     row = pack(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.completion_mask, share_prompts=True, grouped=True)
-    assert row.layout is None and row.attention_mask is not None  # 12 × 14 + 1 × 3 + 2 × 2 = 175 pairs > 15² / 2
+    assert row.layout is None and row.attention_mask is not None  # 12 × 14 + 1 × 3 + 2 × 2 = 175 pairs > 15² / 4
     # A batch is capped in pairs: 8 equal completions at a cap of 2 pieces' pairs make batches of 2.
     capped = ga.build_layout([(0, 4)], [(4 + 5 * i, 5, 0) for i in range(8)], 44, "cpu", batch_pairs=2 * 5 * 9)
     assert [b.query.shape[0] for b in capped.batches] == [2, 2, 2, 2, 1]
@@ -75,12 +87,6 @@ def test_uneven_pieces_are_batched_by_length_and_a_skewed_row_keeps_the_dense_ma
 def attention_inputs(L, heads=6, kv_heads=2, dim=8, dtype=torch.float32, seed=0):
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(1, n, L, dim, generator=g).to(dtype).requires_grad_() for n in (heads, kv_heads, kv_heads)]
-
-
-@pytest.fixture
-def always_grouped(monkeypatch):
-    """pack(grouped=True) gives the layout whatever its cost (the rule is tested on its own above)."""
-    monkeypatch.setattr(packing, "use_layout", lambda layout, length: True)
 
 
 @pytest.mark.parametrize("seed,batch_pairs,value_dim", [(0, ga.BATCH_PAIRS, 8), (1, ga.BATCH_PAIRS, 8), (2, 30, 8), (3, ga.BATCH_PAIRS, 5)])
@@ -125,7 +131,7 @@ def test_without_a_layout_it_refuses_to_attend_over_the_whole_row():
         ga.grouped_attention(SimpleNamespace(num_key_value_groups=3), q, k, v, None)
 
 
-def test_refusals():
+def test_refusals(always_grouped):
     mb = worked_example()
     row = pack(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.completion_mask, share_prompts=True, grouped=True)
     q, k, v = attention_inputs(8)
@@ -138,7 +144,7 @@ def test_refusals():
         ga.build_layout([(0, 2)], [(3, 1, 0)], 4, "cpu")  # position 2 in no piece
 
 
-def test_log_probs_run_it_for_sdpa_and_restore_the_models_attention(make_model, monkeypatch):
+def test_log_probs_run_it_for_sdpa_and_restore_the_models_attention(make_model, monkeypatch, always_grouped):
     calls = []
     real = ga._GroupedAttention.apply
     monkeypatch.setattr(ga._GroupedAttention, "apply", lambda *a: calls.append(1) or real(*a))
@@ -193,7 +199,7 @@ def test_a_model_whose_layers_do_not_pass_the_layout_on_keeps_the_dense_mask(tok
 
 
 @pytest.mark.parametrize("name", ["attention_dropout", "attn_pdrop"])
-def test_attention_dropout_in_training_keeps_the_dense_mask(make_model, monkeypatch, name):
+def test_attention_dropout_in_training_keeps_the_dense_mask(make_model, monkeypatch, name, always_grouped):
     calls = []
     real = ga._GroupedAttention.apply
     monkeypatch.setattr(ga._GroupedAttention, "apply", lambda *a: calls.append(1) or real(*a))
@@ -213,3 +219,24 @@ def test_a_row_without_completion_tokens_packs():
     for grouped in (False, True):
         row = pack(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.completion_mask, share_prompts=True, grouped=grouped)
         assert row.input_ids.tolist() == [[7, 8, 1, 2, 9, 4, 5]] and row.rows.tolist() == [0, 0, 2, 2]
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_every_family_that_shares_prompts_gives_the_padded_forwards_log_probs_and_the_dense_masks_gradients(tokenizer, name, always_grouped):
+    model = family_model(name, tokenizer)
+    mb = arch_micro_batch(tokenizer)
+    aux = RouterAuxLoss.from_config(None, model.config).enabled
+    with torch.no_grad():
+        expected = padded_forward(model.eval(), mb)[0]
+    model.train()
+    weights = torch.randn(mb.completion_ids.shape, generator=torch.Generator().manual_seed(0))
+    grads = []
+    for grouped in (True, False):
+        model.zero_grad()
+        stats = LogProbs(1.0, router_aux_loss=aux, grouped_attention=grouped)(model, mb)
+        if grouped:
+            torch.testing.assert_close(stats.logps, expected, atol=2e-5, rtol=0)
+        (stats.logps * weights).sum().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    for n, g in grads[0].items():
+        torch.testing.assert_close(g, grads[1][n], atol=1e-5, rtol=1e-4)

@@ -73,11 +73,13 @@ PIECE_PAIRS = 4 << 20
 def use_layout(layout: AttentionLayout, length: int) -> bool:
     """Whether a row of `length` tokens should run grouped attention with `layout` rather than sdpa with the dense mask.
 
-    Yes when the batches compute at most half of the dense mask's L² pairs (measured: grouped attention is
-    faster per pair below that, docs/benchmarks.md) and no single piece exceeds PIECE_PAIRS.
+    Yes when the batches compute at most a quarter of the dense mask's L² pairs and no single piece
+    exceeds PIECE_PAIRS. A quarter: a pair costs grouped attention (fp32) ≈ 4.5× what it costs sdpa's
+    kernel on bf16 inputs (measured on an Intel Xeon with AMX, benchmarks/attention.py and
+    docs/benchmarks.md), so below it grouped attention is the faster; fp32 runs gain less often than they could.
     """
     largest = max(b.mask[0].numel() for b in layout.batches)  # a batch's first piece is its longest
-    return 2 * layout.pairs <= length * length and largest <= PIECE_PAIRS
+    return 4 * layout.pairs <= length * length and largest <= PIECE_PAIRS
 
 
 def build_layout(prompts: list[tuple[int, int]], completions: list[tuple[int, int, int]], length: int, device,

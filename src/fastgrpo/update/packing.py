@@ -96,7 +96,7 @@ def pack(
     mask = layout = None
     if share_prompts and grouped:
         layout = build_layout(prompt_pieces, completion_pieces, length, device)
-        if not use_layout(layout, length):  # uneven or long pieces: the dense mask costs less
+        if not use_layout(layout, length):  # short rows, uneven or long pieces: the dense mask costs less
             layout = None
     if share_prompts and layout is None:
         q, k = torch.arange(length, device=device).unsqueeze(1), torch.arange(length, device=device).unsqueeze(0)
