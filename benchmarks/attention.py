@@ -12,7 +12,8 @@ side runs forward + backward on the same q, k, v (bf16, as the update's bf16
 products make them; (1, heads, L, 64) views of (1, L, heads, 64) blocks, as
 the layer's projections leave them), alternated, the median of 6 after a
 warm-up; one line per row size with both sides' milliseconds and the
-query–key pairs each computes.
+query–key pairs each computes, and which of the two pack chooses for the row
+(`grouped_attention.use_layout`; the grouped side is timed either way).
 
 Not here: whole optimizer steps (update_profile.py --ab-grouped-attention).
 """
@@ -30,6 +31,8 @@ import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from fastgrpo.update.grouped_attention import grouped_attention
+from fastgrpo.update import packing
+from fastgrpo.update.grouped_attention import use_layout
 from fastgrpo.update.packing import pack
 
 HEADS, KV_HEADS, DIM, PROMPT, COMPLETION = 9, 3, 64, 45, 64
@@ -44,7 +47,11 @@ def rows(groups: int, seed: int = 0):
     completion_mask = (torch.arange(COMPLETION)[None] < lengths[:, None]).long()
     completion_ids = torch.randint(1, 999, (groups * G, COMPLETION), generator=g)
     args = (prompt_ids, torch.ones_like(prompt_ids), completion_ids, completion_mask, True)
-    return pack(*args), pack(*args, grouped=True)
+    take_layout, packing.use_layout = packing.use_layout, lambda layout, length: True  # the layout whatever pack would choose
+    try:
+        return pack(*args), pack(*args, grouped=True)
+    finally:
+        packing.use_layout = take_layout
 
 
 def timed(fn, repeats: int = 6) -> float:
@@ -80,7 +87,8 @@ def main() -> None:
                 ms[name].append(timed(sides[name]))
         pairs = {"dense mask": L * L, "grouped": grouped.layout.pairs}
         print(json.dumps({"groups": groups, "L": L, "ms_forward_backward": {n: round(min(t), 2) for n, t in ms.items()},
-                          "pairs_per_head": pairs, "grouped / dense": round(min(ms["grouped"]) / min(ms["dense mask"]), 2)}))
+                          "pairs_per_head": pairs, "grouped / dense": round(min(ms["grouped"]) / min(ms["dense mask"]), 2),
+                          "pack chooses": "grouped" if use_layout(grouped.layout, L) else "dense mask"}))
 
 
 if __name__ == "__main__":
