@@ -4,19 +4,19 @@ In a packed row with shared prompts (packing.py) a prompt attends causally to
 itself and a completion to its own prompt and, causally, to itself: of the row's
 L² query–key pairs a pass needs about Σ_pieces queries × keys, a small share
 once a row holds several groups. sdpa with the dense mask computes all L², so
-its cost grows with the square of the row (measured, SmolLM2's 9 heads,
-forward + backward per layer, bf16: 33 → 25 ms at L = 757, 116 → 55 ms at
-L = 1642; docs/benchmarks.md "Grouped attention").
+its cost grows with the square of the row (measured, SmolLM2's 9 heads, one
+layer forward + backward, bf16: 36 → 22 ms at L = 790, 422 → 87 ms at L = 2875;
+benchmarks/attention.py, docs/benchmarks.md "Grouped attention and merged passes").
 
-`AttentionLayout` lists the pieces as two padded batches (`Pieces`): prompts
-(Np, Lp) and completions (Nc, Lc) whose keys are their prompt's, then their own
-(Nc, Lp + Lc). `grouped_attention` gathers q, k, v into them and runs softmax
-attention in fp32 (autocast off inside: scores and softmax in fp32, as sdpa's
-CPU kernels accumulate), with the query heads that share a key head stacked
-along the query length instead of repeating keys, and puts the output back in
-row order. Like flash attention it keeps only q, k and v for backward and
-recomputes the probabilities there. Values equal sdpa's with the dense mask to
-float rounding (tests/test_grouped_attention.py).
+`AttentionLayout` lists the pieces (each prompt; each completion with its
+prompt's keys first, then its own) sorted by length and padded into batches
+(`Pieces`, `build_layout`). `grouped_attention` gathers q, k, v into them and
+runs softmax attention in fp32 (autocast off inside: scores and softmax in fp32,
+as sdpa's CPU kernels accumulate), with the query heads that share a key head
+stacked along the query length instead of repeating keys, and puts the output
+back in row order. Like flash attention it keeps only q, k and v for backward
+and recomputes the probabilities there. Values equal sdpa's with the dense mask
+to float rounding (tests/test_grouped_attention.py).
 
 It is registered with transformers' `AttentionInterface` as `IMPLEMENTATION`.
 `LogProbs` switches a model to it for one forward (`attention_implementation`)
@@ -78,7 +78,7 @@ def use_layout(layout: AttentionLayout, length: int) -> bool:
     kernel on bf16 inputs (measured on an Intel Xeon with AMX, benchmarks/attention.py and
     docs/benchmarks.md), so below it grouped attention is the faster; fp32 runs gain less often than they could.
     """
-    largest = max(b.mask[0].numel() for b in layout.batches)  # a batch's first piece is its longest
+    largest = max(b.mask[0].numel() for b in layout.batches)  # every piece of a batch is padded to the batch's size
     return 4 * layout.pairs <= length * length and largest <= PIECE_PAIRS
 
 

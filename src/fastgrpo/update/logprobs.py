@@ -11,9 +11,10 @@ sees the same positions as in the padded batch. When consecutive rows share the
 same prompt tokens (the G completions of a group are contiguous) the prompt is
 computed once and each of its completions attends to it: completion tokens see
 their prompt and earlier tokens of their own completion, nothing else. sdpa
-models attend piece by piece (grouped_attention.py, no (L, L) mask); eager
-attention, gradient checkpointing and attention dropout take a 4D mask. The gradient through the shared prompt is the sum over its
-completions, which is what G separate copies would give. A model that does not
+models attend piece by piece where it pays (grouped_attention.py, no (L, L)
+mask); other rows, eager attention, gradient checkpointing and attention
+dropout take a 4D mask. The gradient through the shared prompt is the sum over
+its completions, which is what G separate copies would give. A model that does not
 separate packed sequences by their position ids (`packing.packing_support`,
 measured once per model class) runs TRL's padded rows instead (`packing.pad`).
 
