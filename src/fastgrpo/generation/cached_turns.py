@@ -28,7 +28,8 @@ from __future__ import annotations
 import torch
 
 from .contract import Turn
-from .kv_cache import KVCache, inverse_cdf
+from .draw import draw
+from .kv_cache import KVCache
 from .processors import fill_pads
 
 
@@ -165,21 +166,13 @@ class CachedTurns:
         index = torch.arange(m, device=device)  # which of the m turns each live slot is
         N = len(cache.row)
         for t in range(max(budgets)):
-            logits = logits.float()
-            if not torch.isfinite(logits).all():
-                raise ValueError(
-                    f"the model's logits hold inf or NaN at turn token {t}; its weights are not finite "
-                    "(a diverged run, or a bad checkpoint): resume from an earlier checkpoint or reload the model."
-                )
             n = len(index)
             width = int(cache.column[:n].max())
             history = cache.tokens[:n, :width]  # rows hold different lengths: a shorter row's tail is not its own
             own = torch.arange(width, device=device) < cache.column[:n, None]
             history = torch.where(own, history, history[:, :1])  # … so it repeats the row's first token (a set keeps, as fill_pads)
-            scores = s.processors(history, logits)
             uniform = torch.rand(N, 1, device=device, dtype=torch.float64)[cache.row[:n]]
-            token = inverse_cdf(scores.softmax(-1), uniform)  # (n,)
-            logp = (logits / s.sampling.temperature).log_softmax(-1).gather(1, token[:, None]).squeeze(1)
+            token, logp = draw(logits, history, uniform, s.processors, s.sampling.temperature, f"turn token {t}")  # (n,), (n,)
             for i, tok, lp in zip(index.tolist(), token.tolist(), logp.tolist()):
                 out[i].append(tok)
                 logps[i].append(lp)

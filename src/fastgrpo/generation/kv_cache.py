@@ -1,10 +1,10 @@
-"""The own sampler's decoder pass: a static KV cache run module by module, and inverse-CDF token draws.
+"""The own sampler's decoder pass: a static KV cache run module by module.
 
 `KVCache` runs a Llama-family decoder (Llama, Mistral, Qwen2) with the model's own projections, norms, MLP and
-rotary embedding (LoRA layers injected by peft run too) over a cache it owns; `inverse_cdf` draws one token per
-row from one uniform number. sampler.py (one turn) and cached_turns.py (turns that keep the cache) share them.
+rotary embedding (LoRA layers injected by peft run too) over a cache it owns. sampler.py (one turn) and
+cached_turns.py (turns that keep the cache) share it.
 
-Not here: the decode loops (sampler.py, cached_turns.py).
+Not here: the decode loops (sampler.py, cached_turns.py), each step's draw (draw.py).
 """
 
 from __future__ import annotations
@@ -12,17 +12,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
-
-def inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
-    """Token i with probability probs[i]: the first index whose cumulative probability exceeds u · total.
-
-    probs (n, V), uniform (n, 1) in [0, 1) → (n,). The sum runs in float64 so a
-    token of probability 0 (cut by top-k/top-p/min-p) is never picked, and
-    scaling by the total absorbs the rounding of the float32 probabilities.
-    """
-    cdf = probs.double().cumsum(-1)  # (n, V)
-    return torch.searchsorted(cdf, uniform * cdf[:, -1:], right=True).squeeze(1).clamp(max=probs.shape[1] - 1)
 
 
 class KVCache:

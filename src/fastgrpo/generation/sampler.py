@@ -22,7 +22,7 @@ p_i), so a row's tokens do not depend on which other rows are still running.
 (weight_copy.py: the bf16 copy, or FSDP's gathered one) the loop pushes the
 policy's weights into it with `update_weights` once per rollout.
 
-Not here: the cache and the forward passes (kv_cache.py), the processors
+Not here: the cache and the forward passes (kv_cache.py), each step's draw (draw.py), the processors
 (processors.py), choosing a backend (build.py), masks after EOS (rollout/record.py).
 """
 
@@ -33,7 +33,8 @@ import torch
 from ..model.loading import decoder_of
 from .cached_turns import CachedTurns
 from .contract import Samples, SamplingSettings
-from .kv_cache import KVCache, inverse_cdf
+from .draw import draw
+from .kv_cache import KVCache
 from .processors import fill_pads, logits_processors
 from .weight_copy import WeightCopy
 
@@ -146,16 +147,9 @@ class Sampler:
         logps = torch.zeros(N, T, device=device)
         rows = torch.arange(N, device=device)  # original index of each live row, live rows first in the cache
         for t in range(T):
-            logits = logits.float()
-            if not torch.isfinite(logits).all():  # as generate() refuses it: never sample from a broken distribution
-                raise ValueError(
-                    f"the model's logits hold inf or NaN at completion token {t}; its weights are not finite "
-                    "(a diverged run, or a bad checkpoint): resume from an earlier checkpoint or reload the model."
-                )
-            scores = self.processors(tokens[rows, : P + t], logits)  # (n, V)
-            token = inverse_cdf(scores.softmax(-1), torch.rand(N, 1, device=device, dtype=torch.float64)[rows])  # (n,)
+            uniform = torch.rand(N, 1, device=device, dtype=torch.float64)[rows]
+            token, logps[rows, t] = draw(logits, tokens[rows, : P + t], uniform, self.processors, self.sampling.temperature, f"completion token {t}")
             out[rows, t], tokens[rows, P + t] = token, token
-            logps[rows, t] = (logits / self.sampling.temperature).log_softmax(-1).gather(1, token[:, None]).squeeze(1)
             live = ~torch.isin(token, eos)
             if t + 1 == T or not live.any():
                 break
