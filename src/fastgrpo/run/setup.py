@@ -3,7 +3,8 @@
 - `build_accelerator`: refuses a broken launch or an unwritable output_dir, picks
   the precision (`bf16`; None: where the hardware multiplies bf16 fast, precision.py,
   with a one-line notice), starts the trackers,
-  checks the world size and seeds each process.
+  checks the world size and seeds each process; on a CPU, freed memory stays in
+  glibc's heap from step to step (allocator.py).
 - `load_policy`: the tokenizer and model (loaded once on the main process
   first), adapters, dropout off, gradient checkpointing, π_ref, the EOS ids and
   the router's load-balancing loss (model/experts.py);
@@ -28,6 +29,7 @@ from rich.console import Console
 from transformers import PreTrainedTokenizerBase, get_scheduler
 
 from . import runs
+from .allocator import keep_freed_memory
 from ..config import GRPOConfig
 from ..model.launch import cpu_launch_error, cpu_only
 from ..generation.weight_copy import GatheredCopy
@@ -43,6 +45,7 @@ def build_accelerator(args: GRPOConfig) -> tuple[Accelerator, bool]:
 
     bf16 is `precision.resolve_bf16`'s decision, printed as one notice line (main
     process) when `args.bf16` is None; the autocast is fastgrpo's (precision.py).
+    On a CPU device it also sets glibc's malloc thresholds for the process (allocator.keep_freed_memory).
 
     Raises:
         ValueError: `accelerate launch --cpu` started one process of several
@@ -65,6 +68,8 @@ def build_accelerator(args: GRPOConfig) -> tuple[Accelerator, bool]:
         raise ValueError(f"GRPOConfig was built for world_size={a.world_size} but {acc.num_processes} processes run; build the config inside the launched script.")
     if notice is not None and acc.is_main_process:
         Console().print(f"fastgrpo: {notice}", highlight=False)
+    if acc.device.type == "cpu":
+        keep_freed_memory()  # no page faults on each step's fresh tensors (allocator.py)
     set_seed(a.seed, device_specific=True)  # each process samples its own completions; PromptOrder has its own seed
     return acc, bf16
 
