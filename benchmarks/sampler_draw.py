@@ -3,7 +3,8 @@
     python benchmarks/sampler_draw.py                        # 32 rows × SmolLM2's 49 152 tokens, 2 threads
     python benchmarks/sampler_draw.py --rows 16 --vocab 151936 --threads 1
 
-Times one decode step's maths on bf16 logits (what the bf16 weight copy's head gives): the finiteness
+Times one decode step's maths on bf16 logits (what the bf16 weight copy's head gives), in a process whose
+freed memory stays in glibc's heap as a CPU trainer's does (run/allocator.py): the finiteness
 check, the softmax, the inverse-CDF draw and the token's log-prob at T = 1 and T = 0.7, no other
 processors. The reference is the code as landed before (an `isfinite` mask over (n, V), one float64
 cumulative sum over V, `log_softmax` then gather). Calls alternate (reference, draw, …) in rounds of 20;
@@ -24,6 +25,7 @@ from transformers import LogitsProcessorList
 from fastgrpo.generation.contract import SamplingSettings
 from fastgrpo.generation.draw import draw, inverse_cdf
 from fastgrpo.generation.processors import logits_processors
+from fastgrpo.run.allocator import keep_freed_memory
 
 
 def reference_inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
@@ -56,6 +58,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    keep_freed_memory()  # as the trainer on a CPU
     torch.manual_seed(0)
     logits = (torch.randn(args.rows, args.vocab) * 3).bfloat16()
     history = torch.zeros(args.rows, 1, dtype=torch.long)
