@@ -2,14 +2,19 @@
 
 Tokens by hand on small distributions (zero-probability tokens skipped, block boundaries, u next to 1,
 vocabularies that 256 does not divide); the same tokens as one float64 cumulative sum over V on random
-distributions; log-probs equal float64 log-softmax; non-finite logits refused, huge finite ones not.
+distributions; no rows, no tokens; log-probs equal float64 log-softmax, also for logits of 1e7; non-finite
+logits refused, huge finite ones drawn from at T = 1 and refused with a clear error where T < 1 overflows them.
 """
+
+import math
 
 import pytest
 import torch
 from transformers import LogitsProcessorList
 
+from fastgrpo.generation.contract import SamplingSettings
 from fastgrpo.generation.draw import draw, inverse_cdf
+from fastgrpo.generation.processors import logits_processors
 
 ONE_MINUS = 1 - 2**-53  # the largest float64 below 1: torch.rand's largest value
 
@@ -84,6 +89,19 @@ def test_draw_logps_are_log_softmax_at_the_temperature():
     assert torch.equal(token, inverse_cdf(logits.bfloat16().float().softmax(-1), u))
 
 
+def test_no_rows_draw_nothing():
+    assert inverse_cdf(torch.rand(0, 49152), torch.rand(0, 1, dtype=torch.float64)).shape == (0,)
+    assert inverse_cdf(torch.rand(0, 50257), torch.rand(0, 1, dtype=torch.float64)).shape == (0,)
+
+
+def test_large_logits_keep_their_log_prob():
+    logits = torch.zeros(2, 300)
+    logits[:, :2] = 1e7  # two tokens share the mass: log π = −log 2 for either, whatever the shift
+    token, logp = draw(logits, torch.zeros(2, 1, dtype=torch.long), torch.tensor([[0.25], [0.75]], dtype=torch.float64), LogitsProcessorList(), 1.0, "x")
+    assert token.tolist() == [0, 1]
+    torch.testing.assert_close(logp, torch.full((2,), -math.log(2)), atol=1e-6, rtol=0)
+
+
 def test_draw_refuses_inf_and_nan_and_keeps_huge_finite_logits():
     history = torch.zeros(2, 1, dtype=torch.long)
     u = torch.tensor([[0.25], [0.75]], dtype=torch.float64)
@@ -94,5 +112,10 @@ def test_draw_refuses_inf_and_nan_and_keeps_huge_finite_logits():
             draw(logits, history, u, LogitsProcessorList(), 1.0, "turn token 5")
     logits = torch.full((2, 300), -3e38)
     logits[:, :2] = 3e38  # finite, but their sum overflows: drawn from, not refused
-    token, _ = draw(logits, history, u, LogitsProcessorList(), 1.0, "turn token 5")
+    token, logp = draw(logits, history, u, LogitsProcessorList(), 1.0, "turn token 5")
     assert token.tolist() == [0, 1]
+    torch.testing.assert_close(logp, torch.full((2,), -math.log(2)), atol=1e-6, rtol=0)
+    # at T = 0.7 the same logits overflow float32 inside the temperature warper: refused, not a broken draw
+    warm = logits_processors(SamplingSettings(8, [0], 0, temperature=0.7))
+    with pytest.raises(ValueError, match=r"distribution at turn token 5 is not finite although the logits are .* rows \[0, 1\]"):
+        draw(logits, history, u, warm, 0.7, "turn token 5")

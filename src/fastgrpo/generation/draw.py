@@ -25,7 +25,7 @@ def inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     Two levels, both summed in float64: the block totals of `BLOCK` tokens (or of gcd(V, `BLOCK`)
     when that is ≥ 64; otherwise the row is padded with zeros) pick the block, then the cumulative sum
     inside the one block picks the token. This is the single float64 cumulative sum over V to within
-    float64 rounding (a different token only when u falls within ≈ 1e-16 of a boundary), at a
+    float64 rounding (a different token only when u · Σ falls within ≈ 1e-15 · Σ of a boundary), at a
     fraction of its cost: no (n, V) float64 block is made.
 
     A token of probability 0 (cut by top-k/top-p/min-p) is never picked: its cumulative value equals
@@ -37,15 +37,21 @@ def inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
         probs: (n, V) non-negative, any float dtype (float32 from softmax); rows need not sum to 1.
         uniform: (n, 1) float64 in [0, 1).
     Returns:
-        (n,) int64 token ids.
+        (n,) int64 token ids; (0,) for no rows.
+    Raises:
+        ValueError: a row's total is NaN, infinite or 0 (no distribution to draw from), naming the rows.
     """
     n, V = probs.shape
     width = math.gcd(V, BLOCK)
     if width < 64:  # a vocabulary with few factors of two: zero-mass padding is never drawn
         probs, width = F.pad(probs, (0, -V % BLOCK)), BLOCK
-    blocks = probs.view(n, -1, width)  # (n, V / width, width)
+    blocks = probs.reshape(n, probs.shape[1] // width, width)  # (n, V / width, width)
     cdf = blocks.sum(-1, dtype=torch.float64).cumsum(-1)  # (n, blocks)
-    x = uniform * cdf[:, -1:]  # (n, 1)
+    total = cdf[:, -1:]  # (n, 1)
+    if not ((total > 0) & torch.isfinite(total)).all():
+        rows = (~((total > 0) & torch.isfinite(total))).squeeze(1).nonzero().squeeze(1).tolist()
+        raise ValueError(f"rows {rows[:8]} have no distribution to draw from: their probabilities sum to NaN, inf or 0.")
+    x = uniform * total
     block = first_above(cdf, x)  # (n, 1)
     below = torch.where(block > 0, cdf.gather(1, (block - 1).clamp(min=0)), 0.0)  # mass of the blocks before it
     inner = blocks[torch.arange(n, device=probs.device), block.squeeze(1)].double().cumsum(-1)  # (n, width)
@@ -74,7 +80,8 @@ def draw(
     Returns:
         token (n,) int64, logp (n,) float32.
     Raises:
-        ValueError: the logits hold inf or NaN (a diverged run or a bad checkpoint), as `generate` refuses to sample.
+        ValueError: the logits hold inf or NaN (a diverged run or a bad checkpoint), as `generate` refuses to sample;
+            or finite logits so large that the processors' distribution is not finite.
     """
     logits = logits.float()
     if not torch.isfinite(logits.sum()) and not torch.isfinite(logits).all():  # a finite sum: all finite, in one cheap pass
@@ -82,7 +89,15 @@ def draw(
             f"the model's logits hold inf or NaN at {where}; its weights are not finite "
             "(a diverged run, or a bad checkpoint): resume from an earlier checkpoint or reload the model."
         )
-    token = inverse_cdf(processors(history, logits).softmax(-1), uniform)  # (n,)
+    try:
+        token = inverse_cdf(processors(history, logits).softmax(-1), uniform)  # (n,)
+    except ValueError as error:  # finite logits that the processors (T < 1, a penalty < 1) pushed past float32
+        raise ValueError(
+            f"the sampling distribution at {where} is not finite although the logits are (largest |logit| "
+            f"{float(logits.abs().max()):.3g}, temperature {temperature}): {error} The weights have diverged: "
+            "resume from an earlier checkpoint or reload the model."
+        ) from None
     scaled = logits if temperature == 1.0 else logits / temperature
-    logp = scaled.gather(1, token[:, None]).squeeze(1) - torch.logsumexp(scaled, -1)
+    top = scaled.max(-1, keepdim=True).values  # (n, 1): log softmax's own shift, so large logits keep their precision
+    logp = (scaled.gather(1, token[:, None]) - top).squeeze(1) - (scaled - top).exp_().sum(-1).log_()
     return token, logp
