@@ -32,7 +32,9 @@ def keep_freed_memory() -> bool:
 
     Nothing is set, and False returned, where the C library is not glibc (macOS, musl) or where the user chose
     malloc's thresholds already (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, MALLOC_TOP_PAD_, or a
-    GLIBC_TUNABLES entry for malloc): theirs stand. Values computed are unchanged, only where memory comes from.
+    GLIBC_TUNABLES entry for malloc): theirs stand. Under a preloaded jemalloc or tcmalloc glibc's
+    thresholds are set but unused: that allocator keeps its own policy. Values computed are unchanged, only
+    where memory comes from.
     """
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
