@@ -2,7 +2,7 @@
 
 Both in-process decode loops (sampler.py: one turn; cached_turns.py: turns that keep the cache) call `draw`
 once per step. Nothing here makes an (n, V) float64 block or an (n, V) boolean one: at 32 rows of SmolLM2's
-49 152 tokens, 2 threads, a step's maths went from 5.2 to 2.8 ms at T = 1 and from 5.5 to 3.5 ms at T = 0.7
+49 152 tokens, 2 threads, a step's maths went from 5.5 to 3.3 ms at T = 1 and from 5.8 to 4.0 ms at T = 0.7
 (benchmarks/sampler_draw.py, Intel Xeon with AMX), against ≈ 80 ms for the decoder pass itself.
 
 Not here: the decoder passes (kv_cache.py), the processors (processors.py).
