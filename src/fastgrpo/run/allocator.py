@@ -8,9 +8,9 @@ kernel zero-fills it. `keep_freed_memory` sets the two thresholds once per proce
 reads from MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_): blocks up to 32 MiB (glibc's largest allowed
 threshold) come from the heap and the heap is trimmed only past 2 GiB free. Larger blocks are still mapped.
 
-Measured on the built-in job (Intel Xeon with AMX, 2 threads, docs/benchmarks.md "Freed memory kept in the
-heap"): the update per rollout 1.63 → 1.30 s; the seed configuration's optimizer step 3.6–4.1 → 3.0–3.3 s, with
-the same peak RSS.
+Measured side by side with the tree before it (Intel Xeon with AMX, 2 threads, docs/benchmarks.md "Freed memory
+stays in glibc's heap"): the built-in job's update per rollout 1.46–1.50 → 1.17–1.18 s; the seed configuration's
+optimizer step 3.6–4.4 → 3.0–3.3 s; the same peak RSS.
 
 Not here: the device and precision (setup.py, model/precision.py).
 """
