@@ -48,8 +48,9 @@ def inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     blocks = probs.reshape(n, probs.shape[1] // width, width)  # (n, V / width, width)
     cdf = blocks.sum(-1, dtype=torch.float64).cumsum(-1)  # (n, blocks)
     total = cdf[:, -1:]  # (n, 1)
-    if not ((total > 0) & torch.isfinite(total)).all():
-        rows = (~((total > 0) & torch.isfinite(total))).squeeze(1).nonzero().squeeze(1).tolist()
+    broken = ~((total > 0) & torch.isfinite(total)).squeeze(1)  # (n,)
+    if broken.any():
+        rows = broken.nonzero().squeeze(1).tolist()
         raise ValueError(f"rows {rows[:8]} have no distribution to draw from: their probabilities sum to NaN, inf or 0.")
     x = uniform * total
     block = first_above(cdf, x)  # (n, 1)
