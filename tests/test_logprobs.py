@@ -144,7 +144,8 @@ def test_loss_and_gradients_equal_padded_packed_and_shared(make_model, loss_type
         results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
     (loss_pad, grads_pad) = results[0]
     for loss, grads in results[1:]:
-        torch.testing.assert_close(loss, loss_pad, atol=1e-5, rtol=0)
+        # rtol: k3's exp(log q − log p) turns the log-probs' fp32 rounding (≈ 1e-6 of peaky logits) into ≈ 3e-6 of a loss of 8
+        torch.testing.assert_close(loss, loss_pad, atol=1e-5, rtol=1e-5)
         for name, grad in grads.items():
             torch.testing.assert_close(grad, grads_pad[name], atol=1e-5, rtol=1e-4, msg=lambda m: f"{name}: {m}")
     assert grads_pad["model.embed_tokens.weight"].abs().sum() > 0  # tied head: its gradient is on the embedding

@@ -79,6 +79,8 @@ class ChunkedHead(torch.autograd.Function):
         tau, dtype, n = ctx.temperature, ctx.dtype, hidden.shape[0]
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]  # a frozen head (LoRA) skips its (V, H) products
         into_grad = weight_copy is not None  # the working copy's rule: added into weight.grad, none returned
+        if tau != 1:  # ∂/∂z carries 1/τ: folded into the (n,) incoming gradients, not a pass over each (c, V) block
+            grad_logps, grad_entropy, grad_kl = grad_logps / tau, grad_entropy / tau, grad_kl / tau
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
         grad_weight = grad_bias = None
         with torch.autocast(hidden.device.type, enabled=False):
@@ -97,7 +99,7 @@ class ChunkedHead(torch.autograd.Function):
                     diff = _log_ratio(logp, ref(ref_hidden[part])[0])
                     kl = torch.mul(p, diff, out=logp).sum(-1, keepdim=True)
                     grad_z += torch.mul(p, grad_kl[part, None], out=logp).mul_(diff.sub_(kl))
-                grad_z = head.narrow(grad_z.div_(tau))  # ∂/∂(h Wᵀ + b), in the product dtype
+                grad_z = head.narrow(grad_z)  # ∂/∂(h Wᵀ + b), in the product dtype
                 if need_hidden:
                     grad_hidden[part] = (grad_z @ head.weight).to(hidden.dtype)
                 if need_weight and into_grad:
@@ -193,11 +195,9 @@ class _Head:
         logp, p = self.logp[:c], self.p[:c]
         if logp.data_ptr() != z.data_ptr():
             logp.copy_(z)
-        logp.div_(self.temperature)
-        top = logp.amax(-1, keepdim=True)  # torch.logsumexp's steps, in place: max + log Σ exp(z − max)
-        top.masked_fill_(top.abs() == torch.inf, 0)
-        lse = torch.sub(logp, top, out=p).exp_().sum(-1, keepdim=True).log_().add_(top)
-        logp.sub_(lse)
+        if self.temperature != 1:  # z / 1 is z: the pass is skipped, not the value changed
+            logp.div_(self.temperature)
+        torch.log_softmax(logp, -1, out=logp)  # in place: one fused kernel, where max, Σ exp and the shift took six passes
         return logp, torch.exp(logp, out=p)
 
     def rowsum(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
