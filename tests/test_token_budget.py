@@ -16,12 +16,17 @@ from fastgrpo import GRPOConfig, GRPOTrainer
 from fastgrpo.update.step import merged_passes
 
 
-def rows_of(prompt_tokens, completion_tokens):
-    """A stand-in rollout whose row i has prompt_tokens[i] and completion_tokens[i] real tokens (all merged_passes reads)."""
+def rows_of(prompt_tokens, completion_tokens, prompts=None):
+    """A stand-in rollout whose row i has prompt_tokens[i] and completion_tokens[i] real tokens (all merged_passes reads).
+
+    prompts[i] names row i's prompt (equal names, equal tokens); default: every row its own prompt.
+    """
     P, T = max(prompt_tokens), max(completion_tokens)
+    prompts = prompts or list(range(len(prompt_tokens)))
     prompt_mask = torch.tensor([[0] * (P - p) + [1] * p for p in prompt_tokens])  # left-padded
+    prompt_ids = torch.tensor([[0] * (P - p) + [100 + name] * p for p, name in zip(prompt_tokens, prompts)])
     completion_mask = torch.tensor([[1] * c + [0] * (T - c) for c in completion_tokens])
-    return SimpleNamespace(prompt_mask=prompt_mask, completion_mask=completion_mask)
+    return SimpleNamespace(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_mask=completion_mask)
 
 
 def test_micro_batches_merge_in_order_while_they_fit():
@@ -33,6 +38,19 @@ def test_micro_batches_merge_in_order_while_they_fit():
     assert merged_passes(rollout, rows, 68) == [[0, 1, 2], [3]]  # 28 + 30 + 10 = 68 fits exactly
     assert merged_passes(rollout, rows, 67) == [[0, 1], [2], [3]]
     assert merged_passes(rollout, rows, 5) == [[0], [1], [2], [3]]  # each above the budget: a pass of its own
+
+
+def test_a_shared_prompt_counts_once_per_pass():
+    # Prompt A (10 tokens) for rows 0-3, B (4) for rows 4-5; micro-batches of 2 rows. Packed sizes with sharing:
+    # [A 5 3] = 18, then rows 2-3 add only 8 + 2 = 10 to a pass holding A (alone: 20), [B 1 1] = 6.
+    rollout = rows_of([10, 10, 10, 10, 4, 4], [5, 3, 8, 2, 1, 1], prompts=[0, 0, 0, 0, 1, 1])
+    rows = [slice(0, 2), slice(2, 4), slice(4, 6)]
+    assert merged_passes(rollout, rows, 34) == [[0, 1, 2]]  # 18 + 10 + 6
+    assert merged_passes(rollout, rows, 33) == [[0, 1], [2]]
+    assert merged_passes(rollout, rows, 27) == [[0], [1, 2]]  # 18 + 10 > 27; [A 8 2] alone is 20, + 6 = 26
+    # Unshared (every row packs its prompt): 28, 30 and 10 tokens.
+    assert merged_passes(rollout, rows, 34, shared=False) == [[0], [1], [2]]
+    assert merged_passes(rollout, rows, 58, shared=False) == [[0, 1], [2]]  # 28 + 30 = 58; + 10 > 58
 
 
 def test_budget_must_be_positive(tmp_path):

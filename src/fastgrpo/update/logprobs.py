@@ -161,8 +161,12 @@ class LogProbs:
         with self.autocast():
             return self._stats(model, mb, reference)
 
+    def shares_prompts(self, model) -> bool:
+        """Whether a packed row of `model` holds each run of identical prompts once (else once per completion)."""
+        return self.share_prompts and not self.router_aux_loss and sharing_support(model) is None
+
     def _stats(self, model, mb, reference) -> TokenStats:
-        share = self.share_prompts and not self.router_aux_loss and sharing_support(model) is None
+        share = self.shares_prompts(model)
         mask_dtype = None if _attention(model) == "sdpa" else _dtype(model)
         kind = type(_inner(model))
         grouped = share and self.grouped_attention and _grouped_attention(model)

@@ -1,7 +1,7 @@
 """One optimizer step: `gradient_accumulation_steps` micro-batches of a rollout through the loss, then clip and step.
 
-With `update_token_budget`, consecutive micro-batches run as one forward/backward while their tokens fit
-(`merged_passes`); micro-batches stay the unit of the batch semantics and of the callbacks.
+With `update_token_budget`, consecutive micro-batches run as one forward/backward while their packed rows
+fit (`merged_passes`); micro-batches stay the unit of the batch semantics and of the callbacks.
 
 `OptimizerStep` is built once per run: the loss parameters are bound from the config then (`LossSettings`,
 TRL's field names → `grpo_loss`'s keywords), as are the correction, the entropy bonus and the π_ref
@@ -57,35 +57,41 @@ class LossSettings:
         )
 
 
-def merged_passes(rollout: Rollout, rows: list[slice], budget: int | None) -> list[list[int]]:
+def merged_passes(rollout: Rollout, rows: list[slice], budget: int | None, shared: bool = True) -> list[list[int]]:
     """An optimizer step's micro-batches grouped into forward/backward passes: consecutive ones merged while they fit.
 
     Fewer, larger passes do the per-pass work once per pass instead of once per micro-batch (the
-    tied embedding's (V, H) gradient, the weight gradients' fp32 accumulation, the LM head's set-up)
-    and feed the matrix units longer rows (docs/benchmarks.md, "Micro-batches merged under a token budget"). The loss is a sum of
-    per-token terms over a normaliser fixed for the step (`StepCounts`), so a merged pass gives the
-    gradient of its micro-batches, to float summation order.
+    tied embedding's (V, H) gradient, the weight gradients' fp32 accumulation, the LM head's set-up,
+    each weight's reorder for the matrix units) and feed the matrix units longer rows (docs/benchmarks.md,
+    "Micro-batches merged under a token budget"). The loss is a sum of per-token terms over a normaliser
+    fixed for the step (`StepCounts`), so a merged pass gives the gradient of its micro-batches, to float
+    summation order.
 
     Args:
-        rollout: the rollout; a micro-batch's size is its rows' prompt plus completion tokens (an upper
-            bound on its packed row, where a shared prompt counts once).
+        rollout: the rollout; a pass's size is the tokens its packed row holds: every completion's, and each
+            prompt's once per run of identical consecutive prompts when `shared`, else once per row.
         rows: the step's micro-batches, consecutive slices of `rollout`.
-        budget: tokens per pass, or None: every micro-batch its own pass.
+        budget: packed tokens per pass, or None: every micro-batch its own pass.
+        shared: whether the packed row holds a run of identical prompts once (`LogProbs.shares_prompts`).
     Returns:
         Lists of indices into `rows`, in order, each micro-batch once; one above the budget alone is a pass of its own.
     """
     if budget is None:
         return [[j] for j in range(len(rows))]
+    prompt_tokens, completion_tokens = rollout.prompt_mask.sum(-1), rollout.completion_mask.sum(-1)  # (B,) each
+    opens = torch.ones_like(prompt_tokens, dtype=torch.bool)  # row b's prompt is packed (not the previous row's again)
+    if shared:
+        opens[1:] = ((rollout.prompt_ids[1:] != rollout.prompt_ids[:-1]) | (rollout.prompt_mask[1:] != rollout.prompt_mask[:-1])).any(-1)
     passes: list[list[int]] = []
     total = 0
     for j, r in enumerate(rows):
-        size = int(rollout.prompt_mask[r].sum() + rollout.completion_mask[r].sum())
+        size = int(completion_tokens[r].sum() + (prompt_tokens[r] * opens[r]).sum())  # appended to the pass before it
         if passes and total + size <= budget:
             passes[-1].append(j)
             total += size
-        else:
+        else:  # a pass of its own packs its first row's prompt whatever the row before it held
             passes.append([j])
-            total = size
+            total = size + (0 if opens[r.start] else int(prompt_tokens[r.start]))
     return passes
 
 
@@ -139,7 +145,8 @@ class OptimizerStep:
         """
         a, acc, GA = self.args, self.accelerator, self.args.gradient_accumulation_steps
         rows = micro_batch_rows(len(rollout), a.steps_per_generation)[step_in_pass * GA : (step_in_pass + 1) * GA]  # smaller at the cap
-        groups = merged_passes(rollout, rows, self.token_budget)
+        shared = self.token_budget is not None and self.log_probs.shares_prompts(self.model)  # asked only where passes merge
+        groups = merged_passes(rollout, rows, self.token_budget, shared)
         counts = StepCounts(self.step_tokens(rollout), sum(r.stop - r.start for r in rows), GA, a.max_completion_length)
         recorded = rollout.old_logps.clone() if capture_old and rollout.old_logps is not None else None
         sums: dict[str, torch.Tensor] = {}
