@@ -95,10 +95,12 @@ CASES = {
         "description": "Seed configuration on SmolLM2, μ = 4, each system at its fastest on this CPU: fastgrpo's defaults "
         "(bf16 where the CPU has bf16 units, one bf16 working copy) against TRL with bf16 autocast (use_cpu) and no "
         "gradient checkpointing: seconds per step and update, the issue-29 ratios (TRL's lowest memory: case memory); "
-        "fastgrpo-merged: its defaults with the step's micro-batches merged into one pass (update_token_budget=4096).",
+        "fastgrpo-merged: its defaults with the step's micro-batches merged into one pass (update_token_budget=4096); "
+        "fastgrpo-512: merged two by two under one full-length micro-batch's tokens (4 × (64 + 64)).",
         "model": "smollm2-135m-instruct", "mus": [4], "steps": 4, "pairs": 2, "learning_rate": 2e-5,
-        "systems": ("fastgrpo", "fastgrpo-merged", "trl"),
+        "systems": ("fastgrpo", "fastgrpo-merged", "fastgrpo-512", "trl"),
         "extras": {"fastgrpo": {"bf16": None}, "fastgrpo-merged": {"bf16": None, "update_token_budget": 4096},
+                   "fastgrpo-512": {"bf16": None, "update_token_budget": 512},
                    "trl": {"bf16": True, "use_cpu": True, "gradient_checkpointing": False}},
     },
 }

@@ -136,6 +136,7 @@ class OptimizerStep:
         per_micro_batch = (args.loss_type == "bnpo" or entropy_control is not None or args.top_entropy_quantile < 1 or router.enabled
                            or accelerator.num_processes > 1)
         self.token_budget = None if per_micro_batch else args.update_token_budget
+        self.shared_prompts = log_probs.shares_prompts(model)  # how merged_passes counts a pass's prompts; the model's for the run
 
     def __call__(self, rollout: Rollout, step_in_pass: int, capture_old: bool, step: int) -> StepResult:
         """Step `step_in_pass` of a pass over `rollout`; `capture_old`: record π_old where unset (the rollout's first step).
@@ -145,8 +146,7 @@ class OptimizerStep:
         """
         a, acc, GA = self.args, self.accelerator, self.args.gradient_accumulation_steps
         rows = micro_batch_rows(len(rollout), a.steps_per_generation)[step_in_pass * GA : (step_in_pass + 1) * GA]  # smaller at the cap
-        shared = self.token_budget is not None and self.log_probs.shares_prompts(self.model)  # asked only where passes merge
-        groups = merged_passes(rollout, rows, self.token_budget, shared)
+        groups = merged_passes(rollout, rows, self.token_budget, self.shared_prompts)
         counts = StepCounts(self.step_tokens(rollout), sum(r.stop - r.start for r in rows), GA, a.max_completion_length)
         recorded = rollout.old_logps.clone() if capture_old and rollout.old_logps is not None else None
         sums: dict[str, torch.Tensor] = {}
