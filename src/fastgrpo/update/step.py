@@ -80,8 +80,9 @@ def merged_passes(rollout: Rollout, rows: list[slice], budget: int | None, share
         return [[j] for j in range(len(rows))]
     prompt_tokens, completion_tokens = rollout.prompt_mask.sum(-1), rollout.completion_mask.sum(-1)  # (B,) each
     opens = torch.ones_like(prompt_tokens, dtype=torch.bool)  # row b's prompt is packed (not the previous row's again)
-    if shared:
-        opens[1:] = ((rollout.prompt_ids[1:] != rollout.prompt_ids[:-1]) | (rollout.prompt_mask[1:] != rollout.prompt_mask[:-1])).any(-1)
+    if shared:  # pack()'s test: the same real prompt tokens as the row before (pad positions ignored)
+        real = rollout.prompt_ids * rollout.prompt_mask
+        opens[1:] = ((real[1:] != real[:-1]) | (rollout.prompt_mask[1:] != rollout.prompt_mask[:-1])).any(-1)
     passes: list[list[int]] = []
     total = 0
     for j, r in enumerate(rows):
