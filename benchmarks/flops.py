@@ -22,8 +22,6 @@ Not here: measuring the peaks (bf16_peaks.py, worker.linear_peak).
 from __future__ import annotations
 
 from fastgrpo.update.packing import pack, sharing_support
-from fastgrpo.update.step import merged_passes
-from fastgrpo.rollout.record import micro_batch_rows
 
 
 def model_sizes(model) -> dict:
@@ -41,16 +39,13 @@ def model_sizes(model) -> dict:
 
 def step_rows(trainer, rollout, step_in_pass: int = 0) -> list[tuple[int, int, int, bool]]:
     """(L, n, attention pairs, grouped) of each packed row of one optimizer step's passes, as `LogProbs` packs them."""
-    a = trainer.args
-    GA = a.gradient_accumulation_steps
     model = trainer.accelerator.unwrap_model(trainer.model)
     share = trainer.log_probs.share_prompts and sharing_support(model) is None
     grouped = (share and trainer.log_probs.grouped_attention and getattr(model.config, "_attn_implementation", None) == "sdpa"
                and not model.is_gradient_checkpointing)  # LogProbs' rule (logprobs._grouped_attention; SmolLM2 passes grouped_support)
-    rows = micro_batch_rows(len(rollout), a.steps_per_generation)[step_in_pass * GA : (step_in_pass + 1) * GA]
     out = []
-    for group in merged_passes(rollout, rows, trainer.update.token_budget):
-        mb = rollout.select(slice(rows[group[0]].start, rows[group[-1]].stop))
+    for span, _ in trainer.update.passes(rollout, step_in_pass):
+        mb = rollout.select(span)
         row = pack(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.completion_mask, share, grouped=grouped)
         L = row.input_ids.shape[1]
         pairs = L * L if row.layout is None else row.layout.pairs  # pack keeps the dense mask where it is cheaper

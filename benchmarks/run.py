@@ -95,12 +95,13 @@ CASES = {
         "description": "Seed configuration on SmolLM2, μ = 4, each system at its fastest on this CPU: fastgrpo's defaults "
         "(bf16 where the CPU has bf16 units, one bf16 working copy) against TRL with bf16 autocast (use_cpu) and no "
         "gradient checkpointing: seconds per step and update, the issue-29 ratios (TRL's lowest memory: case memory); "
-        "fastgrpo-merged: its defaults with the step's micro-batches merged into one pass (update_token_budget=4096); "
-        "fastgrpo-512: merged two by two under one full-length micro-batch's tokens (4 × (64 + 64)).",
+        "fastgrpo's default update_token_budget, a full-length micro-batch's tokens (4 × (64 + 64) = 512), merges the "
+        "step's micro-batches two by two; fastgrpo-merged: all four in one pass (update_token_budget=4096); "
+        "fastgrpo-unmerged: one pass per micro-batch (update_token_budget=0, the default before session 11).",
         "model": "smollm2-135m-instruct", "mus": [4], "steps": 4, "pairs": 2, "learning_rate": 2e-5,
-        "systems": ("fastgrpo", "fastgrpo-merged", "fastgrpo-512", "trl"),
+        "systems": ("fastgrpo", "fastgrpo-merged", "fastgrpo-unmerged", "trl"),
         "extras": {"fastgrpo": {"bf16": None}, "fastgrpo-merged": {"bf16": None, "update_token_budget": 4096},
-                   "fastgrpo-512": {"bf16": None, "update_token_budget": 512},
+                   "fastgrpo-unmerged": {"bf16": None, "update_token_budget": 0},
                    "trl": {"bf16": True, "use_cpu": True, "gradient_checkpointing": False}},
     },
 }

@@ -211,7 +211,7 @@ def main() -> None:
                 raise SystemExit("--ab-working-copy: this run has no working copy (bf16 off, adapters, several processes or checkpointing)")
             sides = {"with": lambda: setattr(trainer.log_probs, "weights", working), "without": lambda: setattr(trainer.log_probs, "weights", None)}
         elif args.ab_token_budget:
-            sides = {"merged": lambda: setattr(trainer.update, "token_budget", args.budget), "per micro-batch": lambda: setattr(trainer.update, "token_budget", None)}
+            sides = {"merged": lambda: setattr(trainer.args, "update_token_budget", args.budget), "per micro-batch": lambda: setattr(trainer.args, "update_token_budget", 0)}
         else:
             groups = trainer.optimizer.param_groups
             sides = {"fused": lambda: [g.update(fused=True, foreach=None) for g in groups],

@@ -82,6 +82,7 @@ def train(output_dir: str, max_steps: int, resume: bool = False, lora: bool = Fa
         bf16=False,  # runs on each world size are compared to fp32 tolerances, whatever this CPU's bf16 units
         beta=0.04 if lora else beta,  # π_ref: adapters disabled (LoRA) or a frozen copy, sharded too under FSDP
         gradient_checkpointing=lora,
+        update_token_budget=0,  # one pass per micro-batch on any world size (several processes never merge): the same sums
     )
     tokenizer = load_tokenizer("smollm2-135m-instruct")
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"Count to {n}."}]} for n in range(32)])

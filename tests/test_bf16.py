@@ -118,19 +118,22 @@ def losses_spy(monkeypatch):
     return calls
 
 
+@pytest.mark.parametrize("budget,passes", [(None, 4), (0, 8)])  # the default budget merges each step's 2 micro-batches
 @pytest.mark.parametrize("kl_estimator", ["k3", "full"])
-def test_bf16_ratio_one_and_kl_zero_where_weights_agree(tmp_path, monkeypatch, tokenizer, make_model, prompts, kl_estimator):
+def test_bf16_ratio_one_and_kl_zero_where_weights_agree(tmp_path, monkeypatch, tokenizer, make_model, prompts, kl_estimator, budget, passes):
     # A constant reward: Â = 0, and at π_θ = π_ref the KL's gradient is 0 too, so every gradient is exactly 0 and
     # the weights never move: π_θ = π_old = π_ref throughout. μ = 2 over 4 micro-batches, GA = 2: micro-batches
     # 3–4 get π_old from its own no-grad pass, the others for free; π_ref is a frozen copy (beta > 0). In bf16
-    # every one of them must equal the update's log-probs bit for bit, and KL(π_θ‖π_ref) be exactly 0.
+    # every one of them must equal the update's log-probs bit for bit, and KL(π_θ‖π_ref) be exactly 0, whether a
+    # step's micro-batches run as one pass or apart.
     calls = losses_spy(monkeypatch)
-    args = config(tmp_path, bf16=True, beta=0.04, kl_estimator=kl_estimator, num_iterations=2, steps_per_generation=4, max_steps=4)
+    args = config(tmp_path, bf16=True, beta=0.04, kl_estimator=kl_estimator, num_iterations=2, steps_per_generation=4, max_steps=4,
+                  update_token_budget=budget)
     model = make_model()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     GRPOTrainer(model, lambda completions, **kw: [1.0] * len(completions), args=args, train_dataset=prompts, processing_class=tokenizer).train()
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
-    assert len(calls) == 8 and all(torch.equal(logps, old) for logps, old in calls)
+    assert len(calls) == passes and all(torch.equal(logps, old) for logps, old in calls)
     with open(os.path.join(args.output_dir, "metrics.jsonl")) as f:
         records = [json.loads(line) for line in f]
     assert len(records) == 4 and all(r["kl"] == 0.0 and r["kl_old"] == 0.0 and r["clip_ratio/region_mean"] == 0.0 for r in records)

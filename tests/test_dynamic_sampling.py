@@ -103,7 +103,7 @@ def test_carried_groups_keep_the_sampling_policys_logps_as_pi_old(tmp_path, monk
         return real(logps, old_logps, *args, **kwargs)
 
     monkeypatch.setattr(step_module, "grpo_loss", spy)
-    args = config(tmp_path, max_steps=3)
+    args = config(tmp_path, max_steps=3, update_token_budget=0)  # one pass per micro-batch: a call per group
     trainer = GRPOTrainer(make_model(), spread_where(lambda n: n % 4 != 0), args=args, train_dataset=prompts, processing_class=tokenizer)
     seen = trained_groups(trainer)
     trainer.train()
@@ -163,7 +163,7 @@ def test_rare_spread_trains_a_smaller_step_with_the_smaller_normaliser(tmp_path,
         return real(logps, old_logps, advantages, mask, step_counts, **kwargs)
 
     monkeypatch.setattr(step_module, "grpo_loss", spy)
-    args = config(tmp_path, max_steps=1, max_num_gen_batches=2, loss_type="dapo")
+    args = config(tmp_path, max_steps=1, max_num_gen_batches=2, loss_type="dapo", update_token_budget=0)  # a call per micro-batch
     trainer = GRPOTrainer(make_model(), spread_where(lambda n: n == 5), args=args, train_dataset=prompts, processing_class=tokenizer)
     seen = trained_groups(trainer)
     trainer.train()
@@ -288,7 +288,7 @@ def test_a_carried_groups_pi_behaviour_and_kl_old_by_hand(tmp_path, monkeypatch,
         return real(logps, old_logps, *args, **kwargs)
 
     monkeypatch.setattr(step_module, "grpo_loss", spy)
-    args = config(tmp_path, max_steps=2, temperature=0.7)
+    args = config(tmp_path, max_steps=2, temperature=0.7, update_token_budget=0)  # a call per micro-batch
     trainer = GRPOTrainer(make_model(), spread_where(lambda n: n % 4 != 0), args=args, train_dataset=prompts, processing_class=tokenizer)
     rollouts, collect = [], trainer._collect
     trainer._collect = lambda: rollouts.append(collect()) or rollouts[-1]

@@ -53,9 +53,9 @@ def test_a_shared_prompt_counts_once_per_pass():
     assert merged_passes(rollout, rows, 58, shared=False) == [[0, 1], [2]]  # 28 + 30 = 58; + 10 > 58
 
 
-def test_budget_must_be_positive(tmp_path):
-    with pytest.raises(ValueError, match="update_token_budget=0"):
-        GRPOConfig(output_dir=str(tmp_path), update_token_budget=0)
+def test_budget_must_not_be_negative(tmp_path):
+    with pytest.raises(ValueError, match="update_token_budget=-1: use a token count, 0 for one pass per micro-batch"):
+        GRPOConfig(output_dir=str(tmp_path), update_token_budget=-1)
 
 
 def reward_even_tokens(completion_ids, **kwargs):
@@ -91,7 +91,7 @@ def test_a_merged_step_trains_the_weights_an_unmerged_one_does(tmp_path, tokeniz
     # SGD: the weights move by lr × the gradient, so they compare the two gradients themselves (AdamW's first step,
     # g / √v ≈ sign(g), would turn the rounding of a near-zero gradient into a move of up to lr).
     sgd = {"loss_type": loss_type, "optim": "sgd", "learning_rate": 0.1}
-    apart, apart_passes, apart_events = run(tmp_path, "apart", tokenizer, make_model, prompts, monkeypatch, **sgd)
+    apart, apart_passes, apart_events = run(tmp_path, "apart", tokenizer, make_model, prompts, monkeypatch, **sgd, update_token_budget=0)
     merged, merged_passes_, merged_events = run(tmp_path, "merged", tokenizer, make_model, prompts, monkeypatch, **sgd,
                                                 update_token_budget=100_000)
     assert (apart_passes, merged_passes_) == (4, 1)  # the 4 micro-batches ran as one pass
@@ -107,3 +107,14 @@ def test_loss_normalised_per_micro_batch_is_not_merged(tmp_path, tokenizer, make
     # bnpo divides each micro-batch by its own token count: merging would change the loss, so the budget is not applied
     _, passes, _ = run(tmp_path, "bnpo", tokenizer, make_model, prompts, monkeypatch, loss_type="bnpo", update_token_budget=100_000)
     assert passes == 4
+
+
+def test_default_budget_is_a_full_length_micro_batch(tmp_path, tokenizer, make_model, prompts, monkeypatch):
+    # None: per_device_train_batch_size × (max_prompt_length + max_completion_length) = 2 × (32 + 8) = 80 packed tokens
+    default, default_passes, _ = run(tmp_path, "default", tokenizer, make_model, prompts, monkeypatch)
+    explicit, explicit_passes, _ = run(tmp_path, "explicit", tokenizer, make_model, prompts, monkeypatch, update_token_budget=80)
+    _, smaller_passes, _ = run(tmp_path, "smaller", tokenizer, make_model, prompts, monkeypatch, update_token_budget=40)
+    assert default_passes == explicit_passes == 2  # the test's micro-batches merge two by two under 80 tokens
+    assert smaller_passes == 4  # no two fit in 40
+    for name, value in explicit.items():
+        assert torch.equal(default[name], value), name

@@ -34,17 +34,23 @@ def read_metrics(output_dir):
 
 
 def record_losses(monkeypatch):
-    """Wrap the trainer's grpo_loss: record (step-call index, logps, old_logps, loss) per micro-batch."""
-    calls = []
-    real = step_module.grpo_loss
+    """Wrap the trainer's optimizer step and grpo_loss: per optimizer step, (logps, old_logps, loss) of each of its
+    forward/backward passes (one per micro-batch, or fewer where the step's micro-batches merge: update_token_budget)."""
+    steps = []
+    real_step, real_loss = step_module.OptimizerStep.__call__, step_module.grpo_loss
+
+    def step(self, *args, **kwargs):
+        steps.append([])
+        return real_step(self, *args, **kwargs)
 
     def spy(logps, old_logps, *args, **kwargs):
-        out = real(logps, old_logps, *args, **kwargs)
-        calls.append((logps.detach().clone(), old_logps.detach().clone(), out.loss.detach().clone()))
+        out = real_loss(logps, old_logps, *args, **kwargs)
+        steps[-1].append((logps.detach().clone(), old_logps.detach().clone(), out.loss.detach().clone()))
         return out
 
+    monkeypatch.setattr(step_module.OptimizerStep, "__call__", step)
     monkeypatch.setattr(step_module, "grpo_loss", spy)
-    return calls
+    return steps
 
 
 @pytest.mark.parametrize("num_iterations,steps_per_generation", [(1, 4), (4, 2)])
@@ -61,15 +67,13 @@ def test_first_update_of_each_rollout_has_ratio_exactly_one(tmp_path, monkeypatc
         first_of_rollout = (record["step"] - 1) % per_rollout == 0
         if first_of_rollout:
             assert record["kl_old"] == 0.0 and record["clip_ratio/region_mean"] == 0.0 and record["clip_ratio/low_mean"] == 0.0
-    # Micro-batch calls of each rollout's first step: log π_θ == log π_old bit for bit (ρ = 1).
-    GA = args.gradient_accumulation_steps
-    calls_per_rollout = per_rollout * GA
+    # The passes of each rollout's first step: log π_θ == log π_old bit for bit (ρ = 1).
+    assert len(calls) == 2 * per_rollout
     for r in range(2):
-        for logps, old, _ in calls[r * calls_per_rollout : r * calls_per_rollout + GA]:
-            assert torch.equal(logps, old)
+        assert calls[r * per_rollout] and all(torch.equal(logps, old) for logps, old, _ in calls[r * per_rollout])
     # Later steps of a reused rollout see a moved policy: some ratio differs from 1.
     if num_iterations > 1:
-        assert any(not torch.equal(lp, old) for lp, old, _ in calls[GA:calls_per_rollout])
+        assert any(not torch.equal(lp, old) for step in calls[1:per_rollout] for lp, old, _ in step)
         assert any(record["kl_old"] > 0 for record in metrics)
 
 
@@ -86,7 +90,7 @@ def test_first_step_loss_is_identical_for_mu_1_and_mu_4(tmp_path, monkeypatch, t
             calls = record_losses(patch)
             args = config(tmp_path / f"mu{mu}", num_iterations=mu, max_steps=1)
             GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer).train()
-            losses[mu] = torch.stack([loss for _, _, loss in calls[: args.gradient_accumulation_steps]])
+            losses[mu] = torch.stack([loss for _, _, loss in calls[0]])
     assert torch.equal(losses[1], losses[4])
 
 
@@ -117,15 +121,17 @@ def test_each_rollout_is_used_mu_times_steps_per_pass(tmp_path, tokenizer, make_
     (1, 4, 4 + 2),  # two steps per rollout: micro-batches 3–4 need π_old before step 1 updates the policy
     (2, 2, 2 * 2),  # μ=2, one step per pass: step 1 captures π_old for free, no extra pass
 ])
-def test_old_logps_passes_only_where_needed(tmp_path, tokenizer, make_model, prompts, num_iterations, steps_per_generation, expected_passes_per_rollout):
-    args = config(tmp_path, num_iterations=num_iterations, steps_per_generation=steps_per_generation)
+@pytest.mark.parametrize("budget,micro_batches_per_pass", [(0, 1), (None, 2)])  # the default budget merges a step's 2 micro-batches
+def test_old_logps_passes_only_where_needed(tmp_path, tokenizer, make_model, prompts, num_iterations, steps_per_generation,
+                                            expected_passes_per_rollout, budget, micro_batches_per_pass):
+    args = config(tmp_path, num_iterations=num_iterations, steps_per_generation=steps_per_generation, update_token_budget=budget)
     args.max_steps = args.steps_per_rollout  # one rollout
     trainer = GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
     passes = []
     real = trainer.log_probs
     trainer.passes.log_probs = trainer.update.log_probs = lambda model, mb, *ref: passes.append(1) or real(model, mb, *ref)
     trainer.train()
-    assert len(passes) == expected_passes_per_rollout
+    assert len(passes) == expected_passes_per_rollout // micro_batches_per_pass  # π_old's passes are the update's
 
 
 def test_resume_reproduces_the_uninterrupted_run(tmp_path, tokenizer, make_model, prompts):

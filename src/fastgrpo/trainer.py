@@ -38,7 +38,7 @@ from .rollout.assembly import build_assembly
 from .rollout.async_producer import overlapped, running
 from .rollout.producers import build_producer
 from .rollout.prompts import PromptEncoder
-from .rollout.record import Rollout, micro_batch_rows
+from .rollout.record import Rollout
 from .rollout.reward_models import RewardModel
 from .run import checkpoints
 from .run.callbacks import TrainerEvents, scheduled
@@ -145,7 +145,7 @@ class GRPOTrainer(TRLMethods):
         self.events = TrainerEvents(a, callbacks, self.model, self.tokenizer, self.optimizer, self.scheduler, acc.is_main_process)
         self.state, self.epochs_done = self.events.state, 0
         self.reward_hooks = RewardHooks(lambda: self.window)
-        self.passes = LogProbPasses(self.log_probs, self.reference, a.per_device_train_batch_size, a.beta > 0 and a.kl_estimator == "k3", self.timer)
+        self.passes = LogProbPasses(self.log_probs, self.reference, a.beta > 0 and a.kl_estimator == "k3", self.timer)
         self.assembly = overlapped(a, build_assembly(  # one batch, or DAPO's rounds; Â set once on what trains; max_staleness: made ahead
             a, acc, draw=self._draw, producer=producer, reward_funcs=self.reward_funcs, reward_names=self.reward_names,
             reward_weights=self.reward_weights, reward_kwargs=self._reward_kwargs, pop_columns=self.reward_hooks.pop_columns,
@@ -205,9 +205,9 @@ class GRPOTrainer(TRLMethods):
         a = self.args
         self._sync_weights()
         rollout, extra, sums = self.assembly()
-        later = micro_batch_rows(len(rollout), a.steps_per_generation)[a.gradient_accumulation_steps :]  # first used after an update
-        old = self.passes.old(self.model, rollout, later) if self.needs_old_logps or rollout.old_logps is not None else None
-        rollout = dataclasses.replace(rollout, ref_logps=self.passes.ref(rollout), old_logps=old)
+        steps = self.update.rollout_passes(rollout)  # each step's passes: π_old and π_ref run the update's own rows
+        old = self.passes.old(self.model, rollout, sum(steps[1:], [])) if self.needs_old_logps or rollout.old_logps is not None else None
+        rollout = dataclasses.replace(rollout, ref_logps=self.passes.ref(rollout, sum(steps, [])), old_logps=old)
         if a.log_completions:
             self.fresh_completions.append(CompletionRows.of(rollout, extra))
         self.window.add("rollouts", 1)

@@ -111,7 +111,7 @@ class TRLMethods:
         advantages = rollout_advantages(rollout.rewards.to(self.reward_weights.device), self.reward_weights, G, a.scale_rewards,
                                         a.multi_objective_aggregation, gather=lambda values: values)
         rollout = dataclasses.replace(rollout, advantages=advantages)
-        return dataclasses.replace(rollout, ref_logps=self.passes.ref(rollout)), extra
+        return dataclasses.replace(rollout, ref_logps=self.passes.ref(rollout, [slice(0, len(rollout))])), extra  # one pass, as eval_loss's
 
     def save_model(self, output_dir: str | None = None, merge_adapters: bool = False) -> None:
         """Save the policy (safetensors) and tokenizer to `output_dir` (default args.output_dir); main process writes.

@@ -1,7 +1,8 @@
 """The no-gradient log-prob passes of a rollout: π_old for the micro-batches used after an update, π_ref (k3 KL).
 
-Both run in micro-batches of per_device_train_batch_size rows through `LogProbs` (logprobs.py), in the
-policy's precision; the rollout record itself is never changed (each returns the (N, T) tensor to set).
+Both run the rows they are given as one pass each through `LogProbs` (logprobs.py), in the policy's precision:
+the trainer gives the update's own passes (step.OptimizerStep.passes), so each token's log-prob is computed from
+the same packed row as in the update. The rollout record itself is never changed (each returns the (N, T) tensor to set).
 
 Not here: the policy pass with gradients (step.py), which π_old rows are needed (trainer.py's loop).
 """
@@ -23,18 +24,17 @@ class LogProbPasses:
     Args:
         log_probs: the `LogProbs` pass (temperature, autocast).
         reference: () → a context yielding the model to run for π_ref.
-        batch_size: rows per pass (per_device_train_batch_size).
         k3_reference: whether π_ref log-probs are stored (beta > 0 and kl_estimator "k3"); the exact KL needs π_ref's
             logits at update time instead.
         timer: phase timer; phases "old_logps" and "ref_logps".
     """
 
-    def __init__(self, log_probs: LogProbs, reference: Callable[[], AbstractContextManager], batch_size: int, k3_reference: bool, timer):
-        self.log_probs, self.reference, self.batch_size, self.k3_reference, self.timer = log_probs, reference, batch_size, k3_reference, timer
+    def __init__(self, log_probs: LogProbs, reference: Callable[[], AbstractContextManager], k3_reference: bool, timer):
+        self.log_probs, self.reference, self.k3_reference, self.timer = log_probs, reference, k3_reference, timer
 
     @torch.no_grad()
     def old(self, model, rollout: Rollout, batches: list[slice]) -> torch.Tensor:
-        """(N, T) log π_θ of the rows in `batches`, NaN elsewhere; entries of rollout.old_logps already set (a carried group's π_behaviour) stay."""
+        """(N, T) log π_θ of the rows in `batches` (one pass per slice), NaN elsewhere; entries of rollout.old_logps already set (a carried group's π_behaviour) stay."""
         old = torch.full(rollout.completion_ids.shape, float("nan"), device=rollout.completion_ids.device)
         old = rollout.old_logps.clone() if rollout.old_logps is not None else old
         with self.timer("old_logps"):
@@ -45,15 +45,15 @@ class LogProbPasses:
         return old
 
     @torch.no_grad()
-    def ref(self, rollout: Rollout) -> torch.Tensor | None:
-        """(N, T) log π_ref per completion token (0 past each row's trimmed length), or None without a k3 KL."""
+    def ref(self, rollout: Rollout, batches: list[slice]) -> torch.Tensor | None:
+        """(N, T) log π_ref per completion token, one pass per slice of `batches` (which cover the rollout); 0 past each
+        row's trimmed length. None without a k3 KL."""
         if not self.k3_reference:
             return None
-        size = self.batch_size
         ref = torch.zeros(rollout.completion_ids.shape, device=rollout.completion_ids.device)
         with self.timer("ref_logps"):
-            for start in range(0, len(rollout), size):
+            for rows in batches:
                 with self.reference() as ref_model:  # π_ref in the policy's precision (LogProbs' autocast): KL is 0 where they agree
-                    logps = self.log_probs(ref_model, rollout.select(slice(start, start + size))).logps
-                ref[start : start + size, : logps.shape[1]] = logps
+                    logps = self.log_probs(ref_model, rollout.select(rows)).logps
+                ref[rows, : logps.shape[1]] = logps
         return ref

@@ -1,7 +1,8 @@
 """One optimizer step: `gradient_accumulation_steps` micro-batches of a rollout through the loss, then clip and step.
 
-With `update_token_budget`, consecutive micro-batches run as one forward/backward while their packed rows
-fit (`merged_passes`); micro-batches stay the unit of the batch semantics and of the callbacks.
+Consecutive micro-batches run as one forward/backward while their packed rows fit `update_token_budget`
+(`merged_passes`; by default a full-length micro-batch's tokens); micro-batches stay the unit of the batch
+semantics and of the callbacks.
 
 `OptimizerStep` is built once per run: the loss parameters are bound from the config then (`LossSettings`,
 TRL's field names → `grpo_loss`'s keywords), as are the correction, the entropy bonus and the π_ref
@@ -136,8 +137,39 @@ class OptimizerStep:
         # forwards, whose FSDP collectives must match: one pass per micro-batch there.
         per_micro_batch = (args.loss_type == "bnpo" or entropy_control is not None or args.top_entropy_quantile < 1 or router.enabled
                            or accelerator.num_processes > 1)
-        self.token_budget = None if per_micro_batch else args.update_token_budget
+        self.merges = not per_micro_batch  # whether this run's loss and processes allow merged passes
         self.shared_prompts = log_probs.shares_prompts(model)  # how merged_passes counts a pass's prompts; the model's for the run
+
+    def token_budget(self, rollout: Rollout) -> int | None:
+        """Packed tokens per forward/backward pass over `rollout`, or None: one pass per micro-batch (module docstring).
+
+        `update_token_budget`, or by default (None) a full-length micro-batch's tokens, per_device_train_batch_size ×
+        (max_prompt_length + max_completion_length), the rollout's longest prompt standing in for an unlimited
+        max_prompt_length: a merged pass never holds more tokens than one micro-batch may.
+        """
+        a = self.args
+        if not self.merges or a.update_token_budget == 0:  # 0: one pass per micro-batch
+            return None
+        if a.update_token_budget is not None:
+            return a.update_token_budget
+        prompt = a.max_prompt_length if a.max_prompt_length is not None else int(rollout.prompt_mask.sum(-1).max())
+        return a.per_device_train_batch_size * (prompt + a.max_completion_length)
+
+    def passes(self, rollout: Rollout, step_in_pass: int) -> list[tuple[slice, int]]:
+        """Step `step_in_pass`'s forward/backward passes over `rollout`, in order: (the rollout's rows, how many micro-batches they are).
+
+        The π_old and π_ref passes (passes.py) run these same rows, so every token's log-prob comes from the same
+        packed row in each pass: ρ is exactly 1 and the k3 KL exactly 0 where the weights are equal.
+        """
+        GA = self.args.gradient_accumulation_steps
+        rows = micro_batch_rows(len(rollout), self.args.steps_per_generation)[step_in_pass * GA : (step_in_pass + 1) * GA]  # smaller at the cap
+        grouped = merged_passes(rollout, rows, self.token_budget(rollout), self.shared_prompts)
+        return [(slice(rows[g[0]].start, rows[g[-1]].stop), len(g)) for g in grouped]
+
+    def rollout_passes(self, rollout: Rollout) -> list[list[slice]]:
+        """The rows of each forward/backward pass of each optimizer step of a pass over `rollout` (`passes`), step by step."""
+        steps = self.args.steps_per_generation // self.args.gradient_accumulation_steps
+        return [[span for span, _ in self.passes(rollout, s)] for s in range(steps)]
 
     def __call__(self, rollout: Rollout, step_in_pass: int, capture_old: bool, step: int) -> StepResult:
         """Step `step_in_pass` of a pass over `rollout`; `capture_old`: record π_old where unset (the rollout's first step).
@@ -146,15 +178,14 @@ class OptimizerStep:
             FloatingPointError: a non-finite gradient norm, before the optimizer step applies it (`step`: the step number, for the message).
         """
         a, acc, GA = self.args, self.accelerator, self.args.gradient_accumulation_steps
-        rows = micro_batch_rows(len(rollout), a.steps_per_generation)[step_in_pass * GA : (step_in_pass + 1) * GA]  # smaller at the cap
-        groups = merged_passes(rollout, rows, self.token_budget, self.shared_prompts)
-        counts = StepCounts(self.step_tokens(rollout), sum(r.stop - r.start for r in rows), GA, a.max_completion_length)
+        passes = self.passes(rollout, step_in_pass)
+        counts = StepCounts(self.step_tokens(rollout), sum(span.stop - span.start for span, _ in passes), GA, a.max_completion_length)
         recorded = rollout.old_logps.clone() if capture_old and rollout.old_logps is not None else None
         sums: dict[str, torch.Tensor] = {}
         with self.timer("update"):
             self.model.train()
-            for j, group in enumerate(groups):
-                span, last = slice(rows[group[0]].start, rows[group[-1]].stop), j == len(groups) - 1
+            for j, (span, micro_batches) in enumerate(passes):
+                last = j == len(passes) - 1
                 mb = rollout.select(span)
                 mask = self.loss_mask(mb)
                 with acc.no_sync(self.model) if not last else nullcontext():
@@ -178,7 +209,7 @@ class OptimizerStep:
                     acc.backward(loss)
                 packing = {"padded_tokens": stats.padded_tokens, "real_tokens": stats.real_tokens, "packed_tokens": stats.packed_tokens}
                 accumulate(sums, {**out.metrics, "loss": loss.detach(), "entropy": masked_sum(entropy.detach(), mask), **packing, **mismatch, **aux})
-                for _ in range(len(group) - last):  # TRL's on_substep_end: once per micro-batch but the step's last
+                for _ in range(micro_batches - last):  # TRL's on_substep_end: once per micro-batch but the step's last
                     self.events.substep_end()
             grad_norm = full_value(acc.clip_grad_norm_(self.model.parameters(), self.clip))
             if not torch.isfinite(grad_norm):  # before optimizer.step: the weights and every checkpoint stay finite
