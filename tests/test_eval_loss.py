@@ -67,3 +67,17 @@ def test_each_named_eval_set_has_its_loss(tmp_path, tokenizer, make_model, promp
     assert {k for r in logged for k in r if k.endswith("_loss")} == {"eval_short_loss", "eval_long_loss"}
     # grpo, β = 0, ρ = 1: each sequence's loss is −Â, and Â sums to 0 over each group, so the mean is 0
     assert all(abs(r[k]) < 1e-6 for r in logged for k in r if k.endswith("_loss"))
+
+
+def test_eval_kl_is_exactly_zero_before_training(tmp_path, tokenizer, make_model, prompts):
+    # A constant reward (Â = 0) and an untrained policy (π_θ = π_ref): the eval loss is β · mean k3, exactly 0, since
+    # π_ref's log-probs come from the eval pass's own packed rows (one pass per eval batch) in the policy's precision.
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, gradient_accumulation_steps=1, num_generations=4,
+        max_prompt_length=32, max_completion_length=8, max_steps=1, logging_steps=1, save_steps=1000, disable_tqdm=True,
+        loss_type="dapo", beta=0.5, per_device_eval_batch_size=8, bf16=True,  # bf16 products: a row's values depend on its pass
+    )
+    trainer = GRPOTrainer(make_model(), lambda completions, **kw: [1.0] * len(completions), args=args, train_dataset=prompts,
+                          processing_class=tokenizer)
+    metrics = trainer.evaluate(prompts.select(range(4)))
+    assert metrics["eval_loss"] == 0.0
