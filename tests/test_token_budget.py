@@ -49,8 +49,18 @@ def test_a_shared_prompt_counts_once_per_pass():
     assert merged_passes(rollout, rows, 33) == [[0, 1], [2]]
     assert merged_passes(rollout, rows, 27) == [[0], [1, 2]]  # 18 + 10 > 27; [A 8 2] alone is 20, + 6 = 26
     # Unshared (every row packs its prompt): 28, 30 and 10 tokens.
-    assert merged_passes(rollout, rows, 34, shared=False) == [[0], [1], [2]]
-    assert merged_passes(rollout, rows, 58, shared=False) == [[0, 1], [2]]  # 28 + 30 = 58; + 10 > 58
+    assert merged_passes(rollout, rows, 34, layout="packed") == [[0], [1], [2]]
+    assert merged_passes(rollout, rows, 58, layout="packed") == [[0, 1], [2]]  # 28 + 30 = 58; + 10 > 58
+
+
+def test_padded_rows_count_every_row_at_the_longest_prompt_and_completion():
+    # A model that cannot pack runs rows × (longest prompt + longest completion): one long row among short ones
+    # makes every row of its pass long. Rows 0-1: 2 × (4 + 2) = 12; with rows 2-3 (a 40-token prompt) 4 × (40 + 2) = 168.
+    rollout = rows_of([4, 4, 40, 4, 4, 4], [2, 1, 2, 1, 2, 2])
+    rows = [slice(0, 2), slice(2, 4), slice(4, 6)]
+    assert merged_passes(rollout, rows, 167, layout="padded") == [[0], [1], [2]]  # rows 2-5 are 4 × 42 = 168 too
+    assert merged_passes(rollout, rows, 168, layout="padded") == [[0, 1], [2]]  # rows 0-5 would be 6 × 42 = 252
+    assert merged_passes(rollout, rows, 168, layout="packed") == [[0, 1, 2]]  # packed: 6 + 5 + 42 + 5 + 6 + 6 = 70
 
 
 def test_budget_must_not_be_negative(tmp_path):

@@ -101,8 +101,8 @@ def validate(c) -> None:
     for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "num_iterations", "max_completion_length", "per_device_eval_batch_size"):
         need(getattr(c, name) >= 1, f"{name}={getattr(c, name)}: use 1 or more.")
     need(c.update_token_budget is None or c.update_token_budget >= 0,
-         f"update_token_budget={c.update_token_budget}: use a token count, 0 for one pass per micro-batch, or None for a full-length "
-         "micro-batch's tokens.")
+         f"update_token_budget={c.update_token_budget}: use a token count, 0 for one pass per micro-batch, or leave it unset (None) "
+         "for a full-length micro-batch's tokens.")
     need(c.max_tool_calling_iterations is None or c.max_tool_calling_iterations >= 0,
          f"max_tool_calling_iterations={c.max_tool_calling_iterations}: use 0 or more rounds, or None for no limit.")
     need(c.max_prompt_length is None or c.max_prompt_length >= 1, f"max_prompt_length={c.max_prompt_length}: use 1 or more, or None for no limit.")

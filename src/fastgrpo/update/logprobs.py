@@ -161,21 +161,27 @@ class LogProbs:
         with self.autocast():
             return self._stats(model, mb, reference)
 
-    def shares_prompts(self, model) -> bool:
-        """Whether a packed row of `model` holds each run of identical prompts once (else once per completion)."""
-        return self.share_prompts and not self.router_aux_loss and sharing_support(model) is None
+    def layout(self, model) -> str:
+        """How a pass of `model` lays a micro-batch out: "shared" (one packed row, each run of identical prompts once),
+        "packed" (one packed row, each completion's prompt) or "padded" (TRL's padded rows: the model would let packed
+        sequences see each other; `packing.packing_support`, measured once per model class)."""
+        if self.share_prompts and not self.router_aux_loss and sharing_support(model) is None:
+            return "shared"
+        kind = type(_inner(model))
+        if kind not in self.packs:
+            self.packs[kind] = packing_support(model) is None
+        return "packed" if self.packs[kind] else "padded"
 
     def _stats(self, model, mb, reference) -> TokenStats:
-        share = self.shares_prompts(model)
+        layout = self.layout(model)
+        share = layout == "shared"
         mask_dtype = None if _attention(model) == "sdpa" else _dtype(model)
         kind = type(_inner(model))
         grouped = share and self.grouped_attention and _grouped_attention(model)
         if grouped and kind not in self.groups:  # measured once per model class
             self.groups[kind] = grouped_support(model) is None
         grouped = grouped and self.groups[kind]
-        if not share and kind not in self.packs:  # measured once per model class (packing.packing_support)
-            self.packs[kind] = packing_support(model) is None
-        if share or self.packs[kind]:
+        if layout != "padded":
             row = pack(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.completion_mask, share, mask_dtype, grouped)
         else:  # TRL's padded rows: the model would let packed sequences see each other
             row = pad(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.completion_mask)

@@ -58,7 +58,7 @@ class LossSettings:
         )
 
 
-def merged_passes(rollout: Rollout, rows: list[slice], budget: int | None, shared: bool = True) -> list[list[int]]:
+def merged_passes(rollout: Rollout, rows: list[slice], budget: int | None, layout: str = "shared") -> list[list[int]]:
     """An optimizer step's micro-batches grouped into forward/backward passes: consecutive ones merged while they fit.
 
     Fewer, larger passes do the per-pass work once per pass instead of once per micro-batch (the
@@ -69,11 +69,12 @@ def merged_passes(rollout: Rollout, rows: list[slice], budget: int | None, share
     summation order.
 
     Args:
-        rollout: the rollout; a pass's size is the tokens its packed row holds: every completion's, and each
-            prompt's once per run of identical consecutive prompts when `shared`, else once per row.
+        rollout: the rollout.
         rows: the step's micro-batches, consecutive slices of `rollout`.
-        budget: packed tokens per pass, or None: every micro-batch its own pass.
-        shared: whether the packed row holds a run of identical prompts once (`LogProbs.shares_prompts`).
+        budget: tokens per pass, or None: every micro-batch its own pass.
+        layout: how a pass lays its rows out (`LogProbs.layout`), which says what it computes: "shared", a packed
+            row with every completion's tokens and each run of identical consecutive prompts once; "packed", each
+            row's prompt and completion; "padded", TRL's padded rows, rows × (longest prompt + longest completion).
     Returns:
         Lists of indices into `rows`, in order, each micro-batch once; one above the budget alone is a pass of its own.
     """
@@ -81,19 +82,24 @@ def merged_passes(rollout: Rollout, rows: list[slice], budget: int | None, share
         return [[j] for j in range(len(rows))]
     prompt_tokens, completion_tokens = rollout.prompt_mask.sum(-1), rollout.completion_mask.sum(-1)  # (B,) each
     opens = torch.ones_like(prompt_tokens, dtype=torch.bool)  # row b's prompt is packed (not the previous row's again)
-    if shared:  # pack()'s test: the same real prompt tokens as the row before (pad positions ignored)
+    if layout == "shared":  # pack()'s test: the same real prompt tokens as the row before (pad positions ignored)
         real = rollout.prompt_ids * rollout.prompt_mask
         opens[1:] = ((real[1:] != real[:-1]) | (rollout.prompt_mask[1:] != rollout.prompt_mask[:-1])).any(-1)
+
+    def tokens(start: int, stop: int) -> int:
+        """What a pass over rows start:stop computes (Rollout.select trims its padding columns)."""
+        if layout == "padded":
+            return (stop - start) * (int(prompt_tokens[start:stop].max()) + max(int(completion_tokens[start:stop].max()), 1))
+        opened = opens[start:stop].clone()
+        opened[0] = True  # a pass packs its first row's prompt whatever the row before it held
+        return int(completion_tokens[start:stop].sum() + (prompt_tokens[start:stop] * opened).sum())
+
     passes: list[list[int]] = []
-    total = 0
     for j, r in enumerate(rows):
-        size = int(completion_tokens[r].sum() + (prompt_tokens[r] * opens[r]).sum())  # appended to the pass before it
-        if passes and total + size <= budget:
+        if passes and tokens(rows[passes[-1][0]].start, r.stop) <= budget:
             passes[-1].append(j)
-            total += size
-        else:  # a pass of its own packs its first row's prompt whatever the row before it held
+        else:
             passes.append([j])
-            total = size + (0 if opens[r.start] else int(prompt_tokens[r.start]))
     return passes
 
 
@@ -138,7 +144,7 @@ class OptimizerStep:
         per_micro_batch = (args.loss_type == "bnpo" or entropy_control is not None or args.top_entropy_quantile < 1 or router.enabled
                            or accelerator.num_processes > 1)
         self.merges = not per_micro_batch  # whether this run's loss and processes allow merged passes
-        self.shared_prompts = log_probs.shares_prompts(model)  # how merged_passes counts a pass's prompts; the model's for the run
+        self.layout = log_probs.layout(model)  # what a pass computes, for merged_passes: the model's for the run
 
     def token_budget(self, rollout: Rollout) -> int | None:
         """Packed tokens per forward/backward pass over `rollout`, or None: one pass per micro-batch (module docstring).
@@ -163,7 +169,7 @@ class OptimizerStep:
         """
         GA = self.args.gradient_accumulation_steps
         rows = micro_batch_rows(len(rollout), self.args.steps_per_generation)[step_in_pass * GA : (step_in_pass + 1) * GA]  # smaller at the cap
-        grouped = merged_passes(rollout, rows, self.token_budget(rollout), self.shared_prompts)
+        grouped = merged_passes(rollout, rows, self.token_budget(rollout), self.layout)
         return [(slice(rows[g[0]].start, rows[g[-1]].stop), len(g)) for g in grouped]
 
     def rollout_passes(self, rollout: Rollout) -> list[list[slice]]:
