@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fastgrpo.update.chunked_head import ChunkedHead, Scratch, add_into_grad
+from fastgrpo.update.chunked_head import ChunkedHead, Scratch, add_weight_grad
 from fastgrpo.update.logprobs import LogProbs, chunkable_head, fallback_notices
 from fastgrpo.update.packing import pack, sharing_support
 from fastgrpo.algo.losses import LOSS_TYPES, StepCounts, entropy_from_logits, grpo_loss, high_entropy_mask, kl_full, selective_log_softmax
@@ -226,13 +226,15 @@ def test_the_head_adds_its_bf16_weight_gradient_into_grad_as_autograd_accumulate
     assert not torch.equal(two, one)
 
 
-def test_add_into_grad_adds_slice_by_slice_and_never_keeps_the_callers_block():
-    param = torch.zeros(7, 3, requires_grad=True)
-    block = torch.arange(21.0).reshape(7, 3)
-    add_into_grad(param, block, slice_numel=5)
-    assert torch.equal(param.grad, block) and param.grad.data_ptr() != block.data_ptr()  # a copy, though the dtype matches
-    add_into_grad(param, block.to(torch.bfloat16), slice_numel=5)  # 21 elements: slices of 5, 5, 5, 5, 1
-    assert torch.equal(param.grad, 2 * block)
+def test_add_weight_grad_adds_the_whole_product_slice_by_slice():
+    # V = 11 rows in slices of 4, 4, 3 through one kept block: the sum of the products grad_zᵀ h, added into .grad.
+    torch.manual_seed(0)
+    weight, scratch = torch.zeros(11, 3, requires_grad=True), Scratch()
+    grad_z, hidden = torch.randn(5, 11), torch.randn(5, 3)
+    add_weight_grad(weight, grad_z, hidden, scratch, rows=4)
+    assert torch.equal(weight.grad, grad_z.T @ hidden)  # each slice's product is the whole product's rows
+    add_weight_grad(weight, 2 * grad_z, hidden, scratch, rows=4)
+    torch.testing.assert_close(weight.grad, 3 * (grad_z.T @ hidden), rtol=1e-6, atol=1e-6)
 
 
 def test_frozen_head_gets_no_gradient_and_the_body_the_same_one(make_model):

@@ -45,8 +45,8 @@ class ChunkedHead(torch.autograd.Function):
     served by the kernel's page faults) made the head's elementwise work several times slower
     than its arithmetic. With `scratch` the blocks are kept across calls (allocated once per
     run, not once per call). With `weight_copy` (one process, no gradient hooks: the working
-    copy's rule) each chunk's (V, H) weight gradient is made in a kept bf16 block and added
-    into `weight.grad` in slices (`add_into_grad`) and none is returned: a returned one would
+    copy's rule) each chunk's (V, H) weight gradient is made and added into `weight.grad` a slice
+    of rows at a time in one kept bf16 block (`add_weight_grad`) and none is returned: a returned one would
     be a fresh (V, H) block, widened into another, summed with a tied embedding's dense
     gradient into a third and then accumulated, every micro-batch.
     """
@@ -66,7 +66,7 @@ class ChunkedHead(torch.autograd.Function):
                 part = slice(start, start + chunk)
                 logp, p = head(hidden[part])  # (c, V) each, views of the head's buffers
                 logps[part] = logp.gather(-1, labels[part, None]).squeeze(-1)
-                entropy[part] = -head.rowsum(p, logp)
+                entropy[part] = -head.rowsum(p, logp, keep=ref is not None)  # p is read again for the KL only
                 if ref is not None:
                     kl[part] = head.rowsum(p, _log_ratio(logp, ref(ref_hidden[part])[0]))
         if not entropy_grad:
@@ -90,7 +90,8 @@ class ChunkedHead(torch.autograd.Function):
                 part = slice(start, start + ctx.chunk)
                 logp, p = head(hidden[part])  # recomputed, (c, V)
                 g_l = grad_logps[part, None]
-                grad_z = torch.mul(p, -g_l, out=head.scratch(p))  # g_ℓ (onehot − p), the onehot added next
+                reads_p = ctx.entropy_grad or ref is not None  # else ∂/∂z is written over p itself
+                grad_z = torch.mul(p, -g_l, out=head.scratch(p) if reads_p else p)  # g_ℓ (onehot − p), the onehot added next
                 grad_z.scatter_add_(-1, labels[part, None], g_l)
                 if ctx.entropy_grad:  # ∂H/∂z = −p (log p + H)
                     plogp = p * logp
@@ -103,8 +104,7 @@ class ChunkedHead(torch.autograd.Function):
                 if need_hidden:
                     grad_hidden[part] = (grad_z @ head.weight).to(hidden.dtype)
                 if need_weight and into_grad:
-                    block = ctx.scratch.block("weight_grad", tuple(weight.shape), dtype, weight.device)
-                    add_into_grad(weight, torch.mm(grad_z.T, hidden[part].to(dtype), out=block))
+                    add_weight_grad(weight, grad_z, hidden[part].to(dtype), ctx.scratch)
                 elif need_weight:
                     part_grad = grad_z.T @ hidden[part].to(dtype)
                     grad_weight = part_grad.to(_wide(dtype)) if grad_weight is None else grad_weight.add_(part_grad)
@@ -117,7 +117,7 @@ class ChunkedHead(torch.autograd.Function):
 
 
 class Scratch:
-    """`ChunkedHead`'s (chunk, V) and (V, H) blocks, kept from call to call: one per name, shape and dtype, per thread.
+    """`ChunkedHead`'s (chunk, V) and (rows, H) blocks, kept from call to call: one per name, shape and dtype, per thread.
 
     A fresh block of tens of MB is mapped anew by the allocator and zero-filled by the kernel page
     by page at first touch, which cost more than the head's own elementwise work (docs/benchmarks.md,
@@ -138,24 +138,26 @@ class Scratch:
         return kept[: shape[0]]
 
 
-def add_into_grad(param: torch.Tensor, grad: torch.Tensor, slice_numel: int = 1 << 21) -> None:
-    """`param.grad += grad` (widened to `param`'s dtype), in slices of `slice_numel` elements; AccumulateGrad's values.
+def add_weight_grad(weight: torch.Tensor, grad_z: torch.Tensor, hidden: torch.Tensor, scratch: Scratch, rows: int = 4096) -> None:
+    """`weight.grad += (grad_zᵀ hidden)` widened to fp32, made and added `rows` vocabulary rows at a time; AccumulateGrad's values.
 
     Args:
-        param: a trained parameter (fp32), contiguous.
-        grad: the gradient of one use of it, `param`'s shape, contiguous, bf16 or fp32.
-    The first gradient (`.grad` None) is widened into a new `.grad`. Later ones are added in
-    slices: CPU kernels widen a bf16 operand into a temporary of the whole tensor, and a (V, H)
-    temporary is freshly mapped memory (page faults: 3× the add's own time measured for
-    49 152 × 576); a slice's temporary (8 MB) comes from the allocator's reused heap.
-    The sum is elementwise, so the values are AccumulateGrad's (fp32 += widened bf16) bit for bit.
+        weight: the head's trained (V, H) fp32 parameter.
+        grad_z: (c, V) ∂/∂(h Wᵀ + b) of one chunk, in the product dtype.
+        hidden: (c, H) the chunk's hidden states, in the product dtype.
+        scratch: the kept blocks: one (rows, H) block in the product dtype holds each slice's product.
+    A slice's product is its rows of the whole (V, H) product (each row reduces over the chunk's tokens alone), and
+    `.grad` is 0 + the first chunk's product, then + each next one's, elementwise in fp32: autograd's accumulation
+    (tests/test_logprobs.py). A (V, H) block would be 57 MB kept for SmolLM2, and adding a whole bf16 (V, H) block
+    widens it into a freshly mapped (V, H) temporary (page faults: 3× the add's own time measured for 49 152 × 576);
+    a slice's temporary (9 MB) comes from the allocator's reused heap.
     """
-    if param.grad is None:
-        param.grad = grad.to(param.dtype, copy=True)  # never the caller's block itself (it is reused)
-        return
-    target, source = param.grad.view(-1), grad.view(-1)
-    for start in range(0, target.numel(), slice_numel):
-        target[start : start + slice_numel].add_(source[start : start + slice_numel])
+    V, H = weight.shape
+    if weight.grad is None:
+        weight.grad = torch.zeros_like(weight)
+    for start in range(0, V, rows):
+        block = scratch.block("weight_grad", (min(rows, V - start), H), grad_z.dtype, grad_z.device)
+        weight.grad[start : start + rows].add_(torch.mm(grad_z[:, start : start + rows].T, hidden, out=block))
 
 
 def _wide(dtype: torch.dtype) -> torch.dtype:
@@ -200,9 +202,10 @@ class _Head:
         torch.log_softmax(logp, -1, out=logp)  # in place: one fused kernel, where max, Σ exp and the shift took six passes
         return logp, torch.exp(logp, out=p)
 
-    def rowsum(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        """(c, V), (c, V) → (c,) Σ_v a·b per row: the product in the scratch block, then `Tensor.sum` (as algo/losses.py)."""
-        return torch.mul(a, b, out=self.scratch(a)).sum(-1)
+    def rowsum(self, a: torch.Tensor, b: torch.Tensor, keep: bool = True) -> torch.Tensor:
+        """(c, V), (c, V) → (c,) Σ_v a·b per row: the product in the scratch block (over `a` itself unless `keep`), then
+        `Tensor.sum` (as algo/losses.py)."""
+        return torch.mul(a, b, out=self.scratch(a) if keep else a).sum(-1)
 
     def scratch(self, like: torch.Tensor) -> torch.Tensor:
         """A (c, V) block of `like`'s shape and dtype, the same one at every call."""
