@@ -147,17 +147,22 @@ def add_weight_grad(weight: torch.Tensor, grad_z: torch.Tensor, hidden: torch.Te
         hidden: (c, H) the chunk's hidden states, in the product dtype.
         scratch: the kept blocks: one (rows, H) block in the product dtype holds each slice's product.
     A slice's product is its rows of the whole (V, H) product (each row reduces over the chunk's tokens alone), and
-    `.grad` is 0 + the first chunk's product, then + each next one's, elementwise in fp32: autograd's accumulation
+    `.grad` is the first chunk's product widened, then + each next one's, elementwise in fp32: autograd's accumulation
     (tests/test_logprobs.py). A (V, H) block would be 57 MB kept for SmolLM2, and adding a whole bf16 (V, H) block
     widens it into a freshly mapped (V, H) temporary (page faults: 3× the add's own time measured for 49 152 × 576);
     a slice's temporary (9 MB) comes from the allocator's reused heap.
     """
     V, H = weight.shape
-    if weight.grad is None:
-        weight.grad = torch.zeros_like(weight)
+    first = weight.grad is None  # the slices are then copied (widened) into a new .grad: 0 + x without the zero-fill
+    if first:
+        weight.grad = torch.empty_like(weight)
     for start in range(0, V, rows):
         block = scratch.block("weight_grad", (min(rows, V - start), H), grad_z.dtype, grad_z.device)
-        weight.grad[start : start + rows].add_(torch.mm(grad_z[:, start : start + rows].T, hidden, out=block))
+        product = torch.mm(grad_z[:, start : start + rows].T, hidden, out=block)
+        if first:
+            weight.grad[start : start + rows].copy_(product)
+        else:
+            weight.grad[start : start + rows].add_(product)
 
 
 def _wide(dtype: torch.dtype) -> torch.dtype:
