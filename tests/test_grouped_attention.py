@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from types import SimpleNamespace
 
+from fastgrpo.model.checkpointing import attention_implementation
 from fastgrpo.update import grouped_attention as ga
 from fastgrpo.update import packing
 from fastgrpo.model.experts import RouterAuxLoss
@@ -168,7 +169,7 @@ def test_log_probs_run_it_for_sdpa_and_restore_the_models_attention(make_model, 
 def test_a_failed_forward_leaves_the_models_attention_as_it_was(make_model):
     model = make_model()
     with pytest.raises(RuntimeError, match="boom"):
-        with ga.attention_implementation(model, ga.IMPLEMENTATION):
+        with attention_implementation(model, ga.IMPLEMENTATION):
             assert model.config._attn_implementation == ga.IMPLEMENTATION
             raise RuntimeError("boom")
     assert model.config._attn_implementation == "sdpa"

@@ -120,7 +120,7 @@ class GRPOTrainer(TRLMethods):
         self.optimizer_from_args = checked.optimizers[0] is None  # a resume re-applies args' settings only to these (run/checkpoints.py)
         self.model, self.optimizer = prepare(acc, policy, optimizer)
         sampling = SamplingSettings.from_config(a, self.eos_token_ids, self.tokenizer.pad_token_id)
-        working = working_copy(policy, a, optimizer, bf16=bf16, processes=acc.num_processes)  # the update's and the own sampler's one bf16 copy, where it applies
+        working = working_copy(policy, optimizer, bf16=bf16, processes=acc.num_processes)  # the update's and the own sampler's one bf16 copy, where it applies
         self.backend = build_backend(a, acc.unwrap_model(self.model), sampling, bf16=bf16, gathered=gathered, server=server,
                                      tokenizer=self.tokenizer, seed=a.seed + acc.process_index, working=working)  # one bf16 copy of the weights
         self.synced_step, self.weight_version = 0, 0  # the step the backend's weights are from, and its pushes so far (TRL's model_version)

@@ -304,20 +304,6 @@ def prepare_adapters(model: torch.nn.Module, peft_config, reference_copy: bool) 
     return model
 
 
-def enable_gradient_checkpointing(model: torch.nn.Module, kwargs: dict | None = None) -> None:
-    """Recompute activations in the backward pass; with adapters, make the input embeddings' output need gradients.
-
-    `kwargs` go to `gradient_checkpointing_enable` (GRPOConfig's gradient_checkpointing_kwargs).
-
-    The frozen embedding gives hidden states that need no gradient; reentrant
-    checkpointing would then record no graph inside a checkpointed layer and the
-    adapters there would get no gradient (what TRL and peft do for the same reason).
-    """
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    if is_peft_model(model):
-        model.enable_input_require_grads()
-
-
 REFERENCE_ADAPTER = "ref"  # TRL's name for the frozen copy
 
 

@@ -27,8 +27,11 @@ runs: the working copy's own rule below (one process, no DDP or FSDP).
 
 `working_copy` decides where it applies: bf16 on, a plain model (no peft
 adapters: the sampler's copy merges them and the base is frozen), one process
-without FSDP (a sharded or DDP-wrapped forward keeps autocast), no gradient
-checkpointing (its recomputation runs outside `functional_call`).
+without FSDP (a sharded or DDP-wrapped forward keeps autocast). Gradient
+checkpointing keeps it: a checkpointed layer recomputes outside
+`functional_call`, under the forward's autocast, whose cast of each fp32 weight
+is the copy bit for bit, and backward runs the forward's graph, through the copy
+(model/checkpointing.py).
 
 Not here: the autocast itself (precision.py), the sampler's copy (generation/weight_copy.py).
 """
@@ -175,17 +178,16 @@ class _EmbeddingRows(torch.autograd.Function):
         return None, None, None
 
 
-def working_copy(policy: nn.Module, args, optimizer: torch.optim.Optimizer, *, bf16: bool, processes: int) -> WorkingCopy | None:
+def working_copy(policy: nn.Module, optimizer: torch.optim.Optimizer, *, bf16: bool, processes: int) -> WorkingCopy | None:
     """The policy's bf16 `WorkingCopy` where it applies (module docstring), else None (autocast casts at each product).
 
     Args:
         policy: the unwrapped policy; a peft model gets none.
-        args: the GRPOConfig (`gradient_checkpointing` is read).
         optimizer: the torch optimizer that updates `policy` (the copy recasts what it stepped: `WorkingCopy.watch`).
         bf16: the run's products in bf16 (precision.py).
         processes: the world size (more than one: none).
     """
-    if not bf16 or is_peft_model(policy) or processes > 1 or args.gradient_checkpointing:
+    if not bf16 or is_peft_model(policy) or processes > 1:
         return None
     working = WorkingCopy(policy, torch.bfloat16)
     working.watch(optimizer)

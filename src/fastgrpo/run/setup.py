@@ -34,7 +34,8 @@ from ..config import GRPOConfig
 from ..model.launch import cpu_launch_error, cpu_only
 from ..generation.weight_copy import GatheredCopy
 from ..model.sharding import broadcast_weights, fsdp_requested, is_sharded, shard
-from ..model.loading import disable_dropout, enable_gradient_checkpointing, is_peft_model, load_model, load_tokenizer, prepare_adapters, prepare_tokenizer, reference_model
+from ..model.checkpointing import enable_gradient_checkpointing
+from ..model.loading import disable_dropout, is_peft_model, load_model, load_tokenizer, prepare_adapters, prepare_tokenizer, reference_model
 from ..model.experts import RouterAuxLoss
 from ..model.optimizers import build_optimizer
 from ..model.precision import resolve_bf16

@@ -19,7 +19,7 @@ and recomputes the probabilities there. Values equal sdpa's with the dense mask
 to float rounding (tests/test_grouped_attention.py).
 
 It is registered with transformers' `AttentionInterface` as `IMPLEMENTATION`.
-`LogProbs` switches a model to it for one forward (`attention_implementation`)
+`LogProbs` switches a model to it for one forward (model/checkpointing.attention_implementation)
 and passes the layout as the `attention_layout` keyword, which transformers
 hands on to every layer's attention function; a model whose layers do not
 (packing.grouped_support, measured once per model class) keeps the dense mask.
@@ -30,7 +30,6 @@ Not here: the row's layout (packing.pack), which passes use it (logprobs.py).
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -257,21 +256,6 @@ def grouped_attention(module, query, key, value, attention_mask, dropout: float 
     with torch.autocast(query.device.type, enabled=False):  # fp32 scores and softmax, whatever the region's autocast
         out = _GroupedAttention.apply(query[0], key[0], value[0], attention_layout, scale)
     return out[None], None
-
-
-@contextmanager
-def attention_implementation(model, name: str | None):
-    """Run `model` (its config, as transformers' layers read it at each forward) with attention `name` for the block; None: unchanged."""
-    if name is None:
-        yield
-        return
-    config = getattr(model, "module", model).config
-    before = config._attn_implementation
-    config._attn_implementation = name
-    try:
-        yield
-    finally:
-        config._attn_implementation = before
 
 
 AttentionInterface.register(IMPLEMENTATION, grouped_attention)

@@ -12,8 +12,9 @@ same prompt tokens (the G completions of a group are contiguous) the prompt is
 computed once and each of its completions attends to it: completion tokens see
 their prompt and earlier tokens of their own completion, nothing else. sdpa
 models attend piece by piece where it pays (grouped_attention.py, no (L, L)
-mask); other rows, eager attention, gradient checkpointing and attention
-dropout take a 4D mask. The gradient through the shared prompt is the sum over
+mask); other rows, eager attention, layers checkpointed so that they recompute
+under the model's own attention (model/checkpointing.py) and attention dropout
+take a 4D mask. The gradient through the shared prompt is the sum over
 its completions, which is what G separate copies would give. A model that does not
 separate packed sequences by their position ids (`packing.packing_support`,
 measured once per model class) runs TRL's padded rows instead (`packing.pad`).
@@ -40,10 +41,11 @@ import torch
 from torch import nn
 
 from ..algo.losses import entropy_from_logits, kl_full, selective_log_softmax
-from ..model.working_copy import WorkingCopy
+from ..model.checkpointing import attention_implementation, recomputes_as_forward
 from ..model.experts import router_kwargs
+from ..model.working_copy import WorkingCopy
 from .chunked_head import ChunkedHead, Scratch
-from .grouped_attention import IMPLEMENTATION, attention_implementation
+from .grouped_attention import IMPLEMENTATION
 from .packing import PackedRow, grouped_support, pack, packing_support, pad, sharing_support
 
 # Tokens per LM-head chunk: a (256, 49 152) fp32 block is 50 MB for SmolLM2, about
@@ -221,12 +223,13 @@ class LogProbs:
 def _grouped_attention(model) -> bool:
     """Whether shared-prompt rows run grouped_attention (its layout, no dense (L, L) mask) rather than sdpa with the mask.
 
-    Yes for sdpa models, except under gradient checkpointing (the recomputed forward runs in backward, after
-    the pass has switched the model back to sdpa) and with attention dropout in training (grouped_attention has none).
+    Yes for sdpa models, except under gradient checkpointing whose layers recompute under the model's own attention
+    (in backward, after the pass has switched the model back to sdpa: model/checkpointing.recomputes_as_forward) and
+    with attention dropout in training (grouped_attention has none).
     """
     inner = _inner(model)
     dropout = inner.training and any(float(getattr(inner.config, name, 0.0) or 0.0) > 0 for name in _ATTENTION_DROPOUT)
-    return _attention(model) == "sdpa" and not getattr(inner, "is_gradient_checkpointing", False) and not dropout
+    return _attention(model) == "sdpa" and recomputes_as_forward(inner) and not dropout
 
 
 def _scatter(values: torch.Tensor, row: PackedRow, shape) -> torch.Tensor:

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
+from ..model.checkpointing import attention_implementation
 from ..model.experts import router_kwargs
-from .grouped_attention import IMPLEMENTATION, AttentionLayout, attention_implementation, build_layout, use_layout
+from .grouped_attention import IMPLEMENTATION, AttentionLayout, build_layout, use_layout
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,103 @@
+"""Gradient checkpointing whose recomputed layers run as their forward ran; the attention switch both read.
+
+transformers checkpoints each decoder layer (`gradient_checkpointing_enable`,
+torch.utils.checkpoint): backward runs the layer a second time, after the pass
+that first ran it has returned. A pass that switched the model's attention for
+its forward (`attention_implementation`: update/logprobs.py runs shared-prompt
+rows through grouped attention) has switched it back by then, so the recomputed
+layer would attend through another function. `enable_gradient_checkpointing`
+gives torch's non-reentrant checkpoint a `context_fn` whose recompute context
+sets the attention the layer ran with: the recomputation is the forward again,
+and `recomputes_as_forward` tells the pass it may switch.
+
+The bf16 working copy (working_copy.py) needs nothing of this: the recomputation
+runs under the forward's autocast (torch.utils.checkpoint restores it), whose
+cast of an fp32 weight equals the copy bit for bit, and backward runs the
+forward's graph, so the gradients still reach the fp32 weights through the copy.
+
+Reentrant checkpointing (`use_reentrant=True`) takes no `context_fn`: its
+layers recompute under the model's own attention, and the pass keeps that one.
+
+Not here: which passes switch attention and why (update/logprobs.py, update/grouped_attention.py).
+"""
+
+from __future__ import annotations
+
+import weakref
+from contextlib import contextmanager, nullcontext
+from functools import partial
+
+import torch
+
+from .loading import is_peft_model
+
+# Models whose checkpointed layers recompute under the forward's attention (`enable_gradient_checkpointing`).
+_RECOMPUTED_AS_FORWARD: weakref.WeakSet = weakref.WeakSet()
+
+
+@contextmanager
+def attention_implementation(model, name: str | None):
+    """Run `model` (its config, as transformers' layers read it at each call) with attention `name` for the block; None: unchanged.
+
+    The name is one registered with transformers' `AttentionInterface` (or a built-in one); the
+    model's previous implementation is restored on leaving, also when the block raises.
+    """
+    if name is None:
+        yield
+        return
+    config = getattr(model, "module", model).config
+    before = config._attn_implementation
+    config._attn_implementation = name
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
+
+
+def enable_gradient_checkpointing(model: torch.nn.Module, kwargs: dict | None = None) -> None:
+    """Recompute activations in the backward pass, each layer under the attention it ran with; with adapters, make the
+    input embeddings' output need gradients.
+
+    Args:
+        model: a transformers model, or a peft model around one.
+        kwargs: GRPOConfig's gradient_checkpointing_kwargs, for torch.utils.checkpoint through
+            `gradient_checkpointing_enable`. None, or no `use_reentrant`: non-reentrant, as transformers
+            chooses for None. A `context_fn` of the caller's still runs, inside ours.
+
+    The frozen embedding of an adapted model gives hidden states that need no gradient; reentrant
+    checkpointing would then record no graph inside a checkpointed layer and the adapters there would
+    get no gradient (what TRL and peft do for the same reason).
+    """
+    kwargs = {"use_reentrant": False, **(kwargs or {})}
+    if not kwargs["use_reentrant"]:
+        kwargs["context_fn"] = partial(_as_forward, getattr(model, "module", model), kwargs.get("context_fn"))
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    if kwargs["use_reentrant"]:
+        _RECOMPUTED_AS_FORWARD.discard(model)
+    else:
+        _RECOMPUTED_AS_FORWARD.add(model)
+    if is_peft_model(model):
+        model.enable_input_require_grads()
+
+
+def recomputes_as_forward(model: torch.nn.Module) -> bool:
+    """Whether `model`'s layers, if checkpointed, recompute under the attention their forward ran with.
+
+    True without gradient checkpointing (nothing is recomputed) and where `enable_gradient_checkpointing`
+    set it up non-reentrant; False where checkpointing was enabled otherwise (reentrant, or by
+    `gradient_checkpointing_enable` directly), so a pass must not switch attention for its forward.
+    """
+    return not getattr(model, "is_gradient_checkpointing", False) or model in _RECOMPUTED_AS_FORWARD
+
+
+def _as_forward(model, context_fn) -> tuple:
+    """torch.utils.checkpoint's `context_fn`: (forward context, recompute context), the latter setting the attention read now."""
+    forward, recompute = context_fn() if context_fn is not None else (nullcontext(), nullcontext())
+    name = model.config._attn_implementation
+
+    @contextmanager
+    def as_forward():
+        with recompute, attention_implementation(model, name):
+            yield
+
+    return forward, as_forward()
