@@ -128,3 +128,16 @@ def test_default_budget_is_a_full_length_micro_batch(tmp_path, tokenizer, make_m
     assert smaller_passes == 4  # no two fit in 40
     for name, value in explicit.items():
         assert torch.equal(default[name], value), name
+
+
+def test_default_budget_under_gradient_checkpointing_is_four_micro_batches(tmp_path, tokenizer, make_model, prompts, monkeypatch):
+    # A checkpointed pass keeps each layer's input, not its activations: None is then 4 × 2 × (32 + 8) = 320 tokens,
+    # which holds the step's 4 micro-batches (each ≤ 80). Checkpointing recomputes the same products: the weights
+    # equal the uncheckpointed run's with the same passes, bit for bit.
+    default, default_passes, _ = run(tmp_path, "default", tokenizer, make_model, prompts, monkeypatch, gradient_checkpointing=True)
+    _, one_micro_batch_passes, _ = run(tmp_path, "one", tokenizer, make_model, prompts, monkeypatch, gradient_checkpointing=True,
+                                       update_token_budget=80)
+    plain, plain_passes, _ = run(tmp_path, "plain", tokenizer, make_model, prompts, monkeypatch, update_token_budget=320)
+    assert default_passes == plain_passes == 1 and one_micro_batch_passes == 2
+    for name, value in plain.items():
+        assert torch.equal(default[name], value), name

@@ -108,7 +108,7 @@ class GRPOConfig:
     generation_batch_size: int | None = None  # completions per rollout, all processes
     steps_per_generation: int | None = None  # micro-batches per rollout per process
     num_iterations: int = 1  # μ: passes over each rollout
-    update_token_budget: int | None = None  # packed tokens per forward/backward: a step's micro-batches run merged while they fit; None: a full-length micro-batch's; 0: one pass each (update/step.py)
+    update_token_budget: int | None = None  # packed tokens per forward/backward: a step's micro-batches run merged while they fit; None: a full-length micro-batch's (four under gradient_checkpointing); 0: one pass each (update/step.py)
 
     # --- generation ------------------------------------------------------------
     max_prompt_length: int | None = 512  # tokens; longer prompts lose their left part

@@ -30,6 +30,15 @@ from ..rollout.record import Rollout, micro_batch_rows
 from .logprobs import TokenStats
 
 
+# The default update_token_budget under gradient checkpointing, in full-length micro-batches. A checkpointed pass
+# keeps each layer's input (H fp32 values per token) and, in backward, one layer's activations: for SmolLM2 ≈ 74 KB
+# per token plus ≈ 29 KB for the layer in backward, against ≈ 940 KB without checkpointing (saved-tensor hooks, an
+# 881-token pass), so a pass of four micro-batches keeps less than half of one micro-batch's uncheckpointed.
+# Measured on the seed configuration (docs/benchmarks.md, session 12): one micro-batch's budget made checkpointing
+# cost ≈ +20 % per step; four, ≈ +4 %, at a peak ≈ 0.5 GiB below the uncheckpointed default's.
+CHECKPOINTED_MICRO_BATCHES = 4
+
+
 @dataclasses.dataclass(frozen=True)
 class LossSettings:
     """`grpo_loss`'s keyword arguments from a GRPOConfig, bound once per run (TRL's field → the loss's name)."""
@@ -151,7 +160,8 @@ class OptimizerStep:
 
         `update_token_budget`, or by default (None) a full-length micro-batch's tokens, per_device_train_batch_size ×
         (max_prompt_length + max_completion_length), the rollout's longest prompt standing in for an unlimited
-        max_prompt_length: a merged pass never holds more tokens than one micro-batch may.
+        max_prompt_length: a merged pass never holds more tokens than one micro-batch may. Under gradient
+        checkpointing four times that (`CHECKPOINTED_MICRO_BATCHES`).
         """
         a = self.args
         if not self.merges or a.update_token_budget == 0:  # 0: one pass per micro-batch
@@ -159,7 +169,8 @@ class OptimizerStep:
         if a.update_token_budget is not None:
             return a.update_token_budget
         prompt = a.max_prompt_length if a.max_prompt_length is not None else int(rollout.prompt_mask.sum(-1).max())
-        return a.per_device_train_batch_size * (prompt + a.max_completion_length)
+        micro_batch = a.per_device_train_batch_size * (prompt + a.max_completion_length)
+        return micro_batch * (CHECKPOINTED_MICRO_BATCHES if a.gradient_checkpointing else 1)
 
     def passes(self, rollout: Rollout, step_in_pass: int) -> list[tuple[slice, int]]:
         """Step `step_in_pass`'s forward/backward passes over `rollout`, in order: (the rollout's rows, how many micro-batches they are).
