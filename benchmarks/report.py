@@ -228,7 +228,7 @@ def plots(case: dict, prefix: str) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colours = {"fastgrpo": "tab:blue", "trl": "tab:orange", "fastgrpo-full": "tab:cyan", "fastgrpo-bf16": "tab:green", "fastgrpo-gc": "tab:purple", "fastgrpo-merged": "tab:red", "fastgrpo-unmerged": "tab:brown"}
+    colours = {"fastgrpo": "tab:blue", "trl": "tab:orange", "fastgrpo-full": "tab:cyan", "fastgrpo-bf16": "tab:green", "fastgrpo-gc": "tab:purple", "fastgrpo-merged": "tab:red", "fastgrpo-unmerged": "tab:brown", "fastgrpo-gc-merged": "tab:pink"}
     styles = {1: "-", 4: "--"}
     fig, ax = plt.subplots(figsize=(7, 4))
     seen = set()

@@ -31,7 +31,9 @@ step's FLOPs and the best step's share of the fp32 and bf16 peaks measured in
 the same process, and the process's peak RSS. `--update-token-budget N` runs
 the timed or profiled steps with micro-batches merged into passes of at most N
 tokens; `--dense-attention` runs shared-prompt rows through sdpa's dense mask
-instead of grouped attention (`LogProbs.grouped_attention`); `--per-device` and
+instead of grouped attention (`LogProbs.grouped_attention`); `--gradient-checkpointing`
+runs them with `gradient_checkpointing=True` (the FLOPs stay the model's: the
+recomputed forward is not counted); `--per-device` and
 `--grad-accum` apply here too.
 `--ab-working-copy N`: N pairs of steps in one process, alternating the
 update with and without the bf16 working copy (model/working_copy.py; without
@@ -193,6 +195,7 @@ def main() -> None:
     parser.add_argument("--grad-accum", type=int, default=4, help="gradient_accumulation_steps (micro-batches per optimizer step)")
     parser.add_argument("--ab-fused-adamw", type=int, default=0, metavar="N", help="N in-process pairs: AdamW's fused kernel / its for-loop")
     parser.add_argument("--update-token-budget", type=int, default=None, help="update_token_budget of the timed, profiled or grouped-attention A/B steps")
+    parser.add_argument("--gradient-checkpointing", action="store_true", help="--time-only: gradient_checkpointing=True (FLOPs: the model's, recomputation not counted)")
     parser.add_argument("--dense-attention", action="store_true", help="--time-only: sdpa over the dense mask, not grouped attention")
     parser.add_argument("--ab-grouped-attention", type=int, default=0, metavar="N", help="N in-process pairs: grouped attention / sdpa with the dense mask")
     args = parser.parse_args()
@@ -223,7 +226,8 @@ def main() -> None:
 
         peaks = {"fp32": linear_peak(torch.float32), "bf16": linear_peak(torch.bfloat16)}
         trainer = build_trainer(bf16, 1 + args.steps, update_token_budget=args.update_token_budget,
-                                per_device_train_batch_size=args.per_device, gradient_accumulation_steps=args.grad_accum)
+                                per_device_train_batch_size=args.per_device, gradient_accumulation_steps=args.grad_accum,
+                                gradient_checkpointing=args.gradient_checkpointing)
         trainer.log_probs.grouped_attention = not args.dense_attention
         rollout = trainer._collect()
         count = flops.step_flops(trainer.accelerator.unwrap_model(trainer.model), flops.step_rows(trainer, rollout))
@@ -236,6 +240,7 @@ def main() -> None:
         peaks = {k: max(v, linear_peak(getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[k]))) for k, v in peaks.items()}
         print(json.dumps({"tree": os.path.dirname(os.path.dirname(fastgrpo.__file__)), "update_token_budget": args.update_token_budget,
                           "per_device": args.per_device, "grad_accum": args.grad_accum, "dense_attention": args.dense_attention,
+                          "gradient_checkpointing": args.gradient_checkpointing,
                           "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "step_seconds": seconds, "gflop": count["total"] / 1e9, "peaks_gflops": {k: v / 1e9 for k, v in peaks.items()},
                           "percent_of_peak": {k: 100 * count["total"] / min(seconds) / v for k, v in peaks.items()}}))
         return
