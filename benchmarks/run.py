@@ -85,12 +85,11 @@ CASES = {
         "description": "Seed configuration on SmolLM2, μ = 4, each system at its defaults: fastgrpo (bf16 where the CPU has "
         "bf16 units; one bf16 working copy), fastgrpo with gradient checkpointing, and TRL's defaults (bf16 autocast with "
         "use_cpu, gradient checkpointing): peak RSS and its split, seconds per step; fastgrpo-merged as in case best; "
-        "fastgrpo-gc-merged: gradient checkpointing with every micro-batch of a step in one pass.",
+        "fastgrpo-gc's default update_token_budget is four full-length micro-batches (2048: the whole step in one pass).",
         "model": "smollm2-135m-instruct", "mus": [4], "steps": 4, "pairs": 1, "learning_rate": 2e-5,
-        "systems": ("fastgrpo", "fastgrpo-merged", "fastgrpo-gc", "fastgrpo-gc-merged", "trl"),
+        "systems": ("fastgrpo", "fastgrpo-merged", "fastgrpo-gc", "trl"),
         "extras": {"fastgrpo": {"bf16": None}, "fastgrpo-merged": {"bf16": None, "update_token_budget": 4096},
                    "fastgrpo-gc": {"bf16": None, "gradient_checkpointing": True},
-                   "fastgrpo-gc-merged": {"bf16": None, "gradient_checkpointing": True, "update_token_budget": 4096},
                    "trl": {"bf16": True, "gradient_checkpointing": True, "use_cpu": True}},
     },
     "best": {

@@ -35,11 +35,11 @@ def grouped_calls(monkeypatch):
     return calls
 
 
-def gradients(model, mb, bf16: bool, calls: list) -> dict:
+def gradients(model, mb, bf16: bool, calls: list, grouped_attention: bool = True) -> dict:
     """One pass's Σ log-probs backward, as the update runs it (bf16: autocast and the working copy); → {name: grad}."""
     model.train()
     autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if bf16 else None
-    log_probs = LogProbs(1.0, **({"autocast": autocast, "weights": WorkingCopy(model)} if bf16 else {}))
+    log_probs = LogProbs(1.0, grouped_attention=grouped_attention, **({"autocast": autocast, "weights": WorkingCopy(model)} if bf16 else {}))
     log_probs(model, mb)  # the first pass of a model class also measures what it supports
     model.zero_grad(set_to_none=True)
     calls.clear()
@@ -62,17 +62,20 @@ def test_checkpointed_layers_recompute_grouped_attention_and_give_the_same_gradi
         assert torch.equal(checkpointed[name], grad), name  # the same products, in the same order
 
 
-def test_reentrant_checkpointing_keeps_the_dense_mask(make_model, grouped_calls):
-    # Reentrant checkpointing takes no context_fn: its layers recompute under sdpa, so the pass never switches.
+@pytest.mark.parametrize("bf16", [False, True])
+def test_reentrant_checkpointing_keeps_the_dense_mask(make_model, grouped_calls, bf16):
+    # Reentrant checkpointing takes no context_fn: its layers recompute under sdpa, so the pass never switches. Its
+    # forward runs without a graph and its recomputation outside functional_call, under autocast: with the working
+    # copy the gradients still equal the dense-mask pass's without checkpointing, bit for bit.
     mb = shared_prompts()
-    plain = gradients(make_model(), mb, False, grouped_calls)
+    plain = gradients(make_model(), mb, bf16, grouped_calls, grouped_attention=False)
     model = make_model()
     enable_gradient_checkpointing(model, {"use_reentrant": True})
     assert not recomputes_as_forward(model)
-    reentrant = gradients(model, mb, False, grouped_calls)
+    reentrant = gradients(model, mb, bf16, grouped_calls)
     assert not grouped_calls
     for name, grad in plain.items():
-        torch.testing.assert_close(reentrant[name], grad, atol=1e-6, rtol=1e-5)  # dense mask: other summation order
+        assert torch.equal(reentrant[name], grad), name
 
 
 def test_checkpointing_enabled_by_the_caller_keeps_the_dense_mask(make_model, grouped_calls):
