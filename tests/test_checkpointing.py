@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fastgrpo.model.checkpointing import enable_gradient_checkpointing, recomputes_as_forward
+from fastgrpo.model.checkpointing import attention_implementation, enable_gradient_checkpointing, recomputes_as_forward
 from fastgrpo.model.working_copy import WorkingCopy
 from fastgrpo.update import grouped_attention as ga
 from fastgrpo.update import packing
@@ -100,3 +100,32 @@ def test_a_callers_context_fn_runs_around_the_forward_and_the_recomputation(make
     gradients(model, shared_prompts(), False, grouped_calls)
     assert entered.count("forward") == 2 * 2 and entered.count("recompute") == 2  # 2 passes × 2 layers; 1 backward
     assert len(grouped_calls) == 4
+
+
+def test_a_pass_in_another_thread_waits_for_the_switch_to_end(make_model):
+    # The config is shared: a forward in another thread (the async producer's) must not run under this one's switch.
+    import threading
+
+    model, seen = make_model(), []
+    inside, release = threading.Event(), threading.Event()
+
+    def switched():
+        with attention_implementation(model, ga.IMPLEMENTATION):
+            inside.set()
+            release.wait(10)
+
+    def other_pass():
+        with attention_implementation(model, None):
+            seen.append(model.config._attn_implementation)
+
+    first = threading.Thread(target=switched)
+    first.start()
+    assert inside.wait(10)
+    second = threading.Thread(target=other_pass)
+    second.start()
+    second.join(0.3)
+    assert second.is_alive() and not seen  # waiting: the switch is not its own
+    release.set()
+    first.join(10)
+    second.join(10)
+    assert seen == ["sdpa"]

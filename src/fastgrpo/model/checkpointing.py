@@ -18,11 +18,16 @@ forward's graph, so the gradients still reach the fp32 weights through the copy.
 Reentrant checkpointing (`use_reentrant=True`) takes no `context_fn`: its
 layers recompute under the model's own attention, and the pass keeps that one.
 
+The switch is the model config's attribute, read by every thread that runs the
+model: blocks under `attention_implementation` run one at a time, so the async
+producer's pass never runs a layer under the update's switch, nor the reverse.
+
 Not here: which passes switch attention and why (update/logprobs.py, update/grouped_attention.py).
 """
 
 from __future__ import annotations
 
+import threading
 import weakref
 from contextlib import contextmanager, nullcontext
 from functools import partial
@@ -34,24 +39,31 @@ from .loading import is_peft_model
 # Models whose checkpointed layers recompute under the forward's attention (`enable_gradient_checkpointing`).
 _RECOMPUTED_AS_FORWARD: weakref.WeakSet = weakref.WeakSet()
 
+# Held by every block that runs a model under `attention_implementation`, switched or not: the config is one object
+# that every thread running the model reads (the async producer's π_behaviour pass runs beside the update).
+_SWITCH = threading.RLock()
+
 
 @contextmanager
 def attention_implementation(model, name: str | None):
     """Run `model` (its config, as transformers' layers read it at each call) with attention `name` for the block; None: unchanged.
 
     The name is one registered with transformers' `AttentionInterface` (or a built-in one); the
-    model's previous implementation is restored on leaving, also when the block raises.
+    model's previous implementation is restored on leaving, also when the block raises. One block
+    runs at a time in the process (`_SWITCH`, re-entrant in one thread): a forward in another thread
+    never reads a switch that is not its own.
     """
-    if name is None:
-        yield
-        return
-    config = getattr(model, "module", model).config
-    before = config._attn_implementation
-    config._attn_implementation = name
-    try:
-        yield
-    finally:
-        config._attn_implementation = before
+    with _SWITCH:
+        if name is None:
+            yield
+            return
+        config = getattr(model, "module", model).config
+        before = config._attn_implementation
+        config._attn_implementation = name
+        try:
+            yield
+        finally:
+            config._attn_implementation = before
 
 
 def enable_gradient_checkpointing(model: torch.nn.Module, kwargs: dict | None = None) -> None:
