@@ -18,6 +18,7 @@ from conftest import tiny_model
 from test_trainer import config, reward_even_tokens
 
 import fastgrpo.update.step as step_module
+from fastgrpo.update import packing
 from fastgrpo import GRPOTrainer
 from fastgrpo.update.logprobs import LogProbs
 from fastgrpo.model.loading import lora_config, merged_copy
@@ -118,17 +119,21 @@ def losses_spy(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("budget,passes", [(None, 4), (0, 8)])  # the default budget merges each step's 2 micro-batches
+@pytest.mark.parametrize("budget,passes,checkpointing", [(None, 4, False), (0, 8, False), (None, 4, True)])  # None merges a step's 2 micro-batches
 @pytest.mark.parametrize("kl_estimator", ["k3", "full"])
-def test_bf16_ratio_one_and_kl_zero_where_weights_agree(tmp_path, monkeypatch, tokenizer, make_model, prompts, kl_estimator, budget, passes):
+def test_bf16_ratio_one_and_kl_zero_where_weights_agree(tmp_path, monkeypatch, tokenizer, make_model, prompts, kl_estimator, budget, passes,
+                                                        checkpointing):
     # A constant reward: Â = 0, and at π_θ = π_ref the KL's gradient is 0 too, so every gradient is exactly 0 and
     # the weights never move: π_θ = π_old = π_ref throughout. μ = 2 over 4 micro-batches, GA = 2: micro-batches
     # 3–4 get π_old from its own no-grad pass, the others for free; π_ref is a frozen copy (beta > 0). In bf16
     # every one of them must equal the update's log-probs bit for bit, and KL(π_θ‖π_ref) be exactly 0, whether a
-    # step's micro-batches run as one pass or apart.
+    # step's micro-batches run as one pass or apart, and under gradient checkpointing with every shared row in
+    # grouped attention (π_ref's copy must attend as the policy does).
     calls = losses_spy(monkeypatch)
+    if checkpointing:
+        monkeypatch.setattr(packing, "use_layout", lambda layout, length: True)
     args = config(tmp_path, bf16=True, beta=0.04, kl_estimator=kl_estimator, num_iterations=2, steps_per_generation=4, max_steps=4,
-                  update_token_budget=budget)
+                  update_token_budget=budget, gradient_checkpointing=checkpointing)
     model = make_model()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     GRPOTrainer(model, lambda completions, **kw: [1.0] * len(completions), args=args, train_dataset=prompts, processing_class=tokenizer).train()

@@ -129,3 +129,28 @@ def test_a_pass_in_another_thread_waits_for_the_switch_to_end(make_model):
     first.join(10)
     second.join(10)
     assert seen == ["sdpa"]
+
+
+@pytest.mark.parametrize("kwargs", [{"use_reentrant": None}, {"debug": True}])
+def test_checkpointing_that_takes_no_context_keeps_the_dense_mask(make_model, grouped_calls, kwargs):
+    # use_reentrant=None is torch's reentrant default; debug=True refuses a context_fn: both recompute under sdpa.
+    mb = shared_prompts()
+    plain = gradients(make_model(), mb, False, grouped_calls, grouped_attention=False)
+    model = make_model()
+    enable_gradient_checkpointing(model, kwargs)
+    assert model.is_gradient_checkpointing and not recomputes_as_forward(model)
+    checkpointed = gradients(model, mb, False, grouped_calls)
+    assert not grouped_calls
+    for name, grad in plain.items():
+        assert torch.equal(checkpointed[name], grad), name
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"use_reentrat": False}, "gradient_checkpointing_kwargs has 'use_reentrat', which torch.utils.checkpoint does not take; use use_reentrant"),
+    ({"use_reentrant": "false"}, "use_reentrant='false': use True or False"),
+])
+def test_checkpointing_kwargs_torch_would_misread_are_refused(make_model, kwargs, message):
+    model = make_model()
+    with pytest.raises(ValueError, match=message):
+        enable_gradient_checkpointing(model, kwargs)
+    assert not model.is_gradient_checkpointing

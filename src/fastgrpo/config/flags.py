@@ -132,7 +132,7 @@ FIELD_HELP = {
     "max_inflight_tasks": "with max_staleness: completions started and not yet trained, at most (-1: max(max_staleness, 1) rollouts)",
     "queue_maxsize": "with max_staleness: completions produced and waiting to be trained, at most",
     "heartbeat_stale_after_s": "with max_staleness: seconds without a rollout or a sign of life from the producer before the run stops",
-    "update_token_budget": "tokens per forward/backward of the update: an optimizer step's micro-batches run merged while they fit (exact where the loss's normaliser is the step's; default: per_device_train_batch_size × (max_prompt_length + max_completion_length); 0: one pass each)",
+    "update_token_budget": "tokens per forward/backward of the update: an optimizer step's micro-batches run merged while they fit (exact where the loss's normaliser is the step's; default: per_device_train_batch_size × (max_prompt_length + max_completion_length), four times that under gradient_checkpointing; 0: one pass each)",
     "router_aux_loss_coef": "mixture-of-experts models: weight of the router load-balancing loss (default: the model config's; 0 off)",
 }
 

@@ -27,14 +27,20 @@ Not here: which passes switch attention and why (update/logprobs.py, update/grou
 
 from __future__ import annotations
 
+import inspect
 import threading
 import weakref
 from contextlib import contextmanager, nullcontext
 from functools import partial
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from .loading import is_peft_model
+
+# What torch.utils.checkpoint.checkpoint takes by keyword (gradient_checkpointing_kwargs' keys): its keyword-only
+# parameters and `preserve_rng_state`, which it pops from **kwargs; any other key reaches the checkpointed function.
+CHECKPOINT_KEYS = (*(name for name, p in inspect.signature(checkpoint).parameters.items() if p.kind is p.KEYWORD_ONLY), "preserve_rng_state")
 
 # Models whose checkpointed layers recompute under the forward's attention (`enable_gradient_checkpointing`).
 _RECOMPUTED_AS_FORWARD: weakref.WeakSet = weakref.WeakSet()
@@ -74,20 +80,38 @@ def enable_gradient_checkpointing(model: torch.nn.Module, kwargs: dict | None = 
         model: a transformers model, or a peft model around one.
         kwargs: GRPOConfig's gradient_checkpointing_kwargs, for torch.utils.checkpoint through
             `gradient_checkpointing_enable`. None, or no `use_reentrant`: non-reentrant, as transformers
-            chooses for None. A `context_fn` of the caller's still runs, inside ours.
+            chooses for None; `use_reentrant=None` is torch's reentrant default. A `context_fn` of the
+            caller's still runs, inside ours; with `debug=True` (which takes no `context_fn`) the layers
+            recompute under the model's own attention, as reentrant ones do.
+    Raises:
+        ValueError: a key torch.utils.checkpoint does not take (it would reach the layer's forward, which
+            ignores it: a misspelt `use_reentrant` would silently mean its default), or a `use_reentrant`
+            that is not a bool or None.
 
     The frozen embedding of an adapted model gives hidden states that need no gradient; reentrant
     checkpointing would then record no graph inside a checkpointed layer and the adapters there would
     get no gradient (what TRL and peft do for the same reason).
     """
     kwargs = {"use_reentrant": False, **(kwargs or {})}
-    if not kwargs["use_reentrant"]:
+    if unknown := sorted(set(kwargs) - set(CHECKPOINT_KEYS)):
+        raise ValueError(
+            f"gradient_checkpointing_kwargs has {', '.join(map(repr, unknown))}, which torch.utils.checkpoint does not take; "
+            f"use {', '.join(CHECKPOINT_KEYS)} (torch {torch.__version__})."
+        )
+    if not isinstance(kwargs["use_reentrant"], (bool, type(None))):
+        raise ValueError(
+            f"gradient_checkpointing_kwargs use_reentrant={kwargs['use_reentrant']!r}: use True or False "
+            "(torch reads any other value by its truth, so the string 'false' would mean reentrant)."
+        )
+    # torch: None is reentrant (its default).
+    as_forward = kwargs["use_reentrant"] is not None and not kwargs["use_reentrant"] and not kwargs.get("debug", False)
+    if as_forward:
         kwargs["context_fn"] = partial(_as_forward, getattr(model, "module", model), kwargs.get("context_fn"))
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    if kwargs["use_reentrant"]:
-        _RECOMPUTED_AS_FORWARD.discard(model)
-    else:
+    if as_forward:
         _RECOMPUTED_AS_FORWARD.add(model)
+    else:
+        _RECOMPUTED_AS_FORWARD.discard(model)
     if is_peft_model(model):
         model.enable_input_require_grads()
 
