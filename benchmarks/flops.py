@@ -21,6 +21,7 @@ Not here: measuring the peaks (bf16_peaks.py, worker.linear_peak).
 
 from __future__ import annotations
 
+from fastgrpo.model.checkpointing import recomputes_as_forward
 from fastgrpo.update.packing import pack, sharing_support
 
 
@@ -42,7 +43,7 @@ def step_rows(trainer, rollout, step_in_pass: int = 0) -> list[tuple[int, int, i
     model = trainer.accelerator.unwrap_model(trainer.model)
     share = trainer.log_probs.share_prompts and sharing_support(model) is None
     grouped = (share and trainer.log_probs.grouped_attention and getattr(model.config, "_attn_implementation", None) == "sdpa"
-               and not model.is_gradient_checkpointing)  # LogProbs' rule (logprobs._grouped_attention; SmolLM2 passes grouped_support)
+               and recomputes_as_forward(model))  # LogProbs' rule (logprobs._grouped_attention; SmolLM2 passes grouped_support)
     out = []
     for span, _ in trainer.update.passes(rollout, step_in_pass):
         mb = rollout.select(span)
