@@ -108,10 +108,7 @@ def enable_gradient_checkpointing(model: torch.nn.Module, kwargs: dict | None = 
     if as_forward:
         kwargs["context_fn"] = partial(_as_forward, getattr(model, "module", model), kwargs.get("context_fn"))
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    if as_forward:
-        _RECOMPUTED_AS_FORWARD.add(model)
-    else:
-        _RECOMPUTED_AS_FORWARD.discard(model)
+    (_RECOMPUTED_AS_FORWARD.add if as_forward else _RECOMPUTED_AS_FORWARD.discard)(model)
     if is_peft_model(model):
         model.enable_input_require_grads()
 
