@@ -148,15 +148,16 @@ def summarize(runs: list[dict]) -> dict:
         }
 
     ratios = {}
-    for mu in sorted({k[1] for k in keys}):
-        fast = [f for r, f in zip(runs, figures) if r["system"] == "fastgrpo" and r["spec"]["num_iterations"] == mu]
+    mine = next((r["system"] for r in runs if r["system"] == "fastgrpo"), next((r["system"] for r in runs if r["system"] != "trl"), "fastgrpo"))
+    for mu in sorted({k[1] for k in keys}):  # fastgrpo's defaults against TRL; a case without them: its first fastgrpo system
+        fast = [f for r, f in zip(runs, figures) if r["system"] == mine and r["spec"]["num_iterations"] == mu]
         trl = [f for r, f in zip(runs, figures) if r["system"] == "trl" and r["spec"]["num_iterations"] == mu]
         pairs = list(zip(fast, trl))  # run order alternates fastgrpo, TRL: pair i = the i-th of each
         per_pair = {
             name: [a[name] / b[name] for a, b in pairs]
             for name in ("seconds_per_step", "update_seconds_per_step", "peak_rss_bytes", "completion_tokens_per_second")
         }
-        ratios[f"mu{mu}"] = {"per_pair": per_pair, "median": {k: _median(v) for k, v in per_pair.items()}}
+        ratios[f"mu{mu}"] = {"system": mine, "per_pair": per_pair, "median": {k: _median(v) for k, v in per_pair.items()}}
 
     def speedup(fast_key, trl_key):
         a, b = groups.get(fast_key, {}).get("time_to_target_seconds"), groups.get(trl_key, {}).get("time_to_target_seconds")
@@ -196,7 +197,7 @@ def markdown_table(case: dict) -> str:
     for mu, r in s["ratios"].items():
         m = r["median"]
         rows.append(
-            f"| **fastgrpo / TRL** | {mu[2:]} | **{_fmt(m['seconds_per_step'])}×** | | | **{_fmt(m['update_seconds_per_step'])}×** | "
+            f"| **{r.get('system', 'fastgrpo')} / TRL** | {mu[2:]} | **{_fmt(m['seconds_per_step'])}×** | | | **{_fmt(m['update_seconds_per_step'])}×** | "
             f"| {_fmt(m['completion_tokens_per_second'])}× "
             f"| **{_fmt(m['peak_rss_bytes'])}×** | | | |"
         )
@@ -228,7 +229,7 @@ def plots(case: dict, prefix: str) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colours = {"fastgrpo": "tab:blue", "trl": "tab:orange", "fastgrpo-full": "tab:cyan", "fastgrpo-bf16": "tab:green", "fastgrpo-gc": "tab:purple", "fastgrpo-merged": "tab:red", "fastgrpo-unmerged": "tab:brown", "fastgrpo-gc-merged": "tab:pink"}
+    colours = {"fastgrpo": "tab:blue", "trl": "tab:orange", "fastgrpo-full": "tab:cyan", "fastgrpo-bf16": "tab:green", "fastgrpo-gc": "tab:purple", "fastgrpo-merged": "tab:red", "fastgrpo-unmerged": "tab:brown", "fastgrpo-gc-merged": "tab:pink", "fastgrpo-gc-glibc": "tab:olive"}
     styles = {1: "-", 4: "--"}
     fig, ax = plt.subplots(figsize=(7, 4))
     seen = set()

@@ -92,6 +92,17 @@ CASES = {
                    "fastgrpo-gc": {"bf16": None, "gradient_checkpointing": True},
                    "trl": {"bf16": True, "gradient_checkpointing": True, "use_cpu": True}},
     },
+    "lowest-memory": {
+        "description": "Seed configuration on SmolLM2, μ = 4, each system at its lowest memory: fastgrpo with gradient "
+        "checkpointing, with freed memory kept (its default, run/allocator.py) and with glibc's defaults "
+        "(MALLOC_MMAP_THRESHOLD_=131072 in the worker's environment, which keep_freed_memory yields to), against TRL's "
+        "defaults (bf16 autocast with use_cpu, gradient checkpointing): peak RSS and seconds per step and update.",
+        "model": "smollm2-135m-instruct", "mus": [4], "steps": 4, "pairs": 2, "learning_rate": 2e-5,
+        "systems": ("fastgrpo-gc", "fastgrpo-gc-glibc", "trl"),
+        "extras": {"fastgrpo-gc": {"bf16": None, "gradient_checkpointing": True},
+                   "fastgrpo-gc-glibc": {"bf16": None, "gradient_checkpointing": True, "env": {"MALLOC_MMAP_THRESHOLD_": "131072"}},
+                   "trl": {"bf16": True, "gradient_checkpointing": True, "use_cpu": True}},
+    },
     "best": {
         "description": "Seed configuration on SmolLM2, μ = 4, each system at its fastest on this CPU: fastgrpo's defaults "
         "(bf16 where the CPU has bf16 units, one bf16 working copy) against TRL with bf16 autocast (use_cpu) and no "
@@ -156,6 +167,8 @@ def versions() -> dict:
 def run_worker(script: str, spec: dict) -> tuple[dict, float]:
     """Run `benchmarks/<script> SPEC.json OUT.json` in its own process with `spec["threads"]` torch threads.
 
+    `spec["env"]` (optional): environment variables set for that process alone (e.g. glibc's malloc knobs).
+
     Returns its JSON result and the process's wall-clock seconds. Raises
     RuntimeError with the end of the worker's stderr if it fails.
     """
@@ -165,7 +178,7 @@ def run_worker(script: str, spec: dict) -> tuple[dict, float]:
             json.dump(spec, f)
         start = time.perf_counter()
         proc = subprocess.run([sys.executable, os.path.join(HERE, script), spec_path, out_path], capture_output=True, text=True,
-                              env={**os.environ, "OMP_NUM_THREADS": str(spec["threads"]), "TOKENIZERS_PARALLELISM": "false"})
+                              env={**os.environ, "OMP_NUM_THREADS": str(spec["threads"]), "TOKENIZERS_PARALLELISM": "false", **spec.get("env", {})})
         if proc.returncode != 0:
             raise RuntimeError(f"{script} failed ({proc.returncode}) on {spec.get('name') or spec['system']}:\n{proc.stderr[-4000:]}")
         with open(out_path) as f:
