@@ -55,12 +55,18 @@ def step_rows(trainer, rollout, step_in_pass: int = 0) -> list[tuple[int, int, i
 
 
 def step_flops(model, rows: list[tuple[int, int, int, bool]]) -> dict:
-    """FLOPs of one optimizer step over packed rows [(L, n, pairs, grouped), …] (`step_rows`, module docstring); 'total' = body + head + attention + recompute."""
+    """FLOPs of one optimizer step over packed rows [(L, n, pairs, grouped), …] (`step_rows`, module docstring).
+
+    'total' = body + head + attention + recompute: what the step executes; 'model' leaves out what the step
+    computes twice (the head's recomputed logits, grouped attention's recomputed QKᵀ), as a model-FLOPs share counts.
+    """
     s = model_sizes(model)
     tokens, head_tokens = sum(r[0] for r in rows), sum(r[1] for r in rows)
     body = 6 * s["body"] * tokens
     head = 6 * s["head"] * head_tokens
     recompute = 2 * s["head"] * head_tokens
     attention = sum((14 if grouped else 12) * pairs * s["attn_width"] * s["layers"] for _, _, pairs, grouped in rows)
+    attention_model = sum(12 * pairs * s["attn_width"] * s["layers"] for _, _, pairs, _ in rows)
     return {"tokens": tokens, "head_tokens": head_tokens, "body": body, "head": head, "head_recompute": recompute,
-            "attention": attention, "model_6NT": 6 * (s["body"] + s["head"]) * tokens, "total": body + head + recompute + attention}
+            "attention": attention, "model_6NT": 6 * (s["body"] + s["head"]) * tokens, "total": body + head + recompute + attention,
+            "model": body + head + attention_model}

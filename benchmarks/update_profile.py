@@ -28,7 +28,9 @@ after (the best of both). Writes `<out>/<date>-update-profile-<precision>.json`.
 `--time-only`: no profiler, no file; one line with each timed step's seconds,
 which `fastgrpo` tree ran (A/B pairs alternate trees through PYTHONPATH), the
 step's FLOPs and the best step's share of the fp32 and bf16 peaks measured in
-the same process, and the process's peak RSS. `--update-token-budget N` runs
+the same process (of what it executes, and of its model FLOPs: without the
+recomputed head logits and attention scores, `flops.step_flops`), and the
+process's peak RSS. `--update-token-budget N` runs
 the timed or profiled steps with micro-batches merged into passes of at most N
 tokens; `--dense-attention` runs shared-prompt rows through sdpa's dense mask
 instead of grouped attention (`LogProbs.grouped_attention`); `--gradient-checkpointing`
@@ -241,8 +243,9 @@ def main() -> None:
         print(json.dumps({"tree": os.path.dirname(os.path.dirname(fastgrpo.__file__)), "update_token_budget": args.update_token_budget,
                           "per_device": args.per_device, "grad_accum": args.grad_accum, "dense_attention": args.dense_attention,
                           "gradient_checkpointing": args.gradient_checkpointing,
-                          "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "step_seconds": seconds, "gflop": count["total"] / 1e9, "peaks_gflops": {k: v / 1e9 for k, v in peaks.items()},
-                          "percent_of_peak": {k: 100 * count["total"] / min(seconds) / v for k, v in peaks.items()}}))
+                          "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "step_seconds": seconds, "gflop": count["total"] / 1e9, "model_gflop": count["model"] / 1e9, "peaks_gflops": {k: v / 1e9 for k, v in peaks.items()},
+                          "percent_of_peak": {k: 100 * count["total"] / min(seconds) / v for k, v in peaks.items()},
+                          "model_percent_of_peak": {k: 100 * count["model"] / min(seconds) / v for k, v in peaks.items()}}))
         return
     peaks_before = {"fp32": linear_peak(torch.float32), "bf16": linear_peak(torch.bfloat16)}
     trainer = build_trainer(bf16, 1 + args.steps, update_token_budget=args.update_token_budget)
