@@ -65,8 +65,9 @@ def step_flops(model, rows: list[tuple[int, int, int, bool]]) -> dict:
     body = 6 * s["body"] * tokens
     head = 6 * s["head"] * head_tokens
     recompute = 2 * s["head"] * head_tokens
-    attention = sum((14 if grouped else 12) * pairs * s["attn_width"] * s["layers"] for _, _, pairs, grouped in rows)
-    attention_model = sum(12 * pairs * s["attn_width"] * s["layers"] for _, _, pairs, _ in rows)
+    per_pair = s["attn_width"] * s["layers"]
+    attention_model = 12 * per_pair * sum(pairs for _, _, pairs, _ in rows)
+    attention = attention_model + 2 * per_pair * sum(pairs for _, _, pairs, grouped in rows if grouped)  # grouped: QKᵀ again in backward
     return {"tokens": tokens, "head_tokens": head_tokens, "body": body, "head": head, "head_recompute": recompute,
             "attention": attention, "model_6NT": 6 * (s["body"] + s["head"]) * tokens, "total": body + head + recompute + attention,
             "model": body + head + attention_model}

@@ -148,8 +148,9 @@ def summarize(runs: list[dict]) -> dict:
         }
 
     ratios = {}
-    mine = next((r["system"] for r in runs if r["system"] == "fastgrpo"), next((r["system"] for r in runs if r["system"] != "trl"), "fastgrpo"))
-    for mu in sorted({k[1] for k in keys}):  # fastgrpo's defaults against TRL; a case without them: its first fastgrpo system
+    ours = [r["system"] for r in runs if r["system"] != "trl"]
+    mine = "fastgrpo" if "fastgrpo" in ours or not ours else ours[0]  # fastgrpo's defaults against TRL, else the case's first system
+    for mu in sorted({k[1] for k in keys}):
         fast = [f for r, f in zip(runs, figures) if r["system"] == mine and r["spec"]["num_iterations"] == mu]
         trl = [f for r, f in zip(runs, figures) if r["system"] == "trl" and r["spec"]["num_iterations"] == mu]
         pairs = list(zip(fast, trl))  # run order alternates fastgrpo, TRL: pair i = the i-th of each
@@ -197,7 +198,7 @@ def markdown_table(case: dict) -> str:
     for mu, r in s["ratios"].items():
         m = r["median"]
         rows.append(
-            f"| **{r.get('system', 'fastgrpo')} / TRL** | {mu[2:]} | **{_fmt(m['seconds_per_step'])}×** | | | **{_fmt(m['update_seconds_per_step'])}×** | "
+            f"| **{r['system']} / TRL** | {mu[2:]} | **{_fmt(m['seconds_per_step'])}×** | | | **{_fmt(m['update_seconds_per_step'])}×** | "
             f"| {_fmt(m['completion_tokens_per_second'])}× "
             f"| **{_fmt(m['peak_rss_bytes'])}×** | | | |"
         )
