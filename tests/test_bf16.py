@@ -26,6 +26,7 @@ from fastgrpo.model.precision import resolve_bf16
 from fastgrpo.rollout.record import completion_mask
 from fastgrpo.generation.weight_copy import MergedCopy
 from fastgrpo.model.working_copy import WorkingCopy
+from fastgrpo.model.checkpointing import enable_gradient_checkpointing
 
 AMX_CPU = {"cpu_name": "Intel Xeon", "amx_bf16": True, "amx_tile": True, "avx512_bf16": True, "avx2": True}
 AVX2_CPU = {"cpu_name": "AMD EPYC", "avx2": True, "amx_bf16": False, "avx512_bf16": False}
@@ -282,6 +283,62 @@ def test_working_copy_gives_autocasts_values_and_gradients_and_follows_the_weigh
     assert copy.holds(model) and not copy.holds(make_model(1))  # a separate π_ref runs through autocast
 
 
+@pytest.mark.parametrize("checkpointing", [False, True])
+@pytest.mark.parametrize("tied", [False, True])
+def test_a_released_copy_goes_back_in_backward_and_is_recast_at_its_next_read(tokenizer, tied, checkpointing):
+    # WorkingCopy(release=True) (the trainer's choice under gradient checkpointing on a CPU): the same log-probs and
+    # gradients as the kept copy, bit for bit; once backward has run, every linear weight's copy (the head's too) has
+    # given its pages back, which then read zeros; the next `cast` recasts it into the same tensor, and the sampler's
+    # MergedCopy, sharing those tensors, reads the recast weights, never the zeros.
+    ids, mask = left_padded(tokenizer, ["Count to 3.", "Name a colour, any colour you like."])
+    completion_ids = torch.randint(0, len(tokenizer), (8, 6), generator=torch.Generator().manual_seed(0))
+    batch = SimpleNamespace(
+        prompt_ids=ids.repeat_interleave(4, 0), prompt_mask=mask.repeat_interleave(4, 0),
+        completion_ids=completion_ids, completion_mask=completion_mask(completion_ids, [tokenizer.eos_token_id]),
+    )
+    autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731
+    runs = []
+    for release in (False, True):
+        model = tiny_model(tokenizer, 0, tied=tied).train()
+        if checkpointing:
+            enable_gradient_checkpointing(model)
+        copy = WorkingCopy(model, release=release)
+        stats = LogProbs(0.9, chunk=5, autocast=autocast, weights=copy)(model, batch)
+        (stats.logps * batch.completion_mask).sum().backward()
+        runs.append((stats, {n: p.grad for n, p in model.named_parameters()}, model, copy))
+    (stats, grads, _, _), (stats_r, grads_r, model, copy) = runs
+    assert torch.equal(stats.logps, stats_r.logps) and torch.equal(stats.entropy, stats_r.entropy)
+    assert all(torch.equal(grads_r[name], grads[name]) for name in grads)
+    linears = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(copy._copies[id(w)][1].count_nonzero() == 0 for w in linears)  # handed back
+    sampler = MergedCopy(model, torch.bfloat16, copy)
+    for w in linears:
+        copy.hand_back(w)
+    sampled = dict(sampler.module.named_parameters())  # read: recast first
+    assert all(torch.equal(sampled[name], p.detach().to(torch.bfloat16)) for name, p in model.named_parameters())
+    q = model.model.layers[0].self_attn.q_proj.weight
+    before = copy.cast(q)
+    copy.hand_back(q)
+    assert copy.cast(q) is before and torch.equal(before, q.detach().to(torch.bfloat16))
+
+
+def test_a_copy_read_by_two_products_goes_back_after_the_last_one():
+    # One weight in two products of one graph (two modules sharing a parameter): the copy may go back only once both
+    # backward products have read it. The outer product's backward runs first; handed back then, the inner one's
+    # input gradient would multiply zeros.
+    shared = torch.nn.Linear(16, 16, bias=False)
+    x = torch.randn(4, 16, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(0))
+    grads = []
+    for release in (False, True):
+        copy, inp = WorkingCopy(shared, release=release), x.clone().requires_grad_(True)
+        y = torch.nn.functional.linear(torch.nn.functional.linear(inp, copy.weight(shared.weight)), copy.weight(shared.weight))
+        y.float().square().sum().backward()
+        grads.append(inp.grad)
+        released = copy._copies[id(shared.weight)][1].count_nonzero() == 0
+        assert released == release
+    assert torch.equal(grads[0], grads[1]) and grads[0].count_nonzero() > 0
+
+
 class ParameterCasts(TorchDispatchMode):
     """Counts the dtype casts (aten._to_copy) whose input is one of `params`: what autocast does at every product."""
 
@@ -308,6 +365,7 @@ def test_trainer_holds_the_weights_in_bf16_once_for_the_update_and_the_sampler(t
     policy, working = trainer.accelerator.unwrap_model(trainer.model), trainer.log_probs.weights
     sampled = dict(trainer.backend.weight_copy.module.named_parameters())
     assert working is not None and "share one bfloat16 copy of the weights (6 MiB)" in out
+    assert working.release == checkpointing  # memory first: handed back in backward
     with ParameterCasts(policy.parameters()) as casts:
         trainer.train()
     assert (casts.count > 0) == checkpointing

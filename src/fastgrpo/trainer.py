@@ -41,6 +41,7 @@ from .rollout.prompts import PromptEncoder
 from .rollout.record import Rollout
 from .rollout.reward_models import RewardModel
 from .run import checkpoints
+from .run.allocator import return_freed_memory
 from .run.callbacks import TrainerEvents, scheduled
 from .run.dataset_kinds import prompt_order
 from .run.inputs import check_trainer_inputs
@@ -120,7 +121,9 @@ class GRPOTrainer(TRLMethods):
         self.optimizer_from_args = checked.optimizers[0] is None  # a resume re-applies args' settings only to these (run/checkpoints.py)
         self.model, self.optimizer = prepare(acc, policy, optimizer)
         sampling = SamplingSettings.from_config(a, self.eos_token_ids, self.tokenizer.pad_token_id)
-        working = working_copy(policy, optimizer, bf16=bf16, processes=acc.num_processes)  # the update's and the own sampler's one bf16 copy, where it applies
+        self.memory_first = a.gradient_checkpointing and acc.device.type == "cpu"  # freed memory goes back to the kernel (run/allocator.py)
+        working = working_copy(policy, optimizer, bf16=bf16, processes=acc.num_processes,  # the update's and the own sampler's one bf16 copy, where it applies
+                               release=self.memory_first and a.max_staleness is None)  # handed back in backward
         self.backend = build_backend(a, acc.unwrap_model(self.model), sampling, bf16=bf16, gathered=gathered, server=server,
                                      tokenizer=self.tokenizer, seed=a.seed + acc.process_index, working=working)  # one bf16 copy of the weights
         self.synced_step, self.weight_version = 0, 0  # the step the backend's weights are from, and its pushes so far (TRL's model_version)
@@ -244,6 +247,8 @@ class GRPOTrainer(TRLMethods):
     def _optimizer_step(self, rollout: Rollout, step_in_pass: int, capture_old: bool) -> tuple[float, Rollout]:
         """One optimizer step (update/step.py); its metrics into the window; → (mean KL(π_θ‖π_old), the rollout with π_old recorded)."""
         out = self.update(rollout, step_in_pass, capture_old, self.step)
+        if self.memory_first:
+            return_freed_memory()  # the freed gradients, before the working copy is recast beside them
         self.window.record(out.sums)
         self.window.add("grad_norm", out.grad_norm)
         self.window.add("steps", 1)

@@ -124,7 +124,7 @@ class MergedCopy:
             the copy's parameters are its tensors (the weights held in bf16 once, not twice) and
             `update` recasts only what changed; None: a copy of its own.
     Attributes:
-        module: the copy, a plain model of the policy's architecture (eval, no grad).
+        module: the copy, a plain model of the policy's architecture (eval, no grad); read when sampling.
         nbytes: bytes its parameters hold of their own (0 when they are the working copy's).
     The copy is allocated once; its buffers (rotary frequencies) are the
     policy's own, in their own dtype.
@@ -148,8 +148,8 @@ class MergedCopy:
         for name, buffer in plain.named_buffers():
             module, _, leaf = name.rpartition(".")
             plain.get_submodule(module)._buffers[leaf] = buffers[name].clone()
-        self.module = plain.eval().requires_grad_(False)
-        self.nbytes = 0 if working is not None else sum(p.numel() * p.element_size() for p in self.module.parameters())
+        self._module = plain.eval().requires_grad_(False)
+        self.nbytes = 0 if working is not None else sum(p.numel() * p.element_size() for p in self._module.parameters())
         self.update(policy)
 
     @torch.no_grad()
@@ -159,8 +159,16 @@ class MergedCopy:
             self.working.refresh()
             return
         weights = full_weights(policy)
-        for name, param in self.module.named_parameters():
+        for name, param in self._module.named_parameters():
             param.copy_(weights[name])
+
+    @property
+    def module(self) -> nn.Module:
+        """The copy. Sharing a working copy, its tensors are recast first where the policy changed or the update handed
+        them back (model/working_copy.py's `release`): the sampler never reads a handed-back copy's zeros."""
+        if self.working is not None:
+            self.working.refresh()
+        return self._module
 
     def notices(self) -> list[str]:
         """The copy's dtype and memory, as one start-up sentence."""

@@ -25,6 +25,16 @@ chunked head adds its weight gradient into `.grad` itself (update/chunked_head.p
 bypass autograd's gradient accumulation, so they are only used where no gradient hook
 runs: the working copy's own rule below (one process, no DDP or FSDP).
 
+Handed back in backward (`release`, under gradient checkpointing on a CPU): a checkpointed layer
+recomputes through autocast's casts of the fp32 weights, not through the copy, so past the
+forward the copy is read only by the products' backward. Each copy then lives in its own pages
+of one anonymous mapping, and once every product that read it in the graph has run its backward
+(`reader`: `_CastOnce`'s backward, which runs after the products that read its output, and the
+chunked head's), its pages go back to the kernel (`madvise(MADV_DONTNEED)`), whatever malloc keeps:
+the fp32 gradients grow into the memory the copy gave back, and the step's peak holds 0.25 GiB less
+for SmolLM2. The next read recasts it (the optimizer step changed it anyway); the sampler's copy
+recasts at its next read too (generation/weight_copy.MergedCopy.module).
+
 `working_copy` decides where it applies: bf16 on, a plain model (no peft
 adapters: the sampler's copy merges them and the base is frozen), one process
 without FSDP (a sharded or DDP-wrapped forward keeps autocast). Gradient
@@ -37,6 +47,11 @@ Not here: the autocast itself (precision.py), the sampler's copy (generation/wei
 """
 
 from __future__ import annotations
+
+import math
+import mmap
+from collections.abc import Callable
+from functools import partial
 
 import torch
 from torch import nn
@@ -51,17 +66,24 @@ class WorkingCopy:
         model: the policy (a plain causal LM); its parameters stay the fp32 masters
             that gradients and AdamW update.
         dtype: the products' dtype (torch.bfloat16).
+        release: hand each copy's memory back once the backward of a pass is done with it (module
+            docstring; CPU only: the copies then live in one anonymous mapping, not in malloc's heap).
     `cast(param)` returns the copy of one parameter: a tensor allocated once and
-    rewritten in place when the parameter's version counter moved. Within an
-    optimizer step every micro-batch and π_old pass, and the sampler, read the same tensors.
+    rewritten in place when the parameter's version counter moved (or its memory was
+    handed back). Within an optimizer step every micro-batch and π_old pass, and the
+    sampler, read the same tensors.
     Attributes:
         nbytes: bytes the copies hold.
+    Raises:
+        ValueError: `release` with a parameter that is not on the CPU.
     """
 
-    def __init__(self, model: nn.Module, dtype: torch.dtype = torch.bfloat16):
-        self.dtype = dtype
-        self._copies: dict[int, tuple[int, torch.Tensor]] = {}  # id(param) → (version cast, copy)
+    def __init__(self, model: nn.Module, dtype: torch.dtype = torch.bfloat16, release: bool = False):
+        self.dtype, self.release = dtype, release
+        self._copies: dict[int, tuple[int | None, torch.Tensor]] = {}  # id(param) → (version cast, copy)
         self._params = [p for p in model.parameters() if p.is_floating_point()]
+        self._pages = _Pages(self._params, dtype) if release else None
+        self._readers: dict[int, int] = {}  # id(param) → products of recorded graphs still to run backward on its copy
         for p in self._params:
             self.cast(p)
         self.nbytes = sum(c.numel() * c.element_size() for _, c in self._copies.values())
@@ -71,12 +93,32 @@ class WorkingCopy:
         """`param` (one of the model's) in `dtype`, recast in place if it changed since the last call; no gradient."""
         version, copy = self._copies.get(id(param), (None, None))
         if copy is None:
-            copy = param.detach().to(self.dtype, copy=True)
-            self._copies[id(param)] = (param._version, copy)
-        elif version != param._version:
-            copy.copy_(param.detach())
-            self._copies[id(param)] = (param._version, copy)
+            copy = self._pages.tensor(param) if self._pages is not None else torch.empty_like(param, dtype=self.dtype)
+        elif version == param._version:
+            return copy
+        copy.copy_(param.detach())
+        self._copies[id(param)] = (param._version, copy)
         return copy
+
+    def reader(self, param: torch.Tensor) -> Callable[[], None] | None:
+        """Count one product that reads `param`'s copy in a graph being recorded; → what its backward calls once done
+        with the copy, which goes back when the last such product is done (`hand_back`). None without `release` or
+        outside grad mode (no backward will run)."""
+        if self._pages is None or not torch.is_grad_enabled():
+            return None
+        self._readers[id(param)] = self._readers.get(id(param), 0) + 1
+        return partial(self._read, param)
+
+    def _read(self, param: torch.Tensor) -> None:
+        self._readers[id(param)] -= 1
+        if self._readers[id(param)] == 0:
+            self.hand_back(param)
+
+    def hand_back(self, param: torch.Tensor) -> None:
+        """Give `param`'s copy's memory back to the kernel now (with `release`; else nothing); the next `cast` recasts it."""
+        if self._pages is not None and id(param) in self._copies:
+            self._pages.hand_back(param)
+            self._copies[id(param)] = (None, self._copies[id(param)][1])
 
     def watch(self, optimizer: torch.optim.Optimizer) -> None:
         """Recast `optimizer`'s parameters after each of its steps, whether or not their version counters moved.
@@ -105,7 +147,7 @@ class WorkingCopy:
 
     def weight(self, param: torch.Tensor) -> torch.Tensor:
         """`param`'s copy for a product: through `_CastOnce` when it trains (the gradient reaches `param`), else the copy itself."""
-        return _CastOnce.apply(param, self.cast(param)) if param.requires_grad else self.cast(param)
+        return _CastOnce.apply(param, self.cast(param), self.reader(param)) if param.requires_grad else self.cast(param)
 
     def linear_weights(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """{name: weight in `dtype`} for every `nn.Linear` weight of `model`, for `torch.func.functional_call(..., tie_weights=False)`.
@@ -137,16 +179,53 @@ class WorkingCopy:
 
 
 class _CastOnce(torch.autograd.Function):
-    """forward(weight (fp32), copy (bf16)) → copy; backward: the gradient widened to weight's dtype (autocast's ToCopyBackward)."""
+    """forward(weight (fp32), copy (bf16), done or None) → copy; backward: the gradient widened to weight's dtype
+    (autocast's ToCopyBackward), then `done()` (`WorkingCopy.reader`): it runs after every product that read this
+    node's output, so the products of this graph are done with the copy."""
 
     @staticmethod
-    def forward(ctx, weight, copy):
-        ctx.dtype = weight.dtype
+    def forward(ctx, weight, copy, done):
+        ctx.dtype, ctx.done = weight.dtype, done
         return copy.detach()
 
     @staticmethod
     def backward(ctx, grad):
-        return grad.to(ctx.dtype), None
+        if ctx.done is not None:
+            ctx.done()
+        return grad.to(ctx.dtype), None, None
+
+
+class _Pages:
+    """The copies' memory when they are handed back: one anonymous mapping, each parameter's copy in pages of its own.
+
+    `madvise(MADV_DONTNEED)` on a copy's pages frees them at once, wherever malloc would have kept a freed block;
+    the mapping stays, and the next write faults fresh pages in (read before that, they are zeros: `cast` recasts first).
+    """
+
+    def __init__(self, params: list[torch.Tensor], dtype: torch.dtype):
+        if any(p.device.type != "cpu" for p in params):
+            raise ValueError("WorkingCopy(release=True) hands CPU pages back; the parameters are on "
+                             f"{sorted({str(p.device) for p in params})}: use release=False there.")
+        size, offset = torch.finfo(dtype).bits // 8, 0
+        self.spans: dict[int, tuple[int, int]] = {}  # id(param) → (offset, bytes), both whole pages
+        for p in params:
+            length = math.ceil(p.numel() * size / mmap.PAGESIZE) * mmap.PAGESIZE
+            self.spans[id(p)] = (offset, length)
+            offset += length
+        self.map = mmap.mmap(-1, max(offset, mmap.PAGESIZE), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # private: its pages can go back
+        self.dtype = dtype
+
+    def tensor(self, param: torch.Tensor) -> torch.Tensor:
+        """`param`'s copy: a (param.shape) `dtype` view of its pages."""
+        if param.numel() == 0:
+            return torch.empty(param.shape, dtype=self.dtype)
+        offset, _ = self.spans[id(param)]
+        return torch.frombuffer(self.map, dtype=self.dtype, count=param.numel(), offset=offset).view(param.shape)
+
+    def hand_back(self, param: torch.Tensor) -> None:
+        offset, length = self.spans[id(param)]
+        if length:
+            self.map.madvise(mmap.MADV_DONTNEED, offset, length)
 
 
 class _EmbeddingRows(torch.autograd.Function):
@@ -178,7 +257,7 @@ class _EmbeddingRows(torch.autograd.Function):
         return None, None, None
 
 
-def working_copy(policy: nn.Module, optimizer: torch.optim.Optimizer, *, bf16: bool, processes: int) -> WorkingCopy | None:
+def working_copy(policy: nn.Module, optimizer: torch.optim.Optimizer, *, bf16: bool, processes: int, release: bool = False) -> WorkingCopy | None:
     """The policy's bf16 `WorkingCopy` where it applies (module docstring), else None (autocast casts at each product).
 
     Args:
@@ -186,9 +265,11 @@ def working_copy(policy: nn.Module, optimizer: torch.optim.Optimizer, *, bf16: b
         optimizer: the torch optimizer that updates `policy` (the copy recasts what it stepped: `WorkingCopy.watch`).
         bf16: the run's products in bf16 (precision.py).
         processes: the world size (more than one: none).
+        release: hand the copies back in backward (`WorkingCopy`'s `release`); the trainer asks for it under
+            gradient checkpointing on a CPU with no rollout made beside the update (max_staleness None).
     """
     if not bf16 or is_peft_model(policy) or processes > 1:
         return None
-    working = WorkingCopy(policy, torch.bfloat16)
+    working = WorkingCopy(policy, torch.bfloat16, release=release)
     working.watch(optimizer)
     return working

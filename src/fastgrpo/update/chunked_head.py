@@ -23,7 +23,8 @@ class ChunkedHead(torch.autograd.Function):
 
     forward(hidden (n, H), weight (V, H), bias (V,) or None, labels (n,), temperature,
             ref_hidden (n, H) or None, ref_weight (V, H) or None, ref_bias or None, chunk, entropy_grad,
-            weight_copy (V, H) in the product dtype or None, scratch (a `Scratch`) or None)
+            weight_copy (V, H) in the product dtype or None, scratch (a `Scratch`) or None,
+            hand_back: called once backward is done with `weight_copy`, or None)
       → logps (n,), entropy (n,), kl (n,) (zeros without π_ref), fp32 (fp64 for fp64 inputs).
 
     Each chunk's logits z = (h Wᵀ + b) / τ are a product in the autocast dtype
@@ -53,10 +54,11 @@ class ChunkedHead(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, labels, temperature, ref_hidden, ref_weight, ref_bias, chunk, entropy_grad=False, weight_copy=None,
-                scratch=None):
+                scratch=None, hand_back=None):
         dtype = torch.get_autocast_dtype(hidden.device.type) if torch.is_autocast_enabled(hidden.device.type) else weight.dtype
         ctx.save_for_backward(hidden, weight, bias, labels, ref_hidden, ref_weight, ref_bias, weight_copy)
         ctx.temperature, ctx.chunk, ctx.dtype, ctx.entropy_grad, ctx.scratch = temperature, chunk, dtype, entropy_grad, scratch or Scratch()
+        ctx.hand_back = hand_back
         n = hidden.shape[0]
         logps, entropy, kl = (torch.zeros(n, dtype=_wide(dtype), device=hidden.device) for _ in range(3))
         with torch.autocast(hidden.device.type, enabled=False):
@@ -113,7 +115,9 @@ class ChunkedHead(torch.autograd.Function):
                     grad_bias = part_grad.to(_wide(dtype)) if grad_bias is None else grad_bias.add_(part_grad)
         grad_weight = grad_weight.to(weight.dtype) if need_weight and not into_grad else None
         grad_bias = grad_bias.to(bias.dtype) if need_bias else None
-        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None, None, None, None
+        if ctx.hand_back is not None:  # done with the weight copy (model/working_copy.WorkingCopy.reader)
+            ctx.hand_back()
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None, None, None, None, None
 
 
 class Scratch:

@@ -201,6 +201,7 @@ class LogProbs:
                 None if ref_head is None else ref_head.weight.detach(),
                 None if ref_head is None or ref_head.bias is None else ref_head.bias.detach(), self.chunk, self.entropy_grad,
                 None if working is None else working.cast(head.weight), self.scratch,
+                None if working is None else working.reader(head.weight),
             )
         else:  # the model's own head on the needed positions only: (1, n, V) at most
             out = _forward(model, row, _keep(row), self.router_aux_loss)
