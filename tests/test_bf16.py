@@ -286,10 +286,11 @@ def test_working_copy_gives_autocasts_values_and_gradients_and_follows_the_weigh
 @pytest.mark.parametrize("checkpointing", [False, True])
 @pytest.mark.parametrize("tied", [False, True])
 def test_a_released_copy_goes_back_in_backward_and_is_recast_at_its_next_read(tokenizer, tied, checkpointing):
-    # WorkingCopy(release=True) (the trainer's choice under gradient checkpointing on a CPU): the same log-probs and
-    # gradients as the kept copy, bit for bit; once backward has run, every linear weight's copy (the head's too) has
-    # given its pages back, which then read zeros; the next `cast` recasts it into the same tensor, and the sampler's
-    # MergedCopy, sharing those tensors, reads the recast weights, never the zeros.
+    # WorkingCopy(release=True) and the head's blocks made per pass (the trainer's choice under gradient checkpointing
+    # on a CPU): the same log-probs and gradients as the kept copy and blocks, bit for bit; once backward has run,
+    # every linear weight's copy (the head's too) has given its pages back, which then read zeros; the next `cast`
+    # recasts it into the same tensor, and the sampler's MergedCopy, sharing those tensors, reads the recast weights,
+    # never the zeros.
     ids, mask = left_padded(tokenizer, ["Count to 3.", "Name a colour, any colour you like."])
     completion_ids = torch.randint(0, len(tokenizer), (8, 6), generator=torch.Generator().manual_seed(0))
     batch = SimpleNamespace(
@@ -303,7 +304,7 @@ def test_a_released_copy_goes_back_in_backward_and_is_recast_at_its_next_read(to
         if checkpointing:
             enable_gradient_checkpointing(model)
         copy = WorkingCopy(model, release=release)
-        stats = LogProbs(0.9, chunk=5, autocast=autocast, weights=copy)(model, batch)
+        stats = LogProbs(0.9, chunk=5, autocast=autocast, weights=copy, keep_head_blocks=not release)(model, batch)  # the trainer's pairing
         (stats.logps * batch.completion_mask).sum().backward()
         runs.append((stats, {n: p.grad for n, p in model.named_parameters()}, model, copy))
     (stats, grads, _, _), (stats_r, grads_r, model, copy) = runs
@@ -365,7 +366,7 @@ def test_trainer_holds_the_weights_in_bf16_once_for_the_update_and_the_sampler(t
     policy, working = trainer.accelerator.unwrap_model(trainer.model), trainer.log_probs.weights
     sampled = dict(trainer.backend.weight_copy.module.named_parameters())
     assert working is not None and "share one bfloat16 copy of the weights (6 MiB)" in out
-    assert working.release == checkpointing  # memory first: handed back in backward
+    assert working.release == checkpointing and (trainer.log_probs.scratch is None) == checkpointing  # memory first
     with ParameterCasts(policy.parameters()) as casts:
         trainer.train()
     assert (casts.count > 0) == checkpointing

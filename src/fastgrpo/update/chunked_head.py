@@ -117,6 +117,7 @@ class ChunkedHead(torch.autograd.Function):
         grad_bias = grad_bias.to(bias.dtype) if need_bias else None
         if ctx.hand_back is not None:  # done with the weight copy (model/working_copy.WorkingCopy.reader)
             ctx.hand_back()
+        ctx.scratch = None  # a call's own blocks go now, not with the graph after the whole backward
         return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None, None, None, None, None
 
 
