@@ -247,6 +247,19 @@ def test_vespo_trains_with_the_bf16_samplers_correction(tmp_path, tokenizer, mak
     assert "sampling/importance_sampling_ratio/mean" in record and 0 < record["vespo/phi_seq_mean"] <= 1.0 + 1e-6
 
 
+def groups_of_four(tokenizer, ids, mask):
+    """Each of the (B, P) prompts four times with random (seeded) 6-token completions: a micro-batch of shared prompts."""
+    completion_ids = torch.randint(0, len(tokenizer), (4 * len(ids), 6), generator=torch.Generator().manual_seed(0))
+    return SimpleNamespace(
+        prompt_ids=ids.repeat_interleave(4, 0), prompt_mask=mask.repeat_interleave(4, 0),
+        completion_ids=completion_ids, completion_mask=completion_mask(completion_ids, [tokenizer.eos_token_id]),
+    )
+
+
+def bf16_autocast():
+    return torch.autocast("cpu", dtype=torch.bfloat16)
+
+
 @pytest.mark.parametrize("tied", [True, False])
 def test_working_copy_gives_autocasts_values_and_gradients_and_follows_the_weights(tokenizer, make_model, tied):
     # The update's one bf16 copy (model/working_copy.py) stands in for autocast's per-call casts: the same rounding
@@ -255,13 +268,8 @@ def test_working_copy_gives_autocasts_values_and_gradients_and_follows_the_weigh
     # head or not; the pad token's row gets none); an in-place step moves a weight's version counter and only then
     # is it recast.
     ids, mask = left_padded(tokenizer, ["Count to 3.", "Name a colour, any colour you like."])
-    completion_ids = torch.randint(0, len(tokenizer), (8, 6), generator=torch.Generator().manual_seed(0))
     ids[:, -1] = tokenizer.pad_token_id  # a real prompt token (mask 1) with the embedding's padding_idx: its row takes no gradient
-    batch = SimpleNamespace(
-        prompt_ids=ids.repeat_interleave(4, 0), prompt_mask=mask.repeat_interleave(4, 0),
-        completion_ids=completion_ids, completion_mask=completion_mask(completion_ids, [tokenizer.eos_token_id]),
-    )
-    autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731
+    batch, autocast = groups_of_four(tokenizer, ids, mask), bf16_autocast
     runs = []
     for working in (False, True):
         model, ref = tiny_model(tokenizer, 0, tied=tied), tiny_model(tokenizer, 1, tied=tied).eval()
@@ -291,13 +299,7 @@ def test_a_released_copy_goes_back_in_backward_and_is_recast_at_its_next_read(to
     # every linear weight's copy (the head's too) has given its pages back, which then read zeros; the next `cast`
     # recasts it into the same tensor, and the sampler's MergedCopy, sharing those tensors, reads the recast weights,
     # never the zeros.
-    ids, mask = left_padded(tokenizer, ["Count to 3.", "Name a colour, any colour you like."])
-    completion_ids = torch.randint(0, len(tokenizer), (8, 6), generator=torch.Generator().manual_seed(0))
-    batch = SimpleNamespace(
-        prompt_ids=ids.repeat_interleave(4, 0), prompt_mask=mask.repeat_interleave(4, 0),
-        completion_ids=completion_ids, completion_mask=completion_mask(completion_ids, [tokenizer.eos_token_id]),
-    )
-    autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731
+    batch, autocast = groups_of_four(tokenizer, *left_padded(tokenizer, ["Count to 3.", "Name a colour, any colour you like."])), bf16_autocast
     runs = []
     for release in (False, True):
         model = tiny_model(tokenizer, 0, tied=tied).train()
