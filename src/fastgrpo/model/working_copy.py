@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import math
 import mmap
+import sys
 from collections.abc import Callable
 from functools import partial
 
@@ -265,11 +266,12 @@ def working_copy(policy: nn.Module, optimizer: torch.optim.Optimizer, *, bf16: b
         optimizer: the torch optimizer that updates `policy` (the copy recasts what it stepped: `WorkingCopy.watch`).
         bf16: the run's products in bf16 (precision.py).
         processes: the world size (more than one: none).
-        release: hand the copies back in backward (`WorkingCopy`'s `release`); the trainer asks for it under
-            gradient checkpointing on a CPU with no rollout made beside the update (max_staleness None).
+        release: hand the copies back in backward (`WorkingCopy`'s `release`) where the kernel frees pages on
+            `madvise` (Linux); the trainer asks for it under gradient checkpointing on a CPU with no rollout made
+            beside the update (max_staleness None).
     """
     if not bf16 or is_peft_model(policy) or processes > 1:
         return None
-    working = WorkingCopy(policy, torch.bfloat16, release=release)
+    working = WorkingCopy(policy, torch.bfloat16, release=release and sys.platform.startswith("linux"))
     working.watch(optimizer)
     return working
