@@ -294,19 +294,22 @@ def test_working_copy_gives_autocasts_values_and_gradients_and_follows_the_weigh
 @pytest.mark.parametrize("checkpointing", [False, True])
 @pytest.mark.parametrize("tied", [False, True])
 def test_a_released_copy_goes_back_in_backward_and_is_recast_at_its_next_read(tokenizer, tied, checkpointing):
-    # WorkingCopy(release=True) and the head's blocks made per pass (the trainer's choice under gradient checkpointing
-    # on a CPU): the same log-probs and gradients as the kept copy and blocks, bit for bit; once backward has run,
-    # every linear weight's copy (the head's too) has given its pages back, which then read zeros; the next `cast`
-    # recasts it into the same tensor, and the sampler's MergedCopy, sharing those tensors, reads the recast weights,
-    # never the zeros.
+    # WorkingCopy(release=True), with the head's blocks made per pass (the trainer's choice under gradient
+    # checkpointing on a CPU): the same log-probs and gradients as the kept copy and blocks, bit for bit; once
+    # backward has run, every linear weight's copy (the head's too) has given its pages back, which then read zeros;
+    # the first recast after that calls `before_recast` once (the trainer's malloc_trim); the next `cast` recasts
+    # into the same tensor, and the sampler's MergedCopy, sharing those tensors, reads the recast weights, never zeros.
     batch, autocast = groups_of_four(tokenizer, *left_padded(tokenizer, ["Count to 3.", "Name a colour, any colour you like."])), bf16_autocast
     runs = []
     for release in (False, True):
         model = tiny_model(tokenizer, 0, tied=tied).train()
         if checkpointing:
             enable_gradient_checkpointing(model)
-        copy = WorkingCopy(model, release=release)
-        stats = LogProbs(0.9, chunk=5, autocast=autocast, weights=copy, keep_head_blocks=not release)(model, batch)  # the trainer's pairing
+        trims = []
+        copy = WorkingCopy(model, release=release, before_recast=lambda: trims.append(1))
+        log_probs = LogProbs(0.9, chunk=5, autocast=autocast, weights=copy)
+        assert (log_probs.scratch is None) == release  # the head's blocks live for one pass where the copy goes back
+        stats = log_probs(model, batch)
         (stats.logps * batch.completion_mask).sum().backward()
         runs.append((stats, {n: p.grad for n, p in model.named_parameters()}, model, copy))
     (stats, grads, _, _), (stats_r, grads_r, model, copy) = runs
@@ -314,7 +317,9 @@ def test_a_released_copy_goes_back_in_backward_and_is_recast_at_its_next_read(to
     assert all(torch.equal(grads_r[name], grads[name]) for name in grads)
     linears = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
     assert linears and all(copy._copies[id(w)][1].count_nonzero() == 0 for w in linears)  # handed back
+    assert not trims
     sampler = MergedCopy(model, torch.bfloat16, copy)
+    assert len(trims) == 1  # once, before the first recast: the sampler's copy recast them all
     for w in linears:
         copy.hand_back(w)
     sampled = dict(sampler.module.named_parameters())  # read: recast first

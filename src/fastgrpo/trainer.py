@@ -33,7 +33,6 @@ from .generation.build import build_backend, open_engine
 from .generation.contract import SamplingSettings
 from .model.loading import as_reference, sync_reference
 from .model.precision import autocast_for
-from .model.working_copy import working_copy
 from .rollout.assembly import build_assembly
 from .rollout.async_producer import overlapped, running
 from .rollout.producers import build_producer
@@ -41,13 +40,12 @@ from .rollout.prompts import PromptEncoder
 from .rollout.record import Rollout
 from .rollout.reward_models import RewardModel
 from .run import checkpoints
-from .run.allocator import return_freed_memory
 from .run.callbacks import TrainerEvents, scheduled
 from .run.dataset_kinds import prompt_order
 from .run.inputs import check_trainer_inputs
 from .run.interrupt import StopOnInterrupt
 from .run.metrics import CompletionRows, MetricsLog, PhaseTimer, RewardHooks, Window, progress_bar, rollout_metrics, window_record
-from .run.setup import build_accelerator, build_optimization, load_policy, prepare
+from .run.setup import bf16_working_copy, build_accelerator, build_optimization, load_policy, prepare
 from .trl_methods import TRLMethods
 from .update.logprobs import LogProbs, fallback_notices
 from .update.passes import LogProbPasses
@@ -121,17 +119,14 @@ class GRPOTrainer(TRLMethods):
         self.optimizer_from_args = checked.optimizers[0] is None  # a resume re-applies args' settings only to these (run/checkpoints.py)
         self.model, self.optimizer = prepare(acc, policy, optimizer)
         sampling = SamplingSettings.from_config(a, self.eos_token_ids, self.tokenizer.pad_token_id)
-        self.memory_first = a.gradient_checkpointing and acc.device.type == "cpu"  # freed memory goes back to the kernel (run/allocator.py)
-        working = working_copy(policy, optimizer, bf16=bf16, processes=acc.num_processes,  # the update's and the own sampler's one bf16 copy, where it applies
-                               release=self.memory_first and a.max_staleness is None)  # handed back in backward
+        working = bf16_working_copy(a, acc, policy, optimizer, bf16)  # the update's and the own sampler's one bf16 copy, where it applies
         self.backend = build_backend(a, acc.unwrap_model(self.model), sampling, bf16=bf16, gathered=gathered, server=server,
                                      tokenizer=self.tokenizer, seed=a.seed + acc.process_index, working=working)  # one bf16 copy of the weights
         self.synced_step, self.weight_version = 0, 0  # the step the backend's weights are from, and its pushes so far (TRL's model_version)
         self.encode = PromptEncoder(self.tokenizer, a.max_prompt_length, a.chat_template_kwargs)
         self.entropy_control = EntropyControl.from_config(a)  # the entropy bonus's coefficient; None: no bonus
         self.correction = SamplingCorrection.from_config(a, self.backend.owns_weights)  # the sampler–trainer mismatch, TRL's vllm_importance_sampling_*
-        self.log_probs = LogProbs(a.temperature, autocast=self.autocast, entropy_grad=self.entropy_control is not None, weights=working,
-                                  router_aux_loss=self.router.enabled, keep_head_blocks=not self.memory_first)
+        self.log_probs = LogProbs(a.temperature, autocast=self.autocast, entropy_grad=self.entropy_control is not None, weights=working, router_aux_loss=self.router.enabled)
         notify = lambda note: acc.is_main_process and self.console.print(f"fastgrpo: {note}", soft_wrap=True)  # noqa: E731
         producer, self.tokenizer = build_producer(
             a, checked.agents, tokenizer=self.tokenizer, encode=self.encode, backend=self.backend, eos_token_ids=self.eos_token_ids,
@@ -248,8 +243,6 @@ class GRPOTrainer(TRLMethods):
     def _optimizer_step(self, rollout: Rollout, step_in_pass: int, capture_old: bool) -> tuple[float, Rollout]:
         """One optimizer step (update/step.py); its metrics into the window; → (mean KL(π_θ‖π_old), the rollout with π_old recorded)."""
         out = self.update(rollout, step_in_pass, capture_old, self.step)
-        if self.memory_first:
-            return_freed_memory()  # the freed gradients, before the working copy is recast beside them
         self.window.record(out.sums)
         self.window.add("grad_norm", out.grad_norm)
         self.window.add("steps", 1)

@@ -32,8 +32,9 @@ of one anonymous mapping, and once every product that read it in the graph has r
 (`reader`: `_CastOnce`'s backward, which runs after the products that read its output, and the
 chunked head's), its pages go back to the kernel (`madvise(MADV_DONTNEED)`), whatever malloc keeps:
 the fp32 gradients grow into the memory the copy gave back, and the step's peak holds 0.25 GiB less
-for SmolLM2. The next read recasts it (the optimizer step changed it anyway); the sampler's copy
-recasts at its next read too (generation/weight_copy.MergedCopy.module).
+for SmolLM2. The next read recasts it (the optimizer step changed it anyway), after `before_recast` (the
+trainer's: the heap's free memory back to the kernel, so the recast pages do not stack on the gradients
+`zero_grad` freed); the sampler's copy recasts at its next read too (generation/weight_copy.MergedCopy.module).
 
 `working_copy` decides where it applies: bf16 on, a plain model (no peft
 adapters: the sampler's copy merges them and the base is frozen), one process
@@ -69,6 +70,8 @@ class WorkingCopy:
         dtype: the products' dtype (torch.bfloat16).
         release: hand each copy's memory back once the backward of a pass is done with it (module
             docstring; CPU only: the copies then live in one anonymous mapping, not in malloc's heap).
+        before_recast: called once before the first recast after memory was handed back (the trainer's
+            `malloc_trim`: the gradients `zero_grad` freed go back before the copy's pages return beside them).
     `cast(param)` returns the copy of one parameter: a tensor allocated once and
     rewritten in place when the parameter's version counter moved (or its memory was
     handed back). Within an optimizer step every micro-batch and π_old pass, and the
@@ -79,8 +82,9 @@ class WorkingCopy:
         ValueError: `release` with a parameter that is not on the CPU.
     """
 
-    def __init__(self, model: nn.Module, dtype: torch.dtype = torch.bfloat16, release: bool = False):
-        self.dtype, self.release = dtype, release
+    def __init__(self, model: nn.Module, dtype: torch.dtype = torch.bfloat16, release: bool = False,
+                 before_recast: Callable[[], object] | None = None):
+        self.dtype, self.release, self.before_recast, self._handed_back = dtype, release, before_recast, False
         self._copies: dict[int, tuple[int | None, torch.Tensor]] = {}  # id(param) → (version cast, copy)
         self._params = [p for p in model.parameters() if p.is_floating_point()]
         self._pages = _Pages(self._params, dtype) if release else None
@@ -97,6 +101,10 @@ class WorkingCopy:
             copy = self._pages.tensor(param) if self._pages is not None else torch.empty_like(param, dtype=self.dtype)
         elif version == param._version:
             return copy
+        if self._handed_back:
+            self._handed_back = False
+            if self.before_recast is not None:
+                self.before_recast()
         copy.copy_(param.detach())
         self._copies[id(param)] = (param._version, copy)
         return copy
@@ -120,6 +128,7 @@ class WorkingCopy:
         if self._pages is not None and id(param) in self._copies:
             self._pages.hand_back(param)
             self._copies[id(param)] = (None, self._copies[id(param)][1])
+            self._handed_back = True
 
     def watch(self, optimizer: torch.optim.Optimizer) -> None:
         """Recast `optimizer`'s parameters after each of its steps, whether or not their version counters moved.
@@ -258,7 +267,8 @@ class _EmbeddingRows(torch.autograd.Function):
         return None, None, None
 
 
-def working_copy(policy: nn.Module, optimizer: torch.optim.Optimizer, *, bf16: bool, processes: int, release: bool = False) -> WorkingCopy | None:
+def working_copy(policy: nn.Module, optimizer: torch.optim.Optimizer, *, bf16: bool, processes: int, release: bool = False,
+                 before_recast: Callable[[], object] | None = None) -> WorkingCopy | None:
     """The policy's bf16 `WorkingCopy` where it applies (module docstring), else None (autocast casts at each product).
 
     Args:
@@ -267,11 +277,12 @@ def working_copy(policy: nn.Module, optimizer: torch.optim.Optimizer, *, bf16: b
         bf16: the run's products in bf16 (precision.py).
         processes: the world size (more than one: none).
         release: hand the copies back in backward (`WorkingCopy`'s `release`) where the kernel frees pages on
-            `madvise` (Linux); the trainer asks for it under gradient checkpointing on a CPU with no rollout made
-            beside the update (max_staleness None).
+            `madvise` (Linux); run/setup.bf16_working_copy asks for it under gradient checkpointing on a CPU with
+            no rollout made beside the update (max_staleness None).
+        before_recast: `WorkingCopy`'s.
     """
     if not bf16 or is_peft_model(policy) or processes > 1:
         return None
-    working = WorkingCopy(policy, torch.bfloat16, release=release and sys.platform.startswith("linux"))
+    working = WorkingCopy(policy, torch.bfloat16, release=release and sys.platform.startswith("linux"), before_recast=before_recast)
     working.watch(optimizer)
     return working

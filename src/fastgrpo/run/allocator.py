@@ -12,11 +12,11 @@ Measured side by side with the tree before it (Intel Xeon with AMX, 2 threads, d
 stays in glibc's heap"): the built-in job's update per rollout 1.46–1.50 → 1.17–1.18 s; the seed configuration's
 optimizer step 3.6–4.4 → 3.0–3.3 s; the same peak RSS.
 
-Under gradient checkpointing (memory first) the trainer hands the step's freed memory back after each
-optimizer step instead (`return_freed_memory`, glibc's `malloc_trim`): the gradients freed by `zero_grad` and
-what the step's passes left free in the heap. The bf16 working copy, handed back during backward
-(model/working_copy.py), is recast after the step into pages of its own; kept, the freed gradients would sit
-beside it and the peak would move there. Measured side by side with TRL on the seed configuration (AMD EPYC,
+Under gradient checkpointing (memory first) the step's freed memory goes back instead, once per optimizer step
+(`return_freed_memory`, glibc's `malloc_trim`, which setup.bf16_working_copy hands the working copy as its
+`before_recast`): the bf16 working copy, handed back during backward (model/working_copy.py), is recast after
+the step into pages of its own, and first the gradients `zero_grad` freed and what the step's passes left free in
+the heap go back; kept, they would sit beside the copy and the peak would move there. Measured side by side with TRL on the seed configuration (AMD EPYC,
 docs/benchmarks.md "Gradient checkpointing gives the working copy back"): the checkpointed run's peak RSS
 3.33 GiB (session 14) → 2.97 with both, 2.87 once the chunked head's blocks live for one pass too, at the same
 update time.

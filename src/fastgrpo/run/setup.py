@@ -11,6 +11,8 @@
   under FSDP the sampler's whole copy, then the policy and π_ref sharded (sharding.py).
 - `prepare`: the policy and optimizer through `accelerator.prepare` (an FSDP-sharded
   policy is already distributed: only the optimizer goes through it).
+- `bf16_working_copy`: the update's and the own sampler's one bf16 copy of the weights, where it applies
+  (model/working_copy.py); under gradient checkpointing on a CPU it goes back to the kernel in backward.
 
 Not here: checking the trainer's arguments (inputs.py), how models and
 adapters load (model/loading.py), the optimizer's class (model/optimizers.py).
@@ -29,7 +31,7 @@ from rich.console import Console
 from transformers import PreTrainedTokenizerBase, get_scheduler
 
 from . import runs
-from .allocator import keep_freed_memory
+from .allocator import keep_freed_memory, return_freed_memory
 from ..config import GRPOConfig
 from ..model.launch import cpu_launch_error, cpu_only
 from ..generation.weight_copy import GatheredCopy
@@ -39,6 +41,7 @@ from ..model.loading import disable_dropout, is_peft_model, load_model, load_tok
 from ..model.experts import RouterAuxLoss
 from ..model.optimizers import build_optimizer
 from ..model.precision import resolve_bf16
+from ..model.working_copy import WorkingCopy, working_copy
 
 
 def build_accelerator(args: GRPOConfig) -> tuple[Accelerator, bool]:
@@ -144,6 +147,19 @@ def prepare(accelerator: Accelerator, model: torch.nn.Module, optimizer: torch.o
     if is_sharded(model):
         return model, accelerator.prepare(optimizer)
     return accelerator.prepare(model, optimizer)
+
+
+def bf16_working_copy(args: GRPOConfig, accelerator: Accelerator, policy: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                      bf16: bool) -> WorkingCopy | None:
+    """The policy's one bf16 `WorkingCopy` where it applies (model/working_copy.working_copy), else None.
+
+    Under gradient checkpointing on a CPU, the setting a run chooses for memory, the copy is handed back to the
+    kernel in backward (`release`) unless a rollout is made beside the update (max_staleness), and before it is
+    recast the heap's free memory goes back too (allocator.return_freed_memory: the gradients `zero_grad` freed).
+    """
+    memory_first = args.gradient_checkpointing and accelerator.device.type == "cpu" and args.max_staleness is None
+    return working_copy(policy, optimizer, bf16=bf16, processes=accelerator.num_processes, release=memory_first,
+                        before_recast=return_freed_memory)
 
 
 def build_optimization(args: GRPOConfig, policy: torch.nn.Module, train_dataset, optimizers=(None, None)) -> tuple[int, torch.optim.Optimizer, object]:

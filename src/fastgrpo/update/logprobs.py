@@ -134,10 +134,7 @@ class LogProbs:
         grouped_attention: shared-prompt rows of sdpa models attend piece by piece
             (update/grouped_attention.py) where `_grouped_attention` allows; False: sdpa
             over the dense (L, L) mask (the same values to float rounding; benchmarks' A/B).
-        keep_head_blocks: the chunked head's (chunk, V) blocks (≈ 125 MiB for SmolLM2) are kept from pass
-            to pass (`Scratch`: no page faults on them again); False (the trainer's choice under gradient
-            checkpointing on a CPU): each pass's blocks live from its head's forward to the end of its
-            head's backward, so the rest of backward, where the gradients grow, runs without them.
+
     Call: `log_probs(model, mb, reference=None) → TokenStats`, where `mb` has
     `prompt_ids`, `prompt_mask`, `completion_ids`, `completion_mask` (a `Rollout`
     view). `reference` given — a zero-argument callable returning a context
@@ -150,7 +147,7 @@ class LogProbs:
 
     def __init__(
         self, temperature: float, share_prompts: bool = True, chunk: int = CHUNK_TOKENS, autocast=nullcontext, entropy_grad: bool = False,
-        weights: WorkingCopy | None = None, router_aux_loss: bool = False, grouped_attention: bool = True, keep_head_blocks: bool = True,
+        weights: WorkingCopy | None = None, router_aux_loss: bool = False, grouped_attention: bool = True,
     ):
         if temperature <= 0:
             raise ValueError(f"temperature={temperature}: log-probs are taken at logits / temperature; use a value > 0.")
@@ -161,7 +158,7 @@ class LogProbs:
         self.grouped_attention = grouped_attention
         self.packs: dict[type, bool] = {}  # model class → runs a packed row without a mask (packing.packing_support)
         self.groups: dict[type, bool] = {}  # model class → runs grouped attention (packing.grouped_support)
-        self.scratch = Scratch() if keep_head_blocks else None  # the chunked head's (chunk, V) blocks, kept from pass to pass
+        self.scratch = None if weights is not None and weights.release else Scratch()  # the chunked head's (chunk, V) blocks, kept from pass to pass
 
     def __call__(self, model, mb, reference=None) -> TokenStats:
         with self.autocast():
