@@ -6,11 +6,12 @@ the bf16 working copy stays on: the gradients are those of the same pass without
 
 from contextlib import contextmanager
 from types import SimpleNamespace
+import warnings
 
 import pytest
 import torch
 
-from fastgrpo.model.checkpointing import attention_implementation, enable_gradient_checkpointing, recomputes_as_forward
+from fastgrpo.model.checkpointing import attention_implementation, enable_gradient_checkpointing, is_checkpointed, recomputes_as_forward
 from fastgrpo.model.working_copy import WorkingCopy
 from fastgrpo.update import grouped_attention as ga
 from fastgrpo.update import packing
@@ -54,7 +55,7 @@ def test_checkpointed_layers_recompute_grouped_attention_and_give_the_same_gradi
     assert len(grouped_calls) == 2  # 2 layers, one forward
     model = make_model()
     enable_gradient_checkpointing(model)
-    assert model.is_gradient_checkpointing and recomputes_as_forward(model)
+    assert is_checkpointed(model) and recomputes_as_forward(model)
     checkpointed = gradients(model, mb, bf16, grouped_calls)
     assert len(grouped_calls) == 4  # and each layer again in backward
     assert model.config._attn_implementation == "sdpa"
@@ -138,7 +139,7 @@ def test_checkpointing_that_takes_no_context_keeps_the_dense_mask(make_model, gr
     plain = gradients(make_model(), mb, False, grouped_calls, grouped_attention=False)
     model = make_model()
     enable_gradient_checkpointing(model, kwargs)
-    assert model.is_gradient_checkpointing and not recomputes_as_forward(model)
+    assert is_checkpointed(model) and not recomputes_as_forward(model)
     checkpointed = gradients(model, mb, False, grouped_calls)
     assert not grouped_calls
     for name, grad in plain.items():
@@ -153,4 +154,16 @@ def test_checkpointing_kwargs_torch_would_misread_are_refused(make_model, kwargs
     model = make_model()
     with pytest.raises(ValueError, match=message):
         enable_gradient_checkpointing(model, kwargs)
-    assert not model.is_gradient_checkpointing
+    assert not is_checkpointed(model)
+
+
+def test_checkpointing_is_set_and_read_through_the_installed_transformers_own_names(make_model):
+    # transformers 5.25 renamed gradient checkpointing activation checkpointing; the old names warn (FutureWarning)
+    # and go in v6: on either side of the rename, enabling and reading it warns nothing and reads what was set.
+    model = make_model()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        assert not is_checkpointed(model) and recomputes_as_forward(model)
+        enable_gradient_checkpointing(model)
+        assert is_checkpointed(model) and recomputes_as_forward(model)
+    assert sum(getattr(m, "gradient_checkpointing", False) is True for m in model.modules()) >= 1

@@ -35,12 +35,17 @@ from functools import partial
 
 import torch
 from torch.utils.checkpoint import checkpoint
+from transformers import PreTrainedModel
 
 from .loading import is_peft_model
 
 # What torch.utils.checkpoint.checkpoint takes by keyword (gradient_checkpointing_kwargs' keys): its keyword-only
 # parameters and `preserve_rng_state`, which it pops from **kwargs; any other key reaches the checkpointed function.
 CHECKPOINT_KEYS = (*(name for name, p in inspect.signature(checkpoint).parameters.items() if p.kind is p.KEYWORD_ONLY), "preserve_rng_state")
+
+# transformers 5.25 renamed gradient checkpointing activation checkpointing: the old methods and property warn
+# (FutureWarning) and go in v6, so the installed version's own name is called; read once, from the class.
+_ACTIVATION_NAMES = "activation_checkpointing_enable" in vars(PreTrainedModel)
 
 # Models whose checkpointed layers recompute under the forward's attention (`enable_gradient_checkpointing`).
 _RECOMPUTED_AS_FORWARD: weakref.WeakSet = weakref.WeakSet()
@@ -107,7 +112,10 @@ def enable_gradient_checkpointing(model: torch.nn.Module, kwargs: dict | None = 
     as_forward = kwargs["use_reentrant"] is not None and not kwargs["use_reentrant"] and not kwargs.get("debug", False)
     if as_forward:
         kwargs["context_fn"] = partial(_as_forward, getattr(model, "module", model), kwargs.get("context_fn"))
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    if _ACTIVATION_NAMES:
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     (_RECOMPUTED_AS_FORWARD.add if as_forward else _RECOMPUTED_AS_FORWARD.discard)(model)
     if is_peft_model(model):
         model.enable_input_require_grads()
@@ -120,7 +128,14 @@ def recomputes_as_forward(model: torch.nn.Module) -> bool:
     set it up non-reentrant; False where checkpointing was enabled otherwise (reentrant, or by
     `gradient_checkpointing_enable` directly), so a pass must not switch attention for its forward.
     """
-    return not getattr(model, "is_gradient_checkpointing", False) or model in _RECOMPUTED_AS_FORWARD
+    return not is_checkpointed(model) or model in _RECOMPUTED_AS_FORWARD
+
+
+def is_checkpointed(model: torch.nn.Module) -> bool:
+    """Whether any of `model`'s modules recomputes in backward: transformers' own test (a module whose
+    `gradient_checkpointing` is True), read directly because its name moved (`is_gradient_checkpointing`,
+    deprecated for `is_activation_checkpointing` in transformers 5.25, the version `make train` installs; to be removed in v6)."""
+    return any(getattr(module, "gradient_checkpointing", False) is True for module in model.modules())
 
 
 def _as_forward(model, context_fn) -> tuple:
