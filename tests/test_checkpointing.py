@@ -158,7 +158,7 @@ def test_checkpointing_kwargs_torch_would_misread_are_refused(make_model, kwargs
 
 
 def test_checkpointing_is_set_and_read_through_the_installed_transformers_own_names(make_model):
-    # transformers 5.25 renamed gradient checkpointing activation checkpointing; the old names warn (FutureWarning)
+    # transformers 5.25 renamed gradient checkpointing to activation checkpointing; the old names warn (FutureWarning)
     # and go in v6: on either side of the rename, enabling and reading it warns nothing and reads what was set.
     model = make_model()
     with warnings.catch_warnings():

@@ -43,7 +43,7 @@ from .loading import is_peft_model
 # parameters and `preserve_rng_state`, which it pops from **kwargs; any other key reaches the checkpointed function.
 CHECKPOINT_KEYS = (*(name for name, p in inspect.signature(checkpoint).parameters.items() if p.kind is p.KEYWORD_ONLY), "preserve_rng_state")
 
-# transformers 5.25 renamed gradient checkpointing activation checkpointing: the old methods and property warn
+# transformers 5.25 renamed gradient checkpointing to activation checkpointing: the old methods and property warn
 # (FutureWarning) and go in v6, so the installed version's own name is called; read once, from the class.
 _ACTIVATION_NAMES = "activation_checkpointing_enable" in vars(PreTrainedModel)
 
@@ -134,7 +134,7 @@ def recomputes_as_forward(model: torch.nn.Module) -> bool:
 def is_checkpointed(model: torch.nn.Module) -> bool:
     """Whether any of `model`'s modules recomputes in backward: transformers' own test (a module whose
     `gradient_checkpointing` is True), read directly because its name moved (`is_gradient_checkpointing`,
-    deprecated for `is_activation_checkpointing` in transformers 5.25, the version `make train` installs; to be removed in v6)."""
+    deprecated for `is_activation_checkpointing` in transformers 5.25, which `make train` installs; gone in v6)."""
     return any(getattr(module, "gradient_checkpointing", False) is True for module in model.modules())
 
 
