@@ -147,3 +147,20 @@ def test_rollout_that_splits_groups_across_processes_is_refused_with_a_size_that
     config = GRPOConfig(**{**fields, "generation_batch_size": fix})  # the number in the message works
     assert config.generation_batch_size // config.world_size % config.num_generations == 0
     assert config.steps_per_generation % config.gradient_accumulation_steps == 0
+
+
+def test_fastgrpo_train_on_two_processes_ends_with_its_process_group_freed(tmp_path, tokenizer, make_model):
+    """The command frees the process group before it returns, its gloo threads joined: a thread still releasing the last
+    collective's tensors at interpreter exit needs the GIL there and aborts the process (SIGABRT) after the run is saved."""
+    model_dir = str(tmp_path / "tiny")
+    make_model().save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    with open(tmp_path / "prompts.jsonl", "w") as f:
+        f.writelines(json.dumps({"prompt": [{"role": "user", "content": f"Count to {i}."}]}) + "\n" for i in range(16))
+    out = str(tmp_path / "out")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port())]
+    run([*torchrun, os.path.join(HERE, "cli_exit_script.py"), "train", "--model", model_dir, "--dataset", str(tmp_path / "prompts.jsonl"),
+         "--reward", "length", "--max_steps", "2", "--per_device_train_batch_size", "4", "--num_generations", "4",
+         "--max_completion_length", "4", "--logging_steps", "1", "--output_dir", out, "--disable_tqdm", "true"])
+    assert [r["step"] for r in map(json.loads, open(os.path.join(out, "metrics.jsonl")))] == [1, 2]
+    assert os.path.exists(os.path.join(out, "config.json"))  # the final model, saved before the group was freed

@@ -6,10 +6,13 @@ Each process samples its own prompts through the server; only process 0 pushes t
 OUT/record_<rank>.json: the prompts' first tokens it sampled for, the bytes it pushed, the steps done.
 """
 
+import gc
+import glob
 import json
 import os
 import sys
 
+import torch
 from datasets import Dataset
 
 from fastgrpo import GRPOConfig, GRPOTrainer
@@ -36,7 +39,13 @@ def main():
     trainer.train()
     with open(os.path.join(out, f"record_{rank}.json"), "w") as f:
         json.dump({"prompts": seen, "pushed_bytes": trainer.backend.sync_bytes, "steps": trainer.state.global_step}, f)
-    trainer.accelerator.end_training()  # the process group destroyed before exit, as `fastgrpo train` does
+    world = torch.distributed.group.WORLD
+    trainer.accelerator.end_training()  # the process group unregistered, then freed before exit, as `fastgrpo train` does:
+    del trainer  # the DDP wrapper's hold on it first,
+    gc.collect()
+    del world  # then the last one, which torch drops with the GIL released, so gloo's threads finish and are joined
+    threads = [open(path).read().strip() for path in glob.glob("/proc/self/task/*/comm")]  # Linux: each thread's name
+    assert not [name for name in threads if "gloo" in name], threads  # joined while Python runs, not in interpreter exit
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import gc
 import os
 import sys
 import types
@@ -296,6 +297,8 @@ def train(ns: argparse.Namespace) -> None:
     args = GRPOConfig(**fields)  # bad values are refused here, before anything loads
     if os.getcwd() not in sys.path:  # --reward module:function finds modules in the current folder
         sys.path.insert(0, os.getcwd())
+    import torch
+
     from .run.checkpoint_files import checkpoints
     from .run.datasets import load_dataset_spec
     from .rollout.rewards import resolve_reward
@@ -315,7 +318,8 @@ def train(ns: argparse.Namespace) -> None:
         )
     trainer.train(resume_from_checkpoint=getattr(ns, "resume", None))
     trainer.save_model(args.output_dir)
-    trainer.accelerator.end_training()  # trackers closed, process group destroyed (multi-process runs)
+    world = torch.distributed.group.WORLD if torch.distributed.is_initialized() else None  # held past the trainer: see below
+    trainer.accelerator.end_training()  # trackers closed, process group unregistered (multi-process runs)
     if trainer.accelerator.is_main_process:
         out = os.path.abspath(args.output_dir)
         files = {"metrics": "metrics.jsonl", "completions": "completions.jsonl"}
@@ -323,6 +327,13 @@ def train(ns: argparse.Namespace) -> None:
         trainer.console.print(
             f"done. final model: {out}{listed}\n  checkpoints: {', '.join(checkpoints(out)) or 'none'}", soft_wrap=True, markup=False
         )
+    # The process group lives on in the DDP wrapper. A gloo thread may still be releasing the last collective's tensors,
+    # which needs the GIL: at interpreter exit that thread aborts the process (SIGABRT, "terminate called without an
+    # active exception") after everything is saved. So the wrapper goes first, then our hold on the group: torch frees
+    # it with the GIL released, so its threads finish and are joined here.
+    del trainer
+    gc.collect()
+    del world
 
 
 def main(argv: list[str] | None = None) -> int:
