@@ -9,6 +9,7 @@ import warnings
 import pytest
 
 from fastgrpo import GRPOConfig
+from fastgrpo.cli import resolve_job, train_parser
 from fastgrpo.config.trl_fields import TRL_FIELDS
 
 trl = pytest.importorskip("trl")
@@ -105,3 +106,17 @@ def test_sequence_level_with_a_token_sum_warns_like_trl(loss_type, warns):
         warnings.simplefilter("always")
         GRPOConfig(loss_type=loss_type, importance_sampling_level="sequence")
     assert any("GSPO's setup is loss_type='grpo'" in str(w.message) for w in caught) == warns
+
+
+def test_transformers_525_checkpointing_names_are_gradient_checkpointings():
+    """TrainingArguments 5.25's rule: activation_checkpointing(_kwargs), when given, wins; then both names read alike."""
+    args = GRPOConfig(activation_checkpointing=True, activation_checkpointing_kwargs='{"use_reentrant": true}')
+    assert (args.gradient_checkpointing, args.gradient_checkpointing_kwargs) == (True, {"use_reentrant": True})
+    assert (args.activation_checkpointing, args.activation_checkpointing_kwargs) == (True, {"use_reentrant": True})
+    args = GRPOConfig(gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant": False})
+    assert (args.activation_checkpointing, args.activation_checkpointing_kwargs) == (True, {"use_reentrant": False})
+    assert GRPOConfig(gradient_checkpointing=True, activation_checkpointing=False).gradient_checkpointing is False
+    assert GRPOConfig().activation_checkpointing is False
+    _, fields, _ = resolve_job(train_parser().parse_args(["--activation_checkpointing", "--activation_checkpointing_kwargs", '{"use_reentrant": true}']))
+    args = GRPOConfig(**fields)  # as `fastgrpo train` builds it
+    assert (args.gradient_checkpointing, args.gradient_checkpointing_kwargs) == (True, {"use_reentrant": True})

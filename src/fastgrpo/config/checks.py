@@ -23,7 +23,8 @@ LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo", "cispo", "sapo", "luspo", "vesp
 TOKEN_ONLY_LOSS_TYPES = ("cispo", "sapo", "vespo")
 SCALE_REWARDS = ("group", "batch", "none")
 # Fields that take a dict, or its JSON text (from the command line), as transformers' TrainingArguments do.
-DICT_FIELDS = ("lr_scheduler_kwargs", "generation_kwargs", "chat_template_kwargs", "gradient_checkpointing_kwargs", "model_init_kwargs")
+DICT_FIELDS = ("lr_scheduler_kwargs", "generation_kwargs", "chat_template_kwargs", "gradient_checkpointing_kwargs", "activation_checkpointing_kwargs",
+               "model_init_kwargs")
 STRATEGIES = ("no", "steps", "epoch")  # save_strategy / eval_strategy (transformers' IntervalStrategy)
 TRACKERS = ("tensorboard", "wandb", "trackio", "all")
 # generation_kwargs keys that are sampling settings of their own here (TRL passes them to the engine).

@@ -89,6 +89,8 @@ FIELD_HELP = {
     "bf16": "bfloat16 mixed precision (default: where the device supports it)",
     "gradient_checkpointing": "recompute activations in the backward pass to save memory",
     "gradient_checkpointing_kwargs": "gradient_checkpointing_enable arguments as JSON",
+    "activation_checkpointing": "transformers 5.25's name for gradient_checkpointing; when given it wins",
+    "activation_checkpointing_kwargs": "transformers 5.25's name for gradient_checkpointing_kwargs; when given it wins",
     "model_init_kwargs": "from_pretrained arguments as JSON, e.g. '{\"torch_dtype\": \"bfloat16\"}'",
     "logging_steps": "optimizer steps between log lines",
     "logging_first_step": "also log after the first optimizer step",
@@ -139,8 +141,7 @@ FIELD_HELP = {
 # TRL 1.16's annotations of the fields trl_fields.py keeps whose default (None, 0) does not show the type.
 # HfArgumentParser types `dict | str` fields as text (JSON), as for TrainingArguments.
 _TRL_TYPES = {
-    "optim_target_modules": list[str] | None, "tf32": bool | None, "activation_checkpointing": bool | None,
-    "activation_checkpointing_kwargs": dict | str | None, "torch_compile_backend": str | None, "torch_compile_mode": str | None,
+    "optim_target_modules": list[str] | None, "tf32": bool | None, "torch_compile_backend": str | None, "torch_compile_mode": str | None,
     "liger_kernel_config": dict | str | None, "neftune_noise_alpha": float | None, "torch_empty_cache_steps": int | None,
     "run_name": str | None, "trackio_space_id": str | None, "trackio_bucket_id": str | None,
     "trackio_static_space_id": str | None, "log_completions_hub_repo": str | None, "eval_delay": float,

@@ -196,6 +196,9 @@ class GRPOConfig:
     bf16: bool | None = None  # None: on where the hardware multiplies bf16 fast (AMX/AVX512-BF16 CPU, CUDA; precision.py)
     gradient_checkpointing: bool = False
     gradient_checkpointing_kwargs: dict | str | None = None  # passed to gradient_checkpointing_enable
+    # transformers 5.25's names for the two above (TrainingArguments): when set they win, then both pairs read alike
+    activation_checkpointing: bool | None = field(default=None, metadata={"nargs": "?", "const": True})  # a bare flag means True
+    activation_checkpointing_kwargs: dict | str | None = None
     model_init_kwargs: dict | str | None = None
 
     # --- logging and saving --------------------------------------------------------
@@ -252,6 +255,10 @@ class GRPOConfig:
                     raise ValueError(f"{name}={text!r} is not JSON ({err}); give a dict, e.g. '{{\"key\": 1}}'.") from err
             if not isinstance(getattr(self, name), (dict, type(None))):
                 raise ValueError(f"{name}={getattr(self, name)!r}: give a dict (or its JSON text), or None.")
+        for old, new in (("gradient_checkpointing", "activation_checkpointing"), ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs")):
+            if getattr(self, new) is not None:  # transformers 5.25's rule: the new name, when set, over the old one
+                setattr(self, old, getattr(self, new))
+            setattr(self, new, getattr(self, old))
         if self.use_vllm and self.generation_backend == "fastgrpo":  # TRL's switch, the default backend otherwise
             self.generation_backend = "vllm"
         for key, value in (self.generation_kwargs or {}).items():

@@ -46,8 +46,6 @@ TRL_FIELDS: dict[str, TrlField] = {
     "bf16_full_eval": TrlField(False, (False,), "evaluation runs in the training precision; remove it"),
     "fp16_full_eval": TrlField(False, (False,), "evaluation runs in the training precision; remove it"),
     "tf32": TrlField(None, (None, False), "set torch.backends.cuda.matmul.allow_tf32 = True in your script instead"),
-    "activation_checkpointing": TrlField(None, (None, False), "use gradient_checkpointing=True"),
-    "activation_checkpointing_kwargs": TrlField(None, (None,), "use gradient_checkpointing_kwargs"),
     "torch_compile": TrlField(False, (False,), "torch.compile is not wired in; remove it"),
     "torch_compile_backend": TrlField(None, ANY),
     "torch_compile_mode": TrlField(None, ANY),
