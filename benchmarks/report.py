@@ -30,6 +30,13 @@ Definitions (docs/benchmarks.md repeats them):
   packed row (pads removed, each prompt once per group).
 - update tokens computed / padded: non-pad tokens of the update's passes over
   the B × (P + T) tokens of the padded micro-batches.
+- kernel seconds per step (`kernel_at_step_ends`): the process's kernel-mode
+  CPU seconds within each optimizer step, and its minor page faults (each the
+  first touch of a 4 KiB page). It is time the kernel spends backing memory the
+  process touches for the first time, not the step's arithmetic; in a VM
+  whose host takes freed guest memory back (Firecracker's free page
+  reporting), each fault also waits for the host, so a step that grows the
+  peak pays ≈ 2–3 s per GiB there.
 - memory split (worker.memory_split): weights, gradients, optimizer state
   counted from the tensors; runtime = RSS after the imports; activations and
   the rest = peak RSS − those four.
@@ -86,6 +93,7 @@ def run_figures(run: dict) -> dict:
         "update_seconds_per_step": split["update"],
         "update_tokens_computed_over_padded": sum(p["tokens"] for p in grad_passes) / sum(p["padded_tokens"] for p in grad_passes) if grad_passes else None,
         "memory_split_bytes": run.get("memory_split_bytes"),
+        **kernel_per_step(run),
         "phase_seconds_per_step": split,
         "steady_steps": steps,
         "completion_tokens_per_second": completion_tokens / window,
@@ -99,6 +107,17 @@ def run_figures(run: dict) -> dict:
             "all": fraction(generation_flops + logps_flops + update_flops, window),
         },
         "reward_curve": rolling_rewards(run),
+    }
+
+
+def kernel_per_step(run: dict) -> dict:
+    """Each optimizer step's kernel CPU seconds and minor page faults (every step, the first included); {} for older runs."""
+    usage = run.get("kernel_at_step_ends")
+    if not usage:
+        return {}
+    return {
+        "kernel_seconds_by_step": [b[0] - a[0] for a, b in zip(usage, usage[1:])],
+        "page_faults_by_step": [b[1] - a[1] for a, b in zip(usage, usage[1:])],
     }
 
 
@@ -145,6 +164,10 @@ def summarize(runs: list[dict]) -> dict:
             "reward_at_equal_time": _median([f["reward_at_equal_time"] for f in mine]),
             "limit_fraction": {p: _median([f["limit_fraction"][p] for f in mine]) for p in ("generation", "logps", "update", "all")},
             "matmul_peak_flops": _median([f["matmul_peak_flops"] for f in mine]),
+            "kernel_seconds_first_step": _median([f["kernel_seconds_by_step"][0] for f in mine if f.get("kernel_seconds_by_step")]),
+            "kernel_seconds_per_later_step": _median([sum(f["kernel_seconds_by_step"][1:]) / (len(f["kernel_seconds_by_step"]) - 1)
+                                                      for f in mine if len(f.get("kernel_seconds_by_step", [])) > 1]),
+            "page_faults_first_step": _median([f["page_faults_by_step"][0] for f in mine if f.get("page_faults_by_step")]),
         }
 
     ratios = {}
@@ -210,6 +233,12 @@ def markdown_table(case: dict) -> str:
         f"{_fmt(t['speedup_fastgrpo_mu4_vs_trl_mu1'])}×, vs TRL μ=4 {_fmt(t['speedup_fastgrpo_mu4_vs_trl_mu4'])}×; "
         f"fastgrpo μ=1 vs TRL μ=1 {_fmt(t['speedup_fastgrpo_mu1_vs_trl_mu1'])}×.\n"
     )
+    kernel = (
+        "\n| system | μ | kernel s: first step | kernel s / later step | page faults: first step |\n| --- | --- | --- | --- | --- |\n"
+        + "".join(f"| {g['system']} | {g['num_iterations']} | {_fmt(g['kernel_seconds_first_step'])} | {_fmt(g['kernel_seconds_per_later_step'])} "
+                  f"| {_fmt(g['page_faults_first_step'], ',.0f')} |\n" for g in s["groups"].values())
+        if any(g["kernel_seconds_first_step"] is not None for g in s["groups"].values()) else ""
+    )
     memory = (
         "\n| system | μ | weights | gradients | optimizer state | runtime | activations and rest | peak RSS (GiB) | update tokens computed / padded |\n"
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
@@ -220,7 +249,7 @@ def markdown_table(case: dict) -> str:
             f"| {g['system']} | {g['num_iterations']} | " + " | ".join(_fmt(m[k], ".2f", 1 / 2**30) for k in MEMORY)
             + f" | {_fmt(g['peak_rss_bytes'], '.2f', 1 / 2**30)} | {_fmt(g['update_tokens_computed_over_padded'], '.2f')} |\n"
         )
-    return head + "\n".join(rows) + "\n" + note + memory
+    return head + "\n".join(rows) + "\n" + note + kernel + memory
 
 
 def plots(case: dict, prefix: str) -> list[str]:

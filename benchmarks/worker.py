@@ -5,8 +5,10 @@
 It measures this machine's dense matmul peak, builds the prompts, trains, and
 writes every raw measurement: per-step end times, per-rollout rewards and
 token counts, the time spent in each phase, every log-prob pass (with or
-without gradient) and the peak resident memory of the whole process, split
-into weights, gradients, optimizer state, runtime and the rest (`memory_split`).
+without gradient), the process's kernel CPU seconds and minor page faults at
+each step end (`kernel_usage`: first touches of memory), and the peak resident
+memory of the whole process, split into weights, gradients, optimizer state,
+runtime and the rest (`memory_split`).
 
 Both systems get the same instrumentation from outside their code:
 
@@ -91,6 +93,16 @@ def matmul_peak(dtype: torch.dtype = torch.float32, n: int = 2048, repeats: int 
     return best
 
 
+def kernel_usage() -> tuple[float, int]:
+    """(kernel-mode CPU seconds, minor page faults) of this process so far (`getrusage`).
+
+    A first touch of memory is a minor fault: the kernel finds and zeroes a page (in a VM whose host reclaims
+    freed guest memory, the host backs it too), and its time is kernel time, not the step's own compute.
+    """
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_stime, usage.ru_minflt
+
+
 class Recorder:
     """Timestamps (seconds since `start()`) of phases, steps, rollouts and log-prob passes."""
 
@@ -98,12 +110,19 @@ class Recorder:
         self.t0 = time.perf_counter()
         self.phases: list[tuple[str, float, float]] = []  # (phase, start, end)
         self.step_ends: list[float] = []
+        self.kernel: list[tuple[float, int]] = []  # at start() and each step end: the process's kernel CPU seconds, minor page faults
         self.rollouts: list[dict] = []  # one per reward call: time, rewards, completion tokens
         self.passes: list[dict] = []  # one per log-prob forward: grad, tokens, seconds
         self.patches: list[str] = []  # corrections applied to a system so both do the same work
 
     def start(self) -> None:
         self.t0 = time.perf_counter()
+        self.kernel = [kernel_usage()]
+
+    def step_end(self) -> None:
+        """An optimizer step ended: its end time and the kernel's share of it so far."""
+        self.step_ends.append(self.now())
+        self.kernel.append(kernel_usage())
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
@@ -204,7 +223,7 @@ def run_fastgrpo(spec: dict, dataset, reward, rec: Recorder, output_dir: str):
 
     class StepEnds(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
-            rec.step_ends.append(rec.now())
+            rec.step_end()
 
     trainer.add_callback(StepEnds())
     model = trainer.accelerator.unwrap_model(trainer.model)
@@ -243,7 +262,7 @@ def run_trl(spec: dict, dataset, reward, rec: Recorder, output_dir: str):
             rec.phases.append(("update", self.start, rec.now()))
 
         def on_step_end(self, args, state, control, **kwargs):
-            rec.step_ends.append(rec.now())
+            rec.step_end()
 
     trainer._get_per_token_logps_and_entropies = timed_logps
     trainer._generate_and_score_completions = rec.timed("rollout", trainer._generate_and_score_completions)
@@ -348,7 +367,7 @@ def main(spec_path: str, out_path: str) -> None:
         "train_seconds": train_seconds, "steps_done": len(rec.step_ends),
         "peak_rss_bytes": peak_rss, "memory_split_bytes": memory,
         "prompt_tokens_by_row": prompt_tokens, **model_counts(model),
-        "step_ends": rec.step_ends, "rollouts": rec.rollouts, "passes": rec.passes,
+        "step_ends": rec.step_ends, "kernel_at_step_ends": rec.kernel, "rollouts": rec.rollouts, "passes": rec.passes,
         "phases": [list(p) for p in rec.phases], "patches": rec.patches,
     }
     with open(out_path, "w") as f:

@@ -26,10 +26,11 @@ GROUP_FIELDS = {
     "seconds_per_step", "phase_seconds_per_step", "completion_tokens_per_second", "generation_tokens_per_second",
     "peak_rss_bytes", "time_to_target_seconds", "reward_at_equal_time", "limit_fraction", "matmul_peak_flops",
     "memory_split_bytes", "update_tokens_computed_over_padded",
+    "kernel_seconds_first_step", "kernel_seconds_per_later_step", "page_faults_first_step",
 }
 RUN_FIELDS = {
     "system", "spec", "threads", "matmul_peak_flops", "train_seconds", "steps_done", "peak_rss_bytes",
-    "step_ends", "rollouts", "passes", "phases", "parameters", "body_parameters", "head_parameters", "memory_split_bytes",
+    "step_ends", "kernel_at_step_ends", "rollouts", "passes", "phases", "parameters", "body_parameters", "head_parameters", "memory_split_bytes",
 }
 
 
@@ -48,6 +49,9 @@ def test_harness_runs_both_systems_and_writes_every_field(tmp_path):
         assert run["steps_done"] == 2
         assert len(run["rollouts"]) == 2 and all(len(r["rewards"]) == 16 for r in run["rollouts"])
         assert any(p["grad"] for p in run["passes"])  # the update's forward passes were seen
+        kernel = run["kernel_at_step_ends"]  # (kernel CPU seconds, minor faults) at the start and each step end
+        assert len(kernel) == 3 and all(a[0] <= b[0] and a[1] <= b[1] for a, b in zip(kernel, kernel[1:]))
+        assert kernel[-1][1] > kernel[0][1]  # training a model touches fresh memory: some first-touch page faults
     # Same work: identical prompts, config values and weights folder for both systems.
     fast, trl = case["runs"]
     assert fast["prompt_tokens_by_row"] == trl["prompt_tokens_by_row"]
@@ -66,5 +70,6 @@ def test_harness_runs_both_systems_and_writes_every_field(tmp_path):
             "speedup_fastgrpo_mu4_vs_trl_mu4"} <= set(summary["time_to_reward"])
     assert {"trl", "transformers", "torch", "fastgrpo"} <= set(case["versions"])
     assert "| fastgrpo | 1 |" in case["table"] and "| trl | 1 |" in case["table"]
+    assert "| system | μ | kernel s: first step |" in case["table"]
     for png in case["plots"]:  # file names next to the JSON (no path outside the results folder)
         assert os.path.basename(png) == png and os.path.getsize(tmp_path / png) > 1000
