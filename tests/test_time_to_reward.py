@@ -57,6 +57,19 @@ def test_time_to_target_is_the_first_scoring_time_the_rolling_reward_reaches_it(
     assert ttr.to_target(FAST, 5.0) == (None, None)
 
 
+def test_kernel_seconds_to_target_are_those_recorded_at_the_rollout_that_reaches_it():
+    timed = run("fast", [(10.0, [0, 0], [0.2, 0.4]), (20.0, [1, 0], [0.5, 0.5])])
+    for i, call in enumerate(timed["calls"]):  # the rollouts' calls: 1.0 and 1.5 s, then 4.0 and 4.5 s
+        call["kernel_seconds"] = [1.0, 1.5, 4.0, 4.5][i]
+    assert ttr.kernel_to_target(timed, 0.65) == 4.5  # reached at the second rollout: its last call's record
+    assert ttr.kernel_to_target(timed, 0.3) == 1.5
+    assert ttr.kernel_to_target(timed, 5.0) is None and ttr.kernel_to_target(FAST, 0.65) is None  # never reached; not recorded
+    record = {"target": 0.65, "runs": [timed, FAST], "budget": 100, "seeds": [0, 1], "threads": 1}
+    assert ttr.summary(record)[0]["kernel_seconds"] == [4.5, None]
+    # final rolling reward: the median of 0.65 (timed ends at its second rollout) and 1.5 (FAST's fourth)
+    assert "| fast | 2/2 | 20 [20–20] | 2 [2–2] | 10.0 | 1.07 | — | 4.5, — |" in ttr.markdown(record)
+
+
 def test_summary_takes_medians_over_seeds_and_leaves_a_setting_that_missed_without_a_median():
     slow = run("slow", [(25.0, [0, 0], [0.2, 0.4]), (50.0, [1, 1], [1, 1]), (75.0, [1, 1], [1, 1])])
     never = run("slow", [(30.0, [0, 0], [0, 0])])
@@ -97,6 +110,8 @@ def test_harness_runs_both_systems_within_the_budget_on_the_same_rows(tmp_path):
         assert all(len(c["values"]) == 16 for c in run["calls"])  # one rollout: 2 prompts × G = 8
         assert run["train_seconds"] >= 3 and run["phase_seconds"]["generate"] > 0
         assert run["phase_seconds"]["rollout"] >= run["phase_seconds"]["generate"]
+        kernel = [c["kernel_seconds"] for c in run["calls"]]  # the process's kernel CPU seconds since train() began
+        assert 0 <= kernel[0] and kernel == sorted(kernel)
     rollouts = len(ttr.rollout_rewards(fast))
     assert trl["target_kl_stops"] is None and 0 <= fast["target_kl_stops"] <= rollouts  # fastgrpo's counter reached the record
     assert fast["steps"] <= 8 * rollouts  # μ = 4 × 2 micro-batches at most per rollout: the setting's overrides were applied
