@@ -47,6 +47,7 @@ def test_flags_are_typed_by_hf_argument_parser(capsys):
     from fastgrpo import GRPOConfig
 
     assert GRPOConfig(**fields).generation_kwargs == {"top_k": 20}  # JSON text → dict, as TrainingArguments does
+    assert GRPOConfig(**parse("--report_to", "none")[1]).report_to == []  # "none" is no tracker, as in transformers
     with pytest.raises(SystemExit):
         train_parser().parse_args(["--num_iterations", "four"])
     assert "--num-iterations: invalid int value: 'four'" in capsys.readouterr().err

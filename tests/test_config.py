@@ -85,6 +85,7 @@ def test_defaults_resolved():
     assert GRPOConfig(scale_rewards=True).scale_rewards == "group"  # TRL's older spelling
     assert GRPOConfig(scale_rewards=False).scale_rewards == "none"
     assert GRPOConfig(report_to="none").report_to == []
+    assert GRPOConfig(report_to=["none"]).report_to == []  # transformers' rule; `--report_to none` gives this list
     assert GRPOConfig(report_to="wandb").report_to == ["wandb"]
 
 
@@ -225,6 +226,7 @@ def test_unknown_loss_type():
         (dict(target_kl=0.0), "use a positive value or None"),
         (dict(multi_objective_aggregation="mean"), "'sum_then_normalize' or 'normalize_then_sum'"),
         (dict(report_to="mlflow"), "use 'none' or one of tensorboard, wandb, trackio, all"),
+        (dict(report_to=["none", "wandb"]), "report_to='none': use 'none' or one of"),
     ],
 )
 def test_other_bad_values(kwargs, match):
@@ -239,3 +241,24 @@ def test_unknown_field_suggests_the_closest():
     # a name in neither fastgrpo nor TRL still names itself
     with pytest.raises(TypeError, match=r"no field 'zzz_unknown'"):
         GRPOConfig(zzz_unknown=1)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    # each would only fail in the first backward, after a rollout was spent (and a replaced run was removed)
+    ({"determinism_check": "x"}, "determinism_check='x': use 'default' or 'none'"),
+    ({"context_fn": "x"}, "context_fn='x': give a function"),
+    ({"debug": "false"}, "debug='false': use true or false"),  # torch would read the string as True
+    ({"preserve_rng_state": 0}, "preserve_rng_state=0: use true or false"),
+    ({"use_reentrant": True, "debug": True}, "use_reentrant=True with context_fn or debug: torch takes those only non-reentrant"),
+    ({"debug": True, "context_fn": print}, "debug=True with a context_fn: torch refuses the pair"),
+    ({"use_reentrat": False}, "has 'use_reentrat', which torch.utils.checkpoint does not take"),
+])
+@pytest.mark.parametrize("checkpointing", [True, False])  # a value set is a value meant, whether or not it is used now
+def test_checkpointing_kwargs_are_checked_when_the_config_is_built(kwargs, match, checkpointing):
+    refused(match, gradient_checkpointing=checkpointing, gradient_checkpointing_kwargs=kwargs)
+    refused(match, activation_checkpointing_kwargs=kwargs)  # transformers 5.25's name
+
+
+def test_checkpointing_kwargs_torch_takes_are_kept():
+    kwargs = {"use_reentrant": False, "determinism_check": "none", "debug": True, "preserve_rng_state": False, "early_stop": False}
+    assert GRPOConfig(gradient_checkpointing=True, gradient_checkpointing_kwargs=kwargs).gradient_checkpointing_kwargs == kwargs

@@ -34,6 +34,61 @@ GENERATION_BACKENDS = ("fastgrpo", "transformers", "vllm")  # generation/build.p
 VLLM_MODES = ("colocate", "server")  # TRL's vllm_mode values
 VLLM_MODEL_IMPLS = ("vllm", "transformers", "auto")  # vLLM's model_impl values
 IMPORTANCE_SAMPLING_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")  # TRL's vllm_importance_sampling_mode values
+# torch.utils.checkpoint's determinism_check values ("currently these are the only two supported values", its docstring).
+DETERMINISM_CHECKS = ("default", "none")
+
+
+def check_checkpointing_kwargs(kwargs: dict | None) -> None:
+    """Refuse gradient_checkpointing_kwargs that torch.utils.checkpoint would misread, or reject only in the first backward.
+
+    The keys are `torch.utils.checkpoint.checkpoint`'s keyword arguments in the installed torch (its
+    keyword-only parameters and `preserve_rng_state`, which it pops from **kwargs); any other key would
+    reach the layer's forward, which ignores it, so a misspelt `use_reentrant` would silently mean its
+    default. The values: a bool where torch's default is one (`debug`, `early_stop`, `preserve_rng_state`;
+    torch reads any other value by its truth, so the string "false" would mean True), a bool or None for
+    `use_reentrant`, a callable `context_fn`, `determinism_check` in DETERMINISM_CHECKS, and torch's own
+    combination rules: `context_fn`/`debug` only non-reentrant, `debug=True` with no `context_fn`.
+    Missing `use_reentrant` means False (what transformers and fastgrpo pass), None is torch's reentrant default.
+
+    Checked whether or not gradient_checkpointing is on (a value set is a value meant), from
+    GRPOConfig.__post_init__ and again by model/checkpointing.enable_gradient_checkpointing. torch is
+    imported only when there is something to check, so an empty config stays fast to build.
+
+    Raises:
+        ValueError: naming the key or value and the fix.
+    """
+    if not kwargs:
+        return
+    import inspect
+
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    parameters = {name: p.default for name, p in inspect.signature(checkpoint).parameters.items() if p.kind is p.KEYWORD_ONLY}
+    parameters["preserve_rng_state"] = True
+    if unknown := sorted(set(kwargs) - set(parameters)):
+        raise ValueError(
+            f"gradient_checkpointing_kwargs has {', '.join(map(repr, unknown))}, which torch.utils.checkpoint does not take; "
+            f"use {', '.join(parameters)} (torch {torch.__version__})."
+        )
+    for name, value in kwargs.items():
+        if name == "use_reentrant":
+            ok, fix = isinstance(value, (bool, type(None))), "use True or False (None: torch's reentrant default)"
+        elif name == "context_fn":
+            ok, fix = callable(value), "give a function returning two context managers (torch.utils.checkpoint's context_fn), from Python"
+        elif name == "determinism_check":
+            ok, fix = value in DETERMINISM_CHECKS, f"use {' or '.join(map(repr, DETERMINISM_CHECKS))}"
+        else:
+            ok, fix = isinstance(value, bool) or not isinstance(parameters[name], bool), "use true or false, not a string or number"
+        if not ok:
+            raise ValueError(f"gradient_checkpointing_kwargs {name}={value!r}: {fix}.")
+    if kwargs.get("use_reentrant", False) is not False and ("context_fn" in kwargs or kwargs.get("debug", False)):
+        raise ValueError(
+            f"gradient_checkpointing_kwargs use_reentrant={kwargs['use_reentrant']!r} with context_fn or debug: torch takes those "
+            "only non-reentrant; set use_reentrant=False (the default here) or remove them."
+        )
+    if kwargs.get("debug", False) and "context_fn" in kwargs:
+        raise ValueError("gradient_checkpointing_kwargs debug=True with a context_fn: torch refuses the pair; remove one of them.")
 
 
 def check_importance_sampling(correction: bool, mode: str, clip_min: float | None, clip_max: float | None) -> None:
@@ -174,6 +229,7 @@ def validate(c) -> None:
     for name in ("save_strategy", "eval_strategy"):
         need(getattr(c, name) in STRATEGIES, f"{name}={getattr(c, name)!r}: use one of {', '.join(STRATEGIES)}.")
     need(c.eval_steps is None or c.eval_steps > 0, f"eval_steps={c.eval_steps}: use a positive number of steps, or None.")
+    check_checkpointing_kwargs(c.gradient_checkpointing_kwargs)
     for tracker in c.report_to:
         need(tracker in TRACKERS, f"report_to={tracker!r}: use 'none' or one of {', '.join(TRACKERS)}.")
 

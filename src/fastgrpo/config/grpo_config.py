@@ -231,7 +231,9 @@ class GRPOConfig:
         if self.epsilon_high is None:
             self.epsilon_high = 5.0 if self.loss_type == "cispo" else self.epsilon
         if isinstance(self.report_to, str):
-            self.report_to = [] if self.report_to in ("none", "") else [self.report_to]
+            self.report_to = [self.report_to]
+        if self.report_to in (["none"], [""]):  # transformers' rule: "none" or ["none"] is no tracker
+            self.report_to = []
         self._resolve_batches()
         validate(self)
         warn_like_trl(self)

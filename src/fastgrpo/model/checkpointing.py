@@ -27,21 +27,16 @@ Not here: which passes switch attention and why (update/logprobs.py, update/grou
 
 from __future__ import annotations
 
-import inspect
 import threading
 import weakref
 from contextlib import contextmanager, nullcontext
 from functools import partial
 
 import torch
-from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
+from ..config.checks import check_checkpointing_kwargs
 from .loading import is_peft_model
-
-# What torch.utils.checkpoint.checkpoint takes by keyword (gradient_checkpointing_kwargs' keys): its keyword-only
-# parameters and `preserve_rng_state`, which it pops from **kwargs; any other key reaches the checkpointed function.
-CHECKPOINT_KEYS = (*(name for name, p in inspect.signature(checkpoint).parameters.items() if p.kind is p.KEYWORD_ONLY), "preserve_rng_state")
 
 # transformers 5.25 renamed gradient checkpointing to activation checkpointing: the old methods and property warn
 # (FutureWarning) and go in v6, so the installed version's own name is called; read once, from the class.
@@ -89,25 +84,15 @@ def enable_gradient_checkpointing(model: torch.nn.Module, kwargs: dict | None = 
             caller's still runs, inside ours; with `debug=True` (which takes no `context_fn`) the layers
             recompute under the model's own attention, as reentrant ones do.
     Raises:
-        ValueError: a key torch.utils.checkpoint does not take (it would reach the layer's forward, which
-            ignores it: a misspelt `use_reentrant` would silently mean its default), or a `use_reentrant`
-            that is not a bool or None.
+        ValueError: kwargs torch.utils.checkpoint would misread or refuse (config/checks.check_checkpointing_kwargs:
+            an unknown key, a value of the wrong kind, a pair torch refuses); GRPOConfig checked them already.
 
     The frozen embedding of an adapted model gives hidden states that need no gradient; reentrant
     checkpointing would then record no graph inside a checkpointed layer and the adapters there would
     get no gradient (what TRL and peft do for the same reason).
     """
+    check_checkpointing_kwargs(kwargs)
     kwargs = {"use_reentrant": False, **(kwargs or {})}
-    if unknown := sorted(set(kwargs) - set(CHECKPOINT_KEYS)):
-        raise ValueError(
-            f"gradient_checkpointing_kwargs has {', '.join(map(repr, unknown))}, which torch.utils.checkpoint does not take; "
-            f"use {', '.join(CHECKPOINT_KEYS)} (torch {torch.__version__})."
-        )
-    if not isinstance(kwargs["use_reentrant"], (bool, type(None))):
-        raise ValueError(
-            f"gradient_checkpointing_kwargs use_reentrant={kwargs['use_reentrant']!r}: use True or False "
-            "(torch reads any other value by its truth, so the string 'false' would mean reentrant)."
-        )
     # torch: None is reentrant (its default).
     as_forward = kwargs["use_reentrant"] is not None and not kwargs["use_reentrant"] and not kwargs.get("debug", False)
     if as_forward:
