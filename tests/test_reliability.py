@@ -179,6 +179,38 @@ def test_a_new_run_refuses_a_folder_holding_another_run(tmp_path, tokenizer, mak
     assert ckpt._run_id(os.path.join(second.args.output_dir, "checkpoint-1")) == second.run_id != first.run_id
 
 
+def test_overwrite_keeps_the_previous_run_until_the_new_one_first_writes(tmp_path, tokenizer, make_model, prompts):
+    # A new run that fails in its first rollout (here its reward function) has nothing to save: the run it would
+    # replace stays whole. One that gets as far as a checkpoint, or only to its end, replaces it.
+    first, _ = train(tmp_path, tokenizer, make_model, prompts, max_steps=2, save_steps=1)
+    out = first.args.output_dir
+    before = sorted(os.listdir(out))
+
+    def broken_reward(completions, **kwargs):
+        raise RuntimeError("reward server down")
+
+    with pytest.raises(RuntimeError, match="reward server down"):
+        train(tmp_path, tokenizer, make_model, prompts, reward=broken_reward, max_steps=1, overwrite_output_dir=True)
+    assert sorted(os.listdir(out)) == before and steps(os.path.join(out, "metrics.jsonl")) == [1, 2]
+    second, _ = train(tmp_path, tokenizer, make_model, prompts, max_steps=1, save_steps=1, logging_steps=5, overwrite_output_dir=True)
+    assert sorted(n for n in os.listdir(out) if n.startswith("checkpoint-")) == ["checkpoint-1"]
+    assert ckpt._run_id(os.path.join(out, "checkpoint-1")) == second.run_id
+    assert steps(os.path.join(out, "metrics.jsonl")) == [1]  # the previous run's lines went before this run's checkpoint
+    third, _ = train(tmp_path, tokenizer, make_model, prompts, max_steps=1, save_strategy="no", logging_steps=5, overwrite_output_dir=True)
+    assert not [n for n in os.listdir(out) if n.startswith("checkpoint-")]  # replaced at the run's end, though it saved nothing
+
+
+def test_a_completion_longer_than_the_models_context_is_refused_before_compute(tmp_path, tokenizer, make_model, prompts):
+    # conftest's model has 512 positions: a completion of 512 tokens leaves no room for a prompt.
+    with pytest.raises(ValueError, match="max_completion_length=512 leaves no room for a prompt in the model's context of 512 tokens"):
+        GRPOTrainer(make_model(), reward_even_tokens, args=config(tmp_path, max_completion_length=512), train_dataset=prompts,
+                    processing_class=tokenizer)
+    assert not os.path.exists(os.path.join(tmp_path, "out", "metrics.jsonl"))
+    with pytest.warns(UserWarning, match="max_prompt_length=500 \\+ max_completion_length=16 exceeds the model's context of 512"):
+        GRPOTrainer(make_model(), reward_even_tokens, args=config(tmp_path, max_prompt_length=500, max_completion_length=16),
+                    train_dataset=prompts, processing_class=tokenizer)
+
+
 def test_pruning_only_touches_this_runs_checkpoints(tmp_path):
     for step, run in [(1, "a"), (2, "a"), (3, "a"), (10, "b")]:
         folder = tmp_path / f"checkpoint-{step}"

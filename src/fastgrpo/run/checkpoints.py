@@ -77,6 +77,9 @@ def save(trainer: Checkpointed, rollout: Rollout, done: int) -> str:
         CheckpointWriteError: see checkpoint.save_checkpoint.
     """
     a = trainer.args
+    if trainer.log is not None:  # the previous run's files go before this run's first checkpoint (runs.PreviousRun)
+        trainer.log.previous_run.remove()
+    trainer.accelerator.wait_for_everyone()
     state = {
         "step": trainer.step, "scheduler": trainer.scheduler.state_dict(),
         "optimizer": None if is_sharded(trainer.model) else trainer.optimizer.state_dict(),  # sharded: with the weights' shards
@@ -101,7 +104,12 @@ def save(trainer: Checkpointed, rollout: Rollout, done: int) -> str:
 
 
 def prune_at_end(trainer: Checkpointed) -> None:
-    """After training with save_total_limit=1: keep the best checkpoint alone (transformers' `Trainer.train` rule)."""
+    """After training with save_total_limit=1: keep the best checkpoint alone (transformers' `Trainer.train` rule).
+
+    A run that wrote nothing (no log, no checkpoint) still replaces the previous run it took over here.
+    """
+    if trainer.log is not None:
+        trainer.log.previous_run.remove()
     if trainer.accelerator.is_main_process:
         ckpt.prune(trainer.args.output_dir, trainer.args.save_total_limit, trainer.run_id, trainer.state.best_model_checkpoint, at_end=True)
 
@@ -139,10 +147,9 @@ def resume(trainer: Checkpointed, resume_from_checkpoint) -> tuple[Rollout | Non
     a, acc = trainer.args, trainer.accelerator
     path, state = ckpt.load_checkpoint(resume_from_checkpoint, a.output_dir, acc, trainer.model, trainer.optimizer)
     if path is None:
-        removed = runs.claim_output_dir(a.output_dir, a.overwrite_output_dir) if acc.is_main_process else []
+        if trainer.log is not None:  # the main process: what it replaces goes at this run's first write (runs.PreviousRun)
+            trainer.log.previous_run = runs.PreviousRun(a.output_dir, runs.claim_output_dir(a.output_dir, a.overwrite_output_dir), trainer.console)
         acc.wait_for_everyone()
-        if removed:
-            trainer.console.print(f"overwrite_output_dir: removed the previous run's {', '.join(removed)} from {a.output_dir}", soft_wrap=True)
         return None, 0
     changed = runs.config_changes(state["config"], a.to_dict())  # refuses a change to the saved state's meaning
     trainer.events.resume(path)

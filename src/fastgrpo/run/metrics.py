@@ -1,9 +1,7 @@
-"""Metric aggregation and output: phase timers, logging windows, metrics.jsonl,
-the completions table and trackers.
+"""Metric aggregation and output: phase timers, logging windows, metrics.jsonl, the completions table and trackers.
 
-Metrics are kept as sums over a logging window (tokens, completions, steps)
-and reduced across processes once per logging step, so every logged mean is
-a true mean over the window, never the last micro-batch's value.
+Metrics are kept as sums over a logging window (tokens, completions, steps) and reduced across processes once
+per logging step, so every logged mean is a true mean over the window, never the last micro-batch's value.
 
 Not here: computing any metric's value (losses.py, trainer.py).
 """
@@ -23,6 +21,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from . import runs
 from ..algo.reductions import EXTREMES
 
 PHASES = ("weight_sync", "generate", "score", "old_logps", "ref_logps", "update")
@@ -121,12 +120,11 @@ class CompletionRows:
 class MetricsLog:
     """Writes metrics.jsonl and completions.jsonl in output_dir, prints a line per log, feeds trackers.
 
-    Only the main process writes; the others call nothing here.
+    Only the main process writes; the others call nothing here. `previous_run`: what a new run replaces, removed before its first write.
     """
 
     def __init__(self, output_dir: str, accelerator, console):
-        self.accelerator = accelerator
-        self.console = console
+        self.accelerator, self.console, self.previous_run = accelerator, console, runs.PreviousRun(output_dir, [], console)
         self.metrics_path = os.path.join(output_dir, "metrics.jsonl")
         self.completions_path = os.path.join(output_dir, "completions.jsonl")
         os.makedirs(output_dir, exist_ok=True)
@@ -161,6 +159,7 @@ class MetricsLog:
 
     def write(self, record: dict) -> None:
         """Append one record, print its key numbers, send it to trackers."""
+        self.previous_run.remove()
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(record) + "\n")
         keys = ("loss", "reward", "reward_std", "kl_old", "clip_ratio/region_mean", "completions/mean_length", "grad_norm", "learning_rate",
@@ -171,6 +170,7 @@ class MetricsLog:
 
     def completions(self, step: int, rollout, reward_names: list[str], num_to_print: int | None) -> None:
         """Every completion of `rollout` (a Rollout or its CompletionRows) to completions.jsonl; a table of the first few to the console."""
+        self.previous_run.remove()
         with open(self.completions_path, "a") as f:
             for i in range(len(rollout)):
                 f.write(

@@ -2,7 +2,8 @@
 
 - `check_output_dir`: the folder can be created and written (not a file, not read-only).
 - `claim_output_dir`: a new run refuses a folder that holds another run's
-  checkpoints or logs, unless `overwrite_output_dir` (TRL's field), which removes them.
+  checkpoints or logs, unless `overwrite_output_dir` (TRL's field), which removes them
+  (`remove_run_files`) once the new run first writes.
 - `config_changes`: resuming with a changed config; fields that give saved
   state its meaning (`STATE_FIELDS`: batch shapes, G, μ, lengths, loss) are
   refused, the rest are applied and listed in one notice.
@@ -50,10 +51,13 @@ def check_output_dir(output_dir: str) -> None:
 
 
 def claim_output_dir(output_dir: str, overwrite: bool) -> list[str]:
-    """Make `output_dir` this new run's own: refuse another run's files there, or remove them when `overwrite`.
+    """Make `output_dir` this new run's own: refuse another run's files there, or, when `overwrite`, name them for removal.
+
+    Nothing is removed here: the caller removes them (`remove_run_files`) when this run first writes
+    (`PreviousRun`), so a run that fails before it has anything to save leaves the previous one whole.
 
     Returns:
-        The names removed (for one notice); [] when the folder held no run.
+        The previous run's checkpoint folders and logs, by name within output_dir; [] when the folder held no run.
     Raises:
         ValueError: the folder holds checkpoints or logs and `overwrite` is False,
             naming them and the three ways on.
@@ -64,10 +68,33 @@ def claim_output_dir(output_dir: str, overwrite: bool) -> list[str]:
             f"output_dir {output_dir!r} already holds a run ({', '.join(found)}); resume it with resume_from_checkpoint=True "
             "(fastgrpo train --resume), choose another output_dir, or set overwrite_output_dir=True to replace it."
         )
-    for name in found:
-        path = os.path.join(output_dir, name)
-        shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
     return found
+
+
+def remove_run_files(output_dir: str, names: list[str]) -> None:
+    """Remove `names` (claim_output_dir's list) from `output_dir`; one already gone is skipped."""
+    for name in names:
+        path = os.path.join(output_dir, name)
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        elif os.path.exists(path):
+            os.remove(path)
+
+
+class PreviousRun:
+    """The previous run's files a new run under overwrite_output_dir replaces (`claim_output_dir`'s list), removed at the new
+    run's first write (its first log line, checkpoint, or its end), not before: a run that fails in its first rollout or
+    step (a reward function's error, out of memory) has nothing to save, and loses nothing already saved."""
+
+    def __init__(self, output_dir: str, names: list[str], console):
+        self.output_dir, self.names, self.console = output_dir, list(names), console
+
+    def remove(self) -> None:
+        """Remove the files (once; later calls do nothing), with a one-line notice. Called before every write to output_dir."""
+        if self.names:
+            remove_run_files(self.output_dir, self.names)
+            self.console.print(f"overwrite_output_dir: removed the previous run's {', '.join(self.names)} from {self.output_dir}", soft_wrap=True)
+            self.names = []
 
 
 def config_changes(saved: dict, current: dict) -> list[tuple[str, object, object]]:

@@ -6,7 +6,7 @@
   checks the world size and seeds each process; on a CPU, freed memory stays in
   glibc's heap from step to step (allocator.py).
 - `load_policy`: the tokenizer and model (loaded once on the main process
-  first), adapters, dropout off, gradient checkpointing, π_ref, the EOS ids and
+  first; `check_context_length` then refuses completions the model cannot hold), adapters, dropout off, gradient checkpointing, π_ref, the EOS ids and
   the router's load-balancing loss (model/experts.py);
   under FSDP the sampler's whole copy, then the policy and π_ref sharded (sharding.py).
 - `prepare`: the policy and optimizer through `accelerator.prepare` (an FSDP-sharded
@@ -37,7 +37,8 @@ from ..model.launch import cpu_launch_error, cpu_only
 from ..generation.weight_copy import GatheredCopy
 from ..model.sharding import broadcast_weights, fsdp_requested, is_sharded, shard
 from ..model.checkpointing import enable_gradient_checkpointing
-from ..model.loading import disable_dropout, is_peft_model, load_model, load_tokenizer, prepare_adapters, prepare_tokenizer, reference_model
+from ..model.loading import (decoder_of, disable_dropout, is_peft_model, load_model, load_tokenizer, prepare_adapters,
+                             prepare_tokenizer, reference_model)
 from ..model.experts import RouterAuxLoss
 from ..model.optimizers import build_optimizer
 from ..model.precision import resolve_bf16
@@ -103,7 +104,8 @@ def load_policy(model, processing_class, peft_config, args: GRPOConfig, accelera
     Warns:
         UserWarning: model_init_kwargs set for an already built model (ignored, as TRL warns).
     Raises:
-        ValueError: see models.load_tokenizer, models.resolve_model_path and models.prepare_adapters; a
+        ValueError: see models.load_tokenizer, models.resolve_model_path, models.prepare_adapters and
+            `check_context_length` (a max_completion_length the model's context cannot hold); a
             router_aux_loss_coef for a model without router logits (experts.RouterAuxLoss).
     """
     a = args
@@ -113,6 +115,7 @@ def load_policy(model, processing_class, peft_config, args: GRPOConfig, accelera
     with accelerator.main_process_first():  # a built-in model's first load converts it, once
         tokenizer = prepare_tokenizer(processing_class) if processing_class is not None else load_tokenizer(name)
         policy = load_model(model, a.model_init_kwargs)
+    check_context_length(decoder_of(policy).config, a.max_prompt_length, a.max_completion_length)
     # Adapters given (maybe trained) with beta > 0: π_ref = a frozen copy of them; fresh ones: adapters disabled.
     policy = prepare_adapters(policy, peft_config, reference_copy=is_peft_model(model) and a.beta > 0)
     if a.disable_dropout:  # after the adapters: their dropout too
@@ -139,6 +142,35 @@ def load_policy(model, processing_class, peft_config, args: GRPOConfig, accelera
     eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
     router = RouterAuxLoss.from_config(a.router_aux_loss_coef, policy.config)
     return Policy(tokenizer, policy, ref_model, sorted(eos | {tokenizer.eos_token_id}), sampler_copy, router)
+
+
+def check_context_length(config, max_prompt_length: int | None, max_completion_length: int) -> None:
+    """Refuse completions longer than the model's context, before any compute; warn when a prompt and its completion may not fit.
+
+    Args:
+        config: the model's config; its `max_position_embeddings` (the positions it was trained on) is the
+            limit, and a config without one is not checked.
+        max_prompt_length, max_completion_length: GRPOConfig's, in tokens (None: prompts are not cut).
+    Warns:
+        UserWarning: max_prompt_length + max_completion_length exceeds the context: the longest rows would
+            run past the positions the model was trained on (transformers' generate warns the same).
+    Raises:
+        ValueError: max_completion_length alone reaches the context (no room for a prompt): the samplers'
+            KV caches are sized by it, so it would run out of memory or decode past the trained positions.
+    """
+    longest = getattr(config, "max_position_embeddings", None)
+    if not isinstance(longest, int):
+        return
+    if max_completion_length >= longest:
+        raise ValueError(
+            f"max_completion_length={max_completion_length} leaves no room for a prompt in the model's context of {longest} tokens "
+            f"(config.max_position_embeddings); use at most {longest} minus your longest prompt, e.g. {min(longest // 2, 1024)}."
+        )
+    if max_prompt_length is not None and max_prompt_length + max_completion_length > longest:
+        warnings.warn(
+            f"max_prompt_length={max_prompt_length} + max_completion_length={max_completion_length} exceeds the model's context of "
+            f"{longest} tokens: the longest prompts' completions would run past the positions it was trained on.", stacklevel=3,
+        )
 
 
 def prepare(accelerator: Accelerator, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
