@@ -44,10 +44,10 @@ Definitions (docs/benchmarks.md repeats them):
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
-import sys
 
 ROLLING = 3  # rollouts (48 completions at the seed configuration)
 PHASES = ("generation", "logps", "update", "other")
@@ -299,10 +299,31 @@ def plots(case: dict, prefix: str) -> list[str]:
     return [os.path.basename(reward_png), os.path.basename(phases_png)]
 
 
-def render(path: str) -> None:
-    """Recompute the summary, table and plots of a case file in place."""
-    with open(path) as f:
-        case = json.load(f)
+def load_case(path: str) -> dict:
+    """Read a case file written by run.py (a .json object with its "case", "description" and "runs").
+
+    Raises:
+        ValueError: the path is not a .json file, does not exist, is not JSON, or lacks one of those keys,
+            naming the path and what to give instead.
+    """
+    if not path.endswith(".json"):
+        raise ValueError(f"{path}: give a case file ending in .json, as run.py writes them (benchmarks/results/<date>-<case>.json)")
+    try:
+        with open(path) as f:
+            case = json.load(f)
+    except OSError as err:
+        raise ValueError(f"{path}: cannot be read ({err.strerror}); give a case file run.py wrote") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not JSON ({err}); give a case file run.py wrote") from None
+    missing = [k for k in ("case", "description", "runs") if not isinstance(case, dict) or k not in case]
+    if missing or not isinstance(case["runs"], list):
+        raise ValueError(f"{path} is not a case file run.py wrote: it has no {', '.join(missing) or 'list of runs'}")
+    return case
+
+
+def render(path: str, case: dict | None = None) -> None:
+    """Recompute the summary, table and plots of a case file in place (`case`: its contents, already read by `load_case`)."""
+    case = load_case(path) if case is None else case
     case["summary"] = summarize(case["runs"])
     prefix = path[: -len(".json")]
     case["plots"] = plots(case, prefix)
@@ -313,6 +334,20 @@ def render(path: str) -> None:
         f.write(f"## {case['case']}\n\n{case['description']}\n\n{case['table']}")
 
 
+def main(argv: list[str] | None = None) -> None:
+    """Re-render case files; every one is read and checked before any is rewritten."""
+    parser = argparse.ArgumentParser(description="Recompute the summary, Markdown table and plots of run.py's case files, in place.")
+    parser.add_argument("paths", nargs="+", metavar="CASE.json", help="case files run.py wrote (benchmarks/results/<date>-<case>.json)")
+    args = parser.parse_args(argv)
+    cases = {}
+    for path in args.paths:
+        try:
+            cases[path] = load_case(path)
+        except ValueError as err:
+            parser.error(str(err))
+    for path, case in cases.items():
+        render(path, case)
+
+
 if __name__ == "__main__":
-    for p in sys.argv[1:]:
-        render(p)
+    main()

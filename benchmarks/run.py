@@ -10,7 +10,9 @@ same reward function. Runs alternate fastgrpo, TRL, fastgrpo, TRL …, each in
 its own process (worker.py), so drift on a shared machine hits both; the
 figures are medians and per-pair ratios (report.py). Results:
 `<out>/<date>-<case>.json` (every raw run + summary), `.md` (table), `-reward.png`
-and `-phases.png`.
+and `-phases.png`; while a case runs, its runs so far are in `<date>-<case>.json.partial`, so a
+failed run leaves an earlier complete result of the same name as it was. Every argument is
+checked before the first run.
 
 Not here: the measurements (worker.py) and the figures (report.py).
 """
@@ -204,6 +206,7 @@ def run_case(name: str, case: dict, out_dir: str, date: str, threads: int, steps
     }
     base["steps_per_generation"] = base["gradient_accumulation_steps"]  # generation_batch_size default: one step's worth
     record = {"case": name, "description": case["description"], "date": date, "versions": versions(), "config": base, "runs": []}
+    partial = path + ".partial"  # the runs so far: an earlier complete result at `path` stays until this case completes
     pair_count = pairs or case["pairs"]
     log(f"case {name}: {case['model']}, μ {case['mus']}, {pair_count} pair(s)")
     for _ in range(pair_count):
@@ -216,26 +219,59 @@ def run_case(name: str, case: dict, out_dir: str, date: str, threads: int, steps
                 extra = {"lora": None} if full else {"bf16": True} if system == "fastgrpo-bf16" else {}
                 extra = case.get("extras", {}).get(system, extra)
                 record["runs"].append(run_one({**spec, "system": system, **extra}, log))
-                with open(path, "w") as f:  # keep what is done if a later run fails
+                with open(partial, "w") as f:  # keep what is done if a later run fails
                     json.dump(record, f)
+    os.replace(partial, path)
     report.render(path)
     return path
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer ≥ 1 (0 would silently mean the case's default, a negative count nothing)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; give 1 or more") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: give 1 or more")
+    return value
+
+
+def check_args(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> list[str]:
+    """Every argument checked before the first run (a suite runs for hours); → the case names. Exits via parser.error."""
+    names = [n.strip() for n in ns.cases.split(",")]
+    if unknown := [n for n in names if n not in CASES]:
+        parser.error(f"--cases: unknown {', '.join(map(repr, unknown))}; choose from {', '.join(CASES)}")
+    if ns.mus is not None:
+        try:
+            ns.mus = [positive_int(m) for m in ns.mus.split(",")]
+        except argparse.ArgumentTypeError as err:
+            parser.error(f"--mus {ns.mus!r}: {err} for each μ, comma-separated (e.g. 1,4)")
+    if not ns.date or not all(c.isalnum() or c in "-_." for c in ns.date):
+        parser.error(f"--date {ns.date!r}: results are named <date>-<case>.json; use letters, digits, '-', '_' or '.'")
+    try:
+        os.makedirs(ns.out, exist_ok=True)
+        with tempfile.TemporaryFile(dir=ns.out):
+            pass
+    except OSError as err:
+        parser.error(f"--out {ns.out!r}: not a writable folder ({err.strerror or err})")
+    return names
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", default=",".join(DEFAULT_SUITE), help=f"comma-separated, from {', '.join(CASES)}")
-    parser.add_argument("--steps", type=int, help="optimizer steps per run (default: each case's)")
-    parser.add_argument("--pairs", type=int, help="fastgrpo/TRL pairs per μ (default: each case's)")
+    parser.add_argument("--steps", type=positive_int, help="optimizer steps per run (default: each case's)")
+    parser.add_argument("--pairs", type=positive_int, help="fastgrpo/TRL pairs per μ (default: each case's)")
     parser.add_argument("--mus", help="comma-separated μ values (default: each case's)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per run (and for the matmul peak)")
+    parser.add_argument("--threads", type=positive_int, default=1, help="torch threads per run (and for the matmul peak)")
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
-    parser.add_argument("--date", default=datetime.date.today().isoformat())
+    parser.add_argument("--date", default=datetime.date.today().isoformat(), help="the results' name prefix (default: today)")
     ns = parser.parse_args(argv)
-    os.makedirs(ns.out, exist_ok=True)
+    names = check_args(parser, ns)
     log = lambda msg: print(msg, flush=True)  # noqa: E731
-    for name in ns.cases.split(","):
-        case = {**CASES[name], **({"mus": [int(m) for m in ns.mus.split(",")]} if ns.mus else {})}
+    for name in names:
+        case = {**CASES[name], **({"mus": ns.mus} if ns.mus else {})}
         path = run_case(name, case, ns.out, ns.date, ns.threads, ns.steps, ns.pairs, log)
         with open(path[: -len(".json")] + ".md") as f:
             log(f.read())

@@ -40,7 +40,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from run import run_worker  # noqa: E402
+from run import positive_int, run_worker  # noqa: E402
 
 ROLLING = 3  # rollouts: 48 completions on the built-in job
 ROLLING_COMPLETIONS = 48  # the "dapo" suite's window: sampling rounds differ in size
@@ -271,9 +271,30 @@ def plot(record: dict, path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def load_record(path: str) -> dict:
+    """Read a results file this script wrote (a .json object with its suite, target, budget, seeds and runs).
+
+    Raises:
+        ValueError: not a .json file, unreadable, not JSON, or missing one of those keys; naming the path.
+    """
+    if not path.endswith(".json"):
+        raise ValueError(f"{path}: give a results file ending in .json (<out>/<date>-ttr-<suite>.json)")
+    try:
+        with open(path) as f:
+            record = json.load(f)
+    except OSError as err:
+        raise ValueError(f"{path}: cannot be read ({err.strerror}); give a results file this script wrote") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not JSON ({err}); give a results file this script wrote") from None
+    missing = [k for k in ("suite", "task", "target", "budget", "seeds", "runs") if not isinstance(record, dict) or k not in record]
+    if missing:
+        raise ValueError(f"{path} is not a time-to-reward results file: it has no {', '.join(missing)}")
+    return record
+
+
 def render(path: str) -> str:
-    with open(path) as f:
-        record = json.load(f)
+    """Write the Markdown tables and the plot of a results file next to it; → the tables."""
+    record = load_record(path)
     table = markdown(record) + phase_markdown(record)
     with open(path[: -len(".json")] + ".md", "w") as f:
         f.write(table)
@@ -286,30 +307,28 @@ def main(argv=None) -> int:
     parser.add_argument("--suite", default="builtin", choices=sorted(SUITES))
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (data and training)")
     parser.add_argument("--settings", help="comma-separated setting names to run (default: the suite's)")
-    parser.add_argument("--budget", type=float, help="wall-clock seconds per run (default: the suite's)")
-    parser.add_argument("--threads", type=int, help="torch threads per run (default: the suite's, else 2)")
+    parser.add_argument("--budget", type=positive_seconds, help="wall-clock seconds per run (default: the suite's)")
+    parser.add_argument("--threads", type=positive_int, help="torch threads per run (default: the suite's, else 2)")
     parser.add_argument("--model", default="smollm2-135m-instruct", help="built-in name or local folder")
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     parser.add_argument("--report", help="re-render tables and plots of a results JSON, run nothing")
     parser.add_argument("--append", action="store_true", help="add these runs to today's results file of the suite (one seed per call)")
     ns = parser.parse_args(argv)
     if ns.report:
-        print(render(ns.report))
+        try:
+            print(render(ns.report))
+        except ValueError as err:
+            parser.error(f"--report: {err}")
         return 0
     from ttr_worker import job_config
 
     suite = SUITES[ns.suite]
     ns.threads = ns.threads or suite.get("threads", 2)
-    wanted = set(ns.settings.split(",")) if ns.settings else None
-    settings = [s for s in suite["settings"] if wanted is None or s[0] in wanted]
-    seeds = [int(s) for s in ns.seeds.split(",")]
-    os.makedirs(ns.out, exist_ok=True)
-    path = os.path.join(ns.out, f"{datetime.date.today().isoformat()}-ttr-{ns.suite}.json")
+    settings, seeds, path = check_args(parser, ns, suite)
     record = {"suite": ns.suite, "task": suite["task"], "target": suite["target"], "budget": ns.budget or suite["budget"],
               "seeds": seeds, "threads": ns.threads, "job": job_config(), "command": " ".join(["python", *sys.argv]), "runs": []}
     if ns.append and os.path.exists(path):
-        with open(path) as f:
-            earlier = json.load(f)
+        earlier = load_record(path)
         record["runs"], record["seeds"] = earlier["runs"], sorted(set(earlier["seeds"]) | set(seeds))
     log = lambda msg: print(msg, flush=True)  # noqa: E731
     server = None
@@ -329,18 +348,55 @@ def main(argv=None) -> int:
     return 0
 
 
-def run_all(record: dict, settings: list, seeds: list[int], ns, suite: dict, path: str, log) -> None:
-    """Every setting once per seed, seed by seed; the record saved after each run."""
+def positive_seconds(text: str) -> float:
+    """argparse type: a finite number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{value}: give a positive number of seconds, e.g. 120")
+    return value
+
+
+def check_args(parser: argparse.ArgumentParser, ns, suite: dict) -> tuple[list, list[int], str]:
+    """Every argument checked before the first run; → (the settings to run, the seeds, the results path). Exits via parser.error."""
     from fastgrpo.model.loading import resolve_model_path
 
+    names = [s[0] for s in suite["settings"]]
+    wanted = [w.strip() for w in ns.settings.split(",")] if ns.settings else names
+    if unknown := [w for w in wanted if w not in names]:
+        parser.error(f"--settings: suite {ns.suite!r} has no {', '.join(map(repr, unknown))}; its settings are {', '.join(map(repr, names))}")
+    try:
+        seeds = [int(s) for s in ns.seeds.split(",")]
+    except ValueError:
+        parser.error(f"--seeds {ns.seeds!r}: give whole numbers, comma-separated (e.g. 0,1,2)")
+    if not seeds or min(seeds) < 0:
+        parser.error(f"--seeds {ns.seeds!r}: give seeds ≥ 0, comma-separated (e.g. 0,1,2)")
+    try:
+        ns.model = resolve_model_path(ns.model)
+    except ValueError as err:
+        parser.error(f"--model: {err}")
+    try:
+        os.makedirs(ns.out, exist_ok=True)
+    except OSError as err:
+        parser.error(f"--out {ns.out!r}: not a folder that can be created ({err.strerror or err})")
+    path = os.path.join(ns.out, f"{datetime.date.today().isoformat()}-ttr-{ns.suite}.json")
+    return [s for s in suite["settings"] if s[0] in wanted], seeds, path
+
+
+def run_all(record: dict, settings: list, seeds: list[int], ns, suite: dict, path: str, log) -> None:
+    """Every setting once per seed, seed by seed; the record saved after each run to `path`.partial, which replaces
+    `path` only once all runs are done: a failed run leaves an earlier complete results file as it was."""
     for seed in seeds:
         for name, system, overrides in settings:
             spec = {"name": name, "system": system, "overrides": overrides, "seed": seed, "task": suite["task"],
                     "budget_seconds": record["budget"], "job": record["job"], "threads": ns.threads, "dataset_size": 400,
-                    "model_path": resolve_model_path(ns.model), "rolling_completions": suite.get("rolling_completions")}
+                    "model_path": ns.model, "rolling_completions": suite.get("rolling_completions")}
             record["runs"].append(run_one(spec, log))
-            with open(path, "w") as f:  # keep what is done if a later run fails
+            with open(path + ".partial", "w") as f:  # keep what is done if a later run fails
                 json.dump(record, f)
+    os.replace(path + ".partial", path)
 
 
 if __name__ == "__main__":
