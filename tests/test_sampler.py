@@ -154,3 +154,17 @@ def test_peft_adapter_is_sampled_from(tokenizer, make_model):
     assert torch.equal(adapted, TransformersGenerator(model, greedy).sample(ids, mask, 2).completion_ids)
     with model.disable_adapter():  # the adapter changes the tokens, so equality above used it
         assert not torch.equal(adapted, generate.sample(ids, mask, 2).completion_ids)
+
+
+def test_a_kv_cache_larger_than_the_machines_memory_is_refused_before_it_is_allocated(tokenizer, make_model):
+    # conftest's model: 2 layers, 2 KV heads of 16 dims, fp32 → keys + values take 2·2·2·16·4 = 512 bytes per row and
+    # column, plus 1 for the mask. G is chosen so the cache needs twice this machine's total memory: allocating
+    # it would get the process killed; the sampler says so first.
+    import psutil
+
+    model = make_model().eval()
+    ids, mask = left_padded(tokenizer, ["Count to 3."])
+    L = ids.shape[1] + T
+    G = 2 * psutil.virtual_memory().total // (513 * L) + 1
+    with pytest.raises(ValueError, match=rf"sampling {G} completions of up to {L} tokens .* needs a KV cache of [0-9.]+ GiB, more than"):
+        Sampler(model, settings(tokenizer)).sample(ids, mask, G)

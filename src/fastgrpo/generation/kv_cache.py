@@ -9,6 +9,9 @@ Not here: the decode loops (sampler.py, cached_turns.py), each step's draw (draw
 
 from __future__ import annotations
 
+import math
+
+import psutil
 import torch
 import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
@@ -25,12 +28,25 @@ class KVCache:
     """
 
     def __init__(self, lm: torch.nn.Module, N: int, L: int, device: torch.device):
+        """Allocate the cache for N rows of L columns, in the weights' dtype.
+
+        Raises:
+            ValueError: on a CPU, the cache would need more bytes than the machine has available now
+                (psutil's `available`): allocating it would have the process killed for memory mid-rollout.
+        """
         self.lm = lm
         config = lm.config
         heads = config.num_key_value_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         dtype = lm.lm_head.weight.dtype  # the weights' own: a bf16 copy keeps a bf16 cache
         shape = (N, heads, L, head_dim)
+        need = 2 * len(lm.model.layers) * math.prod(shape) * dtype.itemsize + N * L  # keys, values, `valid`
+        if torch.device(device).type == "cpu" and need > (free := psutil.virtual_memory().available):
+            raise ValueError(
+                f"sampling {N} completions of up to {L} tokens (prompt + max_completion_length) at once needs a KV cache of "
+                f"{need / 2**30:.1f} GiB, more than the {free / 2**30:.1f} GiB this machine has free; lower the prompts per rollout "
+                "(per_device_train_batch_size × steps_per_generation ÷ num_generations), num_generations or max_completion_length."
+            )
         self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in lm.model.layers]
         self.values = [torch.empty(shape, dtype=dtype, device=device) for _ in lm.model.layers]
         self.valid = torch.ones(N, L, dtype=torch.bool, device=device)
