@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import sys
 import time
 
 import torch
@@ -32,12 +34,23 @@ from fastgrpo.generation.contract import SamplingSettings
 from fastgrpo.model.loading import load_model, load_tokenizer
 from fastgrpo.generation.sampler import Sampler
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from run import positive_int, writable_folder  # noqa: E402
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--pairs", type=int, default=3)
-    parser.add_argument("--out", default=None)
-    args = parser.parse_args()
+
+def json_path(text: str) -> str:
+    """argparse type: a .json file in a folder that can be written (created if missing), checked before the first rollout."""
+    if not text.endswith(".json"):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a .json file (e.g. benchmarks/results/<date>-agent-turns.json)")
+    writable_folder(os.path.dirname(text) or ".")
+    return text
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pairs", type=positive_int, default=3)
+    parser.add_argument("--out", type=json_path, help="write the runs and medians to this .json file")
+    args = parser.parse_args(argv)
     torch.set_num_threads(2)
     tokenizer, _ = prepare_tool_tokenizer(load_tokenizer("smollm2-135m-instruct"))
     model = load_model("smollm2-135m-instruct").eval()

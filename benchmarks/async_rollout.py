@@ -13,13 +13,15 @@ within each round.
 Seconds per trained rollout: the wall-clock between the end of the first rollout's last step and the end of the
 run's last step (a callback stamps each `on_step_end`), over the rollouts in between: start-up and vLLM's first
 compiles stay out. Phase seconds per rollout (the synchronous runs' `seconds/*`) feed the paper estimate in
-docs/benchmarks.md. Writes benchmarks/results/<date>-async-rollout.{json,md}.
+docs/benchmarks.md. Writes benchmarks/results/<date>-async-rollout.{json,md}. Every argument is checked before
+the server starts.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import os
 import signal
@@ -31,6 +33,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from run import positive_int, writable_folder  # noqa: E402
 from vllm_rollout import free_port, start_server  # noqa: E402
 
 SYSTEMS = {"synchronous": None, "max_staleness=1": 1, "max_staleness=2": 2, "max_staleness=4": 4}
@@ -90,13 +93,17 @@ def one_run(url: str, max_staleness: int | None, steps: int, seed: int) -> dict:
             "reward": statistics.mean(r["reward"] for r in records if "reward" in r)}
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=10, help="optimizer steps per run (2 per rollout)")
-    parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    parser.add_argument("--rounds", type=positive_int, default=2)
+    parser.add_argument("--steps", type=int, default=10, help="optimizer steps per run, 4 or more (2 per rollout)")
+    parser.add_argument("--out", type=writable_folder, default=os.path.join(HERE, "results"))
     parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
-    ns = parser.parse_args()
+    ns = parser.parse_args(argv)
+    if ns.steps < 4:
+        parser.error(f"--steps {ns.steps}: give 4 or more (2 steps per rollout; the time per rollout is measured from the end of the first to the last)")
+    if importlib.util.find_spec("vllm") is None:
+        parser.error("vLLM is not installed (make vllm): fastgrpo vllm-serve cannot start")
     if ns.worker:
         with open(ns.worker[0]) as f:
             result = worker(json.load(f))
@@ -128,7 +135,6 @@ def main() -> None:
     for name, m in med.items():
         lines.append(f"| {name} | {m['per_rollout']:.2f} | {m['per_rollout'] / base:.2f} | {m['generate']:.2f} | {m['update']:.2f} | "
                      f"{m['weight_sync']:.2f} | {m['old_logps'] + m['ref_logps']:.2f} | {m['staleness_mean']:.2f} | {m['reward']:.3f} |")
-    os.makedirs(ns.out, exist_ok=True)
     stem = os.path.join(ns.out, f"{datetime.date.today().isoformat()}-async-rollout")
     with open(stem + ".json", "w") as f:
         json.dump({"runs": runs, "medians": med, "cpu": caps.get("cpu_name")}, f, indent=1)

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import sys
 import time
 from types import SimpleNamespace
 
@@ -34,6 +36,9 @@ from fastgrpo.update.grouped_attention import grouped_attention
 from fastgrpo.update import packing
 from fastgrpo.update.grouped_attention import use_layout
 from fastgrpo.update.packing import pack
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from run import positive_int  # noqa: E402
 
 HEADS, KV_HEADS, DIM, PROMPT, COMPLETION = 9, 3, 64, 45, 64
 
@@ -65,10 +70,10 @@ def timed(fn, repeats: int = 6) -> float:
     return 1e3 * statistics.median(seconds)
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args()
+    parser.add_argument("--threads", type=positive_int, default=1)
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     module = SimpleNamespace(num_key_value_groups=HEADS // KV_HEADS, is_causal=True)
     for groups in (1, 2, 4, 8):

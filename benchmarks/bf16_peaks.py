@@ -17,6 +17,7 @@ import argparse
 import datetime
 import json
 import os
+import sys
 import time
 
 import torch
@@ -24,6 +25,9 @@ import torch
 from fastgrpo.model.precision import resolve_bf16
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from run import positive_int, writable_folder  # noqa: E402
+
 SHAPES = [(2048, 2048, 2048), (256, 576, 1536), (512, 1536, 576), (256, 576, 49152), (16, 576, 1536), (16, 576, 49152)]
 
 
@@ -40,11 +44,11 @@ def _seconds(fn) -> float:
     return time.perf_counter() - start
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", default=os.path.join(HERE, "results"))
-    args = parser.parse_args()
+    parser.add_argument("--threads", type=positive_int, default=1)
+    parser.add_argument("--out", type=writable_folder, default=os.path.join(HERE, "results"))
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     caps = torch.cpu.get_capabilities()
     rows = []
@@ -56,7 +60,6 @@ def main() -> None:
     date = datetime.date.today().isoformat()
     result = {"date": date, "threads": args.threads, "torch": torch.__version__, "cpu": caps.get("cpu_name"),
               "bf16_units": {k: bool(caps.get(k)) for k in ("amx_bf16", "avx512_bf16")}, "decision": decision._asdict(), "rows": rows}
-    os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"{date}-bf16-peaks.json"), "w") as f:
         json.dump(result, f, indent=1)
     lines = [f"# fp32 vs bf16 products, {date} ({result['cpu']}, {args.threads} thread(s), torch {torch.__version__})", "",

@@ -91,11 +91,32 @@ def run(out: str, name: str, steps: int) -> None:
             json.dump(result, f, indent=1)
 
 
-def report(out: str) -> str:
-    """A markdown table from OUT/ddp.json and OUT/fsdp.json."""
+def load_runs(out: str) -> dict:
+    """OUT/ddp.json and OUT/fsdp.json, as `run` writes them.
+
+    Raises:
+        ValueError: one is missing, not JSON or not a run's file; naming it and the command that writes it.
+    """
+    runs = {}
+    for name in ("ddp", "fsdp"):
+        path = os.path.join(out, f"{name}.json")
+        try:
+            with open(path) as f:
+                runs[name] = json.load(f)
+        except OSError as err:
+            raise ValueError(f"{path}: cannot be read ({err.strerror}); write it first with torchrun ... benchmarks/fsdp.py {out} {name}") from None
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path} is not JSON ({err}); write it again with torchrun ... benchmarks/fsdp.py {out} {name}") from None
+        missing = [k for k in ("processes", "seconds_per_step", "gather_seconds", "sampler_copy_mib") if not isinstance(runs[name], dict) or k not in runs[name]]
+        if missing or not runs[name]["seconds_per_step"]:
+            raise ValueError(f"{path} is not a run's file with step times: it has no {', '.join(missing) or 'seconds_per_step'}")
+    return runs
+
+
+def report(runs: dict) -> str:
+    """A markdown table from the runs `load_runs` read."""
     import statistics
 
-    runs = {name: json.load(open(os.path.join(out, f"{name}.json"))) for name in ("ddp", "fsdp")}
     lines = ["| | DDP | FSDP2 | FSDP2 / DDP |", "| --- | --- | --- | --- |"]
 
     def row(label, values):
@@ -115,14 +136,28 @@ def report(out: str) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("out")
-    parser.add_argument("name", nargs="?", choices=("ddp", "fsdp"))
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--report", action="store_true")
-    cli = parser.parse_args()
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("out", metavar="OUT", help="the folder of the runs' <name>.json")
+    parser.add_argument("name", nargs="?", choices=("ddp", "fsdp"), help="the run to make (not with --report)")
+    parser.add_argument("--steps", type=int, default=4, help="optimizer steps, 2 or more (seconds per step are between step ends)")
+    parser.add_argument("--report", action="store_true", help="print the table from OUT/ddp.json and OUT/fsdp.json, run nothing")
+    cli = parser.parse_args(argv)
     if cli.report:
-        print(report(cli.out))
-    else:
-        run(cli.out, cli.name, cli.steps)
+        if cli.name:
+            parser.error(f"--report runs nothing: drop {cli.name!r}")
+        try:
+            runs = load_runs(cli.out)
+        except ValueError as err:
+            parser.error(f"--report: {err}")
+        print(report(runs))
+        return
+    if cli.name is None:
+        parser.error("give the run's name after OUT (ddp or fsdp), or --report")
+    if cli.steps < 2:
+        parser.error(f"--steps {cli.steps}: give 2 or more (seconds per step are measured between step ends)")
+    run(cli.out, cli.name, cli.steps)
+
+
+if __name__ == "__main__":
+    main()

@@ -35,10 +35,16 @@ import types
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+from run import positive_int  # noqa: E402
 
 
 def baseline_head(revision: str):
-    """`ChunkedHead` as it was at `revision` (its module's source, run in a fresh namespace)."""
+    """`ChunkedHead` as it was at `revision` (its module's source, run in a fresh namespace).
+
+    Raises:
+        ValueError: no `ChunkedHead` in either module at `revision` (or no such revision).
+    """
     for path in ("src/fastgrpo/update/chunked_head.py", "src/fastgrpo/update/logprobs.py"):
         done = subprocess.run(["git", "-C", ROOT, "show", f"{revision}:{path}"], capture_output=True, text=True)
         if done.returncode == 0 and "class ChunkedHead" in done.stdout:
@@ -50,7 +56,7 @@ def baseline_head(revision: str):
             sys.modules[module.__name__] = module  # dataclasses look their module up
             exec(compile(source, f.name, "exec"), module.__dict__)
             return module.ChunkedHead
-    raise SystemExit(f"--baseline {revision}: no ChunkedHead in update/chunked_head.py or update/logprobs.py at that revision")
+    raise ValueError(f"--baseline {revision}: no ChunkedHead in update/chunked_head.py or update/logprobs.py at that revision")
 
 
 def run_once(head, inputs, bf16: bool, beta: bool, trained=None):
@@ -65,22 +71,26 @@ def run_once(head, inputs, bf16: bool, beta: bool, trained=None):
     return time.perf_counter() - start, (logps.detach(), hidden.grad.clone(), weight.grad.clone())
 
 
-def main() -> None:
+def main(argv=None) -> None:
     from fastgrpo.run.allocator import keep_freed_memory
     from fastgrpo.update.chunked_head import ChunkedHead, Scratch
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--baseline", required=True, help="git revision of the other side")
-    parser.add_argument("--tokens", type=int, default=220)
-    parser.add_argument("--pairs", type=int, default=6)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--tokens", type=positive_int, default=220)
+    parser.add_argument("--pairs", type=positive_int, default=6)
+    parser.add_argument("--threads", type=positive_int, default=1)
     parser.add_argument("--bf16", choices=("true", "false"), default="true")
     parser.add_argument("--beta", action="store_true", help="with π_ref (the exact KL's second head)")
     parser.add_argument("--as-trained", action="store_true", help="bf16 working copy, kept blocks, kept heap (the trainer's path)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.as_trained and args.bf16 != "true":
+        parser.error("--as-trained is the bf16 path: drop --bf16 false")
+    try:
+        baseline = baseline_head(args.baseline)
+    except ValueError as err:
+        parser.error(str(err))
     if args.as_trained:
-        if args.bf16 != "true":
-            raise SystemExit("--as-trained is the bf16 path: drop --bf16 false")
         keep_freed_memory()
     torch.set_num_threads(args.threads)
     bf16 = args.bf16 == "true"
@@ -91,7 +101,7 @@ def main() -> None:
         torch.randint(0, V, (n,), generator=g), torch.randn(n, H, generator=g), 0.02 * torch.randn(V, H, generator=g),
         torch.randn(n, generator=g),
     )
-    sides = {"baseline": baseline_head(args.baseline), "current": ChunkedHead}
+    sides = {"baseline": baseline, "current": ChunkedHead}
     copy = inputs[1].detach().to(torch.bfloat16)
     trained = {name: (copy, Scratch()) if args.as_trained else None for name in sides}
     for name, head in sides.items():  # warm-up: oneDNN primitives, the allocator

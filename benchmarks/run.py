@@ -237,6 +237,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def writable_folder(text: str) -> str:
+    """argparse type: a folder results can be written to, created if missing (found out before the first run, not after the last)."""
+    try:
+        os.makedirs(text, exist_ok=True)
+        with tempfile.TemporaryFile(dir=text):
+            pass
+    except OSError as err:
+        raise argparse.ArgumentTypeError(f"{text!r}: not a writable folder ({err.strerror or err})") from None
+    return text
+
+
 def check_args(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> list[str]:
     """Every argument checked before the first run (a suite runs for hours); → the case names. Exits via parser.error."""
     names = [n.strip() for n in ns.cases.split(",")]
@@ -249,12 +260,6 @@ def check_args(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> list[
             parser.error(f"--mus {ns.mus!r}: {err} for each μ, comma-separated (e.g. 1,4)")
     if not ns.date or not all(c.isalnum() or c in "-_." for c in ns.date):
         parser.error(f"--date {ns.date!r}: results are named <date>-<case>.json; use letters, digits, '-', '_' or '.'")
-    try:
-        os.makedirs(ns.out, exist_ok=True)
-        with tempfile.TemporaryFile(dir=ns.out):
-            pass
-    except OSError as err:
-        parser.error(f"--out {ns.out!r}: not a writable folder ({err.strerror or err})")
     return names
 
 
@@ -265,7 +270,7 @@ def main(argv=None) -> int:
     parser.add_argument("--pairs", type=positive_int, help="fastgrpo/TRL pairs per μ (default: each case's)")
     parser.add_argument("--mus", help="comma-separated μ values (default: each case's)")
     parser.add_argument("--threads", type=positive_int, default=1, help="torch threads per run (and for the matmul peak)")
-    parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    parser.add_argument("--out", type=writable_folder, default=os.path.join(HERE, "results"))
     parser.add_argument("--date", default=datetime.date.today().isoformat(), help="the results' name prefix (default: today)")
     ns = parser.parse_args(argv)
     names = check_args(parser, ns)

@@ -23,7 +23,8 @@ step of an L-token completion since only attention grows with the context:
 Beside it, the same step's matmuls alone (`bare_matmuls`): what the GEMM
 reaches at these skinny shapes with the weights streamed from memory.
 
-Writes benchmarks/results/<date>-sampler.json and .md (the tables in docs/benchmarks.md).
+Writes benchmarks/results/<date>-sampler.json and .md (the tables in docs/benchmarks.md); every
+argument (and that --out can be written) is checked before the first measurement.
 Not here: the trainer benchmark (run.py).
 """
 
@@ -43,6 +44,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from run import positive_int, writable_folder  # noqa: E402
 from worker import matmul_peak, prompts, reward_len  # noqa: E402
 
 from fastgrpo.rollout.prompts import PromptEncoder  # noqa: E402
@@ -205,19 +207,24 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--pairs", type=int, default=3)
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 16, 64])
-    parser.add_argument("--lengths", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda (cuda:N) on a machine with a CUDA GPU")
+    parser.add_argument("--threads", type=positive_int, default=1)
+    parser.add_argument("--pairs", type=positive_int, default=3, help="timed rollout pairs after the warm-up")
+    parser.add_argument("--batches", type=positive_int, nargs="+", default=[1, 8, 16, 64])
+    parser.add_argument("--lengths", type=positive_int, nargs="+", default=[64, 256], help="completion lengths (tokens)")
     parser.add_argument("--bf16", action="store_true", help="CPU: the bf16 path (autocast, the sampler's bf16 copy), as the trainer's bf16=None on a CPU with bf16 units")
     parser.add_argument("--skip-trl", action="store_true", help="compare with fastgrpo's TransformersGenerator instead of TRL")
-    parser.add_argument("--out", default=os.path.join(HERE, "results"))
-    args = parser.parse_args()
+    parser.add_argument("--out", type=writable_folder, default=os.path.join(HERE, "results"))
+    args = parser.parse_args(argv)
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda") or (device.type == "cuda" and not torch.cuda.is_available()):
+        parser.error(f"--device {args.device!r}: give cpu, or cuda (cuda:N) on a machine with a CUDA GPU")
     torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
     # bf16 on CUDA, and on CPU with --bf16: the trainer's bf16 path (the sampler multiplies its own bf16 copy)
     autocast = torch.bfloat16 if device.type == "cuda" or args.bf16 else None
     peaks = {"fp32": matmul_peak(torch.float32), "bf16": matmul_peak(torch.bfloat16)} if device.type == "cpu" else None
@@ -250,13 +257,13 @@ def main() -> None:
                            "ratio": statistics.median(r["fastgrpo"] / r["peer"] for r in rollouts)},
         "command": " ".join(sys.argv),
     }
-    os.makedirs(args.out, exist_ok=True)
     stem = os.path.join(args.out, f"{datetime.date.today()}-sampler{'' if args.device == 'cpu' else '-' + args.device}")
+    table = markdown(result)  # before either file is opened: a failure here leaves an earlier pair of files whole
     with open(stem + ".json", "w") as f:
         json.dump(result, f, indent=1)
     with open(stem + ".md", "w") as f:
-        f.write(markdown(result))
-    print(markdown(result))
+        f.write(table)
+    print(table)
 
 
 def _token_lists(completion_ids: torch.Tensor, eos: int) -> list[list[int]]:

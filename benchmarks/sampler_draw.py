@@ -16,7 +16,9 @@ Prints a markdown table (the one in docs/benchmarks.md, "The sampler's per-step 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import time
 
 import torch
@@ -26,6 +28,9 @@ from fastgrpo.generation.contract import SamplingSettings
 from fastgrpo.generation.draw import draw, inverse_cdf
 from fastgrpo.generation.processors import logits_processors
 from fastgrpo.run.allocator import keep_freed_memory
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from run import positive_int  # noqa: E402
 
 
 def reference_inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
@@ -50,13 +55,13 @@ def per_call_ms(fn, calls: int = 20) -> float:
     return (time.perf_counter() - start) / calls * 1e3
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", type=int, default=32)
-    parser.add_argument("--vocab", type=int, default=49152)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=7)
-    args = parser.parse_args()
+    parser.add_argument("--rows", type=positive_int, default=32)
+    parser.add_argument("--vocab", type=positive_int, default=49152)
+    parser.add_argument("--threads", type=positive_int, default=2)
+    parser.add_argument("--rounds", type=positive_int, default=7)
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     keep_freed_memory()  # as the trainer on a CPU
     torch.manual_seed(0)

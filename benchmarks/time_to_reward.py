@@ -40,7 +40,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from run import positive_int, run_worker  # noqa: E402
+from run import positive_int, run_worker, writable_folder  # noqa: E402
 
 ROLLING = 3  # rollouts: 48 completions on the built-in job
 ROLLING_COMPLETIONS = 48  # the "dapo" suite's window: sampling rounds differ in size
@@ -310,7 +310,7 @@ def main(argv=None) -> int:
     parser.add_argument("--budget", type=positive_seconds, help="wall-clock seconds per run (default: the suite's)")
     parser.add_argument("--threads", type=positive_int, help="torch threads per run (default: the suite's, else 2)")
     parser.add_argument("--model", default="smollm2-135m-instruct", help="built-in name or local folder")
-    parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    parser.add_argument("--out", type=writable_folder, default=os.path.join(HERE, "results"))
     parser.add_argument("--report", help="re-render tables and plots of a results JSON, run nothing")
     parser.add_argument("--append", action="store_true", help="add these runs to today's results file of the suite (one seed per call)")
     ns = parser.parse_args(argv)
@@ -377,10 +377,6 @@ def check_args(parser: argparse.ArgumentParser, ns, suite: dict) -> tuple[list, 
         ns.model = resolve_model_path(ns.model)
     except ValueError as err:
         parser.error(f"--model: {err}")
-    try:
-        os.makedirs(ns.out, exist_ok=True)
-    except OSError as err:
-        parser.error(f"--out {ns.out!r}: not a folder that can be created ({err.strerror or err})")
     path = os.path.join(ns.out, f"{datetime.date.today().isoformat()}-ttr-{ns.suite}.json")
     return [s for s in suite["settings"] if s[0] in wanted], seeds, path
 

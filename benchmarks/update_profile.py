@@ -24,6 +24,7 @@ stretches every op alike); the seconds are not. FLOPs are counted from the
 packed rows the step actually ran (`flops.step_flops`); the peaks are
 `F.linear` at 1024³ in fp32 and bf16 measured in the same process, before and
 after (the best of both). Writes `<out>/<date>-update-profile-<precision>.json`.
+Every argument is checked before the trainer is built (`check_args`).
 
 `--time-only`: no profiler, no file; one line with each timed step's seconds,
 which `fastgrpo` tree ran (A/B pairs alternate trees through PYTHONPATH), the
@@ -70,6 +71,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import flops  # noqa: E402
+from run import positive_int, writable_folder  # noqa: E402
 from worker import linear_peak, prompts, reward_len  # noqa: E402
 
 MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
@@ -183,28 +185,50 @@ def ab_pairs(trainer, pairs: int, sides: dict) -> dict:
     return {"seconds": seconds, "ratio_median": statistics.median(ratios), "ratios": ratios, "ratio": f"{names[0]} / {names[1]}"}
 
 
-def main() -> None:
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
+    """Refuse, before any work, two runs in one (--time-only, --ab-*) and a flag the chosen run would ignore;
+    → {the --ab-* flag given: its pairs} (empty: the profile or --time-only). Exits via parser.error."""
+    ab = {flag: n for flag, n in (("--ab-working-copy", args.ab_working_copy), ("--ab-token-budget", args.ab_token_budget),
+                                  ("--ab-fused-adamw", args.ab_fused_adamw), ("--ab-grouped-attention", args.ab_grouped_attention)) if n}
+    if len(runs := [*ab, *(["--time-only"] if args.time_only else [])]) > 1:
+        parser.error(f"{' and '.join(runs)}: one of them per call")
+    for flag, used, where in (
+        ("--gradient-checkpointing", args.time_only, "--time-only"),
+        ("--dense-attention", args.time_only, "--time-only"),
+        ("--budget", args.ab_token_budget, "--ab-token-budget"),
+        ("--per-device", args.time_only or ab, "--time-only and --ab-* runs"),
+        ("--grad-accum", args.time_only or ab, "--time-only and --ab-* runs"),
+        ("--steps", not ab, "the profile and --time-only (--ab-* N runs N pairs)"),
+    ):
+        name = flag[2:].replace("-", "_")
+        if getattr(args, name) != parser.get_default(name) and not used:
+            parser.error(f"{flag} is for {where}: this run would ignore it")
+    return ab
+
+
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=positive_int, default=1)
     parser.add_argument("--bf16", choices=("true", "false", "auto"), default="true")
-    parser.add_argument("--steps", type=int, default=2, help="profiled optimizer steps after one warm-up step")
-    parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    parser.add_argument("--steps", type=positive_int, default=2, help="profiled optimizer steps after one warm-up step")
+    parser.add_argument("--out", type=writable_folder, default=os.path.join(HERE, "results"))
     parser.add_argument("--time-only", action="store_true", help="seconds of --steps steps, no profiler (A/B pairs)")
-    parser.add_argument("--ab-working-copy", type=int, default=0, metavar="N", help="N in-process pairs: with / without the working copy")
-    parser.add_argument("--ab-token-budget", type=int, default=0, metavar="N", help="N in-process pairs: micro-batches merged under --budget / one pass each")
-    parser.add_argument("--budget", type=int, default=4096, help="--ab-token-budget's update_token_budget (tokens)")
-    parser.add_argument("--per-device", type=int, default=4, help="per_device_train_batch_size (completions per micro-batch)")
-    parser.add_argument("--grad-accum", type=int, default=4, help="gradient_accumulation_steps (micro-batches per optimizer step)")
-    parser.add_argument("--ab-fused-adamw", type=int, default=0, metavar="N", help="N in-process pairs: AdamW's fused kernel / its for-loop")
+    parser.add_argument("--ab-working-copy", type=positive_int, default=0, metavar="N", help="N in-process pairs: with / without the working copy")
+    parser.add_argument("--ab-token-budget", type=positive_int, default=0, metavar="N", help="N in-process pairs: micro-batches merged under --budget / one pass each")
+    parser.add_argument("--budget", type=positive_int, default=4096, help="--ab-token-budget's update_token_budget (tokens)")
+    parser.add_argument("--per-device", type=positive_int, default=4, help="per_device_train_batch_size (completions per micro-batch)")
+    parser.add_argument("--grad-accum", type=positive_int, default=4, help="gradient_accumulation_steps (micro-batches per optimizer step)")
+    parser.add_argument("--ab-fused-adamw", type=positive_int, default=0, metavar="N", help="N in-process pairs: AdamW's fused kernel / its for-loop")
     parser.add_argument("--update-token-budget", type=int, default=None, help="update_token_budget of the timed, profiled or grouped-attention A/B steps")
     parser.add_argument("--gradient-checkpointing", action="store_true", help="--time-only: gradient_checkpointing=True (FLOPs: the model's, recomputation not counted)")
     parser.add_argument("--dense-attention", action="store_true", help="--time-only: sdpa over the dense mask, not grouped attention")
-    parser.add_argument("--ab-grouped-attention", type=int, default=0, metavar="N", help="N in-process pairs: grouped attention / sdpa with the dense mask")
-    args = parser.parse_args()
+    parser.add_argument("--ab-grouped-attention", type=positive_int, default=0, metavar="N", help="N in-process pairs: grouped attention / sdpa with the dense mask")
+    args = parser.parse_args(argv)
+    ab = check_args(parser, args)
     torch.set_num_threads(args.threads)
     bf16 = {"true": True, "false": False, "auto": None}[args.bf16]
-    if args.ab_working_copy or args.ab_token_budget or args.ab_fused_adamw or args.ab_grouped_attention:
-        pairs = args.ab_working_copy or args.ab_token_budget or args.ab_fused_adamw or args.ab_grouped_attention
+    if ab:
+        (pairs,) = ab.values()
         trainer = build_trainer(bf16, 3 + 2 * pairs, per_device_train_batch_size=args.per_device, gradient_accumulation_steps=args.grad_accum,
                                 update_token_budget=args.update_token_budget)
         if args.ab_grouped_attention:
@@ -293,7 +317,6 @@ def main() -> None:
     print("top ops:")
     for key, share in result["top_ops"].items():
         print(f"  {key:70s} {100 * share:5.1f} %")
-    os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"{date}-update-profile-{precision}.json"), "w") as f:
         json.dump(result, f, indent=1)
 

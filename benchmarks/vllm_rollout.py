@@ -15,13 +15,14 @@ rollouts after the first (the first is warm-up: vLLM's first generate compiles i
 - rollout: weight_sync + generate + score + old_logps + ref_logps per rollout; step: the update too.
 
 Writes benchmarks/results/<date>-vllm-rollout.{json,md}: medians over rounds, and each system's ratio to
-the own sampler. Needs vLLM (`make vllm`).
+the own sampler. Needs vLLM (`make vllm`). Every argument is checked before the server starts.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import os
 import signal
@@ -34,6 +35,9 @@ import time
 import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from run import positive_int, writable_folder  # noqa: E402
+
 SYSTEMS = {
     "fastgrpo sampler": [],
     "vLLM colocate": ["--use_vllm", "true"],
@@ -53,11 +57,15 @@ def start_server(port: int, core: int | None = None) -> subprocess.Popen:
     (taskset, and vLLM's own thread binding `VLLM_CPU_OMP_THREADS_BIND`)."""
     pin = [] if core is None else ["taskset", "-c", str(core)]
     env = {**os.environ} if core is None else {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": str(core), "VLLM_CPU_KVCACHE_SPACE": "1"}
+    log = tempfile.TemporaryFile()  # its stderr, read back only if it dies (a pipe nobody reads would fill and stop it)
     server = subprocess.Popen(
         [*pin, sys.executable, "-m", "fastgrpo.cli", "vllm-serve", "--model", "smollm2-135m-instruct", "--host", "127.0.0.1",
          "--port", str(port), "--dtype", "bfloat16", "--max_model_len", "1024"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env)
+        stdout=subprocess.DEVNULL, stderr=log, start_new_session=True, env=env)
     for _ in range(300):
+        if server.poll() is not None:  # it died: say so now, with its last words, rather than wait out the 300 s
+            log.seek(0)
+            raise RuntimeError(f"fastgrpo vllm-serve exited ({server.returncode}) before it answered:\n{log.read()[-3000:].decode(errors='replace')}")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
                 return server
@@ -87,12 +95,16 @@ def one_run(flags: list[str], steps: int) -> dict:
     return per
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=8, help="optimizer steps per run (the built-in job: 2 per rollout)")
-    parser.add_argument("--out", default=os.path.join(HERE, "results"))
-    ns = parser.parse_args()
+    parser.add_argument("--rounds", type=positive_int, default=3)
+    parser.add_argument("--steps", type=int, default=8, help="optimizer steps per run, 3 or more (the built-in job: 2 per rollout)")
+    parser.add_argument("--out", type=writable_folder, default=os.path.join(HERE, "results"))
+    ns = parser.parse_args(argv)
+    if ns.steps < 3:
+        parser.error(f"--steps {ns.steps}: give 3 or more (2 steps per rollout, and the first rollout is warm-up: none would be measured)")
+    if importlib.util.find_spec("vllm") is None:
+        parser.error("vLLM is not installed (make vllm): fastgrpo vllm-serve cannot start")
     import torch
 
     caps = torch.cpu.get_capabilities()
@@ -120,7 +132,6 @@ def main() -> None:
         lines.append(f"| {name} | {m['generate']:.2f} | {m['generate'] / base['generate']:.2f} | {m['weight_sync']:.3f} | "
                      f"{m['weight_sync'] / m['rollout']:.1%} | {m['rollout']:.2f} | {m['rollout'] / base['rollout']:.2f} | "
                      f"{m['update_per_step']:.2f} | {m['wall']:.0f} |")
-    os.makedirs(ns.out, exist_ok=True)
     stem = os.path.join(ns.out, f"{datetime.date.today().isoformat()}-vllm-rollout")
     with open(stem + ".json", "w") as f:
         json.dump({"caps": {k: caps.get(k) for k in ("cpu_name", "avx512_bf16", "amx_bf16")}, "runs": runs, "medians": med}, f, indent=1)
