@@ -97,19 +97,15 @@ def load_runs(out: str) -> dict:
     Raises:
         ValueError: one is missing, not JSON or not a run's file; naming it and the command that writes it.
     """
+    from report import load_results
+
     runs = {}
     for name in ("ddp", "fsdp"):
         path = os.path.join(out, f"{name}.json")
-        try:
-            with open(path) as f:
-                runs[name] = json.load(f)
-        except OSError as err:
-            raise ValueError(f"{path}: cannot be read ({err.strerror}); write it first with torchrun ... benchmarks/fsdp.py {out} {name}") from None
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path} is not JSON ({err}); write it again with torchrun ... benchmarks/fsdp.py {out} {name}") from None
-        missing = [k for k in ("processes", "seconds_per_step", "gather_seconds", "sampler_copy_mib") if not isinstance(runs[name], dict) or k not in runs[name]]
-        if missing or not runs[name]["seconds_per_step"]:
-            raise ValueError(f"{path} is not a run's file with step times: it has no {', '.join(missing) or 'seconds_per_step'}")
+        what = f"a run's file with step times (write it with torchrun ... benchmarks/fsdp.py {out} {name})"
+        runs[name] = load_results(path, ("processes", "seconds_per_step", "gather_seconds", "sampler_copy_mib"), what)
+        if not runs[name]["seconds_per_step"]:
+            raise ValueError(f"{path} is not {what}: it has no seconds_per_step")
     return runs
 
 

@@ -299,25 +299,37 @@ def plots(case: dict, prefix: str) -> list[str]:
     return [os.path.basename(reward_png), os.path.basename(phases_png)]
 
 
-def load_case(path: str) -> dict:
-    """Read a case file written by run.py (a .json object with its "case", "description" and "runs").
+def load_results(path: str, keys: tuple[str, ...], what: str) -> dict:
+    """Read a results file a benchmark script wrote: a JSON object holding `keys` (run.py's cases, time_to_reward.py's
+    records, fsdp.py's runs).
 
     Raises:
-        ValueError: the path is not a .json file, does not exist, is not JSON, or lacks one of those keys,
-            naming the path and what to give instead.
+        ValueError: it cannot be read, is not JSON, or lacks one of `keys`; naming the path and `what` to give instead.
     """
-    if not path.endswith(".json"):
-        raise ValueError(f"{path}: give a case file ending in .json, as run.py writes them (benchmarks/results/<date>-<case>.json)")
     try:
         with open(path) as f:
-            case = json.load(f)
+            data = json.load(f)
     except OSError as err:
-        raise ValueError(f"{path}: cannot be read ({err.strerror}); give a case file run.py wrote") from None
+        raise ValueError(f"{path}: cannot be read ({err.strerror}); give {what}") from None
     except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is not JSON ({err}); give a case file run.py wrote") from None
-    missing = [k for k in ("case", "description", "runs") if not isinstance(case, dict) or k not in case]
-    if missing or not isinstance(case["runs"], list):
-        raise ValueError(f"{path} is not a case file run.py wrote: it has no {', '.join(missing) or 'list of runs'}")
+        raise ValueError(f"{path} is not JSON ({err}); give {what}") from None
+    if missing := [k for k in keys if not isinstance(data, dict) or k not in data]:
+        raise ValueError(f"{path} is not {what}: it has no {', '.join(missing)}")
+    return data
+
+
+def load_case(path: str) -> dict:
+    """Read a case file written by run.py (a .json object with its "case", "description" and a list of "runs").
+
+    Raises:
+        ValueError: the path is not a .json file, or see `load_results`; naming the path and what to give instead.
+    """
+    what = "a case file run.py wrote (benchmarks/results/<date>-<case>.json)"
+    if not path.endswith(".json"):
+        raise ValueError(f"{path}: give {what}")
+    case = load_results(path, ("case", "description", "runs"), what)
+    if not isinstance(case["runs"], list):
+        raise ValueError(f"{path} is not {what}: its runs are not a list")
     return case
 
 

@@ -40,6 +40,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from report import load_results  # noqa: E402
 from run import positive_int, run_worker, writable_folder  # noqa: E402
 
 ROLLING = 3  # rollouts: 48 completions on the built-in job
@@ -272,24 +273,15 @@ def plot(record: dict, path: str) -> None:
 
 
 def load_record(path: str) -> dict:
-    """Read a results file this script wrote (a .json object with its suite, target, budget, seeds and runs).
+    """Read a results file this script wrote (a .json object with its suite, task, target, budget, seeds and runs).
 
     Raises:
-        ValueError: not a .json file, unreadable, not JSON, or missing one of those keys; naming the path.
+        ValueError: not a .json file, or see report.load_results; naming the path.
     """
+    what = "a time-to-reward results file (<out>/<date>-ttr-<suite>.json)"
     if not path.endswith(".json"):
-        raise ValueError(f"{path}: give a results file ending in .json (<out>/<date>-ttr-<suite>.json)")
-    try:
-        with open(path) as f:
-            record = json.load(f)
-    except OSError as err:
-        raise ValueError(f"{path}: cannot be read ({err.strerror}); give a results file this script wrote") from None
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is not JSON ({err}); give a results file this script wrote") from None
-    missing = [k for k in ("suite", "task", "target", "budget", "seeds", "runs") if not isinstance(record, dict) or k not in record]
-    if missing:
-        raise ValueError(f"{path} is not a time-to-reward results file: it has no {', '.join(missing)}")
-    return record
+        raise ValueError(f"{path}: give {what}")
+    return load_results(path, ("suite", "task", "target", "budget", "seeds", "runs"), what)
 
 
 def render(path: str) -> str:

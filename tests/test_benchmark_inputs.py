@@ -79,14 +79,14 @@ def test_a_failed_run_leaves_the_earlier_complete_result_whole(monkeypatch, tmp_
 @pytest.mark.parametrize("content,message", [
     (None, "cannot be read"),
     ("{", "is not JSON"),
-    ("{}", "is not a case file run.py wrote: it has no case, description, runs"),
+    ("{}", "is not a case file run.py wrote (benchmarks/results/<date>-<case>.json): it has no case, description, runs"),
 ])
 def test_report_names_a_file_it_cannot_render(content, message, capsys, tmp_path):
     path = tmp_path / "case.json"
     if content is not None:
         path.write_text(content)
     refused(report.main, [str(path)], capsys, message)
-    refused(report.main, [str(tmp_path / "case.txt")], capsys, "give a case file ending in .json")
+    refused(report.main, [str(tmp_path / "case.txt")], capsys, "case.txt: give a case file run.py wrote")
     refused(report.main, [], capsys, "the following arguments are required: CASE.json")
 
 
@@ -246,9 +246,9 @@ def test_fsdp_refuses_bad_arguments_before_the_run(argv, message, capsys, monkey
 
 
 @pytest.mark.parametrize("content,message", [
-    (None, "ddp.json: cannot be read (No such file or directory); write it first with torchrun ... benchmarks/fsdp.py"),
+    (None, "ddp.json: cannot be read (No such file or directory); give a run's file with step times (write it with torchrun ... benchmarks/fsdp.py"),
     ("{", "ddp.json is not JSON (Expecting"),
-    ("{}", "ddp.json is not a run's file with step times: it has no processes, seconds_per_step, gather_seconds, sampler_copy_mib"),
+    ("{}", "ddp.json is not a run's file with step times (write it with torchrun ... benchmarks/fsdp.py"),
 ])
 def test_fsdp_report_names_the_file_it_cannot_read(content, message, capsys, tmp_path):
     if content is not None:
