@@ -200,6 +200,36 @@ def test_overwrite_keeps_the_previous_run_until_the_new_one_first_writes(tmp_pat
     assert not [n for n in os.listdir(out) if n.startswith("checkpoint-")]  # replaced at the run's end, though it saved nothing
 
 
+def test_overwrite_removes_only_what_fastgrpo_wrote(tmp_path, tokenizer, make_model, prompts):
+    # Another trainer's checkpoint folder (no manifest) and a file named like a checkpoint are not this library's to
+    # delete: they refuse a new run without overwrite_output_dir, and stay where they are with it.
+    first, _ = train(tmp_path, tokenizer, make_model, prompts, max_steps=1, save_steps=1)
+    out = first.args.output_dir
+    os.makedirs(os.path.join(out, "checkpoint-500"))
+    (tmp_path / "out" / "checkpoint-500" / "trainer_state.json").write_text("{}")
+    (tmp_path / "out" / "checkpoint-7").write_text("notes")
+    with pytest.raises(ValueError, match="already holds a run \\(checkpoint-1, checkpoint-7, checkpoint-500, metrics.jsonl\\)"):
+        train(tmp_path, tokenizer, make_model, prompts, max_steps=1)
+    second, _ = train(tmp_path, tokenizer, make_model, prompts, max_steps=2, save_steps=2, overwrite_output_dir=True)
+    assert sorted(n for n in os.listdir(out) if n.startswith("checkpoint-")) == ["checkpoint-2", "checkpoint-500", "checkpoint-7"]
+    assert (tmp_path / "out" / "checkpoint-7").read_text() == "notes" and steps(os.path.join(out, "metrics.jsonl")) == [1, 2]
+
+
+def test_ctrl_c_before_an_overwriting_run_writes_anything_keeps_the_previous_run(tmp_path, tokenizer, make_model, prompts):
+    first, _ = train(tmp_path, tokenizer, make_model, prompts, max_steps=2, save_steps=1)
+    out = first.args.output_dir
+    before = sorted(os.listdir(out))
+
+    def interrupted_at_once(completion_ids, **kw):  # Ctrl-C on a mistaken command, in its first rollout
+        os.kill(os.getpid(), signal.SIGINT)
+        return reward_even_tokens(completion_ids)
+
+    with pytest.raises(TrainingInterrupted, match="before this run wrote anything: nothing was saved and the previous run in .* was left as it was"):
+        train(tmp_path, tokenizer, make_model, prompts, interrupted_at_once, max_steps=4, logging_steps=5, overwrite_output_dir=True)
+    assert sorted(os.listdir(out)) == before and steps(os.path.join(out, "metrics.jsonl")) == [1, 2]
+    assert [ckpt._run_id(p) for p in ckpt.checkpoints(out)] == [first.run_id] * 2
+
+
 def test_a_completion_longer_than_the_models_context_is_refused_before_compute(tmp_path, tokenizer, make_model, prompts):
     # conftest's model has 512 positions: a completion of 512 tokens leaves no room for a prompt.
     with pytest.raises(ValueError, match="max_completion_length=512 leaves no room for a prompt in the model's context of 512 tokens"):

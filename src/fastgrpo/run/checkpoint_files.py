@@ -209,6 +209,11 @@ def checkpoints(output_dir: str, run_id: str | None = None) -> list[str]:
     return paths if run_id is None else [p for p in paths if _run_id(p) == run_id]
 
 
+def written_by_fastgrpo(path: str) -> bool:
+    """Whether `path` is a checkpoint folder fastgrpo wrote (it has a manifest naming its run): only those are ever removed."""
+    return os.path.isdir(path) and _run_id(path) is not None
+
+
 def _run_id(path: str) -> str | None:
     try:
         with open(os.path.join(path, MANIFEST)) as f:

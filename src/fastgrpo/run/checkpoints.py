@@ -30,6 +30,8 @@ from __future__ import annotations
 import os
 from typing import Any, Protocol
 
+from accelerate.utils import broadcast_object_list
+
 from . import checkpoint_files as ckpt
 from . import runs
 from .interrupt import TrainingInterrupted
@@ -117,9 +119,19 @@ def prune_at_end(trainer: Checkpointed) -> None:
 def stop_interrupted(trainer: Checkpointed, rollout: Rollout, done: int) -> None:
     """After Ctrl-C: save this step's checkpoint (unless just saved) and stop.
 
+    A new run under overwrite_output_dir that has written nothing yet saves nothing: Ctrl-C that early is how a
+    mistaken command is stopped, and saving would replace the previous run (runs.PreviousRun) with one step.
+
     Raises:
-        TrainingInterrupted: always, naming the step, the checkpoint and how to resume.
+        TrainingInterrupted: always, naming the step, the checkpoint and how to resume (or that nothing was saved).
     """
+    replacing = [bool(trainer.log is not None and trainer.log.previous_run.names)]
+    broadcast_object_list(replacing)  # the main process knows; every process stops the same way
+    if replacing[0]:
+        raise TrainingInterrupted(
+            f"interrupted at step {trainer.step}/{trainer.max_steps}, before this run wrote anything: nothing was saved and the "
+            f"previous run in {trainer.args.output_dir} was left as it was."
+        )
     path = os.path.join(trainer.args.output_dir, f"{ckpt.PREFIX}{trainer.step}")
     if path not in ckpt.checkpoints(trainer.args.output_dir, trainer.run_id):
         path = save(trainer, rollout, done)

@@ -17,7 +17,7 @@ import os
 import shutil
 import tempfile
 
-from .checkpoint_files import checkpoints
+from .checkpoint_files import checkpoints, written_by_fastgrpo
 
 LOGS = ("metrics.jsonl", "completions.jsonl")
 
@@ -56,6 +56,10 @@ def claim_output_dir(output_dir: str, overwrite: bool) -> list[str]:
     Nothing is removed here: the caller removes them (`remove_run_files`) when this run first writes
     (`PreviousRun`), so a run that fails before it has anything to save leaves the previous one whole.
 
+    Only what fastgrpo wrote is ever named for removal: its checkpoint folders (with a manifest) and its logs. A
+    `checkpoint-N` it did not write (another trainer's, or a file) is another run's too, and refuses a new run
+    without `overwrite`; with it, it is left where it is.
+
     Returns:
         The previous run's checkpoint folders and logs, by name within output_dir; [] when the folder held no run.
     Raises:
@@ -63,6 +67,8 @@ def claim_output_dir(output_dir: str, overwrite: bool) -> list[str]:
             naming them and the three ways on.
     """
     found = [os.path.basename(p) for p in checkpoints(output_dir)] + [n for n in LOGS if os.path.exists(os.path.join(output_dir, n))]
+    if found and overwrite:
+        found = [n for n in found if n in LOGS or written_by_fastgrpo(os.path.join(output_dir, n))]
     if found and not overwrite:
         raise ValueError(
             f"output_dir {output_dir!r} already holds a run ({', '.join(found)}); resume it with resume_from_checkpoint=True "
