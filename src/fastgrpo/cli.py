@@ -299,11 +299,18 @@ def train(ns: argparse.Namespace) -> None:
         sys.path.insert(0, os.getcwd())
     import torch
 
-    from .run.checkpoint_files import checkpoints
+    from .run.checkpoint_files import check_resume_target, checkpoints
     from .run.datasets import load_dataset_spec
+    from .run.runs import claim_output_dir
     from .rollout.rewards import resolve_reward
     from .trainer import GRPOTrainer
 
+    resume = getattr(ns, "resume", None)
+    if resume is None and args.resume_from_checkpoint is not None:  # TRL's field, which its scripts pass to train()
+        resume = {"true": True, "false": False}.get(str(args.resume_from_checkpoint).lower(), args.resume_from_checkpoint)
+    check_resume_target(resume, args.output_dir)  # before the model loads: nothing to resume, or another run in the way
+    if resume in (None, False):
+        claim_output_dir(args.output_dir, args.overwrite_output_dir)  # only refuses here; train() replaces at its first write
     rewards = [resolve_reward(r) for r in job["reward"]]
     dataset = load_dataset_spec(job["dataset"], size=job["dataset_size"], seed=args.seed)
     agents = {"tools": [import_object(t, "--tools") for t in job["tools"]] or None}
@@ -316,7 +323,7 @@ def train(ns: argparse.Namespace) -> None:
             f"{trainer.max_steps} steps, μ={args.num_iterations}, G={args.num_generations}, rollout={args.generation_batch_size} completions",
             soft_wrap=True, markup=False,  # one line, whatever the width: grep-able in a log file
         )
-    trainer.train(resume_from_checkpoint=getattr(ns, "resume", None))
+    trainer.train(resume_from_checkpoint=resume)
     trainer.save_model(args.output_dir)
     world = torch.distributed.group.WORLD if torch.distributed.is_initialized() else None  # held past the trainer: see below
     trainer.accelerator.end_training()  # trackers closed, process group unregistered (multi-process runs)

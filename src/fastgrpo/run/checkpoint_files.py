@@ -247,6 +247,23 @@ def prune(output_dir: str, save_total_limit: int | None, run_id: str, best: str 
         shutil.rmtree(path, ignore_errors=True)
 
 
+def check_resume_target(resume_from_checkpoint, output_dir: str) -> None:
+    """What `load_checkpoint` checks before it reads a file, cheap enough to run before the model loads (cli.train).
+
+    Raises:
+        ValueError: True with no checkpoint-<step> folder in output_dir; a path that is not a fastgrpo checkpoint.
+    """
+    if resume_from_checkpoint in (None, False):
+        return
+    if resume_from_checkpoint is True:
+        if not checkpoints(output_dir):
+            raise ValueError(f"resume_from_checkpoint=True but {output_dir!r} holds no checkpoint-<step> folder; train without it first.")
+        return
+    path = str(resume_from_checkpoint)
+    if not os.path.isfile(os.path.join(path, "trainer_state.pt")) and not os.path.isfile(os.path.join(path, MANIFEST)):
+        raise ValueError(f"{path!r} is not a fastgrpo checkpoint (no trainer_state.pt); give a checkpoint-<step> folder or True.")
+
+
 def load_checkpoint(resume_from_checkpoint, output_dir: str, accelerator, model, optimizer=None) -> tuple[str | None, dict | None]:
     """Resolve and load a checkpoint: None/False → (None, None); True → the newest in output_dir that loads; str → that folder.
 
@@ -269,10 +286,9 @@ def load_checkpoint(resume_from_checkpoint, output_dir: str, accelerator, model,
         return None, None
     unwrapped = accelerator.unwrap_model(model)
     adapters = is_peft_model(unwrapped)
+    check_resume_target(resume_from_checkpoint, output_dir)
     if resume_from_checkpoint is True:
         found = checkpoints(output_dir)
-        if not found:
-            raise ValueError(f"resume_from_checkpoint=True but {output_dir!r} holds no checkpoint-<step> folder; train without it first.")
         for path in reversed(found):
             try:
                 parts = _read(path, accelerator, model, adapters)
@@ -283,8 +299,6 @@ def load_checkpoint(resume_from_checkpoint, output_dir: str, accelerator, model,
                 warnings.warn(f"{err} Falling back to the checkpoint before it.", stacklevel=2)
     else:
         path = str(resume_from_checkpoint)
-        if not os.path.isfile(os.path.join(path, "trainer_state.pt")) and not os.path.isfile(os.path.join(path, MANIFEST)):
-            raise ValueError(f"{path!r} is not a fastgrpo checkpoint (no trainer_state.pt); give a checkpoint-<step> folder or True.")
         parts = _read(path, accelerator, model, adapters)
     if parts["sharded"]:
         try:
