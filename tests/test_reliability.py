@@ -362,6 +362,20 @@ def test_config_keeps_trls_bool_spelling_and_an_int_for_a_float(tmp_path):
     assert args.scale_rewards == "none" and args.learning_rate == 1
 
 
+@pytest.mark.parametrize("fields,error", [
+    # each used to fail only after the model loaded, or after the first optimizer step (ReduceLROnPlateau.step wants a metric)
+    ({"lr_scheduler_type": "reduce_lr_on_plateau"}, "lr_scheduler_type='reduce_lr_on_plateau' steps on a metric the GRPO loop does not have"),
+    ({"lr_scheduler_type": "bogus"}, "lr_scheduler_type='bogus' with lr_scheduler_kwargs=None: transformers' get_scheduler refuses it"),
+    ({"lr_scheduler_type": "cosine", "lr_scheduler_kwargs": {"num_cycle": 2}}, "lr_scheduler_kwargs=\\{'num_cycle': 2\\}: transformers' get_scheduler refuses it"),
+    ({"lr_scheduler_type": "cosine_with_min_lr"}, "lr_scheduler_type='cosine_with_min_lr' with lr_scheduler_kwargs=None: transformers' get_scheduler refuses it"),
+    ({"eval_strategy": "steps"}, "eval_strategy='steps' but no eval_dataset was passed"),  # transformers' Trainer refuses it too
+    ({"eval_on_start": True}, "eval_strategy='no' with eval_on_start but no eval_dataset was passed"),
+])
+def test_a_schedule_or_evaluation_that_cannot_run_is_refused_before_loading(tmp_path, prompts, fields, error):
+    with pytest.raises(ValueError, match=error):
+        GRPOTrainer(NOT_LOADED, reward_even_tokens, args=config(tmp_path, **fields), train_dataset=prompts)
+
+
 @pytest.mark.parametrize("kwargs,error", [
     ({"args": "trl-args"}, "args has type builtins.str; give a fastgrpo GRPOConfig"),
     ({"model": 5}, "model has type int; give a model name"),

@@ -30,6 +30,30 @@ def check_optimizer_name(optim: str) -> None:
         raise ValueError(f"optim={optim!r} is not a transformers optimizer name; use e.g. 'adamw_torch', 'adamw_torch_fused' or 'sgd' (all: {', '.join(names)}).")
 
 
+def check_scheduler(args) -> None:
+    """Build `lr_scheduler_type` with `lr_scheduler_kwargs` once over a throwaway optimizer, before any model loads.
+
+    A name transformers does not know, a keyword its scheduler does not take, or one it needs (cosine_with_min_lr's
+    `min_lr`) is named now, not after the model has loaded (setup.prepare builds the real one the same way).
+
+    Raises:
+        ValueError: the schedule cannot be built, naming both fields and transformers' reason;
+            reduce_lr_on_plateau, which steps on a metric the loop does not have at each optimizer step.
+    """
+    if args.lr_scheduler_type == "reduce_lr_on_plateau":
+        raise ValueError("lr_scheduler_type='reduce_lr_on_plateau' steps on a metric the GRPO loop does not have at each optimizer step; "
+                         "use e.g. 'linear', 'cosine' or 'constant', or pass your own scheduler in optimizers=.")
+    from transformers import get_scheduler
+
+    steps = args.max_steps if args.max_steps > 0 else 10  # the count only sizes the schedule
+    try:
+        get_scheduler(args.lr_scheduler_type, torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=args.learning_rate),
+                      num_warmup_steps=args.num_warmup_steps(steps), num_training_steps=steps, scheduler_specific_kwargs=args.lr_scheduler_kwargs)
+    except (ValueError, TypeError, KeyError) as err:
+        raise ValueError(f"lr_scheduler_type={args.lr_scheduler_type!r} with lr_scheduler_kwargs={args.lr_scheduler_kwargs!r}: transformers' "
+                         f"get_scheduler refuses it ({err}); use one of its names and the keywords that scheduler takes.") from None
+
+
 def build_optimizer(args, model: torch.nn.Module) -> torch.optim.Optimizer:
     """The optimizer over `model`'s trainable parameters, from `args.optim` and `args.optim_args`.
 

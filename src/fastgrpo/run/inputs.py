@@ -22,7 +22,7 @@ from .dataset_kinds import check_train_dataset, eval_sets
 from ..rollout.group_filter import resolve_filter
 from ..model.loading import check_peft_inputs
 from ..model.sharding import fsdp_requested
-from ..model.optimizers import check_optimizer_name
+from ..model.optimizers import check_optimizer_name, check_scheduler
 from ..rollout.reward_models import RewardModel
 from ..rollout.rewards import check_columns, resolve_reward, reward_names
 
@@ -53,7 +53,9 @@ def check_trainer_inputs(
             reward_processing_classes or reward_weights whose count does not match the
             reward functions, a peft_config that cannot apply (models.check_peft_inputs), a
             filter_groups_metric that is no reward name or importable "module:function"; `optimizers` that cannot
-            drive this model (`check_optimizers`); `quantization_config` also set in model_init_kwargs (TRL's error).
+            drive this model (`check_optimizers`); `quantization_config` also set in model_init_kwargs (TRL's error);
+            a schedule transformers cannot build (optimizers.check_scheduler); eval_strategy or eval_on_start
+            without an eval_dataset (transformers' error).
     Warns:
         UserWarning: `quantization_config` for an already built model (ignored, as TRL warns).
     """
@@ -74,6 +76,11 @@ def check_trainer_inputs(
             "or an environment_factory whose environment defines get_reward()."
         )
     check_optimizer_name(a.optim)
+    if eval_dataset is None and (a.eval_strategy != "no" or a.eval_on_start):  # transformers' Trainer refuses it too
+        raise ValueError(
+            f"eval_strategy={a.eval_strategy!r}{' with eval_on_start' if a.eval_on_start else ''} but no eval_dataset was passed; "
+            "pass an eval_dataset, or set eval_strategy='no' and eval_on_start=False."
+        )
     if train_dataset is None:
         raise ValueError("train_dataset is required: a datasets.Dataset (or list of dicts) with a 'prompt' column.")
     check_train_dataset(train_dataset, a.max_steps)
@@ -97,6 +104,8 @@ def check_trainer_inputs(
     resolved, procs, weights = resolved + agents.reward_funcs, procs + [None] * len(agents.reward_funcs), [*weights, *[1.0] * len(agents.reward_funcs)]
     check_peft_inputs(model, peft_config, a.sync_ref_model)
     pair = check_optimizers(optimizers, model, peft_config)
+    if pair[1] is None:
+        check_scheduler(a)
     if a.filter_groups:  # a filter_groups_metric that names nothing fails here, not after the model loads
         resolve_filter(a.filter_groups_metric, reward_names(resolved), torch.tensor(weights), a.multi_objective_aggregation)
     tokenizers = [f.tokenizer if isinstance(f, RewardModel) else p for f, p in zip(resolved, procs)]
