@@ -227,6 +227,11 @@ def test_unknown_loss_type():
         (dict(multi_objective_aggregation="mean"), "'sum_then_normalize' or 'normalize_then_sum'"),
         (dict(report_to="mlflow"), "use 'none' or one of tensorboard, wandb, trackio, all"),
         (dict(report_to=["none", "wandb"]), "report_to='none': use 'none' or one of"),
+        (dict(seed=-1), r"seed=-1: use a value in \[0, 2\*\*32\)"),  # numpy's own error named no field
+        (dict(save_steps=1.5), "save_steps=1.5: above 1 it counts steps; use a whole number"),  # transformers' rule
+        (dict(eval_steps=2.5), "eval_steps=2.5: above 1 it counts steps"),
+        (dict(generation_kwargs={"temperature": "hot"}), "generation_kwargs: temperature='hot' has type str; give one of type float"),
+        (dict(generation_kwargs={"top_p": None}), "generation_kwargs: top_p=None has type NoneType"),
     ],
 )
 def test_other_bad_values(kwargs, match):

@@ -223,7 +223,11 @@ def validate(c) -> None:
         "could loop forever on prompts whose groups never differ; at the cap fastgrpo trains on what there is).",
     )
     need(c.filter_groups_max_age >= 0, f"filter_groups_max_age={c.filter_groups_max_age}: use 0 (no carry-over) or more rollouts.")
+    need(c.seed >= 0 and c.seed < 2**32, f"seed={c.seed}: use a value in [0, 2**32) (numpy's and torch's seeds).")
     need(c.logging_steps > 0, f"logging_steps={c.logging_steps}: use a positive number of steps.")
+    for name in ("logging_steps", "save_steps", "eval_steps"):  # transformers' rule: a fraction of the run below 1, else whole steps
+        value = getattr(c, name)
+        need(value is None or value <= 1 or value == int(value), f"{name}={value}: above 1 it counts steps; use a whole number, or a fraction ≤ 1 of the run.")
     need(c.save_steps > 0, f"save_steps={c.save_steps}: use a positive number of steps.")
     need(c.save_total_limit is None or c.save_total_limit >= 1, f"save_total_limit={c.save_total_limit}: keep at least 1, or None.")
     for name in ("save_strategy", "eval_strategy"):

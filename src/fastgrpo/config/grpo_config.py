@@ -275,6 +275,11 @@ class GRPOConfig:
                     f"({', '.join(SAMPLING_KEYS)}); {fix}."
                 )
             setattr(self, key, value)  # TRL lets generation_kwargs override the sampling fields
+        if self.generation_kwargs:  # the fields it set, checked as if given directly
+            try:
+                check_types(self, typing.get_type_hints(type(self)))
+            except (TypeError, ValueError) as err:
+                raise ValueError(f"generation_kwargs: {err}") from None
         if self.metric_for_best_model is not None and self.greater_is_better is None:
             self.greater_is_better = not self.metric_for_best_model.endswith("loss")
         if self.eval_strategy == "steps" and self.eval_steps is None:
