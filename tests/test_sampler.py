@@ -158,13 +158,15 @@ def test_peft_adapter_is_sampled_from(tokenizer, make_model):
 
 def test_a_kv_cache_larger_than_the_machines_memory_is_refused_before_it_is_allocated(tokenizer, make_model):
     # conftest's model: 2 layers, 2 KV heads of 16 dims, fp32 → keys + values take 2·2·2·16·4 = 512 bytes per row and
-    # column, plus 1 for the mask. G is chosen so the cache needs twice this machine's total memory: allocating
-    # it would get the process killed; the sampler says so first.
+    # column, plus 1 for the mask; each decode step's logits and their processed copy 2·V·4 bytes per row.
     import psutil
 
     model = make_model().eval()
     ids, mask = left_padded(tokenizer, ["Count to 3."])
-    L = ids.shape[1] + T
-    G = 2 * psutil.virtual_memory().total // (513 * L) + 1
-    with pytest.raises(ValueError, match=rf"sampling {G} completions of up to {L} tokens .* needs a KV cache of [0-9.]+ GiB, more than"):
-        Sampler(model, settings(tokenizer)).sample(ids, mask, G)
+    L, V, total = ids.shape[1] + T, model.config.vocab_size, psutil.virtual_memory().total
+    # G whose cache alone needs twice this machine's memory; G whose cache fits in a twentieth of it but whose logits need
+    # 1.2 times it (allocating either would get the process killed): the sampler says so before either is allocated.
+    for G in (2 * total // (513 * L) + 1, int(1.2 * total / (8 * V)) + 1):
+        assert G * 513 * L < total / 20 or G * 513 * L > 2 * total
+        with pytest.raises(ValueError, match=rf"sampling {G} completions of up to {L} tokens .* needs a KV cache and logits of [0-9.]+ GiB, more than"):
+            Sampler(model, settings(tokenizer)).sample(ids, mask, G)

@@ -31,7 +31,7 @@ class KVCache:
         """Allocate the cache for N rows of L columns, in the weights' dtype.
 
         Raises:
-            ValueError: on a CPU, the cache would need more bytes than the machine has available now
+            ValueError: on a CPU, the cache and a step's logits would need more bytes than the machine has available now
                 (psutil's `available`): allocating it would have the process killed for memory mid-rollout.
         """
         self.lm = lm
@@ -40,10 +40,11 @@ class KVCache:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         dtype = lm.lm_head.weight.dtype  # the weights' own: a bf16 copy keeps a bf16 cache
         shape = (N, heads, L, head_dim)
-        need = 2 * len(lm.model.layers) * math.prod(shape) * dtype.itemsize + N * L  # keys, values, `valid`
+        # keys, values, `valid`, and each step's (N, V) logits with their fp32 processed copy (draw.py)
+        need = 2 * len(lm.model.layers) * math.prod(shape) * dtype.itemsize + N * L + 2 * N * config.vocab_size * 4
         if torch.device(device).type == "cpu" and need > (free := psutil.virtual_memory().available):
             raise ValueError(
-                f"sampling {N} completions of up to {L} tokens (prompt + max_completion_length) at once needs a KV cache of "
+                f"sampling {N} completions of up to {L} tokens (prompt + max_completion_length) at once needs a KV cache and logits of "
                 f"{need / 2**30:.1f} GiB, more than the {free / 2**30:.1f} GiB this machine has free; lower the prompts per rollout "
                 "(per_device_train_batch_size × steps_per_generation ÷ num_generations), num_generations or max_completion_length."
             )
