@@ -241,6 +241,16 @@ def test_a_completion_longer_than_the_models_context_is_refused_before_compute(t
                     train_dataset=prompts, processing_class=tokenizer)
 
 
+def test_pruning_keeps_the_checkpoint_just_saved_after_a_resume_from_an_older_one(tmp_path):
+    # Resumed from checkpoint-1 while checkpoints 2–4 of the same run exist, the run saves checkpoint-2 again: with
+    # save_total_limit=1 the highest step (4) used to push it out. Both the newest step and the one just saved stay.
+    for step in (1, 2, 3, 4):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        ckpt.write_manifest(str(tmp_path / f"checkpoint-{step}"), step, "a")
+    ckpt.prune(str(tmp_path), 1, "a", latest=str(tmp_path / "checkpoint-2"))
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint-2", "checkpoint-4"]
+
+
 def test_pruning_only_touches_this_runs_checkpoints(tmp_path):
     for step, run in [(1, "a"), (2, "a"), (3, "a"), (10, "b")]:
         folder = tmp_path / f"checkpoint-{step}"

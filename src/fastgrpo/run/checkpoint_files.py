@@ -222,7 +222,8 @@ def _run_id(path: str) -> str | None:
         return None
 
 
-def prune(output_dir: str, save_total_limit: int | None, run_id: str, best: str | None = None, at_end: bool = False) -> None:
+def prune(output_dir: str, save_total_limit: int | None, run_id: str, best: str | None = None, at_end: bool = False,
+          latest: str | None = None) -> None:
     """Delete this run's oldest checkpoints beyond `save_total_limit`, as transformers' `rotate_checkpoints` does.
 
     The newest checkpoint (for resuming) and `best` (`state.best_model_checkpoint`)
@@ -235,12 +236,14 @@ def prune(output_dir: str, save_total_limit: int | None, run_id: str, best: str 
         run_id: the run whose checkpoints may be deleted (by manifest).
         best: the best checkpoint's path, or None.
         at_end: training has ended.
+        latest: the checkpoint just saved, kept too: after a resume from an older checkpoint, the same run's
+            higher steps (the branch it left) would otherwise rank newer and push it out.
     """
     found = [os.path.normpath(p) for p in checkpoints(output_dir, run_id)]
     if save_total_limit is None or save_total_limit <= 0 or not found:
         return
     best = os.path.normpath(best) if best is not None and os.path.normpath(best) in found else None
-    protected = {found[-1], best} - {None}
+    protected = {found[-1], best, latest and os.path.normpath(latest)} - {None}
     if at_end and save_total_limit == 1 and best is not None:
         protected = {best}
     for path in [p for p in found if p not in protected][: max(len(found) - max(save_total_limit, len(protected)), 0)]:

@@ -100,7 +100,7 @@ def save(trainer: Checkpointed, rollout: Rollout, done: int) -> str:
     path = ckpt.save_checkpoint(a.output_dir, trainer.step, acc, trainer.model, trainer.tokenizer, state, own, trainer.run_id, trainer.optimizer)
     trainer.events.save(path)  # names the best checkpoint before pruning, as Trainer._save_checkpoint does
     if acc.is_main_process:
-        ckpt.prune(a.output_dir, a.save_total_limit, trainer.run_id, trainer.state.best_model_checkpoint)
+        ckpt.prune(a.output_dir, a.save_total_limit, trainer.run_id, trainer.state.best_model_checkpoint, latest=path)
     acc.wait_for_everyone()
     return path
 
