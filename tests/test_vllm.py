@@ -8,6 +8,7 @@ TRL's importance-sampling correction is there for.
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -330,3 +331,36 @@ def test_vllm_not_installed_is_one_line_naming_the_install_command(tmp_path, tok
     monkeypatch.setattr(build.importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else find_spec(name, *a))
     with pytest.raises(EngineError, match=r"needs vLLM, which is not installed: pip install vllm \(GPU\) or `make vllm`"):
         GRPOTrainer(vllm_tiny_model(tokenizer), reward_even_tokens, args=config(tmp_path), train_dataset=prompts, processing_class=tokenizer)
+
+
+@pytest.mark.parametrize("models,message", [
+    (b"<html>proxy login</html>", "answered GET /v1/models with something that is not a JSON object ('<html>proxy login</html>')"),
+    (b'{"object": "list"}', "answered GET /v1/models without a served model (None); is it a vLLM server?"),
+    (b'{"data": []}', "answered GET /v1/models without a served model ([]); is it a vLLM server?"),
+])
+def test_a_server_that_answers_wrongly_is_named_with_its_url(models, message):
+    # A real HTTP server on loopback that is up (/health answers 200) but is not a vLLM server.
+    import http.server
+    import threading
+
+    class Wrong(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = b"" if self.path == "/health" else models
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    from fastgrpo.generation.vllm.server import ServerEngine
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Wrong)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        with pytest.raises(EngineError, match=re.escape(f"the vLLM server at {url} {message}")):
+            ServerEngine(url, "tiny", timeout=5, pushes_weights=False)
+    finally:
+        httpd.shutdown()

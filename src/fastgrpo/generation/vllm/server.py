@@ -62,9 +62,13 @@ class ServerEngine:
     def __init__(self, url: str, model: str, *, aliases: tuple[str, ...] = (), timeout: float, pushes_weights: bool,
                  dtype: torch.dtype = torch.bfloat16, group_port: int = 51216):
         self.url, self.timeout, self.pushes_weights, self.group_port = url, timeout, pushes_weights, group_port
-        self.description = f"the vLLM server at {url}"
+        self.description, self.started = f"the vLLM server at {url}", False
         self.wait_until_up(model)
-        served = self.request("GET", "/v1/models")["data"][0]["id"]
+        models = self.request("GET", "/v1/models").get("data")
+        if not isinstance(models, list) or not models or not isinstance(models[0], dict) or "id" not in models[0]:
+            raise EngineError(f"{self.description} answered GET /v1/models without a served model ({str(models)[:200]}); is it a vLLM "
+                              f"server? Start one with `{START_COMMAND.format(model=model)}`.")
+        served = models[0]["id"]
         if served not in (model, *aliases):
             raise EngineError(f"{self.description} serves {served!r}, not the model being trained ({model!r}); "
                               f"start one for it: `{START_COMMAND.format(model=model)}`.")
@@ -72,6 +76,7 @@ class ServerEngine:
         info = self.request("GET", "/server_info?config_format=json", missing="its dev endpoints are off")
         self.nccl = torch.cuda.is_available() and bool(info.get("weight_transfer_config"))
         self.communicator, self.folder = None, WeightsFolder(dtype) if pushes_weights and not self.nccl else None
+        self.started = True  # from here on a failure may come after checkpoints were saved
 
     def wait_until_up(self, model: str) -> None:
         """Poll `/health` until it answers 200, for at most `timeout` seconds."""
@@ -104,20 +109,31 @@ class ServerEngine:
                                   f"`{START_COMMAND.format(model='…')}`, which turns them on.") from None
             raise EngineError(f"{self.description} refused {method} {path.split('?')[0]} (HTTP {err.code}: {detail}).") from None
         except (OSError, http.client.HTTPException) as err:
-            raise EngineError(
-                f"{self.description} stopped answering ({type(err).__name__}: {err}) during {method} {path.split('?')[0]}; "
-                "the last checkpoint is kept: restart the server, then resume with resume_from_checkpoint=True."
-            ) from None
-        return json.loads(text) if text.strip() else {}
+            after = ("the last checkpoint is kept: restart the server, then resume with resume_from_checkpoint=True" if self.started
+                     else "nothing was trained yet: check the server, then start the run again")
+            raise EngineError(f"{self.description} stopped answering ({type(err).__name__}: {err}) during {method} {path.split('?')[0]}; {after}.") from None
+        try:
+            answer = json.loads(text) if text.strip() else {}
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):
+            raise EngineError(f"{self.description} answered {method} {path.split('?')[0]} with something that is not a JSON object "
+                              f"({text[:200].decode(errors='replace')!r}); is vllm_server_base_url a vLLM server started with "
+                              "`fastgrpo vllm-serve`?")
+        return answer
 
     def generate(self, prompts: list[list[int]], params: dict) -> list[list[Completion]]:
         """`/v1/completions` with token-id prompts; choices come prompt-major (prompt i's n completions, then i + 1's)."""
         n = params["n"]
         answer = self.request("POST", "/v1/completions", {"model": self.model, "prompt": prompts, "return_token_ids": True, **params})
-        choices = sorted(answer["choices"], key=lambda c: c["index"])
+        try:
+            choices = sorted(answer["choices"], key=lambda c: c["index"])
+            rows = [Completion(c["token_ids"], (c.get("logprobs") or {}).get("token_logprobs", [])) for c in choices]
+        except (KeyError, TypeError, AttributeError) as err:
+            raise EngineError(f"{self.description} answered /v1/completions without choices holding index and token_ids "
+                              f"({type(err).__name__}: {err}); it must be a vLLM server that returns token ids (`fastgrpo vllm-serve`).") from None
         if len(choices) != n * len(prompts):
             raise EngineError(f"{self.description} returned {len(choices)} completions for {len(prompts)} prompts × n={n}.")
-        rows = [Completion(c["token_ids"], (c["logprobs"] or {}).get("token_logprobs", [])) for c in choices]
         return [rows[i * n : (i + 1) * n] for i in range(len(prompts))]
 
     def push(self, weights: dict[str, torch.Tensor]) -> None:
