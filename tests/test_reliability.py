@@ -151,6 +151,22 @@ def test_unknown_model_name_says_not_local_and_not_on_the_hub_at_once(monkeypatc
         resolve_model_path("some-folder")
 
 
+def test_unknown_dataset_name_offline_is_one_quick_line(monkeypatch, tmp_path):
+    # load_dataset retried for ≈ 24 s, then a 10-frame ConnectionError; the name gets the model's one probe instead.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    import huggingface_hub
+
+    def unreachable(self, *args, **kwargs):
+        raise ConnectionError("connection refused")
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "dataset_info", unreachable)
+    with pytest.raises(ValueError, match="dataset 'org/name' is not a local folder or file .* the hub could not be reached \\(ConnectionError\\); "
+                                         "check the path, or the network \\(HF_DATASETS_OFFLINE=1 reads the datasets cache\\)"):
+        load_dataset_spec("org/name")
+
+
 def test_model_folder_without_tokenizer_names_folder_and_files(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(ValueError, match=f"model folder '{tmp_path}' has no tokenizer \\(none of tokenizer.json"):

@@ -20,6 +20,7 @@ import datasets
 import torch
 from datasets import Dataset, load_dataset
 
+from ..model.loading import check_hub_repo
 from ..rollout.prompts import is_chat
 from ..tasks.reasoning_gym import reasoning_gym_dataset
 
@@ -67,6 +68,7 @@ def load_dataset_spec(spec: str, split: str = "train", size: int = 1000, seed: i
             "reasoning-gym:<task>, or a hub dataset name (org/name)."
         )
     else:
+        check_hub_repo(spec, "dataset")  # one quick probe: offline, load_dataset retries for half a minute, then a traceback
         dataset = load_dataset(spec, split=split)
     check_dataset(dataset, spec)
     return dataset
