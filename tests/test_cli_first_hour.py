@@ -174,3 +174,12 @@ def test_cli_refuses_a_run_in_the_way_before_the_model_loads_and_resumes_by_trls
     assert main([*base, "--model", str(model_dir), "--max_steps", "2", "--output_dir", "run", "--resume_from_checkpoint", "true"]) == 0
     with open(tmp_path / "run" / "metrics.jsonl") as f:
         assert [json.loads(line)["step"] for line in f] == [1, 2]
+
+
+def test_ctrl_c_before_training_is_one_line_and_the_shells_code(tmp_path, monkeypatch, capsys):
+    # Ctrl-C while things load (here: while the reward module imports) used to end in a 30-line traceback and exit 1.
+    (tmp_path / "slow_reward.py").write_text("raise KeyboardInterrupt\n")
+    monkeypatch.chdir(tmp_path)
+    code = main(["train", "--dataset", "calculator", "--reward", "slow_reward:score", "--max_steps", "1", "--output_dir", "out"])
+    err = capsys.readouterr().err
+    assert code == 130 and err.strip() == "fastgrpo: interrupted; what was already saved in output_dir is kept."

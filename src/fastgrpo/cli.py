@@ -365,6 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     except TrainingInterrupted as err:  # Ctrl-C: the checkpoint is saved, the message says how to resume
         print(f"fastgrpo: {err}", file=sys.stderr)
         return 130
+    except KeyboardInterrupt:  # Ctrl-C while loading, or a second one that aborts at once: no traceback, the shell's code
+        print("fastgrpo: interrupted; what was already saved in output_dir is kept.", file=sys.stderr)
+        return 130
     return 0
 
 
