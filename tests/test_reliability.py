@@ -102,6 +102,8 @@ def test_reward_functions_receive_trainer_state(tmp_path, tokenizer, make_model,
     ([{"prompt": " \n"}], "row 0 has a blank prompt"),
     ([{"prompt": [{"role": "user", "content": "hi"}]}, {"prompt": []}], "row 1 has no messages"),
     ([{"prompt": [{"content": "hi"}]}], "row 0: prompt .* is a list but not chat messages"),
+    ([{"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": None}]}],
+     "row 0, message 1 \\(user\\): content None is not text; the chat template would fail on it"),  # a Jinja TypeError naming no row
     ([{"prompt": "a", "completions": "x"}], "column named 'completions'"),
     ([{"prompt": "a", "trainer_state": 1}], "column named 'trainer_state'"),
 ])

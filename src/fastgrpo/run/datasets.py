@@ -168,7 +168,8 @@ def check_dataset(dataset, name: str = "train_dataset") -> None:
     Raises:
         ValueError: no "prompt" column, no rows, or a row whose prompt is
             missing, blank ("", whitespace, no messages) or neither text nor
-            chat messages (naming the row, counted from 0, and the fix).
+            chat messages, or a message whose content is not text (None outside a tool call), naming the
+            row, counted from 0, and the fix.
     """
     if len(dataset) == 0:
         raise ValueError(f"{name} is empty; give it at least one prompt.")
@@ -190,6 +191,10 @@ def check_dataset(dataset, name: str = "train_dataset") -> None:
                 f"{name} row {i}: prompt {str(prompt)[:80]} is a list but not chat messages; give text or "
                 '[{"role": "user", "content": "..."}, ...].'
             )
+        for j, message in enumerate(prompt if isinstance(prompt, list) else []):  # None is a tool call's content only
+            if not isinstance(message["content"], (str, list)) and not (message["content"] is None and message.get("tool_calls")):
+                raise ValueError(f"{name} row {i}, message {j} ({message['role']}): content {message['content']!r} is not text; "
+                                 "the chat template would fail on it at the first rollout. Fill it in or drop the row.")
 
 
 def check_json_lines(path: str) -> int:
