@@ -249,9 +249,9 @@ def test_ctrl_c_before_an_overwriting_run_writes_anything_keeps_the_previous_run
 
 
 def test_a_completion_longer_than_the_models_context_is_refused_before_compute(tmp_path, tokenizer, make_model, prompts):
-    # conftest's model has 512 positions: a completion of 512 tokens leaves no room for a prompt.
-    with pytest.raises(ValueError, match="max_completion_length=512 leaves no room for a prompt in the model's context of 512 tokens"):
-        GRPOTrainer(make_model(), reward_even_tokens, args=config(tmp_path, max_completion_length=512), train_dataset=prompts,
+    # conftest's model has 512 positions: a completion of 513 tokens cannot fit even without a prompt.
+    with pytest.raises(ValueError, match="max_completion_length=513 is longer than the model's context of 512 tokens"):
+        GRPOTrainer(make_model(), reward_even_tokens, args=config(tmp_path, max_completion_length=513), train_dataset=prompts,
                     processing_class=tokenizer)
     assert not os.path.exists(os.path.join(tmp_path, "out", "metrics.jsonl"))
     with pytest.warns(UserWarning, match="max_prompt_length=500 \\+ max_completion_length=16 exceeds the model's context of 512"):
@@ -388,6 +388,18 @@ def test_config_values_of_the_wrong_type_or_not_finite_name_the_field(tmp_path, 
 def test_config_keeps_trls_bool_spelling_and_an_int_for_a_float(tmp_path):
     args = config(tmp_path, scale_rewards=False, learning_rate=1, max_grad_norm=float("inf"))  # inf: no clipping
     assert args.scale_rewards == "none" and args.learning_rate == 1
+
+
+def test_a_reward_argument_no_dataset_column_fills_is_refused_before_loading(tmp_path, prompts):
+    # It failed at the first scoring for the train set, and for an eval set only at the first evaluation, after training.
+    def needs_ans(completions, ans, **kwargs):
+        return [float(a in c) for a, c in zip(ans, completions)]
+
+    with pytest.raises(ValueError, match="reward function 'needs_ans' needs 'ans', which train_dataset does not have \\(columns: prompt, n\\)"):
+        GRPOTrainer(NOT_LOADED, needs_ans, args=config(tmp_path), train_dataset=prompts)
+    train = [{"prompt": "Count to 3.", "ans": "3"}] * 8
+    with pytest.raises(ValueError, match="reward function 'needs_ans' needs 'ans', which eval dataset does not have \\(columns: prompt\\)"):
+        GRPOTrainer(NOT_LOADED, needs_ans, args=config(tmp_path), train_dataset=train, eval_dataset=[{"prompt": "Count to 4."}])
 
 
 @pytest.mark.parametrize("fields,error", [

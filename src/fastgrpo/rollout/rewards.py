@@ -77,6 +77,33 @@ def reward_names(funcs: Sequence[RewardFunc]) -> list[str]:
     return names
 
 
+def dataset_columns(dataset) -> list[str]:
+    """A dataset's column names: its features', or for a list of dicts (or an IterableDataset whose features are unknown) its first row's."""
+    columns = getattr(dataset, "column_names", None)
+    return list(next(iter(dataset), {})) if columns is None else list(columns)
+
+
+def check_reward_arguments(funcs: Sequence[RewardFunc], names: list[str], dataset, dataset_name: str, environments: bool = False) -> None:
+    """Refuse a reward function with a required parameter no call fills: neither the protocol's arguments nor a column of
+    `dataset` (a `def reward(completions, answer, **kw)` over a dataset without "answer" failed at the first scoring, or,
+    for an eval set, at the first evaluation, after training steps).
+
+    Raises:
+        ValueError: naming the function, the parameter, the dataset and its columns.
+    """
+    columns = dataset_columns(dataset)
+    given = {*RESERVED_COLUMNS, *columns, *(("environments",) if environments else ())}
+    for fn, name in zip(funcs, names):
+        try:
+            parameters = inspect.signature(fn).parameters.values()
+        except (TypeError, ValueError):  # a builtin or C callable: nothing to read
+            continue
+        kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        if missing := [p.name for p in parameters if p.default is p.empty and p.kind in kinds and p.name not in given]:
+            raise ValueError(f"reward function {name!r} needs {', '.join(map(repr, missing))}, which {dataset_name} does not have "
+                             f"(columns: {', '.join(columns)}); add the column, or give the parameter a default.")
+
+
 def check_columns(dataset, dataset_name: str = "train_dataset", environments: bool = False) -> None:
     """Refuse dataset columns that the reward protocol passes itself (checked when the trainer is built).
 
@@ -85,9 +112,7 @@ def check_columns(dataset, dataset_name: str = "train_dataset", environments: bo
     Raises:
         ValueError: a column named like one of `RESERVED_COLUMNS`, naming it.
     """
-    columns = getattr(dataset, "column_names", None)
-    if columns is None:  # a list of dicts, or an IterableDataset whose features are unknown: its first row
-        columns = list(next(iter(dataset), {}))
+    columns = dataset_columns(dataset)
     reserved = (*RESERVED_COLUMNS, "environments") if environments else RESERVED_COLUMNS
     clash = [c for c in columns if c in reserved]
     if clash:

@@ -24,7 +24,7 @@ from ..model.loading import check_peft_inputs
 from ..model.sharding import fsdp_requested
 from ..model.optimizers import check_optimizer_name, check_scheduler
 from ..rollout.reward_models import RewardModel
-from ..rollout.rewards import check_columns, resolve_reward, reward_names
+from ..rollout.rewards import check_columns, check_reward_arguments, resolve_reward, reward_names
 
 
 class TrainerInputs(NamedTuple):
@@ -102,6 +102,9 @@ def check_trainer_inputs(
     if len(weights) != len(resolved):
         raise ValueError(f"reward_weights has {len(weights)} values for {len(resolved)} reward functions; give one weight per function.")
     resolved, procs, weights = resolved + agents.reward_funcs, procs + [None] * len(agents.reward_funcs), [*weights, *[1.0] * len(agents.reward_funcs)]
+    for name, rows in [("train_dataset", train_dataset), *(((f"{k} dataset", v) for k, v in (sets or {}).items()))]:
+        if agents.rollout_func is None:  # a rollout_func's extra fields reach the rewards too: their names are not known here
+            check_reward_arguments(resolved, reward_names(resolved), rows, name, agents.environments is not None)
     check_peft_inputs(model, peft_config, a.sync_ref_model)
     pair = check_optimizers(optimizers, model, peft_config)
     if pair[1] is None:

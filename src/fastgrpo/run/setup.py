@@ -155,18 +155,18 @@ def check_context_length(config, max_prompt_length: int | None, max_completion_l
         UserWarning: max_prompt_length + max_completion_length exceeds the context: the longest rows would
             run past the positions the model was trained on (transformers' generate warns the same).
     Raises:
-        ValueError: max_completion_length alone reaches the context (no room for a prompt): the samplers'
-            KV caches are sized by it, so it would run out of memory or decode past the trained positions.
+        ValueError: max_completion_length alone exceeds the context: the samplers' KV caches are sized by it,
+            so it would run out of memory or decode past the trained positions.
     """
     longest = getattr(config, "max_position_embeddings", None)
     if not isinstance(longest, int):
         return
-    if max_completion_length >= longest:
+    if max_completion_length > longest:
         raise ValueError(
-            f"max_completion_length={max_completion_length} leaves no room for a prompt in the model's context of {longest} tokens "
+            f"max_completion_length={max_completion_length} is longer than the model's context of {longest} tokens "
             f"(config.max_position_embeddings); use at most {longest} minus your longest prompt, e.g. {min(longest // 2, 1024)}."
         )
-    if max_prompt_length is not None and max_prompt_length + max_completion_length > longest:
+    if (max_prompt_length is not None and max_prompt_length + max_completion_length > longest) or max_completion_length == longest:
         warnings.warn(
             f"max_prompt_length={max_prompt_length} + max_completion_length={max_completion_length} exceeds the model's context of "
             f"{longest} tokens: the longest prompts' completions would run past the positions it was trained on.", stacklevel=3,
