@@ -409,6 +409,8 @@ def test_a_reward_argument_no_dataset_column_fills_is_refused_before_loading(tmp
     ({"lr_scheduler_type": "cosine", "lr_scheduler_kwargs": {"num_cycle": 2}}, "lr_scheduler_kwargs=\\{'num_cycle': 2\\}: transformers' get_scheduler refuses it"),
     ({"lr_scheduler_type": "cosine_with_min_lr"}, "lr_scheduler_type='cosine_with_min_lr' with lr_scheduler_kwargs=None: transformers' get_scheduler refuses it"),
     ({"eval_strategy": "steps"}, "eval_strategy='steps' but no eval_dataset was passed"),  # transformers' Trainer refuses it too
+    ({"optim_args": "foo"}, "optim_args='foo' cannot be built here .*; give optim_args as key=value pairs"),
+    ({"optim": "adamw_bnb_8bit"}, "optim='adamw_bnb_8bit' with optim_args=None cannot be built here \\(You need to install `bitsandbytes`"),
     ({"eval_on_start": True}, "eval_strategy='no' with eval_on_start but no eval_dataset was passed"),
 ])
 def test_a_schedule_or_evaluation_that_cannot_run_is_refused_before_loading(tmp_path, prompts, fields, error):

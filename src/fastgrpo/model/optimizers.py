@@ -66,6 +66,19 @@ def build_optimizer(args, model: torch.nn.Module) -> torch.optim.Optimizer:
     Raises:
         ValueError: an optimizer whose package is missing or that does not run here; the message names `optim`.
     """
+    cls, kwargs = optimizer_factory(args, model)
+    return cls([p for p in model.parameters() if p.requires_grad], weight_decay=args.weight_decay, **kwargs)
+
+
+def optimizer_factory(args, model: torch.nn.Module | None) -> tuple[type, dict]:
+    """transformers' class and keyword arguments for `args.optim` and `args.optim_args` (Trainer.get_optimizer_cls_and_kwargs).
+
+    `model` is read only by optimizers that target modules (`optim_target_modules`); None checks the rest
+    before any model loads (inputs.check_trainer_inputs): a missing package, `optim_args` that do not parse.
+
+    Raises:
+        ValueError: the optimizer cannot be built here, naming `optim`, `optim_args` and transformers' reason.
+    """
     from transformers import Trainer
 
     view = SimpleNamespace(  # only the TrainingArguments fields transformers' factory reads
@@ -75,7 +88,7 @@ def build_optimizer(args, model: torch.nn.Module) -> torch.optim.Optimizer:
         gradient_accumulation_steps=args.gradient_accumulation_steps,
     )
     try:
-        cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(view, model)
+        return Trainer.get_optimizer_cls_and_kwargs(view, model)
     except (ImportError, ValueError, NotImplementedError) as err:
-        raise ValueError(f"optim={args.optim!r} cannot be built here ({err}); use optim='adamw_torch'.") from err
-    return cls([p for p in model.parameters() if p.requires_grad], weight_decay=args.weight_decay, **kwargs)
+        fix = "give optim_args as key=value pairs, comma-separated" if args.optim_args else "use optim='adamw_torch'"
+        raise ValueError(f"optim={args.optim!r} with optim_args={args.optim_args!r} cannot be built here ({err}); {fix}.") from err

@@ -22,7 +22,7 @@ from .dataset_kinds import check_train_dataset, eval_sets
 from ..rollout.group_filter import resolve_filter
 from ..model.loading import check_peft_inputs
 from ..model.sharding import fsdp_requested
-from ..model.optimizers import check_optimizer_name, check_scheduler
+from ..model.optimizers import check_optimizer_name, check_scheduler, optimizer_factory
 from ..rollout.reward_models import RewardModel
 from ..rollout.rewards import check_columns, check_reward_arguments, resolve_reward, reward_names
 
@@ -76,6 +76,8 @@ def check_trainer_inputs(
             "or an environment_factory whose environment defines get_reward()."
         )
     check_optimizer_name(a.optim)
+    if a.optim_target_modules is None:  # otherwise the factory needs the model's modules
+        optimizer_factory(a, None)
     if eval_dataset is None and (a.eval_strategy != "no" or a.eval_on_start):  # transformers' Trainer refuses it too
         raise ValueError(
             f"eval_strategy={a.eval_strategy!r}{' with eval_on_start' if a.eval_on_start else ''} but no eval_dataset was passed; "
