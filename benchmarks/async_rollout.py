@@ -24,6 +24,7 @@ import datetime
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -104,6 +105,9 @@ def main(argv=None) -> None:
         parser.error(f"--steps {ns.steps}: give 4 or more (2 steps per rollout; the time per rollout is measured from the end of the first to the last)")
     if importlib.util.find_spec("vllm") is None:
         parser.error("vLLM is not installed (make vllm): fastgrpo vllm-serve cannot start")
+    if shutil.which("taskset") is None or not {0, 1} <= os.sched_getaffinity(0):
+        parser.error(f"the server runs on core 0 and each run on core 1 (taskset): this needs `taskset` (util-linux) and both "
+                     f"cores, and this process may use cores {sorted(os.sched_getaffinity(0))}")
     if ns.worker:
         with open(ns.worker[0]) as f:
             result = worker(json.load(f))

@@ -254,3 +254,12 @@ def test_fsdp_report_names_the_file_it_cannot_read(content, message, capsys, tmp
     if content is not None:
         (tmp_path / "ddp.json").write_text(content)
     refused(fsdp.main, [str(tmp_path), "--report"], capsys, message)
+
+
+def test_async_rollout_says_it_needs_two_cores_before_the_server_starts(tmp_path):
+    # It pins the server to core 0 and each run to core 1; on one core it failed a minute in, after the server started.
+    import subprocess
+
+    proc = subprocess.run(["taskset", "-c", "0", sys.executable, os.path.join(BENCHMARKS, "async_rollout.py"), "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "this needs `taskset` (util-linux) and both cores, and this process may use cores [0]" in proc.stderr
