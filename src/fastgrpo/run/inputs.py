@@ -87,7 +87,8 @@ def check_trainer_inputs(
         raise ValueError("train_dataset is required: a datasets.Dataset (or list of dicts) with a 'prompt' column.")
     check_train_dataset(train_dataset, a.max_steps)
     sets = eval_sets(eval_dataset) if eval_dataset is not None else None
-    for name, rows in [("train_dataset", train_dataset), *(((f"{k} dataset", v) for k, v in (sets or {}).items()))]:
+    named_sets = [("train_dataset", train_dataset), *((f"{k} dataset", v) for k, v in (sets or {}).items())]
+    for name, rows in named_sets:
         check_columns(rows, name, agents.environments is not None)
     funcs = [] if no_rewards else list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
     if reward_processing_classes is None:
@@ -104,8 +105,8 @@ def check_trainer_inputs(
     if len(weights) != len(resolved):
         raise ValueError(f"reward_weights has {len(weights)} values for {len(resolved)} reward functions; give one weight per function.")
     resolved, procs, weights = resolved + agents.reward_funcs, procs + [None] * len(agents.reward_funcs), [*weights, *[1.0] * len(agents.reward_funcs)]
-    for name, rows in [("train_dataset", train_dataset), *(((f"{k} dataset", v) for k, v in (sets or {}).items()))]:
-        if agents.rollout_func is None:  # a rollout_func's extra fields reach the rewards too: their names are not known here
+    if agents.rollout_func is None:  # a rollout_func's extra fields reach the rewards too: their names are not known here
+        for name, rows in named_sets:
             check_reward_arguments(resolved, reward_names(resolved), rows, name, agents.environments is not None)
     check_peft_inputs(model, peft_config, a.sync_ref_model)
     pair = check_optimizers(optimizers, model, peft_config)

@@ -3,7 +3,7 @@
 - `check_output_dir`: the folder can be created and written (not a file, not read-only).
 - `claim_output_dir`: a new run refuses a folder that holds another run's
   checkpoints or logs, unless `overwrite_output_dir` (TRL's field), which removes them
-  (`remove_run_files`) once the new run first writes.
+  (`PreviousRun`) once the new run first writes.
 - `config_changes`: resuming with a changed config; fields that give saved
   state its meaning (`STATE_FIELDS`: batch shapes, G, μ, lengths, loss) are
   refused, the rest are applied and listed in one notice.
@@ -53,8 +53,7 @@ def check_output_dir(output_dir: str) -> None:
 def claim_output_dir(output_dir: str, overwrite: bool) -> list[str]:
     """Make `output_dir` this new run's own: refuse another run's files there, or, when `overwrite`, name them for removal.
 
-    Nothing is removed here: the caller removes them (`remove_run_files`) when this run first writes
-    (`PreviousRun`), so a run that fails before it has anything to save leaves the previous one whole.
+    Nothing is removed here: `PreviousRun` removes them when this run first writes, so a run that fails before it has anything to save leaves the previous one whole.
 
     Only what fastgrpo wrote is ever named for removal: its checkpoint folders (with a manifest) and its logs. A
     `checkpoint-N` it did not write (another trainer's, or a file) is another run's too, and refuses a new run
@@ -67,24 +66,12 @@ def claim_output_dir(output_dir: str, overwrite: bool) -> list[str]:
             naming them and the three ways on.
     """
     found = [os.path.basename(p) for p in checkpoints(output_dir)] + [n for n in LOGS if os.path.exists(os.path.join(output_dir, n))]
-    if found and overwrite:
-        found = [n for n in found if n in LOGS or written_by_fastgrpo(os.path.join(output_dir, n))]
     if found and not overwrite:
         raise ValueError(
             f"output_dir {output_dir!r} already holds a run ({', '.join(found)}); resume it with resume_from_checkpoint=True "
             "(fastgrpo train --resume), choose another output_dir, or set overwrite_output_dir=True to replace it."
         )
-    return found
-
-
-def remove_run_files(output_dir: str, names: list[str]) -> None:
-    """Remove `names` (claim_output_dir's list) from `output_dir`; one already gone is skipped."""
-    for name in names:
-        path = os.path.join(output_dir, name)
-        if os.path.isdir(path):
-            shutil.rmtree(path)
-        elif os.path.exists(path):
-            os.remove(path)
+    return [n for n in found if n in LOGS or written_by_fastgrpo(os.path.join(output_dir, n))]
 
 
 class PreviousRun:
@@ -98,7 +85,11 @@ class PreviousRun:
     def remove(self) -> None:
         """Remove the files (once; later calls do nothing), with a one-line notice. Called before every write to output_dir."""
         if self.names:
-            remove_run_files(self.output_dir, self.names)
+            for path in (os.path.join(self.output_dir, name) for name in self.names):  # one already gone is skipped
+                if os.path.isdir(path):
+                    shutil.rmtree(path)
+                elif os.path.exists(path):
+                    os.remove(path)
             self.console.print(f"overwrite_output_dir: removed the previous run's {', '.join(self.names)} from {self.output_dir}", soft_wrap=True)
             self.names = []
 
