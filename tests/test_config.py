@@ -267,3 +267,58 @@ def test_checkpointing_kwargs_are_checked_when_the_config_is_built(kwargs, match
 def test_checkpointing_kwargs_torch_takes_are_kept():
     kwargs = {"use_reentrant": False, "determinism_check": "none", "debug": True, "preserve_rng_state": False, "early_stop": False}
     assert GRPOConfig(gradient_checkpointing=True, gradient_checkpointing_kwargs=kwargs).gradient_checkpointing_kwargs == kwargs
+
+
+# A field only one feature reads, set while that feature is off: (field and value, the state the warning names,
+# the settings that turn the feature on). TRL accepts each silently; here each warns and still runs.
+SERVER = {"use_vllm": True, "vllm_mode": "server"}
+INERT = [
+    ({"vllm_mode": "server"}, "use_vllm=False (generation_backend='fastgrpo')", {"use_vllm": True}),
+    ({"vllm_server_port": 8001}, "use_vllm=False", SERVER),
+    ({"vllm_gpu_memory_utilization": 0.5}, "use_vllm=False", {"use_vllm": True}),
+    ({"vllm_server_base_url": "http://host:9000", "use_vllm": True}, "vllm_mode='colocate'", {"vllm_mode": "server"}),
+    ({"vllm_max_model_length": 1024, "use_vllm": True, "vllm_mode": "server"}, "vllm_mode='server'", {"vllm_mode": "colocate"}),
+    ({"max_num_gen_batches": 3}, "filter_groups=False", {"filter_groups": True}),
+    ({"filter_groups_metric": "accuracy"}, "filter_groups=False", {"filter_groups": True}),
+    ({"queue_maxsize": 4096}, "max_staleness=None", {**SERVER, "max_staleness": 2}),
+    ({"kl_estimator": "full"}, "beta=0", {"beta": 0.04}),
+    ({"ref_model_sync_steps": 64, "beta": 0.04}, "sync_ref_model=False", {"sync_ref_model": True}),
+    ({"sapo_temperature_neg": 2.0}, "loss_type='dapo'", {"loss_type": "sapo"}),
+    ({"vespo_k_pos": 1.0}, "loss_type='dapo'", {"loss_type": "vespo"}),
+    ({"entropy_target": 1.5}, "use_adaptive_entropy=False", {"use_adaptive_entropy": True}),
+    ({"vllm_importance_sampling_mode": "token_mask", "vllm_importance_sampling_correction": False},
+     "vllm_importance_sampling_correction=False", {"vllm_importance_sampling_correction": True}),
+    ({"num_completions_to_print": 8}, "log_completions=False", {"log_completions": True}),
+    ({"warmup_ratio": 0.1, "warmup_steps": 5}, "warmup_steps=5", {"warmup_steps": 0}),
+    ({"save_steps": 50, "save_strategy": "epoch"}, "save_strategy='epoch'", {"save_strategy": "steps"}),
+    ({"eval_steps": 10}, "eval_strategy='no'", {"eval_strategy": "steps"}),
+    ({"greater_is_better": False}, "metric_for_best_model=None", {"metric_for_best_model": "eval_reward"}),
+]
+
+
+def caught_warnings(**kwargs) -> list[str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        GRPOConfig(**kwargs)
+    return [str(w.message) for w in caught]
+
+
+@pytest.mark.parametrize("fields,state,turn_on", INERT, ids=[next(iter(f)) for f, _, _ in INERT])
+def test_a_field_its_feature_does_not_read_warns_and_runs(fields, state, turn_on):
+    name, value = next(iter(fields.items()))
+    messages = [m for m in caught_warnings(**fields) if "no effect" in m]
+    assert len(messages) == 1, messages
+    assert messages[0].startswith(f"{name}={value!r} has no effect while {state}"), messages[0]
+    assert messages[0].endswith(", or drop it."), messages[0]
+    assert not [m for m in caught_warnings(**{**fields, **turn_on}) if "no effect" in m]  # the feature on reads it
+
+
+def test_every_inert_field_of_a_feature_is_named_in_one_warning():
+    (message,) = [m for m in caught_warnings(vllm_mode="server", vllm_server_port=8001, vllm_server_timeout=30.0) if "no effect" in m]
+    assert message.startswith("vllm_mode='server', vllm_server_port=8001, vllm_server_timeout=30.0 have no effect while use_vllm=False")
+    assert message.endswith("set use_vllm=True to sample with vLLM, or drop them.")
+
+
+def test_defaults_and_their_own_values_do_not_warn():
+    assert not caught_warnings()
+    assert not caught_warnings(vllm_server_port=8000, max_num_gen_batches=10, kl_estimator="k3")  # each its default

@@ -27,7 +27,7 @@ import typing
 import warnings
 from dataclasses import dataclass, field
 
-from .checks import DICT_FIELDS, SAMPLING_KEYS, check_types, validate, warn_like_trl
+from .checks import DICT_FIELDS, SAMPLING_KEYS, check_types, validate, warn_inert, warn_like_trl
 from .trl_fields import TRL_FIELDS, check_trl_field
 
 
@@ -237,6 +237,7 @@ class GRPOConfig:
         self._resolve_batches()
         validate(self)
         warn_like_trl(self)
+        warn_inert(self)
 
     def _apply_trl_spellings(self) -> None:
         """TRL's None defaults and generation_kwargs, turned into the fields that hold them here."""
@@ -284,8 +285,6 @@ class GRPOConfig:
             self.greater_is_better = not self.metric_for_best_model.endswith("loss")
         if self.eval_strategy == "steps" and self.eval_steps is None:
             self.eval_steps = self.logging_steps  # transformers' default
-        if self.eval_strategy == "no" and self.eval_steps is not None:
-            warnings.warn(f"eval_steps={self.eval_steps} has no effect with eval_strategy='no'; set eval_strategy='steps' to evaluate.", stacklevel=5)
 
     def _resolve_batches(self) -> None:
         # Checked before the arithmetic below, which would divide by zero or
