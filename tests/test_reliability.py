@@ -418,6 +418,17 @@ def test_a_schedule_or_evaluation_that_cannot_run_is_refused_before_loading(tmp_
         GRPOTrainer(NOT_LOADED, reward_even_tokens, args=config(tmp_path, **fields), train_dataset=prompts)
 
 
+def test_a_best_metric_evaluation_does_not_report_is_refused_before_loading(tmp_path, prompts):
+    evals = {"easy": prompts.select(range(4)), "hard": prompts.select(range(4, 8))}
+    with pytest.raises(ValueError, match=r"metric_for_best_model='eval_rewrad': evaluation reports eval_easy_loss, eval_easy_reward, "
+                       r"eval_easy_rewards/reward_even_tokens/mean, .*, eval_hard_rewards/reward_even_tokens/std; use one of them\."):
+        GRPOTrainer(NOT_LOADED, reward_even_tokens, args=config(tmp_path, metric_for_best_model="eval_rewrad"), train_dataset=prompts,
+                    eval_dataset=evals)
+    for name in ("eval_hard_reward", "easy_rewards/reward_even_tokens/mean"):  # transformers' rule: "eval_" is added when missing
+        with pytest.raises(ValueError, match="does not exist"):  # past the check, at the model it must not load
+            GRPOTrainer(NOT_LOADED, reward_even_tokens, args=config(tmp_path, metric_for_best_model=name), train_dataset=prompts, eval_dataset=evals)
+
+
 @pytest.mark.parametrize("kwargs,error", [
     ({"args": "trl-args"}, "args has type builtins.str; give a fastgrpo GRPOConfig"),
     ({"model": 5}, "model has type int; give a model name"),

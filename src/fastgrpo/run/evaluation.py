@@ -25,6 +25,37 @@ from ..rollout.record import Rollout
 Sample = Callable[[list[dict], PhaseTimer], tuple[Rollout, dict]]
 
 
+def eval_metric_names(set_names: Sequence[str], reward_names: list[str], metric_key_prefix: str = "eval") -> list[str]:
+    """The keys `mean_rewards` reports for these eval sets (each function's only when it applied to a completion).
+
+    Args:
+        set_names: "eval" or "eval_<name>" per set (dataset_kinds.eval_sets' keys).
+        reward_names: the reward functions' log names.
+        metric_key_prefix: replaces "eval" in each set's name.
+    """
+    names = []
+    for set_name in set_names:
+        prefix = metric_key_prefix + set_name[len("eval") :]
+        names += [f"{prefix}_loss", f"{prefix}_reward", *(f"{prefix}_rewards/{n}/{part}" for n in reward_names for part in ("mean", "std"))]
+    return names
+
+
+def check_best_metric(metric_for_best_model: str | None, set_names: Sequence[str], reward_names: list[str]) -> None:
+    """Refuse a `metric_for_best_model` no evaluation of these sets reports, before the model loads.
+
+    transformers' rule: a name without the "eval_" prefix gets it (`reward` → `eval_reward`).
+    Raises:
+        ValueError: the metric is not one of `eval_metric_names` (it used to fail at the first evaluation,
+            after training steps were spent), naming the metric and the ones there are.
+    """
+    if metric_for_best_model is None:
+        return
+    key = metric_for_best_model if metric_for_best_model.startswith("eval_") else f"eval_{metric_for_best_model}"
+    names = eval_metric_names(set_names, reward_names)
+    if key not in names:
+        raise ValueError(f"metric_for_best_model={metric_for_best_model!r}: evaluation reports {', '.join(names)}; use one of them.")
+
+
 def mean_rewards(
     sets: Mapping[str, Sequence[dict]], metric_key_prefix: str, sample: Sample, *, reward_names: list[str],
     reward_weights: torch.Tensor, num_generations: int, batch_size: int, accelerator, on_batch: Callable[[], None] = lambda: None,
@@ -51,7 +82,7 @@ def mean_rewards(
     acc, prompts_per_call = accelerator, max(batch_size // num_generations, 1)
     metrics = {}
     for set_name, dataset in sets.items():
-        prefix = metric_key_prefix + set_name[len("eval") :]  # "eval" or "eval_<name>" → "<prefix>[_<name>]"
+        prefix = metric_key_prefix + set_name[len("eval") :]  # "eval" or "eval_<name>" → "<prefix>[_<name>]" (as eval_metric_names)
         dataset = dataset if hasattr(dataset, "__len__") else list(dataset)  # an IterableDataset: read through
         rows = [dataset[i] for i in range(acc.process_index, len(dataset), acc.num_processes)]
         window = Window()  # the same keys on every process, even one without eval rows

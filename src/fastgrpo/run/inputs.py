@@ -19,6 +19,7 @@ import torch
 from ..rollout.producers import AgentInputs, check_agent_inputs
 from ..config import GRPOConfig
 from .dataset_kinds import check_train_dataset, eval_sets
+from .evaluation import check_best_metric
 from ..rollout.group_filter import resolve_filter
 from ..model.loading import check_peft_inputs
 from ..model.sharding import fsdp_requested
@@ -55,7 +56,8 @@ def check_trainer_inputs(
             filter_groups_metric that is no reward name or importable "module:function"; `optimizers` that cannot
             drive this model (`check_optimizers`); `quantization_config` also set in model_init_kwargs (TRL's error);
             a schedule transformers cannot build (optimizers.check_scheduler); eval_strategy or eval_on_start
-            without an eval_dataset (transformers' error).
+            without an eval_dataset (transformers' error); a metric_for_best_model the eval sets do not report
+            (evaluation.check_best_metric).
     Warns:
         UserWarning: `quantization_config` for an already built model (ignored, as TRL warns).
     """
@@ -108,6 +110,8 @@ def check_trainer_inputs(
     if agents.rollout_func is None:  # a rollout_func's extra fields reach the rewards too: their names are not known here
         for name, rows in named_sets:
             check_reward_arguments(resolved, reward_names(resolved), rows, name, agents.environments is not None)
+    if sets is not None:  # without eval sets it is read only by evaluate(eval_dataset=…), whose sets are not known here
+        check_best_metric(a.metric_for_best_model, list(sets), reward_names(resolved))
     check_peft_inputs(model, peft_config, a.sync_ref_model)
     pair = check_optimizers(optimizers, model, peft_config)
     if pair[1] is None:
