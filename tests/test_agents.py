@@ -7,6 +7,7 @@ answer); the log-prob passes and the update still run on the tiny model.
 """
 
 import asyncio
+import copy
 import math
 
 import pytest
@@ -521,3 +522,28 @@ def test_reprefill_turns_never_show_the_processors_a_pad(tokenizer, make_model):
     turns.first(ids, mask, 2, 6)
     turns.extend([3, 0, 2], [[10, 11, 12], [13], [14, 15, 16, 17, 18, 19, 20]], [5, 7, 4])
     assert len(seen) > 6 and all(not (h == pad).any() for h in seen)
+
+
+def whisper(word: str) -> str:
+    """
+    Whispers a word back as a secret.
+
+    Args:
+        word: The word to whisper.
+
+    Returns:
+        The secret.
+    """
+    return "<secret>"
+
+
+def test_a_tool_reply_token_the_embedding_lacks_is_refused(tmp_path, tokenizer, make_model):
+    grown = copy.deepcopy(tokenizer)
+    grown.add_tokens(["<secret>"])  # id 49152; the tiny model's embedding keeps 49152 rows
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": "Whisper something."}]}] * 2)
+    with pytest.warns(UserWarning, match="the tokenizer has 49153 tokens but the model's input embedding has 49152 rows"):
+        trainer = GRPOTrainer(model=make_model(), reward_funcs=lambda completions, **kw: [0.0] * len(completions), args=config(tmp_path),
+                              train_dataset=dataset, processing_class=grown, tools=[whisper])
+    scripted(trainer, grown, call='<tool_call>\n{"name": "whisper", "arguments": {"word": "x"}}\n</tool_call>')
+    with pytest.raises(ValueError, match="the tool reply '<secret>' holds token '<secret>' id 49152, but the model's input embedding has 49152 rows"):
+        trainer._collect()

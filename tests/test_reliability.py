@@ -4,6 +4,7 @@ One test per kind of bad input or fault; docs/reliability.md lists them. Trainer
 runs are a few optimizer steps of the tiny random model from conftest.py.
 """
 
+import copy
 import errno
 import json
 import os
@@ -493,3 +494,42 @@ def test_cli_yaml_syntax_error_is_one_line(tmp_path, capsys):
     assert main(["train", "--config", str(bad), "--output_dir", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "is not valid YAML" in err
+
+
+# ---------------------------------------------------------------- token ids the model has no embedding row for
+@pytest.fixture
+def grown_tokenizer(tokenizer):
+    """SmolLM2's tokenizer with one token added (id 49152) and the model's embedding not grown: tiny_model has 49152 rows."""
+    grown = copy.deepcopy(tokenizer)
+    grown.add_tokens(["<secret>"])
+    return grown
+
+
+def test_a_prompt_token_the_embedding_lacks_is_refused_naming_both_sizes(tmp_path, grown_tokenizer, make_model):
+    secret = Dataset.from_list([{"prompt": [{"role": "user", "content": f"Say <secret> {i}."}]} for i in range(8)])
+    with pytest.warns(UserWarning, match="the tokenizer has 49153 tokens but the model's input embedding has 49152 rows: a prompt holding one of the last 1"):
+        trainer = GRPOTrainer(make_model(), reward_even_tokens, args=config(tmp_path, save_steps=1), train_dataset=secret,
+                              processing_class=grown_tokenizer)
+    # it used to fail in the embedding with "index out of range in self"
+    with pytest.raises(ValueError, match=r"prompt '.*Say <secret> \d\.<\|im_end\|>\\n<\|im_start\|>assistant\\n' holds token '<secret>' id 49152, "
+                       r"but the model's input embedding has 49152 rows \(its tokenizer has 49153 tokens\); .*model\.resize_token_embeddings"):
+        trainer.train()
+    assert not ckpt.checkpoints(trainer.args.output_dir)
+
+
+def test_a_padding_id_the_embedding_lacks_is_refused_when_the_trainer_is_built(tmp_path, grown_tokenizer, make_model, prompts):
+    grown_tokenizer.pad_token = "<secret>"
+    with pytest.raises(ValueError, match=r"the tokenizer's pad_token_id=49152 \('<secret>'\) is not among the model's 49152 embedding rows"):
+        GRPOTrainer(make_model(), reward_even_tokens, args=config(tmp_path), train_dataset=prompts, processing_class=grown_tokenizer)
+
+
+def test_rollout_func_token_ids_the_embedding_lacks_are_refused(tmp_path, tokenizer, make_model, prompts):
+    def rollout_func(prompts, trainer):  # G = 4 completions per prompt; the third holds an id one past the vocabulary
+        n = len(prompts) * 4
+        completions = [[5, 6, tokenizer.eos_token_id]] * 2 + [[5, 49152, tokenizer.eos_token_id]] + [[5, 6, tokenizer.eos_token_id]] * (n - 3)
+        return {"prompt_ids": [[1, 2, 3]] * n, "completion_ids": completions, "logprobs": [[-1.0] * 3] * n}
+
+    trainer = GRPOTrainer(make_model(), reward_even_tokens, args=config(tmp_path), train_dataset=prompts, processing_class=tokenizer,
+                          rollout_func=rollout_func)
+    with pytest.raises(ValueError, match=r"rollout_func's completion_ids\[2\] holds token id 49152, but the model's input embedding has 49152 rows"):
+        trainer.train()

@@ -79,13 +79,13 @@ def build_producer(
     if agents is None or not (agents.tools or agents.environments or agents.rollout_func):
         return SingleTurn(partial(_encode, encode, device), backend, partial(_decode, tokenizer), eos_token_ids), tokenizer
     if agents.rollout_func is not None:
-        return RolloutFunc(agents.rollout_func, trainer, tokenizer, eos_token_ids, tokenizer.pad_token_id, device), tokenizer
+        return RolloutFunc(agents.rollout_func, trainer, tokenizer, eos_token_ids, tokenizer.pad_token_id, device, encode.vocab_size), tokenizer
     a = args
     tokenizer, notice = prepare_tool_tokenizer(tokenizer)  # saved with the model: inference renders tools alike
     if notice:
         notify(notice)
     multi = MultiTurn(
-        tokenizer, PromptEncoder(tokenizer, a.max_prompt_length, a.chat_template_kwargs), backend.turns, agents.tools, agents.environments,
+        tokenizer, PromptEncoder(tokenizer, a.max_prompt_length, a.chat_template_kwargs, encode.vocab_size), backend.turns, agents.tools, agents.environments,
         max_completion_length=a.max_completion_length, max_tool_calling_iterations=a.max_tool_calling_iterations,
         chat_template_kwargs=a.chat_template_kwargs or {}, eos_token_ids=eos_token_ids, pad_token_id=tokenizer.pad_token_id, device=device,
     )

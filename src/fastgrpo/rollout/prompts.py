@@ -7,6 +7,36 @@ from __future__ import annotations
 
 import torch
 
+
+def check_token_ids(rows, vocab_size: int | None, what, tokenizer=None) -> None:
+    """Refuse token ids the model has no embedding row for, before they reach it (an embedding lookup fails with
+    "index out of range in self", naming no size).
+
+    Args:
+        rows: token ids per row (lists or 1-D tensors).
+        vocab_size: rows of the model's input embedding; None: not checked.
+        what: each row's name for the message, or what a row is ("tool reply", "rollout_func's completion_ids"),
+            then named by its index.
+        tokenizer: names the token in the message when given.
+    Raises:
+        ValueError: an id outside [0, vocab_size), naming the row, the token, the id and both sizes, with the fix.
+    """
+    if vocab_size is None:
+        return
+    for i, ids in enumerate(rows):
+        ids = ids.tolist() if isinstance(ids, torch.Tensor) else ids
+        bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            text = tokenizer.convert_ids_to_tokens(bad) if tokenizer is not None and bad >= 0 else None  # None: no such token either
+            token = f" {text!r}" if text is not None else ""
+            sizes = f" (its tokenizer has {len(tokenizer)} tokens)" if tokenizer is not None else ""
+            name = what[i] if isinstance(what, (list, tuple)) else f"{what} {i}"
+            raise ValueError(
+                f"{name} holds token{token} id {bad}, but the model's input embedding has {vocab_size} rows{sizes}; "
+                "use the model's own tokenizer, or grow the embedding first: model.resize_token_embeddings(len(tokenizer))."
+            )
+
+
 def is_conversational(prompt) -> bool:
     """True for a prompt given as chat messages ([{"role": …, "content": …}, …])."""
     return isinstance(prompt, list) and len(prompt) > 0 and isinstance(prompt[0], dict) and "role" in prompt[0]
@@ -52,12 +82,19 @@ class PromptEncoder:
         max_prompt_length: tokens, or None for no limit.
         chat_template_kwargs: extra variables for the chat template, e.g.
             {"enable_thinking": False} (TRL's chat_template_kwargs).
+        vocab_size: rows of the model's input embedding: a prompt holding a token id beyond them is
+            refused (`check_token_ids`); None: not checked.
     """
 
-    def __init__(self, tokenizer, max_prompt_length: int | None, chat_template_kwargs: dict | None = None):
+    def __init__(self, tokenizer, max_prompt_length: int | None, chat_template_kwargs: dict | None = None, vocab_size: int | None = None):
         self.tokenizer = tokenizer
         self.max_prompt_length = max_prompt_length
         self.chat_template_kwargs = chat_template_kwargs or {}
+        self.vocab_size = vocab_size
+
+    def check(self, rows, what) -> None:
+        """`check_token_ids` against this encoder's model: other tokens that reach the model (a tool reply's)."""
+        check_token_ids(rows, self.vocab_size, what, self.tokenizer)
 
     def render(self, prompt, tools: list | None = None) -> str:
         """The prompt text the model sees; `tools` (JSON schemas) are rendered by the chat template (agents).
@@ -80,13 +117,19 @@ class PromptEncoder:
         raise TypeError(f"prompt {prompt!r} is neither text nor a list of chat messages.")
 
     def __call__(self, prompts: list, tools: list[list] | None = None) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """Returns (prompt_ids (B, P), prompt_mask (B, P), number of prompts truncated); `tools`: per prompt, its tool schemas."""
+        """Returns (prompt_ids (B, P), prompt_mask (B, P), number of prompts truncated); `tools`: per prompt, its tool schemas.
+
+        Raises:
+            ValueError: a prompt holding a token id the model has no embedding row for (`vocab_size`).
+        """
         tools = tools or [None] * len(prompts)
-        ids = [self.tokenizer(self.render(p, t), add_special_tokens=not is_conversational(p))["input_ids"] for p, t in zip(prompts, tools)]
+        texts = [self.render(p, t) for p, t in zip(prompts, tools)]
+        ids = [self.tokenizer(text, add_special_tokens=not is_conversational(p))["input_ids"] for text, p in zip(texts, prompts)]
         limit = self.max_prompt_length
         truncated = sum(1 for x in ids if limit is not None and len(x) > limit)
         if limit is not None:
             ids = [x[-limit:] for x in ids]
+        self.check(ids, [f"prompt {text[-80:]!r}" for text in texts])
         width = max(len(x) for x in ids)
         pad = self.tokenizer.pad_token_id
         prompt_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids])

@@ -88,6 +88,7 @@ class Policy(NamedTuple):
     eos_token_ids: list[int]  # sorted: the model's generation_config EOS ids and the tokenizer's
     sampler_copy: GatheredCopy | None  # under FSDP: the whole copy the sampler runs, refreshed per rollout; else None
     router: RouterAuxLoss  # whether a mixture-of-experts policy's load-balancing loss is added, and its weight (TRL's rule)
+    vocab_size: int | None  # rows of the policy's input embedding: the token ids it can read (`check_vocabulary`)
 
 
 def load_policy(model, processing_class, peft_config, args: GRPOConfig, accelerator: Accelerator, bf16: bool = False) -> Policy:
@@ -105,7 +106,8 @@ def load_policy(model, processing_class, peft_config, args: GRPOConfig, accelera
         UserWarning: model_init_kwargs set for an already built model (ignored, as TRL warns).
     Raises:
         ValueError: see models.load_tokenizer, models.resolve_model_path, models.prepare_adapters and
-            `check_context_length` (a max_completion_length the model's context cannot hold); a
+            `check_context_length` (a max_completion_length the model's context cannot hold) and
+            `check_vocabulary` (a padding id the model has no embedding row for); a
             router_aux_loss_coef for a model without router logits (experts.RouterAuxLoss).
     """
     a = args
@@ -116,6 +118,7 @@ def load_policy(model, processing_class, peft_config, args: GRPOConfig, accelera
         tokenizer = prepare_tokenizer(processing_class) if processing_class is not None else load_tokenizer(name)
         policy = load_model(model, a.model_init_kwargs)
     check_context_length(decoder_of(policy).config, a.max_prompt_length, a.max_completion_length)
+    vocab_size = check_vocabulary(policy, tokenizer)
     # Adapters given (maybe trained) with beta > 0: π_ref = a frozen copy of them; fresh ones: adapters disabled.
     policy = prepare_adapters(policy, peft_config, reference_copy=is_peft_model(model) and a.beta > 0)
     if a.disable_dropout:  # after the adapters: their dropout too
@@ -141,7 +144,7 @@ def load_policy(model, processing_class, peft_config, args: GRPOConfig, accelera
     eos = policy.generation_config.eos_token_id
     eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
     router = RouterAuxLoss.from_config(a.router_aux_loss_coef, policy.config)
-    return Policy(tokenizer, policy, ref_model, sorted(eos | {tokenizer.eos_token_id}), sampler_copy, router)
+    return Policy(tokenizer, policy, ref_model, sorted(eos | {tokenizer.eos_token_id}), sampler_copy, router, vocab_size)
 
 
 def check_context_length(config, max_prompt_length: int | None, max_completion_length: int) -> None:
@@ -171,6 +174,31 @@ def check_context_length(config, max_prompt_length: int | None, max_completion_l
             f"max_prompt_length={max_prompt_length} + max_completion_length={max_completion_length} exceeds the model's context of "
             f"{longest} tokens: the longest prompts' completions would run past the positions it was trained on.", stacklevel=3,
         )
+
+
+def check_vocabulary(model: torch.nn.Module, tokenizer) -> int | None:
+    """The rows of `model`'s input embedding (None for a model without one), once its tokenizer fits them.
+
+    Every token id the model reads must have a row: prompts are checked as they are encoded
+    (rollout/prompts.check_token_ids); the padding id fills every batch, so it is checked here.
+    Warns:
+        UserWarning: the tokenizer has more tokens than the embedding has rows (tokens added to the
+            tokenizer without `model.resize_token_embeddings`): a prompt that uses one is refused.
+    Raises:
+        ValueError: the tokenizer's pad_token_id is not a row of the embedding, naming both sizes.
+    """
+    embedding = decoder_of(model).get_input_embeddings()
+    rows = getattr(embedding, "num_embeddings", None)
+    if rows is None:
+        return None
+    fix = "use the model's own tokenizer, or grow the embedding first: model.resize_token_embeddings(len(tokenizer))"
+    pad = tokenizer.pad_token_id
+    if pad is not None and not 0 <= pad < rows:
+        raise ValueError(f"the tokenizer's pad_token_id={pad} ({tokenizer.pad_token!r}) is not among the model's {rows} embedding rows; {fix}.")
+    if len(tokenizer) > rows:
+        warnings.warn(f"the tokenizer has {len(tokenizer)} tokens but the model's input embedding has {rows} rows: a prompt holding one "
+                      f"of the last {len(tokenizer) - rows} will be refused; {fix}.", stacklevel=4)
+    return rows
 
 
 def prepare(accelerator: Accelerator, model: torch.nn.Module, optimizer: torch.optim.Optimizer):

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from ..prompts import is_conversational
+from ..prompts import check_token_ids, is_conversational
 from ..rewards import RESERVED_COLUMNS
 from ..record import Generated
 
@@ -73,11 +73,13 @@ class RolloutFunc:
         tokenizer: decodes the completions for the reward functions.
         eos_token_ids, pad_token_id: a completion not ending in one of them is truncated; padding.
         device: where the rollout's tensors live.
+        vocab_size: rows of the policy's input embedding: ids beyond them are refused (prompts.check_token_ids); None: not checked.
     """
 
-    def __init__(self, rollout_func: Callable, trainer, tokenizer, eos_token_ids: Sequence[int], pad_token_id: int, device=None):
+    def __init__(self, rollout_func: Callable, trainer, tokenizer, eos_token_ids: Sequence[int], pad_token_id: int, device=None,
+                 vocab_size: int | None = None):
         self.rollout_func, self.trainer, self.tokenizer = rollout_func, trainer, tokenizer
-        self.eos, self.pad, self.device = tuple(eos_token_ids), pad_token_id, device
+        self.eos, self.pad, self.device, self.vocab_size = tuple(eos_token_ids), pad_token_id, device, vocab_size
 
     def __call__(self, rows: list[dict], num_generations: int) -> Generated:
         prompts = [row["prompt"] for row in rows]
@@ -85,6 +87,8 @@ class RolloutFunc:
         check_output(output, len(rows), num_generations)
         extra = {k: v for k, v in output.items() if k not in (*REQUIRED_KEYS, "env_mask")}
         prompt_ids, completion_ids = [list(p) for p in output["prompt_ids"]], [list(c) for c in output["completion_ids"]]
+        for key, rows in (("prompt_ids", prompt_ids), ("completion_ids", completion_ids)):
+            check_token_ids(rows, self.vocab_size, [f"rollout_func's {key}[{i}]" for i in range(len(rows))], self.tokenizer)
         P, T = max(len(p) for p in prompt_ids), max(1, max(len(c) for c in completion_ids))
         left = lambda rows, value: torch.tensor([[value] * (P - len(r)) + r for r in rows], device=self.device)  # noqa: E731
         right = lambda rows, value: torch.tensor([r + [value] * (T - len(r)) for r in rows], device=self.device)  # noqa: E731
