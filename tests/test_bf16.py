@@ -74,6 +74,15 @@ def test_bf16_false_is_the_fp32_path(tmp_path, monkeypatch, capsys, tokenizer, m
     assert "fastgrpo: bf16 off" in capsys.readouterr().out  # bf16=None says so; bf16=False does not (checked above: once per run)
 
 
+def test_trainers_with_other_bf16_settings_train_one_after_another_in_one_process(tmp_path, tokenizer, make_model, prompts):
+    # A notebook's second trainer: accelerate's AcceleratorState is process-wide, so the precision must not be its setting.
+    for i, bf16 in enumerate((True, False, True)):
+        trainer = GRPOTrainer(make_model(), reward_even_tokens, args=config(tmp_path / str(i), bf16=bf16, max_steps=1),
+                              train_dataset=prompts, processing_class=tokenizer)
+        assert trainer.train().global_step == 1
+        assert (trainer.backend.weight_copy is not None) == bf16
+
+
 def left_padded(tokenizer, texts):
     batch = tokenizer(texts, return_tensors="pt", padding=True)
     return batch["input_ids"], batch["attention_mask"]

@@ -312,6 +312,35 @@ def test_corrupt_latest_checkpoint_is_named_and_true_falls_back(tmp_path, tokeni
         ckpt.read_manifest(os.path.join(trainer.args.output_dir, "checkpoint-1"))
 
 
+def test_a_checkpoint_file_changed_at_the_same_size_is_named_by_its_crc(tmp_path, tokenizer, make_model, prompts):
+    trainer, _ = train(tmp_path, tokenizer, make_model, prompts, max_steps=1, save_steps=1)
+    checkpoint = os.path.join(trainer.args.output_dir, "checkpoint-1")
+    weights = os.path.join(checkpoint, "model.safetensors")
+    with open(os.path.join(checkpoint, "manifest.json")) as f:
+        entry = json.load(f)["files"]["model.safetensors"]
+    assert entry == {"bytes": os.path.getsize(weights), "crc32": ckpt.file_crc32(weights)}
+    with open(weights, "r+b") as f:  # one byte of the last weight's data flipped: same size, other bytes
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 0xFF]))
+    with pytest.raises(ckpt.CorruptCheckpointError, match=f"checkpoint-1' is corrupt: model.safetensors has CRC-32 [0-9a-f]{{8}}, "
+                       f"the manifest says {entry['crc32']} \\(the file changed after it was saved\\)"):
+        train(tmp_path, tokenizer, make_model, prompts, resume=checkpoint, max_steps=2)
+
+
+def test_a_manifest_of_sizes_alone_still_loads(tmp_path, tokenizer, make_model, prompts):
+    trainer, _ = train(tmp_path, tokenizer, make_model, prompts, max_steps=1, save_steps=1)
+    manifest = os.path.join(trainer.args.output_dir, "checkpoint-1", "manifest.json")
+    with open(manifest) as f:
+        saved = json.load(f)
+    saved["files"] = {name: entry["bytes"] for name, entry in saved["files"].items()}  # as checkpoints before CRC-32s were written
+    with open(manifest, "w") as f:
+        json.dump(saved, f)
+    _, out = train(tmp_path, tokenizer, make_model, prompts, resume=True, max_steps=2, save_steps=1)
+    assert out.global_step == 2
+
+
 def test_resume_with_changed_config(tmp_path, tokenizer, make_model, prompts, capsys):
     train(tmp_path, tokenizer, make_model, prompts, max_steps=2, save_steps=1, lr_scheduler_type="constant")
     with pytest.raises(ValueError, match="per_device_train_batch_size=2, but the checkpoint was saved with per_device_train_batch_size=4"):

@@ -27,7 +27,8 @@ import typing
 import warnings
 from dataclasses import dataclass, field
 
-from .checks import DICT_FIELDS, SAMPLING_KEYS, check_types, validate, warn_inert, warn_like_trl
+from .checks import DICT_FIELDS, SAMPLING_KEYS, check_types, validate, warn_like_trl
+from .unread_fields import warn_inert
 from .trl_fields import TRL_FIELDS, check_trl_field
 
 
