@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import signal
+import warnings
 
 import pytest
 import torch
@@ -277,6 +278,21 @@ def test_pruning_only_touches_this_runs_checkpoints(tmp_path):
         ckpt.write_manifest(str(folder), step, run)
     ckpt.prune(str(tmp_path), 1, "a")
     assert sorted(os.listdir(tmp_path)) == ["checkpoint-10", "checkpoint-3"]  # run b's higher step survives
+
+
+def test_resuming_an_older_checkpoint_names_the_later_ones_it_leaves(tmp_path, tokenizer, make_model, prompts):
+    trainer, _ = train(tmp_path, tokenizer, make_model, prompts, max_steps=3, save_steps=1)
+    out = trainer.args.output_dir
+    older = os.path.join(out, "checkpoint-1")
+    with pytest.warns(UserWarning, match=f"resumed from step 1, but '{out}' also holds the later checkpoint-2, checkpoint-3: this run replaces "
+                      r"each when it saves that step, and until then resume_from_checkpoint=True \(`--resume`\) picks checkpoint-3"):
+        train(tmp_path, tokenizer, make_model, prompts, resume=older, max_steps=2, save_steps=1)
+    with open(os.path.join(out, "checkpoint-2", "trainer_state.json")) as f:
+        assert json.load(f)["max_steps"] == 2  # the resumed run replaced the left branch's step 2; its step 3 stays
+    assert os.path.isdir(os.path.join(out, "checkpoint-3"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the latest checkpoint: nothing later, nothing to say
+        train(tmp_path, tokenizer, make_model, prompts, resume=os.path.join(out, "checkpoint-3"), max_steps=4, save_steps=1)
 
 
 def test_resume_cuts_logs_back_to_the_checkpoint_step(tmp_path, tokenizer, make_model, prompts):

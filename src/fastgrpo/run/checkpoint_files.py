@@ -231,6 +231,11 @@ def checkpoints(output_dir: str, run_id: str | None = None) -> list[str]:
     return paths if run_id is None else [p for p in paths if _run_id(p) == run_id]
 
 
+def later_checkpoints(output_dir: str, step: int) -> list[str]:
+    """Checkpoint folders in `output_dir` of a step above `step`, oldest first (after a resume from an older one: the branch it left)."""
+    return [p for p in checkpoints(output_dir) if int(os.path.basename(p)[len(PREFIX):]) > step]
+
+
 def written_by_fastgrpo(path: str) -> bool:
     """Whether `path` is a checkpoint folder fastgrpo wrote (it has a manifest naming its run): only those are ever removed."""
     return os.path.isdir(path) and _run_id(path) is not None

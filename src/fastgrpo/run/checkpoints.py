@@ -28,6 +28,7 @@ which config changes a resume accepts (runs.py), catching Ctrl-C (interrupt.py).
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, Protocol
 
 from accelerate.utils import broadcast_object_list
@@ -151,6 +152,9 @@ def resume(trainer: Checkpointed, resume_from_checkpoint) -> tuple[Rollout | Non
     Returns:
         (rollout, done): the saved rollout (None when saved at a window's end or resumed
         on another number of processes) and its optimizer steps taken; (None, 0) for a new run.
+    Warns:
+        UserWarning: resumed from a given checkpoint while output_dir holds later ones (the branch left:
+            `--resume` would pick the highest step until this run replaces it).
     Raises:
         ValueError: a new run in an output_dir holding another run (runs.claim_output_dir);
             a changed `runs.STATE_FIELDS` field; see checkpoint.load_checkpoint.
@@ -182,6 +186,13 @@ def resume(trainer: Checkpointed, resume_from_checkpoint) -> tuple[Rollout | Non
     if trainer.log is not None:
         trainer.log.cut_back(trainer.step, state.get("log_sizes"))
         trainer.console.print(f"resumed from {path} at step {trainer.step}", markup=False, soft_wrap=True)
+        if resume_from_checkpoint is not True and (later := ckpt.later_checkpoints(a.output_dir, trainer.step)):
+            names = [os.path.basename(p) for p in later]
+            warnings.warn(
+                f"resumed from step {trainer.step}, but {a.output_dir!r} also holds the later {', '.join(names)}: this run replaces "
+                f"each when it saves that step, and until then resume_from_checkpoint=True (`--resume`) picks {names[-1]}; "
+                f"move them out of {a.output_dir!r} to keep them apart.", stacklevel=4,
+            )
         if changed:
             listed = ", ".join(f"{k} {old!r} → {new!r}" for k, old, new in changed)
             trainer.console.print(f"changed since the checkpoint, applied: {listed}", markup=False, soft_wrap=True)
