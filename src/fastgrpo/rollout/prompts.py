@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 
-def check_token_ids(rows, vocab_size: int | None, what, tokenizer=None) -> None:
+def check_token_ids(rows, vocab_size: int | None, what: str | list[str], tokenizer=None) -> None:
     """Refuse token ids the model has no embedding row for, before they reach it (an embedding lookup fails with
     "index out of range in self", naming no size).
 
@@ -92,7 +92,7 @@ class PromptEncoder:
         self.chat_template_kwargs = chat_template_kwargs or {}
         self.vocab_size = vocab_size
 
-    def check(self, rows, what) -> None:
+    def check(self, rows, what: str | list[str]) -> None:
         """`check_token_ids` against this encoder's model: other tokens that reach the model (a tool reply's)."""
         check_token_ids(rows, self.vocab_size, what, self.tokenizer)
 

@@ -107,7 +107,7 @@ class MultiTurn:
             going, appended = [], []
             for r, replies in zip(active, results.messages):
                 suffix = tool_suffix_ids(self.tokenizer, replies, self.chat_template_kwargs)
-                self.encode.check([suffix], [f"the tool reply {replies[-1].get('content')!r:.80}"])
+                self.encode.check([suffix], [f"the tool reply {' '.join(str(r.get('content')) for r in replies)!r:.80}"])
                 if len(completion[r]) + len(suffix) >= self.budget:  # the reply would leave no room to answer: the row ends here
                     continue
                 messages[r].extend(replies)
