@@ -10,6 +10,7 @@ import asyncio
 import copy
 import math
 
+import numpy as np
 import pytest
 import torch
 from datasets import Dataset
@@ -339,6 +340,15 @@ def test_rollout_func_output_reaches_rewards_with_env_mask(tmp_path, tokenizer, 
     ({"prompt_ids": [[1]] * 4, "completion_ids": [[2, 3]] * 4, "logprobs": [[0.0]] * 4}, r"logprobs\[0\] has 1 values for 2"),
     ({"prompt_ids": [[1]] * 4, "completion_ids": [[2]] * 4, "logprobs": [[0.0]] * 4, "env_mask": [[2]] * 4}, "other than 0 and 1"),
     ({"prompt_ids": [[1]] * 4, "completion_ids": [[2]] * 4, "logprobs": [[0.0]] * 4, "completions": [0] * 4}, "'completions', which reward"),
+    # each used to train silently on a collapsed correction (probabilities, +inf) or fail deep inside with no key named
+    ({"prompt_ids": [[1]] * 4, "completion_ids": [[2]] * 4, "logprobs": [[-0.5]] * 3 + [[0.3]]},
+     r"logprobs\[3\] holds 0.3, which is not a log-probability \(a number ≤ 0\)"),
+    ({"prompt_ids": [[1]] * 4, "completion_ids": [[2]] * 4, "logprobs": [[float("inf")]] * 4}, r"logprobs\[0\] holds inf"),
+    ({"prompt_ids": [[1]] * 4, "completion_ids": [[2]] * 4, "logprobs": [["a"]] * 4}, r"logprobs\[0\] holds 'a'"),
+    ({"prompt_ids": [[1]] * 4, "completion_ids": [[2.0]] * 4, "logprobs": [[0.0]] * 4}, r"completion_ids\[0\] is \[2.0\]; give a list of token ids"),
+    ({"prompt_ids": [[[1]]] * 4, "completion_ids": [[2]] * 4, "logprobs": [[0.0]] * 4}, r"prompt_ids\[0\] is \[\[1\]\]"),
+    ({"prompt_ids": [1] * 4, "completion_ids": [[2]] * 4, "logprobs": [[0.0]] * 4}, r"prompt_ids\[0\] is 1; give a list"),
+    ({"prompt_ids": [[1]] * 4, "completion_ids": [[]] * 4, "logprobs": [[]] * 4}, "no completion token in any of its rows"),
 ])
 def test_rollout_func_bad_output_is_a_clear_error(tmp_path, tokenizer, make_model, prompts, output, message):
     trainer = GRPOTrainer(model=make_model(), reward_funcs=lambda completions, **k: [0.0] * len(completions), args=config(tmp_path),
@@ -547,3 +557,15 @@ def test_a_tool_reply_token_the_embedding_lacks_is_refused(tmp_path, tokenizer, 
     scripted(trainer, grown, call='<tool_call>\n{"name": "whisper", "arguments": {"word": "x"}}\n</tool_call>')
     with pytest.raises(ValueError, match="the tool reply '<secret>' holds token '<secret>' id 49152, but the model's input embedding has 49152 rows"):
         trainer._collect()
+
+
+def test_rollout_func_numpy_and_tensor_rows_are_token_ids_and_log_probs(tmp_path, tokenizer, make_model, prompts):
+    def rollout_func(prompts, trainer):  # what a vLLM-based rollout_func often returns: arrays and float32 log-probs
+        N = len(prompts) * trainer.args.num_generations
+        return {"prompt_ids": [np.array([5, 6, 7])] * N, "completion_ids": [torch.tensor([8, tokenizer.eos_token_id])] * N,
+                "logprobs": [np.array([-0.5, 1e-7], dtype=np.float32)] * N}  # 1e-7: a certain token's 0 after float rounding
+
+    trainer = GRPOTrainer(model=make_model(), reward_funcs=lambda completions, **kw: [1.0] * len(completions), args=config(tmp_path),
+                          train_dataset=prompts, processing_class=tokenizer, rollout_func=rollout_func)
+    rollout = trainer._collect()
+    assert rollout.completion_ids[0].tolist() == [8, tokenizer.eos_token_id] and rollout.prompt_ids[0].tolist()[-3:] == [5, 6, 7]

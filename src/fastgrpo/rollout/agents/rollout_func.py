@@ -17,8 +17,10 @@ Not here: scoring (rollout.collect), the built-in multi-turn loop (multiturn.py)
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 
 from ..prompts import check_token_ids, is_conversational
@@ -26,6 +28,24 @@ from ..rewards import RESERVED_COLUMNS
 from ..record import Generated
 
 REQUIRED_KEYS = ("prompt_ids", "completion_ids", "logprobs")
+LOGP_SLACK = 1e-4  # a sampler's log-softmax may round a certain token's 0 up by float error; above this it is not a log-prob
+
+
+def _as_list(row):
+    """A tensor's or array's values as a list; anything else as given."""
+    return row.tolist() if isinstance(row, (torch.Tensor, np.ndarray)) else list(row) if isinstance(row, tuple) else row
+
+
+def _is_logp(value) -> bool:
+    """None or NaN (no sampler log-prob), or a real number ≤ 0 (up to LOGP_SLACK)."""
+    if value is None:
+        return True
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and (value != value or value <= LOGP_SLACK)
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "…"
 
 
 def check_output(output, num_prompts: int, num_generations: int) -> None:
@@ -34,7 +54,9 @@ def check_output(output, num_prompts: int, num_generations: int) -> None:
     Raises:
         ValueError: not a dict, a required key missing, a list whose length is not B·G,
             a row whose logprobs/env_mask length differs from its completion_ids, an empty
-            prompt, env_mask values other than 0/1, or an extra key the reward protocol reserves.
+            prompt, no completion token in any row, an id that is not a whole number, a log-prob
+            that is not a number ≤ 0 (or None/NaN), env_mask values other than 0/1, or an extra key
+            the reward protocol reserves.
     """
     N = num_prompts * num_generations
     if not isinstance(output, dict):
@@ -51,6 +73,19 @@ def check_output(output, num_prompts: int, num_generations: int) -> None:
                 f"rollout_func returned {len(output[key])} {key} for {num_prompts} prompts × num_generations={num_generations}; "
                 f"return {N}: G completions per prompt, groups contiguous."
             )
+    for key in ("prompt_ids", "completion_ids"):
+        for i, row in enumerate(output[key]):
+            row = _as_list(row)
+            if not isinstance(row, list) or not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in row):
+                raise ValueError(f"rollout_func's {key}[{i}] is {_short(row)}; give a list of token ids (whole numbers).")
+    for i, row in enumerate(output["logprobs"]):
+        row = _as_list(row)
+        bad = row if not isinstance(row, list) else next((v for v in row if not _is_logp(v)), None)
+        if bad is not None:
+            raise ValueError(f"rollout_func's logprobs[{i}] holds {_short(bad)}, which is not a log-probability (a number ≤ 0); give the "
+                             "sampler's log π(token) per completion token, or None where it has none.")
+    if all(len(c) == 0 for c in output["completion_ids"]):
+        raise ValueError("rollout_func returned no completion token in any of its rows; return each completion's tokens (ending in EOS where it ended).")
     for i in range(N):
         if len(output["prompt_ids"][i]) == 0:
             raise ValueError(f"rollout_func returned an empty prompt_ids[{i}]; every row needs its prompt tokens.")
