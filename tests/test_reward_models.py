@@ -144,3 +144,45 @@ def test_special_tokens_as_the_reward_tokenizer_adds_them(tokenizer):
     assert rm(prompts=chat, completions=replies) == pytest.approx([logit(i) for i in ids], abs=1e-5)
     tok.add_bos_token = False  # a tokenizer that adds nothing: text scored on its tokens alone
     assert rm(prompts=prompts, completions=completions) == pytest.approx(without, abs=1e-5)
+
+
+def test_a_model_that_is_no_reward_model_is_refused(tmp_path, tokenizer, make_model):
+    # Each used to score: transformers gives a causal LM's checkpoint a fresh random `score` head, so training optimised noise.
+    causal = tmp_path / "policy"
+    make_model().save_pretrained(causal)
+    tokenizer.save_pretrained(causal)
+    with pytest.raises(ValueError, match=r"reward model '.*policy' is a LlamaForCausalLM, not a sequence classifier; give a reward model"):
+        resolve_reward(str(causal))
+    no_architecture = tmp_path / "bare"  # a config that names no class: caught when the head is missing from the weights
+    make_model().save_pretrained(no_architecture)
+    with open(no_architecture / "config.json") as f:
+        config = json.load(f)
+    with open(no_architecture / "config.json", "w") as f:
+        json.dump({k: v for k, v in config.items() if k != "architectures"}, f)
+    tokenizer.save_pretrained(no_architecture)
+    with pytest.raises(ValueError, match=r"has no trained score.weight in its checkpoint: transformers would start that head from random weights"):
+        resolve_reward(str(no_architecture))
+    with pytest.raises(ValueError, match=r"reward model 'LlamaForCausalLM' is a LlamaForCausalLM, not a sequence classifier"):
+        RewardModel(make_model(), tokenizer)
+    three = tmp_path / "three-labels"  # a classifier of another size: its own message, not transformers' size-mismatch error
+    model = tiny_reward_model(tokenizer)
+    model.config.num_labels = 3
+    LlamaForSequenceClassification(model.config).save_pretrained(three)
+    tokenizer.save_pretrained(three)
+    with pytest.raises(ValueError, match=r"reward model '.*three-labels' has 3 labels; a reward model has one"):
+        resolve_reward(str(three))
+
+
+def test_a_reward_model_that_cannot_read_its_input_names_the_sizes(tokenizer):
+    tok = copy.deepcopy(tokenizer)
+    short = tiny_reward_model(tokenizer)
+    short.config.max_position_embeddings = 8
+    with pytest.raises(ValueError, match=r"reward model 'LlamaForSequenceClassification' reads at most 8 tokens, but a prompt \+ completion holds 9;"):
+        RewardModel(short, tok)(prompts=["Name a colour:"], completions=[" a long answer about blue"])
+    tok.add_tokens(["<secret>"])  # one past the model's embedding rows
+    with pytest.raises(ValueError, match=r"reward model 'LlamaForSequenceClassification''s input holds token '<secret>' id 49152, "
+                       r"but the model's input embedding has 49152 rows"):
+        RewardModel(tiny_reward_model(tokenizer), tok)(prompts=["Say"], completions=[" <secret>"])
+    tok.pad_token, tok.eos_token = None, None
+    with pytest.raises(ValueError, match="tokenizer has neither a pad nor an EOS token"):
+        RewardModel(tiny_reward_model(tokenizer), tok)

@@ -23,9 +23,12 @@ import os
 from contextlib import nullcontext
 
 import torch
-from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
+from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
 
-from .prompts import conversation, is_conversational
+from .prompts import check_token_ids, conversation, is_conversational
+
+
+CLASSIFIER_SUFFIX = "ForSequenceClassification"  # transformers' class names for a model with a scoring head
 
 
 def looks_like_model(spec: str) -> bool:
@@ -43,20 +46,40 @@ class RewardModel:
     Attributes:
         __name__: the model's folder or repository name (TRL's reward name; logged as rewards/<name>/mean and /std).
     Raises:
-        ValueError: a model with more than one output label.
+        ValueError: a model that is no sequence classifier (by its config's architectures before it loads, by
+            its class for an instance, or a checkpoint without the classification head, which transformers
+            would fill with random weights: its rewards would be noise); a model with more than one output
+            label; a tokenizer with neither a pad nor an EOS token.
     """
 
     def __init__(self, model: str | PreTrainedModel, processing_class=None, init_kwargs: dict | None = None):
         if isinstance(model, str):
             from ..model.loading import resolve_model_path
 
+            path = resolve_model_path(model)
+            config = AutoConfig.from_pretrained(path)
+            architectures = config.architectures or []
+            if architectures and not any(a.endswith(CLASSIFIER_SUFFIX) for a in architectures):
+                raise ValueError(f"reward model {model!r} is a {architectures[0]}, not a sequence classifier; give a reward model "
+                                 f"(…{CLASSIFIER_SUFFIX} with one label) or a reward function.")
+            if architectures and config.num_labels != 1:  # a trained head of another size (loading it as one label fails in transformers)
+                raise ValueError(f"reward model {model!r} has {config.num_labels} labels; a reward model has one (num_labels=1).")
             kwargs = {"num_labels": 1, **(init_kwargs or {})}
-            model = AutoModelForSequenceClassification.from_pretrained(resolve_model_path(model), **kwargs)
-        if model.config.num_labels != 1:
-            raise ValueError(f"reward model {model.config._name_or_path!r} has {model.config.num_labels} labels; a reward model has one (num_labels=1).")
+            model, info = AutoModelForSequenceClassification.from_pretrained(path, output_loading_info=True, **kwargs)
+            if info["missing_keys"]:
+                raise ValueError(f"reward model {path!r} has no trained {', '.join(sorted(info['missing_keys'])[:2])} in its checkpoint: "
+                                 "transformers would start that head from random weights and score noise; give a trained reward model.")
         name = model.config._name_or_path or type(model).__name__
+        if not type(model).__name__.endswith(CLASSIFIER_SUFFIX):
+            raise ValueError(f"reward model {name!r} is a {type(model).__name__}, not a sequence classifier; give a reward model "
+                             f"(…{CLASSIFIER_SUFFIX} with one label) or a reward function.")
+        if model.config.num_labels != 1:
+            raise ValueError(f"reward model {name!r} has {model.config.num_labels} labels; a reward model has one (num_labels=1).")
         tokenizer = processing_class if processing_class is not None else AutoTokenizer.from_pretrained(name)
         if tokenizer.pad_token_id is None:  # pad == EOS, and the model must know it to find the last real token
+            if tokenizer.eos_token is None:
+                raise ValueError(f"reward model {name!r}'s tokenizer has neither a pad nor an EOS token to pad its batches with; "
+                                 "set tokenizer.pad_token and give it in reward_processing_classes.")
             tokenizer.pad_token = tokenizer.eos_token
         model.config.pad_token_id = tokenizer.pad_token_id
         self.model, self.tokenizer = model.eval().requires_grad_(False), tokenizer
@@ -83,6 +106,23 @@ class RewardModel:
             text=self.texts(prompts, completions), return_tensors="pt", padding=True, padding_side="right",
             add_special_tokens=not is_conversational(prompts[0]),  # a chat template writes its own special tokens
         ).to(self.model.device)
+        self._check_fits(inputs["input_ids"], inputs["attention_mask"])
         with self.autocast():
             logits = self.model(**inputs).logits[:, 0]  # (N,)
         return logits.float().tolist()
+
+    def _check_fits(self, ids: torch.Tensor, mask: torch.Tensor) -> None:
+        """Refuse inputs the model cannot read (it would fail in its embedding with "index out of range in self").
+
+        Raises:
+            ValueError: a scored text longer than the model's context (config.max_position_embeddings), or a token id
+                beyond its embedding rows (its tokenizer is not its own), naming both sizes.
+        """
+        longest, embedding = getattr(self.model.config, "max_position_embeddings", None), self.model.get_input_embeddings()
+        length = int(mask.sum(-1).max())
+        if isinstance(longest, int) and length > longest:
+            raise ValueError(f"reward model {self.__name__!r} reads at most {longest} tokens, but a prompt + completion holds {length}; "
+                             "lower max_prompt_length / max_completion_length, or score with a model of a longer context.")
+        check_token_ids(ids[mask.bool()].unsqueeze(0), getattr(embedding, "num_embeddings", None), [f"reward model {self.__name__!r}'s input"],
+                        self.tokenizer)
+
