@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import torch
-from peft import PeftModel, get_peft_model
+from peft import LoraConfig, PeftModel, PrefixTuningConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
 from fastgrpo import GRPOTrainer
@@ -198,6 +198,15 @@ def test_bad_peft_inputs_are_refused(tmp_path, tokenizer, make_model, prompts):
         trainer_with_lora(tmp_path, make_model, tokenizer, prompts, beta=0.04, sync_ref_model=True)
     with pytest.raises(ValueError, match="lora_r=0"):
         lora_config(lora_r=0)
+    # each used to be accepted: α = 0 trained nothing (grad_norm 0), SEQ_CLS made the policy a classifier,
+    # prefix tuning failed inside the trainer's set-up after the model loaded
+    for bad, message in [(LoraConfig(r=4, lora_alpha=0, task_type="CAUSAL_LM"), r"LoraConfig\(r=4, lora_alpha=0, lora_dropout=0.0\): need r ≥ 1, α > 0"),
+                         (LoraConfig(r=4, lora_alpha=8, task_type="SEQ_CLS"), "peft_config.task_type='SEQ_CLS': the policy is a causal LM"),
+                         (PrefixTuningConfig(num_virtual_tokens=4, task_type="CAUSAL_LM"), "peft_config is a PrefixTuningConfig \\(virtual tokens\\)")]:
+        with pytest.raises(ValueError, match=message):
+            GRPOTrainer("./this-model-must-not-be-loaded", reward_even_tokens, args=config(tmp_path), train_dataset=prompts, peft_config=bad)
+    with pytest.raises(ValueError, match=r"no trainable parameters \(every requires_grad is False\); unfreeze what should train"):
+        GRPOTrainer(make_model().requires_grad_(False), reward_even_tokens, args=config(tmp_path), train_dataset=prompts, processing_class=tokenizer)
     plain = GRPOTrainer(make_model(), reward_even_tokens, args=config(tmp_path, max_steps=1), train_dataset=prompts, processing_class=tokenizer)
     with pytest.raises(ValueError, match="no adapters"):
         plain.save_model(str(tmp_path / "x"), merge_adapters=True)

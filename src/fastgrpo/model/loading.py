@@ -279,14 +279,27 @@ def check_peft_inputs(model, peft_config, sync_ref_model: bool) -> None:
         sync_ref_model: `GRPOConfig.sync_ref_model`.
     Raises:
         TypeError: a `peft_config` that is not a `peft.PeftConfig` (e.g. a dict).
-        ValueError: a `PeftModel` together with a `peft_config`; `sync_ref_model` with adapters.
+        ValueError: a `PeftModel` together with a `peft_config`; `sync_ref_model` with adapters; a prompt-learning
+            config (prefix or prompt tuning: the packed update runs the model's own layers on packed rows, which
+            virtual tokens do not fit); a task_type other than CAUSAL_LM (peft would build another model class);
+            a LoraConfig whose r < 1, lora_alpha ≤ 0 (nothing would train) or lora_dropout outside [0, 1).
     """
     adapted = peft_config is not None or is_peft_model(model)
     if peft_config is not None:
-        from peft import PeftConfig
+        from peft import LoraConfig, PeftConfig
 
         if not isinstance(peft_config, PeftConfig):
             raise TypeError(f"peft_config must be a peft.PeftConfig such as peft.LoraConfig(r=16, lora_alpha=32), not {type(peft_config).__name__}; fastgrpo.model.loading.lora_config() builds one from TRL's names.")
+        kind = type(peft_config).__name__
+        if peft_config.is_prompt_learning:
+            raise ValueError(f"peft_config is a {kind} (virtual tokens): fastgrpo's packed update runs the model's own layers; "
+                             "use adapters that wrap its modules, e.g. peft.LoraConfig(r=16, lora_alpha=32).")
+        task = getattr(peft_config.task_type, "value", peft_config.task_type)
+        if task not in (None, "CAUSAL_LM"):
+            raise ValueError(f"peft_config.task_type={task!r}: the policy is a causal LM; set task_type='CAUSAL_LM' (or leave it unset).")
+        if isinstance(peft_config, LoraConfig) and (peft_config.r < 1 or peft_config.lora_alpha <= 0 or not 0 <= peft_config.lora_dropout < 1):
+            raise ValueError(f"LoraConfig(r={peft_config.r}, lora_alpha={peft_config.lora_alpha}, lora_dropout={peft_config.lora_dropout}): "
+                             "need r ≥ 1, α > 0 (α = 0 scales every adapter to zero: nothing trains) and 0 ≤ dropout < 1 (TRL's defaults: 16, 32, 0.05).")
         if is_peft_model(model):
             raise ValueError("model is already a PeftModel and peft_config was given too; pass the PeftModel alone (its adapters train) or a plain model with peft_config.")
     if adapted and sync_ref_model:
@@ -323,7 +336,9 @@ def check_trainable(model: torch.nn.Module) -> None:
         ValueError: no parameter requires a gradient.
     """
     if not any(p.requires_grad for p in model.parameters()):
-        raise ValueError("the model has no trainable parameters; load a PeftModel with PeftModel.from_pretrained(base, path, is_trainable=True).")
+        fix = "load it with PeftModel.from_pretrained(base, path, is_trainable=True)" if is_peft_model(model) else \
+            "unfreeze what should train (model.requires_grad_(True) for all of it), or pass a peft_config to train adapters"
+        raise ValueError(f"the model has no trainable parameters (every requires_grad is False); {fix}.")
 
 
 def add_reference_adapter(model: torch.nn.Module) -> None:
