@@ -464,6 +464,11 @@ def test_a_schedule_or_evaluation_that_cannot_run_is_refused_before_loading(tmp_
         GRPOTrainer(NOT_LOADED, reward_even_tokens, args=config(tmp_path, **fields), train_dataset=prompts)
 
 
+def test_an_empty_dict_of_eval_sets_is_refused_before_loading(tmp_path, prompts):
+    with pytest.raises(ValueError, match="eval_dataset is an empty dict: nothing would be evaluated"):  # it trained on, never evaluating
+        GRPOTrainer(NOT_LOADED, reward_even_tokens, args=config(tmp_path, eval_strategy="steps", eval_steps=1), train_dataset=prompts, eval_dataset={})
+
+
 def test_a_best_metric_evaluation_does_not_report_is_refused_before_loading(tmp_path, prompts):
     evals = {"easy": prompts.select(range(4)), "hard": prompts.select(range(4, 8))}
     with pytest.raises(ValueError, match=r"metric_for_best_model='eval_rewrad': evaluation reports eval_easy_loss, eval_easy_reward, "

@@ -51,8 +51,10 @@ def eval_sets(eval_dataset) -> dict:
 
     Raises:
         ValueError: a type without rows, or an IterableDataset without a first row or a prompt column
-            (the message names the type or the columns).
+            (the message names the type or the columns); a dict with no dataset in it (nothing would be evaluated).
     """
+    if isinstance(eval_dataset, Mapping) and not eval_dataset:
+        raise ValueError("eval_dataset is an empty dict: nothing would be evaluated; give datasets by name ({'name': rows}), one dataset, or None.")
     named = {f"eval_{k}": v for k, v in eval_dataset.items()} if isinstance(eval_dataset, Mapping) else {"eval": eval_dataset}
     for prefix, ds in named.items():
         if isinstance(ds, IterableDataset):
