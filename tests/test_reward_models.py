@@ -186,3 +186,21 @@ def test_a_reward_model_that_cannot_read_its_input_names_the_sizes(tokenizer):
     tok.pad_token, tok.eos_token = None, None
     with pytest.raises(ValueError, match="tokenizer has neither a pad nor an EOS token"):
         RewardModel(tiny_reward_model(tokenizer), tok)
+
+
+@pytest.mark.parametrize("column,values,kind,error", [  # inside the reward function: its error names it, with the cause chained
+    ("prompt", lambda n: ["HIJACK"] * n, "RewardFunctionError", r"log_extra\('prompt', …\): completions.jsonl already writes 'prompt'"),
+    ("advantage", lambda n: [999] * n, "RewardFunctionError", r"completions.jsonl already writes 'advantage'"),  # it overwrote the row's
+    ("x", lambda n: [1], "ValueError", r"log_extra\('x', …\) logged 1 values for the 4 completions scored; log one value per completion"),
+])
+def test_log_extra_columns_that_would_overwrite_or_misalign_rows_are_refused(tmp_path, tokenizer, make_model, prompts, column, values, kind, error):
+    def logs(completions, log_extra, **kwargs):
+        log_extra(column, values(len(completions)))
+        return [0.0] * len(completions)
+
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=4, max_completion_length=4, max_steps=1,
+                      save_strategy="no", disable_tqdm=True, log_completions=True, num_completions_to_print=0)
+    trainer = GRPOTrainer(make_model(), logs, args=args, train_dataset=prompts, processing_class=tokenizer)
+    with pytest.raises(Exception, match=error) as info:
+        trainer.train()
+    assert info.type.__name__ == kind

@@ -59,12 +59,21 @@ class RolloutAssembly:
         return self.rounds(lambda prompts: self.score_rows(self.draw(prompts), self.num_generations, self.timer))
 
     def score_rows(self, rows: list[dict], num_generations: int, timer) -> tuple[Rollout, dict]:
-        """B rows → a Rollout of B·G scored completions without Â, and the log_extra columns the rewards logged."""
+        """B rows → a Rollout of B·G scored completions without Â, and the log_extra columns the rewards logged.
+
+        Raises:
+            ValueError: a log_extra column without one value per completion (it would land on the wrong rows).
+        """
         rollout = collect(
             rows, num_generations=num_generations, produce=self.producer,
             score=partial(score, self.reward_funcs, reward_kwargs=self.reward_kwargs()), timer=timer,
         )
-        return rollout, self.pop_columns()
+        columns = self.pop_columns()
+        for column, values in columns.items():
+            if len(values) != len(rollout):
+                raise ValueError(f"log_extra({column!r}, …) logged {len(values)} values for the {len(rollout)} completions scored; log one "
+                                 "value per completion (the `completions` the reward function received), from one reward function.")
+        return rollout, columns
 
     def state_dict(self):
         """The rounds' state (DAPO's carry-over buffer), part of a checkpoint."""

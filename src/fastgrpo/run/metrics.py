@@ -274,6 +274,14 @@ class RewardHooks:
         self.window().add(f"{name}{USER_COUNT}", 1)
 
     def log_extra(self, column: str, values: list) -> None:
+        """Add `values` (one per completion scored) as `column` of this rollout's completions.jsonl rows.
+
+        Raises:
+            ValueError: a column completions.jsonl already writes (`COMPLETION_FIELDS`): it would overwrite it.
+        """
+        if column in COMPLETION_FIELDS:
+            raise ValueError(f"log_extra({column!r}, …): completions.jsonl already writes {column!r} ({', '.join(COMPLETION_FIELDS)} are "
+                             "its own); log under another name.")
         self.columns[column].extend(values)
 
     def pop_columns(self) -> dict[str, list]:
@@ -283,6 +291,7 @@ class RewardHooks:
 
 
 USER_SUM, USER_COUNT = "/user_sum", "/user_count"  # window keys of log_metric values
+COMPLETION_FIELDS = ("step", "prompt", "completion", "rewards", "advantage")  # what MetricsLog.completions writes per row
 
 
 def window_record(step: int, sums: dict, extremes: dict, seconds: dict, reward_names: list[str]) -> dict:
