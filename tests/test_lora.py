@@ -210,6 +210,10 @@ def test_bad_peft_inputs_are_refused(tmp_path, tokenizer, make_model, prompts):
     plain = GRPOTrainer(make_model(), reward_even_tokens, args=config(tmp_path, max_steps=1), train_dataset=prompts, processing_class=tokenizer)
     with pytest.raises(ValueError, match="no adapters"):
         plain.save_model(str(tmp_path / "x"), merge_adapters=True)
+    (tmp_path / "a-file").write_text("kept")
+    with pytest.raises(ValueError, match="output_dir '.*a-file' is a file; give a folder"):  # it failed in transformers' save, naming no fix
+        plain.save_model(str(tmp_path / "a-file"))
+    assert (tmp_path / "a-file").read_text() == "kept"
     plain.train()  # checkpoint-1 of a run without adapters
     with pytest.raises(ValueError, match="holds no adapters"):
         trainer_with_lora(tmp_path, make_model, tokenizer, prompts, max_steps=2).train(resume_from_checkpoint=True)

@@ -121,6 +121,6 @@ class TRLMethods:
         weights with the adapters merged in (loadable with `from_pretrained`).
 
         Raises:
-            ValueError: merge_adapters=True for a policy without adapters.
+            ValueError: merge_adapters=True for a policy without adapters; an `output_dir` that is a file or not writable.
         """
         checkpoints.save_model(self.accelerator, self.model, self.tokenizer, output_dir or self.args.output_dir, merge_adapters)

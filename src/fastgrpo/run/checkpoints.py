@@ -212,8 +212,10 @@ def save_model(accelerator, model, tokenizer, output_dir: str, merge_adapters: b
     Under FSDP the whole model is gathered (rank 0 holds it): a consolidated save.
 
     Raises:
-        ValueError: merge_adapters=True for a policy without adapters, or for a sharded one.
+        ValueError: merge_adapters=True for a policy without adapters, or for a sharded one; an `output_dir`
+            that is a file or not writable (runs.check_output_dir), before anything is gathered.
     """
+    runs.check_output_dir(output_dir)  # on every process: none may wait at a gather that the main one never reaches
     policy = accelerator.unwrap_model(model)
     if merge_adapters and not is_peft_model(policy):
         raise ValueError("merge_adapters=True but the policy has no adapters; call save_model() without it.")
