@@ -547,3 +547,59 @@ def test_a_tool_reply_token_the_embedding_lacks_is_refused(tmp_path, tokenizer, 
     scripted(trainer, grown, call='<tool_call>\n{"name": "whisper", "arguments": {"word": "x"}}\n</tool_call>')
     with pytest.raises(ValueError, match="the tool reply '<secret>' holds token '<secret>' id 49152, but the model's input embedding has 49152 rows"):
         trainer._collect()
+
+
+# ------------------------------------------------------------------ bad agent inputs, refused before the model loads
+NOT_LOADED = "./this-model-must-not-be-loaded"  # loading it would raise "does not exist": the check must come first
+CHAT = Dataset.from_list([{"prompt": [{"role": "user", "content": "What is 3 multiplied by 4?"}], "answer": 12}] * 2)
+
+
+def zero(completions, **kwargs):
+    return [0.0] * len(completions)
+
+
+def refused(tmp_path, error, match, **kwargs):
+    given = {"model": NOT_LOADED, "reward_funcs": zero, "args": config(tmp_path), "train_dataset": CHAT, **kwargs}
+    with pytest.raises(error, match=match):
+        GRPOTrainer(**given)
+
+
+def named(name: str):
+    def tool(a: int) -> int:
+        """Echo.
+
+        Args:
+            a: a number.
+        """
+        return a
+
+    tool.__name__ = name
+    return tool
+
+
+class Multiplier(IncrementEnv):
+    def multiply(self, a: int, b: int) -> int:
+        """Multiply.
+
+        Args:
+            a: first.
+            b: second.
+        """
+        return a * b
+
+
+def test_two_tools_under_one_name_are_refused_naming_both(tmp_path):
+    """A second tool named `dup` silently replaced the first while both schemas were rendered; an environment method named like a
+    standalone tool silently shadowed it."""
+    refused(tmp_path, ValueError, r"tools hold two tools named 'dup': tools\[0\] \(named.<locals>.tool, test_agents.py:\d+\) and "
+            r"tools\[1\] \(named.<locals>.tool, test_agents.py:\d+\); the model calls tools by name", tools=[named("dup"), named("dup")])
+    refused(tmp_path, ValueError, r"tools and environment Multiplier's methods hold two tools named 'multiply': tools\[0\] \(multiply, "
+            r"test_agents.py:\d+\) and its method \(Multiplier.multiply, test_agents.py:\d+\)", tools=[multiply], environment_factory=Multiplier)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"tools": multiply}, r"tools is the function 'multiply', not a list; give a list of tools: tools=\[multiply\]"),
+    ({"tools": "multiply"}, r"tools is 'multiply' \(str\), not a list; give a list of functions"),
+])
+def test_tools_that_are_not_a_list_name_what_was_given(tmp_path, kwargs, match):
+    refused(tmp_path, TypeError, match, **kwargs)

@@ -19,7 +19,7 @@ from .agents.chat_format import prepare_tool_tokenizer
 from .agents.environments import Environments, placeholder_dataset
 from .agents.multiturn import MultiTurn
 from .agents.rollout_func import RolloutFunc
-from .agents.tools import tool_schema
+from .agents.tools import check_tools
 from .collect import SingleTurn
 from .prompts import PromptEncoder, is_conversational
 
@@ -38,14 +38,13 @@ def check_agent_inputs(tools, environment_factory, rollout_func, train_dataset, 
     """Check `tools`, `environment_factory` and `rollout_func` (TRL's meanings) before any model loads.
 
     Raises:
-        ValueError: tools that are not a list of documented callables (tools.tool_schema), an
-            environment without `reset` (environments.Environments), rollout_func that is not
+        TypeError: tools that are not a list (tools.check_tools).
+        ValueError: tools without a schema or two under one name (tools.check_tools), an environment
+            without `reset` or a method named like a tool (environments.Environments), rollout_func that is not
             callable or comes with tools/environments, no train_dataset without an environment
             or without max_steps (environments.placeholder_dataset).
     """
-    tools = list(tools or [])
-    for tool in tools:
-        tool_schema(tool)
+    tools = check_tools(tools)
     if rollout_func is not None and not callable(rollout_func):
         raise ValueError(f"rollout_func is {rollout_func!r}; give a function (prompts, trainer) -> dict.")
     if rollout_func is not None and (tools or environment_factory is not None):

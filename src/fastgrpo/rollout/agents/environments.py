@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 from datasets import Dataset
 
-from .tools import tool_schema
+from .tools import check_distinct_names, tool_schema
 
 
 def public_methods(instance) -> list[Callable]:
@@ -66,7 +66,8 @@ class Environments:
         routed: True for a dict of factories (rows carry an `environment` column).
     Raises:
         ValueError: an empty dict, a factory that is not callable, an instance without a callable
-            `reset` (TRL's rule), or a method whose JSON schema cannot be read (tools.py).
+            `reset` (TRL's rule), or a method whose JSON schema cannot be read (tools.py) or named like a
+            standalone tool (tools.check_distinct_names).
     """
 
     def __init__(self, environment_factory, tools: list[Callable]):
@@ -85,8 +86,11 @@ class Environments:
                     f"environment {type(instance).__name__} has no callable `reset`; every environment must define "
                     "reset(self, **row) -> str | None (TRL's rule), even one that only returns None."
                 )
+            methods = public_methods(instance)
+            check_distinct_names([*((f"tools[{i}]", t) for i, t in enumerate(tools)), *(("its method", m) for m in methods)],
+                                 f"tools and environment {type(instance).__name__}'s methods")
             self.pool[name] = [instance]
-            self.schemas[name] = standalone + [tool_schema(m) for m in public_methods(instance)]
+            self.schemas[name] = standalone + [tool_schema(m) for m in methods]
             if callable(getattr(instance, "get_reward", None)) and type(instance) not in rewarded:  # one column per class
                 rewarded.add(type(instance))
                 self.reward_funcs.append(_env_reward(type(instance)))
