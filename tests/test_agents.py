@@ -9,6 +9,7 @@ answer); the log-prob passes and the update still run on the tiny model.
 import asyncio
 import copy
 import math
+import re
 
 import pytest
 import torch
@@ -597,9 +598,135 @@ def test_two_tools_under_one_name_are_refused_naming_both(tmp_path):
             r"test_agents.py:\d+\) and its method \(Multiplier.multiply, test_agents.py:\d+\)", tools=[multiply], environment_factory=Multiplier)
 
 
+class PropertyReward(IncrementEnv):
+    @property
+    def get_reward(self) -> float:
+        return 1.0
+
+
+class PropertyReset:
+    reset = property(lambda self: None)
+
+
+class AsyncReset:
+    async def reset(self, **kwargs):
+        return None
+
+
+class RewardWithArgument(IncrementEnv):
+    def get_reward(self, answer) -> float:
+        return 1.0
+
+
+class NeedsSize(IncrementEnv):
+    def __init__(self, size):
+        self.size = size
+
+
+class ResetWithoutKwargs:
+    def reset(self, answer):
+        return None
+
+
+@pytest.mark.parametrize("factory, error, match", [
+    (PropertyReward, TypeError, "environment PropertyReward's get_reward is a property, not a method: it would never be called, and the "
+     r"environment would give no reward; define `def get_reward\(self\) -> float`"),
+    (PropertyReset, TypeError, r"environment PropertyReset's reset is a property, not a method: reset would never run; define `def reset\(self, \*\*kwargs\)"),
+    (AsyncReset, TypeError, "environment AsyncReset's reset is async; TRL calls reset"),
+    (RewardWithArgument, TypeError, r"environment RewardWithArgument's get_reward needs arguments \(missing a required argument: 'answer'\)"),
+    (NeedsSize, TypeError, r"environment_factory NeedsSize cannot be called without arguments \(missing a required argument: 'size'\); .* "
+     r"functools.partial\(NeedsSize, …\) or lambda: NeedsSize\(…\)"),
+    (ResetWithoutKwargs, TypeError, r"environment ResetWithoutKwargs's reset\(answer\) cannot take the columns of train_dataset \['prompt', "
+     r"'answer'\] as keywords \(got an unexpected keyword argument 'prompt'\); TRL calls reset\(\*\*row\) with every column: define "
+     r"reset\(self, \*\*kwargs\)"),
+    (3, TypeError, r"environment_factory is 3 \(int\); give an environment class"),
+    ({"math": 3}, TypeError, r"environment_factory\['math'\] is 3 \(int\)"),
+    ({"math": IncrementEnv}, ValueError, r"environment_factory is a dict of \['math'\], which routes each row by its `environment` column, but "
+     "train_dataset has none"),
+])
+def test_environments_that_cannot_run_are_refused_before_loading(tmp_path, factory, error, match):
+    refused(tmp_path, error, match, environment_factory=factory)
+
+
+def test_text_prompts_with_tools_or_an_environment_are_refused_before_loading(tmp_path):
+    """Text prompts were accepted and refused only at the first rollout, after the model loaded. The column's type is read, an
+    IterableDataset only to its first row."""
+    from datasets import IterableDataset
+
+    text = Dataset.from_list([{"prompt": "What is 3 times 4?"}] * 2)
+    refused(tmp_path, ValueError, r"train_dataset row 0: prompt 'What is 3 times 4\?' is text, but tools need chat prompts", train_dataset=text,
+            tools=[multiply])
+    refused(tmp_path, ValueError, "train_dataset row 1: prompt 'Hi' is text, but environment_factory needs chat prompts",
+            train_dataset=[*CHAT.to_list()[:1], {"prompt": "Hi", "answer": 1}], environment_factory=IncrementEnv)
+    read = []
+
+    def rows():
+        for i in range(1000):
+            read.append(i)
+            yield {"prompt": "Hi"}
+
+    refused(tmp_path, ValueError, "train_dataset row 0: prompt 'Hi' is text, but tools and environment_factory need chat prompts",
+            train_dataset=IterableDataset.from_generator(rows), args=config(tmp_path, max_steps=1), tools=[multiply],
+            environment_factory=IncrementEnv)
+    assert len(read) < 10  # the first row (and what the checks before read), not the stream
+    refused(tmp_path, ValueError, "eval dataset row 0: prompt 'What is 3 times 4\\?' is text", eval_dataset=text, tools=[multiply])
+
+
 @pytest.mark.parametrize("kwargs, match", [
     ({"tools": multiply}, r"tools is the function 'multiply', not a list; give a list of tools: tools=\[multiply\]"),
     ({"tools": "multiply"}, r"tools is 'multiply' \(str\), not a list; give a list of functions"),
 ])
 def test_tools_that_are_not_a_list_name_what_was_given(tmp_path, kwargs, match):
     refused(tmp_path, TypeError, match, **kwargs)
+
+
+class Broken(IncrementEnv):
+    def reset(self, **kwargs):
+        self.counter = 0
+        return kwargs["answer"] + " left"  # a bug in the user's reset: int + str
+
+
+class Returns(IncrementEnv):
+    def reset(self, **kwargs):
+        return self.value
+
+    value = 42
+
+
+def test_errors_in_an_environments_own_code_name_it_and_keep_their_traceback():
+    """reset raising (a TypeError of the user's) is an EnvironmentFunctionError naming the class and method, the user's line in the
+    traceback; reset returning 42 or a list is refused naming the value; columns a reset cannot take (known only per row) are named."""
+    import traceback
+
+    from fastgrpo.rollout.agents.environments import EnvironmentFunctionError, Environments
+
+    prompt = [{"role": "user", "content": "Go."}]
+    envs = Environments(Broken, [])
+    with pytest.raises(EnvironmentFunctionError, match=r"environment Broken's reset raised TypeError: unsupported operand") as info:
+        envs.reset(envs.draw([{}]), [{"prompt": prompt, "answer": 12}], [prompt])
+    assert isinstance(info.value.__cause__, TypeError)
+    assert 'return kwargs["answer"] + " left"' in "".join(traceback.format_exception(info.value))
+    envs = Environments(Returns, [])
+    for value in (42, ["x"]):
+        Returns.value = value
+        with pytest.raises(TypeError, match=rf"environment Returns's reset returned {re.escape(repr(value))} \({type(value).__name__}\); return a str"):
+            envs.reset(envs.draw([{}]), [{"prompt": prompt}], [prompt])
+    envs = Environments(ResetWithoutKwargs, [])
+    with pytest.raises(TypeError, match=r"reset\(answer\) cannot take the row's columns \['prompt', 'extra'\]"):
+        envs.reset(envs.draw([{}]), [{"prompt": prompt, "extra": 1}], [prompt])
+
+
+def test_cli_keeps_the_traceback_of_an_environments_own_error(tmp_path, monkeypatch):
+    """The CLI printed "fastgrpo: error: …" (exit 2, no traceback) for a TypeError raised inside the user's environment."""
+    import sys
+
+    from fastgrpo.cli import main
+    from fastgrpo.rollout.agents.environments import EnvironmentFunctionError
+
+    (tmp_path / "myenv.py").write_text("class Env:\n    def __init__(self):\n        self.total = 1 + 'x'\n\n    def reset(self, **row):\n        pass\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    with pytest.raises(EnvironmentFunctionError, match=r"environment Env's __init__ raised TypeError") as info:
+        main(["train", "--model", NOT_LOADED, "--dataset", "calculator", "--dataset_size", "4", "--environment", "myenv:Env",
+              "--reward", "fastgrpo.tasks.calculator:answer_correct", "--output_dir", "out", "--max_steps", "1"])
+    assert isinstance(info.value.__cause__, TypeError)

@@ -88,7 +88,7 @@ class GRPOTrainer(TRLMethods):
             match the config, an output_dir that is a file or not writable, a peft_config that is not one or comes
             with a PeftModel or sync_ref_model, args that are not a fastgrpo GRPOConfig, a model or reward of the
             wrong type, no reward function, `optimizers` that cannot drive the model — all before any model is loaded.
-        EngineError: use_vllm=True without vLLM, or its server down or serving another model (before loading).
+        EngineError, EnvironmentFunctionError: use_vllm=True without vLLM, its server down or serving another model; an environment_factory raised.
     """
 
     def __init__(

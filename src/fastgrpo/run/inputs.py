@@ -17,7 +17,7 @@ from typing import NamedTuple
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from ..rollout.producers import AgentInputs, check_agent_inputs
+from ..rollout.producers import AgentInputs, check_agent_datasets, check_agent_inputs
 from ..config import GRPOConfig
 from .callbacks import check_callbacks
 from .dataset_kinds import check_train_dataset, eval_sets
@@ -54,7 +54,7 @@ def check_trainer_inputs(
     Raises:
         TypeError: `args` that is not a fastgrpo GRPOConfig, a model or reward of the wrong kind, a
             reward_processing_classes entry that is neither a tokenizer nor None, callbacks that are not a list of
-            TrainerCallbacks (callbacks.check_callbacks).
+            TrainerCallbacks (callbacks.check_callbacks); agent arguments of the wrong kind (producers.check_agent_inputs).
         ValueError: no reward function, no or an unreadable dataset, a reserved column,
             reward_processing_classes or reward_weights whose count does not match the
             reward functions, a peft_config that cannot apply (models.check_peft_inputs), a
@@ -62,7 +62,9 @@ def check_trainer_inputs(
             drive this model (`check_optimizers`); `quantization_config` also set in model_init_kwargs (TRL's error);
             a schedule transformers cannot build (optimizers.check_scheduler); eval_strategy or eval_on_start
             without an eval_dataset (transformers' error); a metric_for_best_model the eval sets do not report
-            (evaluation.check_best_metric).
+            (evaluation.check_best_metric); agent arguments or datasets tools/environments cannot use
+            (producers.check_agent_inputs, producers.check_agent_datasets).
+        EnvironmentFunctionError: an environment's factory raised.
     Warns:
         UserWarning: `quantization_config` for an already built model (ignored, as TRL warns).
     """
@@ -98,6 +100,7 @@ def check_trainer_inputs(
     named_sets = [("train_dataset", train_dataset), *((f"{k} dataset", v) for k, v in (sets or {}).items())]
     for name, rows in named_sets:
         check_columns(rows, name, agents.environments is not None)
+    check_agent_datasets(agents, named_sets)
     funcs = [] if no_rewards else list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
     if reward_processing_classes is None:
         procs = [None] * len(funcs)
