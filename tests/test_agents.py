@@ -680,6 +680,14 @@ def test_tools_that_are_not_a_list_name_what_was_given(tmp_path, kwargs, match):
     refused(tmp_path, TypeError, match, **kwargs)
 
 
+def test_max_tool_calling_iterations_without_tools_warns(tmp_path):
+    """Accepted silently before (TRL too); like config/unread_fields.py's warnings, at the user's line, before the model loads."""
+    with pytest.warns(UserWarning, match=r"max_tool_calling_iterations=3 has no effect without tools or environment_factory \(no tool can "
+                      r"be called\); pass tools=\[…\] or environment_factory=… \(--tools, --environment\), or drop it\.") as record:
+        refused(tmp_path, ValueError, "does not exist", args=config(tmp_path, max_tool_calling_iterations=3))
+    assert [w.filename for w in record if "max_tool_calling" in str(w.message)] == [__file__]
+
+
 class Broken(IncrementEnv):
     def reset(self, **kwargs):
         self.counter = 0

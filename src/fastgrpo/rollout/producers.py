@@ -12,6 +12,7 @@ Not here: the producers themselves (rollout.SingleTurn, multiturn.py, rollout_fu
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from functools import partial
 from typing import NamedTuple
@@ -39,7 +40,9 @@ class AgentInputs(NamedTuple):
     reward_funcs: list[Callable]  # one per environment class with get_reward (weight 1, named after the class)
 
 
-def check_agent_inputs(tools, environment_factory, rollout_func, train_dataset, max_steps: int, prompts_per_rollout: int) -> AgentInputs:
+def check_agent_inputs(
+    tools, environment_factory, rollout_func, train_dataset, max_steps: int, prompts_per_rollout: int, max_tool_calling_iterations: int | None,
+) -> AgentInputs:
     """Check `tools`, `environment_factory` and `rollout_func` (TRL's meanings) before any model loads.
 
     Raises:
@@ -50,6 +53,8 @@ def check_agent_inputs(tools, environment_factory, rollout_func, train_dataset, 
             callable or comes with tools/environments, no train_dataset without an environment or without
             max_steps (environments.placeholder_dataset).
         EnvironmentFunctionError: an environment's factory raised (environments.Environments).
+    Warns:
+        UserWarning: `max_tool_calling_iterations` set without tools or an environment (nothing reads it).
     """
     tools = check_tools(tools)
     if rollout_func is not None and not callable(rollout_func):
@@ -58,6 +63,11 @@ def check_agent_inputs(tools, environment_factory, rollout_func, train_dataset, 
         raise ValueError(
             "rollout_func produces the whole completion itself; give either rollout_func, or tools/environment_factory "
             "for fastgrpo's own multi-turn loop, not both."
+        )
+    if max_tool_calling_iterations is not None and not tools and environment_factory is None:
+        warnings.warn(
+            f"max_tool_calling_iterations={max_tool_calling_iterations!r} has no effect without tools or environment_factory "
+            "(no tool can be called); pass tools=[…] or environment_factory=… (--tools, --environment), or drop it.", stacklevel=4,
         )
     environments = Environments(environment_factory, tools) if environment_factory is not None else None
     if train_dataset is None and environment_factory is not None:

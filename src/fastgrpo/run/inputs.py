@@ -66,7 +66,8 @@ def check_trainer_inputs(
             (producers.check_agent_inputs, producers.check_agent_datasets).
         EnvironmentFunctionError: an environment's factory raised.
     Warns:
-        UserWarning: `quantization_config` for an already built model (ignored, as TRL warns).
+        UserWarning: `quantization_config` for an already built model (ignored, as TRL warns); `max_tool_calling_iterations`
+            without tools or an environment.
     """
     if args is not None and not isinstance(args, GRPOConfig):
         raise TypeError(
@@ -77,7 +78,8 @@ def check_trainer_inputs(
         raise TypeError(f"model has type {type(model).__name__}; give a model name or folder (text), a .gguf file, or a PreTrainedModel.")
     a = with_quantization(args if args is not None else GRPOConfig(), model, quantization_config)
     callbacks = check_callbacks(callbacks)
-    agents = check_agent_inputs(tools, environment_factory, rollout_func, train_dataset, a.max_steps, a.prompts_per_rollout)
+    agents = check_agent_inputs(tools, environment_factory, rollout_func, train_dataset, a.max_steps, a.prompts_per_rollout,
+                                a.max_tool_calling_iterations)
     train_dataset = agents.train_dataset
     no_rewards = reward_funcs is None or (isinstance(reward_funcs, (list, tuple)) and not reward_funcs)
     if no_rewards and not agents.reward_funcs:
