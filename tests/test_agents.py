@@ -9,6 +9,7 @@ answer); the log-prob passes and the update still run on the tiny model.
 import asyncio
 import copy
 import math
+import re
 
 import numpy as np
 import pytest
@@ -569,3 +570,193 @@ def test_rollout_func_numpy_and_tensor_rows_are_token_ids_and_log_probs(tmp_path
                           train_dataset=prompts, processing_class=tokenizer, rollout_func=rollout_func)
     rollout = trainer._collect()
     assert rollout.completion_ids[0].tolist() == [8, tokenizer.eos_token_id] and rollout.prompt_ids[0].tolist()[-3:] == [5, 6, 7]
+
+
+# ------------------------------------------------------------------ bad agent inputs, refused before the model loads
+NOT_LOADED = "./this-model-must-not-be-loaded"  # loading it would raise "does not exist": the check must come first
+CHAT = Dataset.from_list([{"prompt": [{"role": "user", "content": "What is 3 multiplied by 4?"}], "answer": 12}] * 2)
+
+
+def zero(completions, **kwargs):
+    return [0.0] * len(completions)
+
+
+def refused(tmp_path, error, match, **kwargs):
+    given = {"model": NOT_LOADED, "reward_funcs": zero, "args": config(tmp_path), "train_dataset": CHAT, **kwargs}
+    with pytest.raises(error, match=match):
+        GRPOTrainer(**given)
+
+
+def named(name: str):
+    def tool(a: int) -> int:
+        """Echo.
+
+        Args:
+            a: a number.
+        """
+        return a
+
+    tool.__name__ = name
+    return tool
+
+
+class Multiplier(IncrementEnv):
+    def multiply(self, a: int, b: int) -> int:
+        """Multiply.
+
+        Args:
+            a: first.
+            b: second.
+        """
+        return a * b
+
+
+def test_two_tools_under_one_name_are_refused_naming_both(tmp_path):
+    """A second tool named `dup` silently replaced the first while both schemas were rendered; an environment method named like a
+    standalone tool silently shadowed it."""
+    refused(tmp_path, ValueError, r"tools hold two tools named 'dup': tools\[0\] \(named.<locals>.tool, test_agents.py:\d+\) and "
+            r"tools\[1\] \(named.<locals>.tool, test_agents.py:\d+\); the model calls tools by name", tools=[named("dup"), named("dup")])
+    refused(tmp_path, ValueError, r"tools and environment Multiplier's methods hold two tools named 'multiply': tools\[0\] \(multiply, "
+            r"test_agents.py:\d+\) and its method \(Multiplier.multiply, test_agents.py:\d+\)", tools=[multiply], environment_factory=Multiplier)
+
+
+class PropertyReward(IncrementEnv):
+    @property
+    def get_reward(self) -> float:
+        return 1.0
+
+
+class PropertyReset:
+    reset = property(lambda self: None)
+
+
+class AsyncReset:
+    async def reset(self, **kwargs):
+        return None
+
+
+class RewardWithArgument(IncrementEnv):
+    def get_reward(self, answer) -> float:
+        return 1.0
+
+
+class NeedsSize(IncrementEnv):
+    def __init__(self, size):
+        self.size = size
+
+
+class ResetWithoutKwargs:
+    def reset(self, answer):
+        return None
+
+
+@pytest.mark.parametrize("factory, error, match", [
+    (PropertyReward, TypeError, "environment PropertyReward's get_reward is a property, not a method: it would never be called, and the "
+     r"environment would give no reward; define `def get_reward\(self\) -> float`"),
+    (PropertyReset, TypeError, r"environment PropertyReset's reset is a property, not a method: reset would never run; define `def reset\(self, \*\*kwargs\)"),
+    (AsyncReset, TypeError, "environment AsyncReset's reset is async; TRL calls reset"),
+    (RewardWithArgument, TypeError, r"environment RewardWithArgument's get_reward needs arguments \(missing a required argument: 'answer'\)"),
+    (NeedsSize, TypeError, r"environment_factory NeedsSize cannot be called without arguments \(missing a required argument: 'size'\); .* "
+     r"functools.partial\(NeedsSize, …\) or lambda: NeedsSize\(…\)"),
+    (ResetWithoutKwargs, TypeError, r"environment ResetWithoutKwargs's reset\(answer\) cannot take the columns of train_dataset \['prompt', "
+     r"'answer'\] as keywords \(got an unexpected keyword argument 'prompt'\); TRL calls reset\(\*\*row\) with every column: define "
+     r"reset\(self, \*\*kwargs\)"),
+    (3, TypeError, r"environment_factory is 3 \(int\); give an environment class"),
+    ({"math": 3}, TypeError, r"environment_factory\['math'\] is 3 \(int\)"),
+    ({"math": IncrementEnv}, ValueError, r"environment_factory is a dict of \['math'\], which routes each row by its `environment` column, but "
+     "train_dataset has none"),
+])
+def test_environments_that_cannot_run_are_refused_before_loading(tmp_path, factory, error, match):
+    refused(tmp_path, error, match, environment_factory=factory)
+
+
+def test_text_prompts_with_tools_or_an_environment_are_refused_before_loading(tmp_path):
+    """Text prompts were accepted and refused only at the first rollout, after the model loaded. The column's type is read, an
+    IterableDataset only to its first row."""
+    from datasets import IterableDataset
+
+    text = Dataset.from_list([{"prompt": "What is 3 times 4?"}] * 2)
+    refused(tmp_path, ValueError, r"train_dataset row 0: prompt 'What is 3 times 4\?' is text, but tools need chat prompts", train_dataset=text,
+            tools=[multiply])
+    refused(tmp_path, ValueError, "train_dataset row 1: prompt 'Hi' is text, but environment_factory needs chat prompts",
+            train_dataset=[*CHAT.to_list()[:1], {"prompt": "Hi", "answer": 1}], environment_factory=IncrementEnv)
+    read = []
+
+    def rows():
+        for i in range(1000):
+            read.append(i)
+            yield {"prompt": "Hi"}
+
+    refused(tmp_path, ValueError, "train_dataset row 0: prompt 'Hi' is text, but tools and environment_factory need chat prompts",
+            train_dataset=IterableDataset.from_generator(rows), args=config(tmp_path, max_steps=1), tools=[multiply],
+            environment_factory=IncrementEnv)
+    assert len(read) < 10  # the first row (and what the checks before read), not the stream
+    refused(tmp_path, ValueError, "eval dataset row 0: prompt 'What is 3 times 4\\?' is text", eval_dataset=text, tools=[multiply])
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"tools": multiply}, r"tools is the function 'multiply', not a list; give a list of tools: tools=\[multiply\]"),
+    ({"tools": "multiply"}, r"tools is 'multiply' \(str\), not a list; give a list of functions"),
+])
+def test_tools_that_are_not_a_list_name_what_was_given(tmp_path, kwargs, match):
+    refused(tmp_path, TypeError, match, **kwargs)
+
+
+def test_max_tool_calling_iterations_without_tools_warns(tmp_path):
+    """Accepted silently before (TRL too); like config/unread_fields.py's warnings, at the user's line, before the model loads."""
+    with pytest.warns(UserWarning, match=r"max_tool_calling_iterations=3 has no effect without tools or environment_factory \(no tool can "
+                      r"be called\); pass tools=\[…\] or environment_factory=… \(--tools, --environment\), or drop it\.") as record:
+        refused(tmp_path, ValueError, "does not exist", args=config(tmp_path, max_tool_calling_iterations=3))
+    assert [w.filename for w in record if "max_tool_calling" in str(w.message)] == [__file__]
+
+
+class Broken(IncrementEnv):
+    def reset(self, **kwargs):
+        self.counter = 0
+        return kwargs["answer"] + " left"  # a bug in the user's reset: int + str
+
+
+class Returns(IncrementEnv):
+    def reset(self, **kwargs):
+        return self.value
+
+    value = 42
+
+
+def test_errors_in_an_environments_own_code_name_it_and_keep_their_traceback():
+    """reset raising (a TypeError of the user's) is an EnvironmentFunctionError naming the class and method, the user's line in the
+    traceback; reset returning 42 or a list is refused naming the value; columns a reset cannot take (known only per row) are named."""
+    import traceback
+
+    from fastgrpo.rollout.agents.environments import EnvironmentFunctionError, Environments
+
+    prompt = [{"role": "user", "content": "Go."}]
+    envs = Environments(Broken, [])
+    with pytest.raises(EnvironmentFunctionError, match=r"environment Broken's reset raised TypeError: unsupported operand") as info:
+        envs.reset(envs.draw([{}]), [{"prompt": prompt, "answer": 12}], [prompt])
+    assert isinstance(info.value.__cause__, TypeError)
+    assert 'return kwargs["answer"] + " left"' in "".join(traceback.format_exception(info.value))
+    envs = Environments(Returns, [])
+    for value in (42, ["x"]):
+        Returns.value = value
+        with pytest.raises(TypeError, match=rf"environment Returns's reset returned {re.escape(repr(value))} \({type(value).__name__}\); return a str"):
+            envs.reset(envs.draw([{}]), [{"prompt": prompt}], [prompt])
+    envs = Environments(ResetWithoutKwargs, [])
+    with pytest.raises(TypeError, match=r"reset\(answer\) cannot take the row's columns \['prompt', 'extra'\]"):
+        envs.reset(envs.draw([{}]), [{"prompt": prompt, "extra": 1}], [prompt])
+
+
+def test_cli_keeps_the_traceback_of_an_environments_own_error(tmp_path, monkeypatch):
+    """The CLI printed "fastgrpo: error: …" (exit 2, no traceback) for a TypeError raised inside the user's environment."""
+    import sys
+
+    from fastgrpo.cli import main
+    from fastgrpo.rollout.agents.environments import EnvironmentFunctionError
+
+    (tmp_path / "myenv.py").write_text("class Env:\n    def __init__(self):\n        self.total = 1 + 'x'\n\n    def reset(self, **row):\n        pass\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    with pytest.raises(EnvironmentFunctionError, match=r"environment Env's __init__ raised TypeError") as info:
+        main(["train", "--model", NOT_LOADED, "--dataset", "calculator", "--dataset_size", "4", "--environment", "myenv:Env",
+              "--reward", "fastgrpo.tasks.calculator:answer_correct", "--output_dir", "out", "--max_steps", "1"])
+    assert isinstance(info.value.__cause__, TypeError)

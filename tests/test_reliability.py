@@ -16,6 +16,7 @@ import pytest
 import torch
 from datasets import Dataset
 from rich.console import Console
+from transformers import TrainerCallback
 from test_trainer import config, read_metrics, reward_even_tokens
 
 import fastgrpo.run.checkpoint_files as ckpt
@@ -486,6 +487,10 @@ def test_a_best_metric_evaluation_does_not_report_is_refused_before_loading(tmp_
     ({"reward_funcs": []}, "reward_funcs is empty"),
     ({"reward_funcs": None}, "reward_funcs is empty"),
     ({"reward_funcs": [42]}, "reward_funcs entry 42 has type int"),
+    ({"callbacks": TrainerCallback()}, r"callbacks is <.*TrainerCallback object at .*> \(TrainerCallback\), not a list; give a list: "
+     r"callbacks=\[TrainerCallback\(\)\] \(transformers' Trainer takes a list\)"),
+    ({"reward_processing_classes": ["tok"]}, r"reward_processing_classes\[0\] is 'tok' \(str\); give the reward model's tokenizer"),
+    ({"reward_processing_classes": "tok"}, r"reward_processing_classes is 'tok' \(str\)"),
 ])
 def test_trainer_arguments_of_the_wrong_kind_are_refused_before_loading(tmp_path, prompts, kwargs, error):
     given = {"model": NOT_LOADED, "reward_funcs": reward_even_tokens, "args": config(tmp_path), "train_dataset": prompts, **kwargs}

@@ -73,7 +73,7 @@ class GRPOTrainer(TRLMethods):
         eval_dataset: optional rows, or a dict / DatasetDict of them, for `evaluate()` (run as `eval_strategy` says).
         processing_class: the tokenizer; default: the model's own.
         reward_processing_classes: tokenizers of the reward models, one per reward_funcs entry (None for functions) or a single one (TRL's).
-        callbacks: `transformers.TrainerCallback` instances or classes (run/callbacks.py).
+        callbacks: a list of `transformers.TrainerCallback` instances or classes (run/callbacks.py).
         optimizers: (optimizer, lr_scheduler), either None (Trainer's): an optimizer over `model`'s parameters; default args.optim's.
         quantization_config: passed to `from_pretrained` when `model` is a name (TRL's; e.g. QLoRA with peft_config).
         peft_config: a `peft.PeftConfig` (e.g. `LoraConfig`, see `model.loading.lora_config`):
@@ -88,7 +88,7 @@ class GRPOTrainer(TRLMethods):
             match the config, an output_dir that is a file or not writable, a peft_config that is not one or comes
             with a PeftModel or sync_ref_model, args that are not a fastgrpo GRPOConfig, a model or reward of the
             wrong type, no reward function, `optimizers` that cannot drive the model — all before any model is loaded.
-        EngineError: use_vllm=True without vLLM, or its server down or serving another model (before loading).
+        EngineError, EnvironmentFunctionError: use_vllm=True without vLLM, its server down or serving another model; an environment_factory raised.
     """
 
     def __init__(
@@ -97,7 +97,7 @@ class GRPOTrainer(TRLMethods):
         rollout_func=None, environment_factory=None,
     ):
         checked = check_trainer_inputs(model, reward_funcs, args, train_dataset, eval_dataset, reward_processing_classes, peft_config,
-                                       tools, environment_factory, rollout_func, optimizers, quantization_config)
+                                       tools, environment_factory, rollout_func, optimizers, quantization_config, callbacks)
         self.args = a = checked.args
         train_dataset = checked.train_dataset  # TRL's placeholder rows when an environment owns the data
         self.train_dataset, self.eval_dataset, self.eval_sets = train_dataset, eval_dataset, checked.eval_sets
@@ -142,7 +142,7 @@ class GRPOTrainer(TRLMethods):
         self.step, self.timer, self.window, self.fresh_completions = 0, PhaseTimer(), Window(), []
         self.target_kl_stops, self.last_metrics, self.loss_sum, self.run_id = 0, {}, 0.0, uuid.uuid4().hex
         self.log = MetricsLog(a.output_dir, acc, self.console) if acc.is_main_process else None
-        self.events = TrainerEvents(a, callbacks, self.model, self.tokenizer, self.optimizer, self.scheduler, acc.is_main_process)
+        self.events = TrainerEvents(a, checked.callbacks, self.model, self.tokenizer, self.optimizer, self.scheduler, acc.is_main_process)
         self.state, self.epochs_done = self.events.state, 0
         self.reward_hooks = RewardHooks(lambda: self.window)
         self.passes = LogProbPasses(self.log_probs, self.reference, a.beta > 0 and a.kl_estimator == "k3", self.timer)

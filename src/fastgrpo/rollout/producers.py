@@ -1,7 +1,9 @@
 """Choosing how a rollout's completions are produced: single-turn, multi-turn with tools/environments, or rollout_func.
 
 `check_agent_inputs` reads `GRPOTrainer`'s `tools`, `environment_factory`
-and `rollout_func` before any model loads (TRL 1.16's rules); once the model
+and `rollout_func` before any model loads (TRL 1.16's rules), and
+`check_agent_datasets` the datasets against them (chat prompts, the columns
+an environment's `reset` takes); once the model
 and tokenizer exist, `build_producer` returns the one producer the trainer's
 `collect` calls, so `trainer.py` never branches on which it is.
 
@@ -10,18 +12,22 @@ Not here: the producers themselves (rollout.SingleTurn, multiturn.py, rollout_fu
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from functools import partial
 from typing import NamedTuple
+
+from datasets import IterableDataset, Value
 
 from ..generation.contract import GenerationBackend
 from .agents.chat_format import prepare_tool_tokenizer
 from .agents.environments import Environments, placeholder_dataset
 from .agents.multiturn import MultiTurn
 from .agents.rollout_func import RolloutFunc
-from .agents.tools import tool_schema
+from .agents.tools import check_tools
 from .collect import SingleTurn
 from .prompts import PromptEncoder, is_conversational
+from .rewards import dataset_columns
 
 
 class AgentInputs(NamedTuple):
@@ -34,18 +40,23 @@ class AgentInputs(NamedTuple):
     reward_funcs: list[Callable]  # one per environment class with get_reward (weight 1, named after the class)
 
 
-def check_agent_inputs(tools, environment_factory, rollout_func, train_dataset, max_steps: int, prompts_per_rollout: int) -> AgentInputs:
+def check_agent_inputs(
+    tools, environment_factory, rollout_func, train_dataset, max_steps: int, prompts_per_rollout: int, max_tool_calling_iterations: int | None,
+) -> AgentInputs:
     """Check `tools`, `environment_factory` and `rollout_func` (TRL's meanings) before any model loads.
 
     Raises:
-        ValueError: tools that are not a list of documented callables (tools.tool_schema), an
-            environment without `reset` (environments.Environments), rollout_func that is not
-            callable or comes with tools/environments, no train_dataset without an environment
-            or without max_steps (environments.placeholder_dataset).
+        TypeError: tools that are not a list (tools.check_tools); an environment_factory that is not callable or
+            needs arguments, a reset/get_reward that is not a method (environments.Environments).
+        ValueError: tools without a schema or two under one name (tools.check_tools), an environment without
+            `reset`, an environment method named like a tool (environments.Environments), rollout_func that is not
+            callable or comes with tools/environments, no train_dataset without an environment or without
+            max_steps (environments.placeholder_dataset).
+        EnvironmentFunctionError: an environment's factory raised (environments.Environments).
+    Warns:
+        UserWarning: `max_tool_calling_iterations` set without tools or an environment (nothing reads it).
     """
-    tools = list(tools or [])
-    for tool in tools:
-        tool_schema(tool)
+    tools = check_tools(tools)
     if rollout_func is not None and not callable(rollout_func):
         raise ValueError(f"rollout_func is {rollout_func!r}; give a function (prompts, trainer) -> dict.")
     if rollout_func is not None and (tools or environment_factory is not None):
@@ -53,10 +64,53 @@ def check_agent_inputs(tools, environment_factory, rollout_func, train_dataset, 
             "rollout_func produces the whole completion itself; give either rollout_func, or tools/environment_factory "
             "for fastgrpo's own multi-turn loop, not both."
         )
+    if max_tool_calling_iterations is not None and not tools and environment_factory is None:
+        warnings.warn(
+            f"max_tool_calling_iterations={max_tool_calling_iterations!r} has no effect without tools or environment_factory "
+            "(no tool can be called); pass tools=[…] or environment_factory=… (--tools, --environment), or drop it.", stacklevel=4,
+        )
     environments = Environments(environment_factory, tools) if environment_factory is not None else None
     if train_dataset is None and environment_factory is not None:
         train_dataset = placeholder_dataset(environment_factory, max_steps, prompts_per_rollout)
     return AgentInputs(tools, environments, rollout_func, train_dataset, environments.reward_funcs if environments else [])
+
+
+def check_agent_datasets(agents: AgentInputs, datasets: list[tuple[str, object]]) -> None:
+    """Check each dataset against tools and environments before any model loads (after the datasets' own checks).
+
+    Args:
+        agents: the checked agent arguments.
+        datasets: (name, rows) of the train set and each eval set.
+    Raises:
+        ValueError: a text prompt with tools or environment_factory (they need chat messages), naming the dataset,
+            the row and the fix; a dict environment_factory over rows without an `environment` column.
+        TypeError: an environment's reset that cannot take the rows' columns (environments.Environments.check_columns).
+    """
+    if not (agents.tools or agents.environments):
+        return
+    given = " and ".join(name for name, on in (("tools", agents.tools), ("environment_factory", agents.environments)) if on)
+    for name, rows in datasets:
+        text = _text_prompt(rows)
+        if text is not None:
+            raise ValueError(
+                f"{name} row {text[0]}: prompt {text[1]!r:.80} is text, but {given} {'needs' if given == 'environment_factory' else 'need'} chat "
+                'prompts (the tools are described in the chat template); give each prompt as messages, [{"role": "user", "content": …}].'
+            )
+        if agents.environments is not None:
+            agents.environments.check_columns(dataset_columns(rows), name)
+
+
+def _text_prompt(rows) -> tuple[int, str] | None:
+    """(row, prompt) of a text prompt, or None: read from the column's type where it is known (a Dataset, an IterableDataset
+    with features; never a pass over the rows), else from an IterableDataset's first row, else each row of a list."""
+    features = getattr(rows, "features", None)
+    if features is not None:
+        text = isinstance(features.get("prompt"), Value) and features["prompt"].dtype in ("string", "large_string")
+        return (0, next(iter(rows))["prompt"]) if text else None
+    for i, row in enumerate([next(iter(rows), {})] if isinstance(rows, IterableDataset) else rows):
+        if isinstance(row.get("prompt"), str):
+            return i, row["prompt"]
+    return None
 
 
 def build_producer(

@@ -59,18 +59,15 @@ class TrainerEvents:
 
     Args:
         args: the GRPOConfig (passed to every callback as `args`).
-        callbacks: `TrainerCallback` instances or classes (a class is instantiated, as in transformers).
+        callbacks: `TrainerCallback` instances or classes (a class is instantiated, as in transformers), as
+            `check_callbacks` returns them.
         model, processing_class, optimizer, lr_scheduler: passed to callbacks as keyword arguments.
         is_main_process: whether this process is the main one (state.is_world_process_zero).
-    Raises:
-        TypeError: a callback that is not a `transformers.TrainerCallback`.
     """
 
-    def __init__(self, args, callbacks, model, processing_class, optimizer, lr_scheduler, is_main_process: bool):
-        for cb in callbacks or []:
-            check_callback(cb)
+    def __init__(self, args, callbacks: list, model, processing_class, optimizer, lr_scheduler, is_main_process: bool):
         self.args = args
-        self.handler = _Handler(callbacks or [], model, processing_class, optimizer, lr_scheduler)
+        self.handler = _Handler(callbacks, model, processing_class, optimizer, lr_scheduler)
         self.state = TrainerState(is_local_process_zero=is_main_process, is_world_process_zero=is_main_process)
         self.control = TrainerControl()
         self.started = 0.0
@@ -206,6 +203,25 @@ def scheduled(args, step: int, max_steps: int, epoch_end: bool, can_evaluate: bo
     evaluate = can_evaluate and a.eval_strategy == "steps" and (step % _absolute(a.eval_steps, max_steps) == 0 or last)
     save = a.save_strategy == "steps" and (step % _absolute(a.save_steps, max_steps) == 0 or last)
     return log, evaluate, save
+
+
+def check_callbacks(callbacks) -> list:
+    """`callbacks` as transformers' Trainer takes it: None, or a list of TrainerCallback instances or classes.
+
+    Returns:
+        The callbacks as a list ([] for None).
+    Raises:
+        TypeError: not a list (a single callback: naming it and the fix, `callbacks=[…]`), or an entry `check_callback` refuses.
+    """
+    if callbacks is None:
+        return []
+    if not isinstance(callbacks, (list, tuple)):
+        name = callbacks.__name__ if isinstance(callbacks, type) else f"{type(callbacks).__name__}()"
+        raise TypeError(f"callbacks is {callbacks!r:.80} ({'a class' if isinstance(callbacks, type) else type(callbacks).__name__}), "
+                        f"not a list; give a list: callbacks=[{name}] (transformers' Trainer takes a list).")
+    for cb in callbacks:
+        check_callback(cb)
+    return list(callbacks)
 
 
 def check_callback(callback) -> None:

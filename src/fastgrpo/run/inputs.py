@@ -15,9 +15,11 @@ import warnings
 from typing import NamedTuple
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
-from ..rollout.producers import AgentInputs, check_agent_inputs
+from ..rollout.producers import AgentInputs, check_agent_datasets, check_agent_inputs
 from ..config import GRPOConfig
+from .callbacks import check_callbacks
 from .dataset_kinds import check_train_dataset, eval_sets
 from .evaluation import check_best_metric
 from ..rollout.group_filter import resolve_filter
@@ -40,16 +42,19 @@ class TrainerInputs(NamedTuple):
     train_dataset: object  # as given, or TRL's placeholder when an environment owns the data
     agents: AgentInputs  # tools, environments, rollout_func (rollout/producers.py)
     optimizers: tuple  # (optimizer or None, lr_scheduler or None): the caller's, as Trainer's `optimizers`
+    callbacks: list  # TrainerCallback instances or classes
 
 
 def check_trainer_inputs(
     model, reward_funcs, args, train_dataset, eval_dataset, reward_processing_classes, peft_config,
-    tools=None, environment_factory=None, rollout_func=None, optimizers=(None, None), quantization_config=None,
+    tools=None, environment_factory=None, rollout_func=None, optimizers=(None, None), quantization_config=None, callbacks=None,
 ) -> TrainerInputs:
     """Check and resolve `GRPOTrainer`'s arguments (TRL's meanings) before anything loads.
 
     Raises:
-        TypeError: `args` that is not a fastgrpo GRPOConfig, a model or reward of the wrong kind.
+        TypeError: `args` that is not a fastgrpo GRPOConfig, a model or reward of the wrong kind, a
+            reward_processing_classes entry that is neither a tokenizer nor None, callbacks that are not a list of
+            TrainerCallbacks (callbacks.check_callbacks); agent arguments of the wrong kind (producers.check_agent_inputs).
         ValueError: no reward function, no or an unreadable dataset, a reserved column,
             reward_processing_classes or reward_weights whose count does not match the
             reward functions, a peft_config that cannot apply (models.check_peft_inputs), a
@@ -57,9 +62,12 @@ def check_trainer_inputs(
             drive this model (`check_optimizers`); `quantization_config` also set in model_init_kwargs (TRL's error);
             a schedule transformers cannot build (optimizers.check_scheduler); eval_strategy or eval_on_start
             without an eval_dataset (transformers' error); a metric_for_best_model the eval sets do not report
-            (evaluation.check_best_metric).
+            (evaluation.check_best_metric); agent arguments or datasets tools/environments cannot use
+            (producers.check_agent_inputs, producers.check_agent_datasets).
+        EnvironmentFunctionError: an environment's factory raised.
     Warns:
-        UserWarning: `quantization_config` for an already built model (ignored, as TRL warns).
+        UserWarning: `quantization_config` for an already built model (ignored, as TRL warns); `max_tool_calling_iterations`
+            without tools or an environment.
     """
     if args is not None and not isinstance(args, GRPOConfig):
         raise TypeError(
@@ -69,7 +77,9 @@ def check_trainer_inputs(
     if not isinstance(model, (str, os.PathLike, torch.nn.Module)):
         raise TypeError(f"model has type {type(model).__name__}; give a model name or folder (text), a .gguf file, or a PreTrainedModel.")
     a = with_quantization(args if args is not None else GRPOConfig(), model, quantization_config)
-    agents = check_agent_inputs(tools, environment_factory, rollout_func, train_dataset, a.max_steps, a.prompts_per_rollout)
+    callbacks = check_callbacks(callbacks)
+    agents = check_agent_inputs(tools, environment_factory, rollout_func, train_dataset, a.max_steps, a.prompts_per_rollout,
+                                a.max_tool_calling_iterations)
     train_dataset = agents.train_dataset
     no_rewards = reward_funcs is None or (isinstance(reward_funcs, (list, tuple)) and not reward_funcs)
     if no_rewards and not agents.reward_funcs:
@@ -92,6 +102,7 @@ def check_trainer_inputs(
     named_sets = [("train_dataset", train_dataset), *((f"{k} dataset", v) for k, v in (sets or {}).items())]
     for name, rows in named_sets:
         check_columns(rows, name, agents.environments is not None)
+    check_agent_datasets(agents, named_sets)
     funcs = [] if no_rewards else list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
     if reward_processing_classes is None:
         procs = [None] * len(funcs)
@@ -102,6 +113,11 @@ def check_trainer_inputs(
             f"reward_processing_classes has {len(procs)} entries for {len(funcs)} reward_funcs; the numbers must match "
             "(one per entry, None for functions)."
         )
+    for i, p in enumerate(procs):
+        if p is not None and not isinstance(p, PreTrainedTokenizerBase):
+            where = f"reward_processing_classes[{i}]" if isinstance(reward_processing_classes, (list, tuple)) else "reward_processing_classes"
+            raise TypeError(f"{where} is {p!r:.80} ({type(p).__name__}); give the reward model's tokenizer (e.g. "
+                            "AutoTokenizer.from_pretrained(name)), or None to load the reward model's own.")
     resolved = [resolve_reward(f, p, a.model_init_kwargs) for f, p in zip(funcs, procs)]
     weights = a.reward_weights if a.reward_weights is not None else [1.0] * len(resolved)
     if len(weights) != len(resolved):
@@ -119,7 +135,7 @@ def check_trainer_inputs(
     if a.filter_groups:  # a filter_groups_metric that names nothing fails here, not after the model loads
         resolve_filter(a.filter_groups_metric, reward_names(resolved), torch.tensor(weights), a.multi_objective_aggregation)
     tokenizers = [f.tokenizer if isinstance(f, RewardModel) else p for f, p in zip(resolved, procs)]
-    return TrainerInputs(a, sets, resolved, reward_names(resolved), tokenizers, list(weights), train_dataset, agents, pair)
+    return TrainerInputs(a, sets, resolved, reward_names(resolved), tokenizers, list(weights), train_dataset, agents, pair, callbacks)
 
 
 def with_quantization(args: GRPOConfig, model, quantization_config) -> GRPOConfig:

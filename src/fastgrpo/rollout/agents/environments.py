@@ -15,6 +15,15 @@ environment's tools are offered in its prompt). Instances are made once and
 reused: a rollout of N rows takes N instances from a pool, growing it only
 when it needs more than it holds ("construct once, reset often").
 
+Checked before any model loads: a factory that needs
+arguments, a `reset`/`get_reward` that is not a method (a property), a
+`reset` that cannot take the dataset's columns or a `get_reward` that needs
+arguments, a method named like a standalone tool. An exception raised inside
+the environment's own code (its factory, `reset`) is an
+`EnvironmentFunctionError` naming the class and method, the user's exception
+chained with its traceback; `reset` returning anything but a str or None is
+refused naming the value.
+
 Not here: calling tools (tools.py), the loop (multiturn.py).
 """
 
@@ -25,7 +34,11 @@ from collections.abc import Callable
 
 from datasets import Dataset
 
-from .tools import tool_schema
+from .tools import check_distinct_names, tool_schema
+
+
+class EnvironmentFunctionError(RuntimeError):
+    """An environment's own code (its factory or `reset`) raised; the user's exception is chained (`__cause__`) with its traceback."""
 
 
 def public_methods(instance) -> list[Callable]:
@@ -40,9 +53,90 @@ def public_methods(instance) -> list[Callable]:
     ]
 
 
-def _env_reward(env_type: type) -> Callable:
+def _check_factory(factory, label: str) -> None:
+    """Refuse a factory TRL could not call with no arguments, before it is called.
+
+    Raises:
+        TypeError: not callable, or a class/function with required parameters (naming them and the fix).
+    """
+    if not callable(factory):
+        raise TypeError(f"{label} is {factory!r} ({type(factory).__name__}); give an environment class (or a zero-argument "
+                        "callable returning an environment), or a dict {name: class} routing rows by their `environment` column.")
+    try:
+        inspect.signature(factory).bind()
+    except ValueError:  # no signature to read (a builtin): calling it tells
+        return
+    except TypeError as err:
+        name = getattr(factory, "__name__", repr(factory))
+        raise TypeError(f"{label} {name} cannot be called without arguments ({err}); TRL makes each environment with no "
+                        f"arguments: give a zero-argument callable, e.g. functools.partial({name}, …) or lambda: {name}(…).") from None
+
+
+def _make(factory, label: str):
+    """One environment from its factory.
+
+    Raises:
+        EnvironmentFunctionError: the factory (the class's `__init__`) raised, naming it; its exception chained.
+    """
+    try:
+        return factory()
+    except Exception as err:
+        what = f"environment {factory.__name__}'s __init__" if isinstance(factory, type) else f"{label} {getattr(factory, '__name__', repr(factory))}"
+        raise EnvironmentFunctionError(f"{what} raised {type(err).__name__}: {err}") from err
+
+
+def _hook(instance, name: str) -> Callable | None:
+    """The environment's `reset` or `get_reward`, bound; None when it defines none.
+
+    Read without calling anything first: a property is refused, not evaluated.
+    Raises:
+        TypeError: the name is bound to something that is not a method (a property, a value); an async `reset`
+            (TRL calls it synchronously); a `get_reward` that needs arguments (TRL calls get_reward() with none).
+    """
+    cls = type(instance).__name__
+    attr = inspect.getattr_static(instance, name, None)
+    if attr is None:
+        return None
+    if not (callable(attr) or isinstance(attr, (staticmethod, classmethod))):
+        what = "a property" if isinstance(attr, property) else f"{attr!r} ({type(attr).__name__})"
+        usage = "def reset(self, **kwargs) -> str | None" if name == "reset" else "def get_reward(self) -> float"
+        never = "reset would never run" if name == "reset" else "it would never be called, and the environment would give no reward"
+        raise TypeError(f"environment {cls}'s {name} is {what}, not a method: {never}; define `{usage}`.")
+    method = getattr(instance, name)
+    if name == "reset" and inspect.iscoroutinefunction(method):
+        raise TypeError(f"environment {cls}'s reset is async; TRL calls reset(**row) synchronously: make it a plain `def reset(self, **kwargs)`.")
+    if name == "get_reward":
+        try:
+            inspect.signature(method).bind()
+        except TypeError as err:
+            raise TypeError(f"environment {cls}'s get_reward needs arguments ({err}); TRL calls get_reward() with none once per "
+                            "finished episode: read what it needs from the environment's own state.") from None
+        except ValueError:  # no signature to read
+            pass
+    return method
+
+
+def _check_reset_takes(environment, keys: list[str], source: str) -> None:
+    """Refuse a `reset` that cannot take `keys` as keyword arguments (TRL calls reset(**row) with every column of the row).
+
+    Raises:
+        TypeError: naming the class, its reset's signature, the columns and the fix.
+    """
+    try:
+        inspect.signature(environment.reset).bind(**dict.fromkeys(keys))
+    except ValueError:  # no signature to read
+        return
+    except TypeError as err:
+        raise TypeError(
+            f"environment {type(environment).__name__}'s reset{inspect.signature(environment.reset)} cannot take {source} "
+            f"{keys} as keywords ({err}); TRL calls reset(**row) with every column: define reset(self, **kwargs) -> str | None "
+            "(name the columns it reads before **kwargs)."
+        ) from None
+
+
+def _env_reward(env_type: type, asynchronous: bool) -> Callable:
     """A reward function scoring the rows whose environment is exactly `env_type` with its `get_reward()`; None elsewhere."""
-    if inspect.iscoroutinefunction(env_type.get_reward):
+    if asynchronous:
 
         async def get_reward(environments, **kwargs):
             return [await e.get_reward() if type(e) is env_type else None for e in environments]
@@ -65,8 +159,11 @@ class Environments:
         reward_funcs: one reward function per environment class with `get_reward` (append to the trainer's).
         routed: True for a dict of factories (rows carry an `environment` column).
     Raises:
-        ValueError: an empty dict, a factory that is not callable, an instance without a callable
-            `reset` (TRL's rule), or a method whose JSON schema cannot be read (tools.py).
+        ValueError: an empty dict, an instance without `reset` (TRL's rule), a method whose JSON schema cannot be read
+            (tools.py) or named like a standalone tool (tools.check_distinct_names).
+        TypeError: a factory that is not callable or needs arguments (`_check_factory`); a `reset`/`get_reward`
+            that is not a method, an async `reset`, a `get_reward` needing arguments (`_hook`).
+        EnvironmentFunctionError: a factory raised (`_make`).
     """
 
     def __init__(self, environment_factory, tools: list[Callable]):
@@ -77,19 +174,43 @@ class Environments:
         self.factories, self.pool, self.schemas, self.reward_funcs = factories, {}, {}, []
         standalone, rewarded = [tool_schema(t) for t in tools], set()
         for name, factory in factories.items():
-            if not callable(factory):
-                raise ValueError(f"environment_factory[{name!r}] is {factory!r}; give a class or a zero-argument callable.")
-            instance = factory()
-            if not callable(getattr(instance, "reset", None)):
+            _check_factory(factory, self._label(name))
+            instance = _make(factory, self._label(name))
+            if _hook(instance, "reset") is None:
                 raise ValueError(
                     f"environment {type(instance).__name__} has no callable `reset`; every environment must define "
                     "reset(self, **row) -> str | None (TRL's rule), even one that only returns None."
                 )
+            methods = public_methods(instance)
+            check_distinct_names([*((f"tools[{i}]", t) for i, t in enumerate(tools)), *(("its method", m) for m in methods)],
+                                 f"tools and environment {type(instance).__name__}'s methods")
             self.pool[name] = [instance]
-            self.schemas[name] = standalone + [tool_schema(m) for m in public_methods(instance)]
-            if callable(getattr(instance, "get_reward", None)) and type(instance) not in rewarded:  # one column per class
+            self.schemas[name] = standalone + [tool_schema(m) for m in methods]
+            get_reward = _hook(instance, "get_reward")
+            if get_reward is not None and type(instance) not in rewarded:  # one column per class
                 rewarded.add(type(instance))
-                self.reward_funcs.append(_env_reward(type(instance)))
+                self.reward_funcs.append(_env_reward(type(instance), inspect.iscoroutinefunction(get_reward)))
+
+    def _label(self, name) -> str:
+        """How the user gave the factory of `name`: environment_factory, or environment_factory['name'] for a dict."""
+        return f"environment_factory[{name!r}]" if self.routed else "environment_factory"
+
+    def check_columns(self, columns: list[str], dataset_name: str) -> None:
+        """Refuse, before any model loads, a dataset the environments cannot take: routed rows without an
+        `environment` column, or a `reset` that cannot take the rows' columns as keywords.
+
+        Raises:
+            ValueError: a dict of factories over a dataset without an `environment` column.
+            TypeError: a `reset` whose signature refuses the columns (`_check_reset_takes`).
+        """
+        if self.routed and "environment" not in columns:
+            raise ValueError(
+                f"environment_factory is a dict of {list(self.factories)}, which routes each row by its `environment` column, "
+                f"but {dataset_name} has none (columns: {', '.join(columns)}); add it, or give a single environment factory."
+            )
+        keys = [c for c in columns if not (self.routed and c == "environment")]
+        for instances in self.pool.values():
+            _check_reset_takes(instances[0], keys, f"the columns of {dataset_name}")
 
     def route(self, row: dict):
         """The factory name of a row: its `environment` column for a dict of factories, else None.
@@ -112,7 +233,7 @@ class Environments:
             name = self.route(row)
             pool, index = self.pool[name], taken.get(name, 0)
             if index == len(pool):
-                pool.append(self.factories[name]())
+                pool.append(_make(self.factories[name], self._label(name)))
             taken[name] = index + 1
             out.append(pool[index])
         return out
@@ -122,11 +243,23 @@ class Environments:
 
         Returns the N prompts (new lists; the rows are not changed). The
         `environment` column of a routed row is not passed to `reset`.
+        Raises:
+            TypeError: a `reset` that cannot take the row's columns, or that returned neither a str nor None.
+            EnvironmentFunctionError: `reset` raised.
         """
         out = []
         for environment, row, prompt in zip(environments, rows, prompts):
             kwargs = {k: v for k, v in row.items() if not (self.routed and k == "environment")}
-            observation = environment.reset(**kwargs)
+            _check_reset_takes(environment, list(kwargs), "the row's columns")
+            try:
+                observation = environment.reset(**kwargs)
+            except Exception as err:
+                raise EnvironmentFunctionError(f"environment {type(environment).__name__}'s reset raised {type(err).__name__}: {err}") from err
+            if observation is not None and not isinstance(observation, str):
+                raise TypeError(
+                    f"environment {type(environment).__name__}'s reset returned {observation!r:.80} ({type(observation).__name__}); "
+                    "return a str (the first observation, appended to the row's last user message) or None."
+                )
             if observation is not None:
                 prompt = prompt[:-1] + [{**prompt[-1], "content": prompt[-1]["content"] + observation}]
             out.append(prompt)

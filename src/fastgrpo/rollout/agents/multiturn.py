@@ -54,7 +54,10 @@ class MultiTurn:
         eos_token_ids, pad_token_id: as the sampler stops and pads.
         device: where the tensors of the rollout live.
     Raises (on call):
-        ValueError: a prompt that is not chat messages (tools need them).
+        ValueError: a prompt that is not chat messages (tools need them; a dataset's is refused before the model
+            loads, `producers.check_agent_datasets`, but an IterableDataset is read only to its first row there).
+        TypeError, EnvironmentFunctionError: an environment's reset could not take the row, returned neither a str nor
+            None, or raised (`Environments.reset`).
     """
 
     def __init__(

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import inspect
+import os
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -42,6 +43,57 @@ def tool_schema(tool: Callable) -> dict:
             "Args: line per parameter (transformers' get_json_schema)."
         ) from err
 
+
+def check_tools(tools) -> list[Callable]:
+    """`GRPOTrainer(tools=…)` as TRL takes it: None, or a list (or tuple) of documented tools with distinct names.
+
+    Returns:
+        The tools as a list ([] for None).
+    Raises:
+        TypeError: tools that are not a list (a single function, a string, …), naming what was given and the fix.
+        ValueError: an entry that is not callable or has no JSON schema (`tool_schema`), or two tools under
+            one name (`check_distinct_names`).
+    """
+    if tools is None:
+        return []
+    if not isinstance(tools, (list, tuple)):
+        if callable(tools):
+            name = getattr(tools, "__name__", type(tools).__name__)
+            raise TypeError(f"tools is the function {name!r}, not a list; give a list of tools: tools=[{name}] (TRL's tools=).")
+        raise TypeError(f"tools is {tools!r} ({type(tools).__name__}), not a list; give a list of functions (sync or async), "
+                        "e.g. tools=[multiply] (TRL's tools=).")
+    for tool in tools:
+        tool_schema(tool)
+    check_distinct_names([(f"tools[{i}]", t) for i, t in enumerate(tools)], "tools")
+    return list(tools)
+
+
+def check_distinct_names(tools: list[tuple[str, Callable]], offered: str) -> None:
+    """Refuse two tools under one name in one prompt: the model calls a tool by its name (`__name__`, the schema's), so
+    the second would silently replace the first while both schemas are rendered into the prompt.
+
+    Args:
+        tools: (how the user gave it, e.g. "tools[1]" or "its method", callable) for each tool one prompt offers.
+        offered: what holds them, for the message ("tools", "tools and environment Counter's methods").
+    Raises:
+        ValueError: naming the name and both functions (as given, qualified name, file and line).
+    """
+    seen: dict[str, str] = {}
+    for given, tool in tools:
+        name = getattr(tool, "__name__", repr(tool))
+        if name in seen:
+            raise ValueError(
+                f"{offered} hold two tools named {name!r}: {seen[name]} and {given} {_where(tool)}; the model calls tools by name, "
+                "so one would silently shadow the other. Rename one of them."
+            )
+        seen[name] = f"{given} {_where(tool)}"
+
+
+def _where(fn: Callable) -> str:
+    """A function as a user finds it: its qualified name, and its file and first line when it has code."""
+    code = getattr(inspect.unwrap(getattr(fn, "__func__", fn)), "__code__", None)
+    place = f", {os.path.basename(code.co_filename)}:{code.co_firstlineno}" if code is not None else ""
+    return f"({getattr(fn, '__qualname__', repr(fn))}{place})"
 
 
 class ToolResults(NamedTuple):
