@@ -108,6 +108,17 @@ def test_a_flag_error_is_one_line_with_the_closest_flag(capsys, argv, expected):
     assert stop.value.code == 2 and len(err.splitlines()) == 1 and expected in err, err
 
 
+@pytest.mark.parametrize("text", ["", "# comments only\n\n", "{}\n"])
+def test_an_empty_config_file_is_refused_not_replaced_by_the_builtin_job(tmp_path, capsys, text):
+    # `yaml.safe_load` gives None for it, which used to mean "no fields": the whole built-in job ran.
+    run = tmp_path / "y.yaml"
+    run.write_text(text)
+    assert main(["train", "--config", str(run), "--output_dir", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err == (f"fastgrpo: error: {run} is empty (it sets no field); write field: value lines as in "
+                                       "examples/run.yaml, or drop --config to run the built-in job.\n")
+    assert not (tmp_path / "out").exists()
+
+
 def test_step_lines_are_whole_outside_a_terminal(tmp_path):
     out = io.StringIO()
     console = Console(file=out, width=80)  # what a pipe or a log file gets

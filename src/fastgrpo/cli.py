@@ -214,7 +214,7 @@ def resolve_job(ns: argparse.Namespace) -> tuple[dict, dict, dict]:
     is given; otherwise GRPOConfig's defaults are, and the rewards must be named.
 
     Raises:
-        ValueError: a YAML file that is not a mapping or has a mistyped value, or a job of
+        ValueError: a YAML file that is empty, is not a mapping or has a mistyped value, or a job of
             your own without rewards (the message lists the built-in ones).
     """
     given = vars(ns)
@@ -224,11 +224,14 @@ def resolve_job(ns: argparse.Namespace) -> tuple[dict, dict, dict]:
 
         try:
             with open(given["config"]) as f:
-                loaded = yaml.safe_load(f) or {}
+                loaded = yaml.safe_load(f)
         except OSError as err:
             raise ValueError(f"--config {given['config']}: cannot read it ({err.strerror or err}); give a YAML file.") from None
         except yaml.YAMLError as err:
             raise ValueError(f"--config {given['config']} is not valid YAML: {' '.join(str(err).split())}") from None
+        if loaded is None or loaded == {}:  # empty or comments only: running the built-in job instead would be a surprise
+            raise ValueError(f"{given['config']} is empty (it sets no field); write field: value lines as in examples/run.yaml, "
+                             "or drop --config to run the built-in job.")
         if not isinstance(loaded, dict):
             raise ValueError(f"{given['config']}: expected a mapping of field: value, got {type(loaded).__name__}.")
         loaded = {**loaded, **yaml_values_as_flags({k: v for k, v in loaded.items() if k not in JOB_KEYS}, train_parser(), given["config"])}
