@@ -18,6 +18,7 @@ from fastgrpo import GRPOConfig
 from fastgrpo.cli import main, peft_kwargs, resolve_job, train_parser
 from fastgrpo.config.grpo_config import _FIELDS
 from fastgrpo.config.flags import FIELD_HELP
+from fastgrpo.run.datasets import load_dataset_spec
 from fastgrpo.run.metrics import MetricsLog
 from fastgrpo.config.trl_fields import TRL_FIELDS
 
@@ -117,6 +118,19 @@ def test_an_empty_config_file_is_refused_not_replaced_by_the_builtin_job(tmp_pat
     assert capsys.readouterr().err == (f"fastgrpo: error: {run} is empty (it sets no field); write field: value lines as in "
                                        "examples/run.yaml, or drop --config to run the built-in job.\n")
     assert not (tmp_path / "out").exists()
+
+
+def test_dataset_size_takes_the_first_rows_of_a_file(tmp_path):
+    # --dataset_size was read for generated datasets only: a file gave all its rows whatever N was.
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"p{i}"}) + "\n" for i in range(10)))
+    job = parse("--dataset", str(data), "--dataset_size", "3")[0]
+    assert load_dataset_spec(job["dataset"], size=job["dataset_size"])["prompt"] == ["p0", "p1", "p2"]
+    job = parse("--dataset", str(data))[0]
+    assert job["dataset_size"] is None and len(load_dataset_spec(job["dataset"], size=job["dataset_size"])) == 10
+    with pytest.warns(UserWarning, match=rf"dataset {re.escape(str(data))} holds 10 rows, fewer than size=50 \(--dataset_size\); all are used"):
+        assert len(load_dataset_spec(str(data), size=50)) == 10
+    assert resolve_job(train_parser().parse_args([]))[0]["dataset_size"] == 1000  # the built-in job's generated rows
 
 
 def test_step_lines_are_whole_outside_a_terminal(tmp_path):

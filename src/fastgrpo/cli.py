@@ -136,7 +136,7 @@ def train_parser() -> argparse.ArgumentParser:
     job.add_argument("--reward", action="append", default=argparse.SUPPRESS, help=f"{', '.join(BUILTIN_REWARD_NAMES)} or module:function (repeatable or comma-separated)")
     job.add_argument("--tools", action="append", default=argparse.SUPPRESS, help="module:function tools the model may call (repeatable or comma-separated)")
     job.add_argument("--environment", default=argparse.SUPPRESS, help=f"module:Class environment_factory, or {', '.join(ENVIRONMENTS)}")
-    job.add_argument("--dataset_size", type=int, default=argparse.SUPPRESS, help="rows generated for reasoning-gym datasets")
+    job.add_argument("--dataset_size", type=int, default=argparse.SUPPRESS, help="rows: generated for reasoning-gym and calculator (default 1000), the first N of a file or hub dataset (default all)")
     job.add_argument("--resume", nargs="?", const=True, default=argparse.SUPPRESS, help="resume from the latest checkpoint in output_dir, or from PATH")
     return parser
 
@@ -238,7 +238,7 @@ def resolve_job(ns: argparse.Namespace) -> tuple[dict, dict, dict]:
         check_types({k: v for k, v in loaded.items() if k not in JOB_KEYS}, given["config"])
     chosen = {**{k: loaded[k] for k in JOB_KEYS if k in loaded}, **{k: given[k] for k in JOB_KEYS if k in given}}
     builtin = "model" not in chosen and "dataset" not in chosen
-    job = {**{k: BUILTIN_JOB[k] for k in JOB_KEYS if k in BUILTIN_JOB and (builtin or k != "reward")}, **chosen}
+    job = {**{k: BUILTIN_JOB[k] for k in JOB_KEYS if k in BUILTIN_JOB and (builtin or k not in ("reward", "dataset_size"))}, **chosen}
     if "reward" not in job and "environment" not in job:  # an environment may score itself (get_reward)
         raise ValueError(
             f"a job with its own model or dataset needs --reward (or reward: in the YAML): one or more of "
@@ -247,8 +247,10 @@ def resolve_job(ns: argparse.Namespace) -> tuple[dict, dict, dict]:
     for key in ("model", "dataset"):
         if not isinstance(job[key], str):
             raise ValueError(f"{key}: {job[key]!r} has type {type(job[key]).__name__}; give a name or a path (text).")
-    if not isinstance(job["dataset_size"], int) or isinstance(job["dataset_size"], bool) or job["dataset_size"] < 1:
-        raise ValueError(f"dataset_size={job['dataset_size']!r}: give the number of reasoning-gym rows to generate, 1 or more.")
+    size = job.setdefault("dataset_size", None)  # None: 1000 generated rows, or every row of a file or hub dataset
+    if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
+        raise ValueError(f"dataset_size={size!r}: give the number of rows, 1 or more (generated for reasoning-gym and calculator, "
+                         "the first rows of a file or hub dataset).")
     for key in ("reward", "tools"):
         specs = job.get(key) or []
         job[key] = [r.strip() for spec in (specs if isinstance(specs, list) else [specs]) for r in str(spec).split(",") if r.strip()]
