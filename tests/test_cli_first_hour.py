@@ -92,6 +92,20 @@ def test_lora_options_reach_peft_as_trl_means_them(tmp_path, door, expected):
     assert config.r == (8 if "lora_r" in door else 16)
 
 
+def test_lora_options_without_use_peft_warn_before_anything_loads(tmp_path, capsys):
+    # TRL's ModelConfig reads them only with use_peft: a full fine-tune ran, silently.
+    argv = ["train", "--model", "m", "--reward", "length", "--dataset", "nosuch.jsonl", "--output_dir", str(tmp_path / "out"),
+            "--lora_r", "8", "--lora_alpha", "16", "--lora_target_modules", "q_proj", "v_proj"]
+    with pytest.warns(UserWarning) as caught:
+        assert main(argv) == 2  # the missing dataset stops it after the warning, before any model is looked at
+    assert [str(w.message) for w in caught if "use_peft" in str(w.message)] == [
+        "lora_r=8, lora_alpha=16, lora_target_modules=['q_proj', 'v_proj'] have no effect while use_peft is off (every weight "
+        "trains); add --use_peft (use_peft: true in YAML) to train LoRA adapters, or drop them."]
+    assert "nosuch.jsonl': no such file" in capsys.readouterr().err
+    with pytest.warns(UserWarning, match=r"^lora_dropout=0.1 has no effect while use_peft is off .* or drop it\.$"):
+        assert peft_kwargs(from_yaml(tmp_path, {"lora_dropout": 0.1, "use_peft": False})[2]) == {}
+
+
 # --- kind 11: a newcomer's first hour --------------------------------------------------------------------------
 
 

@@ -38,6 +38,7 @@ import os
 import sys
 import types
 import typing
+import warnings
 
 from .config import GRPOConfig
 from .config.flags import FIELD_HELP, trl_flags
@@ -267,8 +268,19 @@ def peft_kwargs(lora: dict) -> dict:
     peft's keyword "all-linear". TRL's `ModelConfig` unwraps every one-element
     list, which turns `--lora_target_modules q_proj` into a regex that matches no
     module in peft; here other lists stay lists, and text (from YAML) stays text.
+
+    Warns:
+        UserWarning: LoRA options given without use_peft (TRL's ModelConfig ignores them silently and every weight trains),
+            naming them and the fix.
+    Raises:
+        ValueError: options `lora_config` refuses (r < 1, α ≤ 0, a dropout outside [0, 1)).
     """
     if not lora.get("use_peft"):
+        unread = [f"{k}={v!r}" for k, v in lora.items() if k != "use_peft"]
+        if unread:
+            verb, pronoun = ("has", "it") if len(unread) == 1 else ("have", "them")
+            warnings.warn(f"{', '.join(unread)} {verb} no effect while use_peft is off (every weight trains); add --use_peft "
+                          f"(use_peft: true in YAML) to train LoRA adapters, or drop {pronoun}.", stacklevel=2)
         return {}
     from .model.loading import lora_config
 
@@ -300,6 +312,7 @@ def import_object(spec: str, flag: str):
 def train(ns: argparse.Namespace) -> None:
     job, fields, lora = resolve_job(ns)
     args = GRPOConfig(**fields)  # bad values are refused here, before anything loads
+    peft = peft_kwargs(lora)  # LoRA options refused or warned about before anything loads too
     if os.getcwd() not in sys.path:  # --reward module:function finds modules in the current folder
         sys.path.insert(0, os.getcwd())
     import torch
@@ -321,7 +334,7 @@ def train(ns: argparse.Namespace) -> None:
     agents = {"tools": [import_object(t, "--tools") for t in job["tools"]] or None}
     if job.get("environment"):
         agents["environment_factory"] = import_object(ENVIRONMENTS.get(job["environment"], job["environment"]), "--environment")
-    trainer = GRPOTrainer(model=job["model"], reward_funcs=rewards, args=args, train_dataset=dataset, **agents, **peft_kwargs(lora))
+    trainer = GRPOTrainer(model=job["model"], reward_funcs=rewards, args=args, train_dataset=dataset, **agents, **peft)
     if trainer.accelerator.is_main_process:
         trainer.console.print(
             f"fastgrpo: {job['model']} on {job['dataset']} ({len(dataset)} prompts), rewards {', '.join(job['reward'])}; "
