@@ -8,6 +8,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 
 import pytest
@@ -166,6 +167,61 @@ def model_dir(tmp_path, monkeypatch, tokenizer, make_model):
     (tmp_path / "data.jsonl").write_text("".join(json.dumps({"prompt": f"Count to {i}."}) + "\n" for i in range(4)))
     monkeypatch.chdir(tmp_path)
     return folder
+
+
+def _break(folder, how: str) -> str:
+    """A broken copy of the tiny model's folder (or a bad file beside it), as `how` says; → the path to give --model."""
+    broken = folder.parent / how
+    if how.endswith((".gguf", ".bin")):
+        broken.write_bytes(b"" if how.startswith("empty") else b"hello")
+        return str(broken)
+    shutil.copytree(folder, broken)
+    config = json.loads((broken / "config.json").read_text())
+    if how == "no_weights":
+        os.remove(broken / "model.safetensors")
+    elif how == "no_config":
+        os.remove(broken / "config.json")
+    elif how == "bad_json":
+        (broken / "config.json").write_text("{not json")
+    elif how == "bad_value":
+        (broken / "config.json").write_text(json.dumps({**config, "hidden_size": "x"}))
+    return str(broken)
+
+
+@pytest.mark.parametrize(("how", "error"), [
+    ("no_weights", "model folder '{path}' has config.json but no weights (none of model.safetensors, model.safetensors.index.json, "
+                   "pytorch_model.bin, pytorch_model.bin.index.json); copy the weights into it, or save the model again with save_pretrained."),
+    ("bad_value", "model folder '{path}': config.json: Validation error for field 'hidden_size': TypeError: Field 'hidden_size' expected "
+                  "int, got str (value: 'x'); fix that value, or save the model again with save_pretrained."),
+    ("no_config", "model folder '{path}' has no config.json; give the folder save_pretrained wrote (config.json and the weights), "
+                  "a .gguf file or a hub id."),
+    ("bad_json", "'{path}/config.json' is not valid JSON (Expecting property name enclosed in double quotes: line 1 column 2 (char 1)); "
+                 "fix it, or save the model again with save_pretrained."),
+    ("empty.bin", "model '{path}' is a file but not a .gguf file; give the folder save_pretrained wrote (config.json and the weights), "
+                  "a .gguf file or a hub id."),
+    ("empty.gguf", "model file '{path}' is empty (0 bytes); copy or download the .gguf file again."),
+    ("other.gguf", "model file '{path}' is not a GGUF file (it starts with b'hell', not b'GGUF'); copy or download it again."),
+])
+def test_a_broken_model_folder_or_file_is_one_line_naming_it(model_dir, capsys, how, error):
+    # Each was a 30-50 line traceback with exit 1 (OSError, StrictDataclassFieldValidationError), or named no path
+    # ("cannot mmap an empty file"), or misled ("Should have a `model_type` key" for a folder without config.json).
+    path = _break(model_dir, how)
+    assert main(["train", "--model", path, "--dataset", "data.jsonl", "--reward", "length", "--output_dir", "out"]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == "fastgrpo: error: " + error.format(path=path) and "Traceback" not in err
+
+
+def test_a_truncated_gguf_file_is_named(tmp_path, monkeypatch):
+    # The gguf reader's own error names no file.
+    from fastgrpo.model.loading import BUILTIN_MODELS, _package_dir, resolve_model_path
+
+    package, name = BUILTIN_MODELS["smollm2-135m-instruct"]
+    with open(os.path.join(_package_dir(package), name), "rb") as f:
+        (tmp_path / "cut.gguf").write_bytes(f.read(100_000))
+    monkeypatch.setenv("FASTGRPO_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(ValueError, match=rf"^model file '{re.escape(str(tmp_path))}/cut.gguf' cannot be converted \(.*\); copy or download it again\.$"):
+        resolve_model_path(str(tmp_path / "cut.gguf"))
+    assert not (tmp_path / "cache" / "cut").exists()
 
 
 def test_closing_summary_lists_only_the_files_written(tmp_path, model_dir, capsys):

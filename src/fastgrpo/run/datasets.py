@@ -21,7 +21,7 @@ import datasets
 import torch
 from datasets import Dataset, load_dataset
 
-from ..model.loading import check_hub_repo
+from ..model.model_files import check_hub_repo
 from ..rollout.prompts import is_chat
 from ..tasks.reasoning_gym import reasoning_gym_dataset
 
