@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
 import gc
 import os
 import sys
@@ -41,7 +40,7 @@ import typing
 import warnings
 
 from .config import GRPOConfig
-from .config.flags import FIELD_HELP, trl_flags
+from .config.flags import FIELD_HELP, one_line_error, trl_flags
 
 # The built-in job: SmolLM2-135M-Instruct on one-digit addition (reasoning-gym
 # basic_arithmetic, "+" only, no brackets or negation), two solved examples
@@ -121,7 +120,7 @@ def train_parser() -> argparse.ArgumentParser:
     # allow_abbrev=False: a misspelt flag (--num_generation) must be an error, not a prefix match.
     own = {f.name for f in dataclasses.fields(GRPOConfig)}
     parser = HfArgumentParser((GRPOConfig, LoraOptions, trl_flags(skip=own)), prog="fastgrpo train", allow_abbrev=False)
-    parser.error = lambda message: _error(parser, message)
+    parser.error = lambda message: one_line_error(parser, message)
     builtin = {**BUILTIN_JOB["config"], **{k: BUILTIN_JOB[k] for k in JOB_KEYS if k in BUILTIN_JOB}}
     for action in parser._actions:
         if action.dest != "help" and action.help != argparse.SUPPRESS:
@@ -140,18 +139,6 @@ def train_parser() -> argparse.ArgumentParser:
     job.add_argument("--dataset_size", type=int, default=argparse.SUPPRESS, help="rows: generated for reasoning-gym and calculator (default 1000), the first N of a file or hub dataset (default all)")
     job.add_argument("--resume", nargs="?", const=True, default=argparse.SUPPRESS, help="resume from the latest checkpoint in output_dir, or from PATH")
     return parser
-
-
-def _error(parser: argparse.ArgumentParser, message: str) -> typing.NoReturn:
-    """argparse's error, as one line: no usage dump; an unknown flag names the closest one ("did you mean")."""
-    hint = ""
-    if message.startswith("unrecognized arguments:"):
-        flags = [word for word in message.split(":", 1)[1].split() if word.startswith("-")]
-        known = [option for action in parser._actions for option in action.option_strings if "_" in option or "-" not in option[2:]]
-        close = difflib.get_close_matches(flags[0].split("=")[0], known, n=1, cutoff=0.6) if flags else []
-        message = f"unknown flag {flags[0]}" if flags else message
-        hint = f"; did you mean {close[0]}?" if close else ""
-    parser.exit(2, f"{parser.prog}: error: {message}{hint} (`{parser.prog} --help` lists the flags)\n")
 
 
 def yaml_values_as_flags(values: dict, parser: argparse.ArgumentParser, source: str) -> dict:
