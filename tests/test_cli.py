@@ -125,3 +125,59 @@ def test_environment_and_tools_flags_run_the_calculator_task(tmp_path, monkeypat
     record = [json.loads(line) for line in open(tmp_path / "out" / "metrics.jsonl")][-1]
     assert {"rewards/answer_correct/mean", "rewards/Calculator/mean", "tools/call_frequency", "tools/failure_frequency"} <= set(record)
     assert main(["train", "--model", str(model_dir), "--dataset", "calculator", "--environment", "nomodule:Env"]) == 2
+
+
+# ------------------------------------------------------------------ fastgrpo vllm-serve: bad arguments before vLLM starts
+SERVE_ERRORS = [  # (arguments after --model, the one line on stderr); the model folder is {good}, one without config.json {bad}
+    (["--port", "99999"], "fastgrpo: error: --port 99999: give a port from 1 to 65535 (the trainer's vllm_server_port; default 8000)."),
+    (["--gpu_memory_utilization", "5"], "fastgrpo: error: --gpu_memory_utilization 5.0: give the share of GPU memory (CPU: of RAM) the "
+                                        "engine may use, above 0 and at most 1 (default 0.9 on CUDA, 0.3 on CPU)."),
+    (["--tensor_parallel_size", "0"], "fastgrpo: error: --tensor_parallel_size 0: give 1 or more."),
+    (["--max-model-len", "-1"], "fastgrpo: error: --max_model_len -1: give 1 or more."),
+    (["--log_level", "loud"], "fastgrpo: error: --log_level 'loud': give one of critical, error, warning, info, debug, trace."),
+    (["--dtype", "bogus"], "fastgrpo: error: --dtype 'bogus': vLLM takes one of auto, half, float16, bfloat16, float, float32."),
+    (["--prot", "8001"], "fastgrpo: error: unknown flag --prot: neither vllm-serve nor vLLM has it; did you mean --port? "
+                         "(`fastgrpo vllm-serve --help` lists vllm-serve's; vLLM's pass through to `vllm serve`)."),
+    (["--max-num-seq", "8"], "fastgrpo: error: unknown flag --max-num-seq: neither vllm-serve nor vLLM has it; did you mean "
+                             "--max-num-seqs? (`fastgrpo vllm-serve --help` lists vllm-serve's; vLLM's pass through to `vllm serve`)."),
+    (["--port", "abc"], "fastgrpo vllm-serve: error: argument --port: invalid int value: 'abc' (`fastgrpo vllm-serve --help` lists the flags)"),
+]
+
+
+def test_vllm_serve_refuses_bad_arguments_in_one_line_before_vllm_or_torch_loads(tmp_path):
+    # Each took vLLM ≈ 12 s to refuse, with a 14-300 line usage dump or traceback; now one line each, in one process
+    # that never imports torch or vLLM.
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    good.mkdir(), bad.mkdir()
+    (good / "config.json").write_text("{}")
+    (good / "model.safetensors").write_text("")
+    (bad / "model.safetensors").write_text("")
+    runs = [["--model", str(good), *argv] for argv, _ in SERVE_ERRORS] + [["--model", str(bad)], ["--port", "8000"]]
+    code = (
+        "import json, sys\nfrom fastgrpo.cli import main\nfor argv in json.loads(sys.argv[1]):\n"
+        "    try:\n        code = main(['vllm-serve', *argv])\n    except SystemExit as stop:\n        code = stop.code\n"
+        "    print('EXIT', code, file=sys.stderr, flush=True)\n"
+        "print('LOADED', sorted(m for m in ('torch', 'vllm') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(runs)], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "LOADED []", out.stderr
+    replies = out.stderr.split("EXIT 2\n")
+    assert replies[-1] == "" and len(replies) == len(runs) + 1, out.stderr
+    expected = [error for _, error in SERVE_ERRORS] + [
+        f"fastgrpo: error: model folder '{bad}' has no config.json; give the folder save_pretrained wrote (config.json and the weights), "
+        "a .gguf file or a hub id.",
+        "fastgrpo vllm-serve: error: the following arguments are required: --model (`fastgrpo vllm-serve --help` lists the flags)"]
+    assert [reply.rstrip("\n") for reply in replies[:-1]] == expected
+
+
+def test_vllm_serve_passes_vllms_own_flags_through():
+    # Arguments vllm-serve does not know go to `vllm serve`: every form vLLM's parser takes passes the check.
+    import importlib.util
+
+    from fastgrpo.generation.vllm.serve import ServeArguments, check_vllm_flags
+
+    root = list(importlib.util.find_spec("vllm").submodule_search_locations)[0]
+    check_vllm_flags(ServeArguments(model="m"), ["--max-num-seqs", "8", "--max_num_batched_tokens=512", "--no-enable-log-requests",
+                                                 "--hf-overrides.rope_theta", "1e6", "-O3", "-tp", "1", "--seed", "-1"], root)
+    with pytest.raises(ValueError, match=r"^unknown flag --enable-prefix-cache: .*; did you mean --enable-prefix-caching\?"):
+        check_vllm_flags(ServeArguments(model="m"), ["--enable-prefix-cache"], root)

@@ -8,6 +8,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 
 import pytest
@@ -18,6 +19,7 @@ from fastgrpo import GRPOConfig
 from fastgrpo.cli import main, peft_kwargs, resolve_job, train_parser
 from fastgrpo.config.grpo_config import _FIELDS
 from fastgrpo.config.flags import FIELD_HELP
+from fastgrpo.run.datasets import load_dataset_spec
 from fastgrpo.run.metrics import MetricsLog
 from fastgrpo.config.trl_fields import TRL_FIELDS
 
@@ -91,6 +93,20 @@ def test_lora_options_reach_peft_as_trl_means_them(tmp_path, door, expected):
     assert config.r == (8 if "lora_r" in door else 16)
 
 
+def test_lora_options_without_use_peft_warn_before_anything_loads(tmp_path, capsys):
+    # TRL's ModelConfig reads them only with use_peft: a full fine-tune ran, silently.
+    argv = ["train", "--model", "m", "--reward", "length", "--dataset", "nosuch.jsonl", "--output_dir", str(tmp_path / "out"),
+            "--lora_r", "8", "--lora_alpha", "16", "--lora_target_modules", "q_proj", "v_proj"]
+    with pytest.warns(UserWarning) as caught:
+        assert main(argv) == 2  # the missing dataset stops it after the warning, before any model is looked at
+    assert [str(w.message) for w in caught if "use_peft" in str(w.message)] == [
+        "lora_r=8, lora_alpha=16, lora_target_modules=['q_proj', 'v_proj'] have no effect while use_peft is off (every weight "
+        "trains); add --use_peft (use_peft: true in YAML) to train LoRA adapters, or drop them."]
+    assert "nosuch.jsonl': no such file" in capsys.readouterr().err
+    with pytest.warns(UserWarning, match=r"^lora_dropout=0.1 has no effect while use_peft is off .* or drop it\.$"):
+        assert peft_kwargs(from_yaml(tmp_path, {"lora_dropout": 0.1, "use_peft": False})[2]) == {}
+
+
 # --- kind 11: a newcomer's first hour --------------------------------------------------------------------------
 
 
@@ -106,6 +122,30 @@ def test_a_flag_error_is_one_line_with_the_closest_flag(capsys, argv, expected):
         main(["train", *argv])
     err = capsys.readouterr().err.strip()
     assert stop.value.code == 2 and len(err.splitlines()) == 1 and expected in err, err
+
+
+@pytest.mark.parametrize("text", ["", "# comments only\n\n", "{}\n"])
+def test_an_empty_config_file_is_refused_not_replaced_by_the_builtin_job(tmp_path, capsys, text):
+    # `yaml.safe_load` gives None for it, which used to mean "no fields": the whole built-in job ran.
+    run = tmp_path / "y.yaml"
+    run.write_text(text)
+    assert main(["train", "--config", str(run), "--output_dir", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err == (f"fastgrpo: error: {run} is empty (it sets no field); write field: value lines as in "
+                                       "examples/run.yaml, or drop --config to run the built-in job.\n")
+    assert not (tmp_path / "out").exists()
+
+
+def test_dataset_size_takes_the_first_rows_of_a_file(tmp_path):
+    # --dataset_size was read for generated datasets only: a file gave all its rows whatever N was.
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"p{i}"}) + "\n" for i in range(10)))
+    job = parse("--dataset", str(data), "--dataset_size", "3")[0]
+    assert load_dataset_spec(job["dataset"], size=job["dataset_size"])["prompt"] == ["p0", "p1", "p2"]
+    job = parse("--dataset", str(data))[0]
+    assert job["dataset_size"] is None and len(load_dataset_spec(job["dataset"], size=job["dataset_size"])) == 10
+    with pytest.warns(UserWarning, match=rf"dataset {re.escape(str(data))} holds 10 rows, fewer than size=50 \(--dataset_size\); all are used"):
+        assert len(load_dataset_spec(str(data), size=50)) == 10
+    assert resolve_job(train_parser().parse_args([]))[0]["dataset_size"] == 1000  # the built-in job's generated rows
 
 
 def test_step_lines_are_whole_outside_a_terminal(tmp_path):
@@ -127,6 +167,61 @@ def model_dir(tmp_path, monkeypatch, tokenizer, make_model):
     (tmp_path / "data.jsonl").write_text("".join(json.dumps({"prompt": f"Count to {i}."}) + "\n" for i in range(4)))
     monkeypatch.chdir(tmp_path)
     return folder
+
+
+def _break(folder, how: str) -> str:
+    """A broken copy of the tiny model's folder (or a bad file beside it), as `how` says; → the path to give --model."""
+    broken = folder.parent / how
+    if how.endswith((".gguf", ".bin")):
+        broken.write_bytes(b"" if how.startswith("empty") else b"hello")
+        return str(broken)
+    shutil.copytree(folder, broken)
+    config = json.loads((broken / "config.json").read_text())
+    if how == "no_weights":
+        os.remove(broken / "model.safetensors")
+    elif how == "no_config":
+        os.remove(broken / "config.json")
+    elif how == "bad_json":
+        (broken / "config.json").write_text("{not json")
+    elif how == "bad_value":
+        (broken / "config.json").write_text(json.dumps({**config, "hidden_size": "x"}))
+    return str(broken)
+
+
+@pytest.mark.parametrize(("how", "error"), [
+    ("no_weights", "model folder '{path}' has config.json but no weights (none of model.safetensors, model.safetensors.index.json, "
+                   "pytorch_model.bin, pytorch_model.bin.index.json); copy the weights into it, or save the model again with save_pretrained."),
+    ("bad_value", "model folder '{path}': config.json: Validation error for field 'hidden_size': TypeError: Field 'hidden_size' expected "
+                  "int, got str (value: 'x'); fix that value, or save the model again with save_pretrained."),
+    ("no_config", "model folder '{path}' has no config.json; give the folder save_pretrained wrote (config.json and the weights), "
+                  "a .gguf file or a hub id."),
+    ("bad_json", "'{path}/config.json' is not valid JSON (Expecting property name enclosed in double quotes: line 1 column 2 (char 1)); "
+                 "fix it, or save the model again with save_pretrained."),
+    ("empty.bin", "model '{path}' is a file but not a .gguf file; give the folder save_pretrained wrote (config.json and the weights), "
+                  "a .gguf file or a hub id."),
+    ("empty.gguf", "model file '{path}' is empty (0 bytes); copy or download the .gguf file again."),
+    ("other.gguf", "model file '{path}' is not a GGUF file (it starts with b'hell', not b'GGUF'); copy or download it again."),
+])
+def test_a_broken_model_folder_or_file_is_one_line_naming_it(model_dir, capsys, how, error):
+    # Each was a 30-50 line traceback with exit 1 (OSError, StrictDataclassFieldValidationError), or named no path
+    # ("cannot mmap an empty file"), or misled ("Should have a `model_type` key" for a folder without config.json).
+    path = _break(model_dir, how)
+    assert main(["train", "--model", path, "--dataset", "data.jsonl", "--reward", "length", "--output_dir", "out"]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == "fastgrpo: error: " + error.format(path=path) and "Traceback" not in err
+
+
+def test_a_truncated_gguf_file_is_named(tmp_path, monkeypatch):
+    # The gguf reader's own error names no file.
+    from fastgrpo.model.loading import BUILTIN_MODELS, _package_dir, resolve_model_path
+
+    package, name = BUILTIN_MODELS["smollm2-135m-instruct"]
+    with open(os.path.join(_package_dir(package), name), "rb") as f:
+        (tmp_path / "cut.gguf").write_bytes(f.read(100_000))
+    monkeypatch.setenv("FASTGRPO_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(ValueError, match=rf"^model file '{re.escape(str(tmp_path))}/cut.gguf' cannot be converted \(.*\); copy or download it again\.$"):
+        resolve_model_path(str(tmp_path / "cut.gguf"))
+    assert not (tmp_path / "cache" / "cut").exists()
 
 
 def test_closing_summary_lists_only_the_files_written(tmp_path, model_dir, capsys):

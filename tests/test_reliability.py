@@ -172,8 +172,8 @@ def test_unknown_dataset_name_offline_is_one_quick_line(monkeypatch, tmp_path):
         load_dataset_spec("org/name")
 
 
-def test_model_folder_without_tokenizer_names_folder_and_files(tmp_path):
-    (tmp_path / "config.json").write_text("{}")
+def test_model_folder_without_tokenizer_names_folder_and_files(tmp_path, make_model):
+    make_model().save_pretrained(tmp_path)  # config.json and the weights, no tokenizer files
     with pytest.raises(ValueError, match=f"model folder '{tmp_path}' has no tokenizer \\(none of tokenizer.json"):
         load_tokenizer(str(tmp_path))
 

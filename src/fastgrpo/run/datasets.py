@@ -14,21 +14,24 @@ from __future__ import annotations
 import csv
 import json
 import os
+import warnings
 from urllib.parse import parse_qsl
 
 import datasets
 import torch
 from datasets import Dataset, load_dataset
 
-from ..model.loading import check_hub_repo
+from ..model.model_files import check_hub_repo
 from ..rollout.prompts import is_chat
 from ..tasks.reasoning_gym import reasoning_gym_dataset
 
 LOCAL_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 # Endings of data files, never of hub dataset names: a spec ending so is a local path, looked up on the disk only.
 FILE_ENDINGS = (*LOCAL_FORMATS, ".tsv", ".txt", ".arrow", ".gz", ".zip", ".xlsx")
+GENERATED_ROWS = 1000  # rows generated for reasoning-gym and calculator specs when no size is given
 
-def load_dataset_spec(spec: str, split: str = "train", size: int = 1000, seed: int = 0) -> Dataset:
+
+def load_dataset_spec(spec: str, split: str = "train", size: int | None = None, seed: int = 0) -> Dataset:
     """A Dataset from a command-line spec.
 
     Args:
@@ -38,15 +41,21 @@ def load_dataset_spec(spec: str, split: str = "train", size: int = 1000, seed: i
             "calculator" (the built-in agent task, tasks/calculator.py), a local
             .json/.jsonl/.csv/.parquet file, or a hub dataset name (needs network).
         split: the split of a hub dataset.
-        size, seed: rows and seed for reasoning-gym and calculator specs.
+        size: rows: generated for reasoning-gym and calculator specs (None: `GENERATED_ROWS`), the first
+            `size` rows of a file or hub dataset (None: all; a warning when it holds fewer).
+        seed: the seed of reasoning-gym and calculator specs.
     Raises:
         ValueError: a local-looking path that does not exist (no hub lookup), a
             local file with an unsupported extension, that is empty, or that
             cannot be parsed (file and line number), a reasoning-gym spec that
             names no task or settings it refuses, or a dataset `check_dataset`
-            refuses (no prompt column, a missing or blank prompt: the row).
+            refuses (no prompt column, a missing or blank prompt: the row); a size below 1.
+    Warns:
+        UserWarning: a file or hub dataset that holds fewer rows than `size`.
     """
-    path = os.path.expanduser(spec)
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+        raise ValueError(f"{spec}: size={size!r}; give a number of rows, 1 or more (or None for the default).")
+    path, generated = os.path.expanduser(spec), GENERATED_ROWS if size is None else size
     if spec.startswith("reasoning-gym:"):
         tasks, _, query = spec.split(":", 1)[1].partition("?")
         kwargs = {k: _number(v) for k, v in parse_qsl(query)}
@@ -54,14 +63,14 @@ def load_dataset_spec(spec: str, split: str = "train", size: int = 1000, seed: i
         if not isinstance(few_shot, int) or few_shot < 0:
             raise ValueError(f"{spec}: few_shot={few_shot!r}; give a number of solved examples, 0 or more.")
         dataset = reasoning_gym_dataset(
-            [t.strip() for t in tasks.split(",") if t.strip()], size=size, seed=seed, task_kwargs=kwargs, few_shot=few_shot
+            [t.strip() for t in tasks.split(",") if t.strip()], size=generated, seed=seed, task_kwargs=kwargs, few_shot=few_shot
         )
     elif spec == "calculator":
         from ..tasks.calculator import calculator_dataset
 
-        dataset = calculator_dataset(size, seed)
+        dataset = calculator_dataset(generated, seed)
     elif os.path.exists(path):
-        dataset = load_data_file(path)
+        dataset = first_rows(load_data_file(path), size, spec)
     elif looks_like_local_path(spec):
         raise ValueError(
             f"dataset {spec!r}: no such file (looked in {os.getcwd()}); give an existing .json/.jsonl/.csv/.parquet file, "
@@ -69,9 +78,23 @@ def load_dataset_spec(spec: str, split: str = "train", size: int = 1000, seed: i
         )
     else:
         check_hub_repo(spec, "dataset")  # one quick probe: offline, load_dataset retries for half a minute, then a traceback
-        dataset = load_dataset(spec, split=split)
+        dataset = first_rows(load_dataset(spec, split=split), size, spec)
     check_dataset(dataset, spec)
     return dataset
+
+
+def first_rows(dataset: Dataset, size: int | None, spec: str) -> Dataset:
+    """The first `size` rows of a file or hub dataset (all of them for None), as `--max_train_samples` takes them in
+    transformers' example scripts.
+
+    Warns:
+        UserWarning: the dataset holds fewer than `size` rows (all are used).
+    """
+    if size is None:
+        return dataset
+    if len(dataset) < size:
+        warnings.warn(f"dataset {spec} holds {len(dataset)} rows, fewer than size={size} (--dataset_size); all are used.", stacklevel=3)
+    return dataset.select(range(min(size, len(dataset))))
 
 
 def looks_like_local_path(spec: str) -> bool:

@@ -9,7 +9,13 @@ endpoints), `--logprobs-mode processed_logprobs` (vllm/backend.py says when thes
 `--weight-transfer-config '{"backend": "nccl"}'` (TRL's weight path). fastgrpo's model names work
 (`smollm2-135m-instruct`, a .gguf file: converted once, as for training) and are served under the name
 given, which the trainer checks. A model with tied embeddings is served from an untied copy (weights.py
-says why). Arguments it does not know go to `vllm serve` as they are.
+says why). Arguments it does not know go to `vllm serve` as they are, when vLLM has them (`--max-num-seqs 8`).
+
+Bad arguments are one line, exit 2, before torch or vLLM is imported (vLLM took ≈ 12 s to refuse each, with its
+usage or a traceback): a mistyped or missing flag and a value of the wrong type as `fastgrpo train` says them (an
+unknown flag with the closest one, "did you mean --port?"); a value out of range or not one of vLLM's choices and a
+model that cannot load (`check_serve_arguments`); a flag that is neither vllm-serve's nor vLLM's
+(`check_vllm_flags`: vLLM's flags and choices are read from its source, which takes milliseconds).
 
 Not here: the trainer's side (server.py).
 """
@@ -17,15 +23,19 @@ Not here: the trainer's side (server.py).
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import os
+import re
 import shlex
 import sys
 
-from ...model.loading import cache_dir, resolve_model_path
-from .colocate import CPU_BLOCK_SIZE
-from .engines import LOGPROBS_MODE
-from .weights import untied_folder
+from ...config.flags import did_you_mean, one_line_error
+from ...model.model_files import check_model_name
+
+# vLLM's Literal types that vllm-serve's flags take (vllm/config/*.py), and uvicorn's log levels (uvicorn.config.LOG_LEVELS).
+VLLM_CHOICES = {"dtype": "ModelDType", "kv_cache_dtype": "CacheDType", "vllm_model_impl": "ModelImpl"}
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
 @dataclasses.dataclass
@@ -55,8 +65,13 @@ def serve_command(args: ServeArguments, extra: list[str], cuda: bool) -> list[st
     """The `vllm serve` command line (Python executable first) for `args`, as TRL's `build_command` with fastgrpo's model names.
 
     Raises:
-        ValueError: a model that does not exist (`resolve_model_path`'s message).
+        ValueError: a model that cannot load (`resolve_model_path`'s message).
     """
+    from ...model.loading import cache_dir, resolve_model_path
+    from .colocate import CPU_BLOCK_SIZE
+    from .engines import LOGPROBS_MODE
+    from .weights import untied_folder
+
     folder = resolve_model_path(args.model)
     if os.path.isfile(os.path.join(folder, "config.json")):  # a local model: its head untied (weights.py says why)
         folder = untied_folder(folder, os.path.join(cache_dir(), "untied", os.path.realpath(folder).strip(os.sep).replace(os.sep, "--")))
@@ -89,23 +104,101 @@ def serve_command(args: ServeArguments, extra: list[str], cuda: bool) -> list[st
     return command + extra
 
 
-def main(argv: list[str]) -> int:
-    """Parse `fastgrpo vllm-serve`'s flags and replace this process with the server (it runs until stopped).
+def check_serve_arguments(args: ServeArguments) -> None:
+    """Refuse values vLLM would refuse only once started (≈ 12 s, with a traceback), and a model that cannot load.
 
-    Returns 2 after a one-line error (vLLM not installed, a model that does not exist); otherwise never returns.
+    Raises:
+        ValueError: a port outside 1–65535, a parallel size or max_model_len below 1, a gpu_memory_utilization
+            outside (0, 1], a log_level uvicorn does not have, or a model `check_model_name` refuses; each naming the
+            flag, the value and the fix.
     """
-    import importlib.util  # noqa: PLC0415
+    if not 1 <= args.port <= 65535:
+        raise ValueError(f"--port {args.port}: give a port from 1 to 65535 (the trainer's vllm_server_port; default 8000).")
+    for flag in ("tensor_parallel_size", "data_parallel_size", "max_model_len"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise ValueError(f"--{flag} {value}: give 1 or more.")
+    if args.gpu_memory_utilization is not None and not 0 < args.gpu_memory_utilization <= 1:
+        raise ValueError(f"--gpu_memory_utilization {args.gpu_memory_utilization}: give the share of GPU memory (CPU: of RAM) "
+                         "the engine may use, above 0 and at most 1 (default 0.9 on CUDA, 0.3 on CPU).")
+    if args.log_level not in LOG_LEVELS:
+        raise ValueError(f"--log_level {args.log_level!r}: give one of {', '.join(LOG_LEVELS)}.")
+    check_model_name(args.model)
 
+
+def vllm_vocabulary(root: str) -> tuple[set[str], dict[str, tuple[str, ...]]]:
+    """vLLM's flags and the values of its Literal types, read from its source in `root` without importing it (≈ 10 s).
+
+    The flags are a superset, dashed: every class-level field of engine/arg_utils.py, config/ and entrypoints/ and every
+    quoted "-x" / "--x" text there (vLLM 0.32's serve parser has 430 flags, all in it). The Literal types are the
+    module-level `Name = Literal["a", …]` of config/ (ModelDType, CacheDType, ModelImpl, …).
+    """
+    files = [os.path.join(root, "engine", "arg_utils.py"), *glob.glob(os.path.join(root, "config", "*.py")),
+             *glob.glob(os.path.join(root, "entrypoints", "**", "*.py"), recursive=True)]
+    flags, literals = set(), {}
+    for path in files:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        flags.update("--" + name.replace("_", "-") for name in re.findall(r"^    ([a-z_][a-z0-9_]*)\s*:", text, re.M))
+        flags.update(flag.replace("_", "-") for flag in re.findall(r"""["'](--?[A-Za-z][\w.-]*)["']""", text))
+        for name, body in re.findall(r"^(\w+) = Literal\[(.*?)\]", text, re.M | re.S):
+            literals[name] = tuple(re.findall(r"""["']([^"']*)["']""", body))
+    return flags, literals
+
+
+def check_vllm_flags(args: ServeArguments, extra: list[str], root: str) -> None:
+    """Refuse a value that is not one of vLLM's choices, and an argument for `vllm serve` that vLLM does not have.
+
+    Args:
+        extra: the arguments vllm-serve passes to `vllm serve` (those it does not know itself).
+        root: vLLM's package folder (`vllm_vocabulary`).
+    Raises:
+        ValueError: `--dtype bogus` (naming vLLM's choices); an unknown flag, naming the closest of vllm-serve's
+            flags or vLLM's ("did you mean --port?").
+    """
+    flags, literals = vllm_vocabulary(root)
+    for field, literal in VLLM_CHOICES.items():
+        choices = literals.get(literal)
+        if choices and getattr(args, field) not in choices:
+            raise ValueError(f"--{field} {getattr(args, field)!r}: vLLM takes one of {', '.join(choices)}.")
+    own = ["--" + field.name.replace("_", "-") for field in dataclasses.fields(ServeArguments)]  # compared dashed, as vLLM's
+    for word in extra:
+        if not word.startswith("-") or word[1:2].isdigit() or word.startswith("-O"):  # a value, or vLLM's -O3 / -O.mode
+            continue
+        name = word.split("=", 1)[0].split(".", 1)[0].replace("_", "-")  # --hf-overrides.key: a JSON flag's key
+        if name in flags or (name.startswith("--no-") and "--" + name[5:] in flags):
+            continue
+        hint = did_you_mean(name, own) or did_you_mean(name, flags)
+        raise ValueError(f"unknown flag {word.split('=', 1)[0]}: neither vllm-serve nor vLLM has it{hint} "
+                         "(`fastgrpo vllm-serve --help` lists vllm-serve's; vLLM's pass through to `vllm serve`).")
+
+
+def serve_parser():
+    """`fastgrpo vllm-serve`'s parser (transformers' HfArgumentParser over `ServeArguments`): errors are one line."""
     from transformers import HfArgumentParser  # noqa: PLC0415
 
     parser = HfArgumentParser(ServeArguments, prog="fastgrpo vllm-serve", allow_abbrev=False)
-    args, extra = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
-    if importlib.util.find_spec("vllm") is None:
-        print("fastgrpo: error: vllm-serve needs vLLM, which is not installed: pip install vllm (GPU) or `make vllm` (CPU).", file=sys.stderr)
-        return 2
-    import torch  # noqa: PLC0415
+    parser.error = lambda message: one_line_error(parser, message)
+    return parser
 
+
+def main(argv: list[str]) -> int:
+    """Parse `fastgrpo vllm-serve`'s flags and replace this process with the server (it runs until stopped).
+
+    Returns 2 after a one-line error (a bad flag or value, vLLM not installed, a model that cannot load), before
+    torch or vLLM is imported where the check allows; otherwise never returns.
+    """
+    import importlib.util  # noqa: PLC0415
+
+    args, extra = serve_parser().parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
     try:
+        check_serve_arguments(args)
+        spec = importlib.util.find_spec("vllm")
+        if spec is None:
+            raise ValueError("vllm-serve needs vLLM, which is not installed: pip install vllm (GPU) or `make vllm` (CPU).")
+        check_vllm_flags(args, extra, list(spec.submodule_search_locations)[0])
+        import torch  # noqa: PLC0415
+
         command = serve_command(args, extra, torch.cuda.is_available())
     except ValueError as err:
         print(f"fastgrpo: error: {err}", file=sys.stderr)
