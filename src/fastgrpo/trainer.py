@@ -39,12 +39,12 @@ from .rollout.producers import build_producer
 from .rollout.prompts import PromptEncoder
 from .rollout.record import Rollout
 from .rollout.reward_models import RewardModel
-from .run import checkpoints
+from .run import checkpoints, reward_hooks
 from .run.callbacks import TrainerEvents, scheduled
 from .run.dataset_kinds import prompt_order
 from .run.inputs import check_trainer_inputs
 from .run.interrupt import StopOnInterrupt
-from .run.metrics import CompletionRows, MetricsLog, PhaseTimer, RewardHooks, Window, progress_bar, rollout_metrics, window_record
+from .run.metrics import CompletionRows, MetricsLog, PhaseTimer, Window, progress_bar, rollout_metrics, window_record
 from .run.setup import bf16_working_copy, build_accelerator, build_optimization, load_policy, prepare
 from .trl_methods import TRLMethods
 from .update.logprobs import LogProbs, fallback_notices
@@ -144,7 +144,7 @@ class GRPOTrainer(TRLMethods):
         self.log = MetricsLog(a.output_dir, acc, self.console) if acc.is_main_process else None
         self.events = TrainerEvents(a, checked.callbacks, self.model, self.tokenizer, self.optimizer, self.scheduler, acc.is_main_process)
         self.state, self.epochs_done = self.events.state, 0
-        self.reward_hooks = RewardHooks(lambda: self.window)
+        self.reward_hooks = reward_hooks.RewardHooks(lambda: self.window)
         self.passes = LogProbPasses(self.log_probs, self.reference, a.beta > 0 and a.kl_estimator == "k3", self.timer)
         self.assembly = overlapped(a, build_assembly(  # one batch, or DAPO's rounds; Â set once on what trains; max_staleness: made ahead
             a, acc, draw=self._draw, producer=producer, reward_funcs=self.reward_funcs, reward_names=self.reward_names,

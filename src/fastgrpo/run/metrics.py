@@ -13,7 +13,6 @@ import math
 import os
 import time
 from collections import defaultdict
-from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -254,40 +253,6 @@ def rollout_metrics(rollout, reward_names: list[str], weights: torch.Tensor, num
         out[f"rewards/{name}_sqsum"] = float(column[present].double().square().sum())
         out[f"rewards/{name}_count"] = float(present.sum())
     return out
-
-
-class RewardHooks:
-    """TRL's `log_metric` and `log_extra` for reward functions.
-
-    `log_metric(name, value)` adds a scalar that is averaged over the logging
-    window (all processes; every process must log the same names) and logged
-    as `name`; `log_extra(column, values)` adds a column (N values) to this
-    rollout's rows in completions.jsonl.
-    """
-
-    def __init__(self, window: Callable[[], Window]):
-        self.window = window  # the trainer's current logging window
-        self.columns: dict[str, list] = defaultdict(list)
-
-    def log_metric(self, name: str, value: float) -> None:
-        self.window().add(f"{name}{USER_SUM}", value)
-        self.window().add(f"{name}{USER_COUNT}", 1)
-
-    def log_extra(self, column: str, values: list) -> None:
-        """Add `values` (one per completion scored) as `column` of this rollout's completions.jsonl rows.
-
-        Raises:
-            ValueError: a column completions.jsonl already writes (`COMPLETION_FIELDS`): it would overwrite it.
-        """
-        if column in COMPLETION_FIELDS:
-            raise ValueError(f"log_extra({column!r}, …): completions.jsonl already writes {column!r} ({', '.join(COMPLETION_FIELDS)} are "
-                             "its own); log under another name.")
-        self.columns[column].extend(values)
-
-    def pop_columns(self) -> dict[str, list]:
-        """The columns logged since the last pop (one rollout's), then reset."""
-        out, self.columns = dict(self.columns), defaultdict(list)
-        return out
 
 
 USER_SUM, USER_COUNT = "/user_sum", "/user_count"  # window keys of log_metric values
