@@ -127,14 +127,16 @@ def check_serve_arguments(args: ServeArguments) -> None:
 
 
 def vllm_vocabulary(root: str) -> tuple[set[str], dict[str, tuple[str, ...]]]:
-    """vLLM's flags and the values of its Literal types, read from its source in `root` without importing it (≈ 10 s).
+    """vLLM's flags and the values of its Literal types, read from its source in `root` in milliseconds (importing
+    vLLM to build its parser takes ≈ 10 s).
 
     The flags are a superset, dashed: every class-level field of engine/arg_utils.py, config/ and entrypoints/ and every
     quoted "-x" / "--x" text there (vLLM 0.32's serve parser has 430 flags, all in it). The Literal types are the
-    module-level `Name = Literal["a", …]` of config/ (ModelDType, CacheDType, ModelImpl, …).
+    module-level `Name = Literal["a", …]` of config/ (ModelDType, CacheDType, ModelImpl, …). A vLLM laid out otherwise
+    gives empty sets, and `check_vllm_flags` then leaves its flags to vLLM.
     """
-    files = [os.path.join(root, "engine", "arg_utils.py"), *glob.glob(os.path.join(root, "config", "*.py")),
-             *glob.glob(os.path.join(root, "entrypoints", "**", "*.py"), recursive=True)]
+    files = [path for path in (os.path.join(root, "engine", "arg_utils.py"), *glob.glob(os.path.join(root, "config", "*.py")),
+                               *glob.glob(os.path.join(root, "entrypoints", "**", "*.py"), recursive=True)) if os.path.isfile(path)]
     flags, literals = set(), {}
     for path in files:
         with open(path, encoding="utf-8") as f:
@@ -161,6 +163,8 @@ def check_vllm_flags(args: ServeArguments, extra: list[str], root: str) -> None:
         choices = literals.get(literal)
         if choices and getattr(args, field) not in choices:
             raise ValueError(f"--{field} {getattr(args, field)!r}: vLLM takes one of {', '.join(choices)}.")
+    if "--max-num-seqs" not in flags:  # not vLLM's source as this reads it (another layout): vLLM checks its own flags
+        return
     own = ["--" + field.name.replace("_", "-") for field in dataclasses.fields(ServeArguments)]  # compared dashed, as vLLM's
     for word in extra:
         if not word.startswith("-") or word[1:2].isdigit() or word.startswith("-O"):  # a value, or vLLM's -O3 / -O.mode
