@@ -117,8 +117,12 @@ def test_a_failed_time_to_reward_run_leaves_todays_results_whole(monkeypatch, tm
         raise RuntimeError("ttr_worker.py failed")
 
     monkeypatch.setattr(ttr, "run_one", fails)
+    model = tmp_path / "model"  # a folder the model check takes (config.json and weights); run_one never loads it
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (model / "model.safetensors").write_bytes(b"")
     with pytest.raises(RuntimeError, match="ttr_worker.py failed"):
-        ttr.main(["--seeds", "0", "--budget", "1", "--out", str(tmp_path), "--model", str(tmp_path)])
+        ttr.main(["--seeds", "0", "--budget", "1", "--out", str(tmp_path), "--model", str(model)])
     assert json.loads(path.read_text()) == earlier
 
 

@@ -18,7 +18,7 @@ from fastgrpo import tasks
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRACKED = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
 TEXTS = [f for f in TRACKED if f.endswith((".py", ".md")) and not f.startswith("tests/fixtures/")]
-OTHER_PROJECTS = {"grpo_trainer.py"}  # TRL's file, cited as the behaviour matched
+OTHER_PROJECTS = {"grpo_trainer.py", "engine/arg_utils.py", "arg_utils.py"}  # TRL's file (the behaviour matched), vLLM's (its flags, read)
 USER_SCRIPTS = {"train.py", "my_trl_style_script.py"}  # the user's own script in an example command
 USER_DOCS = [f for f in TEXTS if f.startswith(("src/", "docs/")) or f == "README.md"]  # what a user reads
 
