@@ -760,3 +760,17 @@ def test_cli_keeps_the_traceback_of_an_environments_own_error(tmp_path, monkeypa
         main(["train", "--model", NOT_LOADED, "--dataset", "calculator", "--dataset_size", "4", "--environment", "myenv:Env",
               "--reward", "fastgrpo.tasks.calculator:answer_correct", "--output_dir", "out", "--max_steps", "1"])
     assert isinstance(info.value.__cause__, TypeError)
+
+
+def test_a_rollout_func_completion_past_max_completion_length_trains_whole_with_one_warning(tmp_path, tokenizer, make_model, prompts):
+    def rollout_func(prompts, trainer):  # 12 tokens against max_completion_length=8, in every rollout
+        N = len(prompts) * trainer.args.num_generations
+        return {"prompt_ids": [[5, 6, 7]] * N, "completion_ids": [[8] * 11 + [tokenizer.eos_token_id]] * N, "logprobs": [[-1.0] * 12] * N}
+
+    trainer = GRPOTrainer(model=make_model(), reward_funcs=lambda completions, **kw: [1.0] * len(completions),
+                          args=config(tmp_path, max_completion_length=8, max_steps=2), train_dataset=prompts, processing_class=tokenizer,
+                          rollout_func=rollout_func)
+    with pytest.warns(UserWarning, match="rollout_func returned a completion of 12 tokens, above max_completion_length=8; it trains whole") as caught:
+        trainer.train()
+    assert len([w for w in caught if "above max_completion_length" in str(w.message)]) == 1  # once, though two rollouts were long
+    assert trainer.state.global_step == 2

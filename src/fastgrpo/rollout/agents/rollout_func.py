@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -109,12 +110,15 @@ class RolloutFunc:
         eos_token_ids, pad_token_id: a completion not ending in one of them is truncated; padding.
         device: where the rollout's tensors live.
         vocab_size: rows of the policy's input embedding: ids beyond them are refused (prompts.check_token_ids); None: not checked.
+        max_completion_length: GRPOConfig's; a completion longer than it trains whole (TRL's contract), with one warning
+            per run (a multi-turn rollout_func that forgot its budget makes the update's memory grow with it).
     """
 
     def __init__(self, rollout_func: Callable, trainer, tokenizer, eos_token_ids: Sequence[int], pad_token_id: int, device=None,
-                 vocab_size: int | None = None):
+                 vocab_size: int | None = None, max_completion_length: int | None = None):
         self.rollout_func, self.trainer, self.tokenizer = rollout_func, trainer, tokenizer
         self.eos, self.pad, self.device, self.vocab_size = tuple(eos_token_ids), pad_token_id, device, vocab_size
+        self.max_completion_length, self.warned_long = max_completion_length, False
 
     def __call__(self, rows: list[dict], num_generations: int) -> Generated:
         prompts = [row["prompt"] for row in rows]
@@ -124,6 +128,12 @@ class RolloutFunc:
         prompt_ids, completion_ids = [list(p) for p in output["prompt_ids"]], [list(c) for c in output["completion_ids"]]
         for key, rows in (("prompt_ids", prompt_ids), ("completion_ids", completion_ids)):
             check_token_ids(rows, self.vocab_size, [f"rollout_func's {key}[{i}]" for i in range(len(rows))], self.tokenizer)
+        longest = max(len(c) for c in completion_ids)
+        if self.max_completion_length is not None and longest > self.max_completion_length and not self.warned_long:
+            self.warned_long = True
+            warnings.warn(f"rollout_func returned a completion of {longest} tokens, above max_completion_length={self.max_completion_length}; "
+                          "it trains whole (the update's memory grows with it): cut completions in rollout_func, or raise "
+                          "max_completion_length. Said once per run.", stacklevel=2)
         P, T = max(len(p) for p in prompt_ids), max(1, max(len(c) for c in completion_ids))
         left = lambda rows, value: torch.tensor([[value] * (P - len(r)) + r for r in rows], device=self.device)  # noqa: E731
         right = lambda rows, value: torch.tensor([r + [value] * (T - len(r)) for r in rows], device=self.device)  # noqa: E731
