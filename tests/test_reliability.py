@@ -465,6 +465,17 @@ def test_a_schedule_or_evaluation_that_cannot_run_is_refused_before_loading(tmp_
         GRPOTrainer(NOT_LOADED, reward_even_tokens, args=config(tmp_path, **fields), train_dataset=prompts)
 
 
+@pytest.mark.parametrize("report_to", ["wandb", "trackio", ["tensorboard", "wandb"]])
+def test_a_tracker_that_is_not_installed_is_refused_before_loading(tmp_path, prompts, monkeypatch, report_to):
+    import fastgrpo.run.setup as setup
+
+    monkeypatch.setitem(setup.TRACKER_AVAILABLE, "wandb", lambda: False)  # whatever this machine has: the check reads the table
+    monkeypatch.setitem(setup.TRACKER_AVAILABLE, "trackio", lambda: False)
+    missing = "wandb" if "wandb" in report_to else "trackio"  # it warned and logged nowhere (accelerate), where transformers raises
+    with pytest.raises(ValueError, match=f"but {missing} is not installed: pip install {missing}, or report_to='none'"):
+        GRPOTrainer(NOT_LOADED, reward_even_tokens, args=config(tmp_path, report_to=report_to), train_dataset=prompts)
+
+
 def test_an_empty_dict_of_eval_sets_is_refused_before_loading(tmp_path, prompts):
     with pytest.raises(ValueError, match="eval_dataset is an empty dict: nothing would be evaluated"):  # it trained on, never evaluating
         GRPOTrainer(NOT_LOADED, reward_even_tokens, args=config(tmp_path, eval_strategy="steps", eval_steps=1), train_dataset=prompts, eval_dataset={})

@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import set_seed
+from accelerate.utils import is_tensorboard_available, is_trackio_available, is_wandb_available, set_seed
 from rich.console import Console
 from transformers import PreTrainedTokenizerBase, get_scheduler
 
@@ -45,6 +45,9 @@ from ..model.precision import resolve_bf16
 from ..model.working_copy import WorkingCopy, working_copy
 
 
+TRACKER_AVAILABLE = {"tensorboard": is_tensorboard_available, "wandb": is_wandb_available, "trackio": is_trackio_available}  # "all": what is
+
+
 def build_accelerator(args: GRPOConfig) -> tuple[Accelerator, bool]:
     """The run's `Accelerator` (device, process group, trackers) and whether its products run in bf16.
 
@@ -55,11 +58,16 @@ def build_accelerator(args: GRPOConfig) -> tuple[Accelerator, bool]:
     Raises:
         ValueError: `accelerate launch --cpu` started one process of several
             (launch.cpu_launch_error); output_dir is a file or not writable
-            (runs.check_output_dir); the config was built for another world size.
+            (runs.check_output_dir); the config was built for another world size; a tracker in
+            report_to that is not installed (accelerate would warn and log nowhere; transformers' Trainer raises).
     """
     a = args
     if (launch_error := cpu_launch_error()) is not None:
         raise ValueError(launch_error)
+    missing = [t for t in a.report_to if t in TRACKER_AVAILABLE and not TRACKER_AVAILABLE[t]()]
+    if missing:
+        raise ValueError(f"report_to={a.report_to} but {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed: "
+                         f"pip install {' '.join(missing)}, or report_to='none' (metrics.jsonl is written either way).")
     runs.check_output_dir(a.output_dir)
     bf16, notice = resolve_bf16(a.bf16, use_cuda=torch.cuda.is_available())
     # cpu=True without GPUs: only then does accelerate join torchrun's processes into one gloo group.
