@@ -243,12 +243,14 @@ def test_every_variant_trains(tmp_path, tokenizer, make_model, prompts, loss_typ
         assert records[-1]["target_kl_stops"] >= 1  # KL > 1e-9 after one update: the rollout is dropped
 
 
-def test_eval_and_tensorboard(tmp_path, tokenizer, make_model, prompts):
+def test_eval_and_tensorboard(tmp_path, tokenizer, make_model, prompts, capsys):
     args = config(tmp_path, max_steps=2, eval_strategy="steps", eval_steps=2, report_to="tensorboard")
     trainer = GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, eval_dataset=prompts.select(range(3)), processing_class=tokenizer)
     trainer.train()
     evals = [r for r in read_metrics(args.output_dir) if "eval_reward" in r]
     assert len(evals) == 1 and 0.0 <= evals[0]["eval_reward"] <= 1.0
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step     2") and "eval_reward" in line]
+    assert printed == [f"step     2  eval_loss {evals[0]['eval_loss']:.4g}  eval_reward {evals[0]['eval_reward']:.4g}"]  # it printed "step 2" alone
     assert evals[0]["eval_rewards/reward_even_tokens/mean"] == evals[0]["eval_reward"]  # one reward, weight 1
     events = [f for _, _, files in os.walk(args.output_dir) for f in files if f.startswith("events.out.tfevents")]
     assert events, "report_to='tensorboard' wrote no event file"

@@ -163,6 +163,7 @@ class MetricsLog:
             f.write(json.dumps(record) + "\n")
         keys = ("loss", "reward", "reward_std", "kl_old", "clip_ratio/region_mean", "completions/mean_length", "grad_norm", "learning_rate",
                 "dynamic_sampling/reward_before", "dynamic_sampling/keep_rate")  # the last two with filter_groups only
+        keys += tuple(k for k in record if k.endswith(("_loss", "_reward")) and "/" not in k)  # an evaluation's: eval[_<set>]_loss, _reward
         shown = "  ".join(f"{k} {record[k]:.4g}" for k in keys if k in record)
         self.console.print(f"step {record['step']:>5}  {shown}", soft_wrap=True)  # one line at any width: `grep ^step` gets whole lines
         self.accelerator.log({k: v for k, v in record.items() if isinstance(v, (int, float))}, step=record["step"])
