@@ -296,6 +296,14 @@ def test_resuming_an_older_checkpoint_names_the_later_ones_it_leaves(tmp_path, t
         train(tmp_path, tokenizer, make_model, prompts, resume=os.path.join(out, "checkpoint-3"), max_steps=4, save_steps=1)
 
 
+def test_resuming_a_finished_run_says_there_is_nothing_to_train(tmp_path, tokenizer, make_model, prompts, capsys):
+    train(tmp_path, tokenizer, make_model, prompts, max_steps=2, save_steps=1)
+    capsys.readouterr()
+    _, out = train(tmp_path, tokenizer, make_model, prompts, resume=True, max_steps=2, save_steps=1)
+    assert out.global_step == 2
+    assert "the run is already at max_steps=2: nothing to train; raise max_steps (--max_steps 4) to train on from step 2" in capsys.readouterr().out
+
+
 def test_resume_cuts_logs_back_to_the_checkpoint_step(tmp_path, tokenizer, make_model, prompts):
     # A run killed after step 3 whose last checkpoint is step 2: logs hold steps 1–3, resume must not log step 3 twice.
     common = dict(max_steps=4, save_steps=2, log_completions=True, num_completions_to_print=0)

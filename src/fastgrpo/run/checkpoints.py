@@ -186,6 +186,9 @@ def resume(trainer: Checkpointed, resume_from_checkpoint) -> tuple[Rollout | Non
     if trainer.log is not None:
         trainer.log.cut_back(trainer.step, state.get("log_sizes"))
         trainer.console.print(f"resumed from {path} at step {trainer.step}", markup=False, soft_wrap=True)
+        if trainer.step >= trainer.max_steps:  # a finished run: say so, rather than a full progress bar and "done"
+            trainer.console.print(f"the run is already at max_steps={trainer.max_steps}: nothing to train; raise max_steps "
+                                  f"(--max_steps {2 * trainer.max_steps}) to train on from step {trainer.step}", markup=False, soft_wrap=True)
         if resume_from_checkpoint is not True and (later := ckpt.later_checkpoints(a.output_dir, trainer.step)):
             names = [os.path.basename(p) for p in later]
             warnings.warn(

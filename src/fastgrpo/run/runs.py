@@ -69,7 +69,8 @@ def claim_output_dir(output_dir: str, overwrite: bool) -> list[str]:
     if found and not overwrite:
         raise ValueError(
             f"output_dir {output_dir!r} already holds a run ({', '.join(found)}); resume it with resume_from_checkpoint=True "
-            "(fastgrpo train --resume), choose another output_dir, or set overwrite_output_dir=True to replace it."
+            "(fastgrpo train --resume; make train ARGS=--resume), choose another output_dir, or set overwrite_output_dir=True to replace it "
+            "(--overwrite_output_dir true)."
         )
     return [n for n in found if n in LOGS or written_by_fastgrpo(os.path.join(output_dir, n))]
 
