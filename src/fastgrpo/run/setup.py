@@ -80,7 +80,7 @@ def build_accelerator(args: GRPOConfig) -> tuple[Accelerator, bool]:
     if acc.num_processes != a.world_size:
         raise ValueError(f"GRPOConfig was built for world_size={a.world_size} but {acc.num_processes} processes run; build the config inside the launched script.")
     if notice is not None and acc.is_main_process:
-        Console().print(f"fastgrpo: {notice}", highlight=False)
+        Console().print(f"fastgrpo: {notice}", highlight=False, soft_wrap=True)  # one line at any width
     if acc.device.type == "cpu":
         keep_freed_memory()  # no page faults on each step's fresh tensors (allocator.py)
     set_seed(a.seed, device_specific=True)  # each process samples its own completions; PromptOrder has its own seed
