@@ -294,7 +294,7 @@ class GRPOTrainer(TRLMethods):
             self.events.log(record)
         if self.log is not None:
             self.log.write(record)
-            for r in rows:
-                self.log.completions(self.step, r, self.reward_names, self.args.num_completions_to_print)
+            for i, r in enumerate(rows):  # every completion to the file; one table, the latest rollout's (TRL prints one per log)
+                self.log.completions(self.step, r, self.reward_names, self.args.num_completions_to_print if i == len(rows) - 1 else 0)
         self.last_metrics, self.window, self.fresh_completions = record, Window(), []
         return record
