@@ -53,7 +53,7 @@ from .update.step import OptimizerStep
 
 
 class TrainOutput(NamedTuple):
-    """What `train()` returns (TRL's fields): optimizer steps done, mean loss, last logged metrics."""
+    """What `train()` returns (TRL's fields): steps done, mean loss, the last log with Trainer's train_runtime, train_loss, …"""
 
     global_step: int
     training_loss: float
@@ -196,8 +196,8 @@ class GRPOTrainer(TRLMethods):
             tracker.finish()
         self.backend.close()
         checkpoints.prune_at_end(self)
-        self.events.train_end(self.loss_sum / max(self.step, 1), pending)
-        return TrainOutput(self.step, self.loss_sum / max(self.step, 1), self.last_metrics)
+        summary = self.events.train_end(self.loss_sum / max(self.step, 1), pending)  # Trainer's metrics, beside the last log's
+        return TrainOutput(self.step, self.loss_sum / max(self.step, 1), {**self.last_metrics, **summary})
 
     # ------------------------------------------------------------------ rollout
     def _collect(self) -> Rollout:

@@ -170,12 +170,16 @@ class TrainerEvents:
             kept = saved.best_model_checkpoint is not None and os.path.isdir(saved.best_model_checkpoint)
             s.best_model_checkpoint = saved.best_model_checkpoint if kept else None  # pruned since: Trainer forgets it too
 
-    def train_end(self, training_loss: float, pending: dict | None = None) -> None:
+    def train_end(self, training_loss: float, pending: dict | None = None) -> dict:
         """Log the run's summary (train_runtime, train_loss, as Trainer does) with the metrics of the steps since the
-        last log (`pending`, as TRL's `log` merges them into it), and call on_train_end."""
+        last log (`pending`, as TRL's `log` merges them into it), and call on_train_end; → the summary (Trainer's
+        `TrainOutput.metrics` keys: train_runtime in seconds, train_steps_per_second, train_loss, epoch)."""
         runtime = time.perf_counter() - self.started
-        self.log({**(pending or {}), "train_runtime": round(runtime, 4), "train_steps_per_second": round(self.state.global_step / max(runtime, 1e-9), 3), "train_loss": training_loss})
+        summary = {"train_runtime": round(runtime, 4), "train_steps_per_second": round(self.state.global_step / max(runtime, 1e-9), 3),
+                   "train_loss": training_loss}
+        self.log({**(pending or {}), **summary})
         self.control = self.handler.on_train_end(self.args, self.state, self.control)
+        return {**summary, "epoch": self.state.epoch}
 
 
 def scheduled(args, step: int, max_steps: int, epoch_end: bool, can_evaluate: bool) -> tuple[bool, bool, bool]:
