@@ -1,9 +1,10 @@
-"""TRL's GRPO quick-start script, run on fastgrpo.
+"""The project's seed script, run on fastgrpo: TRL's GRPO quick-start (its `reward_len`, the `GRPOConfig` /
+`GRPOTrainer` calls) with the seed configuration's fields (batch 4 × 4, G = 8, μ = 4, 64-token prompts and completions).
 
-Only two things differ from the TRL original: the import line, and the model
-and dataset point at local ones (this machine has no hub access). Run it with
-`python examples/trl_seed_script.py` (about 200 optimizer steps; tests run it
-with max_steps reduced).
+Against that script only the import line differs, and the model and dataset point at local ones (this machine
+has no hub access). TRL's own quick-start sets fewer fields; `max_prompt_length` is one TRL 1.16 no longer has
+(fastgrpo keeps it: README, "Differences from TRL"). Run it with `python examples/trl_seed_script.py` (about
+200 optimizer steps; tests run it with max_steps reduced).
 """
 
 import reasoning_gym
