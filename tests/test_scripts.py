@@ -18,13 +18,13 @@ def test_trl_seed_script_runs_with_only_the_import_changed(tmp_path):
     source = open(os.path.join(ROOT, "examples", "trl_seed_script.py")).read()
     assert "from fastgrpo import GRPOConfig, GRPOTrainer" in source
     script = tmp_path / "seed.py"
-    script.write_text(source.replace("max_steps=200", "max_steps=4").replace("logging_steps=5", "logging_steps=2"))
+    script.write_text(source.replace("max_steps=200", "max_steps=2").replace("logging_steps=5", "logging_steps=1"))
     subprocess.run([sys.executable, str(script)], cwd=tmp_path, check=True, timeout=900)
     with open(tmp_path / "SmolLM2-135M-GRPO" / "metrics.jsonl") as f:
         records = [json.loads(line) for line in f]
-    assert [r["step"] for r in records] == [2, 4]
-    assert records[0]["kl_old"] > 0  # μ = 4: later steps of the rollout measure the moved policy
-    assert os.path.exists(tmp_path / "SmolLM2-135M-GRPO" / "checkpoint-4" / "model.safetensors")
+    assert [r["step"] for r in records] == [1, 2]
+    assert records[0]["kl_old"] == 0 and records[1]["kl_old"] > 0  # μ = 4: step 2 reuses the rollout, against the moved policy
+    assert os.path.exists(tmp_path / "SmolLM2-135M-GRPO" / "checkpoint-2" / "model.safetensors")
 
 
 def test_cli_flags_override_yaml_which_overrides_the_builtin_job(tmp_path):

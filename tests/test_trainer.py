@@ -324,5 +324,5 @@ def test_train_returns_trainers_summary_metrics_with_the_last_log(tmp_path, toke
                       processing_class=tokenizer).train()
     m = out.metrics  # a TRL script's `trainer.train().metrics["train_runtime"]` works; the last log's keys are there too
     assert m["train_loss"] == out.training_loss and m["train_runtime"] > 0 and m["epoch"] > 0
-    assert m["train_steps_per_second"] == pytest.approx(2 / m["train_runtime"], abs=1e-3) and "reward" in m  # rounded to 3 places
+    assert m["train_steps_per_second"] == pytest.approx(2 / m["train_runtime"], rel=1e-3, abs=2e-3) and "reward" in m  # both rounded
 
