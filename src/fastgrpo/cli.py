@@ -265,9 +265,10 @@ def peft_kwargs(lora: dict) -> dict:
     if not lora.get("use_peft"):
         unread = [f"{k}={v!r}" for k, v in lora.items() if k != "use_peft"]
         if unread:
-            verb, pronoun = ("has", "it") if len(unread) == 1 else ("have", "them")
-            warnings.warn(f"{', '.join(unread)} {verb} no effect while use_peft is off (every weight trains); add --use_peft "
-                          f"(use_peft: true in YAML) to train LoRA adapters, or drop {pronoun}.", stacklevel=2)
+            from .config.unread_fields import no_effect
+
+            warnings.warn(no_effect(unread, "use_peft is off (every weight trains)",
+                                    "add --use_peft (use_peft: true in YAML) to train LoRA adapters"), stacklevel=2)
         return {}
     from .model.loading import lora_config
 

@@ -66,5 +66,10 @@ def warn_inert(c) -> None:
         if off(c):
             changed = [f"{name}={getattr(c, name)!r}" for name in names if getattr(c, name) != defaults[name]]
             if changed:
-                verb, pronoun = ("has", "it") if len(changed) == 1 else ("have", "them")
-                warnings.warn(f"{', '.join(changed)} {verb} no effect while {state(c)}; {fix}, or drop {pronoun}.", stacklevel=5)
+                warnings.warn(no_effect(changed, state(c), fix), stacklevel=5)
+
+
+def no_effect(settings: list[str], state: str, fix: str) -> str:
+    """The one wording of a setting-without-effect warning: "a=1, b=2 have no effect while <state>; <fix>, or drop them."."""
+    verb, pronoun = ("has", "it") if len(settings) == 1 else ("have", "them")
+    return f"{', '.join(settings)} {verb} no effect while {state}; {fix}, or drop {pronoun}."

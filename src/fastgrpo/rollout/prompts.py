@@ -8,6 +8,9 @@ from __future__ import annotations
 import torch
 
 
+EMBEDDING_FIX = "use the model's own tokenizer, or grow the embedding first: model.resize_token_embeddings(len(tokenizer))"
+
+
 def check_token_ids(rows, vocab_size: int | None, what: str | list[str], tokenizer=None) -> None:
     """Refuse token ids the model has no embedding row for, before they reach it (an embedding lookup fails with
     "index out of range in self", naming no size).
@@ -33,7 +36,7 @@ def check_token_ids(rows, vocab_size: int | None, what: str | list[str], tokeniz
             name = what[i] if isinstance(what, (list, tuple)) else f"{what} {i}"
             raise ValueError(
                 f"{name} holds token{token} id {bad}, but the model's input embedding has {vocab_size} rows{sizes}; "
-                "use the model's own tokenizer, or grow the embedding first: model.resize_token_embeddings(len(tokenizer))."
+                f"{EMBEDDING_FIX}."
             )
 
 

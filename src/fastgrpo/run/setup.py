@@ -43,6 +43,7 @@ from ..model.experts import RouterAuxLoss
 from ..model.optimizers import build_optimizer
 from ..model.precision import resolve_bf16
 from ..model.working_copy import WorkingCopy, working_copy
+from ..rollout.prompts import EMBEDDING_FIX
 
 
 TRACKER_AVAILABLE = {"tensorboard": is_tensorboard_available, "wandb": is_wandb_available, "trackio": is_trackio_available}  # "all": what is
@@ -199,13 +200,12 @@ def check_vocabulary(model: torch.nn.Module, tokenizer) -> int | None:
     rows = getattr(embedding, "num_embeddings", None)
     if rows is None:
         return None
-    fix = "use the model's own tokenizer, or grow the embedding first: model.resize_token_embeddings(len(tokenizer))"
     pad = tokenizer.pad_token_id
     if pad is not None and not 0 <= pad < rows:
-        raise ValueError(f"the tokenizer's pad_token_id={pad} ({tokenizer.pad_token!r}) is not among the model's {rows} embedding rows; {fix}.")
+        raise ValueError(f"the tokenizer's pad_token_id={pad} ({tokenizer.pad_token!r}) is not among the model's {rows} embedding rows; {EMBEDDING_FIX}.")
     if len(tokenizer) > rows:
         warnings.warn(f"the tokenizer has {len(tokenizer)} tokens but the model's input embedding has {rows} rows: a prompt holding one "
-                      f"of the last {len(tokenizer) - rows} will be refused; {fix}.", stacklevel=4)
+                      f"of the last {len(tokenizer) - rows} will be refused; {EMBEDDING_FIX}.", stacklevel=4)
     return rows
 
 

@@ -44,11 +44,6 @@ def _is_logp(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and (value != value or value <= LOGP_SLACK)
 
 
-def _short(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "…"
-
-
 def check_output(output, num_prompts: int, num_generations: int) -> None:
     """Refuse a rollout_func output that does not follow the contract, naming the key and the fix.
 
@@ -78,12 +73,12 @@ def check_output(output, num_prompts: int, num_generations: int) -> None:
         for i, row in enumerate(output[key]):
             row = _as_list(row)
             if not isinstance(row, list) or not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in row):
-                raise ValueError(f"rollout_func's {key}[{i}] is {_short(row)}; give a list of token ids (whole numbers).")
+                raise ValueError(f"rollout_func's {key}[{i}] is {row!r:.60}; give a list of token ids (whole numbers).")
     for i, row in enumerate(output["logprobs"]):
         row = _as_list(row)
         bad = row if not isinstance(row, list) else next((v for v in row if not _is_logp(v)), None)
         if bad is not None:
-            raise ValueError(f"rollout_func's logprobs[{i}] holds {_short(bad)}, which is not a log-probability (a number ≤ 0); give the "
+            raise ValueError(f"rollout_func's logprobs[{i}] holds {bad!r:.60}, which is not a log-probability (a number ≤ 0); give the "
                              "sampler's log π(token) per completion token, or None where it has none.")
     if all(len(c) == 0 for c in output["completion_ids"]):
         raise ValueError("rollout_func returned no completion token in any of its rows; return each completion's tokens (ending in EOS where it ended).")
