@@ -57,7 +57,7 @@ def cpu_without_bf16_units(monkeypatch):
 
 # ------------------------------------------------------------------ a real vLLM server on loopback (test_vllm, test_async_grpo)
 VLLM_ENV = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}  # 1 GiB of KV cache, not a share of RAM
-SERVERS: dict[str, subprocess.Popen] = {}  # each module's server process by URL (a module's last test may stop it on purpose)
+SERVERS: dict[str, subprocess.Popen] = {}  # the shared server's process by URL (tests marked stops_server stop it on purpose)
 
 
 def free_port() -> int:
@@ -79,20 +79,39 @@ def stop(server: subprocess.Popen) -> None:
         server.wait()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def model_dir(tmp_path_factory, tokenizer):
-    """A folder holding `vllm_tiny_model` and the tokenizer: what the module's server serves."""
+    """A folder holding `vllm_tiny_model` and the tokenizer: what the shared server serves."""
     folder = str(tmp_path_factory.mktemp("served") / "tiny")
     vllm_tiny_model(tokenizer).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
 
 
-@pytest.fixture(scope="module")
-def server(model_dir):
-    """One server per test module, started once; → its URL."""
+@pytest.fixture(scope="session")
+def server_url(model_dir):
+    """One server for the whole session (test_vllm.py and test_async_grpo.py), started when first asked for."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     SERVERS[url] = start_server(model_dir, port)
     yield url
     stop(SERVERS[url])
+
+
+@pytest.fixture
+def server(server_url, model_dir):
+    """The shared server's URL; started again first if a test before this one stopped it (run alone, in any order)."""
+    if SERVERS[server_url].poll() is not None:
+        SERVERS[server_url] = start_server(model_dir, int(server_url.rsplit(":", 1)[1]))
+    return server_url
+
+
+def pytest_collection_modifyitems(items):
+    """Tests that stop the shared server (marker `stops_server`) run after every other test: those that start it
+    again (`restarts=True`) first, then those that leave it stopped, so one start serves the rest (each start of a
+    vLLM server costs ≈ 20 s here)."""
+    def rank(item):
+        mark = item.get_closest_marker("stops_server")
+        return 0 if mark is None else 1 if mark.kwargs.get("restarts") else 2
+
+    items.sort(key=rank)  # stable: every other test keeps its place

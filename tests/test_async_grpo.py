@@ -1,7 +1,7 @@
 """Generation overlapped with training (max_staleness; rollout/async_producer.py), on a real vLLM server on loopback.
 
-One server serves the module (started once, as tests/test_vllm.py starts its own); the dead-server test runs last
-and kills it. The tiny model samples 8 tokens, so a rollout takes a fraction of a second: the lag tests make the
+The session's one server serves the module (tests/conftest.py, shared with tests/test_vllm.py); the dead-server
+test runs after every other test and kills it. The tiny model samples 8 tokens, so a rollout takes a fraction of a second: the lag tests make the
 trainer the slow side (a callback sleeps after each step), so the producer always runs up to its admission bound
 and every lag is the bound's, worked out by hand in each test.
 """
@@ -211,8 +211,9 @@ def test_a_producer_silent_past_the_heartbeat_ends_the_run(tmp_path, tokenizer, 
     assert [r["step"] for r in metrics(args.output_dir)] == [1, 2] and os.path.isdir(os.path.join(args.output_dir, "checkpoint-2"))
 
 
+@pytest.mark.stops_server
 def test_a_dead_server_ends_the_run_with_one_error_and_keeps_the_checkpoint(tmp_path, tokenizer, prompts, server, model_dir):
-    # Runs last: kills the module's server once step 2 is saved, with the producer working ahead.
+    # Runs last (stops_server): kills the shared server once step 2 is saved, with the producer working ahead.
     class KillServerAfterStep2(TrainerCallback):
         def on_save(self, args, state, control, **kwargs):
             if state.global_step == 2:

@@ -280,8 +280,9 @@ def test_no_server_is_one_line_naming_the_url_within_the_timeout(tmp_path, model
     assert "Traceback" not in run.stderr and not (out / "checkpoint-1").exists()
 
 
+@pytest.mark.stops_server(restarts=True)
 def test_server_dying_mid_run_is_a_clear_error_and_resume_works(tmp_path, tokenizer, prompts, model_dir, server):
-    # The module's server is killed here (this test runs last of those using it), then a new one serves the resume.
+    # The shared server is killed here (the test runs after the others using it), then a new one serves the resume.
     from transformers import TrainerCallback
 
     class KillServerAfterStep2(TrainerCallback):

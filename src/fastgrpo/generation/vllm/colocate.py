@@ -1,8 +1,9 @@
 """vLLM colocated with the trainer (TRL's vllm_mode="colocate"): one engine per training process, on its device.
 
 vLLM's `LLM` lives in the training process; its engine core runs in a child process (vLLM's default
-multiprocessing), so vLLM's own set-up (thread binding, its process group, its seeds) stays out of the
-trainer. TRL runs the engine inside the process instead (`external_launcher`); measured here (round 4), that
+multiprocessing), and on CPU its worker in a second one (vLLM's CPU platform always uses its multiprocessing
+executor, for its OpenMP thread binding; each child is a spawned interpreter that imports vLLM, ≈ 8 s apiece on
+the EPYC here), so vLLM's own set-up (thread binding, its process group, its seeds) stays out of the trainer. TRL runs the engine inside the process instead (`external_launcher`); measured here (round 4), that
 resets torch's threads and seeds and opens a gloo group inside the trainer.
 
 Weights: the engine starts from the policy's own weights (weights.WeightsFolder), and each sync reloads them
@@ -25,7 +26,7 @@ CPU_BLOCK_SIZE = 32
 
 
 class ColocateEngine:
-    """vLLM's `LLM` started from a model folder, in this process (engine core in a child process).
+    """vLLM's `LLM` started from a model folder, in this process (engine core, and on CPU its worker, in child processes).
 
     Args:
         folder: the model folder it starts from (`WeightsFolder.write_model`: config, tokenizer, weights),
@@ -53,7 +54,6 @@ class ColocateEngine:
                 logprobs_mode=LOGPROBS_MODE,
                 generation_config="vllm",  # vLLM's neutral defaults: the model's generation_config.json never changes sampling
                 enforce_eager=on_cpu,  # no graph capture or compilation on CPU (minutes at start-up for nothing)
-                distributed_executor_backend="uni" if on_cpu else None,  # the worker inside the engine core: one child process
                 **({"block_size": CPU_BLOCK_SIZE} if on_cpu else {}),
             )
         except RuntimeError as err:  # vLLM logs the cause above its own message ("Engine core initialization failed")
