@@ -18,7 +18,11 @@ def test_trl_seed_script_runs_with_only_the_import_changed(tmp_path):
     source = open(os.path.join(ROOT, "examples", "trl_seed_script.py")).read()
     assert "from fastgrpo import GRPOConfig, GRPOTrainer" in source
     script = tmp_path / "seed.py"
-    script.write_text(source.replace("max_steps=200", "max_steps=2").replace("logging_steps=5", "logging_steps=1"))
+    short = {"max_steps=200": "max_steps=2", "logging_steps=5": "logging_steps=1", "max_completion_length=64": "max_completion_length=16"}
+    for old, new in short.items():
+        assert old in source, old
+        source = source.replace(old, new)
+    script.write_text(source)
     subprocess.run([sys.executable, str(script)], cwd=tmp_path, check=True, timeout=900)
     with open(tmp_path / "SmolLM2-135M-GRPO" / "metrics.jsonl") as f:
         records = [json.loads(line) for line in f]
