@@ -16,7 +16,7 @@ import pytest
 import torch
 from datasets import Dataset
 from rich.console import Console
-from transformers import TrainerCallback
+from transformers import EarlyStoppingCallback, TrainerCallback
 from test_trainer import config, read_metrics, reward_even_tokens
 
 import fastgrpo.run.checkpoint_files as ckpt
@@ -498,6 +498,22 @@ def test_a_best_metric_evaluation_does_not_report_is_refused_before_loading(tmp_
     for name in ("eval_hard_reward", "easy_rewards/reward_even_tokens/mean"):  # transformers' rule: "eval_" is added when missing
         with pytest.raises(ValueError, match="does not exist"):  # past the check, at the model it must not load
             GRPOTrainer(NOT_LOADED, reward_even_tokens, args=config(tmp_path, metric_for_best_model=name), train_dataset=prompts, eval_dataset=evals)
+
+
+@pytest.mark.parametrize("callback", [EarlyStoppingCallback(early_stopping_patience=2), EarlyStoppingCallback])
+@pytest.mark.parametrize("fields,error", [
+    ({"eval_strategy": "steps", "eval_steps": 1}, "EarlyStoppingCallback stops on a metric .* metric_for_best_model is None; set it, e.g. metric_for_best_model='reward'"),
+    ({"metric_for_best_model": "reward"}, "EarlyStoppingCallback compares 'reward' across evaluations, and eval_strategy='no' runs none; set eval_strategy='steps'"),
+])
+def test_early_stopping_that_cannot_compare_is_refused_before_loading(tmp_path, prompts, callback, fields, error):
+    # transformers asserts both at on_train_begin, after the model loaded (AssertionError, no fix named).
+    with pytest.raises(ValueError, match=error):
+        GRPOTrainer(NOT_LOADED, reward_even_tokens, args=config(tmp_path, **fields), train_dataset=prompts, eval_dataset=prompts.select(range(4)),
+                    callbacks=[callback])
+    fine = {"eval_strategy": "steps", "eval_steps": 1, "metric_for_best_model": "reward"}
+    with pytest.raises(ValueError, match="does not exist"):  # past the check, at the model it must not load
+        GRPOTrainer(NOT_LOADED, reward_even_tokens, args=config(tmp_path, **fine), train_dataset=prompts, eval_dataset=prompts.select(range(4)),
+                    callbacks=[callback])
 
 
 @pytest.mark.parametrize("kwargs,error", [

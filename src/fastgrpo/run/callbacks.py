@@ -36,7 +36,7 @@ import math
 import os
 import time
 
-from transformers import TrainerCallback, TrainerControl, TrainerState
+from transformers import EarlyStoppingCallback, TrainerCallback, TrainerControl, TrainerState
 from transformers.trainer_callback import CallbackHandler
 
 
@@ -226,6 +226,27 @@ def check_callbacks(callbacks) -> list:
     for cb in callbacks:
         check_callback(cb)
     return list(callbacks)
+
+
+def check_early_stopping(callbacks: list, metric_for_best_model: str | None, eval_strategy: str) -> None:
+    """Refuse an `EarlyStoppingCallback` that cannot work, before the model loads.
+
+    transformers' callback asserts both at `on_train_begin` (after loading, with a bare AssertionError).
+    Args:
+        callbacks: what `check_callbacks` returned (instances or classes).
+        metric_for_best_model, eval_strategy: the run's config values.
+    Raises:
+        ValueError: no `metric_for_best_model` (the callback compares it across evaluations), or
+            eval_strategy="no" (nothing is evaluated, so it never compares), naming the fix.
+    """
+    if not any(cb is EarlyStoppingCallback or isinstance(cb, EarlyStoppingCallback) for cb in callbacks):
+        return
+    if metric_for_best_model is None:
+        raise ValueError("EarlyStoppingCallback stops on a metric that no longer improves, and metric_for_best_model is None; "
+                         "set it, e.g. metric_for_best_model='reward' (eval_reward, higher is better).")
+    if eval_strategy == "no":
+        raise ValueError(f"EarlyStoppingCallback compares {metric_for_best_model!r} across evaluations, and eval_strategy='no' "
+                         "runs none; set eval_strategy='steps' (every eval_steps) or 'epoch', with an eval_dataset.")
 
 
 def check_callback(callback) -> None:

@@ -19,7 +19,7 @@ from transformers import PreTrainedTokenizerBase
 
 from ..rollout.producers import AgentInputs, check_agent_datasets, check_agent_inputs
 from ..config import GRPOConfig
-from .callbacks import check_callbacks
+from .callbacks import check_callbacks, check_early_stopping
 from .dataset_kinds import check_train_dataset, eval_sets
 from .evaluation import check_best_metric
 from ..rollout.group_filter import resolve_filter
@@ -62,7 +62,8 @@ def check_trainer_inputs(
             drive this model (`check_optimizers`); `quantization_config` also set in model_init_kwargs (TRL's error);
             a schedule transformers cannot build (optimizers.check_scheduler); eval_strategy or eval_on_start
             without an eval_dataset (transformers' error); a metric_for_best_model the eval sets do not report
-            (evaluation.check_best_metric); agent arguments or datasets tools/environments cannot use
+            (evaluation.check_best_metric); an EarlyStoppingCallback without metric_for_best_model or
+            evaluation (callbacks.check_early_stopping); agent arguments or datasets tools/environments cannot use
             (producers.check_agent_inputs, producers.check_agent_datasets).
         EnvironmentFunctionError: an environment's factory raised.
     Warns:
@@ -78,6 +79,7 @@ def check_trainer_inputs(
         raise TypeError(f"model has type {type(model).__name__}; give a model name or folder (text), a .gguf file, or a PreTrainedModel.")
     a = with_quantization(args if args is not None else GRPOConfig(), model, quantization_config)
     callbacks = check_callbacks(callbacks)
+    check_early_stopping(callbacks, a.metric_for_best_model, a.eval_strategy)
     agents = check_agent_inputs(tools, environment_factory, rollout_func, train_dataset, a.max_steps, a.prompts_per_rollout,
                                 a.max_tool_calling_iterations)
     train_dataset = agents.train_dataset
