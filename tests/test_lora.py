@@ -205,6 +205,17 @@ def test_bad_peft_inputs_are_refused(tmp_path, tokenizer, make_model, prompts):
                          (PrefixTuningConfig(num_virtual_tokens=4, task_type="CAUSAL_LM"), "peft_config is a PrefixTuningConfig \\(virtual tokens\\)")]:
         with pytest.raises(ValueError, match=message):
             GRPOTrainer("./this-model-must-not-be-loaded", reward_even_tokens, args=config(tmp_path), train_dataset=prompts, peft_config=bad)
+    # target_modules that match nothing: found before any weight loads (a weightless copy of the model from its config,
+    # a local folder's or a built model's), naming the model's layers; peft's own message failed after the load.
+    make_model().save_pretrained(str(tmp_path / "folder"))
+    typo = LoraConfig(r=4, lora_alpha=8, target_modules=["q_projj"], task_type="CAUSAL_LM")
+    layers = r"Its layers: embed_tokens, q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, lm_head; name some"
+    for model in (str(tmp_path / "folder"), make_model()):
+        with pytest.raises(ValueError, match=r"peft_config.target_modules=\{'q_projj'\} adapts nothing in this model \(Target modules \{'q_projj'\} not found.*" + layers):
+            GRPOTrainer(model, reward_even_tokens, args=config(tmp_path), train_dataset=prompts, processing_class=tokenizer, peft_config=typo)
+    assert typo.target_modules == {"q_projj"} and typo.base_model_name_or_path is None  # the caller's config untouched
+    with pytest.raises(ValueError, match="does not exist"):  # a config that matches passes the check, on to the load
+        GRPOTrainer("./this-model-must-not-be-loaded", reward_even_tokens, args=config(tmp_path), train_dataset=prompts, peft_config=lora())
     with pytest.raises(ValueError, match=r"no trainable parameters \(every requires_grad is False\); unfreeze what should train"):
         GRPOTrainer(make_model().requires_grad_(False), reward_even_tokens, args=config(tmp_path), train_dataset=prompts, processing_class=tokenizer)
     plain = GRPOTrainer(make_model(), reward_even_tokens, args=config(tmp_path, max_steps=1), train_dataset=prompts, processing_class=tokenizer)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import json
 import os
 import sys
 import tempfile
@@ -236,7 +237,8 @@ def check_peft_inputs(model, peft_config, sync_ref_model: bool) -> None:
         ValueError: a `PeftModel` together with a `peft_config`; `sync_ref_model` with adapters; a prompt-learning
             config (prefix or prompt tuning: the packed update runs the model's own layers on packed rows, which
             virtual tokens do not fit); a task_type other than CAUSAL_LM (peft would build another model class);
-            a LoraConfig whose r < 1, lora_alpha ≤ 0 (nothing would train) or lora_dropout outside [0, 1).
+            a LoraConfig whose r < 1, lora_alpha ≤ 0 (nothing would train) or lora_dropout outside [0, 1); target_modules
+            that match no module (`apply_adapters`'s error, found on a weightless copy where the config is local).
     """
     adapted = peft_config is not None or is_peft_model(model)
     if peft_config is not None:
@@ -256,6 +258,11 @@ def check_peft_inputs(model, peft_config, sync_ref_model: bool) -> None:
                              "need r ≥ 1, α > 0 (α = 0 scales every adapter to zero: nothing trains) and 0 ≤ dropout < 1 (TRL's defaults: 16, 32, 0.05).")
         if is_peft_model(model):
             raise ValueError("model is already a PeftModel and peft_config was given too; pass the PeftModel alone (its adapters train) or a plain model with peft_config.")
+        config = local_config(model)
+        if config is not None:  # the adapters applied to a weightless copy (meta device): peft's own matching, no load
+            with torch.device("meta"):
+                skeleton = AutoModelForCausalLM.from_config(config)
+            apply_adapters(skeleton, copy.deepcopy(peft_config))  # peft fills in the config it is given: not the caller's
     if adapted and sync_ref_model:
         raise ValueError("sync_ref_model=True with adapters: π_ref lives in the same weights as the policy and cannot move apart from it; set sync_ref_model=False or train without peft.")
 
@@ -271,13 +278,53 @@ def prepare_adapters(model: torch.nn.Module, peft_config, reference_copy: bool) 
         ValueError: nothing in the result trains (`check_trainable`).
     """
     if peft_config is not None:
-        from peft import get_peft_model
-
-        model = get_peft_model(model, peft_config)
+        model = apply_adapters(model, peft_config)
     if reference_copy:
         add_reference_adapter(model)
     check_trainable(model)
     return model
+
+
+def local_config(model) -> PretrainedConfig | None:
+    """A model's config without its weights: a built model's own, or a local folder's (or a converted built-in's)
+    config.json; None where reading it would need the hub, a conversion or the model's own code (a hub id, a file
+    not converted yet, a config with an `auto_map`)."""
+    if isinstance(model, PreTrainedModel):
+        return model.config
+    if not isinstance(model, (str, os.PathLike)):
+        return None
+    name = os.fspath(model)
+    folder = os.path.join(cache_dir(), name) if name in BUILTIN_MODELS else name
+    path = os.path.join(folder, "config.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        if "auto_map" in json.load(f):  # the model's own code (trust_remote_code): built when it loads, not here
+            return None
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(folder)
+
+
+def apply_adapters(model: torch.nn.Module, peft_config) -> torch.nn.Module:
+    """`peft.get_peft_model(model, peft_config)`, TRL's wrapping.
+
+    Raises:
+        ValueError: peft's NoMatchingPeftModuleError (target_modules match no module of `model`), with the
+            names of the modules adapters can wrap here and the fix.
+    """
+    from peft import get_peft_model
+    from peft.utils.error import NoMatchingPeftModuleError
+
+    try:
+        return get_peft_model(model, peft_config)
+    except NoMatchingPeftModuleError as err:
+        layers = (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d)
+        names = list(dict.fromkeys(name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, layers)))
+        raise ValueError(
+            f"peft_config.target_modules={peft_config.target_modules!r} adapts nothing in this model ({str(err).rstrip('.')}). Its layers: "
+            f"{', '.join(names)}; name some of them (TRL's default: ['q_proj', 'v_proj']) or target_modules='all-linear'."
+        ) from None
 
 
 REFERENCE_ADAPTER = "ref"  # TRL's name for the frozen copy
