@@ -296,6 +296,30 @@ def test_resuming_an_older_checkpoint_names_the_later_ones_it_leaves(tmp_path, t
         train(tmp_path, tokenizer, make_model, prompts, resume=os.path.join(out, "checkpoint-3"), max_steps=4, save_steps=1)
 
 
+def test_resuming_with_other_tools_or_rewards_than_the_saved_run_warns(tmp_path, tokenizer, make_model, prompts):
+    # The trainer's arguments are not in the config: a tools run resumed without tools= went on single-turn, silently.
+    def multiply(a: int, b: int) -> int:
+        """
+        Multiply two integers.
+
+        Args:
+            a: The first integer.
+            b: The second integer.
+        """
+        return a * b
+
+    def length_reward(completion_ids, **kwargs):
+        return [float(len(ids)) for ids in completion_ids]
+
+    args = lambda steps: config(tmp_path, max_steps=steps, save_steps=1)  # noqa: E731
+    GRPOTrainer(make_model(), reward_even_tokens, args=args(1), train_dataset=prompts, processing_class=tokenizer, tools=[multiply]).train()
+    with pytest.warns(UserWarning, match=r"resumed .*checkpoint-1 with other trainer arguments than the run that saved it \(reward_funcs "
+                      r"reward_even_tokens → reward_even_tokens, length_reward; tools multiply → none\): it trains on with this run's \(a tools "
+                      r"or environment run without them goes on single-turn\); pass the saved ones"):
+        GRPOTrainer(make_model(), [reward_even_tokens, length_reward], args=args(2), train_dataset=prompts,
+                    processing_class=tokenizer).train(resume_from_checkpoint=True)
+
+
 def test_resuming_a_finished_run_says_there_is_nothing_to_train(tmp_path, tokenizer, make_model, prompts, capsys):
     train(tmp_path, tokenizer, make_model, prompts, max_steps=2, save_steps=1)
     capsys.readouterr()

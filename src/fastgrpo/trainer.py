@@ -44,6 +44,7 @@ from .run.callbacks import TrainerEvents, scheduled
 from .run.dataset_kinds import prompt_order
 from .run.inputs import check_trainer_inputs
 from .run.interrupt import StopOnInterrupt
+from .run.runs import run_setup
 from .run.metrics import CompletionRows, MetricsLog, PhaseTimer, Window, progress_bar, rollout_metrics, window_record
 from .run.setup import bf16_working_copy, build_accelerator, build_optimization, load_policy, prepare
 from .trl_methods import TRLMethods
@@ -141,6 +142,7 @@ class GRPOTrainer(TRLMethods):
         self.needs_old_logps = not (a.num_iterations == 1 and a.steps_per_generation == a.gradient_accumulation_steps)
         self.step, self.timer, self.window, self.fresh_completions = 0, PhaseTimer(), Window(), []
         self.target_kl_stops, self.last_metrics, self.loss_sum, self.run_id = 0, {}, 0.0, uuid.uuid4().hex
+        self.setup = run_setup(self.reward_names, checked.agents)  # saved with each checkpoint, compared on resume
         self.log = MetricsLog(a.output_dir, acc, self.console) if acc.is_main_process else None
         self.events = TrainerEvents(a, checked.callbacks, self.model, self.tokenizer, self.optimizer, self.scheduler, acc.is_main_process)
         self.state, self.epochs_done = self.events.state, 0

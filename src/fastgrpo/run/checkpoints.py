@@ -65,6 +65,7 @@ class Checkpointed(Protocol):
     target_kl_stops: int
     run_id: str
     weight_version: int  # weight pushes so far (TRL's model_version; the overlap's staleness counts them)
+    setup: dict  # reward functions, tools, environments, rollout_func by name (runs.run_setup)
 
 
 def save(trainer: Checkpointed, rollout: Rollout, done: int) -> str:
@@ -88,7 +89,7 @@ def save(trainer: Checkpointed, rollout: Rollout, done: int) -> str:
         "optimizer": None if is_sharded(trainer.model) else trainer.optimizer.state_dict(),  # sharded: with the weights' shards
         "order": trainer.order.state_dict(), "target_kl_stops": trainer.target_kl_stops, "done": done,
         "ref_model": trainer.ref_model.state_dict() if a.sync_ref_model else None, "config": a.to_dict(), "loss_sum": trainer.loss_sum,
-        "weight_version": trainer.weight_version,
+        "weight_version": trainer.weight_version, "setup": trainer.setup,
         "entropy_control": trainer.entropy_control.state_dict() if trainer.entropy_control else None,
         "log_sizes": trainer.log.sizes() if trainer.log is not None else None,  # the main process writes this state
     }
@@ -154,7 +155,8 @@ def resume(trainer: Checkpointed, resume_from_checkpoint) -> tuple[Rollout | Non
         on another number of processes) and its optimizer steps taken; (None, 0) for a new run.
     Warns:
         UserWarning: resumed from a given checkpoint while output_dir holds later ones (the branch left:
-            `--resume` would pick the highest step until this run replaces it).
+            `--resume` would pick the highest step until this run replaces it); resumed with other reward
+            functions, tools, environments or rollout_func than the saved run's (runs.setup_changes).
     Raises:
         ValueError: a new run in an output_dir holding another run (runs.claim_output_dir);
             a changed `runs.STATE_FIELDS` field; see checkpoint.load_checkpoint.
@@ -195,6 +197,13 @@ def resume(trainer: Checkpointed, resume_from_checkpoint) -> tuple[Rollout | Non
                 f"resumed from step {trainer.step}, but {a.output_dir!r} also holds the later {', '.join(names)}: this run replaces "
                 f"each when it saves that step, and until then resume_from_checkpoint=True (`--resume`) picks {names[-1]}; "
                 f"move them out of {a.output_dir!r} to keep them apart.", stacklevel=4,
+            )
+        if other := runs.setup_changes(state.get("setup"), trainer.setup):
+            listed = "; ".join(f"{k} {', '.join(old) or 'none'} → {', '.join(new) or 'none'}" for k, old, new in other)
+            warnings.warn(
+                f"resumed {path} with other trainer arguments than the run that saved it ({listed}): it trains on with this "
+                "run's (a tools or environment run without them goes on single-turn); pass the saved ones to continue it as it was.",
+                stacklevel=4,
             )
         if changed:
             listed = ", ".join(f"{k} {old!r} → {new!r}" for k, old, new in changed)

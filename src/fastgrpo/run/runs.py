@@ -7,6 +7,8 @@
 - `config_changes`: resuming with a changed config; fields that give saved
   state its meaning (`STATE_FIELDS`: batch shapes, G, μ, lengths, loss) are
   refused, the rest are applied and listed in one notice.
+- `run_setup`/`setup_changes`: the trainer arguments a run trains with (reward
+  functions, tools, environments, rollout_func) by name; a resume with others warns.
 
 Not here: writing or reading checkpoint files (run/checkpoint_files.py).
 """
@@ -110,6 +112,31 @@ def config_changes(saved: dict, current: dict) -> list[tuple[str, object, object
                 f"{name}={before!r}, or start a new run in another output_dir."
             )
     return changed
+
+
+def run_setup(reward_names: list[str], agents) -> dict[str, list[str]]:
+    """What a run trains with besides its config, by name (saved in each checkpoint, compared on resume).
+
+    Args:
+        reward_names: the reward functions' log names.
+        agents: the checked agent arguments (rollout/producers.AgentInputs: tools, environments, rollout_func).
+    Returns:
+        {"reward_funcs", "tools", "environment_factory", "rollout_func"}: lists of names ([] for none).
+    """
+    named = lambda f: getattr(f, "__name__", None) or type(f).__name__  # noqa: E731
+    environments = agents.environments.factories if agents.environments is not None else {}
+    return {
+        "reward_funcs": list(reward_names),
+        "tools": [named(t) for t in agents.tools],
+        "environment_factory": [named(f) if key is None else f"{key}: {named(f)}" for key, f in environments.items()],
+        "rollout_func": [named(agents.rollout_func)] if agents.rollout_func is not None else [],
+    }
+
+
+def setup_changes(saved: dict | None, current: dict) -> list[tuple[str, list, list]]:
+    """The `run_setup` entries that differ between a checkpoint's run and this one, as (argument, saved, now);
+    [] for a checkpoint that predates them (None)."""
+    return [(k, saved[k], v) for k, v in current.items() if saved is not None and k in saved and saved[k] != v]
 
 
 def apply_optimizer_settings(optimizer, scheduler, args) -> None:
