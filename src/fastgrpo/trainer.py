@@ -44,7 +44,6 @@ from .run.callbacks import TrainerEvents, scheduled
 from .run.dataset_kinds import prompt_order
 from .run.inputs import check_trainer_inputs
 from .run.interrupt import StopOnInterrupt
-from .run.runs import run_setup
 from .run.metrics import CompletionRows, MetricsLog, PhaseTimer, Window, progress_bar, rollout_metrics, window_record
 from .run.setup import bf16_working_copy, build_accelerator, build_optimization, load_policy, prepare
 from .trl_methods import TRLMethods
@@ -102,7 +101,7 @@ class GRPOTrainer(TRLMethods):
         self.args = a = checked.args
         train_dataset = checked.train_dataset  # TRL's placeholder rows when an environment owns the data
         self.train_dataset, self.eval_dataset, self.eval_sets = train_dataset, eval_dataset, checked.eval_sets
-        self.reward_funcs, self.reward_names = checked.reward_funcs, checked.reward_names
+        self.reward_funcs, self.reward_names, self.setup = checked.reward_funcs, checked.reward_names, checked.setup  # setup: runs.run_setup
         self.reward_processing_classes, weights = checked.reward_processing_classes, checked.reward_weights
 
         acc, bf16 = build_accelerator(a)  # device, process group, trackers, seed; bf16 where the hardware is fast at it
@@ -142,7 +141,6 @@ class GRPOTrainer(TRLMethods):
         self.needs_old_logps = not (a.num_iterations == 1 and a.steps_per_generation == a.gradient_accumulation_steps)
         self.step, self.timer, self.window, self.fresh_completions = 0, PhaseTimer(), Window(), []
         self.target_kl_stops, self.last_metrics, self.loss_sum, self.run_id = 0, {}, 0.0, uuid.uuid4().hex
-        self.setup = run_setup(self.reward_names, checked.agents)  # saved with each checkpoint, compared on resume
         self.log = MetricsLog(a.output_dir, acc, self.console) if acc.is_main_process else None
         self.events = TrainerEvents(a, checked.callbacks, self.model, self.tokenizer, self.optimizer, self.scheduler, acc.is_main_process)
         self.state, self.epochs_done = self.events.state, 0

@@ -22,8 +22,9 @@ from ..config import GRPOConfig
 from .callbacks import check_callbacks, check_early_stopping
 from .dataset_kinds import check_train_dataset, eval_sets
 from .evaluation import check_best_metric
+from .runs import run_setup
 from ..rollout.group_filter import resolve_filter
-from ..model.loading import check_peft_inputs
+from ..model.peft_checks import check_peft_inputs
 from ..model.sharding import fsdp_requested
 from ..model.optimizers import check_optimizer_name, check_scheduler, optimizer_factory
 from ..rollout.reward_models import RewardModel
@@ -43,6 +44,7 @@ class TrainerInputs(NamedTuple):
     agents: AgentInputs  # tools, environments, rollout_func (rollout/producers.py)
     optimizers: tuple  # (optimizer or None, lr_scheduler or None): the caller's, as Trainer's `optimizers`
     callbacks: list  # TrainerCallback instances or classes
+    setup: dict  # reward functions, tools, environments, rollout_func by name (runs.run_setup: saved, compared on resume)
 
 
 def check_trainer_inputs(
@@ -57,7 +59,7 @@ def check_trainer_inputs(
             TrainerCallbacks (callbacks.check_callbacks); agent arguments of the wrong kind (producers.check_agent_inputs).
         ValueError: no reward function, no or an unreadable dataset, a reserved column,
             reward_processing_classes or reward_weights whose count does not match the
-            reward functions, a peft_config that cannot apply (models.check_peft_inputs), a
+            reward functions, a peft_config that cannot apply (model.peft_checks.check_peft_inputs), a
             filter_groups_metric that is no reward name or importable "module:function"; `optimizers` that cannot
             drive this model (`check_optimizers`); `quantization_config` also set in model_init_kwargs (TRL's error);
             a schedule transformers cannot build (optimizers.check_scheduler); eval_strategy or eval_on_start
@@ -137,7 +139,8 @@ def check_trainer_inputs(
     if a.filter_groups:  # a filter_groups_metric that names nothing fails here, not after the model loads
         resolve_filter(a.filter_groups_metric, reward_names(resolved), torch.tensor(weights), a.multi_objective_aggregation)
     tokenizers = [f.tokenizer if isinstance(f, RewardModel) else p for f, p in zip(resolved, procs)]
-    return TrainerInputs(a, sets, resolved, reward_names(resolved), tokenizers, list(weights), train_dataset, agents, pair, callbacks)
+    names = reward_names(resolved)
+    return TrainerInputs(a, sets, resolved, names, tokenizers, list(weights), train_dataset, agents, pair, callbacks, run_setup(names, agents))
 
 
 def with_quantization(args: GRPOConfig, model, quantization_config) -> GRPOConfig:
