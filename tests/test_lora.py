@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM
 
 from fastgrpo import GRPOTrainer
 from fastgrpo.model.loading import lora_config
+from fastgrpo.model.peft_checks import check_peft_inputs
 from test_trainer import config, read_metrics, record_losses, reward_even_tokens
 
 
@@ -208,6 +209,7 @@ def test_bad_peft_inputs_are_refused(tmp_path, tokenizer, make_model, prompts):
     # target_modules that match nothing: found before any weight loads (a weightless copy of the model from its config,
     # a local folder's or a built model's), naming the model's layers; peft's own message failed after the load.
     make_model().save_pretrained(str(tmp_path / "folder"))
+    tokenizer.save_pretrained(str(tmp_path / "folder"))
     typo = LoraConfig(r=4, lora_alpha=8, target_modules=["q_projj"], task_type="CAUSAL_LM")
     layers = r"Its layers: embed_tokens, q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, lm_head; name some"
     for model in (str(tmp_path / "folder"), make_model()):
@@ -216,6 +218,18 @@ def test_bad_peft_inputs_are_refused(tmp_path, tokenizer, make_model, prompts):
     assert typo.target_modules == {"q_projj"} and typo.base_model_name_or_path is None  # the caller's config untouched
     with pytest.raises(ValueError, match="does not exist"):  # a config that matches passes the check, on to the load
         GRPOTrainer("./this-model-must-not-be-loaded", reward_even_tokens, args=config(tmp_path), train_dataset=prompts, peft_config=lora())
+    # The check is peft's own injection: what it would accept passes (PiSSA initialises from weights the weightless copy
+    # has none of; a module the user added to a built model is there), and an exclusion that leaves nothing is named.
+    check_peft_inputs(str(tmp_path / "folder"), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"], init_lora_weights="pissa"), False)
+    extended = make_model()
+    extended.extra = torch.nn.Linear(64, 64)
+    GRPOTrainer(extended, reward_even_tokens, args=config(tmp_path), train_dataset=prompts, processing_class=tokenizer,
+                peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["extra"], task_type="CAUSAL_LM"))
+    with pytest.raises(ValueError, match=r"target_modules='all-linear', exclude_modules='\.\*' adapts nothing in this model \(All modules were excluded"):
+        check_peft_inputs(str(tmp_path / "folder"), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", exclude_modules=".*"), False)
+    (tmp_path / "folder" / "config.json").write_text("{not json")  # the folder's own error, as without adapters
+    with pytest.raises(ValueError, match="config.json' is not valid JSON"):
+        check_peft_inputs(str(tmp_path / "folder"), lora(), False)
     with pytest.raises(ValueError, match=r"no trainable parameters \(every requires_grad is False\); unfreeze what should train"):
         GRPOTrainer(make_model().requires_grad_(False), reward_even_tokens, args=config(tmp_path), train_dataset=prompts, processing_class=tokenizer)
     plain = GRPOTrainer(make_model(), reward_even_tokens, args=config(tmp_path, max_steps=1), train_dataset=prompts, processing_class=tokenizer)

@@ -6,6 +6,7 @@ runs are a few optimizer steps of the tiny random model from conftest.py.
 
 import copy
 import errno
+import functools
 import json
 import os
 import shutil
@@ -314,10 +315,32 @@ def test_resuming_with_other_tools_or_rewards_than_the_saved_run_warns(tmp_path,
     args = lambda steps: config(tmp_path, max_steps=steps, save_steps=1)  # noqa: E731
     GRPOTrainer(make_model(), reward_even_tokens, args=args(1), train_dataset=prompts, processing_class=tokenizer, tools=[multiply]).train()
     with pytest.warns(UserWarning, match=r"resumed .*checkpoint-1 with other trainer arguments than the run that saved it \(reward_funcs "
-                      r"reward_even_tokens → reward_even_tokens, length_reward; tools multiply → none\): it trains on with this run's \(a tools "
-                      r"or environment run without them goes on single-turn\); pass the saved ones"):
+                      r"reward_even_tokens → reward_even_tokens, length_reward; tools multiply → none\): it trains on with this run's \(without "
+                      r"its tools or environments, single-turn\); pass the saved ones"):
         GRPOTrainer(make_model(), [reward_even_tokens, length_reward], args=args(2), train_dataset=prompts,
                     processing_class=tokenizer).train(resume_from_checkpoint=True)
+
+
+def test_a_runs_setup_is_named_as_it_routes():
+    # Environments are routed by key, so a dict in another order is the same setup; a partial is named by its function.
+    from types import SimpleNamespace
+
+    from fastgrpo.run.runs import run_setup, setup_changes
+
+    class EnvA:
+        pass
+
+    class EnvB:
+        pass
+
+    def agents(factories, tools=()):
+        return SimpleNamespace(tools=list(tools), environments=SimpleNamespace(factories=factories), rollout_func=None)
+
+    first = run_setup(["r"], agents({"a": EnvA, "b": EnvB}))
+    assert first["environment_factory"] == ["a: EnvA", "b: EnvB"]
+    assert setup_changes(first, run_setup(["r"], agents({"b": EnvB, "a": functools.partial(EnvA)}))) == []
+    assert setup_changes(first, run_setup(["r"], agents({"a": EnvA}))) == [("environment_factory", ["a: EnvA", "b: EnvB"], ["a: EnvA"])]
+    assert setup_changes(None, first) == []  # a checkpoint from before the record
 
 
 def test_resuming_a_finished_run_says_there_is_nothing_to_train(tmp_path, tokenizer, make_model, prompts, capsys):
@@ -524,7 +547,11 @@ def test_a_best_metric_evaluation_does_not_report_is_refused_before_loading(tmp_
             GRPOTrainer(NOT_LOADED, reward_even_tokens, args=config(tmp_path, metric_for_best_model=name), train_dataset=prompts, eval_dataset=evals)
 
 
-@pytest.mark.parametrize("callback", [EarlyStoppingCallback(early_stopping_patience=2), EarlyStoppingCallback])
+class PatientStopping(EarlyStoppingCallback):
+    pass
+
+
+@pytest.mark.parametrize("callback", [EarlyStoppingCallback(early_stopping_patience=2), EarlyStoppingCallback, PatientStopping])
 @pytest.mark.parametrize("fields,error", [
     ({"eval_strategy": "steps", "eval_steps": 1}, "EarlyStoppingCallback stops on a metric .* metric_for_best_model is None; set it, e.g. metric_for_best_model='reward'"),
     ({"metric_for_best_model": "reward"}, "EarlyStoppingCallback compares 'reward' across evaluations, and eval_strategy='no' runs none; set eval_strategy='steps'"),
@@ -538,6 +565,14 @@ def test_early_stopping_that_cannot_compare_is_refused_before_loading(tmp_path, 
     with pytest.raises(ValueError, match="does not exist"):  # past the check, at the model it must not load
         GRPOTrainer(NOT_LOADED, reward_even_tokens, args=config(tmp_path, **fine), train_dataset=prompts, eval_dataset=prompts.select(range(4)),
                     callbacks=[callback])
+
+
+def test_early_stopping_added_later_is_checked_when_added(tmp_path, tokenizer, make_model, prompts):
+    trainer = GRPOTrainer(make_model(), reward_even_tokens, args=config(tmp_path, eval_strategy="steps", eval_steps=1), train_dataset=prompts,
+                          eval_dataset=prompts.select(range(4)), processing_class=tokenizer)
+    for callback in (EarlyStoppingCallback(), PatientStopping):  # it failed at train() with transformers' bare AssertionError
+        with pytest.raises(ValueError, match="EarlyStoppingCallback stops on a metric .* metric_for_best_model is None"):
+            trainer.add_callback(callback)
 
 
 @pytest.mark.parametrize("kwargs,error", [

@@ -242,24 +242,28 @@ def prepare_adapters(model: torch.nn.Module, peft_config, reference_copy: bool) 
     return model
 
 
-def apply_adapters(model: torch.nn.Module, peft_config) -> torch.nn.Module:
-    """`peft.get_peft_model(model, peft_config)`, TRL's wrapping.
+def apply_adapters(model: torch.nn.Module, peft_config, given=None) -> torch.nn.Module:
+    """`peft.get_peft_model(model, peft_config)`, TRL's wrapping (peft fills in `peft_config`, as under TRL).
 
+    Args:
+        given: the config the user gave, when `peft_config` is a copy of it (the message quotes the user's values).
     Raises:
-        ValueError: peft's NoMatchingPeftModuleError (target_modules match no module of `model`), with the
-            names of the modules adapters can wrap here and the fix.
+        ValueError: peft's NoMatchingPeftModuleError (target_modules match no module of `model`, or every match is
+            excluded), with the names of the layers adapters can wrap here and the fix.
     """
     from peft import get_peft_model
     from peft.utils.error import NoMatchingPeftModuleError
 
+    given = copy.deepcopy(given if given is not None else peft_config)  # before peft expands target_modules in place
     try:
         return get_peft_model(model, peft_config)
     except NoMatchingPeftModuleError as err:
         layers = (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d)
         names = list(dict.fromkeys(name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, layers)))
+        excluded = f", exclude_modules={given.exclude_modules!r}" if getattr(given, "exclude_modules", None) else ""
         raise ValueError(
-            f"peft_config.target_modules={peft_config.target_modules!r} adapts nothing in this model ({str(err).rstrip('.')}). Its layers: "
-            f"{', '.join(names)}; name some of them (TRL's default: ['q_proj', 'v_proj']) or target_modules='all-linear'."
+            f"peft_config.target_modules={given.target_modules!r}{excluded} adapts nothing in this model ({str(err).rstrip('.')}). "
+            f"Its layers: {', '.join(names)}; name some of them (TRL's default: ['q_proj', 'v_proj']) or target_modules='all-linear'."
         ) from None
 
 

@@ -3,7 +3,7 @@
 `check_peft_inputs` refuses what TRL refuses (a `peft_config` with a `PeftModel`, `sync_ref_model` with
 adapters) and what would train nothing or something else (prompt learning, another task type, r < 1, α ≤ 0,
 target_modules matching no layer). The last one is found without loading weights: the adapters are applied
-to a weightless copy of the model (meta device) built from its config (`local_config`).
+to a weightless copy of the model (meta device) built from its config (`check_targets`).
 
 Not here: wrapping the loaded model (loading.prepare_adapters, loading.apply_adapters).
 """
@@ -15,10 +15,10 @@ import json
 import os
 
 import torch
-from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+from transformers import AutoModelForCausalLM
 
 from .loading import apply_adapters, cache_dir, is_peft_model
-from .model_files import BUILTIN_MODELS
+from .model_files import BUILTIN_MODELS, check_model_config, check_model_name
 
 
 def check_peft_inputs(model, peft_config, sync_ref_model: bool) -> None:
@@ -34,7 +34,7 @@ def check_peft_inputs(model, peft_config, sync_ref_model: bool) -> None:
             config (prefix or prompt tuning: the packed update runs the model's own layers on packed rows, which
             virtual tokens do not fit); a task_type other than CAUSAL_LM (peft would build another model class);
             a LoraConfig whose r < 1, lora_alpha ≤ 0 (nothing would train) or lora_dropout outside [0, 1); target_modules
-            that match no module (`apply_adapters`'s error, found on a weightless copy where the config is local).
+            that match no module (`check_targets`: found on a weightless copy where the model is a local folder).
     """
     adapted = peft_config is not None or is_peft_model(model)
     if peft_config is not None:
@@ -54,31 +54,46 @@ def check_peft_inputs(model, peft_config, sync_ref_model: bool) -> None:
                              "need r ≥ 1, α > 0 (α = 0 scales every adapter to zero: nothing trains) and 0 ≤ dropout < 1 (TRL's defaults: 16, 32, 0.05).")
         if is_peft_model(model):
             raise ValueError("model is already a PeftModel and peft_config was given too; pass the PeftModel alone (its adapters train) or a plain model with peft_config.")
-        config = local_config(model)
-        if config is not None:  # the adapters applied to a weightless copy (meta device): peft's own matching, no load
-            with torch.device("meta"):
-                skeleton = AutoModelForCausalLM.from_config(config)
-            apply_adapters(skeleton, copy.deepcopy(peft_config))  # peft fills in the config it is given: not the caller's
+        check_targets(model, peft_config)
     if adapted and sync_ref_model:
         raise ValueError("sync_ref_model=True with adapters: π_ref lives in the same weights as the policy and cannot move apart from it; set sync_ref_model=False or train without peft.")
 
 
-def local_config(model) -> PretrainedConfig | None:
-    """A model's config without its weights: a built model's own, or a local folder's (or a converted built-in's)
-    config.json; None where reading it would need the hub, a conversion or the model's own code (a hub id, a file
-    not converted yet, a config with an `auto_map`)."""
-    if isinstance(model, PreTrainedModel):
-        return model.config
+def check_targets(model, peft_config) -> None:
+    """For a model still to load from a local folder (or the converted built-in): peft's own adapter injection on a
+    weightless copy built from its config (meta device, ≈ 0.01 s), so target_modules that match no layer fail
+    before the weights load. A built model is left to the wrapping itself (nothing to load first: its own modules,
+    added ones included, are what peft matches); so is a config the Auto classes cannot build, or a peft feature
+    that needs real weights (both named by the load or the wrapping).
+
+    Raises:
+        ValueError: `loading.apply_adapters`'s error (target_modules match no layer), or the folder's own
+            (`model_files.check_model_name`: no weights, a config.json that is not JSON, …).
+    """
     if not isinstance(model, (str, os.PathLike)):
-        return None
+        return
     name = os.fspath(model)
     folder = os.path.join(cache_dir(), name) if name in BUILTIN_MODELS else name
     path = os.path.join(folder, "config.json")
-    if not os.path.isfile(path):
-        return None
+    if not os.path.isfile(path):  # a hub id, a file not converted yet, an adapters folder
+        return
+    if name not in BUILTIN_MODELS:
+        check_model_name(name)
+        check_model_config(name)
     with open(path) as f:
         if "auto_map" in json.load(f):  # the model's own code (trust_remote_code): built when it loads, not here
-            return None
+            return
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(folder)
+    try:
+        with torch.device("meta"):
+            skeleton = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder))
+    except ValueError:  # not a causal LM the Auto classes know: the load says so
+        return
+    probe = copy.deepcopy(peft_config)  # peft fills in the config it is given: not the caller's
+    if hasattr(probe, "init_lora_weights"):
+        probe.init_lora_weights = False  # PiSSA, OLoRA, LoftQ, EVA initialise from weights, which a meta copy has none of
+    try:
+        apply_adapters(skeleton, probe, given=peft_config)
+    except (RuntimeError, NotImplementedError):  # a peft feature that needs real tensors: the wrapping after the load checks it
+        return

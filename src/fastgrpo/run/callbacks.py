@@ -74,8 +74,13 @@ class TrainerEvents:
         self.handler.on_init_end(args, self.state, self.control)
 
     def add(self, callback) -> None:
-        """Add a callback instance or class (transformers' `Trainer.add_callback`)."""
+        """Add a callback instance or class (transformers' `Trainer.add_callback`).
+
+        Raises:
+            TypeError, ValueError: `check_callback`'s and `check_early_stopping`'s errors, before training starts.
+        """
         check_callback(callback)
+        check_early_stopping([callback], self.args.metric_for_best_model, self.args.eval_strategy)
         self.handler.add_callback(callback)
 
     def train_begin(self, max_steps: int, global_step: int, epoch: float) -> None:
@@ -233,13 +238,13 @@ def check_early_stopping(callbacks: list, metric_for_best_model: str | None, eva
 
     transformers' callback asserts both at `on_train_begin` (after loading, with a bare AssertionError).
     Args:
-        callbacks: what `check_callbacks` returned (instances or classes).
+        callbacks: what `check_callbacks` returned (instances or classes; subclasses count).
         metric_for_best_model, eval_strategy: the run's config values.
     Raises:
         ValueError: no `metric_for_best_model` (the callback compares it across evaluations), or
             eval_strategy="no" (nothing is evaluated, so it never compares), naming the fix.
     """
-    if not any(cb is EarlyStoppingCallback or isinstance(cb, EarlyStoppingCallback) for cb in callbacks):
+    if not any(issubclass(cb, EarlyStoppingCallback) if isinstance(cb, type) else isinstance(cb, EarlyStoppingCallback) for cb in callbacks):
         return
     if metric_for_best_model is None:
         raise ValueError("EarlyStoppingCallback stops on a metric that no longer improves, and metric_for_best_model is None; "

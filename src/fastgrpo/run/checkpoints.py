@@ -200,9 +200,10 @@ def resume(trainer: Checkpointed, resume_from_checkpoint) -> tuple[Rollout | Non
             )
         if other := runs.setup_changes(state.get("setup"), trainer.setup):
             listed = "; ".join(f"{k} {', '.join(old) or 'none'} → {', '.join(new) or 'none'}" for k, old, new in other)
+            single = any(k in ("tools", "environment_factory") and old and not new for k, old, new in other)
             warnings.warn(
                 f"resumed {path} with other trainer arguments than the run that saved it ({listed}): it trains on with this "
-                "run's (a tools or environment run without them goes on single-turn); pass the saved ones to continue it as it was.",
+                f"run's{' (without its tools or environments, single-turn)' if single else ''}; pass the saved ones to continue it as it was.",
                 stacklevel=4,
             )
         if changed:

@@ -15,6 +15,7 @@ Not here: writing or reading checkpoint files (run/checkpoint_files.py).
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import tempfile
@@ -115,7 +116,9 @@ def config_changes(saved: dict, current: dict) -> list[tuple[str, object, object
 
 
 def run_setup(reward_names: list[str], agents) -> dict[str, list[str]]:
-    """What a run trains with besides its config, by name (saved in each checkpoint, compared on resume).
+    """What a run trains with besides its config, by name (saved in each checkpoint, compared on resume). Names only:
+    a reward function's or tool's new code, a partial's other arguments, or another reward model saved under the same
+    folder name are not seen.
 
     Args:
         reward_names: the reward functions' log names.
@@ -123,12 +126,15 @@ def run_setup(reward_names: list[str], agents) -> dict[str, list[str]]:
     Returns:
         {"reward_funcs", "tools", "environment_factory", "rollout_func"}: lists of names ([] for none).
     """
-    named = lambda f: getattr(f, "__name__", None) or type(f).__name__  # noqa: E731
+    def named(f) -> str:
+        f = f.func if isinstance(f, functools.partial) else f
+        return getattr(f, "__name__", None) or type(f).__name__
+
     environments = agents.environments.factories if agents.environments is not None else {}
     return {
         "reward_funcs": list(reward_names),
         "tools": [named(t) for t in agents.tools],
-        "environment_factory": [named(f) if key is None else f"{key}: {named(f)}" for key, f in environments.items()],
+        "environment_factory": sorted(named(f) if key is None else f"{key}: {named(f)}" for key, f in environments.items()),  # routed by key
         "rollout_func": [named(agents.rollout_func)] if agents.rollout_func is not None else [],
     }
 
