@@ -98,11 +98,16 @@ def server_url(model_dir):
     stop(SERVERS[url])
 
 
+def restart_server(url: str, model_dir: str) -> None:
+    """Start the shared server again on its port, after a test stopped it."""
+    SERVERS[url] = start_server(model_dir, int(url.rsplit(":", 1)[1]))
+
+
 @pytest.fixture
 def server(server_url, model_dir):
     """The shared server's URL; started again first if a test before this one stopped it (run alone, in any order)."""
     if SERVERS[server_url].poll() is not None:
-        SERVERS[server_url] = start_server(model_dir, int(server_url.rsplit(":", 1)[1]))
+        restart_server(server_url, model_dir)
     return server_url
 
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 
-from conftest import SERVERS, VLLM_ENV, free_port, start_server, stop, vllm_tiny_model
+from conftest import SERVERS, VLLM_ENV, free_port, restart_server, stop, vllm_tiny_model
 from fastgrpo import GRPOConfig, GRPOTrainer
 from fastgrpo.generation.contract import EngineError, SamplingSettings
 from fastgrpo.generation.reprefill import until_eos
@@ -297,7 +297,7 @@ def test_server_dying_mid_run_is_a_clear_error_and_resume_works(tmp_path, tokeni
     with pytest.raises(EngineError, match="stopped answering.*last checkpoint is kept"):
         trainer.train()
     assert os.path.isdir(os.path.join(args.output_dir, "checkpoint-2")) and not os.path.isdir(os.path.join(args.output_dir, "checkpoint-3"))
-    SERVERS[server] = start_server(model_dir, int(server.rsplit(":", 1)[1]))
+    restart_server(server, model_dir)
     trainer = GRPOTrainer(model_dir, reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
     trainer.train(resume_from_checkpoint=True)
     assert trainer.state.global_step == 4 and [r["step"] for r in metrics(args.output_dir)] == [1, 2, 3, 4]

@@ -254,15 +254,16 @@ def apply_adapters(model: torch.nn.Module, peft_config, given=None) -> torch.nn.
     from peft import get_peft_model
     from peft.utils.error import NoMatchingPeftModuleError
 
-    given = copy.deepcopy(given if given is not None else peft_config)  # before peft expands target_modules in place
+    given = given if given is not None else peft_config
+    targets, exclude = copy.deepcopy((given.target_modules, getattr(given, "exclude_modules", None)))  # before peft expands them
     try:
         return get_peft_model(model, peft_config)
     except NoMatchingPeftModuleError as err:
         layers = (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d)
         names = list(dict.fromkeys(name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, layers)))
-        excluded = f", exclude_modules={given.exclude_modules!r}" if getattr(given, "exclude_modules", None) else ""
+        excluded = f", exclude_modules={exclude!r}" if exclude else ""
         raise ValueError(
-            f"peft_config.target_modules={given.target_modules!r}{excluded} adapts nothing in this model ({str(err).rstrip('.')}). "
+            f"peft_config.target_modules={targets!r}{excluded} adapts nothing in this model ({str(err).rstrip('.')}). "
             f"Its layers: {', '.join(names)}; name some of them (TRL's default: ['q_proj', 'v_proj']) or target_modules='all-linear'."
         ) from None
 

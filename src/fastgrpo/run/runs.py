@@ -142,7 +142,9 @@ def run_setup(reward_names: list[str], agents) -> dict[str, list[str]]:
 def setup_changes(saved: dict | None, current: dict) -> list[tuple[str, list, list]]:
     """The `run_setup` entries that differ between a checkpoint's run and this one, as (argument, saved, now);
     [] for a checkpoint that predates them (None)."""
-    return [(k, saved[k], v) for k, v in current.items() if saved is not None and k in saved and saved[k] != v]
+    if saved is None:
+        return []
+    return [(k, saved[k], v) for k, v in current.items() if k in saved and saved[k] != v]
 
 
 def apply_optimizer_settings(optimizer, scheduler, args) -> None:

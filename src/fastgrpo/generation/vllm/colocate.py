@@ -3,8 +3,9 @@
 vLLM's `LLM` lives in the training process; its engine core runs in a child process (vLLM's default
 multiprocessing), and on CPU its worker in a second one (vLLM's CPU platform always uses its multiprocessing
 executor, for its OpenMP thread binding; each child is a spawned interpreter that imports vLLM, ≈ 8 s apiece on
-the EPYC here), so vLLM's own set-up (thread binding, its process group, its seeds) stays out of the trainer. TRL runs the engine inside the process instead (`external_launcher`); measured here (round 4), that
-resets torch's threads and seeds and opens a gloo group inside the trainer.
+the EPYC here), so vLLM's own set-up (thread binding, its process group, its seeds) stays out of the trainer.
+TRL runs the engine inside the process instead (`external_launcher`); measured here (round 4), that resets
+torch's threads and seeds and opens a gloo group inside the trainer.
 
 Weights: the engine starts from the policy's own weights (weights.WeightsFolder), and each sync reloads them
 from that folder in place (`reload_weights`, vLLM 0.32), then drops the prefix cache.
