@@ -725,7 +725,8 @@ class Returns(IncrementEnv):
 
 def test_errors_in_an_environments_own_code_name_it_and_keep_their_traceback():
     """reset raising (a TypeError of the user's) is an EnvironmentFunctionError naming the class and method, the user's line in the
-    traceback; reset returning 42 or a list is refused naming the value; columns a reset cannot take (known only per row) are named."""
+    traceback; reset returning 42 or a list that is not content parts is refused naming the value; columns a reset cannot take
+    (known only per row) are named."""
     import traceback
 
     from fastgrpo.rollout.agents.environments import EnvironmentFunctionError, Environments
@@ -737,13 +738,30 @@ def test_errors_in_an_environments_own_code_name_it_and_keep_their_traceback():
     assert isinstance(info.value.__cause__, TypeError)
     assert 'return kwargs["answer"] + " left"' in "".join(traceback.format_exception(info.value))
     envs = Environments(Returns, [])
-    for value in (42, ["x"]):
+    for value in (42, ["x"], [{"text": "no type"}]):
         Returns.value = value
         with pytest.raises(TypeError, match=rf"environment Returns's reset returned {re.escape(repr(value))} \({type(value).__name__}\); return a str"):
             envs.reset(envs.draw([{}]), [{"prompt": prompt}], [prompt])
     envs = Environments(ResetWithoutKwargs, [])
     with pytest.raises(TypeError, match=r"reset\(answer\) cannot take the row's columns \['prompt', 'extra'\]"):
         envs.reset(envs.draw([{}]), [{"prompt": prompt, "extra": 1}], [prompt])
+
+
+def test_reset_content_parts_join_the_last_user_message_as_trl_joins_them():
+    """TRL 1.16 appends a list observation (content parts, its multimodal form) to the last user message, turning a text
+    content into one text part first, and a text observation to a parts content as one more part; fastgrpo refused lists."""
+    from fastgrpo.rollout.agents.environments import Environments
+
+    parts = [{"type": "text", "text": " Board: X.O"}]
+    text, listed = [{"role": "user", "content": "Go."}], [{"role": "user", "content": [{"type": "text", "text": "Go."}]}]
+    envs = Environments(Returns, [])
+    cases = [(parts, text, [{"type": "text", "text": "Go."}, *parts]), (parts, listed, [{"type": "text", "text": "Go."}, *parts]),
+             (" Board", listed, [{"type": "text", "text": "Go."}, {"type": "text", "text": " Board"}]), (" Board", text, "Go. Board")]
+    for value, prompt, content in cases:
+        Returns.value = value
+        out = envs.reset(envs.draw([{}]), [{"prompt": prompt}], [prompt])
+        assert out == [[{"role": "user", "content": content}]]
+        assert prompt[0]["content"] in ("Go.", [{"type": "text", "text": "Go."}])  # the row's own messages are not changed
 
 
 def test_cli_keeps_the_traceback_of_an_environments_own_error(tmp_path, monkeypatch):

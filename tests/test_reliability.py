@@ -25,6 +25,7 @@ import fastgrpo.run.runs as runs
 from fastgrpo import GRPOTrainer
 from fastgrpo.cli import main
 from fastgrpo.run.datasets import load_dataset_spec
+from fastgrpo.rollout.prompts import PromptEncoder
 from fastgrpo.run.interrupt import StopOnInterrupt, TrainingInterrupted
 from fastgrpo.algo.advantages import group_advantages
 from fastgrpo.run.metrics import CompletionRows, MetricsLog
@@ -110,11 +111,42 @@ def test_reward_functions_receive_trainer_state(tmp_path, tokenizer, make_model,
      "row 0, message 1 \\(user\\): content None is not text; the chat template would fail on it"),  # a Jinja TypeError naming no row
     ([{"prompt": "a", "completions": "x"}], "column named 'completions'"),
     ([{"prompt": "a", "trainer_state": 1}], "column named 'trainer_state'"),
+    ([{"prompt": "a", "image": "cat.png"}], r"train_dataset has an 'image' column, which TRL reads as the prompts' images .*fastgrpo trains "
+     r"text-only models and would drop them\. Remove or rename the column .*dataset\.remove_columns\('image'\)"),
+    ([{"prompt": "a", "images": ["cat.png"]}], "train_dataset has an 'images' column"),
 ])
 def test_bad_datasets_are_refused_before_the_model_loads(tmp_path, rows, match):
     dataset = Dataset.from_list(rows) if rows else Dataset.from_dict({"prompt": []})
     with pytest.raises(ValueError, match=match):
         GRPOTrainer(NOT_LOADED, reward_even_tokens, args=config(tmp_path), train_dataset=dataset)
+
+
+def test_chat_prompts_the_template_cannot_render_are_refused_before_the_model_loads(tmp_path, tokenizer, prompts):
+    """A chat prompt the tokenizer's template fails on reached it only at the first rollout (or evaluation): jinja's bare
+    "can only concatenate str (not "list") to str" for content given as parts to SmolLM2's text-only template, or
+    transformers' paragraph for a tokenizer without a template. Now the first prompt of each shape in each dataset is
+    rendered once the tokenizer loads, before the model (NOT_LOADED): the dataset, the row and the fix are named."""
+    text = lambda i: [{"role": "user", "content": f"Count to {i}."}]  # noqa: E731
+    parts = lambda i: [{"role": "user", "content": [{"type": "text", "text": f"Count to {i}."}]}]  # noqa: E731
+    mixed = [{"prompt": text(i)} for i in range(5)] + [{"prompt": parts(5)}]  # row 5 is the only one of its shape (rows as a list: Arrow holds one kind)
+    build = lambda tok, **kw: GRPOTrainer(NOT_LOADED, reward_even_tokens, args=config(tmp_path), processing_class=tok, **kw)  # noqa: E731
+    with pytest.raises(ValueError, match=r"^train_dataset row 5: the chat template cannot render \[\{'role': 'user', 'content': \[\{'type': 'text', "
+                       r"'text': 'Count to 5\.'\}\]\}\] \(TypeError: can only concatenate str \(not \"list\"\) to str\); its content is a "
+                       r"list of parts, and this template takes content as text only: give each message's content as a str") as info:
+        build(tokenizer, train_dataset=mixed)
+    assert isinstance(info.value.__cause__, TypeError)
+    with pytest.raises(ValueError, match=r"^eval_math dataset row 5: the chat template cannot render"):
+        build(tokenizer, train_dataset=prompts, eval_dataset={"math": mixed})
+    bare = copy.copy(tokenizer)
+    bare.chat_template = None
+    with pytest.raises(ValueError, match=r"^train_dataset row 0: chat messages \[\{'role': 'user', 'content': 'Count to 0\.'\}\] need a chat "
+                       r"template to render; the tokenizer has no chat template: give text prompts, or set tokenizer\.chat_template"):
+        build(bare, train_dataset=prompts)
+    with pytest.raises(ValueError, match="does not exist"):  # text prompts need no template: the check passes, the model load fails
+        build(bare, train_dataset=Dataset.from_list([{"prompt": f"Count to {i}."} for i in range(4)]))
+    encode = PromptEncoder(tokenizer, None)  # a row no sample covered (a stream's later rows) is named when its rollout renders it
+    with pytest.raises(ValueError, match=r"^a prompt: the chat template cannot render .*its content is a list of parts"):
+        encode([text(0), parts(1)])
 
 
 def test_malformed_json_lines_name_file_and_line(tmp_path, capsys):

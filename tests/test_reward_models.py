@@ -204,3 +204,16 @@ def test_log_extra_columns_that_would_overwrite_or_misalign_rows_are_refused(tmp
     with pytest.raises(Exception, match=error) as info:
         trainer.train()
     assert info.type.__name__ == kind
+
+
+def test_a_reward_tokenizer_that_cannot_render_the_chat_prompts_is_refused_before_loading(tmp_path, tokenizer, prompts):
+    """A reward model renders prompt + completion with its own tokenizer's chat template (TRL's protocol): one without a
+    template failed after the first rollout's sampling, in transformers' words. Now each chat prompt shape is rendered with a
+    one-word reply when the trainer is built, before the policy loads, naming the reward model, the dataset, the row and the fix."""
+    bare = copy.copy(tokenizer)
+    bare.chat_template = None
+    with pytest.raises(ValueError, match=r"^reward model 'LlamaForSequenceClassification', train_dataset row 0: chat messages \[\{'role': 'user', "
+                       r"'content': 'Count to 0\.'\}, \{'role': 'assistant', 'content': 'reply'\}\] need a chat template to render; the tokenizer "
+                       r"has no chat template: .*reward_processing_classes for a reward model"):
+        GRPOTrainer("./this-model-must-not-be-loaded", reward_funcs=tiny_reward_model(tokenizer), reward_processing_classes=bare,
+                    args=GRPOConfig(output_dir=str(tmp_path), report_to=[]), train_dataset=prompts)

@@ -114,7 +114,7 @@ class GRPOTrainer(TRLMethods):
 
         server = open_engine(a, model, is_main=acc.is_main_process, bf16=bf16)  # vLLM installed; its server up, serving this model
         self.tokenizer, policy, self.ref_model, self.eos_token_ids, gathered, self.router, vocab_size = load_policy(
-            model, processing_class, peft_config, a, acc, bf16)
+            model, processing_class, peft_config, a, acc, bf16, checked.check_tokenizer)  # the prompts render, then the model loads
 
         self.max_steps, optimizer, self.scheduler = build_optimization(a, policy, train_dataset, checked.optimizers)
         self.optimizer_from_args = checked.optimizers[0] is None  # a resume re-applies args' settings only to these (run/checkpoints.py)

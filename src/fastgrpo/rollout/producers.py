@@ -26,7 +26,7 @@ from .agents.multiturn import MultiTurn
 from .agents.rollout_func import RolloutFunc
 from .agents.tools import check_tools
 from .collect import SingleTurn
-from .prompts import PromptEncoder, is_conversational
+from .prompts import PromptEncoder, check_renders, is_conversational
 from .rewards import dataset_columns
 
 
@@ -111,6 +111,26 @@ def _text_prompt(rows) -> tuple[int, str] | None:
         if isinstance(row.get("prompt"), str):
             return i, row["prompt"]
     return None
+
+
+def check_prompt_rendering(agents: AgentInputs, samples: dict[str, list[tuple[int, list]]], chat_template_kwargs: dict | None, tokenizer) -> None:
+    """Render sample chat prompts with the tokenizer the producer will render with, before the policy loads.
+
+    With tools or environments that is `prepare_tool_tokenizer`'s (fastgrpo's ChatML tool template where the model's
+    has no tool calling); a rollout_func renders its own prompts, so nothing is checked for it.
+
+    Args:
+        samples: {dataset name: [(row, prompt)]} (run/datasets.prompt_shapes).
+        tokenizer: the policy's tokenizer, as loaded.
+    Raises:
+        ValueError: a prompt the chat template cannot render (prompts.check_renders); a template that cannot render
+            tool calls (chat_format.prepare_tool_tokenizer).
+    """
+    if agents.rollout_func is not None:
+        return
+    if agents.tools or agents.environments:
+        tokenizer = prepare_tool_tokenizer(tokenizer)[0]
+    check_renders(tokenizer, samples, chat_template_kwargs)
 
 
 def build_producer(

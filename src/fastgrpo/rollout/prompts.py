@@ -70,6 +70,53 @@ def conversation(prompt: list, completion: list) -> list:
     return prompt[:-1] + [{**prompt[-1], "content": prompt[-1]["content"] + completion[-1]["content"]}]
 
 
+def apply_template(tokenizer, messages: list, where: str, **kwargs) -> str:
+    """`tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)`, with a failure the user can act on.
+
+    Raises:
+        ValueError: the template fails on the messages (or the tokenizer has none), naming `where` (e.g. "train_dataset
+            row 3"), the messages, the template's error and the fix (`render_fix`); the template's exception is chained.
+    """
+    if tokenizer.chat_template is None:  # transformers' own error here is a paragraph naming no prompt
+        raise ValueError(f"{where}: chat messages {str(messages)[:160]} need a chat template to render; {render_fix(tokenizer, messages)}.")
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
+    except Exception as err:  # the template's own error: jinja2's TemplateError, or a TypeError/ValueError raised inside it
+        raise ValueError(
+            f"{where}: the chat template cannot render {str(messages)[:160]} ({type(err).__name__}: {err}); "
+            f"{render_fix(tokenizer, messages)}."
+        ) from err
+
+
+def render_fix(tokenizer, messages: list) -> str:
+    """The fix a chat-template failure's message names: a tokenizer without a template, content given as parts, or else."""
+    if tokenizer.chat_template is None:
+        return ("the tokenizer has no chat template: give text prompts, or set tokenizer.chat_template on the tokenizer you "
+                "pass (processing_class; reward_processing_classes for a reward model)")
+    if any(isinstance(m.get("content"), list) for m in messages):
+        return ("its content is a list of parts, and this template takes content as text only: give each message's "
+                "content as a str (join the text parts), or use a tokenizer whose chat template takes content parts")
+    return "fix the prompt's messages, or the tokenizer's chat_template"
+
+
+def check_renders(tokenizer, samples: dict[str, list[tuple[int, list]]], chat_template_kwargs: dict | None) -> None:
+    """Render sample chat prompts with the tokenizer's chat template before any model loads, so one the template cannot
+    render is refused now rather than at the first rollout (or the first evaluation).
+
+    Args:
+        tokenizer: the tokenizer the rollout renders with.
+        samples: {dataset name: [(row, prompt)]}, e.g. each shape's first prompt (run/datasets.prompt_shapes).
+        chat_template_kwargs: the template's extra variables (TRL's field).
+    Raises:
+        ValueError: a prompt the template fails on, naming the dataset and row (counted from 0, as `dataset[i]`),
+            the template's error and the fix (`PromptEncoder.render`).
+    """
+    encoder = PromptEncoder(tokenizer, None, chat_template_kwargs)
+    for name, rows in samples.items():
+        for i, prompt in rows:
+            encoder.render(prompt, where=f"{name} row {i}")
+
+
 class PromptEncoder:
     """Prompts (text or messages) → left-padded token ids, cut to max_prompt_length.
 
@@ -99,7 +146,7 @@ class PromptEncoder:
         """`check_token_ids` against this encoder's model: other tokens that reach the model (a tool reply's)."""
         check_token_ids(rows, self.vocab_size, what, self.tokenizer)
 
-    def render(self, prompt, tools: list | None = None) -> str:
+    def render(self, prompt, tools: list | None = None, where: str = "a prompt") -> str:
         """The prompt text the model sees; `tools` (JSON schemas) are rendered by the chat template (agents).
 
         A conversation ending with an assistant message is continued
@@ -108,11 +155,15 @@ class PromptEncoder:
         do); any other gets the generation prompt that opens a new assistant
         turn. TRL 1.16's GRPOTrainer always adds the generation prompt, which
         closes the final assistant message and starts another.
+
+        Raises:
+            ValueError: the chat template fails on the prompt (`apply_template`).
+            TypeError: a prompt that is neither text nor chat messages.
         """
         if is_conversational(prompt):
             continues = ends_with_assistant(prompt)
-            return self.tokenizer.apply_chat_template(
-                prompt, tools=tools or None, tokenize=False, add_generation_prompt=not continues, continue_final_message=continues,
+            return apply_template(
+                self.tokenizer, prompt, where, tools=tools or None, add_generation_prompt=not continues, continue_final_message=continues,
                 **self.chat_template_kwargs,
             )
         if isinstance(prompt, str):
@@ -123,7 +174,8 @@ class PromptEncoder:
         """Returns (prompt_ids (B, P), prompt_mask (B, P), number of prompts truncated); `tools`: per prompt, its tool schemas.
 
         Raises:
-            ValueError: a prompt holding a token id the model has no embedding row for (`vocab_size`).
+            ValueError: a prompt holding a token id the model has no embedding row for (`vocab_size`), or one the chat
+                template cannot render (`render`).
         """
         tools = tools or [None] * len(prompts)
         texts = [self.render(p, t) for p, t in zip(prompts, tools)]

@@ -25,7 +25,7 @@ from contextlib import nullcontext
 import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
 
-from .prompts import check_token_ids, conversation, is_conversational
+from .prompts import apply_template, check_token_ids, conversation, is_conversational
 
 
 CLASSIFIER_SUFFIX = "ForSequenceClassification"  # transformers' class names for a model with a scoring head
@@ -93,10 +93,30 @@ class RewardModel:
         self.autocast, self.chat_template_kwargs = autocast, chat_template_kwargs or {}
 
     def texts(self, prompts: list, completions: list) -> list[str]:
-        """What the model reads: chat prompt + completion through its chat template, or text concatenated (TRL)."""
+        """What the model reads: chat prompt + completion through its chat template, or text concatenated (TRL).
+
+        Raises:
+            ValueError: its tokenizer's chat template cannot render a conversation (prompts.apply_template).
+        """
         if is_conversational(prompts[0]):
-            return [self.tokenizer.apply_chat_template(conversation(p, c), tokenize=False, **self.chat_template_kwargs) for p, c in zip(prompts, completions)]
+            where = f"reward model {self.__name__!r}"
+            return [apply_template(self.tokenizer, conversation(p, c), where, **self.chat_template_kwargs) for p, c in zip(prompts, completions)]
         return [p + c for p, c in zip(prompts, completions)]
+
+    def check_renders(self, samples: dict[str, list[tuple[int, list]]], chat_template_kwargs: dict | None) -> None:
+        """Render each sample chat prompt with a one-word reply through this model's chat template, before the policy
+        loads: a reward tokenizer that cannot render the prompts is refused now, not after the first rollout.
+
+        Args:
+            samples: {dataset name: [(row, prompt)]} (run/datasets.prompt_shapes).
+        Raises:
+            ValueError: the template fails, naming this model, the dataset and row, the template's error and the fix.
+        """
+        reply = [{"role": "assistant", "content": "reply"}]
+        for name, rows in samples.items():
+            for i, prompt in rows:
+                apply_template(self.tokenizer, conversation(prompt, reply), f"reward model {self.__name__!r}, {name} row {i}",
+                               **(chat_template_kwargs or {}))
 
     @torch.no_grad()
     def __call__(self, /, prompts: list, completions: list, **kwargs) -> list[float]:

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 
 from datasets import IterableDataset
 
-from .datasets import PromptOrder, check_dataset
+from .datasets import PromptOrder, check_dataset, check_text_only
 
 
 def check_train_dataset(dataset, max_steps: int) -> None:
@@ -27,7 +27,7 @@ def check_train_dataset(dataset, max_steps: int) -> None:
 
     Raises:
         ValueError: a dict/DatasetDict, an object without rows, an IterableDataset without
-            max_steps or without a "prompt" column.
+            max_steps or without a "prompt" column, an image column (datasets.check_text_only), and what check_dataset refuses.
     """
     if isinstance(dataset, IterableDataset):
         if max_steps <= 0:
@@ -35,6 +35,7 @@ def check_train_dataset(dataset, max_steps: int) -> None:
         first = next(iter(dataset), None)
         if first is None or "prompt" not in first:
             raise ValueError(f"train_dataset (IterableDataset) yields {'no rows' if first is None else f'rows without a prompt column (columns: {list(first)})'}; give rows with a 'prompt'.")
+        check_text_only(list(first), "train_dataset")
         return
     if isinstance(dataset, Mapping):
         raise ValueError(f"train_dataset is a {type(dataset).__name__} of splits {list(dataset)}; pass one split, e.g. dataset['train'].")
@@ -51,7 +52,8 @@ def eval_sets(eval_dataset) -> dict:
 
     Raises:
         ValueError: a type without rows, or an IterableDataset without a first row or a prompt column
-            (the message names the type or the columns); a dict with no dataset in it (nothing would be evaluated).
+            (the message names the type or the columns), an image column (datasets.check_text_only); a dict with no
+            dataset in it (nothing would be evaluated).
     """
     if isinstance(eval_dataset, Mapping) and not eval_dataset:
         raise ValueError("eval_dataset is an empty dict: nothing would be evaluated; give datasets by name ({'name': rows}), one dataset, or None.")
@@ -61,6 +63,7 @@ def eval_sets(eval_dataset) -> dict:
             first = next(iter(ds), None)
             if first is None or "prompt" not in first:
                 raise ValueError(f"{prefix} dataset (IterableDataset) yields {'no rows' if first is None else f'rows without a prompt column (columns: {list(first)})'}; give rows with a 'prompt'.")
+            check_text_only(list(first), f"{prefix} dataset")
             continue
         if not has_rows(ds):
             raise ValueError(f"{prefix} dataset has type {type(ds).__name__}; give a datasets.Dataset, a list of dicts, or a dict of them.")

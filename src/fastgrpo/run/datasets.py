@@ -28,6 +28,7 @@ from ..tasks.reasoning_gym import reasoning_gym_dataset
 LOCAL_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 # Endings of data files, never of hub dataset names: a spec ending so is a local path, looked up on the disk only.
 FILE_ENDINGS = (*LOCAL_FORMATS, ".tsv", ".txt", ".arrow", ".gz", ".zip", ".xlsx")
+IMAGE_COLUMNS = ("image", "images")  # TRL 1.16 reads these as the prompts' images
 GENERATED_ROWS = 1000  # rows generated for reasoning-gym and calculator specs when no size is given
 
 
@@ -189,7 +190,7 @@ def check_dataset(dataset, name: str = "train_dataset") -> None:
     Reads the "prompt" column once (a pass over the rows, no model).
 
     Raises:
-        ValueError: no "prompt" column, no rows, or a row whose prompt is
+        ValueError: no "prompt" column, no rows, an image column (`check_text_only`), or a row whose prompt is
             missing, blank ("", whitespace, no messages) or neither text nor
             chat messages, or a message whose content is not text (None outside a tool call), naming the
             row, counted from 0, and the fix.
@@ -199,8 +200,8 @@ def check_dataset(dataset, name: str = "train_dataset") -> None:
     columns = getattr(dataset, "column_names", None) or list(dataset[0])
     if "prompt" not in columns:
         raise ValueError(f"{name} has no 'prompt' column (columns: {columns}); rename the column holding the prompts to 'prompt'.")
-    prompts = dataset["prompt"] if hasattr(dataset, "column_names") else [row.get("prompt") for row in dataset]
-    for i, prompt in enumerate(prompts):
+    check_text_only(columns, name)
+    for i, prompt in enumerate(prompt_column(dataset)):
         if prompt is None:
             raise ValueError(f"{name} row {i} has no prompt (None); fill it in or drop the row.")
         if not isinstance(prompt, (str, list)):
@@ -218,6 +219,52 @@ def check_dataset(dataset, name: str = "train_dataset") -> None:
             if not isinstance(message["content"], (str, list)) and not (message["content"] is None and message.get("tool_calls")):
                 raise ValueError(f"{name} row {i}, message {j} ({message['role']}): content {message['content']!r} is not text; "
                                  "the chat template would fail on it at the first rollout. Fill it in or drop the row.")
+
+
+def check_text_only(columns: list[str], name: str) -> None:
+    """Refuse TRL's image columns: fastgrpo trains text-only models, and a run would silently drop the images.
+
+    Raises:
+        ValueError: an "image" or "images" column (TRL 1.16 reads either as the prompts' images), naming it and the fix.
+    """
+    if images := [c for c in columns if c in IMAGE_COLUMNS]:
+        raise ValueError(
+            f"{name} has an {images[0]!r} column, which TRL reads as the prompts' images (its vision-language path); "
+            "fastgrpo trains text-only models and would drop them. Remove or rename the column to train on the text "
+            f"alone (dataset.remove_columns({images[0]!r})), or train the vision-language model with TRL."
+        )
+
+
+def prompt_column(dataset) -> list:
+    """The "prompt" of every row, as one list (an Arrow column converts at once: ≈ 0.2 s per 100 k chat rows)."""
+    if hasattr(dataset, "column_names"):
+        return dataset["prompt"][:]
+    return [row.get("prompt") for row in dataset]
+
+
+def prompt_shapes(dataset, limit: int = 32) -> list[tuple[int, list]]:
+    """(row, prompt) for the first chat prompt of each shape, up to `limit` shapes: what `prompts.check_renders` renders.
+
+    A shape is the messages' roles in order, each content's kind (text, None, or its parts' types) and whether it
+    calls tools: two prompts of one shape take the same path through a chat template. An IterableDataset gives its
+    first row only (reading it through would consume the stream). Text prompts are not rendered: none is listed.
+    """
+    prompts = [next(iter(dataset), {}).get("prompt")] if isinstance(dataset, datasets.IterableDataset) else prompt_column(dataset)
+    shapes: dict[tuple, tuple[int, list]] = {}
+    for i, prompt in enumerate(prompts):
+        if not isinstance(prompt, list) or not is_chat(prompt):
+            continue
+        shape = tuple((m["role"], _content_kind(m["content"]), bool(m.get("tool_calls"))) for m in prompt)
+        shapes.setdefault(shape, (i, prompt))
+        if len(shapes) == limit:
+            break
+    return list(shapes.values())
+
+
+def _content_kind(content) -> object:
+    if isinstance(content, list):
+        return tuple(part.get("type") if isinstance(part, dict) else type(part).__name__ for part in content)
+    return type(content).__name__
 
 
 def check_json_lines(path: str) -> int:

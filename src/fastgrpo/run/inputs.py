@@ -12,15 +12,18 @@ from __future__ import annotations
 import copy
 import os
 import warnings
+from collections.abc import Callable
+from functools import partial
 from typing import NamedTuple
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from ..rollout.producers import AgentInputs, check_agent_datasets, check_agent_inputs
+from ..rollout.producers import AgentInputs, check_agent_datasets, check_agent_inputs, check_prompt_rendering
 from ..config import GRPOConfig
 from .callbacks import check_callbacks, check_early_stopping
 from .dataset_kinds import check_train_dataset, eval_sets
+from .datasets import prompt_shapes
 from .evaluation import check_best_metric
 from .runs import run_setup
 from ..rollout.group_filter import resolve_filter
@@ -45,6 +48,7 @@ class TrainerInputs(NamedTuple):
     optimizers: tuple  # (optimizer or None, lr_scheduler or None): the caller's, as Trainer's `optimizers`
     callbacks: list  # TrainerCallback instances or classes
     setup: dict  # reward functions, tools, environments, rollout_func by name (runs.run_setup: saved, compared on resume)
+    check_tokenizer: Callable  # tokenizer → None: renders each dataset's sample chat prompts (producers.check_prompt_rendering)
 
 
 def check_trainer_inputs(
@@ -66,7 +70,9 @@ def check_trainer_inputs(
             without an eval_dataset (transformers' error); a metric_for_best_model the eval sets do not report
             (evaluation.check_best_metric); an EarlyStoppingCallback without metric_for_best_model or
             evaluation (callbacks.check_early_stopping); agent arguments or datasets tools/environments cannot use
-            (producers.check_agent_inputs, producers.check_agent_datasets).
+            (producers.check_agent_inputs, producers.check_agent_datasets); a chat prompt a reward model's chat
+            template cannot render (RewardModel.check_renders; the policy's tokenizer is checked by `check_tokenizer`
+            once it loads, before the model).
         EnvironmentFunctionError: an environment's factory raised.
     Warns:
         UserWarning: `quantization_config` for an already built model (ignored, as TRL warns); `max_tool_calling_iterations`
@@ -138,9 +144,14 @@ def check_trainer_inputs(
         check_scheduler(a)
     if a.filter_groups:  # a filter_groups_metric that names nothing fails here, not after the model loads
         resolve_filter(a.filter_groups_metric, reward_names(resolved), torch.tensor(weights), a.multi_objective_aggregation)
+    samples = {name: prompt_shapes(rows) for name, rows in named_sets}  # each chat shape's first prompt, rendered before loading
+    for f in resolved:
+        if isinstance(f, RewardModel):
+            f.check_renders(samples, a.chat_template_kwargs)
     tokenizers = [f.tokenizer if isinstance(f, RewardModel) else p for f, p in zip(resolved, procs)]
     names = reward_names(resolved)
-    return TrainerInputs(a, sets, resolved, names, tokenizers, list(weights), train_dataset, agents, pair, callbacks, run_setup(names, agents))
+    return TrainerInputs(a, sets, resolved, names, tokenizers, list(weights), train_dataset, agents, pair, callbacks, run_setup(names, agents),
+                         partial(check_prompt_rendering, agents, samples, a.chat_template_kwargs))
 
 
 def with_quantization(args: GRPOConfig, model, quantization_config) -> GRPOConfig:

@@ -100,7 +100,9 @@ class Policy(NamedTuple):
     vocab_size: int | None  # rows of the policy's input embedding: the token ids it can read (`check_vocabulary`)
 
 
-def load_policy(model, processing_class, peft_config, args: GRPOConfig, accelerator: Accelerator, bf16: bool = False) -> Policy:
+def load_policy(
+    model, processing_class, peft_config, args: GRPOConfig, accelerator: Accelerator, bf16: bool = False, check_tokenizer=None,
+) -> Policy:
     """Load the policy and tokenizer and make them ready to train, as TRL's GRPOTrainer does.
 
     Args:
@@ -111,10 +113,12 @@ def load_policy(model, processing_class, peft_config, args: GRPOConfig, accelera
         args: model_init_kwargs, beta, disable_dropout, gradient_checkpointing(_kwargs) are read.
         accelerator: the main process loads first (a built-in model's first load converts it once).
         bf16: the run's products in bf16 (precision.py): under FSDP the shards compute in bf16 and the sampler's gathered copy is bf16.
+        check_tokenizer: called with the tokenizer before the model loads (inputs.TrainerInputs.check_tokenizer:
+            the datasets' chat prompts must render with its template); None: nothing checked.
     Warns:
         UserWarning: model_init_kwargs set for an already built model (ignored, as TRL warns).
     Raises:
-        ValueError: see models.load_tokenizer, models.resolve_model_path, models.prepare_adapters and
+        ValueError: see models.load_tokenizer, `check_tokenizer`, models.resolve_model_path, models.prepare_adapters and
             `check_context_length` (a max_completion_length the model's context cannot hold) and
             `check_vocabulary` (a padding id the model has no embedding row for); a
             router_aux_loss_coef for a model without router logits (experts.RouterAuxLoss).
@@ -125,6 +129,8 @@ def load_policy(model, processing_class, peft_config, args: GRPOConfig, accelera
         warnings.warn("model_init_kwargs is set but the model is already instantiated; model_init_kwargs is ignored.", stacklevel=3)
     with accelerator.main_process_first():  # a built-in model's first load converts it, once
         tokenizer = prepare_tokenizer(processing_class) if processing_class is not None else load_tokenizer(name)
+        if check_tokenizer is not None:
+            check_tokenizer(tokenizer)
         policy = load_model(model, a.model_init_kwargs)
     check_context_length(decoder_of(policy).config, a.max_prompt_length, a.max_completion_length)
     vocab_size = check_vocabulary(policy, tokenizer)

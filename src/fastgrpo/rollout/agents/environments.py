@@ -2,8 +2,8 @@
 
 An environment is a class whose instances hold one episode's state:
 
-- `reset(**row) -> str | None` starts an episode from the dataset row; a string
-  is appended to the row's last user message (the first observation);
+- `reset(**row) -> str | list | None` starts an episode from the dataset row; a string
+  (or a list of content parts, TRL's multimodal form) is appended to the row's last user message (the first observation);
 - every other public method (no leading `_`) is a tool the model may call,
   described by its type hints and docstring like any tool (tools.py);
 - an optional `get_reward()` (sync or async) scores the finished episode: it
@@ -21,8 +21,8 @@ arguments, a `reset`/`get_reward` that is not a method (a property), a
 arguments, a method named like a standalone tool. An exception raised inside
 the environment's own code (its factory, `reset`) is an
 `EnvironmentFunctionError` naming the class and method, the user's exception
-chained with its traceback; `reset` returning anything but a str or None is
-refused naming the value.
+chained with its traceback; `reset` returning anything but a str, a list of
+content parts or None is refused naming the value.
 
 Not here: calling tools (tools.py), the loop (multiturn.py).
 """
@@ -244,7 +244,7 @@ class Environments:
         Returns the N prompts (new lists; the rows are not changed). The
         `environment` column of a routed row is not passed to `reset`.
         Raises:
-            TypeError: a `reset` that cannot take the row's columns, or that returned neither a str nor None.
+            TypeError: a `reset` that cannot take the row's columns, or that returned neither a str, content parts nor None.
             EnvironmentFunctionError: `reset` raised.
         """
         out = []
@@ -255,13 +255,8 @@ class Environments:
                 observation = environment.reset(**kwargs)
             except Exception as err:
                 raise EnvironmentFunctionError(f"environment {type(environment).__name__}'s reset raised {type(err).__name__}: {err}") from err
-            if observation is not None and not isinstance(observation, str):
-                raise TypeError(
-                    f"environment {type(environment).__name__}'s reset returned {observation!r:.80} ({type(observation).__name__}); "
-                    "return a str (the first observation, appended to the row's last user message) or None."
-                )
             if observation is not None:
-                prompt = prompt[:-1] + [{**prompt[-1], "content": prompt[-1]["content"] + observation}]
+                prompt = prompt[:-1] + [{**prompt[-1], "content": _appended(prompt[-1]["content"], observation, environment)}]
             out.append(prompt)
         return out
 
@@ -273,6 +268,26 @@ class Environments:
     def toolboxes(environments: list, tools: list[Callable]) -> list[dict[str, Callable]]:
         """Per row, {name: callable}: the standalone tools and its own environment's bound methods."""
         return [{t.__name__: t for t in [*tools, *public_methods(e)]} for e in environments]
+
+
+def _appended(content: str | list, observation: str | list, environment) -> str | list:
+    """A message's content with `reset`'s observation appended, as TRL 1.16 appends it: text to text; otherwise both
+    as lists of content parts (a str becomes one {"type": "text"} part).
+
+    Raises:
+        TypeError: an observation that is neither a str nor a list of content parts (dicts with a "type").
+    """
+    parts = isinstance(observation, list) and all(isinstance(p, dict) and "type" in p for p in observation)
+    if not (isinstance(observation, str) or parts):
+        raise TypeError(
+            f"environment {type(environment).__name__}'s reset returned {observation!r:.80} ({type(observation).__name__}); "
+            'return a str (the first observation, appended to the row\'s last user message), a list of content parts '
+            '([{"type": "text", "text": …}]) or None.'
+        )
+    if isinstance(content, str) and isinstance(observation, str):
+        return content + observation
+    as_parts = lambda x: [{"type": "text", "text": x}] if isinstance(x, str) else x  # noqa: E731
+    return as_parts(content) + as_parts(observation)
 
 
 def placeholder_dataset(environment_factory, max_steps: int, prompts_per_rollout: int) -> Dataset:

@@ -56,8 +56,8 @@ class MultiTurn:
     Raises (on call):
         ValueError: a prompt that is not chat messages (tools need them; a dataset's is refused before the model
             loads, `producers.check_agent_datasets`, but an IterableDataset is read only to its first row there).
-        TypeError, EnvironmentFunctionError: an environment's reset could not take the row, returned neither a str nor
-            None, or raised (`Environments.reset`).
+        TypeError, EnvironmentFunctionError: an environment's reset could not take the row, returned neither a str,
+            content parts nor None, or raised (`Environments.reset`).
     """
 
     def __init__(
