@@ -141,7 +141,7 @@ class GRPOTrainer(TRLMethods):
         self.needs_old_logps = not (a.num_iterations == 1 and a.steps_per_generation == a.gradient_accumulation_steps)
         self.step, self.timer, self.window, self.fresh_completions = 0, PhaseTimer(), Window(), []
         self.target_kl_stops, self.last_metrics, self.loss_sum, self.run_id = 0, {}, 0.0, uuid.uuid4().hex
-        self.log = MetricsLog(a.output_dir, acc, self.console) if acc.is_main_process else None
+        self.metrics_log = MetricsLog(a.output_dir, acc, self.console) if acc.is_main_process else None
         self.events = TrainerEvents(a, checked.callbacks, self.model, self.tokenizer, self.optimizer, self.scheduler, acc.is_main_process)
         self.state, self.epochs_done = self.events.state, 0
         self.reward_hooks = reward_hooks.RewardHooks(lambda: self.window)
@@ -285,16 +285,16 @@ class GRPOTrainer(TRLMethods):
         acc = self.accelerator
         sums, extremes = self.window.reduce(acc)
         record = window_record(self.step, sums, extremes, self.timer.pop(), self.reward_names)
-        record.update(learning_rate=self.scheduler.get_last_lr()[0], target_kl_stops=self.target_kl_stops)
+        self.state.num_input_tokens_seen += int(sums.get("input_tokens", 0))  # all processes' (TRL's num_tokens: cumulative)
+        record.update(learning_rate=self.update.learning_rate, target_kl_stops=self.target_kl_stops, num_tokens=self.state.num_input_tokens_seen)
         self.loss_sum += sums.get("loss", 0.0) / acc.num_processes  # Σ over processes of each one's share
-        rows = self.fresh_completions
-        if self.args.log_completions and acc.num_processes > 1:
-            rows = gather_object(rows)  # every process's completions, in process order
+        several = self.args.log_completions and acc.num_processes > 1
+        rows = gather_object(self.fresh_completions) if several else self.fresh_completions  # every process's, in process order
         if to_callbacks:
             self.events.log(record)
-        if self.log is not None:
-            self.log.write(record)
+        if self.metrics_log is not None:
+            self.metrics_log.write(record)
             for i, r in enumerate(rows):  # every completion to the file; one table, the latest rollout's (TRL prints one per log)
-                self.log.completions(self.step, r, self.reward_names, self.args.num_completions_to_print if i == len(rows) - 1 else 0)
+                self.metrics_log.completions(self.step, r, self.reward_names, self.args.num_completions_to_print if i == len(rows) - 1 else 0)
         self.last_metrics, self.window, self.fresh_completions = record, Window(), []
         return record

@@ -14,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+from transformers.trainer_pt_utils import (get_learning_rates, get_num_trainable_parameters, get_optimizer_group, log_metrics,
+                                           metrics_format, save_metrics, save_state)
 
 from .algo.advantages import rollout_advantages
 from .algo.losses import entropy_threshold, high_entropy_mask
@@ -27,6 +29,71 @@ class TRLMethods:
     """TRL 1.16 `GRPOTrainer` methods; the class using it provides `accelerator` (and, for the others, GRPOTrainer's state: `entropy_control` for `entropy_coef`, `router` for the aux-loss attributes)."""
 
     get_off_policy_mask = staticmethod(off_policy_mask)  # TRL's static method, same signature (algo/sampling_correction.py)
+    # transformers.Trainer's helpers for scripts (train_results.json, all_results.json, trainer_state.json, the printed
+    # table), transformers' own functions as Trainer binds them; they read args, state, model, optimizer, is_world_process_zero.
+    log_metrics, metrics_format, save_metrics, save_state = log_metrics, metrics_format, save_metrics, save_state
+    get_learning_rates, get_num_trainable_parameters, get_optimizer_group = get_learning_rates, get_num_trainable_parameters, get_optimizer_group
+
+    @property
+    def processing_class(self):
+        """TRL's `trainer.processing_class`: the tokenizer completions are encoded and decoded with (for tools, the one that parses them)."""
+        return self.tokenizer
+
+    @property
+    def lr_scheduler(self):
+        """Trainer's `trainer.lr_scheduler`: the learning-rate schedule the optimizer steps follow."""
+        return self.scheduler
+
+    @property
+    def model_wrapped(self):
+        """Trainer's `trainer.model_wrapped`: the policy as accelerate prepared it (DDP-wrapped on several processes)."""
+        return self.model
+
+    @property
+    def callback_handler(self):
+        """Trainer's `trainer.callback_handler` (a transformers `CallbackHandler`)."""
+        return self.events.handler
+
+    @property
+    def control(self):
+        """Trainer's `trainer.control`: the `TrainerControl` callbacks set (should_training_stop, should_save, …)."""
+        return self.events.control
+
+    @property
+    def num_generations_eval(self) -> int:
+        """TRL's `trainer.num_generations_eval`: completions per prompt in evaluation (args', else G)."""
+        return self.args.num_generations_eval or self.args.num_generations
+
+    @property
+    def epsilon_low(self) -> float:
+        """TRL's `trainer.epsilon_low`: ε, the clip's lower bound (1 − ε)."""
+        return self.args.epsilon
+
+    @property
+    def epsilon_high(self) -> float:
+        """TRL's `trainer.epsilon_high`: the clip's upper bound (1 + ε_high); args.epsilon_high, else ε."""
+        return self.args.epsilon_high if self.args.epsilon_high is not None else self.args.epsilon
+
+    def is_world_process_zero(self) -> bool:
+        """Trainer's: whether this is the main process of all machines (the one that writes files)."""
+        return self.accelerator.is_main_process
+
+    def is_local_process_zero(self) -> bool:
+        """Trainer's: whether this is the main process of this machine."""
+        return self.accelerator.is_local_main_process
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """Trainer's `log`: a record of the caller's values at the current step, to state.log_history (with epoch and
+        step), metrics.jsonl and the callbacks' on_log (the trackers among them). `start_time` is accepted and unused:
+        Trainer adds throughput keys with it."""
+        if self.metrics_log is not None:
+            self.metrics_log.write({"step": self.step, **logs})
+        self.events.log(logs)
+
+    def end(self) -> None:
+        """Trainer's `end` (transformers ≥ 5.18; TRL's scripts call it last): finish the trackers and end the process
+        group. Call it once, after everything that needs the other processes (train, evaluate, save_model)."""
+        self.accelerator.end_training()
 
     @property
     def entropy_coef(self) -> float:
@@ -98,8 +165,8 @@ class TRLMethods:
             reward_weights=self.reward_weights, num_generations=G, batch_size=self.args.per_device_eval_batch_size,
             accelerator=self.accelerator, on_batch=self.events.prediction_step, loss=self.update.eval_loss,
         )
-        if self.log is not None:
-            self.log.write({"step": self.step, **metrics})
+        if self.metrics_log is not None:
+            self.metrics_log.write({"step": self.step, **metrics})
         self.events.evaluate(metrics)
         return metrics
 
@@ -124,3 +191,21 @@ class TRLMethods:
             ValueError: merge_adapters=True for a policy without adapters; an `output_dir` that is a file or not writable.
         """
         checkpoints.save_model(self.accelerator, self.model, self.tokenizer, output_dir or self.args.output_dir, merge_adapters)
+
+
+TRL_ARGS_ATTRIBUTES = (  # attributes TRL 1.16's GRPOTrainer copies from its args in __init__ (user code and rollout_funcs read them)
+    "max_completion_length", "num_generations", "max_tool_calling_iterations", "temperature", "top_p", "top_k", "min_p",
+    "repetition_penalty", "pad_to_multiple_of", "use_vllm", "vllm_mode", "vllm_gpu_memory_utilization", "vllm_tensor_parallel_size",
+    "vllm_importance_sampling_correction", "vllm_importance_sampling_mode", "vllm_importance_sampling_clip_max",
+    "vllm_importance_sampling_clip_min", "loss_type", "multi_objective_aggregation", "scale_rewards", "importance_sampling_level",
+    "off_policy_mask_threshold", "mask_truncated_completions", "top_entropy_quantile", "use_adaptive_entropy", "shuffle_dataset",
+    "num_iterations", "beta", "log_completions", "num_completions_to_print", "log_unique_prompts",
+)
+
+
+def _args_attribute(name: str) -> property:
+    return property(lambda self: getattr(self.args, name), doc=f"TRL's `trainer.{name}`: the run's `args.{name}`.")
+
+
+for _name in TRL_ARGS_ATTRIBUTES:
+    setattr(TRLMethods, _name, _args_attribute(_name))

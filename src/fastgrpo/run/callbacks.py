@@ -166,12 +166,13 @@ class TrainerEvents:
         self.control = self.handler.on_save(self.args, self.state, self.control)
 
     def resume(self, checkpoint: str) -> None:
-        """Restore log_history and the best metric from a checkpoint's trainer_state.json, when it has one."""
+        """Restore log_history, the tokens seen and the best metric from a checkpoint's trainer_state.json, when it has one."""
         path = os.path.join(checkpoint, STATE_FILE)
         if os.path.isfile(path):
             saved = TrainerState.load_from_json(path)
             s = self.state
             s.log_history, s.best_metric, s.best_global_step = saved.log_history, saved.best_metric, saved.best_global_step
+            s.num_input_tokens_seen = saved.num_input_tokens_seen
             kept = saved.best_model_checkpoint is not None and os.path.isdir(saved.best_model_checkpoint)
             s.best_model_checkpoint = saved.best_model_checkpoint if kept else None  # pruned since: Trainer forgets it too
 

@@ -81,8 +81,8 @@ def save(trainer: Checkpointed, rollout: Rollout, done: int) -> str:
         CheckpointWriteError: see checkpoint.save_checkpoint.
     """
     a = trainer.args
-    if trainer.log is not None:  # the previous run's files go before this run's first checkpoint (runs.PreviousRun)
-        trainer.log.previous_run.remove()
+    if trainer.metrics_log is not None:  # the previous run's files go before this run's first checkpoint (runs.PreviousRun)
+        trainer.metrics_log.previous_run.remove()
     trainer.accelerator.wait_for_everyone()
     state = {
         "step": trainer.step, "scheduler": trainer.scheduler.state_dict(),
@@ -91,7 +91,7 @@ def save(trainer: Checkpointed, rollout: Rollout, done: int) -> str:
         "ref_model": trainer.ref_model.state_dict() if a.sync_ref_model else None, "config": a.to_dict(), "loss_sum": trainer.loss_sum,
         "weight_version": trainer.weight_version, "setup": trainer.setup,
         "entropy_control": trainer.entropy_control.state_dict() if trainer.entropy_control else None,
-        "log_sizes": trainer.log.sizes() if trainer.log is not None else None,  # the main process writes this state
+        "log_sizes": trainer.metrics_log.sizes() if trainer.metrics_log is not None else None,  # the main process writes this state
     }
     # this process's share of the rollout, of what was trained since the last log, and dynamic sampling's carry-over
     own = {
@@ -112,8 +112,8 @@ def prune_at_end(trainer: Checkpointed) -> None:
 
     A run that wrote nothing (no log, no checkpoint) still replaces the previous run it took over here.
     """
-    if trainer.log is not None:
-        trainer.log.previous_run.remove()
+    if trainer.metrics_log is not None:
+        trainer.metrics_log.previous_run.remove()
     if trainer.accelerator.is_main_process:
         ckpt.prune(trainer.args.output_dir, trainer.args.save_total_limit, trainer.run_id, trainer.state.best_model_checkpoint, at_end=True)
 
@@ -127,7 +127,7 @@ def stop_interrupted(trainer: Checkpointed, rollout: Rollout, done: int) -> None
     Raises:
         TrainingInterrupted: always, naming the step, the checkpoint and how to resume (or that nothing was saved).
     """
-    replacing = [bool(trainer.log is not None and trainer.log.previous_run.names)]
+    replacing = [bool(trainer.metrics_log is not None and trainer.metrics_log.previous_run.names)]
     broadcast_object_list(replacing)  # the main process knows; every process stops the same way
     if replacing[0]:
         raise TrainingInterrupted(
@@ -165,8 +165,8 @@ def resume(trainer: Checkpointed, resume_from_checkpoint) -> tuple[Rollout | Non
     a, acc = trainer.args, trainer.accelerator
     path, state = ckpt.load_checkpoint(resume_from_checkpoint, a.output_dir, acc, trainer.model, trainer.optimizer)
     if path is None:
-        if trainer.log is not None:  # the main process: what it replaces goes at this run's first write (runs.PreviousRun)
-            trainer.log.previous_run = runs.PreviousRun(a.output_dir, runs.claim_output_dir(a.output_dir, a.overwrite_output_dir), trainer.console)
+        if trainer.metrics_log is not None:  # the main process: what it replaces goes at this run's first write (runs.PreviousRun)
+            trainer.metrics_log.previous_run = runs.PreviousRun(a.output_dir, runs.claim_output_dir(a.output_dir, a.overwrite_output_dir), trainer.console)
         acc.wait_for_everyone()
         return None, 0
     changed = runs.config_changes(state["config"], a.to_dict())  # refuses a change to the saved state's meaning
@@ -185,8 +185,8 @@ def resume(trainer: Checkpointed, resume_from_checkpoint) -> tuple[Rollout | Non
         trainer.ref_model.load_state_dict(state["ref_model"])
     if state.get("entropy_control") and trainer.entropy_control:  # the adaptive coefficient where it was (TRL restores it too)
         trainer.entropy_control.load_state_dict(state["entropy_control"])
-    if trainer.log is not None:
-        trainer.log.cut_back(trainer.step, state.get("log_sizes"))
+    if trainer.metrics_log is not None:
+        trainer.metrics_log.cut_back(trainer.step, state.get("log_sizes"))
         trainer.console.print(f"resumed from {path} at step {trainer.step}", markup=False, soft_wrap=True)
         if trainer.step >= trainer.max_steps:  # a finished run: say so, rather than a full progress bar and "done"
             trainer.console.print(f"the run is already at max_steps={trainer.max_steps}: nothing to train; raise max_steps "

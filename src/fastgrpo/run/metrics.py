@@ -214,7 +214,8 @@ def rollout_metrics(rollout, reward_names: list[str], weights: torch.Tensor, num
     reward_none (completions no reward function applied to),
     terminated_length_sum/_min/_max and terminated (completions that ended with EOS),
     rewards/<name>_sum, _sqsum and _count (applicable completions only),
-    completion_length_sum/_min/_max (tokens), completion_tokens, truncated,
+    completion_length_sum/_min/_max (tokens), completion_tokens, input_tokens (prompt + completion tokens, as TRL
+    counts num_input_tokens_seen), truncated,
     truncated_prompts; with tools, tool_calls and tool_failures. Lengths count
     the model's tokens only (tool/environment replies excluded, as TRL logs them).
     """
@@ -237,6 +238,7 @@ def rollout_metrics(rollout, reward_names: list[str], weights: torch.Tensor, num
         "completion_length_max": float(lengths.max()),
         "terminated_length_sum": float(ended.sum()), "terminated": float(len(ended)),
         "completion_tokens": float(lengths.sum()),
+        "input_tokens": float(rollout.prompt_mask.sum() + lengths.sum()),  # TRL's num_input_tokens_seen: prompt (each of G) + model tokens
         "truncated": float(rollout.is_truncated.sum()),
         "truncated_prompts": float(rollout.num_truncated_prompts),
         "groups": groups.shape[0],

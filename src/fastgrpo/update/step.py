@@ -143,6 +143,7 @@ class OptimizerStep:
         self.args, self.accelerator, self.model, self.optimizer, self.scheduler = args, accelerator, model, optimizer, scheduler
         self.log_probs, self.correction, self.entropy_control, self.events, self.timer = log_probs, correction, entropy_control, events, timer
         self.router = router
+        self.learning_rate = scheduler.get_last_lr()[0]  # the rate the last optimizer step used: what Trainer logs
         self.loss = LossSettings.from_config(args)
         self.reference = reference if args.beta > 0 and args.kl_estimator == "full" else None
         self.entropy_mask, self.clip = entropy_mask, args.max_grad_norm if args.max_grad_norm > 0 else math.inf  # 0: no clip
@@ -237,6 +238,7 @@ class OptimizerStep:
             self.events.pre_optimizer_step()
             self.optimizer.step()
             self.events.optimizer_step()
+            self.learning_rate = self.scheduler.get_last_lr()[0]  # before the schedule moves on, as Trainer reads it
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
         kl_old = torch.stack([sums["kl_old"], sums["tokens"]])

@@ -1,0 +1,76 @@
+"""What scripts call on a TRL trainer after (or while) training: transformers.Trainer's helpers, TRL's attributes,
+and the logged learning rate and token count as TRL 1.16 logs them.
+
+A parity sweep ran the closing block of TRL's and open-r1's scripts (`trainer.log_metrics("train", metrics)`,
+`save_metrics`, `save_state`, `trainer.end()`) and user code reading `trainer.processing_class` or
+`trainer.num_generations`: every line failed with an AttributeError, and `trainer.log({...})` hit fastgrpo's
+metrics file object.
+"""
+
+import json
+import os
+
+import trl
+from datasets import Dataset
+from transformers import Trainer
+from test_trainer import config, read_metrics, reward_even_tokens
+
+from fastgrpo import GRPOTrainer
+from fastgrpo.trl_methods import TRL_ARGS_ATTRIBUTES
+
+
+def single_digit_prompts():
+    """10 chat prompts of one token length each (SmolLM2's tokenizer has one token per digit)."""
+    return Dataset.from_list([{"prompt": [{"role": "user", "content": f"Count to {i}."}]} for i in range(10)])
+
+
+def test_logged_learning_rate_is_the_one_each_step_used_and_num_tokens_counts_as_trl(tmp_path, tokenizer, make_model, capsys):
+    """Linear schedule, 1 warm-up step of 3, lr 1e-3: the steps use 0, 1e-3 and 5e-4 (transformers reads the rate
+    before the schedule moves on; TRL 1.16 logged [0.0, 1e-05, 5e-06] for lr 1e-5). fastgrpo logged the next step's
+    rate (1e-3, 5e-4, 0). `num_tokens` is TRL's state.num_input_tokens_seen: every completion's prompt tokens
+    (each of the G copies) plus its own tokens, cumulative."""
+    args = config(tmp_path, max_steps=3, gradient_accumulation_steps=1, warmup_steps=1, lr_scheduler_type="linear", max_prompt_length=64)
+    trainer = GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=single_digit_prompts(), processing_class=tokenizer)
+    out = trainer.train()
+    steps = [r for r in read_metrics(args.output_dir) if "learning_rate" in r]
+    assert [r["learning_rate"] for r in steps] == [0.0, 1e-3, 5e-4]
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "Count to 3."}], add_generation_prompt=True, tokenize=False)
+    prompt_tokens = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    N = args.per_device_train_batch_size  # completions per rollout: one rollout per optimizer step here
+    added = [r["num_tokens"] - before for r, before in zip(steps, [0] + [r["num_tokens"] for r in steps])]
+    assert added == [N * (prompt_tokens + r["completions/mean_length"]) for r in steps]
+    assert trainer.state.num_input_tokens_seen == steps[-1]["num_tokens"]
+
+    # transformers' helpers, as Trainer binds them: the same functions, so the same files and table
+    for name in ("log_metrics", "save_metrics", "save_state", "metrics_format", "get_learning_rates", "get_num_trainable_parameters"):
+        assert getattr(GRPOTrainer, name) is getattr(Trainer, name)
+    trainer.log_metrics("train", out.metrics)
+    assert "***** train metrics *****" in capsys.readouterr().out
+    trainer.save_metrics("train", out.metrics)
+    trainer.save_state()
+    with open(os.path.join(args.output_dir, "train_results.json")) as f:
+        assert json.load(f)["train_loss"] == out.training_loss
+    with open(os.path.join(args.output_dir, "trainer_state.json")) as f:
+        assert json.load(f)["global_step"] == 3
+    assert trainer.get_learning_rates() == [0.0]  # the schedule's end, after the last step
+    assert trainer.is_world_process_zero() and trainer.is_local_process_zero()
+
+    trainer.log({"my_metric": 2.5})  # Trainer.log: log_history with epoch and step, metrics.jsonl, on_log
+    assert trainer.state.log_history[-1] == {"my_metric": 2.5, "epoch": trainer.state.epoch, "step": 3}
+    assert read_metrics(args.output_dir)[-1] == {"step": 3, "my_metric": 2.5}
+    trainer.end()
+
+
+def test_trls_attributes_read_the_runs_arguments(tmp_path, tokenizer, make_model, prompts):
+    """TRL's GRPOTrainer copies these from args in __init__ (asserted on its source), and user code (rollout functions,
+    callbacks) reads them: trainer.num_generations, trainer.processing_class, …"""
+    source = __import__("inspect").getsource(trl.GRPOTrainer.__init__)
+    assert all(f"self.{name} = " in source for name in TRL_ARGS_ATTRIBUTES)
+    args = config(tmp_path, beta=0.04, temperature=0.7, epsilon_high=0.28, num_generations_eval=2)
+    trainer = GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
+    assert all(getattr(trainer, name) == getattr(args, name) for name in TRL_ARGS_ATTRIBUTES)
+    assert (trainer.num_generations, trainer.beta, trainer.temperature, trainer.loss_type) == (4, 0.04, 0.7, "dapo")
+    assert (trainer.epsilon_low, trainer.epsilon_high, trainer.num_generations_eval) == (0.2, 0.28, 2)
+    assert trainer.processing_class is trainer.tokenizer and trainer.lr_scheduler is trainer.scheduler
+    assert trainer.model_wrapped is trainer.model and trainer.control is trainer.events.control
+    assert trainer.callback_handler is trainer.events.handler
