@@ -315,12 +315,12 @@ def test_smollm2_tool_template_renders_plain_chats_as_smollm2_does(tokenizer):
 
 
 def test_rollout_func_output_reaches_rewards_with_env_mask(tmp_path, tokenizer, make_model, prompts):
-    """TRL's rollout_func: prompts once, G completions each; env_mask 0 tokens are no loss; extra keys reach rewards."""
+    """TRL's rollout_func: each prompt G times, one completion each; env_mask 0 tokens are no loss; extra keys reach rewards."""
     calls, seen = [], {}
 
     def rollout_func(prompts, trainer):
         calls.append(len(prompts))
-        N = len(prompts) * trainer.args.num_generations
+        N = len(prompts)
         return {"prompt_ids": [[5, 6, 7]] * N, "completion_ids": [[8, 9, 10, tokenizer.eos_token_id]] * N,
                 "logprobs": [[-1.0] * 4] * N, "env_mask": [[1, 0, 0, 1]] * N, "turns": [2] * N}
 
@@ -331,13 +331,52 @@ def test_rollout_func_output_reaches_rewards_with_env_mask(tmp_path, tokenizer, 
     trainer = GRPOTrainer(model=make_model(), reward_funcs=reward, args=config(tmp_path), train_dataset=prompts,
                           processing_class=tokenizer, rollout_func=rollout_func)
     rollout = trainer._collect()
-    assert calls == [2] and seen["turns"] == [2] * 4
+    assert calls == [4] and seen["turns"] == [2] * 4  # B = 2 prompts, each G = 2 times
     assert rollout.model_mask()[0].tolist() == [1, 0, 0, 1] and not rollout.is_truncated.any()
+
+
+def test_rollout_func_gets_each_prompt_num_generations_times_as_trl_1_16_does(tmp_path, tokenizer, make_model):
+    """The prompts TRL 1.16's GRPOTrainer passed the same rollout_func (tiny Llama, max_steps=1, unshuffled): B = 2 prompts, each
+    G = 4 times, contiguously; in evaluation each num_generations_eval = 2 times. Each is its own copy: the function's edits
+    reach neither the dataset nor the rewards' prompts."""
+    received, edited, rewarded = [], [], []
+
+    def rollout_func(prompts, trainer):
+        received.append([p[-1]["content"] for p in prompts])
+        for p in prompts:
+            p[-1]["content"] += " edited"
+        edited.append([p[-1]["content"] for p in prompts])
+        return {"prompt_ids": [[5, 6, 7]] * len(prompts), "completion_ids": [[8, 9, tokenizer.eos_token_id]] * len(prompts),
+                "logprobs": [[-1.0] * 3] * len(prompts)}
+
+    def reward(prompts, completions, **kwargs):
+        rewarded.append([p[-1]["content"] for p in prompts])
+        return [float(i) for i in range(len(completions))]
+
+    rows = Dataset.from_list([{"prompt": [{"role": "user", "content": f"Write a number {i}:"}]} for i in range(2)])
+    args = config(tmp_path, per_device_train_batch_size=8, num_generations=4, shuffle_dataset=False, max_completion_length=8,
+                  per_device_eval_batch_size=4, num_generations_eval=2)
+    trainer = GRPOTrainer(model=make_model(), reward_funcs=reward, args=args, train_dataset=rows, eval_dataset=rows,
+                          processing_class=tokenizer, rollout_func=rollout_func)
+    trainer._collect()
+    trainer.evaluate()
+    a, b = "Write a number 0:", "Write a number 1:"
+    assert received == rewarded == [[a] * 4 + [b] * 4, [a, a, b, b]]
+    assert edited[1] == [a + " edited", a + " edited", b + " edited", b + " edited"]  # once each: no two share a copy
+    assert [r["prompt"][-1]["content"] for r in rows] == [a, b]
 
 
 @pytest.mark.parametrize("output, message", [
     ({"prompt_ids": [[1]] * 4, "completion_ids": [[2]] * 4}, r"must return keys \['logprobs'\]"),
-    ({"prompt_ids": [[1]] * 2, "completion_ids": [[2]] * 2, "logprobs": [[0.0]] * 2}, "returned 2 prompt_ids for 2 prompts"),
+    # 4 prompts received (B = 2, each G = 2 times): one completion each
+    ({"prompt_ids": [[1]] * 2, "completion_ids": [[2]] * 2, "logprobs": [[0.0]] * 2},
+     r"returned 2 prompt_ids for 4 prompts; return one completion per prompt received: TRL 1.16 passes each prompt "
+     r"num_generations=2 times, contiguously\."),
+    ({"prompt_ids": [[1]] * 4, "completion_ids": [[2]] * 1, "logprobs": [[0.0]] * 4}, "returned 1 completion_ids for 4 prompts; return one"),
+    # a function written for fastgrpo's earlier contract (each prompt once, G completions each) returns G× too many
+    ({"prompt_ids": [[1]] * 8, "completion_ids": [[2]] * 8, "logprobs": [[0.0]] * 8},
+     r"returned 8 prompt_ids for 4 prompts, num_generations=2 per prompt received: 2× too many \(fastgrpo's earlier contract, "
+     r"which passed each prompt once\); return one completion per prompt received"),
     ({"prompt_ids": [[1]] * 4, "completion_ids": [[2, 3]] * 4, "logprobs": [[0.0]] * 4}, r"logprobs\[0\] has 1 values for 2"),
     ({"prompt_ids": [[1]] * 4, "completion_ids": [[2]] * 4, "logprobs": [[0.0]] * 4, "env_mask": [[2]] * 4}, "other than 0 and 1"),
     ({"prompt_ids": [[1]] * 4, "completion_ids": [[2]] * 4, "logprobs": [[0.0]] * 4, "completions": [0] * 4}, "'completions', which reward"),
@@ -443,7 +482,7 @@ def test_rollout_func_missing_logprobs_are_neutral(tmp_path, tokenizer, make_mod
     exact = []
 
     def rollout_func(prompts, trainer):
-        N = len(prompts) * trainer.args.num_generations
+        N = len(prompts)
         row = exact or [hole] * 4
         given = [list(row) for _ in range(N)]
         for r, t in ((0, 0), (1, 1), (3, 0), (3, 1), (3, 2), (3, 3)):
@@ -562,7 +601,7 @@ def test_a_tool_reply_token_the_embedding_lacks_is_refused(tmp_path, tokenizer, 
 
 def test_rollout_func_numpy_and_tensor_rows_are_token_ids_and_log_probs(tmp_path, tokenizer, make_model, prompts):
     def rollout_func(prompts, trainer):  # what a vLLM-based rollout_func often returns: arrays and float32 log-probs
-        N = len(prompts) * trainer.args.num_generations
+        N = len(prompts)
         return {"prompt_ids": [np.array([5, 6, 7])] * N, "completion_ids": [torch.tensor([8, tokenizer.eos_token_id])] * N,
                 "logprobs": [np.array([-0.5, 1e-7], dtype=np.float32)] * N}  # 1e-7: a certain token's 0 after float rounding
 
@@ -782,7 +821,7 @@ def test_cli_keeps_the_traceback_of_an_environments_own_error(tmp_path, monkeypa
 
 def test_a_rollout_func_completion_past_max_completion_length_trains_whole_with_one_warning(tmp_path, tokenizer, make_model, prompts):
     def rollout_func(prompts, trainer):  # 12 tokens against max_completion_length=8, in every rollout
-        N = len(prompts) * trainer.args.num_generations
+        N = len(prompts)
         return {"prompt_ids": [[5, 6, 7]] * N, "completion_ids": [[8] * 11 + [tokenizer.eos_token_id]] * N, "logprobs": [[-1.0] * 12] * N}
 
     trainer = GRPOTrainer(model=make_model(), reward_funcs=lambda completions, **kw: [1.0] * len(completions),

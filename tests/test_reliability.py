@@ -705,8 +705,8 @@ def test_a_padding_id_the_embedding_lacks_is_refused_when_the_trainer_is_built(t
 
 
 def test_rollout_func_token_ids_the_embedding_lacks_are_refused(tmp_path, tokenizer, make_model, prompts):
-    def rollout_func(prompts, trainer):  # G = 4 completions per prompt; the third holds an id one past the vocabulary
-        n = len(prompts) * 4
+    def rollout_func(prompts, trainer):  # one completion per prompt received; the third holds an id one past the vocabulary
+        n = len(prompts)
         completions = [[5, 6, tokenizer.eos_token_id]] * 2 + [[5, 49152, tokenizer.eos_token_id]] + [[5, 6, tokenizer.eos_token_id]] * (n - 3)
         return {"prompt_ids": [[1, 2, 3]] * n, "completion_ids": completions, "logprobs": [[-1.0] * 3] * n}
 

@@ -218,10 +218,9 @@ def test_rollout_func_and_tools_run_on_the_server_after_the_sync(tmp_path, token
 
     def rollout_func(prompts, trainer):  # TRL's contract; samples through the trainer's vLLM backend
         synced.append(trainer.synced_step == trainer.state.global_step)  # TRL syncs the weights before rollout_func
-        G = trainer.args.num_generations
-        ids, mask, _ = PromptEncoder(trainer.tokenizer, 32)(prompts)
-        out = trainer.backend.sample(ids, mask, G)
-        rows = [r[m.bool()].tolist() for r, m in zip(ids.repeat_interleave(G, 0), mask.repeat_interleave(G, 0))]
+        ids, mask, _ = PromptEncoder(trainer.tokenizer, 32)(prompts)  # each prompt num_generations times: one sample each
+        out = trainer.backend.sample(ids, mask, 1)
+        rows = [r[m.bool()].tolist() for r, m in zip(ids, mask)]
         completions = [until_eos(c, [tokenizer.eos_token_id]) for c in out.completion_ids.tolist()]
         return {"prompt_ids": rows, "completion_ids": completions, "logprobs": [lp[: len(c)] for lp, c in zip(out.logps.tolist(), completions)]}
 

@@ -2,8 +2,11 @@
 
     rollout_func(prompts, trainer) -> {"prompt_ids", "completion_ids", "logprobs", ["env_mask"], **extra}
 
-It gets this process's B prompts once (not G times) and returns G
-completions per prompt, groups contiguous: N = B·G entries per list. Each
+It gets this process's B prompts each repeated G times, contiguously (B·G
+prompts, as TRL 1.16's sampler makes the batch: G = num_generations, or
+num_generations_eval in evaluation; copies, so changing them leaves the
+dataset's rows as they are), and returns one completion per prompt
+received: N = B·G entries per list, in the order received. Each
 `completion_ids[i]` is the whole completion (every turn); `logprobs[i]` has
 one value per token (None or NaN where the sampler has none: that token's
 sampler–trainer ratio is 1 and it is left out of `sampling/sampling_logp_difference/*`,
@@ -16,6 +19,7 @@ Not here: scoring (rollout.collect), the built-in multi-turn loop (multiturn.py)
 
 from __future__ import annotations
 
+import copy
 import math
 import numbers
 import warnings
@@ -47,14 +51,18 @@ def _is_logp(value) -> bool:
 def check_output(output, num_prompts: int, num_generations: int) -> None:
     """Refuse a rollout_func output that does not follow the contract, naming the key and the fix.
 
+    Args:
+        output: what rollout_func returned.
+        num_prompts: how many prompts it received (B·G: each prompt num_generations times).
+        num_generations: G, named in the errors.
     Raises:
-        ValueError: not a dict, a required key missing, a list whose length is not B·G,
+        ValueError: not a dict, a required key missing, a list whose length is not num_prompts (G× too many: the
+            old fastgrpo contract, said so),
             a row whose logprobs/env_mask length differs from its completion_ids, an empty
             prompt, no completion token in any row, an id that is not a whole number, a log-prob
             that is not a number ≤ 0 (or None/NaN), env_mask values other than 0/1, or an extra key
             the reward protocol reserves.
     """
-    N = num_prompts * num_generations
     if not isinstance(output, dict):
         raise ValueError(f"rollout_func returned type {type(output).__name__}; return a dict with keys {list(REQUIRED_KEYS)}.")
     clash = [k for k in output if k in RESERVED_COLUMNS and k not in REQUIRED_KEYS]
@@ -64,10 +72,16 @@ def check_output(output, num_prompts: int, num_generations: int) -> None:
     if missing:
         raise ValueError(f"rollout_func must return keys {sorted(missing)} in its output dict (got {sorted(output)}).")
     for key in (*REQUIRED_KEYS, *(["env_mask"] if "env_mask" in output else [])):
-        if len(output[key]) != N:
+        if len(output[key]) == num_prompts * num_generations != num_prompts:
             raise ValueError(
-                f"rollout_func returned {len(output[key])} {key} for {num_prompts} prompts × num_generations={num_generations}; "
-                f"return {N}: G completions per prompt, groups contiguous."
+                f"rollout_func returned {len(output[key])} {key} for {num_prompts} prompts, num_generations={num_generations} per prompt "
+                f"received: {num_generations}× too many (fastgrpo's earlier contract, which passed each prompt once); return one "
+                f"completion per prompt received: TRL 1.16 passes each prompt num_generations={num_generations} times, contiguously."
+            )
+        if len(output[key]) != num_prompts:
+            raise ValueError(
+                f"rollout_func returned {len(output[key])} {key} for {num_prompts} prompts; return one completion per prompt received: "
+                f"TRL 1.16 passes each prompt num_generations={num_generations} times, contiguously."
             )
     for key in ("prompt_ids", "completion_ids"):
         for i, row in enumerate(output[key]):
@@ -82,7 +96,7 @@ def check_output(output, num_prompts: int, num_generations: int) -> None:
                              "sampler's log π(token) per completion token, or None where it has none.")
     if all(len(c) == 0 for c in output["completion_ids"]):
         raise ValueError("rollout_func returned no completion token in any of its rows; return each completion's tokens (ending in EOS where it ended).")
-    for i in range(N):
+    for i in range(num_prompts):
         if len(output["prompt_ids"][i]) == 0:
             raise ValueError(f"rollout_func returned an empty prompt_ids[{i}]; every row needs its prompt tokens.")
         for key in ("logprobs", "env_mask"):
@@ -116,9 +130,9 @@ class RolloutFunc:
         self.max_completion_length, self.warned_long = max_completion_length, False
 
     def __call__(self, rows: list[dict], num_generations: int) -> Generated:
-        prompts = [row["prompt"] for row in rows]
-        output = self.rollout_func(list(prompts), self.trainer)
-        check_output(output, len(rows), num_generations)
+        repeated = [row["prompt"] for row in rows for _ in range(num_generations)]  # TRL's RepeatSampler order
+        output = self.rollout_func([copy.deepcopy(p) for p in repeated], self.trainer)  # each its own copy, as TRL's rows
+        check_output(output, len(repeated), num_generations)
         extra = {k: v for k, v in output.items() if k not in (*REQUIRED_KEYS, "env_mask")}
         prompt_ids, completion_ids = [list(p) for p in output["prompt_ids"]], [list(c) for c in output["completion_ids"]]
         for key, rows in (("prompt_ids", prompt_ids), ("completion_ids", completion_ids)):
@@ -132,7 +146,6 @@ class RolloutFunc:
         P, T = max(len(p) for p in prompt_ids), max(1, max(len(c) for c in completion_ids))
         left = lambda rows, value: torch.tensor([[value] * (P - len(r)) + r for r in rows], device=self.device)  # noqa: E731
         right = lambda rows, value: torch.tensor([r + [value] * (T - len(r)) for r in rows], device=self.device)  # noqa: E731
-        repeated = [p for p in prompts for _ in range(num_generations)]
         texts = [self.tokenizer.decode(c, skip_special_tokens=True) for c in completion_ids]
         completions = [[{"role": "assistant", "content": t}] if is_conversational(p) else t for t, p in zip(texts, repeated)]
         env_mask = output.get("env_mask")
