@@ -74,3 +74,24 @@ def test_trls_attributes_read_the_runs_arguments(tmp_path, tokenizer, make_model
     assert trainer.processing_class is trainer.tokenizer and trainer.lr_scheduler is trainer.scheduler
     assert trainer.model_wrapped is trainer.model and trainer.control is trainer.events.control
     assert trainer.callback_handler is trainer.events.handler
+
+
+def test_model_card_and_push_to_hub_offline(tmp_path, tokenizer, make_model, prompts, monkeypatch):
+    """create_model_card writes README.md with huggingface_hub's metadata; push_to_hub saves the model first, then
+    fails in huggingface_hub's own words offline (no hub is reachable here), as Trainer's does."""
+    import huggingface_hub
+    import pytest
+    from huggingface_hub.errors import OfflineModeIsEnabled
+
+    args = config(tmp_path, max_steps=1, gradient_accumulation_steps=1, hub_model_id="me/tiny-grpo")
+    trainer = GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
+    trainer.train()
+    trainer.create_model_card(dataset_name="counting", tags="tiny")
+    card = huggingface_hub.ModelCard.load(os.path.join(args.output_dir, "README.md"))
+    assert card.data.tags == ["fastgrpo", "grpo", "tiny"] and card.data.datasets == ["counting"]
+    assert "G = 4 completions per prompt, μ = 1, β = 0.0, learning rate 0.001, 1 optimizer steps" in card.text
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    os.remove(os.path.join(args.output_dir, "README.md"))
+    with pytest.raises(OfflineModeIsEnabled):
+        trainer.push_to_hub()
+    assert {"model.safetensors", "README.md", "tokenizer.json"} <= set(os.listdir(args.output_dir))  # saved before the hub was asked

@@ -12,8 +12,10 @@ Not here: the training loop (trainer.py), the loss terms (algo/losses.py).
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import torch
+from huggingface_hub import ModelCard, ModelCardData, create_repo, upload_folder
 from transformers.trainer_pt_utils import (get_learning_rates, get_num_trainable_parameters, get_optimizer_group, log_metrics,
                                            metrics_format, save_metrics, save_state)
 
@@ -89,6 +91,45 @@ class TRLMethods:
         if self.metrics_log is not None:
             self.metrics_log.write({"step": self.step, **logs})
         self.events.log(logs)
+
+    def create_model_card(self, model_name: str | None = None, dataset_name: str | None = None, tags: str | list[str] | None = None) -> None:
+        """TRL's `create_model_card`: write README.md, a model card, into output_dir (main process): the base model,
+        the dataset, tags ("fastgrpo", "grpo" and yours), the run's G, μ, β, learning rate and steps, and GRPO's
+        paper (Shao et al. 2024, arXiv 2402.03300). huggingface_hub renders its metadata."""
+        if not self.is_world_process_zero():
+            return
+        a, base = self.args, self.accelerator.unwrap_model(self.model).config._name_or_path or None
+        tags = [tags] if isinstance(tags, str) else list(tags or [])
+        data = ModelCardData(base_model=base, datasets=[dataset_name] if dataset_name else None, library_name="transformers",
+                             model_name=model_name, tags=["fastgrpo", "grpo", *tags])
+        name = model_name or os.path.basename(os.path.abspath(a.output_dir))
+        body = (f"# {name}\n\nFine-tuned{f' from {base}' if base else ''}{f' on {dataset_name}' if dataset_name else ''} with GRPO "
+                f"([Shao et al. 2024](https://arxiv.org/abs/2402.03300)) by fastgrpo: G = {a.num_generations} completions per prompt, "
+                f"μ = {a.num_iterations}, β = {a.beta}, learning rate {a.learning_rate}, {self.state.global_step} optimizer steps.\n")
+        os.makedirs(a.output_dir, exist_ok=True)
+        ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}").save(os.path.join(a.output_dir, "README.md"))
+
+    def push_to_hub(self, commit_message: str = "End of training", blocking: bool = True, token: str | None = None,
+                    revision: str | None = None, **kwargs):
+        """Trainer's `push_to_hub`: save the model and a model card to output_dir, then upload the folder (checkpoints
+        left out) to the hub repo `args.hub_model_id` (default: output_dir's name), created if missing, with
+        huggingface_hub. `kwargs` go to `create_model_card`. Returns the commit's info (a future with blocking=False;
+        None on other processes).
+
+        Raises:
+            huggingface_hub's errors, e.g. `OfflineModeIsEnabled` with HF_HUB_OFFLINE=1, or an authentication error without
+            a token (`hf auth login`, or token=…): the model is saved in output_dir before any of them.
+        """
+        a = self.args
+        self.save_model()
+        if not self.is_world_process_zero():
+            return None
+        self.create_model_card(**kwargs)
+        token = token or a.hub_token
+        repo = create_repo(a.hub_model_id or os.path.basename(os.path.abspath(a.output_dir)), token=token,
+                           private=a.hub_private_repo, exist_ok=True).repo_id
+        return upload_folder(repo_id=repo, folder_path=a.output_dir, commit_message=commit_message, token=token, revision=revision,
+                             run_as_future=not blocking, ignore_patterns=["_*", "checkpoint-*/**"])
 
     def end(self) -> None:
         """Trainer's `end` (transformers ≥ 5.18; TRL's scripts call it last): finish the trackers and end the process
