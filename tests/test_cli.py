@@ -43,9 +43,10 @@ def test_builtin_reward_names_match_the_library():
 
 def test_flags_are_typed_by_hf_argument_parser(capsys):
     _, fields, _ = parse("--reward_weights", "1", "0.5", "--generation_kwargs", '{"top_k": 20}', "--bf16", "false", "--report_to", "tensorboard")
-    assert fields["reward_weights"] == [1.0, 0.5] and fields["bf16"] is False and fields["report_to"] == ["tensorboard"]
+    assert fields["reward_weights"] == [1.0, 0.5] and fields["bf16"] is False and fields["report_to"] == "tensorboard"  # one text, as TRL's flag
     from fastgrpo import GRPOConfig
 
+    assert GRPOConfig(**fields).report_to == ["tensorboard"]
     assert GRPOConfig(**fields).generation_kwargs == {"top_k": 20}  # JSON text → dict, as TrainingArguments does
     assert GRPOConfig(**parse("--report_to", "none")[1]).report_to == []  # "none" is no tracker, as in transformers
     with pytest.raises(SystemExit):

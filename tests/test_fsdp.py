@@ -160,9 +160,10 @@ def test_lora_under_fsdp_on_a_two_node_launch_trains_as_one_process_and_logs_onc
 
 def test_a_deepspeed_launch_on_cpus_and_fsdp_version_1_are_refused(monkeypatch):
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")  # what `accelerate launch` sets from a DeepSpeed file
-    assert "DeepSpeed" in cpu_launch_error() and "fsdp.yaml" in cpu_launch_error()
+    assert "DeepSpeed" in cpu_launch_error(True) and "fsdp.yaml" in cpu_launch_error(True)
+    assert cpu_launch_error(False) is None  # a GPU run: accelerate reads the DeepSpeed file
     monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED")
-    assert cpu_launch_error() is None
+    assert cpu_launch_error(True) is None
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     assert fsdp_requested()
     monkeypatch.setenv("FSDP_VERSION", "1")

@@ -72,3 +72,11 @@ def test_eval_on_start_and_readable_saved_files(tmp_path, tokenizer, make_model,
     for folder in (tmp_path / "final", tmp_path / "out" / "checkpoint-1"):
         mode = stat.S_IMODE(os.stat(folder / "model.safetensors").st_mode)
         assert mode & stat.S_IROTH, oct(mode)  # readable by others, as config.json is
+
+
+def test_use_cpu_trains_on_the_cpu(tmp_path, tokenizer, make_model, prompts):
+    # TRL 1.16 on a machine without GPUs builds no GRPOConfig without use_cpu=True, so TRL's CPU scripts all set it.
+    args = config(tmp_path, use_cpu=True)
+    trainer = GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
+    assert trainer.accelerator.device.type == "cpu" and args.device.type == "cpu"
+    assert trainer.train().global_step == 1 and next(trainer.model.parameters()).device.type == "cpu"

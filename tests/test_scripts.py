@@ -65,3 +65,35 @@ def test_cli_trains_on_a_local_file_with_a_builtin_reward(tmp_path):
     assert code == 0
     assert os.path.exists(out / "model.safetensors") and os.path.exists(out / "checkpoint-2")
     assert len(open(out / "metrics.jsonl").read().splitlines()) == 2
+
+
+TRL_GRPO_SCRIPT = os.path.join(os.path.dirname(__import__("trl").__file__), "scripts", "grpo.py")
+IMPORTS = {  # TRL's imports → fastgrpo's: the only change made to TRL's script
+    "    from trl import GRPOTrainer, get_dataset, get_peft_config, get_quantization_config\n":
+        "    from fastgrpo import GRPOTrainer\n    from trl import get_dataset, get_peft_config, get_quantization_config\n",
+    "    from trl import DatasetMixtureConfig, GRPOConfig, ModelConfig, TrlParser\n":
+        "    from fastgrpo import GRPOConfig\n    from trl import DatasetMixtureConfig, ModelConfig, TrlParser\n",
+}
+
+
+@pytest.mark.skipif(not hasattr(__import__("fastgrpo").GRPOTrainer, "end"), reason="the script ends with trainer.end(), added apart")
+def test_trls_grpo_script_runs_with_only_its_imports_changed(tmp_path, tokenizer):
+    from conftest import vllm_tiny_model
+
+    source = open(TRL_GRPO_SCRIPT).read()
+    for old, new in IMPORTS.items():
+        assert old in source, old
+        source = source.replace(old, new)
+    (tmp_path / "grpo.py").write_text(source)
+    model = vllm_tiny_model(tokenizer)  # 2 layers, 64 wide, SmolLM2's vocabulary
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.jsonl").write_text("".join(json.dumps({"prompt": [{"role": "user", "content": f"Count to {i}."}]}) + "\n" for i in range(8)))
+    (tmp_path / "rewards.py").write_text("def short(completions, **kwargs):\n    return [-len(c[0]['content']) / 8 for c in completions]\n")
+    flags = ("--model_name_or_path model --dataset_name data --reward_funcs rewards.short --output_dir out --max_steps 2 "
+             "--max_completion_length 8 --per_device_train_batch_size 4 --num_generations 4 --run_name x --use_cpu true")
+    subprocess.run([sys.executable, "grpo.py", *flags.split()], cwd=tmp_path, check=True, timeout=600)
+    with open(tmp_path / "out" / "metrics.jsonl") as f:
+        assert [json.loads(line)["step"] for line in f] == [2]  # logging_steps=10: the last step's line
+    assert os.path.exists(tmp_path / "out" / "model.safetensors")  # trainer.save_model(output_dir)

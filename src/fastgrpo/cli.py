@@ -40,7 +40,8 @@ import typing
 import warnings
 
 from .config import GRPOConfig
-from .config.flags import FIELD_HELP, one_line_error, trl_flags
+from .config.flags import FIELD_HELP, one_line_error
+from .config.trl_fields import TRL_FIELDS
 
 # The built-in job: SmolLM2-135M-Instruct on one-digit addition (reasoning-gym
 # basic_arithmetic, "+" only, no brackets or negation), two solved examples
@@ -118,8 +119,8 @@ def train_parser() -> argparse.ArgumentParser:
     from transformers import HfArgumentParser
 
     # allow_abbrev=False: a misspelt flag (--num_generation) must be an error, not a prefix match.
-    own = {f.name for f in dataclasses.fields(GRPOConfig)}
-    parser = HfArgumentParser((GRPOConfig, LoraOptions, trl_flags(skip=own)), prog="fastgrpo train", allow_abbrev=False)
+    own = {f.name for f in dataclasses.fields(GRPOConfig)} - set(TRL_FIELDS)  # TRL's other fields' help names their default
+    parser = HfArgumentParser((GRPOConfig, LoraOptions), prog="fastgrpo train", allow_abbrev=False)
     parser.error = lambda message: one_line_error(parser, message)
     builtin = {**BUILTIN_JOB["config"], **{k: BUILTIN_JOB[k] for k in JOB_KEYS if k in BUILTIN_JOB}}
     for action in parser._actions:
@@ -175,7 +176,7 @@ def check_types(values: dict, source: str) -> None:
     hints = {**typing.get_type_hints(GRPOConfig), **typing.get_type_hints(LoraOptions)}
     for name, value in values.items():
         if name not in hints:
-            continue  # TRL's other fields are checked by GRPOConfig (trl_fields.py); unknown names too
+            continue  # an unknown name: GRPOConfig refuses it, naming the closest field
         kinds = typing.get_args(hints[name]) if typing.get_origin(hints[name]) in (typing.Union, types.UnionType) else (hints[name],)
         kinds = tuple(typing.get_origin(k) or k for k in kinds) + ((str,) if name == "lora_target_modules" else ())  # list[float] → list; peft also takes text ("all-linear", a regex), as TRL passes it
         fits = any(_fits(value, kind) for kind in kinds)

@@ -277,7 +277,8 @@ def check_vllm(c) -> None:
         ValueError: use_vllm=True with generation_backend='transformers'; an unknown vllm_mode or
             vllm_model_impl; a memory share outside (0, 1]; sleep mode (vLLM 0.32's CPU backend has
             none; on CUDA fastgrpo does not drive it yet); vllm_tensor_parallel_size > 1 in colocate mode (one engine per training
-            process here, where TRL shards one across them; a bigger engine is a server's flag).
+            process here, where TRL shards one across them; a bigger engine is a server's flag); use_cpu=True on a
+            machine with a GPU (vLLM would sample there while the policy trains on the CPU).
     """
     if c.use_vllm and c.generation_backend != "vllm":
         raise ValueError(f"use_vllm=True and generation_backend={c.generation_backend!r} contradict each other; set one of them.")
@@ -293,6 +294,12 @@ def check_vllm(c) -> None:
         raise ValueError(f"vllm_server_timeout={c.vllm_server_timeout}: use a positive number of seconds, e.g. 240.")
     import torch  # noqa: PLC0415 (the device decides what the engine can do)
 
+    if c.use_cpu and torch.cuda.is_available():
+        raise ValueError(
+            f"use_cpu=True with vLLM ({c.vllm_mode} mode) on a machine with a GPU: vLLM would sample on the GPU (its CUDA build; "
+            "a server takes the weights over NCCL from the GPU) while the policy trains on the CPU; set use_cpu=False to train "
+            "on the GPU, or use_vllm=False to sample on the CPU with fastgrpo's own sampler."
+        )
     if c.vllm_enable_sleep_mode:
         reason = "vLLM has no sleep mode on CPU (it frees GPU memory only)" if not torch.cuda.is_available() else \
             "fastgrpo does not put its engine to sleep between rollouts yet (not built)"

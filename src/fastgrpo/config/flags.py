@@ -1,13 +1,9 @@
-"""What `fastgrpo train --help` says about each flag, and TRL's other fields as flags typed as TRL types them.
+"""What `fastgrpo train --help` says about each flag, and argparse's errors as one line.
 
-- `FIELD_HELP`: one line per `GRPOConfig` field (what it does, its unit or
+- `FIELD_HELP`: one line per field fastgrpo honours (what it does, its unit or
   its values), which `cli.train_parser` hands to transformers'
-  `HfArgumentParser` as the field's help text.
-- `trl_flags()`: a dataclass of the fields trl_fields.py keeps (TRL's
-  `TrainingArguments` passthrough fields, vLLM settings, …), annotated with
-  TRL 1.16's types, so that `HfArgumentParser` parses `--run_name x` or
-  `--use_vllm false` as `trl grpo` would; the value then meets GRPOConfig's
-  usual check (`trl_fields.check_trl_field`), exactly as from Python.
+  `HfArgumentParser` as the field's help text. TRL's other fields
+  (trl_fields.py) carry their own help: what fastgrpo does with the value.
 - `one_line_error()`: argparse's errors as one line, an unknown flag with the
   closest known one (`fastgrpo train`, `fastgrpo vllm-serve`).
 
@@ -17,11 +13,8 @@ Not here: the fields themselves and their checks (config/grpo_config.py, trl_fie
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import difflib
 import typing
-
-from .trl_fields import ANY, TRL_FIELDS
 
 FIELD_HELP = {
     "output_dir": "folder for checkpoints, metrics.jsonl, completions.jsonl and the final model",
@@ -112,6 +105,7 @@ FIELD_HELP = {
     "metric_for_best_model": "metric that picks the best checkpoint, e.g. eval_reward",
     "greater_is_better": "whether a larger metric_for_best_model is better (default: unless it ends in loss)",
     "disable_tqdm": "hide the progress bar",
+    "use_cpu": "train on the CPU even where a GPU is (accelerate's cpu=True); TRL's CPU scripts set it",
     "vespo_k_pos": "VESPO: Gamma shape k for positive advantages",
     "vespo_lambda_pos": "VESPO: Gamma rate lambda for positive advantages",
     "vespo_k_neg": "VESPO: Gamma shape k for negative advantages",
@@ -142,46 +136,6 @@ FIELD_HELP = {
     "update_token_budget": "tokens per forward/backward of the update: an optimizer step's micro-batches run merged while they fit (exact where the loss's normaliser is the step's; default: per_device_train_batch_size × (max_prompt_length + max_completion_length), four times that under gradient_checkpointing; 0: one pass each)",
     "router_aux_loss_coef": "mixture-of-experts models: weight of the router load-balancing loss (default: the model config's; 0 off)",
 }
-
-# TRL 1.16's annotations of the fields trl_fields.py keeps whose default (None, 0) does not show the type.
-# HfArgumentParser types `dict | str` fields as text (JSON), as for TrainingArguments.
-_TRL_TYPES = {
-    "optim_target_modules": list[str] | None, "tf32": bool | None, "torch_compile_backend": str | None, "torch_compile_mode": str | None,
-    "liger_kernel_config": dict | str | None, "neftune_noise_alpha": float | None, "torch_empty_cache_steps": int | None,
-    "run_name": str | None, "trackio_space_id": str | None, "trackio_bucket_id": str | None,
-    "trackio_static_space_id": str | None, "log_completions_hub_repo": str | None, "eval_delay": float,
-    "eval_accumulation_steps": int | None, "include_for_metrics": list[str], "num_generations_eval": int | None,
-    "hub_token": str | None, "hub_private_repo": bool | None, "hub_model_id": str | None, "hub_revision": str | None,
-    "resume_from_checkpoint": str | None, "accelerator_config": dict | str | None, "parallelism_config": str | None,
-    "fsdp": str | None, "fsdp_config": dict | str | None, "deepspeed": dict | str | None, "ddp_find_unused_parameters": bool | None,
-    "ddp_bucket_cap_mb": int | None, "ddp_broadcast_buffers": bool | None, "ddp_static_graph": bool | None,
-    "ddp_backend": str | None, "dataloader_prefetch_factor": int | None, "dataloader_multiprocessing_context": str | None,
-    "remove_unused_columns": bool | None, "label_names": list[str] | None, "pad_to_multiple_of": str | None,
-    "cache_implementation": str | None, "vllm_structured_outputs_regex": str | None, "vllm_server_base_url": str | None,
-    "vllm_max_model_length": int | None, "vllm_importance_sampling_clip_max": float | None,
-    "vllm_importance_sampling_clip_min": float | None, "vllm_importance_sampling_cap": float | None,
-    "transformers_continuous_batching_config": dict | str | None, "max_tool_calling_iterations": int | None,
-    "off_policy_mask_threshold": float | None, "include_num_input_tokens_seen": str, "debug": str,
-}
-
-
-def trl_flags(skip: set[str]) -> type:
-    """A dataclass with one field per TRL_FIELDS entry not in `skip` (GRPOConfig's own), typed as TRL types it.
-
-    Each field's help says what fastgrpo does with the value (any value, or only the accepted ones and the fix).
-    """
-    fields = []
-    for name, entry in TRL_FIELDS.items():
-        if name in skip:
-            continue
-        kind = _TRL_TYPES.get(name) or type(entry.default)  # bool, int, float or str: the default shows it
-        if entry.accepts is ANY:
-            says = "changes nothing fastgrpo computes; any value is accepted"
-        else:
-            says = f"fastgrpo accepts {' or '.join(repr(v) for v in entry.accepts)}; otherwise {entry.instead}"
-        fields.append((name, kind, dataclasses.field(default=None, metadata={"help": f"TRL's field (default {entry.default!r}): {says}"})))
-    return dataclasses.make_dataclass("TrlFields", fields)
-
 
 def did_you_mean(flag: str, known: typing.Iterable[str]) -> str:
     """"; did you mean --x?" naming the known flag closest to a mistyped one (difflib, as `fastgrpo train` does), or ""."""

@@ -29,42 +29,39 @@ from dataclasses import dataclass, field
 
 from .checks import DICT_FIELDS, SAMPLING_KEYS, check_types, validate, warn_like_trl
 from .unread_fields import warn_inert
-from .trl_fields import TRL_FIELDS, check_trl_field
+from .trl_fields import TRL_FIELDS, TrlFields, check_trl_field
+from .training_args import TrainingArgumentsMethods
 
 
 
-def accepts_trl_fields(cls):
-    """Class decorator over @dataclass: its __init__ first checks TRL's other fields (trl_fields.py) and sets them aside.
+def names_unknown_fields(cls):
+    """Class decorator over @dataclass: an unknown keyword raises a `TypeError` naming the closest field.
 
-    The generated __init__ takes the dataclass fields only, so the wrapper has to sit around it; a decorator
-    does that where the class is declared (a base class would split GRPOConfig's fields from its name).
+    The generated __init__ would say only "unexpected keyword argument"; the wrapper has to sit around it, so
+    a decorator does that where each config class is declared (GRPOConfig, AsyncGRPOConfig).
     """
     fields = {f.name for f in dataclasses.fields(cls)}
     dataclass_init = cls.__init__
 
     @functools.wraps(dataclass_init)
     def __init__(self, *args, **kwargs):
-        trl_values = {name: kwargs.pop(name) for name in list(kwargs) if name not in fields and name in TRL_FIELDS}
         unknown = sorted(set(kwargs) - fields)
         if unknown:
             name = unknown[0]
-            close = difflib.get_close_matches(name, sorted(fields | set(TRL_FIELDS)), n=1)
+            close = difflib.get_close_matches(name, sorted(fields), n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise TypeError(
                 f"GRPOConfig has no field {name!r}; {hint}fastgrpo takes TRL's GRPOConfig fields (README, \"Configuration\")."
             )
-        for name, value in trl_values.items():
-            check_trl_field(name, value)
-        object.__setattr__(self, "_trl_values", trl_values)
         dataclass_init(self, *args, **kwargs)
 
     cls.__init__ = __init__
     return cls
 
 
-@accepts_trl_fields
+@names_unknown_fields
 @dataclass
-class GRPOConfig:
+class GRPOConfig(TrainingArgumentsMethods, TrlFields):
     """Configuration of a GRPO run (TRL `GRPOConfig` names and defaults).
 
     Batch sizes count completions: a rollout holds `generation_batch_size`
@@ -72,6 +69,9 @@ class GRPOConfig:
     into micro-batches of `per_device_train_batch_size`; every
     `gradient_accumulation_steps` micro-batches make one optimizer step, and
     the rollout is passed over `num_iterations` (μ) times.
+
+    TRL's other fields (trl_fields.py, the base class) are keyword-only fields checked here too; the
+    TrainingArguments methods and properties scripts call are in training_args.py.
 
     Raises:
         TypeError: an unknown field (the message names the closest known one).
@@ -207,7 +207,7 @@ class GRPOConfig:
     logging_first_step: bool = False  # also log after the first optimizer step
     log_completions: bool = False
     num_completions_to_print: int | None = 4
-    report_to: str | list[str] = "none"
+    report_to: None | str | list[str] = "none"  # TRL's annotation: HfArgumentParser reads it as text, default "none"
     save_strategy: str = "steps"  # "steps": every save_steps and at the end; "epoch": after each pass over the prompts; "no"
     save_steps: float = 500
     save_total_limit: int | None = None
@@ -218,6 +218,7 @@ class GRPOConfig:
     metric_for_best_model: str | None = None  # a logged or eval metric; tracked in trainer.state.best_metric
     greater_is_better: bool | None = None  # None: True unless the metric's name ends in "loss" (transformers)
     disable_tqdm: bool | None = False  # None: False
+    use_cpu: bool = False  # train on the CPU even where a GPU is: accelerate's Accelerator(cpu=True) (run/setup.py)
 
     # Filled in by __post_init__ (world size read from the launcher's environment).
     world_size: int = field(default=-1, repr=False, metadata={"help": argparse.SUPPRESS})
@@ -226,6 +227,8 @@ class GRPOConfig:
         if self.world_size == -1:
             self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
         check_types(self, typing.get_type_hints(type(self)))
+        for name in TRL_FIELDS:
+            check_trl_field(name, getattr(self, name))
         self._apply_trl_spellings()
         if isinstance(self.scale_rewards, bool):  # TRL's older spelling
             self.scale_rewards = "group" if self.scale_rewards else "none"
@@ -250,6 +253,9 @@ class GRPOConfig:
             self.vllm_importance_sampling_clip_max = self.vllm_importance_sampling_cap
         if self.disable_tqdm is None:
             self.disable_tqdm = False
+        self.debug = []  # every accepted value ("", None, []) means no debug option: TrainingArguments' [] for them
+        if self.include_num_input_tokens_seen is False:  # TrainingArguments' spelling of False
+            self.include_num_input_tokens_seen = "no"
         for name in DICT_FIELDS:
             text = getattr(self, name)
             if isinstance(text, str):
@@ -347,14 +353,12 @@ class GRPOConfig:
         return math.ceil(fraction * max_steps)
 
     def to_dict(self) -> dict:
-        """The fields as a plain dict (for YAML, checkpoints and logs)."""
-        return dataclasses.asdict(self)
+        """The fields as a plain dict (for YAML, checkpoints, logs and trackers), TRL's other fields included.
 
-    def __getattr__(self, name: str):
-        """`args.<TRL field>` for a field kept in trl_fields.py: the value given, or TRL's default."""
-        if name in TRL_FIELDS:
-            return self.__dict__.get("_trl_values", {}).get(name, TRL_FIELDS[name].default)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        As TrainingArguments.to_dict: a field named `*_token` (hub_token) is written as "<HUB_TOKEN>", never its value.
+        """
+        d = dataclasses.asdict(self)
+        return {k: f"<{k.upper()}>" if k.endswith("_token") else v for k, v in d.items()}
 
 
 _FIELDS = {f.name for f in dataclasses.fields(GRPOConfig)}  # the dataclass fields (the CLI and its tests read them)

@@ -1,8 +1,8 @@
-"""TRL 1.16 `GRPOConfig` fields that fastgrpo does not keep as its own: accepted or refused.
+"""TRL 1.16 `GRPOConfig` fields that fastgrpo does not honour as its own: accepted or refused.
 
-`GRPOConfig` (config/grpo_config.py) honours most of TRL's fields as dataclass fields. The
+`GRPOConfig` (config/grpo_config.py) honours most of TRL's fields. The
 rest of TRL's `GRPOConfig` (the ~190 fields it has with the
-`transformers.TrainingArguments` it inherits) is listed here, each with TRL's
+`transformers.TrainingArguments` it inherits) is listed here (`TRL_FIELDS`), each with TRL's
 default and the values that describe what fastgrpo does anyway:
 
 - `ANY`: the field changes nothing a fastgrpo run computes (names, hub and
@@ -11,9 +11,12 @@ default and the values that describe what fastgrpo does anyway:
 - a tuple: the values fastgrpo already behaves as; any other value raises a
   `ValueError` naming the field and what to do instead.
 
+`TrlFields` is the table as a dataclass, GRPOConfig's base: each entry is a real field, typed as TRL
+types it (so transformers' `HfArgumentParser` and TRL's `TrlParser` parse `--run_name x`, `--use_cpu true`
+or a YAML `log_level: info` as for TRL's GRPOConfig, and `to_dict()` keeps them), with TRL's default;
+GRPOConfig.__post_init__ then checks each value with `check_trl_field`, from Python or from a parser alike.
 A name in neither config/grpo_config.py nor this table keeps config/grpo_config.py's `TypeError`
-naming the closest field. Accepted values are kept and read back as
-attributes (`args.run_name`), with TRL's default when not given.
+naming the closest field.
 
 Not here: fields fastgrpo honours (config/grpo_config.py), warnings about combinations
 (config/grpo_config.py, where the fields live).
@@ -21,13 +24,14 @@ Not here: fields fastgrpo honours (config/grpo_config.py), warnings about combin
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 ANY = object()  # sentinel: every value is accepted
 
 
 class TrlField(NamedTuple):
-    """One TRL field fastgrpo does not keep: TRL's default, the accepted values, what to do instead."""
+    """One TRL field fastgrpo does not honour: TRL's default, the accepted values, what to do instead."""
 
     default: object
     accepts: object  # ANY or a tuple of accepted values
@@ -35,6 +39,9 @@ class TrlField(NamedTuple):
 
 
 _ENGINE = "fastgrpo samples with its own sampler, transformers generate or vLLM (use_vllm=True); remove it"
+# transformers' `trainer_log_levels` (TrainingArguments' choices for log_level and log_level_replica).
+LOG_LEVELS = ("passive", "detail", "debug", "info", "warning", "error", "critical")
+_LOG_LEVEL = f"use one of {', '.join(LOG_LEVELS)} (transformers' log levels)"
 _ACCELERATE = "configure it with `accelerate launch --config_file …` (examples/accelerate/); remove it here"
 
 TRL_FIELDS: dict[str, TrlField] = {
@@ -61,8 +68,8 @@ TRL_FIELDS: dict[str, TrlField] = {
     "log_on_each_node": TrlField(True, ANY),
     "logging_nan_inf_filter": TrlField(True, ANY),
     "include_num_input_tokens_seen": TrlField("no", ("no", False), "token counts are logged as generation/train tokens per second; remove it"),
-    "log_level": TrlField("passive", ANY),
-    "log_level_replica": TrlField("warning", ANY),
+    "log_level": TrlField("passive", LOG_LEVELS, _LOG_LEVEL),  # TrainingArguments' choices (get_process_log_level reads them)
+    "log_level_replica": TrlField("warning", LOG_LEVELS, _LOG_LEVEL),
     "run_name": TrlField(None, ANY),
     "project": TrlField("huggingface", ANY),
     "trackio_space_id": TrlField(None, ANY),
@@ -97,7 +104,6 @@ TRL_FIELDS: dict[str, TrlField] = {
     "resume_from_checkpoint": TrlField(None, ANY),  # read by scripts, passed to train() (as in transformers)
     # --- determinism, devices, distribution --------------------------------------------
     "full_determinism": TrlField(False, (False,), "call torch.use_deterministic_algorithms(True) in your script"),
-    "use_cpu": TrlField(False, (False,), "hide the GPUs (CUDA_VISIBLE_DEVICES=) to train on the CPU"),
     "accelerator_config": TrlField(None, (None,), _ACCELERATE),
     "parallelism_config": TrlField(None, (None,), _ACCELERATE),
     "fsdp": TrlField(None, (None, ""), _ACCELERATE),
@@ -110,7 +116,7 @@ TRL_FIELDS: dict[str, TrlField] = {
     "ddp_backend": TrlField(None, ANY),  # accelerate picks nccl/gloo
     "ddp_timeout": TrlField(1800, ANY),
     "local_rank": TrlField(-1, ANY),
-    "debug": TrlField("", ("", []), "remove it"),
+    "debug": TrlField("", ("", [], None), "remove it"),  # None: what HfArgumentParser gives when --debug is not given (TRL's too)
     "do_train": TrlField(False, ANY),
     "do_eval": TrlField(False, ANY),
     "do_predict": TrlField(False, ANY),
@@ -136,6 +142,48 @@ TRL_FIELDS: dict[str, TrlField] = {
     "transformers_continuous_batching_config": TrlField(None, ANY),
     "use_transformers_paged": TrlField(False, (False,), _ENGINE),
 }
+
+
+# TRL 1.16's annotations of the fields above whose default (None, 0, "") does not show the type, as
+# `HfArgumentParser` reads them: `str | bool` is a bool flag, `str | list[str] | None` a list one, and a
+# transformers enum (IntervalStrategy | str) or accelerate class (ParallelismConfig | None) is plain text here,
+# so that config/ imports neither. tests/test_trl_fields.py compares each flag with TRL's.
+TRL_TYPES = {
+    "optim_target_modules": None | str | list[str], "tf32": bool | None, "torch_compile_backend": str | None,
+    "torch_compile_mode": str | None, "liger_kernel_config": dict | str | None, "neftune_noise_alpha": float | None,
+    "torch_empty_cache_steps": int | None, "include_num_input_tokens_seen": str | bool, "run_name": str | None,
+    "trackio_space_id": str | None, "trackio_bucket_id": str | None, "trackio_static_space_id": str | None,
+    "log_completions_hub_repo": str | None, "eval_delay": float, "eval_accumulation_steps": int | None,
+    "include_for_metrics": list[str], "hub_token": str | None, "hub_private_repo": bool | None, "hub_model_id": str | None,
+    "hub_revision": str | None, "resume_from_checkpoint": str | None, "accelerator_config": dict | str | None,
+    "parallelism_config": str | None, "fsdp": str | None, "fsdp_config": dict | str | None, "deepspeed": dict | str | None,
+    "ddp_find_unused_parameters": bool | None, "ddp_bucket_cap_mb": int | None, "ddp_broadcast_buffers": bool | None,
+    "ddp_static_graph": bool | None, "ddp_backend": str | None, "debug": None | str | list[str],
+    "dataloader_prefetch_factor": int | None, "dataloader_multiprocessing_context": str | None,
+    "remove_unused_columns": bool | None, "label_names": list[str] | None, "pad_to_multiple_of": int | str | None,
+    "cache_implementation": str | None, "vllm_structured_outputs_regex": str | None,
+    "transformers_continuous_batching_config": dict | str | None,
+}
+
+
+def _as_field(name: str, entry: TrlField) -> tuple[str, object, dataclasses.Field]:
+    """(name, TRL's type, a dataclass field with TRL's default and a help saying what fastgrpo does with the value)."""
+    kind = TRL_TYPES.get(name) or type(entry.default)  # bool, int, float or str: the default shows it
+    if entry.accepts is ANY:
+        says = "changes nothing fastgrpo computes; any value is accepted"
+    else:
+        says = f"fastgrpo accepts {' or '.join(repr(v) for v in entry.accepts)}; otherwise {entry.instead}"
+    default = {"default_factory": list} if entry.default == [] else {"default": entry.default}
+    return name, kind, dataclasses.field(**default, metadata={"help": f"TRL's field (default {entry.default!r}): {says}"})
+
+
+TrlFields = dataclasses.make_dataclass("TrlFields", [_as_field(name, entry) for name, entry in TRL_FIELDS.items()], kw_only=True)
+TrlFields.__module__ = __name__
+TrlFields.__doc__ = """GRPOConfig's base: TRL_FIELDS as keyword-only dataclass fields, so parsers and `to_dict()` see them.
+
+Keyword-only, so GRPOConfig's own fields keep TRL's positional order (`GRPOConfig("out")` is output_dir).
+The values are checked by GRPOConfig.__post_init__ (`check_trl_field`).
+"""
 
 
 def check_trl_field(name: str, value) -> None:

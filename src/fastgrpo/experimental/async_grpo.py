@@ -33,11 +33,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config import GRPOConfig
-from ..config.grpo_config import accepts_trl_fields
+from ..config.grpo_config import names_unknown_fields
 from ..trainer import GRPOTrainer
 
 
-@accepts_trl_fields
+@names_unknown_fields
 @dataclass
 class AsyncGRPOConfig(GRPOConfig):
     """`GRPOConfig` with TRL 1.16 `AsyncGRPOConfig`'s defaults and fields (module docstring: what each becomes).

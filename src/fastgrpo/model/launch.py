@@ -6,11 +6,12 @@ the environment before the `Accelerator` is built:
 
 - On a machine without GPUs, accelerate joins torchrun's processes into one
   gloo group only when asked for the CPU; otherwise every process believes it
-  is alone. `cpu_only()` says when to ask.
+  is alone. `cpu_only()` (config/training_args.py, where GRPOConfig's `device`
+  asks it too) says when to ask.
 - `accelerate launch --cpu --num_processes N` starts several CPU processes
   only through mpirun; without it, it runs the script once. `cpu_launch_error()`
   refuses that run, which would otherwise train on one process unnoticed.
-- A DeepSpeed config file on a machine without GPUs: accelerate then ignores it
+- A DeepSpeed config file for a CPU run (no GPUs, or use_cpu=True): accelerate then ignores it
   (the run would be plain DDP); `cpu_launch_error()` refuses it too.
 
 Not here: anything that communicates (accelerate and torch.distributed do).
@@ -20,29 +21,23 @@ from __future__ import annotations
 
 import os
 
-import torch
+from ..config.training_args import cpu_only
 
 # Variables a launcher sets in every process it starts (torchrun, MPI implementations).
 WORLD_SIZE_VARIABLES = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
 
 
-def cpu_only() -> bool:
-    """True on a machine without an accelerator device (CUDA, XPU, NPU, MPS, …)."""
-    accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6
-    return not (accelerator.is_available() if accelerator is not None else torch.cuda.is_available())
-
-
-def cpu_launch_error() -> str | None:
+def cpu_launch_error(cpu: bool) -> str | None:
     """A message when `accelerate launch --cpu --num_processes N>1` started this as its only process, or a
-    DeepSpeed config launched on a machine without GPUs; else None.
+    DeepSpeed config launched for a CPU run (`cpu`: use_cpu=True, or a machine without GPUs); else None.
 
     accelerate marks that request by setting ACCELERATE_USE_CPU and MASTER_ADDR
     for the one process it starts, without any world size.
     """
     env = os.environ
-    if env.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true" and cpu_only():
+    if env.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true" and cpu:
         return (
-            "a DeepSpeed launch on a machine without GPUs: accelerate ignores the DeepSpeed config on CPUs (the run "
+            "a DeepSpeed launch for a run on CPUs (use_cpu=True, or no GPUs): accelerate ignores the DeepSpeed config on CPUs (the run "
             "would be plain DDP) and fastgrpo's DeepSpeed path is untested; on CPUs shard with FSDP2 "
             "(accelerate launch --config_file examples/accelerate/fsdp.yaml) or launch without the DeepSpeed file."
         )

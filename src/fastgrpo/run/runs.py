@@ -33,8 +33,9 @@ STATE_FIELDS = (
     "importance_sampling_level", "temperature", "beta", "kl_estimator", "scale_rewards", "multi_objective_aggregation",
     "reward_weights", "seed", "shuffle_dataset", "lr_scheduler_type", "sync_ref_model",
 )
-# Fields that say nothing about a run's maths (where it writes, how it resumes, how many processes run it).
-IGNORED_FIELDS = ("output_dir", "overwrite_output_dir", "world_size")
+# Fields that say nothing about a run's maths (where it writes, how it resumes, how many processes run it;
+# resume_from_checkpoint: TRL's field scripts pass to train(), set when resuming).
+IGNORED_FIELDS = ("output_dir", "overwrite_output_dir", "world_size", "resume_from_checkpoint")
 
 
 def check_output_dir(output_dir: str) -> None:

@@ -33,7 +33,8 @@ from transformers import PreTrainedTokenizerBase, get_scheduler
 from . import runs
 from .allocator import keep_freed_memory, return_freed_memory
 from ..config import GRPOConfig
-from ..model.launch import cpu_launch_error, cpu_only
+from ..config.training_args import cpu_only
+from ..model.launch import cpu_launch_error
 from ..generation.weight_copy import GatheredCopy
 from ..model.sharding import broadcast_weights, fsdp_requested, is_sharded, shard
 from ..model.checkpointing import enable_gradient_checkpointing
@@ -52,7 +53,10 @@ TRACKER_AVAILABLE = {"tensorboard": is_tensorboard_available, "wandb": is_wandb_
 def build_accelerator(args: GRPOConfig) -> tuple[Accelerator, bool]:
     """The run's `Accelerator` (device, process group, trackers) and whether its products run in bf16.
 
-    bf16 is `precision.resolve_bf16`'s decision, printed as one notice line (main
+    The device is the CPU with `use_cpu=True` (TRL's field: `Accelerator(cpu=True)`, as TrainingArguments
+    sets up its state) or on a machine without GPUs, else the accelerator's; GRPOConfig's `device` and
+    `process_index` read the same accelerate state (config/training_args.py).
+    bf16 is `precision.resolve_bf16`'s decision for that device, printed as one notice line (main
     process) when `args.bf16` is None; the autocast is fastgrpo's (precision.py).
     On a CPU device it also sets glibc's malloc thresholds for the process (allocator.keep_freed_memory).
 
@@ -63,19 +67,20 @@ def build_accelerator(args: GRPOConfig) -> tuple[Accelerator, bool]:
             report_to that is not installed (accelerate would warn and log nowhere; transformers' Trainer raises).
     """
     a = args
-    if (launch_error := cpu_launch_error()) is not None:
+    cpu = a.use_cpu or cpu_only()
+    if (launch_error := cpu_launch_error(cpu)) is not None:
         raise ValueError(launch_error)
     missing = [t for t in a.report_to if t in TRACKER_AVAILABLE and not TRACKER_AVAILABLE[t]()]
     if missing:
         raise ValueError(f"report_to={a.report_to} but {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed: "
                          f"pip install {' '.join(missing)}, or report_to='none' (metrics.jsonl is written either way).")
     runs.check_output_dir(a.output_dir)
-    bf16, notice = resolve_bf16(a.bf16, use_cuda=torch.cuda.is_available())
     # cpu=True without GPUs: only then does accelerate join torchrun's processes into one gloo group.
     # mixed_precision="no": the precision is GRPOConfig.bf16's (fastgrpo's own autocast), never a launcher
     # config's (`accelerate launch` with `mixed_precision: bf16` would autocast the prepared model), as Trainer
     # sets it from its arguments.
-    acc = Accelerator(cpu=cpu_only(), mixed_precision="no", log_with=a.report_to or None, project_dir=a.output_dir)
+    acc = Accelerator(cpu=cpu, mixed_precision="no", log_with=a.report_to or None, project_dir=a.output_dir)
+    bf16, notice = resolve_bf16(a.bf16, use_cuda=acc.device.type == "cuda")
     if a.report_to:  # TensorBoard/W&B through accelerate's trackers, under output_dir
         acc.init_trackers("fastgrpo", config={k: v for k, v in a.to_dict().items() if isinstance(v, (int, float, str, bool))})
     if acc.num_processes != a.world_size:
@@ -149,11 +154,12 @@ def load_policy(
         if a.sync_ref_model:
             raise ValueError("sync_ref_model=True under FSDP: π_ref's sharded copy is not saved in checkpoints; train without it, or without FSDP.")
         models = (policy, ref_model) if ref_model is not None else (policy,)
-        if cpu_only():  # accelerate makes no FSDP run on CPUs (it stays MULTI_CPU): shard as its plugin does on GPUs
+        on_cpu = accelerator.device.type == "cpu"  # use_cpu=True or no GPUs
+        if on_cpu:  # accelerate makes no FSDP run on CPUs (it stays MULTI_CPU): shard as its plugin does on GPUs
             for module in models:
                 broadcast_weights(module)  # process 0's weights everywhere, as DDP starts
         sampler_copy = GatheredCopy(policy, torch.bfloat16 if bf16 else None)  # before sharding: whole weights
-        if cpu_only():
+        if on_cpu:
             for module in models:
                 shard(module, bf16)
     eos = policy.generation_config.eos_token_id
