@@ -6,12 +6,11 @@ import json
 import logging
 
 import pytest
+import trl
 from transformers import HfArgumentParser
 
 from fastgrpo import GRPOConfig
 from fastgrpo.config.trl_fields import TRL_FIELDS
-
-trl = pytest.importorskip("trl")
 
 # README "Differences from TRL": fastgrpo's own defaults (and disable_tqdm, whose None TRL resolves per log level).
 OWN_DEFAULTS = {"disable_dropout", "gradient_checkpointing", "num_completions_to_print", "output_dir", "disable_tqdm"}
