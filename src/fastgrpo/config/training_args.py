@@ -1,6 +1,6 @@
 """`transformers.TrainingArguments`' methods and properties that TRL scripts call on their config, for `GRPOConfig`.
 
-TRL's example scripts (trl/scripts/grpo.py), open-r1's and the Hugging Face examples call these on the
+TRL's example scripts (`trl.scripts.grpo`), open-r1's and the Hugging Face examples call these on the
 config before a trainer exists: `with training_args.main_process_first(desc=...): ds = ds.map(...)`,
 `logger.setLevel(training_args.get_process_log_level())`, `training_args.device`, `.process_index`, … Each
 has transformers 5.19's meaning, read from accelerate's `PartialState` (the process group accelerate sets up,
