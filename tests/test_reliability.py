@@ -570,8 +570,8 @@ def test_an_empty_dict_of_eval_sets_is_refused_before_loading(tmp_path, prompts)
 
 def test_a_best_metric_evaluation_does_not_report_is_refused_before_loading(tmp_path, prompts):
     evals = {"easy": prompts.select(range(4)), "hard": prompts.select(range(4, 8))}
-    with pytest.raises(ValueError, match=r"metric_for_best_model='eval_rewrad': evaluation reports eval_easy_loss, eval_easy_reward, "
-                       r"eval_easy_rewards/reward_even_tokens/mean, .*, eval_hard_rewards/reward_even_tokens/std; use one of them\."):
+    with pytest.raises(ValueError, match=r"metric_for_best_model='eval_rewrad': did you mean 'eval_hard_reward'\? evaluation reports, for "
+                       r"eval_easy, eval_hard: _loss, _reward, _reward_std, .*, _entropy, .*, _rewards/reward_even_tokens/std; use one of them\."):
         GRPOTrainer(NOT_LOADED, reward_even_tokens, args=config(tmp_path, metric_for_best_model="eval_rewrad"), train_dataset=prompts,
                     eval_dataset=evals)
     for name in ("eval_hard_reward", "easy_rewards/reward_even_tokens/mean"):  # transformers' rule: "eval_" is added when missing

@@ -191,8 +191,9 @@ class TRLMethods:
                 prefixed `<prefix>_<name>_`); default: the trainer's eval_dataset.
             metric_key_prefix: "eval" gives eval_reward and eval_rewards/<fn>/mean (TRL's naming).
         Returns:
-            {"<prefix>_loss": TRL's eval-mode loss (ρ = 1; OptimizerStep.eval_loss), "<prefix>_reward": mean weighted
-            reward, "<prefix>_rewards/<fn>/mean" and "/std": each reward's}.
+            TRL's eval keys (run/evaluation.mean_rewards): "<prefix>_loss" (TRL's eval-mode loss, ρ = 1;
+            OptimizerStep.eval_loss), "<prefix>_reward", "_reward_std", "_rewards/<fn>/mean" and "/std",
+            "_completions/*", "_entropy", "_clip_ratio/*", "_runtime", "_samples_per_second", …, and "epoch".
         Raises:
             ValueError: no eval dataset here or in the trainer, or one of a kind evaluation cannot read.
         """
@@ -206,6 +207,9 @@ class TRLMethods:
             reward_weights=self.reward_weights, num_generations=G, batch_size=self.args.per_device_eval_batch_size,
             accelerator=self.accelerator, on_batch=self.events.prediction_step, loss=self.update.eval_loss,
         )
+        for set_name in sets:  # TRL's eval_num_tokens: the training count so far (its eval mode adds none)
+            metrics[f"{metric_key_prefix}{set_name[len('eval'):]}_num_tokens"] = self.state.num_input_tokens_seen
+        metrics["epoch"] = self.state.epoch  # Trainer's evaluate returns it (its log() adds it to the same dict)
         if self.metrics_log is not None:
             self.metrics_log.write({"step": self.step, **metrics})
         self.events.evaluate(metrics)

@@ -14,19 +14,31 @@ evaluation runs (`eval_strategy`, trainer.py), writing the metrics (metrics.py).
 
 from __future__ import annotations
 
+import difflib
+import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
+from transformers.trainer_utils import speed_metrics
 
-from .metrics import PhaseTimer, Window, reward_stats, rollout_metrics
+from .metrics import PhaseTimer, Window, rollout_metrics, window_record
 from ..rollout.record import Rollout
 
 # (rows, timer) → (rollout with Â, reward functions' log_extra columns): sampled and scored as for training.
 Sample = Callable[[list[dict], PhaseTimer], tuple[Rollout, dict]]
 
 
+ALWAYS_REPORTED = (  # eval keys every evaluation reports, whatever the loss; clip_ratio/* and kl follow the config
+    "loss", "reward", "reward_std", "frac_reward_zero_std", "frac_reward_none", "completions/mean_length", "completions/min_length",
+    "completions/max_length", "completions/clipped_ratio", "completions/mean_terminated_length", "completions/min_terminated_length",
+    "completions/max_terminated_length", "entropy", "runtime", "samples_per_second", "steps_per_second",
+)
+
+
 def eval_metric_names(set_names: Sequence[str], reward_names: list[str], metric_key_prefix: str = "eval") -> list[str]:
-    """The keys `mean_rewards` reports for these eval sets (each function's only when it applied to a completion).
+    """The keys `mean_rewards` always reports for these eval sets (each function's only when it applied to a completion;
+    clip_ratio/* and kl where the loss has them), as `metric_for_best_model` may name them.
 
     Args:
         set_names: "eval" or "eval_<name>" per set (dataset_kinds.eval_sets' keys).
@@ -36,7 +48,7 @@ def eval_metric_names(set_names: Sequence[str], reward_names: list[str], metric_
     names = []
     for set_name in set_names:
         prefix = metric_key_prefix + set_name[len("eval") :]
-        names += [f"{prefix}_loss", f"{prefix}_reward", *(f"{prefix}_rewards/{n}/{part}" for n in reward_names for part in ("mean", "std"))]
+        names += [f"{prefix}_{key}" for key in ALWAYS_REPORTED] + [f"{prefix}_rewards/{n}/{part}" for n in reward_names for part in ("mean", "std")]
     return names
 
 
@@ -53,15 +65,19 @@ def check_best_metric(metric_for_best_model: str | None, set_names: Sequence[str
     key = metric_for_best_model if metric_for_best_model.startswith("eval_") else f"eval_{metric_for_best_model}"
     names = eval_metric_names(set_names, reward_names)
     if key not in names:
-        raise ValueError(f"metric_for_best_model={metric_for_best_model!r}: evaluation reports {', '.join(names)}; use one of them.")
+        close = difflib.get_close_matches(key, names, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        keys = eval_metric_names(["eval"], reward_names, "")  # each set's keys without its prefix: "_loss", "_reward", …
+        raise ValueError(f"metric_for_best_model={metric_for_best_model!r}: {hint}evaluation reports, for {', '.join(set_names)}: "
+                         f"{', '.join(keys)}; use one of them.")
 
 
 def mean_rewards(
     sets: Mapping[str, Sequence[dict]], metric_key_prefix: str, sample: Sample, *, reward_names: list[str],
     reward_weights: torch.Tensor, num_generations: int, batch_size: int, accelerator, on_batch: Callable[[], None] = lambda: None,
-    loss: Callable[[Rollout], torch.Tensor] | None = None,
+    loss: Callable[[Rollout], tuple[torch.Tensor, dict]] | None = None,
 ) -> dict[str, float]:
-    """Mean weighted reward and each reward function's mean, per eval dataset, over all processes.
+    """TRL's eval metrics per eval dataset, over all processes: the rewards, completion lengths, the loss and its terms, speed.
 
     Args:
         sets: {"eval": rows} or {"eval_<name>": rows} (dataset_kinds.eval_sets); an iterable without
@@ -74,34 +90,44 @@ def mean_rewards(
         batch_size: per_device_eval_batch_size, completions per `sample` call (at least one prompt's G).
         accelerator: splits the rows and sums the metrics over processes.
         on_batch: called after each `sample` call (the trainer's on_prediction_step).
-        loss: a sampled batch → its 0-d loss (TRL's prediction_step); None: no loss.
+        loss: a sampled batch → its 0-d loss and metric sums (TRL's prediction_step; OptimizerStep.eval_loss); None: no loss.
     Returns:
-        {"<prefix>_loss": the batches' losses averaged over completions (with `loss`), "<prefix>_reward": mean weighted reward per completion (0.0 for none), "<prefix>_rewards/<fn>/mean"
-        and "/std": each function over the completions it applied to (not None; left out for none)} (TRL's names).
+        {"<prefix>_<key>"} with TRL's keys, as its eval mode logs them: loss (the batches' losses averaged over
+        completions, with `loss`), reward and reward_std (weighted, over the completions some function applied to),
+        rewards/<fn>/mean and /std (each over the completions it applied to; left out where it applied to none),
+        frac_reward_zero_std, completions/mean_length, min/max_length, clipped_ratio, mean/min/max_terminated_length,
+        entropy, clip_ratio/* and kl (with `loss`, as training logs them; `metrics.window_record`), and
+        transformers' runtime, samples_per_second and steps_per_second (`speed_metrics`: eval prompts, as transformers
+        counts len(eval_dataset), and sampled batches).
     """
     acc, prompts_per_call = accelerator, max(batch_size // num_generations, 1)
     metrics = {}
     for set_name, dataset in sets.items():
         prefix = metric_key_prefix + set_name[len("eval") :]  # "eval" or "eval_<name>" → "<prefix>[_<name>]" (as eval_metric_names)
+        start_time = time.time()
         dataset = dataset if hasattr(dataset, "__len__") else list(dataset)  # an IterableDataset: read through
         rows = [dataset[i] for i in range(acc.process_index, len(dataset), acc.num_processes)]
-        window = Window()  # the same keys on every process, even one without eval rows
-        for key in ["reward_sum", "completions", "loss_sum", "loss_completions"] + [f"rewards/{n}_{part}" for n in reward_names for part in ("sum", "sqsum", "count")]:
+        window = Window()
+        for key in ("completions", "loss_sum", "loss_completions"):  # the denominators, on a process without rows too
             window.add(key, 0.0)
         for start in range(0, len(rows), prompts_per_call):
             # No advantages (nothing trains on these); log_extra columns describe training rollouts only.
             rollout, _ = sample(rows[start : start + prompts_per_call], PhaseTimer())
-            values = rollout_metrics(rollout, reward_names, reward_weights, num_generations)
-            for key in list(window.sums):
-                if key in values:
-                    window.add(key, values[key])
+            window.record(rollout_metrics(rollout, reward_names, reward_weights, num_generations))
             if loss is not None:  # transformers' evaluation loop: each batch's loss repeated per sample, then the mean
-                window.add("loss_sum", float(loss(rollout)) * len(rollout))
+                value, terms = loss(rollout)
+                window.record(terms)
+                window.add("loss_sum", float(value) * len(rollout))
                 window.add("loss_completions", len(rollout))
             on_batch()
-        sums, _ = window.reduce(acc)
-        if loss is not None:
-            metrics[f"{prefix}_loss"] = sums["loss_sum"] / max(sums["loss_completions"], 1)
-        metrics[f"{prefix}_reward"] = sums["reward_sum"] / max(sums["completions"], 1)
-        metrics.update(reward_stats(sums, reward_names, f"{prefix}_rewards"))
+        window.align(acc)  # a process with fewer rows (or none) holds fewer keys
+        sums, extremes = window.reduce(acc)
+        record = window_record(0, sums, {k: v for k, v in extremes.items() if math.isfinite(v)}, {}, reward_names)
+        record.pop("step")
+        record.pop("truncated_prompts", None)  # not one of TRL's eval keys
+        head = {"loss": sums["loss_sum"] / max(sums["loss_completions"], 1)} if loss is not None else {}
+        record = {**head, "reward": 0.0, **record}  # reward 0.0 where no completion was scored (TRL's nanmean: NaN)
+        batches = math.ceil(sums["completions"] / max(batch_size * acc.num_processes, 1))
+        metrics.update({f"{prefix}_{k}": v for k, v in record.items()})
+        metrics.update(speed_metrics(prefix, start_time, num_samples=len(dataset), num_steps=batches))  # samples: prompts, as len(eval_dataset)
     return metrics

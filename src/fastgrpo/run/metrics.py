@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+from accelerate.utils import gather_object
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
@@ -83,6 +84,19 @@ class Window:
         """Each metric into its sum or its extreme, as `EXTREMES` declares."""
         for name, value in values.items():
             (self.extreme if name in EXTREMES else self.add)(name, value)
+
+    def align(self, accelerator) -> None:
+        """Give this window every key any process's window holds (a missing sum is 0, a missing min or max the
+        neutral ±inf, which `reduce` callers drop), so `reduce` lines the same names up on every process. One
+        object gather; nothing on one process."""
+        if accelerator.num_processes == 1:
+            return
+        for names in gather_object([sorted({*self.sums, *self.extremes})]):
+            for name in names:
+                if name in EXTREMES:
+                    self.extremes.setdefault(name, math.inf if EXTREMES[name] == "min" else -math.inf)
+                else:
+                    self.sums[name] += 0.0
 
     def reduce(self, accelerator) -> tuple[dict[str, float], dict[str, float]]:
         """(sums, extremes) over all processes: one all-reduce and one gather per call."""

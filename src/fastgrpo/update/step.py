@@ -247,8 +247,10 @@ class OptimizerStep:
         return StepResult(float(kl_old[0] / kl_old[1].clamp(min=1)), recorded, sums, grad_norm)
 
     @torch.no_grad()
-    def eval_loss(self, rollout: Rollout) -> torch.Tensor:
-        """TRL's eval-mode loss of one eval batch (0-d): `_compute_loss` with π_old = π_θ detached (ρ = 1), no accumulation.
+    def eval_loss(self, rollout: Rollout) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """TRL's eval-mode loss of one eval batch (0-d) and its metric sums: `_compute_loss` with π_old = π_θ detached
+        (ρ = 1), no accumulation. The sums are the training step's (the policy's entropy, clip fractions, β's KL, over
+        the batch's loss tokens; `grpo_loss`'s keys) but kl_old, which is 0 here by construction.
 
         `rollout` is the whole batch as one micro-batch (TRL's eval batch of per_device_eval_batch_size completions),
         with its Â (and π_ref's log-probs for the k3 KL). The loss terms are the training ones: the objective at ρ = 1
@@ -272,7 +274,8 @@ class OptimizerStep:
             )
         finally:
             self.model.train(was_training)
-        return out.loss + self.router.coef * stats.aux_loss if self.router.enabled else out.loss
+        metrics = {k: v for k, v in out.metrics.items() if k != "kl_old"} | {"entropy": masked_sum(stats.entropy.detach(), mask)}
+        return (out.loss + self.router.coef * stats.aux_loss if self.router.enabled else out.loss), metrics
 
     def loss_mask(self, mb: Rollout) -> torch.Tensor:
         """Completion tokens that carry loss; none for truncated ones when mask_truncated_completions (DAPO)."""
