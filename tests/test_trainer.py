@@ -325,4 +325,5 @@ def test_train_returns_trainers_summary_metrics_with_the_last_log(tmp_path, toke
     m = out.metrics  # a TRL script's `trainer.train().metrics["train_runtime"]` works; the last log's keys are there too
     assert m["train_loss"] == out.training_loss and m["train_runtime"] > 0 and m["epoch"] > 0
     assert m["train_steps_per_second"] == pytest.approx(2 / m["train_runtime"], rel=1e-3, abs=2e-3) and "reward" in m  # both rounded
+    assert m["train_samples_per_second"] == pytest.approx(2 * 4 * 2 / m["train_runtime"], rel=1e-3, abs=2e-3)  # steps × 4 × GA 2
 

@@ -179,10 +179,13 @@ class TrainerEvents:
     def train_end(self, training_loss: float, pending: dict | None = None) -> dict:
         """Log the run's summary (train_runtime, train_loss, as Trainer does) with the metrics of the steps since the
         last log (`pending`, as TRL's `log` merges them into it), and call on_train_end; → the summary (Trainer's
-        `TrainOutput.metrics` keys: train_runtime in seconds, train_steps_per_second, train_loss, epoch)."""
-        runtime = time.perf_counter() - self.started
-        summary = {"train_runtime": round(runtime, 4), "train_steps_per_second": round(self.state.global_step / max(runtime, 1e-9), 3),
-                   "train_loss": training_loss}
+        `TrainOutput.metrics` keys: train_runtime in seconds, train_samples_per_second (completions: the optimizer steps ×
+        per_device_train_batch_size × gradient_accumulation_steps × processes, as Trainer counts its batches),
+        train_steps_per_second, train_loss, epoch)."""
+        a, runtime = self.args, time.perf_counter() - self.started
+        samples = self.state.global_step * a.per_device_train_batch_size * a.gradient_accumulation_steps * a.world_size
+        summary = {"train_runtime": round(runtime, 4), "train_samples_per_second": round(samples / max(runtime, 1e-9), 3),
+                   "train_steps_per_second": round(self.state.global_step / max(runtime, 1e-9), 3), "train_loss": training_loss}
         self.log({**(pending or {}), **summary})
         self.control = self.handler.on_train_end(self.args, self.state, self.control)
         return {**summary, "epoch": self.state.epoch}
