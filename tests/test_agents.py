@@ -13,6 +13,7 @@ import re
 
 import numpy as np
 import pytest
+from jinja2 import TemplateError
 import torch
 from datasets import Dataset
 
@@ -169,6 +170,25 @@ def test_environment_get_reward_and_reset_observation_without_dataset(tmp_path, 
     rollout = trainer._collect()
     assert rollout.rewards[:, 0].tolist() == [3.0] * 4
     assert "<|im_start|>user\n Start at 0.<|im_end|>" in script.seen[0]  # reset's observation joins the user message
+
+
+class PartsEnv(ScoredEnv):
+    def reset(self, **kwargs):
+        self.counter = 0
+        return [{"type": "text", "text": " Start"}, {"type": "text", "text": " at 0."}]
+
+
+def test_a_reset_returning_content_parts_trains_with_the_chatml_tool_template(tmp_path, tokenizer, make_model):
+    """TRL joins a parts observation to the user message as parts; SmolLM2's template (and fastgrpo's ChatML tool template
+    that replaces it for tools) took text content only, so every such run failed at its first rollout. The tool template
+    now joins text parts, and names any other part (an image) as one a text-only model cannot take."""
+    trainer = GRPOTrainer(model=make_model(), reward_funcs=None, args=config(tmp_path, max_steps=1), processing_class=tokenizer,
+                          environment_factory=PartsEnv)
+    script = scripted(trainer, tokenizer, call='<tool_call>\n{"name": "increment", "arguments": {"step": 3}}\n</tool_call>')
+    assert trainer._collect().rewards[:, 0].tolist() == [3.0] * 4
+    assert "<|im_start|>user\n Start at 0.<|im_end|>" in script.seen[0]  # "" + " Start" + " at 0.", as text
+    with pytest.raises(TemplateError, match="a image content part: fastgrpo trains text-only models; give text parts"):
+        trainer.processing_class.apply_chat_template([{"role": "user", "content": [{"type": "image"}]}], tokenize=False)
 
 
 def test_environment_without_reset_is_refused(tmp_path, tokenizer, make_model, prompts):

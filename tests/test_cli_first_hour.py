@@ -270,6 +270,11 @@ def test_cli_refuses_a_run_in_the_way_before_the_model_loads_and_resumes_by_trls
     assert main([*base, "--model", str(model_dir), "--max_steps", "2", "--output_dir", "run", "--resume_from_checkpoint", "true"]) == 0
     with open(tmp_path / "run" / "metrics.jsonl") as f:
         assert [json.loads(line)["step"] for line in f] == [1, 2]
+    # …and from a TrlParser-style YAML file, where `true` is a bool (it was refused: "expected str or null").
+    (tmp_path / "resume.yaml").write_text("resume_from_checkpoint: true\n")
+    assert main([*base, "--model", str(model_dir), "--max_steps", "3", "--output_dir", "run", "--config", "resume.yaml"]) == 0
+    with open(tmp_path / "run" / "metrics.jsonl") as f:
+        assert [json.loads(line)["step"] for line in f] == [1, 2, 3]
 
 
 def test_ctrl_c_before_training_is_one_line_and_the_shells_code(tmp_path, monkeypatch, capsys):

@@ -8,6 +8,7 @@ import copy
 import errno
 import functools
 import json
+import math
 import os
 import shutil
 import signal
@@ -574,9 +575,30 @@ def test_a_best_metric_evaluation_does_not_report_is_refused_before_loading(tmp_
                        r"eval_easy, eval_hard: _loss, _reward, _reward_std, .*, _entropy, .*, _rewards/reward_even_tokens/std; use one of them\."):
         GRPOTrainer(NOT_LOADED, reward_even_tokens, args=config(tmp_path, metric_for_best_model="eval_rewrad"), train_dataset=prompts,
                     eval_dataset=evals)
-    for name in ("eval_hard_reward", "easy_rewards/reward_even_tokens/mean"):  # transformers' rule: "eval_" is added when missing
-        with pytest.raises(ValueError, match="does not exist"):  # past the check, at the model it must not load
-            GRPOTrainer(NOT_LOADED, reward_even_tokens, args=config(tmp_path, metric_for_best_model=name), train_dataset=prompts, eval_dataset=evals)
+    for name, fields in (("eval_hard_reward", {}), ("easy_rewards/reward_even_tokens/mean", {}), ("eval_easy_entropy", {}),
+                         ("eval_hard_num_tokens", {}), ("eval_easy_clip_ratio/region_mean", {}), ("eval_easy_kl", {"beta": 0.1})):
+        with pytest.raises(ValueError, match="does not exist"):  # past the check ("eval_" added when missing), at the model it must not load
+            GRPOTrainer(NOT_LOADED, reward_even_tokens, args=config(tmp_path, metric_for_best_model=name, **fields), train_dataset=prompts,
+                        eval_dataset=evals)
+    with pytest.raises(ValueError, match="did you mean 'eval_easy_loss'"):  # no KL term at β = 0: not reported
+        GRPOTrainer(NOT_LOADED, reward_even_tokens, args=config(tmp_path, metric_for_best_model="eval_easy_kl"), train_dataset=prompts,
+                    eval_dataset=evals)
+
+
+def test_a_best_metric_of_a_reward_that_applied_to_no_eval_completion_is_nan_and_never_best(tmp_path, tokenizer, make_model, prompts):
+    """A reward returning None on every eval completion was left out of the eval metrics, so metric_for_best_model naming
+    it passed the check and then stopped the run at its first evaluation. TRL reports NaN (nanmean); transformers never
+    takes a NaN for the best. Both now hold: the run trains on, with no best metric."""
+    def train_only(completion_ids, trainer_state, **kw):
+        return [None] * len(completion_ids) if trainer_state.global_step == 0 or kw.get("n") is None else reward_even_tokens(completion_ids)
+
+    evals = [{"prompt": row["prompt"]} for row in prompts.select(range(2))]  # no "n" column: the reward applies to none
+    args = config(tmp_path, max_steps=2, eval_strategy="steps", eval_steps=1, metric_for_best_model="eval_rewards/train_only/mean")
+    trainer = GRPOTrainer(make_model(), train_only, args=args, train_dataset=prompts, eval_dataset=evals, processing_class=tokenizer)
+    trainer.train()
+    logged = [r for r in trainer.state.log_history if "eval_rewards/train_only/mean" in r]
+    assert len(logged) == 2 and all(math.isnan(r["eval_rewards/train_only/mean"]) for r in logged)
+    assert trainer.state.best_metric is None and trainer.state.global_step == 2
 
 
 class PatientStopping(EarlyStoppingCallback):

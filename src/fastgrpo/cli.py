@@ -40,6 +40,7 @@ import typing
 import warnings
 
 from .config import GRPOConfig
+from .config.checks import ALSO_ACCEPTED
 from .config.flags import FIELD_HELP, one_line_error
 from .config.trl_fields import TRL_FIELDS
 
@@ -179,6 +180,7 @@ def check_types(values: dict, source: str) -> None:
             continue  # an unknown name: GRPOConfig refuses it, naming the closest field
         kinds = typing.get_args(hints[name]) if typing.get_origin(hints[name]) in (typing.Union, types.UnionType) else (hints[name],)
         kinds = tuple(typing.get_origin(k) or k for k in kinds) + ((str,) if name == "lora_target_modules" else ())  # list[float] → list; peft also takes text ("all-linear", a regex), as TRL passes it
+        kinds += ALSO_ACCEPTED.get(name, ())
         fits = any(_fits(value, kind) for kind in kinds)
         if not fits:
             expected = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)

@@ -116,7 +116,7 @@ def check_types(c, hints: dict) -> None:
     """
     for f in dataclasses.fields(c):
         kinds = _simple_types(hints[f.name])
-        kinds = kinds and kinds + _ALSO_ACCEPTED.get(f.name, ())
+        kinds = kinds and kinds + ALSO_ACCEPTED.get(f.name, ())
         value = getattr(c, f.name)
         if kinds is None or (value is None and type(None) in kinds):
             continue
@@ -338,7 +338,10 @@ def warn_like_trl(c) -> None:
         )
 
 
-_ALSO_ACCEPTED = {"scale_rewards": (bool,)}
+ALSO_ACCEPTED = {  # types a field takes beside its annotation (which HfArgumentParser needs to be one type)
+    "scale_rewards": (bool,),  # TRL's older spelling
+    "resume_from_checkpoint": (bool,),  # a TrlParser YAML `true`/`false` stays a bool: Trainer.train(True) resumes the latest
+}
 
 
 def _simple_types(annotation) -> tuple | None:

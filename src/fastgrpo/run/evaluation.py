@@ -23,36 +23,46 @@ import torch
 from transformers.trainer_utils import speed_metrics
 
 from .metrics import PhaseTimer, Window, rollout_metrics, window_record
+from ..algo.clip_metrics import CLIPPED_LOSS_TYPES
 from ..rollout.record import Rollout
 
 # (rows, timer) → (rollout with Â, reward functions' log_extra columns): sampled and scored as for training.
 Sample = Callable[[list[dict], PhaseTimer], tuple[Rollout, dict]]
 
 
-ALWAYS_REPORTED = (  # eval keys every evaluation reports, whatever the loss; clip_ratio/* and kl follow the config
+ALWAYS_REPORTED = (  # eval keys every evaluation reports, whatever the loss (`loss_keys` adds the loss's own)
     "loss", "reward", "reward_std", "frac_reward_zero_std", "frac_reward_none", "completions/mean_length", "completions/min_length",
     "completions/max_length", "completions/clipped_ratio", "completions/mean_terminated_length", "completions/min_terminated_length",
-    "completions/max_terminated_length", "entropy", "runtime", "samples_per_second", "steps_per_second",
+    "completions/max_terminated_length", "entropy", "num_tokens", "runtime", "samples_per_second", "steps_per_second",
 )
 
 
-def eval_metric_names(set_names: Sequence[str], reward_names: list[str], metric_key_prefix: str = "eval") -> list[str]:
-    """The keys `mean_rewards` always reports for these eval sets (each function's only when it applied to a completion;
-    clip_ratio/* and kl where the loss has them), as `metric_for_best_model` may name them.
+def loss_keys(loss_type: str, beta: float) -> tuple[str, ...]:
+    """The eval keys the loss adds (as training logs them): TRL's clip_ratio/* for the clipped losses, cispo_clip_ratio
+    for cispo, kl with β > 0."""
+    clip = ("clip_ratio/low_mean", "clip_ratio/low_min", "clip_ratio/high_mean", "clip_ratio/high_max", "clip_ratio/region_mean")
+    clipped = clip if loss_type in CLIPPED_LOSS_TYPES else ("cispo_clip_ratio",) if loss_type == "cispo" else ()
+    return (*clipped, *(("kl",) if beta > 0 else ()))
+
+
+def eval_metric_names(set_names: Sequence[str], reward_names: list[str], metric_key_prefix: str = "eval", extra: Sequence[str] = ()) -> list[str]:
+    """The keys `mean_rewards` reports for these eval sets, as `metric_for_best_model` may name them.
 
     Args:
         set_names: "eval" or "eval_<name>" per set (dataset_kinds.eval_sets' keys).
-        reward_names: the reward functions' log names.
+        reward_names: the reward functions' log names (each function's mean and std: NaN where it applied to no completion).
         metric_key_prefix: replaces "eval" in each set's name.
+        extra: the loss's keys (`loss_keys`).
     """
     names = []
     for set_name in set_names:
         prefix = metric_key_prefix + set_name[len("eval") :]
-        names += [f"{prefix}_{key}" for key in ALWAYS_REPORTED] + [f"{prefix}_rewards/{n}/{part}" for n in reward_names for part in ("mean", "std")]
+        names += [f"{prefix}_{key}" for key in (*ALWAYS_REPORTED, *extra)]
+        names += [f"{prefix}_rewards/{n}/{part}" for n in reward_names for part in ("mean", "std")]
     return names
 
 
-def check_best_metric(metric_for_best_model: str | None, set_names: Sequence[str], reward_names: list[str]) -> None:
+def check_best_metric(metric_for_best_model: str | None, set_names: Sequence[str], reward_names: list[str], extra: Sequence[str] = ()) -> None:
     """Refuse a `metric_for_best_model` no evaluation of these sets reports, before the model loads.
 
     transformers' rule: a name without the "eval_" prefix gets it (`reward` → `eval_reward`).
@@ -63,11 +73,11 @@ def check_best_metric(metric_for_best_model: str | None, set_names: Sequence[str
     if metric_for_best_model is None:
         return
     key = metric_for_best_model if metric_for_best_model.startswith("eval_") else f"eval_{metric_for_best_model}"
-    names = eval_metric_names(set_names, reward_names)
+    names = eval_metric_names(set_names, reward_names, extra=extra)
     if key not in names:
         close = difflib.get_close_matches(key, names, n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
-        keys = eval_metric_names(["eval"], reward_names, "")  # each set's keys without its prefix: "_loss", "_reward", …
+        keys = eval_metric_names(["eval"], reward_names, "", extra)  # each set's keys without its prefix: "_loss", "_reward", …
         raise ValueError(f"metric_for_best_model={metric_for_best_model!r}: {hint}evaluation reports, for {', '.join(set_names)}: "
                          f"{', '.join(keys)}; use one of them.")
 
@@ -94,7 +104,7 @@ def mean_rewards(
     Returns:
         {"<prefix>_<key>"} with TRL's keys, as its eval mode logs them: loss (the batches' losses averaged over
         completions, with `loss`), reward and reward_std (weighted, over the completions some function applied to),
-        rewards/<fn>/mean and /std (each over the completions it applied to; left out where it applied to none),
+        rewards/<fn>/mean and /std (each over the completions it applied to; NaN where it applied to none, as TRL),
         frac_reward_zero_std, completions/mean_length, min/max_length, clipped_ratio, mean/min/max_terminated_length,
         entropy, clip_ratio/* and kl (with `loss`, as training logs them; `metrics.window_record`), and
         transformers' runtime, samples_per_second and steps_per_second (`speed_metrics`: eval prompts, as transformers
@@ -127,6 +137,9 @@ def mean_rewards(
         record.pop("truncated_prompts", None)  # not one of TRL's eval keys
         head = {"loss": sums["loss_sum"] / max(sums["loss_completions"], 1)} if loss is not None else {}
         record = {**head, "reward": 0.0, **record}  # reward 0.0 where no completion was scored (TRL's nanmean: NaN)
+        for name in reward_names:  # a function that applied to no eval completion: NaN, as TRL's nanmean gives
+            record.setdefault(f"rewards/{name}/mean", math.nan)
+            record.setdefault(f"rewards/{name}/std", math.nan)
         batches = math.ceil(sums["completions"] / max(batch_size * acc.num_processes, 1))
         metrics.update({f"{prefix}_{k}": v for k, v in record.items()})
         metrics.update(speed_metrics(prefix, start_time, num_samples=len(dataset), num_steps=batches))  # samples: prompts, as len(eval_dataset)

@@ -24,7 +24,7 @@ from ..config import GRPOConfig
 from .callbacks import check_callbacks, check_early_stopping
 from .dataset_kinds import check_train_dataset, eval_sets
 from .datasets import prompt_shapes
-from .evaluation import check_best_metric
+from .evaluation import check_best_metric, loss_keys
 from .runs import run_setup
 from ..rollout.group_filter import resolve_filter
 from ..model.peft_checks import check_peft_inputs
@@ -137,7 +137,7 @@ def check_trainer_inputs(
         for name, rows in named_sets:
             check_reward_arguments(resolved, reward_names(resolved), rows, name, agents.environments is not None)
     if sets is not None:  # without eval sets it is read only by evaluate(eval_dataset=…), whose sets are not known here
-        check_best_metric(a.metric_for_best_model, list(sets), reward_names(resolved))
+        check_best_metric(a.metric_for_best_model, list(sets), reward_names(resolved), loss_keys(a.loss_type, a.beta))
     check_peft_inputs(model, peft_config, a.sync_ref_model)
     pair = check_optimizers(optimizers, model, peft_config)
     if pair[1] is None:

@@ -61,7 +61,12 @@ CHATML_TOOLS_TEMPLATE = (
     "{{- '\\n<tool_response>\\n' + (message['content'] | string) + '\\n</tool_response>' }}"
     "{%- if loop.last or rest[loop.index0 + 1]['role'] != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
     "{%- else %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' }}"
+    "{%- if message['content'] is string %}{{- message['content'] }}{%- else %}{%- for part in message['content'] %}"  # text parts joined
+    "{%- if part['type'] == 'text' %}{{- part['text'] }}{%- else %}{{- raise_exception('a ' + part['type'] + ' content part: "
+    "fastgrpo trains text-only models; give text parts ({\"type\": \"text\", \"text\": ...}) or a str') }}{%- endif %}"
+    "{%- endfor %}{%- endif %}"
+    "{{- '<|im_end|>\\n' }}"
     "{%- endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
