@@ -342,17 +342,21 @@ def test_rollout_func_output_reaches_rewards_with_env_mask(tmp_path, tokenizer, 
         calls.append(len(prompts))
         N = len(prompts)
         return {"prompt_ids": [[5, 6, 7]] * N, "completion_ids": [[8, 9, 10, tokenizer.eos_token_id]] * N,
-                "logprobs": [[-1.0] * 4] * N, "env_mask": [[1, 0, 0, 1]] * N, "turns": [2] * N}
+                "logprobs": [[-1.0] * 4] * N, "env_mask": [[1, 0, 0, 1]] * N, "turns": [2] * N, "answer": extra_answer[0]}
 
-    def reward(completions, turns, **kwargs):
-        seen["turns"] = turns
+    def reward(completions, turns, answer, **kwargs):
+        seen["turns"], seen["answer"] = turns, answer
         return [1.0] * len(completions)
 
+    extra_answer = [7]  # not a list: every completion gets it (TRL's broadcast; it reached the rewards as a bare 7)
     trainer = GRPOTrainer(model=make_model(), reward_funcs=reward, args=config(tmp_path), train_dataset=prompts,
                           processing_class=tokenizer, rollout_func=rollout_func)
     rollout = trainer._collect()
-    assert calls == [4] and seen["turns"] == [2] * 4  # B = 2 prompts, each G = 2 times
+    assert calls == [4] and seen["turns"] == [2] * 4 and seen["answer"] == [7] * 4  # B = 2 prompts, each G = 2 times
     assert rollout.model_mask()[0].tolist() == [1, 0, 0, 1] and not rollout.is_truncated.any()
+    extra_answer[0] = [7]  # a list of 1 for 4 completions: TRL gave the first row 7 and the others nothing
+    with pytest.raises(ValueError, match=r"rollout_func returned 1 values under 'answer' for 4 prompts; return one per prompt received"):
+        trainer._collect()
 
 
 def test_rollout_func_gets_each_prompt_num_generations_times_as_trl_1_16_does(tmp_path, tokenizer, make_model):
@@ -409,6 +413,8 @@ def test_rollout_func_gets_each_prompt_num_generations_times_as_trl_1_16_does(tm
     ({"prompt_ids": [[[1]]] * 4, "completion_ids": [[2]] * 4, "logprobs": [[0.0]] * 4}, r"prompt_ids\[0\] is \[\[1\]\]"),
     ({"prompt_ids": [1] * 4, "completion_ids": [[2]] * 4, "logprobs": [[0.0]] * 4}, r"prompt_ids\[0\] is 1; give a list"),
     ({"prompt_ids": [[1]] * 4, "completion_ids": [[]] * 4, "logprobs": [[]] * 4}, "no completion token in any of its rows"),
+    ({"prompt_ids": [[1]] * 4, "completion_ids": ([2] for _ in range(4)), "logprobs": [[0.0]] * 4},  # was "generator has no len()"
+     r"returned completion_ids of type generator; return a list \(one entry per prompt received\), e.g. list\(...\) around a generator"),
 ])
 def test_rollout_func_bad_output_is_a_clear_error(tmp_path, tokenizer, make_model, prompts, output, message):
     trainer = GRPOTrainer(model=make_model(), reward_funcs=lambda completions, **k: [0.0] * len(completions), args=config(tmp_path),

@@ -145,6 +145,9 @@ def test_chat_prompts_the_template_cannot_render_are_refused_before_the_model_lo
         build(bare, train_dataset=prompts)
     with pytest.raises(ValueError, match="does not exist"):  # text prompts need no template: the check passes, the model load fails
         build(bare, train_dataset=Dataset.from_list([{"prompt": f"Count to {i}."} for i in range(4)]))
+    odd = [{"prompt": [{"role": "user", "content": [{"type": ["text"], "text": "Hi."}]}]}]  # an unhashable part type: a kind too
+    with pytest.raises(ValueError, match=r"^train_dataset row 0: the chat template cannot render"):  # was "unhashable type: 'list'"
+        build(tokenizer, train_dataset=odd)
     encode = PromptEncoder(tokenizer, None)  # a row no sample covered (a stream's later rows) is named when its rollout renders it
     with pytest.raises(ValueError, match=r"^a prompt: the chat template cannot render .*its content is a list of parts"):
         encode([text(0), parts(1)])
@@ -514,6 +517,11 @@ def test_second_ctrl_c_aborts_at_once():
     ("learning_rate", float("inf"), "learning_rate=inf: give a finite number"),
     ("beta", float("nan"), "beta=nan: give a finite number"),
     ("reward_weights", [1.0, float("nan")], "every value must be a finite number"),
+    # found by the session-23 sweep: a TypeError from inside fastgrpo ("got multiple values for keyword argument"), a bare
+    # "'NoneType' object is not iterable" for TRL's report_to=None (now "none"), a contradictory message for ["none", …]
+    ("chat_template_kwargs", {"add_generation_prompt": False}, "chat_template_kwargs holds 'add_generation_prompt', which fastgrpo passes"),
+    ("chat_template_kwargs", '{"tools": "x", "enable_thinking": false}', "chat_template_kwargs holds 'tools', which"),
+    ("report_to", ["none", "tensorboard"], "'tensorboard'.: 'none' means no tracker; give it alone"),
 ])
 def test_config_values_of_the_wrong_type_or_not_finite_name_the_field(tmp_path, field, value, error):
     with pytest.raises((TypeError, ValueError), match=error.replace("(", r"\(").replace(")", r"\)")):
@@ -523,6 +531,7 @@ def test_config_values_of_the_wrong_type_or_not_finite_name_the_field(tmp_path, 
 def test_config_keeps_trls_bool_spelling_and_an_int_for_a_float(tmp_path):
     args = config(tmp_path, scale_rewards=False, learning_rate=1, max_grad_norm=float("inf"))  # inf: no clipping
     assert args.scale_rewards == "none" and args.learning_rate == 1
+    assert config(tmp_path, report_to=None).report_to == []  # transformers 5: None reports to no tracker
 
 
 def test_a_reward_argument_no_dataset_column_fills_is_refused_before_loading(tmp_path, prompts):

@@ -217,3 +217,14 @@ def test_a_reward_tokenizer_that_cannot_render_the_chat_prompts_is_refused_befor
                        r"has no chat template: .*reward_processing_classes for a reward model"):
         GRPOTrainer("./this-model-must-not-be-loaded", reward_funcs=tiny_reward_model(tokenizer), reward_processing_classes=bare,
                     args=GRPOConfig(output_dir=str(tmp_path), report_to=[]), train_dataset=prompts)
+
+
+def test_a_continued_assistant_message_given_as_parts_takes_the_completion_as_one_more_part():
+    """`conversation` appended the completion's text to the last message's content: list + str raised a bare TypeError
+    in the reward model's check (and at scoring)."""
+    from fastgrpo.rollout.prompts import conversation
+
+    prompt = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": [{"type": "text", "text": "Hel"}]}]
+    assert conversation(prompt, [{"role": "assistant", "content": "lo"}])[-1]["content"] == [
+        {"type": "text", "text": "Hel"}, {"type": "text", "text": "lo"}]
+    assert conversation(prompt[:1] + [{"role": "assistant", "content": "Hel"}], [{"role": "assistant", "content": "lo"}])[-1]["content"] == "Hello"

@@ -10,6 +10,9 @@ metrics file object.
 import json
 import os
 
+import numpy as np
+import pytest
+import torch
 import trl
 from datasets import Dataset
 from transformers import Trainer
@@ -58,7 +61,18 @@ def test_logged_learning_rate_is_the_one_each_step_used_and_num_tokens_counts_as
     trainer.log({"my_metric": 2.5})  # Trainer.log: log_history with epoch and step, metrics.jsonl, on_log
     assert trainer.state.log_history[-1] == {"my_metric": 2.5, "epoch": trainer.state.epoch, "step": 3}
     assert read_metrics(args.output_dir)[-1] == {"step": 3, "my_metric": 2.5}
+    trainer.log({"step": 99, "tensor": torch.tensor(1.5), "numpy": np.float32(0.25)})  # Trainer sets the step; numbers as numbers
+    assert read_metrics(args.output_dir)[-1] == {"step": 3, "tensor": 1.5, "numpy": 0.25}  # was 99, and a JSON TypeError
     trainer.end()
+
+
+def test_a_log_before_training_leaves_the_folder_to_the_run(tmp_path, tokenizer, make_model, prompts):
+    """trainer.log() before train() wrote metrics.jsonl, and train() then refused the folder as another run's."""
+    args = config(tmp_path, max_steps=1)
+    trainer = GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
+    trainer.log({"dataset_rows": 32})
+    assert trainer.state.log_history == [{"dataset_rows": 32, "epoch": 0.0, "step": 0}] and not os.path.exists(args.output_dir + "/metrics.jsonl")
+    assert trainer.train().global_step == 1
 
 
 def test_trls_attributes_read_the_runs_arguments(tmp_path, tokenizer, make_model, prompts):
@@ -74,18 +88,22 @@ def test_trls_attributes_read_the_runs_arguments(tmp_path, tokenizer, make_model
     assert trainer.processing_class is trainer.tokenizer and trainer.lr_scheduler is trainer.scheduler
     assert trainer.model_wrapped is trainer.model and trainer.control is trainer.events.control
     assert trainer.callback_handler is trainer.events.handler
+    with pytest.raises(AttributeError, match=r"trainer.temperature = 0.5: fastgrpo reads temperature from the run's config once, when the "
+                       r"trainer is built, so setting it here would change nothing; give GRPOConfig\(temperature=…\) to a new trainer"):
+        trainer.temperature = 0.5  # TRL's plain attribute; a bare "property has no setter" named nothing
 
 
 def test_model_card_and_push_to_hub_offline(tmp_path, tokenizer, make_model, prompts, monkeypatch):
     """create_model_card writes README.md with huggingface_hub's metadata; push_to_hub saves the model first, then
     fails in huggingface_hub's own words offline (no hub is reachable here), as Trainer's does."""
     import huggingface_hub
-    import pytest
     from huggingface_hub.errors import OfflineModeIsEnabled
 
     args = config(tmp_path, max_steps=1, gradient_accumulation_steps=1, hub_model_id="me/tiny-grpo")
     trainer = GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
     trainer.train()
+    with pytest.raises(TypeError, match=r"tags=5: give a tag \(str\) or a list of them"):
+        trainer.create_model_card(tags=5)
     trainer.create_model_card(dataset_name="counting", tags="tiny")
     card = huggingface_hub.ModelCard.load(os.path.join(args.output_dir, "README.md"))
     assert card.data.tags == ["fastgrpo", "grpo", "tiny"] and card.data.datasets == ["counting"]

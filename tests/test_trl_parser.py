@@ -138,3 +138,11 @@ def test_use_cpu_with_vllm_where_a_gpu_is_is_refused(monkeypatch):
         GRPOConfig(use_vllm=True, vllm_mode="server", use_cpu=True)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert GRPOConfig(use_vllm=True, use_cpu=True).use_cpu  # without a GPU vLLM's CPU build samples where the policy trains
+
+
+def test_to_json_string_writes_a_dtype_by_name_as_trl():
+    """model_init_kwargs={"dtype": torch.bfloat16} (TRL's documented way to load in bf16): json.dumps raised on the dtype."""
+    import torch
+
+    text = GRPOConfig(model_init_kwargs={"dtype": torch.bfloat16}).to_json_string()
+    assert json.loads(text)["model_init_kwargs"] == {"dtype": "bfloat16"}

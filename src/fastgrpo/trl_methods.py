@@ -86,19 +86,28 @@ class TRLMethods:
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """Trainer's `log`: a record of the caller's values at the current step, to state.log_history (with epoch and
-        step), metrics.jsonl and the callbacks' on_log (the trackers among them). `start_time` is accepted and unused:
-        Trainer adds throughput keys with it."""
-        if self.metrics_log is not None:
+        step), the callbacks' on_log (the trackers among them) and, once this run has trained a step, metrics.jsonl
+        (before that the folder is not yet this run's: a first write would make `train()` take it for another run's).
+        A "step" key is the current step, as Trainer sets it; a 0-d tensor or numpy number is logged as its Python
+        value. `start_time` is accepted and unused: Trainer adds throughput keys with it."""
+        logs = {k: v.item() if hasattr(v, "item") and getattr(v, "ndim", 1) == 0 else v for k, v in logs.items() if k != "step"}
+        if self.metrics_log is not None and self.step > 0:
             self.metrics_log.write({"step": self.step, **logs})
         self.events.log(logs)
 
     def create_model_card(self, model_name: str | None = None, dataset_name: str | None = None, tags: str | list[str] | None = None) -> None:
         """TRL's `create_model_card`: write README.md, a model card, into output_dir (main process): the base model,
         the dataset, tags ("fastgrpo", "grpo" and yours), the run's G, μ, β, learning rate and steps, and GRPO's
-        paper (Shao et al. 2024, arXiv 2402.03300). huggingface_hub renders its metadata."""
+        paper (Shao et al. 2024, arXiv 2402.03300). huggingface_hub renders its metadata.
+
+        Raises:
+            TypeError: tags that are neither a str nor a list of them.
+        """
         if not self.is_world_process_zero():
             return
         a, base = self.args, self.accelerator.unwrap_model(self.model).config._name_or_path or None
+        if tags is not None and not isinstance(tags, (str, list, tuple)):
+            raise TypeError(f"tags={tags!r}: give a tag (str) or a list of them.")
         tags = [tags] if isinstance(tags, str) else list(tags or [])
         data = ModelCardData(base_model=base, datasets=[dataset_name] if dataset_name else None, library_name="transformers",
                              model_name=model_name, tags=["fastgrpo", "grpo", *tags])
@@ -249,7 +258,13 @@ TRL_ARGS_ATTRIBUTES = (  # attributes TRL 1.16's GRPOTrainer copies from its arg
 
 
 def _args_attribute(name: str) -> property:
-    return property(lambda self: getattr(self.args, name), doc=f"TRL's `trainer.{name}`: the run's `args.{name}`.")
+    def refuse(self, value):
+        raise AttributeError(
+            f"trainer.{name} = {value!r}: fastgrpo reads {name} from the run's config once, when the trainer is built, so "
+            f"setting it here would change nothing; give GRPOConfig({name}=…) to a new trainer."
+        )
+
+    return property(lambda self: getattr(self.args, name), refuse, doc=f"TRL's `trainer.{name}`: the run's `args.{name}` (read-only).")
 
 
 for _name in TRL_ARGS_ATTRIBUTES:

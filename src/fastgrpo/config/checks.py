@@ -27,6 +27,9 @@ DICT_FIELDS = ("lr_scheduler_kwargs", "generation_kwargs", "chat_template_kwargs
                "model_init_kwargs")
 STRATEGIES = ("no", "steps", "epoch")  # save_strategy / eval_strategy (transformers' IntervalStrategy)
 TRACKERS = ("tensorboard", "wandb", "trackio", "all")
+# apply_chat_template's own arguments that the trainer sets (chat_template_kwargs carries the template's variables only)
+TEMPLATE_ARGUMENTS = {"conversation", "tools", "documents", "chat_template", "add_generation_prompt", "continue_final_message",
+                      "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask"}
 # generation_kwargs keys that are sampling settings of their own here (TRL passes them to the engine).
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 KL_ESTIMATORS = ("k3", "full")
@@ -234,6 +237,10 @@ def validate(c) -> None:
         need(getattr(c, name) in STRATEGIES, f"{name}={getattr(c, name)!r}: use one of {', '.join(STRATEGIES)}.")
     need(c.eval_steps is None or c.eval_steps > 0, f"eval_steps={c.eval_steps}: use a positive number of steps, or None.")
     check_checkpointing_kwargs(c.gradient_checkpointing_kwargs)
+    set_by_trainer = sorted(set(c.chat_template_kwargs or {}) & TEMPLATE_ARGUMENTS)
+    need(not set_by_trainer, f"chat_template_kwargs holds {', '.join(map(repr, set_by_trainer))}, which fastgrpo passes apply_chat_template "
+         "itself (the generation prompt, the tools, tokenising); keep only your template's own variables, e.g. {\"enable_thinking\": false}.")
+    need("none" not in c.report_to, f"report_to={c.report_to}: 'none' means no tracker; give it alone, or list the trackers without it.")
     for tracker in c.report_to:
         need(tracker in TRACKERS, f"report_to={tracker!r}: use 'none' or one of {', '.join(TRACKERS)}.")
 

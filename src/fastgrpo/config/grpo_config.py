@@ -51,7 +51,7 @@ def names_unknown_fields(cls):
             close = difflib.get_close_matches(name, sorted(fields), n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise TypeError(
-                f"GRPOConfig has no field {name!r}; {hint}fastgrpo takes TRL's GRPOConfig fields (README, \"Configuration\")."
+                f"{cls.__name__} has no field {name!r}; {hint}fastgrpo takes TRL's GRPOConfig fields (README, \"Configuration\")."
             )
         dataclass_init(self, *args, **kwargs)
 
@@ -234,6 +234,8 @@ class GRPOConfig(TrainingArgumentsMethods, TrlFields):
             self.scale_rewards = "group" if self.scale_rewards else "none"
         if self.epsilon_high is None:
             self.epsilon_high = 5.0 if self.loss_type == "cispo" else self.epsilon
+        if self.report_to is None:  # transformers 5: None reports to no tracker, as "none"
+            self.report_to = "none"
         if isinstance(self.report_to, str):
             self.report_to = [self.report_to]
         if self.report_to in (["none"], [""]):  # transformers' rule: "none" or ["none"] is no tracker

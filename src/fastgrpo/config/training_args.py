@@ -112,8 +112,9 @@ class TrainingArgumentsMethods:
             yield
 
     def to_json_string(self) -> str:
-        """`to_dict()` as indented JSON, as TrainingArguments.to_json_string."""
-        return json.dumps(self.to_dict(), indent=2)
+        """`to_dict()` as indented JSON, as TrainingArguments.to_json_string (a torch dtype, e.g. in model_init_kwargs, as
+        its name: "bfloat16", as transformers writes dtypes)."""
+        return json.dumps(self.to_dict(), indent=2, default=lambda v: str(v).removeprefix("torch."))
 
     def to_sanitized_dict(self) -> dict:
         """`to_dict()` plus train_batch_size and eval_batch_size, every value not a bool, int, float or str as its

@@ -67,7 +67,9 @@ def conversation(prompt: list, completion: list) -> list:
     """
     if not ends_with_assistant(prompt):
         return prompt + completion
-    return prompt[:-1] + [{**prompt[-1], "content": prompt[-1]["content"] + completion[-1]["content"]}]
+    last, text = prompt[-1]["content"], completion[-1]["content"]
+    content = last + [{"type": "text", "text": text}] if isinstance(last, list) else last + text  # content parts: one more text part
+    return prompt[:-1] + [{**prompt[-1], "content": content}]
 
 
 def apply_template(tokenizer, messages: list, where: str, **kwargs) -> str:

@@ -262,8 +262,8 @@ def prompt_shapes(dataset, limit: int = 32) -> list[tuple[int, list]]:
 
 
 def _content_kind(content) -> object:
-    if isinstance(content, list):
-        return tuple(part.get("type") if isinstance(part, dict) else type(part).__name__ for part in content)
+    if isinstance(content, list):  # a part's type as text: an unhashable one (a list) is still a kind
+        return tuple(repr(part.get("type")) if isinstance(part, dict) else type(part).__name__ for part in content)
     return type(content).__name__
 
 

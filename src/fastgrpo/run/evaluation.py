@@ -118,12 +118,13 @@ def mean_rewards(
         dataset = dataset if hasattr(dataset, "__len__") else list(dataset)  # an IterableDataset: read through
         rows = [dataset[i] for i in range(acc.process_index, len(dataset), acc.num_processes)]
         window = Window()
-        for key in ("completions", "loss_sum", "loss_completions"):  # the denominators, on a process without rows too
+        for key in ("completions", "loss_sum", "loss_completions", "batches"):  # the denominators, on a process without rows too
             window.add(key, 0.0)
         for start in range(0, len(rows), prompts_per_call):
             # No advantages (nothing trains on these); log_extra columns describe training rollouts only.
             rollout, _ = sample(rows[start : start + prompts_per_call], PhaseTimer())
             window.record(rollout_metrics(rollout, reward_names, reward_weights, num_generations))
+            window.add("batches", 1)
             if loss is not None:  # transformers' evaluation loop: each batch's loss repeated per sample, then the mean
                 value, terms = loss(rollout)
                 window.record(terms)
@@ -140,7 +141,7 @@ def mean_rewards(
         for name in reward_names:  # a function that applied to no eval completion: NaN, as TRL's nanmean gives
             record.setdefault(f"rewards/{name}/mean", math.nan)
             record.setdefault(f"rewards/{name}/std", math.nan)
-        batches = math.ceil(sums["completions"] / max(batch_size * acc.num_processes, 1))
+        batches = math.ceil(sums.pop("batches") / acc.num_processes)  # sampled batches per process (transformers' eval steps)
         metrics.update({f"{prefix}_{k}": v for k, v in record.items()})
         metrics.update(speed_metrics(prefix, start_time, num_samples=len(dataset), num_steps=batches))  # samples: prompts, as len(eval_dataset)
     return metrics

@@ -12,7 +12,8 @@ one value per token (None or NaN where the sampler has none: that token's
 sampler–trainer ratio is 1 and it is left out of `sampling/sampling_logp_difference/*`,
 as TRL 1.16); `env_mask[i]` marks the model's tokens 1 and the
 environment's 0 (TRL's `tool_mask`). Every other key reaches the reward
-functions as a keyword.
+functions as a keyword: a list as one value per completion, anything else
+as the same value for every completion (TRL's broadcast).
 
 Not here: scoring (rollout.collect), the built-in multi-turn loop (multiturn.py).
 """
@@ -60,8 +61,10 @@ def check_output(output, num_prompts: int, num_generations: int) -> None:
             old fastgrpo contract, said so),
             a row whose logprobs/env_mask length differs from its completion_ids, an empty
             prompt, no completion token in any row, an id that is not a whole number, a log-prob
-            that is not a number ≤ 0 (or None/NaN), env_mask values other than 0/1, or an extra key
-            the reward protocol reserves.
+            that is not a number ≤ 0 (or None/NaN), env_mask values other than 0/1, an extra key
+            the reward protocol reserves, or an extra list with other than one value per prompt received
+            (a value that is not a list reaches every completion, as TRL broadcasts it); a required key
+            that is not a list (a generator).
     """
     if not isinstance(output, dict):
         raise ValueError(f"rollout_func returned type {type(output).__name__}; return a dict with keys {list(REQUIRED_KEYS)}.")
@@ -72,6 +75,9 @@ def check_output(output, num_prompts: int, num_generations: int) -> None:
     if missing:
         raise ValueError(f"rollout_func must return keys {sorted(missing)} in its output dict (got {sorted(output)}).")
     for key in (*REQUIRED_KEYS, *(["env_mask"] if "env_mask" in output else [])):
+        if not hasattr(output[key], "__len__"):
+            raise ValueError(f"rollout_func returned {key} of type {type(output[key]).__name__}; return a list (one entry per prompt "
+                             "received), e.g. list(...) around a generator.")
         if len(output[key]) == num_prompts * num_generations != num_prompts:
             raise ValueError(
                 f"rollout_func returned {len(output[key])} {key} for {num_prompts} prompts, num_generations={num_generations} per prompt "
@@ -83,6 +89,10 @@ def check_output(output, num_prompts: int, num_generations: int) -> None:
                 f"rollout_func returned {len(output[key])} {key} for {num_prompts} prompts; return one completion per prompt received: "
                 f"TRL 1.16 passes each prompt num_generations={num_generations} times, contiguously."
             )
+    for key, values in output.items():  # an extra list is per completion (TRL gives row i its i-th value); anything else all rows
+        if key not in (*REQUIRED_KEYS, "env_mask") and isinstance(values, list) and len(values) != num_prompts:
+            raise ValueError(f"rollout_func returned {len(values)} values under {key!r} for {num_prompts} prompts; return one per prompt "
+                             "received, or a single value (not a list) that every completion's reward functions get.")
     for key in ("prompt_ids", "completion_ids"):
         for i, row in enumerate(output[key]):
             row = _as_list(row)
@@ -133,7 +143,7 @@ class RolloutFunc:
         repeated = [row["prompt"] for row in rows for _ in range(num_generations)]  # TRL's RepeatSampler order
         output = self.rollout_func([copy.deepcopy(p) for p in repeated], self.trainer)  # each its own copy, as TRL's rows
         check_output(output, len(repeated), num_generations)
-        extra = {k: v for k, v in output.items() if k not in (*REQUIRED_KEYS, "env_mask")}
+        extra = {k: v if isinstance(v, list) else [v] * len(repeated) for k, v in output.items() if k not in (*REQUIRED_KEYS, "env_mask")}  # TRL's broadcast
         prompt_ids, completion_ids = [list(p) for p in output["prompt_ids"]], [list(c) for c in output["completion_ids"]]
         for key, rows in (("prompt_ids", prompt_ids), ("completion_ids", completion_ids)):
             check_token_ids(rows, self.vocab_size, [f"rollout_func's {key}[{i}]" for i in range(len(rows))], self.tokenizer)
