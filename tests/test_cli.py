@@ -63,6 +63,17 @@ def test_mistyped_yaml_value_names_field_and_type(tmp_path):
     assert parse("--config", str(run))[1] == {"learning_rate": 1, "bf16": None}  # an int is a float; None fits bool | None
 
 
+def test_trls_script_spellings_of_model_and_dataset(tmp_path):
+    """`trl grpo --model_name_or_path … --dataset_name …` and a TRL recipe's YAML keys name the model and dataset here too
+    (they were "unknown flag", and --dataset_name got "did you mean --dataset_size?")."""
+    job, _, _ = parse("--model_name_or_path", "m", "--dataset_name", "d.jsonl", "--reward", "length")
+    assert (job["model"], job["dataset"]) == ("m", "d.jsonl")
+    run = tmp_path / "recipe.yaml"
+    run.write_text(yaml.safe_dump({"model_name_or_path": "m2", "dataset_name": "d2.jsonl", "reward": "length"}))
+    job, fields, _ = parse("--config", str(run))
+    assert (job["model"], job["dataset"]) == ("m2", "d2.jsonl") and "model_name_or_path" not in fields
+
+
 def test_lora_options_parse_into_lora_config_arguments(monkeypatch):
     _, fields, lora = parse("--use_peft", "--lora_r", "8", "--lora_target_modules", "q_proj", "v_proj", "--reward", "length", "--model", "m")
     assert lora == {"use_peft": True, "lora_r": 8, "lora_target_modules": ["q_proj", "v_proj"]} and "lora_r" not in fields

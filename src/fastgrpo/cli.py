@@ -133,14 +133,19 @@ def train_parser() -> argparse.ArgumentParser:
         action.default = argparse.SUPPRESS if action.dest != "help" else action.default
     job = parser.add_argument_group("the job")
     job.add_argument("--config", default=argparse.SUPPRESS, help="YAML file of GRPOConfig fields plus model/dataset/reward (examples/run.yaml)")
-    job.add_argument("--model", default=argparse.SUPPRESS, help="smollm2-135m-instruct, a local folder or .gguf file, or a hub id")
-    job.add_argument("--dataset", default=argparse.SUPPRESS, help="reasoning-gym:<task>[,<task>], a local json/jsonl/csv/parquet file, or a hub name")
+    job.add_argument("--model", "--model_name_or_path", dest="model", default=argparse.SUPPRESS,  # TRL's spelling too (TRL_SCRIPT_KEYS)
+                     help="smollm2-135m-instruct, a local folder or .gguf file, or a hub id")
+    job.add_argument("--dataset", "--dataset_name", dest="dataset", default=argparse.SUPPRESS,
+                     help="reasoning-gym:<task>[,<task>], a local json/jsonl/csv/parquet file, or a hub name")
     job.add_argument("--reward", action="append", default=argparse.SUPPRESS, help=f"{', '.join(BUILTIN_REWARD_NAMES)} or module:function (repeatable or comma-separated)")
     job.add_argument("--tools", action="append", default=argparse.SUPPRESS, help="module:function tools the model may call (repeatable or comma-separated)")
     job.add_argument("--environment", default=argparse.SUPPRESS, help=f"module:Class environment_factory, or {', '.join(ENVIRONMENTS)}")
     job.add_argument("--dataset_size", type=int, default=argparse.SUPPRESS, help="rows: generated for reasoning-gym and calculator (default 1000), the first N of a file or hub dataset (default all)")
     job.add_argument("--resume", nargs="?", const=True, default=argparse.SUPPRESS, help="resume from the latest checkpoint in output_dir, or from PATH")
     return parser
+
+
+TRL_SCRIPT_KEYS = {"model_name_or_path": "model", "dataset_name": "dataset"}  # TRL's script flags / YAML keys → fastgrpo train's
 
 
 def yaml_values_as_flags(values: dict, parser: argparse.ArgumentParser, source: str) -> dict:
@@ -225,6 +230,7 @@ def resolve_job(ns: argparse.Namespace) -> tuple[dict, dict, dict]:
                              "or drop --config to run the built-in job.")
         if not isinstance(loaded, dict):
             raise ValueError(f"{given['config']}: expected a mapping of field: value, got {type(loaded).__name__}.")
+        loaded = {TRL_SCRIPT_KEYS.get(k, k): v for k, v in loaded.items()}  # a TRL recipe's model_name_or_path, dataset_name
         loaded = {**loaded, **yaml_values_as_flags({k: v for k, v in loaded.items() if k not in JOB_KEYS}, train_parser(), given["config"])}
         check_types({k: v for k, v in loaded.items() if k not in JOB_KEYS}, given["config"])
     chosen = {**{k: loaded[k] for k in JOB_KEYS if k in loaded}, **{k: given[k] for k in JOB_KEYS if k in given}}
