@@ -226,7 +226,7 @@ def test_unknown_loss_type():
         (dict(target_kl=0.0), "use a positive value or None"),
         (dict(multi_objective_aggregation="mean"), "'sum_then_normalize' or 'normalize_then_sum'"),
         (dict(report_to="mlflow"), "use 'none' or one of tensorboard, wandb, trackio, all"),
-        (dict(report_to=["none", "wandb"]), "report_to='none': use 'none' or one of"),
+        (dict(report_to=["none", "wandb"]), r"report_to=\['none', 'wandb'\]: 'none' means no tracker; give it alone, or list the trackers without it"),
         (dict(seed=-1), r"seed=-1: use a value in \[0, 2\*\*32\)"),  # numpy's own error named no field
         (dict(save_steps=1.5), "save_steps=1.5: above 1 it counts steps; use a whole number"),  # transformers' rule
         (dict(eval_steps=2.5), "eval_steps=2.5: above 1 it counts steps"),
