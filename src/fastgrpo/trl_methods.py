@@ -71,11 +71,6 @@ class TRLMethods:
         """TRL's `trainer.epsilon_low`: ε, the clip's lower bound (1 − ε)."""
         return self.args.epsilon
 
-    @property
-    def epsilon_high(self) -> float:
-        """TRL's `trainer.epsilon_high`: the clip's upper bound (1 + ε_high); args.epsilon_high, else ε."""
-        return self.args.epsilon_high if self.args.epsilon_high is not None else self.args.epsilon
-
     def is_world_process_zero(self) -> bool:
         """Trainer's: whether this is the main process of all machines (the one that writes files)."""
         return self.accelerator.is_main_process
@@ -209,7 +204,7 @@ class TRLMethods:
         sets = eval_sets(eval_dataset) if eval_dataset is not None else self.eval_sets
         if sets is None:
             raise ValueError("evaluate() needs an eval_dataset: pass one to evaluate() or to GRPOTrainer.")
-        G = self.args.num_generations_eval or self.args.num_generations
+        G = self.num_generations_eval
         self._sync_weights()
         metrics = mean_rewards(
             sets, metric_key_prefix, lambda rows, timer: self._eval_batch(rows, G, timer), reward_names=self.reward_names,
@@ -254,6 +249,7 @@ TRL_ARGS_ATTRIBUTES = (  # attributes TRL 1.16's GRPOTrainer copies from its arg
     "vllm_importance_sampling_clip_min", "loss_type", "multi_objective_aggregation", "scale_rewards", "importance_sampling_level",
     "off_policy_mask_threshold", "mask_truncated_completions", "top_entropy_quantile", "use_adaptive_entropy", "shuffle_dataset",
     "num_iterations", "beta", "log_completions", "num_completions_to_print", "log_unique_prompts",
+    "epsilon_high",  # GRPOConfig fills it in as TRL does: ε, or 5.0 for cispo
 )
 
 
