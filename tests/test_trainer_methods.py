@@ -132,3 +132,51 @@ def test_evaluate_reports_trls_eval_keys(tmp_path, tokenizer, make_model, prompt
     assert set(got["fastgrpo"]) - set(got["trl"]) == {"eval_frac_reward_none"}
     assert abs(got["trl"]["eval_entropy"] - got["fastgrpo"]["eval_entropy"]) < 0.05 * got["trl"]["eval_entropy"]
     assert got["trl"]["eval_completions/max_length"] == got["fastgrpo"]["eval_completions/max_length"] == 8.0  # a random model runs to the cap
+
+
+def test_trains_summary_state_and_saved_files_are_trls(tmp_path, tokenizer, make_model):
+    """The same tiny model, data and config trained by TRL 1.16 and fastgrpo: every key TRL logs at a step (its
+    step_time among them) and returns from train() (its total_flos among them) is fastgrpo's too; state.num_train_epochs
+    is Trainer's passes for max_steps (fastgrpo said ⌈num_train_epochs⌉ = 3); save_model and every checkpoint hold
+    Trainer's training_args.bin, which loads back as the run's config.
+
+    total_flos is transformers' estimate, 6 × non-embedding parameters × tokens the update ran forward and backward
+    (TRL's GRPO inputs carry no input_ids, so transformers counts 0 there). Here each optimizer step trains one
+    prompt of P tokens, run once for its G = 4 completions of 8 tokens (a random model never stops early): P + 32."""
+    def config_of(module, **extra):
+        return module.GRPOConfig(output_dir=str(tmp_path / module.__name__), per_device_train_batch_size=4, num_generations=4,
+                                 gradient_accumulation_steps=1, max_completion_length=8, max_steps=3, logging_steps=2, save_steps=2,
+                                 report_to="none", bf16=False, learning_rate=1e-3, seed=0, **extra)
+
+    import fastgrpo
+    runs = {}
+    for module, extra in ((trl, {"use_cpu": True}), (fastgrpo, {"disable_tqdm": True, "max_prompt_length": 64})):
+        trainer = module.GRPOTrainer(make_model(), reward_even_tokens, args=config_of(module, **extra), train_dataset=single_digit_prompts(),
+                                     processing_class=tokenizer)
+        runs[module.__name__] = trainer, trainer.train()
+    (trl_trainer, trl_out), (trainer, out) = runs["trl"], runs["fastgrpo"]
+    assert set(trl_out.metrics) <= set(out.metrics)
+    for theirs, ours in zip(trl_trainer.state.log_history, trainer.state.log_history, strict=True):
+        assert set(theirs) <= set(ours)
+    assert 0 < out.metrics["step_time"] and trainer.state.log_history[0]["step_time"] > 0
+    assert trainer.state.num_train_epochs == trl_trainer.state.num_train_epochs == 1  # 10 prompts, one a step: 3 steps of an epoch's 10
+
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "Count to 3."}], add_generation_prompt=True, tokenize=False)
+    P = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    non_embedding = sum(p.numel() for name, p in trainer.model.named_parameters() if "embed_tokens" not in name)  # tied head: embed_tokens
+    assert out.metrics["total_flos"] == trainer.state.total_flos == 6 * non_embedding * 3 * (P + 4 * 8)
+    assert trl_out.metrics["total_flos"] == 0.0
+
+    args = trainer.args
+    trainer.save_model(str(tmp_path / "saved"))
+    for folder in (tmp_path / "saved", tmp_path / "fastgrpo" / "checkpoint-2", tmp_path / "fastgrpo" / "checkpoint-3"):
+        saved = torch.load(folder / "training_args.bin", weights_only=False)
+        assert type(saved) is fastgrpo.GRPOConfig and saved.to_dict() == args.to_dict()
+    assert os.path.isfile(tmp_path / "trl" / "checkpoint-2" / "training_args.bin")
+
+    # a resume from step 2 counts on from the checkpoint: the same tokens and FLOPs as the run that never stopped
+    resumed = GRPOTrainer(make_model(), reward_even_tokens, args=config_of(fastgrpo, disable_tqdm=True, max_prompt_length=64, overwrite_output_dir=True),
+                          train_dataset=single_digit_prompts(), processing_class=tokenizer)
+    with pytest.warns(UserWarning, match="also holds the later checkpoint-3"):
+        resumed.train(resume_from_checkpoint=str(tmp_path / "fastgrpo" / "checkpoint-2"))
+    assert (resumed.state.total_flos, resumed.state.num_input_tokens_seen) == (trainer.state.total_flos, trainer.state.num_input_tokens_seen)

@@ -17,6 +17,8 @@ log-prob passes and the optimizer step (update/), set-up, checkpoints, evaluatio
 from __future__ import annotations
 
 import dataclasses
+import math
+import time
 import uuid
 from contextlib import contextmanager
 from typing import NamedTuple
@@ -119,6 +121,8 @@ class GRPOTrainer(TRLMethods):
         self.max_steps, optimizer, self.scheduler = build_optimization(a, policy, train_dataset, checked.optimizers)
         self.optimizer_from_args = checked.optimizers[0] is None  # a resume re-applies args' settings only to these (run/checkpoints.py)
         self.model, self.optimizer = prepare(acc, policy, optimizer)
+        # state.total_flos per token the update runs: transformers' estimate (`floating_point_ops`: forward and backward)
+        self.flops_per_token = 6.0 * policy.num_parameters(exclude_embeddings=True)
         sampling = SamplingSettings.from_config(a, self.eos_token_ids, self.tokenizer.pad_token_id)
         working = bf16_working_copy(a, acc, policy, optimizer, bf16)  # the update's and the own sampler's one bf16 copy, where it applies
         self.backend = build_backend(a, acc.unwrap_model(self.model), sampling, bf16=bf16, gathered=gathered, server=server,
@@ -170,18 +174,21 @@ class GRPOTrainer(TRLMethods):
         a = self.args
         rollout, done = checkpoints.resume(self, resume_from_checkpoint)
         schedule = [(i, s) for i in range(a.num_iterations) for s in range(a.steps_per_generation // a.gradient_accumulation_steps)]
-        self.events.train_begin(self.max_steps, self.step, self._epoch())
+        steps_per_epoch = None if self.streaming else math.ceil(len(self.train_dataset) / a.prompts_per_rollout) * a.steps_per_rollout
+        self.events.train_begin(self.max_steps, self.step, self._epoch(), steps_per_epoch)
         if a.eval_on_start and self.eval_dataset is not None:
             self.evaluate()
         self.events.epoch_begin()
         hidden = a.disable_tqdm or not self.accelerator.is_main_process
         with progress_bar(self.console, self.max_steps, self.step, hidden) as progress, StopOnInterrupt() as interrupt, running(self.assembly):
             while self.step < self.max_steps and not self.events.control.should_training_stop:
+                started = time.perf_counter()  # TRL's step_time: a step's passes, and the sampling of the rollout it starts
                 if rollout is None or done >= a.steps_per_rollout:
                     rollout, done = self._collect(), 0  # generate G completions per prompt, score, Â, π_ref, π_old
                 for iteration, step_in_pass in schedule[done:]:  # μ passes over the same rollout
                     self.events.step_begin()
                     kl_old, rollout = self._optimizer_step(rollout, step_in_pass, capture_old=(iteration == 0 and step_in_pass == 0))
+                    self.window.add("step_time", time.perf_counter() - started)
                     self.step, done = self.step + 1, done + 1
                     stop_reuse = a.target_kl is not None and kl_old > a.target_kl
                     self.target_kl_stops += int(stop_reuse and done < a.steps_per_rollout)
@@ -191,6 +198,7 @@ class GRPOTrainer(TRLMethods):
                         checkpoints.stop_interrupted(self, rollout, done)
                     if self.step >= self.max_steps or stop_reuse or self.events.control.should_training_stop:
                         break
+                    started = time.perf_counter()
         pending = self._log(to_callbacks=False) if self.window.sums.get("steps") else {}  # to the summary log, as TRL's log() merges it
         for tracker in self.accelerator.trackers:  # not end_training(): it ends the process group save_model needs
             tracker.finish()
@@ -286,6 +294,7 @@ class GRPOTrainer(TRLMethods):
         sums, extremes = self.window.reduce(acc)
         record = window_record(self.step, sums, extremes, self.timer.pop(), self.reward_names)
         self.state.num_input_tokens_seen += int(sums.get("input_tokens", 0))  # all processes' (TRL's num_tokens: cumulative)
+        self.state.total_flos += self.flops_per_token * sums.get("packed_tokens", 0)  # the update's passes, all processes'
         record.update(learning_rate=self.update.learning_rate, target_kl_stops=self.target_kl_stops, num_tokens=self.state.num_input_tokens_seen)
         self.loss_sum += sums.get("loss", 0.0) / acc.num_processes  # Σ over processes of each one's share
         several = self.args.log_completions and acc.num_processes > 1

@@ -230,7 +230,8 @@ class TRLMethods:
         return dataclasses.replace(rollout, ref_logps=self.passes.ref(rollout, [slice(0, len(rollout))])), extra  # one pass, as eval_loss's
 
     def save_model(self, output_dir: str | None = None, merge_adapters: bool = False) -> None:
-        """Save the policy (safetensors) and tokenizer to `output_dir` (default args.output_dir); main process writes.
+        """Save the policy (safetensors), tokenizer and args (training_args.bin, as Trainer saves them) to `output_dir`
+        (default args.output_dir); main process writes.
 
         With adapters it writes them alone (`adapter_model.safetensors`, loadable with
         `peft.PeftModel.from_pretrained`), or with `merge_adapters=True` the base
@@ -239,7 +240,7 @@ class TRLMethods:
         Raises:
             ValueError: merge_adapters=True for a policy without adapters; an `output_dir` that is a file or not writable.
         """
-        checkpoints.save_model(self.accelerator, self.model, self.tokenizer, output_dir or self.args.output_dir, merge_adapters)
+        checkpoints.save_model(self.accelerator, self.model, self.tokenizer, self.args, output_dir or self.args.output_dir, merge_adapters)
 
 
 TRL_ARGS_ATTRIBUTES = (  # attributes TRL 1.16's GRPOTrainer copies from its args in __init__ (user code and rollout_funcs read them)

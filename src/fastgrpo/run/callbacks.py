@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 
 from transformers import EarlyStoppingCallback, TrainerCallback, TrainerControl, TrainerState
@@ -83,14 +84,22 @@ class TrainerEvents:
         check_early_stopping([callback], self.args.metric_for_best_model, self.args.eval_strategy)
         self.handler.add_callback(callback)
 
-    def train_begin(self, max_steps: int, global_step: int, epoch: float) -> None:
-        """Fill the state's run constants (as Trainer does) and call on_train_begin."""
+    def train_begin(self, max_steps: int, global_step: int, epoch: float, steps_per_epoch: int | None) -> None:
+        """Fill the state's run constants (as Trainer does) and call on_train_begin.
+
+        `steps_per_epoch`: optimizer steps in one pass over the training prompts (None for a stream, whose length is
+        unknown). state.num_train_epochs follows Trainer: the passes `max_steps` reaches (a stream's: sys.maxsize)
+        when max_steps is set, else ⌈num_train_epochs⌉.
+        """
         a, s = self.args, self.state
         s.max_steps, s.global_step, s.epoch = max_steps, global_step, epoch
         s.logging_steps, s.save_steps = _absolute(a.logging_steps, max_steps), _absolute(a.save_steps, max_steps)
         s.eval_steps = _absolute(a.eval_steps, max_steps) if a.eval_steps is not None else s.logging_steps
         s.train_batch_size = a.per_device_train_batch_size
-        s.num_train_epochs = math.ceil(a.num_train_epochs)
+        if a.max_steps <= 0:
+            s.num_train_epochs = math.ceil(a.num_train_epochs)
+        else:
+            s.num_train_epochs = sys.maxsize if steps_per_epoch is None else math.ceil(max_steps / steps_per_epoch)
         self.started = time.perf_counter()
         self.control = self.handler.on_train_begin(a, s, self.control)
 
@@ -168,13 +177,13 @@ class TrainerEvents:
         self.control = self.handler.on_save(self.args, self.state, self.control)
 
     def resume(self, checkpoint: str) -> None:
-        """Restore log_history, the tokens seen and the best metric from a checkpoint's trainer_state.json, when it has one."""
+        """Restore log_history, the tokens seen, total_flos and the best metric from a checkpoint's trainer_state.json, when it has one."""
         path = os.path.join(checkpoint, STATE_FILE)
         if os.path.isfile(path):
             saved = TrainerState.load_from_json(path)
             s = self.state
             s.log_history, s.best_metric, s.best_global_step = saved.log_history, saved.best_metric, saved.best_global_step
-            s.num_input_tokens_seen = saved.num_input_tokens_seen
+            s.num_input_tokens_seen, s.total_flos = saved.num_input_tokens_seen, saved.total_flos
             kept = saved.best_model_checkpoint is not None and os.path.isdir(saved.best_model_checkpoint)
             s.best_model_checkpoint = saved.best_model_checkpoint if kept else None  # pruned since: Trainer forgets it too
 
@@ -183,11 +192,12 @@ class TrainerEvents:
         last log (`pending`, as TRL's `log` merges them into it), and call on_train_end; → the summary (Trainer's
         `TrainOutput.metrics` keys: train_runtime in seconds, train_samples_per_second (completions: the optimizer steps ×
         per_device_train_batch_size × gradient_accumulation_steps × processes, as Trainer counts its batches),
-        train_steps_per_second, train_loss, epoch)."""
+        train_steps_per_second, total_flos (state.total_flos: see the trainer's `_log`), train_loss, epoch)."""
         a, runtime = self.args, time.perf_counter() - self.started
         samples = self.state.global_step * a.per_device_train_batch_size * a.gradient_accumulation_steps * a.world_size
         summary = {"train_runtime": round(runtime, 4), "train_samples_per_second": round(samples / max(runtime, 1e-9), 3),
-                   "train_steps_per_second": round(self.state.global_step / max(runtime, 1e-9), 3), "train_loss": training_loss}
+                   "train_steps_per_second": round(self.state.global_step / max(runtime, 1e-9), 3), "total_flos": self.state.total_flos,
+                   "train_loss": training_loss}
         self.log({**(pending or {}), **summary})
         self.control = self.handler.on_train_end(self.args, self.state, self.control)
         return {**summary, "epoch": self.state.epoch}

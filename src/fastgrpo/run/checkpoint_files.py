@@ -3,7 +3,7 @@
 A checkpoint folder `checkpoint-<step>` holds the model (safetensors, loadable
 with `from_pretrained`; for a LoRA policy the adapters alone, loadable with
 `peft.PeftModel.from_pretrained`) and tokenizer, `trainer_state.pt` (optimizer,
-scheduler, step, data position), and per process `rng_state_<rank>.pt` and
+scheduler, step, data position), `training_args.bin` (the GRPOConfig, as Trainer saves it), and per process `rng_state_<rank>.pt` and
 `process_state_<rank>.pt` (that process's own share of the state: the rollout
 in use when saved inside a reuse window), and last `manifest.json` (step, the
 run's id, every file's size in bytes and CRC-32). A sharded (FSDP) policy's checkpoint holds,
@@ -72,6 +72,7 @@ class _MovedClasses:
 
 PREFIX = "checkpoint-"
 MANIFEST = "manifest.json"
+TRAINING_ARGS_NAME = "training_args.bin"  # transformers' name: the run's arguments, torch.save'd beside a saved model
 ADAPTER_FILE = "adapter_model.safetensors"  # what a peft model saves instead of model.safetensors
 SHARDS_METADATA = ".metadata"  # torch.distributed.checkpoint's index of a sharded checkpoint's files
 
@@ -101,12 +102,13 @@ def set_rng_state(state: dict) -> None:
 
 
 def save_checkpoint(
-    output_dir: str, step: int, accelerator, model, tokenizer, trainer_state: dict, process_state: dict | None = None, run_id: str = "",
+    output_dir: str, step: int, accelerator, model, tokenizer, args, trainer_state: dict, process_state: dict | None = None, run_id: str = "",
     optimizer=None,
 ) -> str:
     """Write `output_dir/checkpoint-<step>` atomically; every process must call it.
 
     Args:
+        args: the run's GRPOConfig, written as training_args.bin (Trainer's file; `torch.load(…, weights_only=False)`).
         trainer_state: what every process shares (optimizer/scheduler state
             dicts, step, data position) — anything `torch.save` takes; the
             main process writes it.
@@ -142,6 +144,7 @@ def save_checkpoint(
                 unwrapped.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
             torch.save(trainer_state, os.path.join(tmp, "trainer_state.pt"))
+            torch.save(args, os.path.join(tmp, TRAINING_ARGS_NAME))
             make_readable(tmp)
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:

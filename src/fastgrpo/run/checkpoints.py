@@ -31,6 +31,7 @@ import os
 import warnings
 from typing import Any, Protocol
 
+import torch
 from accelerate.utils import broadcast_object_list
 
 from . import checkpoint_files as ckpt
@@ -99,7 +100,7 @@ def save(trainer: Checkpointed, rollout: Rollout, done: int) -> str:
         "producer": trainer.assembly.state_dict(),
     }
     acc = trainer.accelerator
-    path = ckpt.save_checkpoint(a.output_dir, trainer.step, acc, trainer.model, trainer.tokenizer, state, own, trainer.run_id, trainer.optimizer)
+    path = ckpt.save_checkpoint(a.output_dir, trainer.step, acc, trainer.model, trainer.tokenizer, a, state, own, trainer.run_id, trainer.optimizer)
     trainer.events.save(path)  # names the best checkpoint before pruning, as Trainer._save_checkpoint does
     if acc.is_main_process:
         ckpt.prune(a.output_dir, a.save_total_limit, trainer.run_id, trainer.state.best_model_checkpoint, latest=path)
@@ -213,12 +214,14 @@ def resume(trainer: Checkpointed, resume_from_checkpoint) -> tuple[Rollout | Non
     return state.get("rollout"), state["done"]  # no rollout, no window: resumed on another number of processes
 
 
-def save_model(accelerator, model, tokenizer, output_dir: str, merge_adapters: bool) -> None:
-    """Write the policy (safetensors) and tokenizer to `output_dir`; every process calls it, the main one writes.
+def save_model(accelerator, model, tokenizer, args, output_dir: str, merge_adapters: bool) -> None:
+    """Write the policy (safetensors), tokenizer and `args` (training_args.bin, as Trainer writes it) to `output_dir`;
+    every process calls it, the main one writes.
 
     Args:
         accelerator: gathers the state dict (sharded models) and says which process writes.
         model: the policy as `accelerator.prepare` returned it.
+        args: the run's GRPOConfig, pickled with torch.save (`torch.load(path, weights_only=False)` reads it back).
         merge_adapters: with adapters, write the base weights with them merged in
             (`from_pretrained` loads it) instead of the adapters alone
             (`adapter_model.safetensors`, `peft.PeftModel.from_pretrained` loads it).
@@ -241,5 +244,6 @@ def save_model(accelerator, model, tokenizer, output_dir: str, merge_adapters: b
         else:
             policy.save_pretrained(output_dir, state_dict=state_dict, safe_serialization=True)
         tokenizer.save_pretrained(output_dir)
+        torch.save(args, os.path.join(output_dir, ckpt.TRAINING_ARGS_NAME))
         ckpt.make_readable(output_dir)
     accelerator.wait_for_everyone()

@@ -294,6 +294,7 @@ def window_record(step: int, sums: dict, extremes: dict, seconds: dict, reward_n
     mean("entropy_coef", "steps")
     mean("vespo/phi_seq", "sequences", "vespo/phi_seq_mean")
     mean("grad_norm", "steps")
+    mean("step_time", "steps")  # TRL's: wall seconds per optimizer step, the sampling of a rollout it starts included
     mean("aux_loss", "aux_micro_batches")  # the router's load-balancing loss, mean over micro-batches (TRL's)
     mean("reward_sum", "scorable", "reward")  # TRL's: over the completions some reward applied to
     if sums.get("scorable", 0) > 1:  # TRL's nanstd of the weighted rewards over the batch (n − 1)
