@@ -79,7 +79,8 @@ def test_dict_of_eval_datasets_prefixes_metrics_and_evaluate_takes_a_dataset(tmp
     metrics = trainer.evaluate(eval_dataset=prompts.select(range(1)), metric_key_prefix="test")
     assert set(metrics) == {  # TRL 1.16's eval keys for the dapo loss at β = 0 (and transformers' test_model_preparation_time)
         *(f"test_{k}" for k in ("loss", "reward", "num_tokens", "reward_std", "frac_reward_zero_std", "frac_reward_none", "entropy", "runtime",
-                                "samples_per_second", "steps_per_second", "rewards/reward_even_tokens/mean", "rewards/reward_even_tokens/std")),
+                                "samples_per_second", "steps_per_second", "rewards/reward_even_tokens/mean", "rewards/reward_even_tokens/std",
+                                "model_preparation_time")),
         *(f"test_completions/{k}" for k in ("mean_length", "min_length", "max_length", "clipped_ratio", "mean_terminated_length",
                                             "min_terminated_length", "max_terminated_length")),
         *(f"test_clip_ratio/{k}" for k in ("low_mean", "low_min", "high_mean", "high_max", "region_mean")), "epoch",

@@ -120,7 +120,9 @@ class GRPOTrainer(TRLMethods):
 
         self.max_steps, optimizer, self.scheduler = build_optimization(a, policy, train_dataset, checked.optimizers)
         self.optimizer_from_args = checked.optimizers[0] is None  # a resume re-applies args' settings only to these (run/checkpoints.py)
+        started = time.perf_counter()
         self.model, self.optimizer = prepare(acc, policy, optimizer)
+        self.model_preparation_time = round(time.perf_counter() - started, 4)  # Trainer's: accelerate's prepare, in seconds (evaluate reports it)
         # state.total_flos per token the update runs: transformers' estimate (`floating_point_ops`: forward and backward)
         self.flops_per_token = 6.0 * policy.num_parameters(exclude_embeddings=True)
         sampling = SamplingSettings.from_config(a, self.eos_token_ids, self.tokenizer.pad_token_id)

@@ -197,7 +197,8 @@ class TRLMethods:
         Returns:
             TRL's eval keys (run/evaluation.mean_rewards): "<prefix>_loss" (TRL's eval-mode loss, ρ = 1;
             OptimizerStep.eval_loss), "<prefix>_reward", "_reward_std", "_rewards/<fn>/mean" and "/std",
-            "_completions/*", "_entropy", "_clip_ratio/*", "_runtime", "_samples_per_second", …, and "epoch".
+            "_completions/*", "_entropy", "_clip_ratio/*", "_runtime", "_samples_per_second", …,
+            "_model_preparation_time" (transformers': seconds accelerate's prepare took, here when the trainer was built), and "epoch".
         Raises:
             ValueError: no eval dataset here or in the trainer, or one of a kind evaluation cannot read.
         """
@@ -212,7 +213,9 @@ class TRLMethods:
             accelerator=self.accelerator, on_batch=self.events.prediction_step, loss=self.update.eval_loss,
         )
         for set_name in sets:  # TRL's eval_num_tokens: the training count so far (its eval mode adds none)
-            metrics[f"{metric_key_prefix}{set_name[len('eval'):]}_num_tokens"] = self.state.num_input_tokens_seen
+            prefix = f"{metric_key_prefix}{set_name[len('eval'):]}"
+            metrics[f"{prefix}_num_tokens"] = self.state.num_input_tokens_seen
+            metrics[f"{prefix}_model_preparation_time"] = self.model_preparation_time  # the model was prepared when the trainer was built
         metrics["epoch"] = self.state.epoch  # Trainer's evaluate returns it (its log() adds it to the same dict)
         if self.metrics_log is not None:
             self.metrics_log.write({"step": self.step, **metrics})
