@@ -74,6 +74,49 @@ def test_trls_script_spellings_of_model_and_dataset(tmp_path):
     assert (job["model"], job["dataset"]) == ("m2", "d2.jsonl") and "model_name_or_path" not in fields
 
 
+def test_trls_script_reward_flags_name_the_rewards_in_trls_order(tmp_path):
+    """TRL's grpo script: the reward model first, then --reward_funcs, each a name of its registry (trl.rewards) or a
+    dotted path module.function; they replace the built-in job's reward and count as naming the rewards."""
+    import trl.rewards
+
+    job, fields, _ = parse("--reward_funcs", "think_format_reward", "myrewards.short", "exact", "--reward_model_name_or_path", "./rm")
+    assert job["model"] == BUILTIN_JOB["model"] and "reward_funcs" not in fields and job["reward"] == []
+    assert cli.reward_specs(job) == ["./rm", trl.rewards.think_format_reward, "myrewards:short", "exact"]
+    overlong = cli.reward_specs(parse("--reward_funcs", "get_soft_overlong_punishment")[0])[0]
+    assert overlong(completion_ids=[[0] * 1000, [0] * 1200], completions=None) == [0.0, -(1200 - 1024) / 256]  # TRL's script's 1280, 256
+    job, _, _ = parse("--model", "m", "--reward_funcs", "myrewards.short")  # a job of its own: no --reward needed
+    assert cli.reward_specs(job) == ["myrewards:short"]
+    run = tmp_path / "recipe.yaml"
+    run.write_text(yaml.safe_dump({"model_name_or_path": "m", "reward_funcs": "a.b,c.d", "dataset_streaming": True, "max_steps": 2}))
+    job, fields, _ = parse("--config", str(run))
+    assert (job["reward_funcs"], job["dataset_streaming"], fields) == (["a.b", "c.d"], True, {"max_steps": 2})
+
+
+def test_trls_script_dataset_flags_read_splits_of_a_dataset_folder(tmp_path, monkeypatch, tokenizer, make_model, capsys):
+    """`--dataset_name <folder> --eval_strategy steps`: the folder's train split trains and its test split is evaluated,
+    as TRL's script reads a hub dataset's (the reward tells them apart: 1 for a test prompt); a split the folder lacks
+    is named with those it has; a configuration for a data file is refused (it has one split, no configuration)."""
+    model_dir = tmp_path / "tiny"
+    make_model().save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    (tmp_path / "data").mkdir()
+    for split, n in (("train", 8), ("test", 2)):
+        (tmp_path / "data" / f"{split}.jsonl").write_text("".join(json.dumps({"prompt": f"{split} {i}:"}) + "\n" for i in range(n)))
+    (tmp_path / "splitrewards.py").write_text("def is_test(prompts, **kwargs):\n    return [float(p.startswith('test')) for p in prompts]\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    flags = ["--model_name_or_path", str(model_dir), "--reward_funcs", "splitrewards.is_test", "--max_steps", "1", "--max_prompt_length", "64", "--per_device_train_batch_size", "4",
+             "--num_generations", "4", "--max_completion_length", "4", "--disable_tqdm", "true", "--per_device_eval_batch_size", "4"]
+    assert main(["train", *flags, "--dataset_name", "data", "--dataset_train_split", "validation", "--output_dir", "a"]) == 2
+    assert "dataset 'data' has no split 'validation'; it has train, test" in capsys.readouterr().err
+    assert main(["train", *flags, "--dataset_name", "data/train.jsonl", "--dataset_config", "main", "--output_dir", "b"]) == 2
+    assert "config='main' apply to a hub dataset or a dataset folder" in capsys.readouterr().err
+    assert main(["train", *flags, "--dataset_name", "data", "--eval_strategy", "steps", "--eval_steps", "1", "--output_dir", "out"]) == 0
+    records = [json.loads(line) for line in open(tmp_path / "out" / "metrics.jsonl")]
+    train, evaluated = ([r for r in records if key in r] for key in ("rewards/is_test/mean", "eval_rewards/is_test/mean"))
+    assert [r["rewards/is_test/mean"] for r in train] == [0.0] and [r["eval_rewards/is_test/mean"] for r in evaluated] == [1.0]
+
+
 def test_lora_options_parse_into_lora_config_arguments(monkeypatch):
     _, fields, lora = parse("--use_peft", "--lora_r", "8", "--lora_target_modules", "q_proj", "v_proj", "--reward", "length", "--model", "m")
     assert lora == {"use_peft": True, "lora_r": 8, "lora_target_modules": ["q_proj", "v_proj"]} and "lora_r" not in fields

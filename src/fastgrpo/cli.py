@@ -13,7 +13,9 @@ TRL's CLI parses it (`--num_iterations 4`, `--bf16 false`, `--reward_weights
 help text (flags.py). A YAML value that is text goes through the same types, as
 `trl grpo --config` hands YAML values to the parser (`max_grad_norm: "0.5"` is
 0.5). TRL's model-config LoRA options (`--use_peft`, `--lora_r`, …) build a
-`peft_config`. A mistyped flag is one line with the closest flag's name.
+`peft_config`, and `trl grpo`'s script flags (`--model_name_or_path`, `--dataset_name`,
+`--dataset_config`, `--dataset_*_split`, `--reward_funcs`, …) work as in TRL's script
+(`ScriptOptions`). A mistyped flag is one line with the closest flag's name.
 
 Which values apply: the built-in job's (model, dataset, rewards and its
 GRPOConfig values) only when neither a model nor a dataset is given; a run of
@@ -103,6 +105,26 @@ class LoraOptions:
 LORA_KEYS = tuple(f.name for f in dataclasses.fields(LoraOptions))
 
 
+@dataclasses.dataclass
+class ScriptOptions:
+    """TRL's `trl grpo` script arguments (`GRPOScriptArguments`: names, types and defaults), so its command lines and
+    recipes run here; `--model_name_or_path` and `--dataset_name` are `--model` and `--dataset` (TRL_SCRIPT_KEYS)."""
+
+    reward_funcs: list[str] | None = dataclasses.field(default=None, metadata={
+        "help": "TRL's: accuracy_reward, reasoning_accuracy_reward, think_format_reward, get_soft_overlong_punishment "
+                "(trl.rewards; TRL installed), a dotted import path module.function, or a --reward name"})
+    reward_model_name_or_path: str | None = dataclasses.field(default=None, metadata={"help": "TRL's: a reward model (folder or hub id), scored first"})
+    dataset_config: str | None = dataclasses.field(default=None, metadata={"help": "TRL's: the configuration (load_dataset's name) of a hub dataset or dataset folder"})
+    dataset_train_split: str = dataclasses.field(default="train", metadata={"help": "TRL's: the split to train on (a hub dataset or dataset folder)"})
+    dataset_test_split: str = dataclasses.field(default="test", metadata={"help": "TRL's: the split evaluated when eval_strategy is not 'no'"})
+    dataset_streaming: bool = dataclasses.field(default=False, metadata={"help": "TRL's: stream the hub dataset or dataset folder (needs max_steps)"})
+
+
+SCRIPT_KEYS = tuple(f.name for f in dataclasses.fields(ScriptOptions))
+# TRL's grpo script's reward registry (trl/scripts/grpo.py), read from trl.rewards as the script reads it
+TRL_SCRIPT_REWARDS = ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward", "get_soft_overlong_punishment")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `fastgrpo` parser: a light top level whose `train` subcommand is parsed by `train_parser()`."""
     parser = argparse.ArgumentParser(prog="fastgrpo", description="GRPO fine-tuning with multi-step rollout reuse.", allow_abbrev=False)
@@ -120,14 +142,14 @@ def train_parser() -> argparse.ArgumentParser:
     from transformers import HfArgumentParser
 
     # allow_abbrev=False: a misspelt flag (--num_generation) must be an error, not a prefix match.
-    own = {f.name for f in dataclasses.fields(GRPOConfig)} - set(TRL_FIELDS)  # TRL's other fields' help names their default
-    parser = HfArgumentParser((GRPOConfig, LoraOptions), prog="fastgrpo train", allow_abbrev=False)
+    own = tuple({f.name for f in dataclasses.fields(GRPOConfig)} - set(TRL_FIELDS))  # TRL's other fields' help names their default
+    parser = HfArgumentParser((GRPOConfig, LoraOptions, ScriptOptions), prog="fastgrpo train", allow_abbrev=False)
     parser.error = lambda message: one_line_error(parser, message)
     builtin = {**BUILTIN_JOB["config"], **{k: BUILTIN_JOB[k] for k in JOB_KEYS if k in BUILTIN_JOB}}
     for action in parser._actions:
         if action.dest != "help" and action.help != argparse.SUPPRESS:
             what = FIELD_HELP.get(action.dest) or action.help or ""
-            default = "" if action.dest not in own and action.dest not in LORA_KEYS else f" (default {action.default!r})"
+            default = "" if action.dest not in own + LORA_KEYS + SCRIPT_KEYS else f" (default {action.default!r})"
             job = f" (built-in job: {builtin[action.dest]!r})" if action.dest in builtin else ""
             action.help = f"{what}{default}{job}".replace("%", "%%")
         action.default = argparse.SUPPRESS if action.dest != "help" else action.default
@@ -136,7 +158,7 @@ def train_parser() -> argparse.ArgumentParser:
     job.add_argument("--model", "--model_name_or_path", dest="model", default=argparse.SUPPRESS,  # TRL's spelling too (TRL_SCRIPT_KEYS)
                      help="smollm2-135m-instruct, a local folder or .gguf file, or a hub id")
     job.add_argument("--dataset", "--dataset_name", dest="dataset", default=argparse.SUPPRESS,
-                     help="reasoning-gym:<task>[,<task>], a local json/jsonl/csv/parquet file, or a hub name")
+                     help="reasoning-gym:<task>[,<task>], a local json/jsonl/csv/parquet file or dataset folder, or a hub name")
     job.add_argument("--reward", action="append", default=argparse.SUPPRESS, help=f"{', '.join(BUILTIN_REWARD_NAMES)} or module:function (repeatable or comma-separated)")
     job.add_argument("--tools", action="append", default=argparse.SUPPRESS, help="module:function tools the model may call (repeatable or comma-separated)")
     job.add_argument("--environment", default=argparse.SUPPRESS, help=f"module:Class environment_factory, or {', '.join(ENVIRONMENTS)}")
@@ -174,17 +196,18 @@ def yaml_values_as_flags(values: dict, parser: argparse.ArgumentParser, source: 
 
 
 def check_types(values: dict, source: str) -> None:
-    """Refuse a YAML value whose type does not fit its GRPOConfig / LoRA field.
+    """Refuse a YAML value whose type does not fit its GRPOConfig / LoRA / TRL script field.
 
     Raises:
         ValueError: names the field, the expected type and the value.
     """
-    hints = {**typing.get_type_hints(GRPOConfig), **typing.get_type_hints(LoraOptions)}
+    hints = {**typing.get_type_hints(GRPOConfig), **typing.get_type_hints(LoraOptions), **typing.get_type_hints(ScriptOptions)}
     for name, value in values.items():
         if name not in hints:
             continue  # an unknown name: GRPOConfig refuses it, naming the closest field
         kinds = typing.get_args(hints[name]) if typing.get_origin(hints[name]) in (typing.Union, types.UnionType) else (hints[name],)
-        kinds = tuple(typing.get_origin(k) or k for k in kinds) + ((str,) if name == "lora_target_modules" else ())  # list[float] → list; peft also takes text ("all-linear", a regex), as TRL passes it
+        # list[float] → list; peft also takes text ("all-linear", a regex), as TRL passes it; reward_funcs: one name, or names with commas
+        kinds = tuple(typing.get_origin(k) or k for k in kinds) + ((str,) if name in ("lora_target_modules", "reward_funcs") else ())
         kinds += ALSO_ACCEPTED.get(name, ())
         fits = any(_fits(value, kind) for kind in kinds)
         if not fits:
@@ -236,10 +259,14 @@ def resolve_job(ns: argparse.Namespace) -> tuple[dict, dict, dict]:
     chosen = {**{k: loaded[k] for k in JOB_KEYS if k in loaded}, **{k: given[k] for k in JOB_KEYS if k in given}}
     builtin = "model" not in chosen and "dataset" not in chosen
     job = {**{k: BUILTIN_JOB[k] for k in JOB_KEYS if k in BUILTIN_JOB and (builtin or k not in ("reward", "dataset_size"))}, **chosen}
-    if "reward" not in job and "environment" not in job:  # an environment may score itself (get_reward)
+    script = {**dataclasses.asdict(ScriptOptions()), **{k: v for k, v in {**loaded, **given}.items() if k in SCRIPT_KEYS}}
+    trl_rewards = bool(script["reward_funcs"] or script["reward_model_name_or_path"])
+    if trl_rewards and "reward" not in chosen:  # TRL's reward flags name the run's rewards: not added to the built-in job's
+        job.pop("reward", None)
+    if "reward" not in job and "environment" not in job and not trl_rewards:  # an environment may score itself (get_reward)
         raise ValueError(
             f"a job with its own model or dataset needs --reward (or reward: in the YAML): one or more of "
-            f"{', '.join(BUILTIN_REWARD_NAMES)} or module:function."
+            f"{', '.join(BUILTIN_REWARD_NAMES)} or module:function (or TRL's --reward_funcs / --reward_model_name_or_path)."
         )
     for key in ("model", "dataset"):
         if not isinstance(job[key], str):
@@ -248,13 +275,43 @@ def resolve_job(ns: argparse.Namespace) -> tuple[dict, dict, dict]:
     if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
         raise ValueError(f"dataset_size={size!r}: give the number of rows, 1 or more (generated for reasoning-gym and calculator, "
                          "the first rows of a file or hub dataset).")
-    for key in ("reward", "tools"):
+    job.update(script)
+    for key in ("reward", "tools", "reward_funcs"):
         specs = job.get(key) or []
         job[key] = [r.strip() for spec in (specs if isinstance(specs, list) else [specs]) for r in str(spec).split(",") if r.strip()]
-    fields = {**(BUILTIN_JOB["config"] if builtin else {}), **{k: v for k, v in loaded.items() if k not in JOB_KEYS}}
-    fields.update({k: v for k, v in given.items() if k not in JOB_KEYS + ("config", "resume")})
+    fields = {**(BUILTIN_JOB["config"] if builtin else {}), **{k: v for k, v in loaded.items() if k not in JOB_KEYS + SCRIPT_KEYS}}
+    fields.update({k: v for k, v in given.items() if k not in JOB_KEYS + SCRIPT_KEYS + ("config", "resume")})
     lora = {k: fields.pop(k) for k in LORA_KEYS if k in fields}
     return job, fields, lora
+
+
+def reward_specs(job: dict) -> list:
+    """The run's rewards, each a spec for `resolve_reward` or a function: `--reward`'s, then TRL's script's
+    (`--reward_model_name_or_path`, then `--reward_funcs`, in trl grpo's order).
+
+    A `--reward_funcs` entry is read as TRL's grpo script reads it: a name of its registry (`TRL_SCRIPT_REWARDS`, from
+    trl.rewards, `get_soft_overlong_punishment` with the script's max_completion_len=1280, soft_punish_cache=256), or a
+    dotted import path `module.function`; a `--reward` name or module:function works too.
+
+    Raises:
+        ValueError: a TRL registry name without TRL installed (naming the install and fastgrpo's own rewards).
+    """
+    specs = list(job["reward"]) + [job["reward_model_name_or_path"]] * bool(job["reward_model_name_or_path"])
+    for name in job["reward_funcs"]:
+        if name in TRL_SCRIPT_REWARDS:
+            try:
+                import trl.rewards
+            except ImportError:
+                raise ValueError(f"--reward_funcs {name}: that is TRL's reward (trl.rewards.{name}); pip install trl to use it, "
+                                 f"or give one of fastgrpo's: {', '.join(BUILTIN_REWARD_NAMES)}.") from None
+            fn = getattr(trl.rewards, name)
+            specs.append(fn(max_completion_len=1280, soft_punish_cache=256) if name == "get_soft_overlong_punishment" else fn)
+        elif ":" not in name and name not in BUILTIN_REWARD_NAMES and "." in name:  # TRL's module.function
+            module, _, attr = name.rpartition(".")
+            specs.append(f"{module}:{attr}")
+        else:
+            specs.append(name)
+    return specs
 
 
 def peft_kwargs(lora: dict) -> dict:
@@ -315,7 +372,7 @@ def train(ns: argparse.Namespace) -> None:
     import torch
 
     from .run.checkpoint_files import check_resume_target, checkpoints
-    from .run.datasets import load_dataset_spec
+    from .run.datasets import load_dataset_spec, splits_apply
     from .run.runs import claim_output_dir
     from .rollout.rewards import resolve_reward
     from .trainer import GRPOTrainer
@@ -326,15 +383,19 @@ def train(ns: argparse.Namespace) -> None:
     check_resume_target(resume, args.output_dir)  # before the model loads: nothing to resume, or another run in the way
     if resume in (None, False):
         claim_output_dir(args.output_dir, args.overwrite_output_dir)  # only refuses here; train() replaces at its first write
-    rewards = [resolve_reward(r) for r in job["reward"]]
-    dataset = load_dataset_spec(job["dataset"], size=job["dataset_size"], seed=args.seed)
+    rewards = [resolve_reward(r) for r in reward_specs(job)]
+    splits = {"config": job["dataset_config"], "streaming": job["dataset_streaming"]}  # TRL's script flags
+    dataset = load_dataset_spec(job["dataset"], split=job["dataset_train_split"], size=job["dataset_size"], seed=args.seed, **splits)
+    evaluated = args.eval_strategy != "no" and splits_apply(job["dataset"])  # TRL's script: the test split, when it evaluates
+    eval_dataset = load_dataset_spec(job["dataset"], split=job["dataset_test_split"], **splits) if evaluated else None
     agents = {"tools": [import_object(t, "--tools") for t in job["tools"]] or None}
     if job.get("environment"):
         agents["environment_factory"] = import_object(ENVIRONMENTS.get(job["environment"], job["environment"]), "--environment")
-    trainer = GRPOTrainer(model=job["model"], reward_funcs=rewards, args=args, train_dataset=dataset, **agents, **peft)
+    trainer = GRPOTrainer(model=job["model"], reward_funcs=rewards, args=args, train_dataset=dataset, eval_dataset=eval_dataset, **agents, **peft)
     if trainer.accelerator.is_main_process:
+        rows = "streamed" if job["dataset_streaming"] else f"{len(dataset)} prompts"
         trainer.console.print(
-            f"fastgrpo: {job['model']} on {job['dataset']} ({len(dataset)} prompts), rewards {', '.join(job['reward'])}; "
+            f"fastgrpo: {job['model']} on {job['dataset']} ({rows}), rewards {', '.join(trainer.reward_names)}; "
             f"{trainer.max_steps} steps, μ={args.num_iterations}, G={args.num_generations}, rollout={args.generation_batch_size} completions",
             soft_wrap=True, markup=False,  # one line, whatever the width: grep-able in a log file
         )

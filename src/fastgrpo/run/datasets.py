@@ -19,7 +19,7 @@ from urllib.parse import parse_qsl
 
 import datasets
 import torch
-from datasets import Dataset, load_dataset
+from datasets import Dataset, IterableDataset, load_dataset
 
 from ..model.model_files import check_hub_repo
 from ..rollout.prompts import is_chat
@@ -32,16 +32,20 @@ IMAGE_COLUMNS = ("image", "images")  # TRL 1.16 reads these as the prompts' imag
 GENERATED_ROWS = 1000  # rows generated for reasoning-gym and calculator specs when no size is given
 
 
-def load_dataset_spec(spec: str, split: str = "train", size: int | None = None, seed: int = 0) -> Dataset:
-    """A Dataset from a command-line spec.
+def load_dataset_spec(spec: str, split: str = "train", size: int | None = None, seed: int = 0, config: str | None = None,
+                      streaming: bool = False) -> Dataset | IterableDataset:
+    """A Dataset from a command-line spec (an IterableDataset with `streaming`).
 
     Args:
         spec: "reasoning-gym:<task>[,<task>][?key=value&key=value]" (the query
             sets task difficulty, e.g. "reasoning-gym:basic_arithmetic?max_terms=2",
             and `few_shot=N` solved examples before each question),
             "calculator" (the built-in agent task, tasks/calculator.py), a local
-            .json/.jsonl/.csv/.parquet file, or a hub dataset name (needs network).
-        split: the split of a hub dataset.
+            .json/.jsonl/.csv/.parquet file, a local dataset folder (its data files, read
+            by `datasets.load_dataset` with splits by file name), or a hub dataset name (needs network).
+        split, config, streaming: the split, configuration (`load_dataset`'s name) and streaming of a hub dataset or
+            a dataset folder, as TRL's script loads it (`splits_apply`; TRL's --dataset_train_split, --dataset_config,
+            --dataset_streaming); a file or a generated task has one split and no configuration.
         size: rows: generated for reasoning-gym and calculator specs (None: `GENERATED_ROWS`), the first
             `size` rows of a file or hub dataset (None: all; a warning when it holds fewer).
         seed: the seed of reasoning-gym and calculator specs.
@@ -50,14 +54,27 @@ def load_dataset_spec(spec: str, split: str = "train", size: int | None = None, 
             local file with an unsupported extension, that is empty, or that
             cannot be parsed (file and line number), a reasoning-gym spec that
             names no task or settings it refuses, or a dataset `check_dataset`
-            refuses (no prompt column, a missing or blank prompt: the row); a size below 1.
+            refuses (no prompt column, a missing or blank prompt: the row); a size below 1; a split the
+            dataset lacks (naming those it has); a split, configuration or streaming for a file or a generated task.
     Warns:
         UserWarning: a file or hub dataset that holds fewer rows than `size`.
     """
     if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
         raise ValueError(f"{spec}: size={size!r}; give a number of rows, 1 or more (or None for the default).")
     path, generated = os.path.expanduser(spec), GENERATED_ROWS if size is None else size
-    if spec.startswith("reasoning-gym:"):
+    if not splits_apply(spec) and (split != "train" or config is not None or streaming):
+        given = ", ".join(f"{k}={v!r}" for k, v in (("split", split), ("config", config), ("streaming", streaming)) if v not in ("train", None, False))
+        raise ValueError(f"dataset {spec!r}: {given} apply to a hub dataset or a dataset folder; a file or a generated task has "
+                         "one split (train) and no configuration: drop them (--dataset_train_split, --dataset_config, --dataset_streaming).")
+    if splits_apply(spec):
+        splits = dataset_splits(spec, config, streaming)
+        if split not in splits:
+            raise ValueError(f"dataset {spec!r} has no split {split!r}; it has {', '.join(splits)}: name one of them "
+                             "(--dataset_train_split, --dataset_test_split).")
+        if streaming:
+            return splits[split] if size is None else splits[split].take(size)
+        dataset = first_rows(splits[split], size, spec)
+    elif spec.startswith("reasoning-gym:"):
         tasks, _, query = spec.split(":", 1)[1].partition("?")
         kwargs = {k: _number(v) for k, v in parse_qsl(query)}
         few_shot = kwargs.pop("few_shot", 0)
@@ -77,11 +94,43 @@ def load_dataset_spec(spec: str, split: str = "train", size: int | None = None, 
             f"dataset {spec!r}: no such file (looked in {os.getcwd()}); give an existing .json/.jsonl/.csv/.parquet file, "
             "reasoning-gym:<task>, or a hub dataset name (org/name)."
         )
-    else:
-        check_hub_repo(spec, "dataset")  # one quick probe: offline, load_dataset retries for half a minute, then a traceback
-        dataset = first_rows(load_dataset(spec, split=split), size, spec)
     check_dataset(dataset, spec)
     return dataset
+
+
+def dataset_splits(spec: str, config: str | None, streaming: bool) -> dict:
+    """Every split of a hub dataset or a local dataset folder, as TRL's script loads them (`load_dataset(name,
+    name=config, streaming=…)`); a folder written by `save_to_disk` is read with `load_from_disk` (one Dataset: its
+    "train" split).
+
+    Raises:
+        ValueError: a folder `datasets` cannot read (no data files, …) or a configuration for a `save_to_disk` folder, naming the fix;
+            see `check_hub_repo` for a hub name.
+    """
+    path = os.path.expanduser(spec)
+    if not os.path.isdir(path):
+        check_hub_repo(spec, "dataset")  # one quick probe: offline, load_dataset retries for half a minute, then a traceback
+        return load_dataset(spec, name=config, streaming=streaming)
+    if any(os.path.isfile(os.path.join(path, f)) for f in ("dataset_dict.json", "state.json")):  # save_to_disk's files
+        if config is not None:
+            raise ValueError(f"dataset folder {spec!r} was written by save_to_disk: it has no configurations; drop config={config!r} (--dataset_config).")
+        saved = datasets.load_from_disk(path)
+        splits = dict(saved) if isinstance(saved, datasets.DatasetDict) else {"train": saved}
+        return {k: v.to_iterable_dataset() for k, v in splits.items()} if streaming else splits
+    try:
+        return load_dataset(path, name=config, streaming=streaming)
+    except (datasets.exceptions.DatasetNotFoundError, FileNotFoundError, ValueError) as err:
+        raise ValueError(f"dataset folder {spec!r} cannot be read by datasets.load_dataset ({err}); give a folder of data files "
+                         "(train.jsonl, test.jsonl, …), one written by save_to_disk, or a data file.") from err
+
+
+def splits_apply(spec: str) -> bool:
+    """Whether `spec` names a dataset with splits and configurations: a local dataset folder or a hub name (not
+    reasoning-gym:…, calculator, or a data file)."""
+    path = os.path.expanduser(spec)
+    if spec.startswith("reasoning-gym:") or spec == "calculator" or os.path.isfile(path):
+        return False
+    return os.path.isdir(path) or not looks_like_local_path(spec)
 
 
 def first_rows(dataset: Dataset, size: int | None, spec: str) -> Dataset:
