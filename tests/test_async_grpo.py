@@ -45,7 +45,7 @@ class SlowTrainer(TrainerCallback):
         time.sleep(self.seconds)
 
 
-TIMING_KEYS = ("seconds/", "perf/", "rollout/", "sample/", "generation_tokens_per_second", "train_tokens_per_second")
+TIMING_KEYS = ("seconds/", "perf/", "rollout/", "sample/", "generation_tokens_per_second", "train_tokens_per_second", "step_time")
 
 
 def comparable(records):

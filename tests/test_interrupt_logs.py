@@ -59,7 +59,8 @@ def logs(out):
         with open(os.path.join(out, name)) as f:
             return [json.loads(line) for line in f]
 
-    metrics = [{k: v for k, v in r.items() if not k.startswith("seconds/") and not k.endswith("per_second")} for r in read("metrics.jsonl")]
+    timings = ("seconds/", "step_time")  # wall-clock: the only values a resumed run may not repeat
+    metrics = [{k: v for k, v in r.items() if not k.startswith(timings) and not k.endswith("per_second")} for r in read("metrics.jsonl")]
     return metrics, read("completions.jsonl")
 
 
