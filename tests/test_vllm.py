@@ -309,6 +309,10 @@ def test_server_dying_mid_run_is_a_clear_error_and_resume_works(tmp_path, tokeni
     ({"vllm_mode": "remote"}, "vllm_mode='remote'"),
     ({"generation_backend": "transformers"}, "contradict"),
     ({"vllm_gpu_memory_utilization": 1.5}, "vllm_gpu_memory_utilization=1.5"),
+    ({"vllm_mode": "server", "vllm_server_port": 99999}, r"vllm_server_port=99999: give a port from 1 to 65535"),
+    ({"vllm_mode": "server", "vllm_server_port": 0}, r"vllm_server_port=0: give a port from 1 to 65535"),
+    ({"vllm_mode": "server", "vllm_server_base_url": "ftp://127.0.0.1:8000"}, r"vllm_server_base_url='ftp://127.0.0.1:8000': give the server's http address"),
+    ({"vllm_mode": "server", "vllm_server_base_url": "http://127.0.0.1:99999"}, r"has no valid port"),
 ])
 def test_what_vllm_cannot_do_here_is_refused_in_the_config(tmp_path, fields, message):
     with pytest.raises(ValueError, match=message):
@@ -362,5 +366,36 @@ def test_a_server_that_answers_wrongly_is_named_with_its_url(models, message):
     try:
         with pytest.raises(EngineError, match=re.escape(f"the vLLM server at {url} {message}")):
             ServerEngine(url, "tiny", timeout=5, pushes_weights=False)
+    finally:
+        httpd.shutdown()
+
+
+def test_a_url_without_a_scheme_is_http_as_trls_client_reads_it(tmp_path):
+    from fastgrpo.generation.vllm.server import base_url
+
+    for given, url in (("127.0.0.1:8000", "http://127.0.0.1:8000"), ("localhost:8000/", "http://localhost:8000"),
+                       ("https://host:8443", "https://host:8443")):
+        assert base_url(config(tmp_path, vllm_mode="server", vllm_server_base_url=given)) == url
+
+
+def test_an_http_server_that_is_not_vllm_is_named_at_once_not_after_the_timeout(tmp_path):
+    # `python -m http.server` on the port (or a URL ending in /v1): /health is 404. It waited vllm_server_timeout
+    # (240 s by default), then said that no server answered.
+    import functools
+    import http.server
+    import threading
+
+    from fastgrpo.generation.vllm.server import ServerEngine
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        for given in (url, url + "/v1"):
+            start = time.monotonic()
+            with pytest.raises(EngineError, match=re.escape(f"{given} answered GET /health with HTTP 404: it is not a vLLM server's base URL")):
+                ServerEngine(given, "tiny", timeout=60, pushes_weights=False)
+            assert time.monotonic() - start < 5
     finally:
         httpd.shutdown()

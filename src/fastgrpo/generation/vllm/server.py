@@ -36,9 +36,11 @@ START_COMMAND = "fastgrpo vllm-serve --model {model} --host 127.0.0.1 --port 800
 
 
 def base_url(args) -> str:
-    """The server's URL from TRL's fields: `vllm_server_base_url`, else http://{vllm_server_host}:{vllm_server_port}."""
+    """The server's URL from TRL's fields: `vllm_server_base_url` (http when it names no scheme, as TRL's client reads
+    `127.0.0.1:8000`), else http://{vllm_server_host}:{vllm_server_port}."""
     if args.vllm_server_base_url:
-        return args.vllm_server_base_url.rstrip("/")
+        url = args.vllm_server_base_url.rstrip("/")
+        return url if "://" in url else "http://" + url
     host = "127.0.0.1" if args.vllm_server_host == "0.0.0.0" else args.vllm_server_host  # TRL's default host is the listen-all address
     return f"http://{host}:{args.vllm_server_port}"
 
@@ -79,18 +81,31 @@ class ServerEngine:
         self.started = True  # from here on a failure may come after checkpoints were saved
 
     def wait_until_up(self, model: str) -> None:
-        """Poll `/health` until it answers 200, for at most `timeout` seconds."""
-        deadline = time.monotonic() + self.timeout
+        """Poll `/health` until it answers 200, for at most `timeout` seconds.
+
+        Raises:
+            EngineError: no answer within `timeout` (naming the last failure); at once, an HTTP server that answers
+                `/health` with a 4xx code (404: not a vLLM server, or a URL with a path such as /v1).
+        """
+        deadline, last = time.monotonic() + self.timeout, "no answer"
         while True:
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=min(5.0, self.timeout)) as response:
                     if response.status == 200:
                         return
-            except (OSError, http.client.HTTPException):
-                pass
+            except urllib.error.HTTPError as err:
+                if 400 <= err.code < 500:  # something answers there, and it is not a vLLM server's root (vLLM starting up is 5xx or silent)
+                    raise EngineError(
+                        f"{self.url} answered GET /health with HTTP {err.code}: it is not a vLLM server's base URL. Give the address "
+                        f"`fastgrpo vllm-serve` listens on, without a path (http://host:port, no /v1); start one with "
+                        f"`{START_COMMAND.format(model=model)}`."
+                    ) from None
+                last = f"HTTP {err.code}"
+            except (OSError, http.client.HTTPException) as err:
+                last = f"{type(err).__name__}: {getattr(err, 'reason', err)}"
             if time.monotonic() >= deadline:
                 raise EngineError(
-                    f"no vLLM server answered at {self.url} within vllm_server_timeout={self.timeout:g} s; start one with "
+                    f"no vLLM server answered at {self.url} within vllm_server_timeout={self.timeout:g} s ({last}); start one with "
                     f"`{START_COMMAND.format(model=model)}` and set vllm_server_base_url (or vllm_server_host/port) to it."
                 )
             time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
