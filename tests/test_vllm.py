@@ -313,6 +313,8 @@ def test_server_dying_mid_run_is_a_clear_error_and_resume_works(tmp_path, tokeni
     ({"vllm_mode": "server", "vllm_server_port": 0}, r"vllm_server_port=0: give a port from 1 to 65535"),
     ({"vllm_mode": "server", "vllm_server_base_url": "ftp://127.0.0.1:8000"}, r"vllm_server_base_url='ftp://127.0.0.1:8000': give the server's http address"),
     ({"vllm_mode": "server", "vllm_server_base_url": "http://127.0.0.1:99999"}, r"has no valid port"),
+    ({"vllm_importance_sampling_clip_max": 0.0}, r"vllm_importance_sampling_clip_max=0.0: .* give a positive cap"),
+    ({"vllm_importance_sampling_clip_max": -1.0}, r"vllm_importance_sampling_clip_max=-1.0"),
 ])
 def test_what_vllm_cannot_do_here_is_refused_in_the_config(tmp_path, fields, message):
     with pytest.raises(ValueError, match=message):

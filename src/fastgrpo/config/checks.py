@@ -98,10 +98,15 @@ def check_importance_sampling(correction: bool, mode: str, clip_min: float | Non
     """TRL's checks on the `vllm_importance_sampling_*` fields (GRPOConfig.__post_init__; the maths: algo/sampling_correction.py).
 
     Raises:
-        ValueError: an unknown mode, clip_min ≥ clip_max, or a *_truncate mode with no bound.
+        ValueError: an unknown mode, clip_min ≥ clip_max, a *_truncate mode with no bound, or clip_max ≤ 0 (every weight
+            is min(ratio, clip_max): 0 or below zeroes every completion's loss or flips its sign, and the *_mask modes
+            drop every ratio above it; TRL accepts it and trains on that).
     """
     if mode not in IMPORTANCE_SAMPLING_MODES:
         raise ValueError(f"vllm_importance_sampling_mode={mode!r}: use one of {', '.join(IMPORTANCE_SAMPLING_MODES)}.")
+    if clip_max is not None and not clip_max > 0:
+        raise ValueError(f"vllm_importance_sampling_clip_max={clip_max}: the sampler–trainer weight is a ratio of probabilities, "
+                         "capped at clip_max: give a positive cap (TRL's default 3.0), or None for no cap.")
     if clip_min is not None and clip_max is not None and clip_min >= clip_max:
         raise ValueError(f"vllm_importance_sampling_clip_min ({clip_min}) must be less than vllm_importance_sampling_clip_max ({clip_max}).")
     if correction and mode.endswith("_truncate") and clip_min is None and clip_max is None:
