@@ -401,3 +401,21 @@ def test_an_http_server_that_is_not_vllm_is_named_at_once_not_after_the_timeout(
             assert time.monotonic() - start < 5
     finally:
         httpd.shutdown()
+
+
+def test_a_prompt_and_completion_longer_than_the_engines_context_are_refused_before_sampling(engine, tokenizer, server, model_dir):
+    # vLLM shortens such a request's completions to the room left (max_model_len − prompt), silently: the run trained on
+    # 3-token completions with max_completion_length=48 against a server started with --max_model_len 64.
+    from fastgrpo.generation.vllm.server import ServerEngine
+
+    served = ServerEngine(server, model_dir, timeout=180, pushes_weights=False, dtype=torch.float32)
+    assert (served.max_model_len, engine.max_model_len) == (256, 128)  # the server's --max_model_len (conftest), the fixture's
+    for eng, limit in ((served, 256), (engine, 128)):
+        backend = VLLMGenerator(eng, settings(tokenizer), tied=TIED)  # completions of up to 12 tokens
+        fits = torch.tensor([PROMPT * ((limit - 12) // len(PROMPT)) + PROMPT[: (limit - 12) % len(PROMPT)]])  # limit − 12 tokens
+        assert backend.sample(fits, torch.ones_like(fits), 2).completion_ids.shape[0] == 2
+        over = torch.tensor([[PROMPT[0]] + fits[0].tolist()])  # one token more
+        with pytest.raises(EngineError, match=re.escape(f"a prompt of {limit - 11} tokens and 12 completion tokens do not fit in max_model_len={limit}")):
+            backend.sample(over, torch.ones_like(over), 2)
+        with pytest.raises(EngineError, match="--max_model_len 258"):  # 246 + 12, whatever the engine: the server's fix is named
+            backend.sample(torch.tensor([PROMPT * 24 + PROMPT[:6]]), torch.ones(1, 246, dtype=torch.long), 2, max_new_tokens=12)

@@ -64,7 +64,7 @@ class ColocateEngine:
                 f"vLLM could not start its engine ({err}; its log above says why). It reserves vllm_gpu_memory_utilization="
                 f"{share}: lower it, or on CPU set VLLM_CPU_KVCACHE_SPACE=<GiB> for its KV cache, or free memory."
             ) from None
-        self.sampling_params, self.folder = SamplingParams, folder
+        self.sampling_params, self.folder, self.max_model_len = SamplingParams, folder, max_model_len
 
     def generate(self, prompts: list[list[int]], params: dict) -> list[list[Completion]]:
         """`LLM.generate` on token-id prompts (no tokenising); → per prompt, its n completions with their log-probs."""

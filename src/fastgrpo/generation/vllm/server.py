@@ -76,7 +76,10 @@ class ServerEngine:
                               f"start one for it: `{START_COMMAND.format(model=model)}`.")
         self.model = served
         info = self.request("GET", "/server_info?config_format=json", missing="its dev endpoints are off")
-        self.nccl = torch.cuda.is_available() and bool(info.get("weight_transfer_config"))
+        config = info.get("vllm_config") if isinstance(info.get("vllm_config"), dict) else {}  # vLLM 0.32: {"vllm_config": {…}, "vllm_env": …}
+        model_config = config.get("model_config") if isinstance(config.get("model_config"), dict) else {}
+        self.max_model_len, self.logprobs_mode = model_config.get("max_model_len"), model_config.get("logprobs_mode")
+        self.nccl = torch.cuda.is_available() and bool(config.get("weight_transfer_config"))
         self.communicator, self.folder = None, WeightsFolder(dtype) if pushes_weights and not self.nccl else None
         self.started = True  # from here on a failure may come after checkpoints were saved
 
