@@ -419,3 +419,44 @@ def test_a_prompt_and_completion_longer_than_the_engines_context_are_refused_bef
             backend.sample(over, torch.ones_like(over), 2)
         with pytest.raises(EngineError, match="--max_model_len 258"):  # 246 + 12, whatever the engine: the server's fix is named
             backend.sample(torch.tensor([PROMPT * 24 + PROMPT[:6]]), torch.ones(1, 246, dtype=torch.long), 2, max_new_tokens=12)
+
+
+@pytest.mark.parametrize("mode,temperature,refused", [
+    ("raw_logprobs", 0.5, True), ("raw_logprobs", 1.0, False), ("processed_logprobs", 0.5, False), ("raw_logits", 1.0, True),
+])
+def test_a_server_whose_logprobs_ignore_the_temperature_is_refused(tmp_path, server, model_dir, mode, temperature, refused):
+    # `VLLM_SERVER_DEV_MODE=1 vllm serve MODEL` (TRL 1.16's documented command without --logprobs-mode) returns
+    # raw log-probs; at temperature 0.5 they differed from the trainer's by up to 3.2 nats (sampling_logp_difference/max).
+    import http.server
+    import threading
+
+    from fastgrpo.generation.vllm.server import ServerEngine
+
+    assert ServerEngine(server, model_dir, timeout=180, pushes_weights=False).logprobs_mode == "processed_logprobs"  # fastgrpo vllm-serve's
+
+    class Served(http.server.BaseHTTPRequestHandler):  # a vLLM 0.32 server's answers, with another logprobs_mode
+        def do_GET(self):
+            answers = {"/v1/models": {"data": [{"id": "tiny"}]},
+                       "/server_info": {"vllm_config": {"model_config": {"max_model_len": 256, "logprobs_mode": mode}}}}
+            body = json.dumps(answers.get(self.path.split("?")[0], {})).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Served)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        engine = ServerEngine(f"http://127.0.0.1:{httpd.server_address[1]}", "tiny", timeout=5, pushes_weights=False)
+        assert (engine.max_model_len, engine.logprobs_mode) == (256, mode)
+        engine.check_logprobs(temperature, uses_logprobs=False)  # log-probs not used (top_k, top_p, …): nothing to refuse
+        if refused:
+            with pytest.raises(EngineError, match=f"logprobs_mode='{mode}', not those of the distribution it samples at temperature={temperature:g}"):
+                engine.check_logprobs(temperature, uses_logprobs=True)
+        else:
+            engine.check_logprobs(temperature, uses_logprobs=True)
+    finally:
+        httpd.shutdown()

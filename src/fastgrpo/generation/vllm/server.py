@@ -83,6 +83,27 @@ class ServerEngine:
         self.communicator, self.folder = None, WeightsFolder(dtype) if pushes_weights and not self.nccl else None
         self.started = True  # from here on a failure may come after checkpoints were saved
 
+    def check_logprobs(self, temperature: float, uses_logprobs: bool) -> None:
+        """Refuse a server whose log-probs are not those of the distribution it samples, where the run uses them.
+
+        TRL 1.16's GRPOTrainer reads the same setting and warns; fastgrpo refuses, as it also takes them as π_old (μ = 1).
+
+        Args:
+            temperature: the run's sampling temperature.
+            uses_logprobs: the backend keeps the server's log-probs as the sampler's (`VLLMGenerator.owns_weights`).
+        Raises:
+            EngineError: the server's `logprobs_mode` is not `processed_logprobs` (vLLM's default, `raw_logprobs`, is
+                log softmax(logits), without the temperature) and the temperature is not 1; naming the mode and the fix.
+                A server whose /server_info does not report it is not checked.
+        """
+        exact = self.logprobs_mode == "processed_logprobs" or (self.logprobs_mode == "raw_logprobs" and temperature == 1.0)
+        if uses_logprobs and self.logprobs_mode is not None and not exact:
+            raise EngineError(
+                f"{self.description} returns log-probs with logprobs_mode={self.logprobs_mode!r}, not those of the distribution "
+                f"it samples at temperature={temperature:g}, which fastgrpo takes as π_old and for the sampler–trainer correction; "
+                f"restart it with `{START_COMMAND.format(model=self.model)}` (or add `--logprobs-mode processed_logprobs` to `vllm serve`)."
+            )
+
     def wait_until_up(self, model: str) -> None:
         """Poll `/health` until it answers 200, for at most `timeout` seconds.
 
