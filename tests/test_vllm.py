@@ -421,6 +421,17 @@ def test_a_prompt_and_completion_longer_than_the_engines_context_are_refused_bef
             backend.sample(torch.tensor([PROMPT * 24 + PROMPT[:6]]), torch.ones(1, 246, dtype=torch.long), 2, max_new_tokens=12)
 
 
+def test_a_model_vllms_cpu_attention_cannot_run_is_refused_before_vllm_starts(tmp_path, tokenizer, prompts):
+    # Heads of 16 (the suite's tiny_model): vLLM 0.32 started its engine (≈ 20 s) and died at the first request with
+    # EngineDeadError after a page of log.
+    from conftest import tiny_model
+
+    start = time.monotonic()
+    with pytest.raises(EngineError, match=r"attention heads have 16 dimensions, and vLLM takes 32, 64, .*use_vllm=False"):
+        GRPOTrainer(tiny_model(tokenizer), reward_even_tokens, args=config(tmp_path), train_dataset=prompts, processing_class=tokenizer)
+    assert time.monotonic() - start < 15
+
+
 @pytest.mark.parametrize("mode,temperature,refused", [
     ("raw_logprobs", 0.5, True), ("raw_logprobs", 1.0, False), ("processed_logprobs", 0.5, False), ("raw_logits", 1.0, True),
 ])
