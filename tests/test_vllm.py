@@ -309,6 +309,12 @@ def test_server_dying_mid_run_is_a_clear_error_and_resume_works(tmp_path, tokeni
     ({"vllm_mode": "remote"}, "vllm_mode='remote'"),
     ({"generation_backend": "transformers"}, "contradict"),
     ({"vllm_gpu_memory_utilization": 1.5}, "vllm_gpu_memory_utilization=1.5"),
+    ({"vllm_mode": "server", "vllm_server_port": 99999}, r"vllm_server_port=99999: give a port from 1 to 65535"),
+    ({"vllm_mode": "server", "vllm_server_port": 0}, r"vllm_server_port=0: give a port from 1 to 65535"),
+    ({"vllm_mode": "server", "vllm_server_base_url": "ftp://127.0.0.1:8000"}, r"vllm_server_base_url='ftp://127.0.0.1:8000': give the server's http address"),
+    ({"vllm_mode": "server", "vllm_server_base_url": "http://127.0.0.1:99999"}, r"has no valid port"),
+    ({"vllm_importance_sampling_clip_max": 0.0}, r"vllm_importance_sampling_clip_max=0.0: .* give a positive cap"),
+    ({"vllm_importance_sampling_clip_max": -1.0}, r"vllm_importance_sampling_clip_max=-1.0"),
 ])
 def test_what_vllm_cannot_do_here_is_refused_in_the_config(tmp_path, fields, message):
     with pytest.raises(ValueError, match=message):
@@ -362,5 +368,106 @@ def test_a_server_that_answers_wrongly_is_named_with_its_url(models, message):
     try:
         with pytest.raises(EngineError, match=re.escape(f"the vLLM server at {url} {message}")):
             ServerEngine(url, "tiny", timeout=5, pushes_weights=False)
+    finally:
+        httpd.shutdown()
+
+
+def test_a_url_without_a_scheme_is_http_as_trls_client_reads_it(tmp_path):
+    from fastgrpo.generation.vllm.server import base_url
+
+    for given, url in (("127.0.0.1:8000", "http://127.0.0.1:8000"), ("localhost:8000/", "http://localhost:8000"),
+                       ("https://host:8443", "https://host:8443")):
+        assert base_url(config(tmp_path, vllm_mode="server", vllm_server_base_url=given)) == url
+
+
+def test_an_http_server_that_is_not_vllm_is_named_at_once_not_after_the_timeout(tmp_path):
+    # `python -m http.server` on the port (or a URL ending in /v1): /health is 404. It waited vllm_server_timeout
+    # (240 s by default), then said that no server answered.
+    import functools
+    import http.server
+    import threading
+
+    from fastgrpo.generation.vllm.server import ServerEngine
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        for given in (url, url + "/v1"):
+            start = time.monotonic()
+            with pytest.raises(EngineError, match=re.escape(f"{given} answered GET /health with HTTP 404: it is not a vLLM server's base URL")):
+                ServerEngine(given, "tiny", timeout=60, pushes_weights=False)
+            assert time.monotonic() - start < 5
+    finally:
+        httpd.shutdown()
+
+
+def test_a_prompt_and_completion_longer_than_the_engines_context_are_refused_before_sampling(engine, tokenizer, server, model_dir):
+    # vLLM shortens such a request's completions to the room left (max_model_len − prompt), silently: the run trained on
+    # 3-token completions with max_completion_length=48 against a server started with --max_model_len 64.
+    from fastgrpo.generation.vllm.server import ServerEngine
+
+    served = ServerEngine(server, model_dir, timeout=180, pushes_weights=False, dtype=torch.float32)
+    assert (served.max_model_len, engine.max_model_len) == (256, 128)  # the server's --max_model_len (conftest), the fixture's
+    for eng, limit in ((served, 256), (engine, 128)):
+        backend = VLLMGenerator(eng, settings(tokenizer), tied=TIED)  # completions of up to 12 tokens
+        fits = torch.tensor([PROMPT * ((limit - 12) // len(PROMPT)) + PROMPT[: (limit - 12) % len(PROMPT)]])  # limit − 12 tokens
+        assert backend.sample(fits, torch.ones_like(fits), 2).completion_ids.shape[0] == 2
+        over = torch.tensor([[PROMPT[0]] + fits[0].tolist()])  # one token more
+        with pytest.raises(EngineError, match=re.escape(f"a prompt of {limit - 11} tokens and 12 completion tokens do not fit in max_model_len={limit}")):
+            backend.sample(over, torch.ones_like(over), 2)
+        with pytest.raises(EngineError, match="--max_model_len 258"):  # 246 + 12, whatever the engine: the server's fix is named
+            backend.sample(torch.tensor([PROMPT * 24 + PROMPT[:6]]), torch.ones(1, 246, dtype=torch.long), 2, max_new_tokens=12)
+
+
+def test_a_model_vllms_cpu_attention_cannot_run_is_refused_before_vllm_starts(tmp_path, tokenizer, prompts):
+    # Heads of 16 (the suite's tiny_model): vLLM 0.32 started its engine (≈ 20 s) and died at the first request with
+    # EngineDeadError after a page of log.
+    from conftest import tiny_model
+
+    start = time.monotonic()
+    with pytest.raises(EngineError, match=r"attention heads have 16 dimensions, and vLLM takes 32, 64, .*use_vllm=False"):
+        GRPOTrainer(tiny_model(tokenizer), reward_even_tokens, args=config(tmp_path), train_dataset=prompts, processing_class=tokenizer)
+    assert time.monotonic() - start < 15
+
+
+@pytest.mark.parametrize("mode,temperature,refused", [
+    ("raw_logprobs", 0.5, True), ("raw_logprobs", 1.0, False), ("processed_logprobs", 0.5, False), ("raw_logits", 1.0, True),
+])
+def test_a_server_whose_logprobs_ignore_the_temperature_is_refused(tmp_path, server, model_dir, mode, temperature, refused):
+    # `VLLM_SERVER_DEV_MODE=1 vllm serve MODEL` (TRL 1.16's documented command without --logprobs-mode) returns
+    # raw log-probs; at temperature 0.5 they differed from the trainer's by up to 3.2 nats (sampling_logp_difference/max).
+    import http.server
+    import threading
+
+    from fastgrpo.generation.vllm.server import ServerEngine
+
+    assert ServerEngine(server, model_dir, timeout=180, pushes_weights=False).logprobs_mode == "processed_logprobs"  # fastgrpo vllm-serve's
+
+    class Served(http.server.BaseHTTPRequestHandler):  # a vLLM 0.32 server's answers, with another logprobs_mode
+        def do_GET(self):
+            answers = {"/v1/models": {"data": [{"id": "tiny"}]},
+                       "/server_info": {"vllm_config": {"model_config": {"max_model_len": 256, "logprobs_mode": mode}}}}
+            body = json.dumps(answers.get(self.path.split("?")[0], {})).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Served)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        engine = ServerEngine(f"http://127.0.0.1:{httpd.server_address[1]}", "tiny", timeout=5, pushes_weights=False)
+        assert (engine.max_model_len, engine.logprobs_mode) == (256, mode)
+        engine.check_logprobs(temperature, uses_logprobs=False)  # log-probs not used (top_k, top_p, …): nothing to refuse
+        if refused:
+            with pytest.raises(EngineError, match=f"logprobs_mode='{mode}', not those of the distribution it samples at temperature={temperature:g}"):
+                engine.check_logprobs(temperature, uses_logprobs=True)
+        else:
+            engine.check_logprobs(temperature, uses_logprobs=True)
     finally:
         httpd.shutdown()

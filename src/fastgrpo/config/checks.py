@@ -98,10 +98,15 @@ def check_importance_sampling(correction: bool, mode: str, clip_min: float | Non
     """TRL's checks on the `vllm_importance_sampling_*` fields (GRPOConfig.__post_init__; the maths: algo/sampling_correction.py).
 
     Raises:
-        ValueError: an unknown mode, clip_min ≥ clip_max, or a *_truncate mode with no bound.
+        ValueError: an unknown mode, clip_min ≥ clip_max, a *_truncate mode with no bound, or clip_max ≤ 0 (every weight
+            is min(ratio, clip_max): 0 or below zeroes every completion's loss or flips its sign, and the *_mask modes
+            drop every ratio above it; TRL accepts it and trains on that).
     """
     if mode not in IMPORTANCE_SAMPLING_MODES:
         raise ValueError(f"vllm_importance_sampling_mode={mode!r}: use one of {', '.join(IMPORTANCE_SAMPLING_MODES)}.")
+    if clip_max is not None and not clip_max > 0:
+        raise ValueError(f"vllm_importance_sampling_clip_max={clip_max}: the sampler–trainer weight is a ratio of probabilities, "
+                         "capped at clip_max: give a positive cap (TRL's default 3.0), or None for no cap.")
     if clip_min is not None and clip_max is not None and clip_min >= clip_max:
         raise ValueError(f"vllm_importance_sampling_clip_min ({clip_min}) must be less than vllm_importance_sampling_clip_max ({clip_max}).")
     if correction and mode.endswith("_truncate") and clip_min is None and clip_max is None:
@@ -299,6 +304,8 @@ def check_vllm(c) -> None:
         raise ValueError(f"vllm_gpu_memory_utilization={c.vllm_gpu_memory_utilization}: use a share in (0, 1], e.g. 0.3.")
     if c.vllm_server_timeout <= 0:
         raise ValueError(f"vllm_server_timeout={c.vllm_server_timeout}: use a positive number of seconds, e.g. 240.")
+    if c.vllm_mode == "server":
+        check_server_address(c)
     import torch  # noqa: PLC0415 (the device decides what the engine can do)
 
     if c.use_cpu and torch.cuda.is_available():
@@ -323,6 +330,40 @@ def check_vllm(c) -> None:
             f"vllm_max_model_length={c.vllm_max_model_length} leaves no room for a prompt and max_completion_length="
             f"{c.max_completion_length}; use at least max_prompt_length + max_completion_length, or None."
         )
+
+
+def check_server_address(c) -> None:
+    """The server's address (TRL's `vllm_server_base_url`, else `vllm_server_host`/`_port`), refused when no server can be at it.
+
+    A URL without a scheme (`127.0.0.1:8000`, `localhost:8000`) is read as http, as TRL's client reads one
+    (generation/vllm/server.base_url). Without these checks each waited `vllm_server_timeout` (240 s by default) and
+    then said no server answered.
+
+    Raises:
+        ValueError: a scheme other than http or https; a URL without a host; a port (in the URL, vllm_server_port or
+            vllm_group_port) outside 1–65535; each naming the field, the value and a form that works.
+    """
+    from urllib.parse import urlsplit  # noqa: PLC0415
+
+    ports = [("vllm_group_port", c.vllm_group_port)]
+    if c.vllm_server_base_url:
+        url = c.vllm_server_base_url if "://" in c.vllm_server_base_url else "http://" + c.vllm_server_base_url
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"vllm_server_base_url={c.vllm_server_base_url!r}: give the server's http address, e.g. "
+                             "'http://127.0.0.1:8000' (`fastgrpo vllm-serve --host 127.0.0.1 --port 8000`).")
+        try:
+            ports.append(("vllm_server_base_url's port", parts.port))
+        except ValueError:  # urlsplit's own check: not a number, or above 65535
+            raise ValueError(f"vllm_server_base_url={c.vllm_server_base_url!r} has no valid port: give one from 1 to 65535, "
+                             "e.g. 'http://127.0.0.1:8000'.") from None
+    else:
+        ports.append(("vllm_server_port", c.vllm_server_port))
+    for name, port in ports:
+        if port is not None and not 1 <= port <= 65535:
+            which = "the NCCL weight-transfer group's; default 51216" if name == "vllm_group_port" else \
+                "the one `fastgrpo vllm-serve --port` listens on; default 8000"
+            raise ValueError(f"{name}={port}: give a port from 1 to 65535 ({which}).")
 
 
 def warn_like_trl(c) -> None:

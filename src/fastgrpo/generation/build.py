@@ -79,6 +79,7 @@ def build_backend(
         colocated engine (started here from the policy's own weights) or the server.
     Raises:
         ValueError: an unknown backend.
+        EngineError: a server whose log-probs are not those of the distribution it samples (`ServerEngine.check_logprobs`).
     """
     backend = args.generation_backend
     if backend not in GENERATION_BACKENDS:
@@ -89,6 +90,7 @@ def build_backend(
         if server is not None:
             backend = VLLMGenerator(server, sampling, tied=tied, seed=seed,  # a shared server: seeded per request
                                     deferred=args.max_staleness is not None)  # the overlap: pushed from the producer's thread
+            server.check_logprobs(sampling.temperature, backend.owns_weights)
             backend.update_weights(policy)  # the server may hold other weights (another run's, or the model before LoRA)
             return backend
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # vLLM's start-up INFO lines would bury the trainer's own

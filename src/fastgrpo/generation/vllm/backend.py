@@ -107,15 +107,18 @@ class VLLMGenerator:
             completion ids (B·G, T') right-padded with pad_token_id after the stop token, T' the longest
             completion; logps (B·G, T') float32 (0 after the stop token) when `owns_weights`, else None.
         Raises:
-            EngineError: the engine returned another number of completions than B·G.
+            EngineError: a prompt whose length + T exceeds the engine's max_model_len (vLLM would cut its completions
+                short to fit, silently, or refuse it), before anything is sent; the engine returned another number of
+                completions than B·G.
         """
         T = max_new_tokens or self.sampling.max_completion_length
+        prompts = [ids[m.bool()].tolist() for ids, m in zip(prompt_ids, prompt_mask)]
+        self.check_lengths(prompts, T)
         with self.lock:  # deferred: the latest weights in before this rollout's requests
             weights, self.pending = self.pending, None
             if weights is not None:
                 self.engine.push(weights)
                 self.sync_bytes = sum(t.numel() * t.element_size() for t in weights.values())
-        prompts = [ids[m.bool()].tolist() for ids, m in zip(prompt_ids, prompt_mask)]
         if num_generations > 1:  # each prompt into the prefix cache once, so its G completions share it (below)
             self.engine.generate(prompts, {**sampling_params(self.sampling, 1, 1), "logprobs": None})
         params = sampling_params(self.sampling, num_generations, T)
@@ -131,6 +134,26 @@ class VLLMGenerator:
             ids[i, : len(row.tokens)] = torch.tensor(row.tokens[:T], dtype=prompt_ids.dtype)
             logps[i, : len(row.logps)] = torch.tensor(row.logps[:T])
         return Samples(ids.to(prompt_ids.device), logps.to(prompt_ids.device) if self.owns_weights else None)
+
+    def check_lengths(self, prompts: list[list[int]], max_tokens: int) -> None:
+        """Refuse prompts that leave fewer than `max_tokens` completion tokens in the engine's max_model_len.
+
+        vLLM does not refuse these: its server shortens the request's max_tokens to the room left and the colocated
+        engine stops at max_model_len, so the run would train on completions cut short (the server refuses a prompt
+        longer than max_model_len itself, with HTTP 400).
+
+        Raises:
+            EngineError: naming the longest prompt, max_tokens, the engine's max_model_len and the fixes.
+        """
+        limit = getattr(self.engine, "max_model_len", None)
+        longest = max((len(p) for p in prompts), default=0)
+        if isinstance(limit, int) and longest + max_tokens > limit:
+            raise EngineError(
+                f"a prompt of {longest} tokens and {max_tokens} completion tokens do not fit in max_model_len={limit} of "
+                f"{self.engine.description}: vLLM would cut its completions short. Give the engine a longer context (server: "
+                f"`fastgrpo vllm-serve … --max_model_len {longest + max_tokens}` or more; colocate: vllm_max_model_length), or lower "
+                "max_prompt_length (prompts keep their last tokens) or max_completion_length."
+            )
 
     def turns(self) -> Reprefill:
         """Turns that send each continuing row's whole sequence again (vLLM's prefix cache makes the prefix cheap; TRL's way)."""

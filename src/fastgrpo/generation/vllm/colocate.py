@@ -15,6 +15,9 @@ Not here: the sampling settings and the `Samples` built from the output (backend
 
 from __future__ import annotations
 
+import json
+import os
+
 import torch
 
 from ..contract import EngineError
@@ -24,6 +27,31 @@ from .weights import WeightsFolder
 # KV-cache block on CPU (tokens): the smallest vLLM's CPU attention takes (a multiple of 32); its default of 128
 # leaves up to 127 prompt tokens per completion outside the prefix cache (backend.py, "Prefill").
 CPU_BLOCK_SIZE = 32
+
+
+def check_cpu_head_size(folder: WeightsFolder) -> None:
+    """Refuse, before vLLM starts, a model whose attention head size vLLM's CPU attention does not take.
+
+    vLLM 0.32 starts such an engine (≈ 20 s) and its worker dies at the first request ("Unsupported CPU attention
+    configuration: head_dim=16"), which reaches the trainer as `EngineDeadError` after a page of the engine's log.
+    The sizes are vLLM's own (`CPUAttentionBackend.supports_head_size`).
+
+    Raises:
+        EngineError: naming the head size, the sizes vLLM takes and the fixes.
+    """
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend  # noqa: PLC0415 (vLLM is being started anyway)
+
+    with open(os.path.join(folder.path, "config.json")) as f:
+        config = json.load(f)
+    heads, hidden = config.get("num_attention_heads"), config.get("hidden_size")
+    head_size = config.get("head_dim") or (hidden // heads if isinstance(heads, int) and isinstance(hidden, int) and heads else None)
+    if isinstance(head_size, int) and not CPUAttentionBackend.supports_head_size(head_size):
+        folder.close()
+        sizes = ", ".join(map(str, CPUAttentionBackend.get_supported_head_sizes()))
+        raise EngineError(
+            f"vLLM's CPU attention cannot run this model: its attention heads have {head_size} dimensions, and vLLM takes "
+            f"{sizes}. Sample with fastgrpo's own sampler instead (use_vllm=False), or run vLLM on a GPU."
+        )
 
 
 class ColocateEngine:
@@ -48,6 +76,8 @@ class ColocateEngine:
         from vllm import LLM, SamplingParams  # noqa: PLC0415 (an optional dependency, imported when the backend is chosen)
 
         on_cpu = not torch.cuda.is_available()
+        if on_cpu:
+            check_cpu_head_size(folder)
         try:
             self.llm = LLM(
                 model=folder.path, dtype=str(folder.dtype).removeprefix("torch."), max_model_len=max_model_len,
@@ -64,7 +94,7 @@ class ColocateEngine:
                 f"vLLM could not start its engine ({err}; its log above says why). It reserves vllm_gpu_memory_utilization="
                 f"{share}: lower it, or on CPU set VLLM_CPU_KVCACHE_SPACE=<GiB> for its KV cache, or free memory."
             ) from None
-        self.sampling_params, self.folder = SamplingParams, folder
+        self.sampling_params, self.folder, self.max_model_len = SamplingParams, folder, max_model_len
 
     def generate(self, prompts: list[list[int]], params: dict) -> list[list[Completion]]:
         """`LLM.generate` on token-id prompts (no tokenising); → per prompt, its n completions with their log-probs."""

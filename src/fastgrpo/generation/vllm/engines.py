@@ -27,6 +27,7 @@ class Engine(Protocol):
 
     description: str  # where it runs, for messages ("vLLM in this process", "the vLLM server at http://…")
     pushes_weights: bool  # this process writes the weights (False: another training process does, for a shared server)
+    max_model_len: int | None  # the longest prompt + completion it takes, tokens (None: a server that does not say)
 
     def generate(self, prompts: list[list[int]], params: dict) -> list[list[Completion]]:
         """One list of `params["n"]` completions per prompt, in prompt order; `params` are vLLM `SamplingParams` fields."""

@@ -36,9 +36,11 @@ START_COMMAND = "fastgrpo vllm-serve --model {model} --host 127.0.0.1 --port 800
 
 
 def base_url(args) -> str:
-    """The server's URL from TRL's fields: `vllm_server_base_url`, else http://{vllm_server_host}:{vllm_server_port}."""
+    """The server's URL from TRL's fields: `vllm_server_base_url` (http when it names no scheme, as TRL's client reads
+    `127.0.0.1:8000`), else http://{vllm_server_host}:{vllm_server_port}."""
     if args.vllm_server_base_url:
-        return args.vllm_server_base_url.rstrip("/")
+        url = args.vllm_server_base_url.rstrip("/")
+        return url if "://" in url else "http://" + url
     host = "127.0.0.1" if args.vllm_server_host == "0.0.0.0" else args.vllm_server_host  # TRL's default host is the listen-all address
     return f"http://{host}:{args.vllm_server_port}"
 
@@ -74,23 +76,60 @@ class ServerEngine:
                               f"start one for it: `{START_COMMAND.format(model=model)}`.")
         self.model = served
         info = self.request("GET", "/server_info?config_format=json", missing="its dev endpoints are off")
-        self.nccl = torch.cuda.is_available() and bool(info.get("weight_transfer_config"))
+        config = info.get("vllm_config") if isinstance(info.get("vllm_config"), dict) else {}  # vLLM 0.32: {"vllm_config": {…}, "vllm_env": …}
+        model_config = config.get("model_config") if isinstance(config.get("model_config"), dict) else {}
+        self.max_model_len, self.logprobs_mode = model_config.get("max_model_len"), model_config.get("logprobs_mode")
+        self.nccl = torch.cuda.is_available() and bool(config.get("weight_transfer_config"))
         self.communicator, self.folder = None, WeightsFolder(dtype) if pushes_weights and not self.nccl else None
         self.started = True  # from here on a failure may come after checkpoints were saved
 
+    def check_logprobs(self, temperature: float, uses_logprobs: bool) -> None:
+        """Refuse a server whose log-probs are not those of the distribution it samples, where the run uses them.
+
+        TRL 1.16's GRPOTrainer reads the same setting and warns; fastgrpo refuses, as it also takes them as π_old (μ = 1).
+
+        Args:
+            temperature: the run's sampling temperature.
+            uses_logprobs: the backend keeps the server's log-probs as the sampler's (`VLLMGenerator.owns_weights`).
+        Raises:
+            EngineError: the server's `logprobs_mode` is not `processed_logprobs` (vLLM's default, `raw_logprobs`, is
+                log softmax(logits), without the temperature) and the temperature is not 1; naming the mode and the fix.
+                A server whose /server_info does not report it is not checked.
+        """
+        exact = self.logprobs_mode == "processed_logprobs" or (self.logprobs_mode == "raw_logprobs" and temperature == 1.0)
+        if uses_logprobs and self.logprobs_mode is not None and not exact:
+            raise EngineError(
+                f"{self.description} returns log-probs with logprobs_mode={self.logprobs_mode!r}, not those of the distribution "
+                f"it samples at temperature={temperature:g}, which fastgrpo takes as π_old and for the sampler–trainer correction; "
+                f"restart it with `{START_COMMAND.format(model=self.model)}` (or add `--logprobs-mode processed_logprobs` to `vllm serve`)."
+            )
+
     def wait_until_up(self, model: str) -> None:
-        """Poll `/health` until it answers 200, for at most `timeout` seconds."""
-        deadline = time.monotonic() + self.timeout
+        """Poll `/health` until it answers 200, for at most `timeout` seconds.
+
+        Raises:
+            EngineError: no answer within `timeout` (naming the last failure); at once, an HTTP server that answers
+                `/health` with a 4xx code (404: not a vLLM server, or a URL with a path such as /v1).
+        """
+        deadline, last = time.monotonic() + self.timeout, "no answer"
         while True:
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=min(5.0, self.timeout)) as response:
                     if response.status == 200:
                         return
-            except (OSError, http.client.HTTPException):
-                pass
+            except urllib.error.HTTPError as err:
+                if 400 <= err.code < 500:  # something answers there, and it is not a vLLM server's root (vLLM starting up is 5xx or silent)
+                    raise EngineError(
+                        f"{self.url} answered GET /health with HTTP {err.code}: it is not a vLLM server's base URL. Give the address "
+                        f"`fastgrpo vllm-serve` listens on, without a path (http://host:port, no /v1); start one with "
+                        f"`{START_COMMAND.format(model=model)}`."
+                    ) from None
+                last = f"HTTP {err.code}"
+            except (OSError, http.client.HTTPException) as err:
+                last = f"{type(err).__name__}: {getattr(err, 'reason', err)}"
             if time.monotonic() >= deadline:
                 raise EngineError(
-                    f"no vLLM server answered at {self.url} within vllm_server_timeout={self.timeout:g} s; start one with "
+                    f"no vLLM server answered at {self.url} within vllm_server_timeout={self.timeout:g} s ({last}); start one with "
                     f"`{START_COMMAND.format(model=model)}` and set vllm_server_base_url (or vllm_server_host/port) to it."
                 )
             time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
