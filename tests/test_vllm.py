@@ -80,7 +80,7 @@ def prompt_tensors():
 
 def test_synced_engine_gives_the_policys_logprobs_and_a_stale_one_does_not(engine, tokenizer):
     policy = vllm_tiny_model(tokenizer, seed=0)
-    backend = VLLMGenerator(engine, settings(tokenizer), tied=TIED)
+    backend = VLLMGenerator(engine, settings(tokenizer), vocab_size=len(tokenizer), tied=TIED)
     backend.update_weights(policy)  # the engine holds seed 0's weights
     torch.manual_seed(1)
     optimizer = torch.optim.SGD(policy.parameters(), lr=50.0)  # one large step: every log-prob moves
@@ -103,7 +103,7 @@ def test_lora_sync_equals_the_merged_model_and_leaves_the_adapters(engine, token
     base = vllm_tiny_model(tokenizer, seed=3)
     policy = get_peft_model(base, LoraConfig(r=4, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False))
     adapters = {k: v.clone() for k, v in policy.named_parameters() if "lora_" in k}
-    backend = VLLMGenerator(engine, settings(tokenizer), tied=TIED)
+    backend = VLLMGenerator(engine, settings(tokenizer), vocab_size=len(tokenizer), tied=TIED)
     backend.update_weights(policy)
     assert all(torch.equal(adapters[k], v) for k, v in policy.named_parameters() if "lora_" in k)  # untouched, still adapters
     merged = get_peft_model(vllm_tiny_model(tokenizer, seed=3), policy.peft_config["default"])
@@ -118,21 +118,21 @@ def test_lora_sync_equals_the_merged_model_and_leaves_the_adapters(engine, token
 
 def test_sampling_settings_are_honoured(engine, tokenizer):
     policy = vllm_tiny_model(tokenizer, seed=0)
-    VLLMGenerator(engine, settings(tokenizer), tied=TIED).update_weights(policy)
+    VLLMGenerator(engine, settings(tokenizer), vocab_size=len(tokenizer), tied=TIED).update_weights(policy)
     with torch.no_grad():
         greedy = policy(input_ids=torch.tensor([PROMPT])).logits[0, -1].argmax().item()
     # top_k = 1: every row is the greedy continuation; its first token as EOS ends each row there, padded after.
-    backend = VLLMGenerator(engine, settings(tokenizer, top_k=1, eos_token_ids=[greedy]), tied=TIED)
+    backend = VLLMGenerator(engine, settings(tokenizer, top_k=1, eos_token_ids=[greedy]), vocab_size=len(tokenizer), tied=TIED)
     out = backend.sample(*prompt_tensors(), 4)
     assert out.completion_ids.tolist() == [[greedy]] * 4
     assert out.logps is None and not backend.owns_weights  # truncated: vLLM's renormalised log-probs are not used
     assert backend.notices()[-1].startswith("top_p/top_k/min_p/repetition_penalty")
     # top_k = 1 without that EOS: identical greedy rows, each cut at max_new_tokens.
-    out = VLLMGenerator(engine, settings(tokenizer, top_k=1), tied=TIED).sample(*prompt_tensors(), 3, max_new_tokens=5)
+    out = VLLMGenerator(engine, settings(tokenizer, top_k=1), vocab_size=len(tokenizer), tied=TIED).sample(*prompt_tensors(), 3, max_new_tokens=5)
     assert out.completion_ids.shape == (3, 5) and len({tuple(r) for r in out.completion_ids.tolist()}) == 1
     assert out.completion_ids[0, 0].item() == greedy
     # A high temperature spreads the samples; T = 1 log-probs are of softmax(logits / T).
-    out = VLLMGenerator(engine, settings(tokenizer, temperature=2.0), tied=TIED).sample(*prompt_tensors(), 8)
+    out = VLLMGenerator(engine, settings(tokenizer, temperature=2.0), vocab_size=len(tokenizer), tied=TIED).sample(*prompt_tensors(), 8)
     with torch.no_grad():
         logits = policy(input_ids=torch.cat([torch.tensor([PROMPT] * 8), out.completion_ids], 1)).logits[:, len(PROMPT) - 1 : -1]
     expected = (logits / 2.0).log_softmax(-1).gather(2, out.completion_ids[:, :, None]).squeeze(2)
@@ -142,7 +142,7 @@ def test_sampling_settings_are_honoured(engine, tokenizer):
 
 def test_multi_turn_turns_continue_each_row_on_the_engine(engine, tokenizer):
     policy = vllm_tiny_model(tokenizer, seed=0)
-    backend = VLLMGenerator(engine, settings(tokenizer), tied=TIED)
+    backend = VLLMGenerator(engine, settings(tokenizer), vocab_size=len(tokenizer), tied=TIED)
     backend.update_weights(policy)
     turns = backend.turns()  # each continuing row's whole sequence again (the prefix cache makes it cheap)
     first = turns.first(*prompt_tensors(), 2, 6)
@@ -411,7 +411,7 @@ def test_a_prompt_and_completion_longer_than_the_engines_context_are_refused_bef
     served = ServerEngine(server, model_dir, timeout=180, pushes_weights=False, dtype=torch.float32)
     assert (served.max_model_len, engine.max_model_len) == (256, 128)  # the server's --max_model_len (conftest), the fixture's
     for eng, limit in ((served, 256), (engine, 128)):
-        backend = VLLMGenerator(eng, settings(tokenizer), tied=TIED)  # completions of up to 12 tokens
+        backend = VLLMGenerator(eng, settings(tokenizer), vocab_size=len(tokenizer), tied=TIED)  # completions of up to 12 tokens
         fits = torch.tensor([PROMPT * ((limit - 12) // len(PROMPT)) + PROMPT[: (limit - 12) % len(PROMPT)]])  # limit − 12 tokens
         assert backend.sample(fits, torch.ones_like(fits), 2).completion_ids.shape[0] == 2
         over = torch.tensor([[PROMPT[0]] + fits[0].tolist()])  # one token more
@@ -469,5 +469,54 @@ def test_a_server_whose_logprobs_ignore_the_temperature_is_refused(tmp_path, ser
                 engine.check_logprobs(temperature, uses_logprobs=True)
         else:
             engine.check_logprobs(temperature, uses_logprobs=True)
+    finally:
+        httpd.shutdown()
+
+
+@pytest.mark.parametrize("answer,message", [
+    ({"token_ids": [5, 49152], "logprobs": {"token_logprobs": [-1.0, -2.0]}}, "returned token id 49152 in completion 0, outside the policy's vocabulary of 49152 ids"),
+    ({"token_ids": [5, -1], "logprobs": {"token_logprobs": [-1.0, -2.0]}}, "returned token id -1 in completion 0"),
+    ({"token_ids": [5, 6], "logprobs": {"token_logprobs": [-1.0, None]}}, "returned the log-prob None for completion 0 of 2 tokens"),
+    ({"token_ids": [5, 6], "logprobs": {"token_logprobs": [-1.0]}}, "returned 1 log-probs for completion 0 of 2 tokens"),
+    ({"token_ids": [5, 6]}, "returned 0 log-probs for completion 0 of 2 tokens"),
+])
+def test_completions_a_wrong_server_returns_are_refused_before_the_trainer_reads_them(tokenizer, answer, message):
+    # A real HTTP server on loopback answering as vLLM 0.32 does, with completions no vLLM serving this model returns:
+    # ids past the vocabulary reached the embedding as a bare IndexError, a null log-prob a RuntimeError from
+    # torch.tensor, and missing log-probs were filled with 0 (ratio e^{Δ} against a made-up π_old).
+    import http.server
+    import threading
+
+    from fastgrpo.generation.vllm.server import ServerEngine
+
+    class Served(http.server.BaseHTTPRequestHandler):
+        def answer(self, body: dict):
+            data = json.dumps(body).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            self.answer({"/v1/models": {"data": [{"id": "tiny"}]},
+                         "/server_info": {"vllm_config": {"model_config": {"max_model_len": 256, "logprobs_mode": "processed_logprobs"}}}
+                         }.get(self.path.split("?")[0], {}))
+
+        def do_POST(self):
+            request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            n = request["n"] * len(request["prompt"])
+            self.answer({"choices": [{"index": i, **answer} for i in range(n)]})
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Served)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        backend = VLLMGenerator(ServerEngine(url, "tiny", timeout=5, pushes_weights=False), settings(tokenizer), vocab_size=len(tokenizer))
+        assert backend.owns_weights and len(tokenizer) == 49152
+        with pytest.raises(EngineError, match=re.escape(f"the vLLM server at {url} {message}")):
+            backend.sample(*prompt_tensors(), 1)
     finally:
         httpd.shutdown()

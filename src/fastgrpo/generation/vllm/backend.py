@@ -39,7 +39,7 @@ import torch.distributed as dist
 from ..contract import EngineError, Samples, SamplingSettings
 from ..reprefill import Reprefill
 from ..weight_copy import full_weights
-from .engines import Engine
+from .engines import Completion, Engine
 from .weights import with_head
 
 
@@ -70,6 +70,7 @@ class VLLMGenerator:
         tied: the names the policy's tied embedding weight goes by (`weights.tied_names`; the engine runs them untied).
         deferred: pushes wait for the next `sample` (the overlap, rollout/async_producer.py: its producer thread samples,
             so the push runs there, between two rollouts, and the trainer only copies the weights); one process only.
+        vocab_size: the policy's embedding rows: every token id an engine returns must be below it (`check_rows`).
         seed: None, or the base of each request's vLLM `seed` (request k: seed + k·SEED_STRIDE; vLLM gives its
             n completions seed + 0 … n − 1): a server shared by runs then samples a run's requests the same
             whatever else it serves, and whenever they are sent (the overlap's max_staleness=0 equals the synchronous loop).
@@ -79,9 +80,9 @@ class VLLMGenerator:
         sync_bytes: the bytes of the last weights pushed (0 in a process that does not push).
     """
 
-    def __init__(self, engine: Engine, sampling: SamplingSettings, *, tied: tuple[str, ...] = (), seed: int | None = None,
+    def __init__(self, engine: Engine, sampling: SamplingSettings, *, vocab_size: int, tied: tuple[str, ...] = (), seed: int | None = None,
                  deferred: bool = False):
-        self.engine, self.sampling, self.tied, self.seed, self.requests = engine, sampling, tied, seed, 0
+        self.engine, self.sampling, self.vocab_size, self.tied, self.seed, self.requests = engine, sampling, vocab_size, tied, seed, 0
         self.deferred, self.pending, self.lock = deferred, None, threading.Lock()  # pending: the weights the next sample pushes first
         self.owns_weights = is_exact(sampling)
         self.sync_bytes = 0
@@ -109,7 +110,7 @@ class VLLMGenerator:
         Raises:
             EngineError: a prompt whose length + T exceeds the engine's max_model_len (vLLM would cut its completions
                 short to fit, silently, or refuse it), before anything is sent; the engine returned another number of
-                completions than B·G.
+                completions than B·G, or completions `check_rows` refuses.
         """
         T = max_new_tokens or self.sampling.max_completion_length
         prompts = [ids[m.bool()].tolist() for ids, m in zip(prompt_ids, prompt_mask)]
@@ -127,6 +128,7 @@ class VLLMGenerator:
         rows = [c for group in self.engine.generate(prompts, params) for c in group]
         if len(rows) != len(prompts) * num_generations:
             raise EngineError(f"{self.engine.description} returned {len(rows)} completions for {len(prompts)} prompts × G={num_generations}.")
+        self.check_rows(rows, T)
         width = max(1, max(len(r.tokens) for r in rows))
         ids = torch.full((len(rows), width), self.sampling.pad_token_id, dtype=prompt_ids.dtype)
         logps = torch.zeros(len(rows), width)
@@ -134,6 +136,32 @@ class VLLMGenerator:
             ids[i, : len(row.tokens)] = torch.tensor(row.tokens[:T], dtype=prompt_ids.dtype)
             logps[i, : len(row.logps)] = torch.tensor(row.logps[:T])
         return Samples(ids.to(prompt_ids.device), logps.to(prompt_ids.device) if self.owns_weights else None)
+
+    def check_rows(self, rows: list[Completion], max_tokens: int) -> None:
+        """Refuse completions a wrong server returns before they reach the trainer: a token id outside the policy's
+        vocabulary (a server serving another tokenizer's model under this model's name), and, where its log-probs are
+        used (`owns_weights`), fewer log-probs than tokens or one that is not a number (a JSON null, NaN).
+
+        Raises:
+            EngineError: naming the engine, the completion, the value and the fix.
+        """
+        for i, row in enumerate(rows):
+            tokens = row.tokens[:max_tokens]
+            bad = next((t for t in tokens if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size), None)
+            if bad is not None:
+                raise EngineError(
+                    f"{self.engine.description} returned token id {bad!r} in completion {i}, outside the policy's vocabulary of "
+                    f"{self.vocab_size} ids: it serves a model with another tokenizer. Serve the model being trained (`fastgrpo vllm-serve --model …`)."
+                )
+            logps = row.logps[:max_tokens]
+            wrong = [x for x in logps if isinstance(x, bool) or not isinstance(x, (int, float)) or x != x]  # null, text, NaN
+            if self.owns_weights and (wrong or len(logps) < len(tokens)):
+                what = f"the log-prob {wrong[0]!r}" if wrong else f"{len(logps)} log-probs"
+                raise EngineError(
+                    f"{self.engine.description} returned {what} for completion {i} of {len(tokens)} tokens: fastgrpo takes the "
+                    "sampler's log-prob of every token (π_old, the sampler–trainer correction). Serve the model with "
+                    "`fastgrpo vllm-serve`, which returns them."
+                )
 
     def check_lengths(self, prompts: list[list[int]], max_tokens: int) -> None:
         """Refuse prompts that leave fewer than `max_tokens` completion tokens in the engine's max_model_len.
@@ -145,7 +173,7 @@ class VLLMGenerator:
         Raises:
             EngineError: naming the longest prompt, max_tokens, the engine's max_model_len and the fixes.
         """
-        limit = getattr(self.engine, "max_model_len", None)
+        limit = self.engine.max_model_len  # None: a server whose /server_info does not say
         longest = max((len(p) for p in prompts), default=0)
         if isinstance(limit, int) and longest + max_tokens > limit:
             raise EngineError(
