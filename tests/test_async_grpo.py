@@ -176,6 +176,19 @@ def test_resume_retrains_nothing_and_resamples_what_was_in_flight(tmp_path, toke
     assert [r["step"] for r in metrics(args.output_dir)] == [1, 2, 3, 4]
 
 
+def test_async_grpo_configs_defaults_are_trls():
+    """Every field of TRL 1.16's AsyncGRPOConfig is one here, with its default (TRL's is a TrainingArguments, not a
+    GRPOConfig: disable_tqdm None, ignore_data_skip and remove_unused_columns True), but the output folder's."""
+    import dataclasses
+
+    from trl.experimental.async_grpo import AsyncGRPOConfig as TRLAsyncGRPOConfig
+
+    ours = {f.name: f.default for f in dataclasses.fields(AsyncGRPOConfig)}
+    theirs = {f.name: f.default for f in dataclasses.fields(TRLAsyncGRPOConfig) if not callable(f.default)}  # defaults, not factories
+    assert set(theirs) <= set(ours)
+    assert {k: (v, ours[k]) for k, v in theirs.items() if ours[k] != v} == {"output_dir": (None, "grpo-output")}
+
+
 def test_async_grpo_takes_trls_fields_and_refuses_what_it_cannot_honour(tmp_path, server):
     args = AsyncGRPOConfig(output_dir=str(tmp_path / "a"), vllm_server_base_url=server, per_device_train_batch_size=8,
                            run_name="trl-script", fork_threshold_tokens=512, request_timeout=60)

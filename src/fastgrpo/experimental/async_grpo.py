@@ -30,7 +30,7 @@ Not here: the pipeline (rollout/async_producer.py), the loop (trainer.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..config import GRPOConfig
 from ..config.grpo_config import names_unknown_fields
@@ -57,6 +57,9 @@ class AsyncGRPOConfig(GRPOConfig):
     use_vllm: bool = True
     vllm_mode: str = "server"
     vllm_server_base_url: str | None = "http://localhost:8000"
+    disable_tqdm: bool | None = None  # TrainingArguments' (TRL's AsyncGRPOConfig is not a GRPOConfig): None is False here
+    ignore_data_skip: bool = field(default=True, kw_only=True)  # TRL's: no skip-and-replay (fastgrpo saves the prompt order)
+    remove_unused_columns: bool | None = field(default=True, kw_only=True)  # TrainingArguments'; fastgrpo passes every column to rewards
     # TRL AsyncGRPOConfig's own fields
     dtype: str = "float32"
     token_budget: int | None = None
