@@ -117,6 +117,40 @@ def test_trls_script_dataset_flags_read_splits_of_a_dataset_folder(tmp_path, mon
     assert [r["rewards/is_test/mean"] for r in train] == [0.0] and [r["eval_rewards/is_test/mean"] for r in evaluated] == [1.0]
 
 
+def test_trls_script_inputs_that_cannot_train_are_refused_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    """Found by the break sweep, each after the model loaded and sampled, or as a traceback: TRL's accuracy_reward
+    without math_verify (an ImportError at the first scoring), think_format_reward over text prompts ("string indices
+    must be integers"), a dotted path with an empty part ("Empty module name"), a model folder as --dataset_name
+    (DatasetGenerationError), and a test split whose rows lack a prompt, streamed too (named without its split, or
+    after the model loaded). The model path does not exist: each is refused before it is looked at."""
+    from trl.import_utils import is_math_verify_available
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.jsonl").write_text("".join(json.dumps({"prompt": f"Count to {i}.", "solution": str(i)}) + "\n" for i in range(4)))
+    (tmp_path / "data" / "test.jsonl").write_text(json.dumps({"solution": "1"}) + "\n")
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    (tmp_path / "model" / "model.safetensors").write_text("")
+    monkeypatch.chdir(tmp_path)
+    flags = ["train", "--model_name_or_path", "./no-such-model", "--output_dir", "out"]
+
+    def refused(*argv):
+        assert main([*flags, *argv]) == 2
+        return capsys.readouterr().err
+
+    err = refused("--dataset_name", "data", "--reward_funcs", "accuracy_reward")
+    assert ("accuracy_reward checks answers with math_verify, which is not installed" in err) != is_math_verify_available()
+    assert "'./rm' is not a dotted import path" in refused("--dataset_name", "data", "--reward_funcs", "./rm")
+    assert "'rewards.' is not a dotted import path" in refused("--dataset_name", "data", "--reward_funcs", "rewards.")
+    for stream in ("false", "true"):
+        err = refused("--dataset_name", "data", "--reward_funcs", "think_format_reward", "--dataset_streaming", stream, "--max_steps", "1")
+        assert "think_format_reward reads chat completions" in err and "(train split) has text prompts ('Count to 0.')" in err
+        err = refused("--dataset_name", "data", "--reward", "length", "--eval_strategy", "steps", "--dataset_streaming", stream, "--max_steps", "1")
+        assert "data (test split) row 0 has no prompt (None)" in err
+    assert "dataset folder 'model' holds a model (config.json and weights), not a dataset" in refused("--dataset_name", "model", "--reward", "length")
+    assert not os.path.exists(tmp_path / "out")
+
+
 def test_lora_options_parse_into_lora_config_arguments(monkeypatch):
     _, fields, lora = parse("--use_peft", "--lora_r", "8", "--lora_target_modules", "q_proj", "v_proj", "--reward", "length", "--model", "m")
     assert lora == {"use_peft": True, "lora_r": 8, "lora_target_modules": ["q_proj", "v_proj"]} and "lora_r" not in fields

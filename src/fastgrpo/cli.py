@@ -123,6 +123,8 @@ class ScriptOptions:
 SCRIPT_KEYS = tuple(f.name for f in dataclasses.fields(ScriptOptions))
 # TRL's grpo script's reward registry (trl/scripts/grpo.py), read from trl.rewards as the script reads it
 TRL_SCRIPT_REWARDS = ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward", "get_soft_overlong_punishment")
+TRL_MATH_REWARDS = ("accuracy_reward", "reasoning_accuracy_reward")  # call math_verify: an ImportError at the first scoring without it
+TRL_CHAT_REWARDS = ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward")  # read completion[0]["content"]: chat data only
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -294,24 +296,58 @@ def reward_specs(job: dict) -> list:
     dotted import path `module.function`; a `--reward` name or module:function works too.
 
     Raises:
-        ValueError: a TRL registry name without TRL installed (naming the install and fastgrpo's own rewards).
+        ValueError: a TRL registry name without TRL installed (naming the install and fastgrpo's own rewards);
+            accuracy_reward or reasoning_accuracy_reward without math_verify, which they call (it was an ImportError
+            at the first scoring, after the model loaded and sampled); a dotted path with an empty module or function
+            name (`./rm`, `rewards.`).
     """
     specs = list(job["reward"]) + [job["reward_model_name_or_path"]] * bool(job["reward_model_name_or_path"])
     for name in job["reward_funcs"]:
         if name in TRL_SCRIPT_REWARDS:
             try:
                 import trl.rewards
+                from trl.import_utils import is_math_verify_available
             except ImportError:
                 raise ValueError(f"--reward_funcs {name}: that is TRL's reward (trl.rewards.{name}); pip install trl to use it, "
                                  f"or give one of fastgrpo's: {', '.join(BUILTIN_REWARD_NAMES)}.") from None
+            if name in TRL_MATH_REWARDS and not is_math_verify_available():
+                raise ValueError(f"--reward_funcs {name}: TRL's {name} checks answers with math_verify, which is not installed; "
+                                 "pip install math-verify, or give another reward.")
             fn = getattr(trl.rewards, name)
             specs.append(fn(max_completion_len=1280, soft_punish_cache=256) if name == "get_soft_overlong_punishment" else fn)
         elif ":" not in name and name not in BUILTIN_REWARD_NAMES and "." in name:  # TRL's module.function
             module, _, attr = name.rpartition(".")
+            if not all(module.split(".")) or not attr:
+                raise ValueError(f"--reward_funcs {name!r} is not a dotted import path: give module.function (e.g. my_rewards.short, "
+                                 f"my_lib.rewards.short, imported from the current folder), a name of TRL's ({', '.join(TRL_SCRIPT_REWARDS)}) "
+                                 "or, for a reward model folder, --reward_model_name_or_path.")
             specs.append(f"{module}:{attr}")
         else:
             specs.append(name)
     return specs
+
+
+def check_chat_rewards(rewards: list, datasets: dict, spec: str) -> None:
+    """Refuse TRL's rewards that read chat completions (`TRL_CHAT_REWARDS`: `completion[0]["content"]`) over text prompts,
+    whose completions are text: each failed at the first scoring with "string indices must be integers", after the
+    model loaded and sampled. Read from each dataset's first prompt (a stream's too).
+
+    Raises:
+        ValueError: naming the reward, the dataset and the fix.
+    """
+    try:
+        import trl.rewards
+    except ImportError:
+        return  # no TRL: none of its rewards can be here
+    chat_only = [name for name in TRL_CHAT_REWARDS if any(r is getattr(trl.rewards, name) for r in rewards)]
+    for which, dataset in datasets.items():
+        if not chat_only or dataset is None:
+            continue
+        first = next(iter(dataset), None)
+        if isinstance(first, dict) and isinstance(first.get("prompt"), str):
+            raise ValueError(f"--reward_funcs {chat_only[0]}: TRL's {chat_only[0]} reads chat completions (completion[0]['content']), "
+                             f"but dataset {spec!r} ({which} split) has text prompts ({first['prompt'][:40]!r}); give prompts as chat "
+                             "messages ([{\"role\": \"user\", \"content\": …}]), or a reward that reads text.")
 
 
 def peft_kwargs(lora: dict) -> dict:
@@ -388,6 +424,7 @@ def train(ns: argparse.Namespace) -> None:
     dataset = load_dataset_spec(job["dataset"], split=job["dataset_train_split"], size=job["dataset_size"], seed=args.seed, **splits)
     evaluated = args.eval_strategy != "no" and splits_apply(job["dataset"])  # TRL's script: the test split, when it evaluates
     eval_dataset = load_dataset_spec(job["dataset"], split=job["dataset_test_split"], **splits) if evaluated else None
+    check_chat_rewards(rewards, {"train": dataset, "eval": eval_dataset}, job["dataset"])
     agents = {"tools": [import_object(t, "--tools") for t in job["tools"]] or None}
     if job.get("environment"):
         agents["environment_factory"] = import_object(ENVIRONMENTS.get(job["environment"], job["environment"]), "--environment")

@@ -71,8 +71,11 @@ def load_dataset_spec(spec: str, split: str = "train", size: int | None = None, 
         if split not in splits:
             raise ValueError(f"dataset {spec!r} has no split {split!r}; it has {', '.join(splits)}: name one of them "
                              "(--dataset_train_split, --dataset_test_split).")
+        label = f"{spec} ({split} split)"  # errors name the split: the test split is loaded too, when evaluated
         if streaming:
-            return splits[split] if size is None else splits[split].take(size)
+            stream = splits[split] if size is None else splits[split].take(size)
+            check_dataset(list(stream.take(1)), label)  # its first row, as far as a stream is read before training
+            return stream
         dataset = first_rows(splits[split], size, spec)
     elif spec.startswith("reasoning-gym:"):
         tasks, _, query = spec.split(":", 1)[1].partition("?")
@@ -94,7 +97,7 @@ def load_dataset_spec(spec: str, split: str = "train", size: int | None = None, 
             f"dataset {spec!r}: no such file (looked in {os.getcwd()}); give an existing .json/.jsonl/.csv/.parquet file, "
             "reasoning-gym:<task>, or a hub dataset name (org/name)."
         )
-    check_dataset(dataset, spec)
+    check_dataset(dataset, label if splits_apply(spec) else spec)
     return dataset
 
 
@@ -104,7 +107,9 @@ def dataset_splits(spec: str, config: str | None, streaming: bool) -> dict:
     "train" split).
 
     Raises:
-        ValueError: a folder `datasets` cannot read (no data files, …) or a configuration for a `save_to_disk` folder, naming the fix;
+        ValueError: a folder `datasets` cannot read (no data files, files whose columns differ, …), a folder holding a
+            model (config.json and weights: datasets read its JSON files as rows and failed with a traceback), or a
+            configuration for a `save_to_disk` folder, naming the fix;
             see `check_hub_repo` for a hub name.
     """
     path = os.path.expanduser(spec)
@@ -117,9 +122,13 @@ def dataset_splits(spec: str, config: str | None, streaming: bool) -> dict:
         saved = datasets.load_from_disk(path)
         splits = dict(saved) if isinstance(saved, datasets.DatasetDict) else {"train": saved}
         return {k: v.to_iterable_dataset() for k, v in splits.items()} if streaming else splits
+    if os.path.isfile(os.path.join(path, "config.json")) and any(f.endswith((".safetensors", ".bin")) for f in os.listdir(path)):
+        raise ValueError(f"dataset folder {spec!r} holds a model (config.json and weights), not a dataset; give the dataset's folder "
+                         "(train.jsonl, test.jsonl, …, or one written by save_to_disk) or a data file, and the model with --model.")
     try:
         return load_dataset(path, name=config, streaming=streaming)
-    except (datasets.exceptions.DatasetNotFoundError, FileNotFoundError, ValueError) as err:
+    except (datasets.exceptions.DatasetNotFoundError, datasets.exceptions.DatasetGenerationError, FileNotFoundError, ValueError) as err:
+        err = err.__cause__ or err if isinstance(err, datasets.exceptions.DatasetGenerationError) else err  # the file's own error
         raise ValueError(f"dataset folder {spec!r} cannot be read by datasets.load_dataset ({err}); give a folder of data files "
                          "(train.jsonl, test.jsonl, …), one written by save_to_disk, or a data file.") from err
 
