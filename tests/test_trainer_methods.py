@@ -75,6 +75,20 @@ def test_a_log_before_training_leaves_the_folder_to_the_run(tmp_path, tokenizer,
     assert trainer.train().global_step == 1
 
 
+def test_an_evaluation_before_training_leaves_the_folder_to_the_run(tmp_path, tokenizer, make_model, prompts):
+    """trainer.evaluate() before train() (Trainer's baseline evaluation) wrote metrics.jsonl, and train() then refused
+    the folder as another run's (found by the break sweep); evaluations once train() has begun are written."""
+    args = config(tmp_path, max_steps=1, per_device_eval_batch_size=4)
+    trainer = GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
+    before = trainer.evaluate(prompts.select(range(2)))
+    assert before["eval_model_preparation_time"] >= 0 and not os.path.exists(args.output_dir + "/metrics.jsonl")
+    assert [r["step"] for r in trainer.state.log_history if "eval_loss" in r] == [0]
+    assert trainer.train().global_step == 1
+    trainer.evaluate(prompts.select(range(2)))
+    records = [json.loads(line) for line in open(args.output_dir + "/metrics.jsonl")]
+    assert [r["step"] for r in records if "eval_loss" in r] == [1]
+
+
 def test_trls_attributes_read_the_runs_arguments(tmp_path, tokenizer, make_model, prompts):
     """TRL's GRPOTrainer copies these from args in __init__ (asserted on its source), and user code (rollout functions,
     callbacks) reads them: trainer.num_generations, trainer.processing_class, …"""

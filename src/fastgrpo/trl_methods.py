@@ -199,6 +199,10 @@ class TRLMethods:
             OptimizerStep.eval_loss), "<prefix>_reward", "_reward_std", "_rewards/<fn>/mean" and "/std",
             "_completions/*", "_entropy", "_clip_ratio/*", "_runtime", "_samples_per_second", …,
             "_model_preparation_time" (transformers': seconds accelerate's prepare took, here when the trainer was built), and "epoch".
+        The record goes to state.log_history and the callbacks, and to metrics.jsonl once `train()` has begun (an
+        evaluation before it is not written there, as `log`'s: output_dir is not yet this run's, and a first write made
+        `train()` refuse the folder as another run's, or landed in a previous run's log).
+
         Raises:
             ValueError: no eval dataset here or in the trainer, or one of a kind evaluation cannot read.
         """
@@ -217,7 +221,7 @@ class TRLMethods:
             metrics[f"{prefix}_num_tokens"] = self.state.num_input_tokens_seen
             metrics[f"{prefix}_model_preparation_time"] = self.model_preparation_time  # the model was prepared when the trainer was built
         metrics["epoch"] = self.state.epoch  # Trainer's evaluate returns it (its log() adds it to the same dict)
-        if self.metrics_log is not None:
+        if self.metrics_log is not None and self.events.started:  # as log(): only once train() has made output_dir this run's
             self.metrics_log.write({"step": self.step, **metrics})
         self.events.evaluate(metrics)
         return metrics
