@@ -45,6 +45,7 @@ from .config import GRPOConfig
 from .config.checks import ALSO_ACCEPTED
 from .config.flags import FIELD_HELP, one_line_error
 from .config.trl_fields import TRL_FIELDS
+from .config.trl_script import BUILTIN_REWARD_NAMES, LORA_KEYS, SCRIPT_KEYS, LoraOptions, ScriptOptions, check_chat_rewards, reward_specs
 
 # The built-in job: SmolLM2-135M-Instruct on one-digit addition (reasoning-gym
 # basic_arithmetic, "+" only, no brackets or negation), two solved examples
@@ -84,49 +85,6 @@ BUILTIN_JOB = {
 }
 JOB_KEYS = ("model", "dataset", "reward", "dataset_size", "tools", "environment")
 ENVIRONMENTS = {"calculator": "fastgrpo.tasks.calculator:Calculator"}  # built-in environment names
-# rewards.BUILTIN_REWARDS' names, listed here so that --help needs no torch (a test keeps them equal).
-BUILTIN_REWARD_NAMES = ("length", "format", "brevity", "reasoning_gym", "exact")
-
-
-@dataclasses.dataclass
-class LoraOptions:
-    """TRL's `ModelConfig` LoRA options (names and defaults); used only when use_peft is true."""
-
-    use_peft: bool = dataclasses.field(default=False, metadata={"help": "train LoRA adapters instead of every weight (peft)"})
-    lora_r: int = dataclasses.field(default=16, metadata={"help": "LoRA rank r"})
-    lora_alpha: int = dataclasses.field(default=32, metadata={"help": "LoRA alpha: the update is scaled by alpha / r"})
-    lora_dropout: float = dataclasses.field(default=0.05, metadata={"help": "dropout on the adapters' input"})
-    lora_target_modules: list[str] | None = dataclasses.field(
-        default=None, metadata={"help": "modules to adapt, e.g. q_proj v_proj, or all-linear (default: peft's for the model)"}
-    )
-    lora_task_type: str = dataclasses.field(default="CAUSAL_LM", metadata={"help": "peft task type"})
-
-
-LORA_KEYS = tuple(f.name for f in dataclasses.fields(LoraOptions))
-
-
-@dataclasses.dataclass
-class ScriptOptions:
-    """TRL's `trl grpo` script arguments (`GRPOScriptArguments`: names, types and defaults), so its command lines and
-    recipes run here; `--model_name_or_path` and `--dataset_name` are `--model` and `--dataset` (TRL_SCRIPT_KEYS)."""
-
-    reward_funcs: list[str] | None = dataclasses.field(default=None, metadata={
-        "help": "TRL's: accuracy_reward, reasoning_accuracy_reward, think_format_reward, get_soft_overlong_punishment "
-                "(trl.rewards; TRL installed), a dotted import path module.function, or a --reward name"})
-    reward_model_name_or_path: str | None = dataclasses.field(default=None, metadata={"help": "TRL's: a reward model (folder or hub id), scored first"})
-    dataset_config: str | None = dataclasses.field(default=None, metadata={"help": "TRL's: the configuration (load_dataset's name) of a hub dataset or dataset folder"})
-    dataset_train_split: str = dataclasses.field(default="train", metadata={"help": "TRL's: the split to train on (a hub dataset or dataset folder)"})
-    dataset_test_split: str = dataclasses.field(default="test", metadata={"help": "TRL's: the split evaluated when eval_strategy is not 'no'"})
-    dataset_streaming: bool = dataclasses.field(default=False, metadata={"help": "TRL's: stream the hub dataset or dataset folder (needs max_steps)"})
-
-
-SCRIPT_KEYS = tuple(f.name for f in dataclasses.fields(ScriptOptions))
-# TRL's grpo script's reward registry (trl/scripts/grpo.py), read from trl.rewards as the script reads it
-TRL_SCRIPT_REWARDS = ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward", "get_soft_overlong_punishment")
-TRL_MATH_REWARDS = ("accuracy_reward", "reasoning_accuracy_reward")  # call math_verify: an ImportError at the first scoring without it
-TRL_CHAT_REWARDS = ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward")  # read completion[0]["content"]: chat data only
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The `fastgrpo` parser: a light top level whose `train` subcommand is parsed by `train_parser()`."""
     parser = argparse.ArgumentParser(prog="fastgrpo", description="GRPO fine-tuning with multi-step rollout reuse.", allow_abbrev=False)
@@ -285,69 +243,6 @@ def resolve_job(ns: argparse.Namespace) -> tuple[dict, dict, dict]:
     fields.update({k: v for k, v in given.items() if k not in JOB_KEYS + SCRIPT_KEYS + ("config", "resume")})
     lora = {k: fields.pop(k) for k in LORA_KEYS if k in fields}
     return job, fields, lora
-
-
-def reward_specs(job: dict) -> list:
-    """The run's rewards, each a spec for `resolve_reward` or a function: `--reward`'s, then TRL's script's
-    (`--reward_model_name_or_path`, then `--reward_funcs`, in trl grpo's order).
-
-    A `--reward_funcs` entry is read as TRL's grpo script reads it: a name of its registry (`TRL_SCRIPT_REWARDS`, from
-    trl.rewards, `get_soft_overlong_punishment` with the script's max_completion_len=1280, soft_punish_cache=256), or a
-    dotted import path `module.function`; a `--reward` name or module:function works too.
-
-    Raises:
-        ValueError: a TRL registry name without TRL installed (naming the install and fastgrpo's own rewards);
-            accuracy_reward or reasoning_accuracy_reward without math_verify, which they call (it was an ImportError
-            at the first scoring, after the model loaded and sampled); a dotted path with an empty module or function
-            name (`./rm`, `rewards.`).
-    """
-    specs = list(job["reward"]) + [job["reward_model_name_or_path"]] * bool(job["reward_model_name_or_path"])
-    for name in job["reward_funcs"]:
-        if name in TRL_SCRIPT_REWARDS:
-            try:
-                import trl.rewards
-                from trl.import_utils import is_math_verify_available
-            except ImportError:
-                raise ValueError(f"--reward_funcs {name}: that is TRL's reward (trl.rewards.{name}); pip install trl to use it, "
-                                 f"or give one of fastgrpo's: {', '.join(BUILTIN_REWARD_NAMES)}.") from None
-            if name in TRL_MATH_REWARDS and not is_math_verify_available():
-                raise ValueError(f"--reward_funcs {name}: TRL's {name} checks answers with math_verify, which is not installed; "
-                                 "pip install math-verify, or give another reward.")
-            fn = getattr(trl.rewards, name)
-            specs.append(fn(max_completion_len=1280, soft_punish_cache=256) if name == "get_soft_overlong_punishment" else fn)
-        elif ":" not in name and name not in BUILTIN_REWARD_NAMES and "." in name:  # TRL's module.function
-            module, _, attr = name.rpartition(".")
-            if not all(module.split(".")) or not attr:
-                raise ValueError(f"--reward_funcs {name!r} is not a dotted import path: give module.function (e.g. my_rewards.short, "
-                                 f"my_lib.rewards.short, imported from the current folder), a name of TRL's ({', '.join(TRL_SCRIPT_REWARDS)}) "
-                                 "or, for a reward model folder, --reward_model_name_or_path.")
-            specs.append(f"{module}:{attr}")
-        else:
-            specs.append(name)
-    return specs
-
-
-def check_chat_rewards(rewards: list, datasets: dict, spec: str) -> None:
-    """Refuse TRL's rewards that read chat completions (`TRL_CHAT_REWARDS`: `completion[0]["content"]`) over text prompts,
-    whose completions are text: each failed at the first scoring with "string indices must be integers", after the
-    model loaded and sampled. Read from each dataset's first prompt (a stream's too).
-
-    Raises:
-        ValueError: naming the reward, the dataset and the fix.
-    """
-    try:
-        import trl.rewards
-    except ImportError:
-        return  # no TRL: none of its rewards can be here
-    chat_only = [name for name in TRL_CHAT_REWARDS if any(r is getattr(trl.rewards, name) for r in rewards)]
-    for which, dataset in datasets.items():
-        if not chat_only or dataset is None:
-            continue
-        first = next(iter(dataset), None)
-        if isinstance(first, dict) and isinstance(first.get("prompt"), str):
-            raise ValueError(f"--reward_funcs {chat_only[0]}: TRL's {chat_only[0]} reads chat completions (completion[0]['content']), "
-                             f"but dataset {spec!r} ({which} split) has text prompts ({first['prompt'][:40]!r}); give prompts as chat "
-                             "messages ([{\"role\": \"user\", \"content\": …}]), or a reward that reads text.")
 
 
 def peft_kwargs(lora: dict) -> dict:

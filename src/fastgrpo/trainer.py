@@ -17,15 +17,14 @@ log-prob passes and the optimizer step (update/), set-up, checkpoints, evaluatio
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 import uuid
 from contextlib import contextmanager
-from typing import NamedTuple
 
 import torch
 from accelerate.utils import gather_object
 from datasets import IterableDataset
+from transformers.trainer_utils import TrainOutput  # what train() returns, as Trainer's: (global_step, training_loss, metrics)
 from rich.console import Console
 
 from .algo.entropy_control import EntropyControl
@@ -52,14 +51,6 @@ from .trl_methods import TRLMethods
 from .update.logprobs import LogProbs, fallback_notices
 from .update.passes import LogProbPasses
 from .update.step import OptimizerStep
-
-
-class TrainOutput(NamedTuple):
-    """What `train()` returns (TRL's fields): steps done, mean loss, the last log with Trainer's train_runtime, train_loss, …"""
-
-    global_step: int
-    training_loss: float
-    metrics: dict
 
 
 class GRPOTrainer(TRLMethods):
@@ -120,11 +111,8 @@ class GRPOTrainer(TRLMethods):
 
         self.max_steps, optimizer, self.scheduler = build_optimization(a, policy, train_dataset, checked.optimizers)
         self.optimizer_from_args = checked.optimizers[0] is None  # a resume re-applies args' settings only to these (run/checkpoints.py)
-        started = time.perf_counter()
-        self.model, self.optimizer = prepare(acc, policy, optimizer)
-        self.model_preparation_time = round(time.perf_counter() - started, 4)  # Trainer's: accelerate's prepare, in seconds (evaluate reports it)
-        # state.total_flos per token the update runs: transformers' estimate (`floating_point_ops`: forward and backward)
-        self.flops_per_token = 6.0 * policy.num_parameters(exclude_embeddings=True)
+        self.model, self.optimizer, self.model_preparation_time = prepare(acc, policy, optimizer)  # Trainer's time: evaluate reports it
+        self.flops_per_token = 6.0 * policy.num_parameters(exclude_embeddings=True)  # state.total_flos: transformers' floating_point_ops
         sampling = SamplingSettings.from_config(a, self.eos_token_ids, self.tokenizer.pad_token_id)
         working = bf16_working_copy(a, acc, policy, optimizer, bf16)  # the update's and the own sampler's one bf16 copy, where it applies
         self.backend = build_backend(a, acc.unwrap_model(self.model), sampling, bf16=bf16, gathered=gathered, server=server,
@@ -176,8 +164,7 @@ class GRPOTrainer(TRLMethods):
         a = self.args
         rollout, done = checkpoints.resume(self, resume_from_checkpoint)
         schedule = [(i, s) for i in range(a.num_iterations) for s in range(a.steps_per_generation // a.gradient_accumulation_steps)]
-        steps_per_epoch = None if self.streaming else math.ceil(len(self.train_dataset) / a.prompts_per_rollout) * a.steps_per_rollout
-        self.events.train_begin(self.max_steps, self.step, self._epoch(), steps_per_epoch)
+        self.events.train_begin(self.max_steps, self.step, self._epoch(), self.order.size)
         if a.eval_on_start and self.eval_dataset is not None:
             self.evaluate()
         self.events.epoch_begin()
@@ -189,8 +176,7 @@ class GRPOTrainer(TRLMethods):
                     rollout, done = self._collect(), 0  # generate G completions per prompt, score, Â, π_ref, π_old
                 for iteration, step_in_pass in schedule[done:]:  # μ passes over the same rollout
                     self.events.step_begin()
-                    kl_old, rollout = self._optimizer_step(rollout, step_in_pass, capture_old=(iteration == 0 and step_in_pass == 0))
-                    self.window.add("step_time", time.perf_counter() - started)
+                    kl_old, rollout = self._optimizer_step(rollout, step_in_pass, capture_old=(iteration == 0 and step_in_pass == 0), started=started)
                     self.step, done = self.step + 1, done + 1
                     stop_reuse = a.target_kl is not None and kl_old > a.target_kl
                     self.target_kl_stops += int(stop_reuse and done < a.steps_per_rollout)
@@ -251,12 +237,11 @@ class GRPOTrainer(TRLMethods):
                 yield ref_model
 
     # ------------------------------------------------------------------ update
-    def _optimizer_step(self, rollout: Rollout, step_in_pass: int, capture_old: bool) -> tuple[float, Rollout]:
-        """One optimizer step (update/step.py); its metrics into the window; → (mean KL(π_θ‖π_old), the rollout with π_old recorded)."""
+    def _optimizer_step(self, rollout: Rollout, step_in_pass: int, capture_old: bool, started: float) -> tuple[float, Rollout]:
+        """One optimizer step (update/step.py); its metrics and its seconds since `started` (a perf_counter time: TRL's
+        step_time) into the window; → (mean KL(π_θ‖π_old), the rollout with π_old recorded)."""
         out = self.update(rollout, step_in_pass, capture_old, self.step)
-        self.window.record(out.sums)
-        self.window.add("grad_norm", out.grad_norm)
-        self.window.add("steps", 1)
+        self.window.record({**out.sums, "grad_norm": out.grad_norm, "steps": 1, "step_time": time.perf_counter() - started})
         if self.entropy_control is not None:  # the next step's coefficient (adaptive: from this step's entropy, all processes)
             self.window.add("entropy_coef", self.entropy_control.step_end(out.sums, self.accelerator))
         return out.kl_old, rollout if out.old_logps is None else dataclasses.replace(rollout, old_logps=out.old_logps)

@@ -84,12 +84,12 @@ class TrainerEvents:
         check_early_stopping([callback], self.args.metric_for_best_model, self.args.eval_strategy)
         self.handler.add_callback(callback)
 
-    def train_begin(self, max_steps: int, global_step: int, epoch: float, steps_per_epoch: int | None) -> None:
+    def train_begin(self, max_steps: int, global_step: int, epoch: float, prompts: int | None) -> None:
         """Fill the state's run constants (as Trainer does) and call on_train_begin.
 
-        `steps_per_epoch`: optimizer steps in one pass over the training prompts (None for a stream, whose length is
-        unknown). state.num_train_epochs follows Trainer: the passes `max_steps` reaches (a stream's: sys.maxsize)
-        when max_steps is set, else ⌈num_train_epochs⌉.
+        `prompts`: the training prompts in one epoch (None for a stream, whose length is unknown). state.num_train_epochs
+        follows Trainer: the passes `max_steps` reaches (each ⌈prompts / prompts_per_rollout⌉ rollouts of steps_per_rollout
+        steps; a stream's: sys.maxsize) when max_steps is set, else ⌈num_train_epochs⌉.
         """
         a, s = self.args, self.state
         s.max_steps, s.global_step, s.epoch = max_steps, global_step, epoch
@@ -99,6 +99,7 @@ class TrainerEvents:
         if a.max_steps <= 0:
             s.num_train_epochs = math.ceil(a.num_train_epochs)
         else:
+            steps_per_epoch = None if prompts is None else math.ceil(prompts / a.prompts_per_rollout) * a.steps_per_rollout
             s.num_train_epochs = sys.maxsize if steps_per_epoch is None else math.ceil(max_steps / steps_per_epoch)
         self.started = time.perf_counter()
         self.control = self.handler.on_train_begin(a, s, self.control)

@@ -21,6 +21,7 @@ adapters load (model/loading.py), the optimizer's class (model/optimizers.py).
 from __future__ import annotations
 
 import math
+import time
 import warnings
 from typing import NamedTuple
 
@@ -222,11 +223,12 @@ def check_vocabulary(model: torch.nn.Module, tokenizer) -> int | None:
 
 
 def prepare(accelerator: Accelerator, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
-    """(model, optimizer) ready to train: `accelerator.prepare` wraps them (DDP, or FSDP on GPUs);
-    a policy `load_policy` already sharded is left as it is, since DDP around FSDP shards would be wrong."""
-    if is_sharded(model):
-        return model, accelerator.prepare(optimizer)
-    return accelerator.prepare(model, optimizer)
+    """(model, optimizer, seconds it took) ready to train: `accelerator.prepare` wraps them (DDP, or FSDP on GPUs);
+    a policy `load_policy` already sharded is left as it is, since DDP around FSDP shards would be wrong. The seconds,
+    rounded to 0.1 ms, are transformers' `model_preparation_time`."""
+    started = time.perf_counter()
+    model, optimizer = (model, accelerator.prepare(optimizer)) if is_sharded(model) else accelerator.prepare(model, optimizer)
+    return model, optimizer, round(time.perf_counter() - started, 4)
 
 
 def bf16_working_copy(args: GRPOConfig, accelerator: Accelerator, policy: torch.nn.Module, optimizer: torch.optim.Optimizer,
