@@ -10,8 +10,10 @@ import functools
 import json
 import math
 import os
+import re
 import shutil
 import signal
+import threading
 import warnings
 
 import pytest
@@ -175,6 +177,17 @@ def test_output_dir_that_is_a_file_or_not_writable_is_refused_before_the_model_l
     monkeypatch.setattr(runs.tempfile, "TemporaryFile", denied)
     with pytest.raises(ValueError, match="is not writable \\(Permission denied\\)"):
         GRPOTrainer(NOT_LOADED, reward_even_tokens, args=config(tmp_path / "elsewhere"), train_dataset=prompts)
+
+
+@pytest.mark.parametrize("value,shown", [(lambda: 1, "Can't pickle <function <lambda>"), (threading.Lock(), "cannot pickle '_thread.lock' object")])
+def test_a_config_value_pickle_cannot_write_is_refused_before_the_model_loads(tmp_path, tokenizer, prompts, value, shown):
+    # Every checkpoint and save_model pickle the config (trainer_state.pt, training_args.bin): a lambda in
+    # model_init_kwargs trained a step, then failed the run at its first save and left .tmp-checkpoint-1 behind.
+    args = config(tmp_path, model_init_kwargs={"x": value})
+    with pytest.raises(ValueError, match=re.escape("the config cannot be saved with the run's checkpoints and model: model_init_kwargs={'x': ")
+                       + ".*" + re.escape(shown)):
+        GRPOTrainer(NOT_LOADED, reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
+    assert not os.path.exists(args.output_dir)
 
 
 def test_unknown_model_name_says_not_local_and_not_on_the_hub_at_once(monkeypatch, tmp_path):

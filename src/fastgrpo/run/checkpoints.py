@@ -28,6 +28,7 @@ which config changes a resume accepts (runs.py), catching Ctrl-C (interrupt.py).
 from __future__ import annotations
 
 import os
+import pickle
 import warnings
 from typing import Any, Protocol
 
@@ -212,6 +213,30 @@ def resume(trainer: Checkpointed, resume_from_checkpoint) -> tuple[Rollout | Non
             trainer.console.print(f"changed since the checkpoint, applied: {listed}", markup=False, soft_wrap=True)
     trainer.assembly.load_state_dict(state.get("producer"))  # DAPO's carry-over; the overlap's: the order after the last rollout trained
     return state.get("rollout"), state["done"]  # no rollout, no window: resumed on another number of processes
+
+
+def check_saveable(args) -> None:
+    """Refuse a config pickle cannot write, before anything loads: every checkpoint holds it (trainer_state.pt's
+    config, training_args.bin) and `save_model` writes it, so a value such as a lambda, a local function, an open
+    file or a lock failed the run at its first save, after the compute (transformers' Trainer fails there too).
+
+    Raises:
+        ValueError: naming the field, its value, pickle's error and the fix.
+    """
+    unpicklable = (pickle.PicklingError, TypeError, AttributeError)  # a lambda / local object, a lock or handle
+    try:
+        pickle.dumps(args)
+        return
+    except unpicklable as err:
+        whole = err
+    for name in vars(args):
+        try:
+            pickle.dumps(getattr(args, name))
+        except unpicklable as err:
+            whole = f"{name}={getattr(args, name)!r} ({err})"
+            break
+    raise ValueError(f"the config cannot be saved with the run's checkpoints and model: {whole}; give values pickle can write "
+                     "(no lambdas, local functions, open files or locks: a function defined at a module's top level works).")
 
 
 def save_model(accelerator, model, tokenizer, args, output_dir: str, merge_adapters: bool) -> None:

@@ -22,6 +22,7 @@ from transformers import PreTrainedTokenizerBase
 from ..rollout.producers import AgentInputs, check_agent_datasets, check_agent_inputs, check_prompt_rendering
 from ..config import GRPOConfig
 from .callbacks import check_callbacks, check_early_stopping
+from .checkpoints import check_saveable
 from .dataset_kinds import check_train_dataset, eval_sets
 from .datasets import prompt_shapes
 from .evaluation import check_best_metric, loss_keys
@@ -72,7 +73,7 @@ def check_trainer_inputs(
             evaluation (callbacks.check_early_stopping); agent arguments or datasets tools/environments cannot use
             (producers.check_agent_inputs, producers.check_agent_datasets); a chat prompt a reward model's chat
             template cannot render (RewardModel.check_renders; the policy's tokenizer is checked by `check_tokenizer`
-            once it loads, before the model).
+            once it loads, before the model); a config value pickle cannot write (checkpoints.check_saveable).
         EnvironmentFunctionError: an environment's factory raised.
     Warns:
         UserWarning: `quantization_config` for an already built model (ignored, as TRL warns); `max_tool_calling_iterations`
@@ -86,6 +87,7 @@ def check_trainer_inputs(
     if not isinstance(model, (str, os.PathLike, torch.nn.Module)):
         raise TypeError(f"model has type {type(model).__name__}; give a model name or folder (text), a .gguf file, or a PreTrainedModel.")
     a = with_quantization(args if args is not None else GRPOConfig(), model, quantization_config)
+    check_saveable(a)  # every checkpoint and save_model pickle it
     callbacks = check_callbacks(callbacks)
     check_early_stopping(callbacks, a.metric_for_best_model, a.eval_strategy)
     agents = check_agent_inputs(tools, environment_factory, rollout_func, train_dataset, a.max_steps, a.prompts_per_rollout,
