@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -76,6 +77,44 @@ PROMPT = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 2]
 
 def prompt_tensors():
     return torch.tensor([PROMPT]), torch.ones(1, len(PROMPT), dtype=torch.long)
+
+
+@contextmanager
+def loopback_server(get, post=None):
+    """A real HTTP server on 127.0.0.1 (a free port) answering every GET with `get(path)` (bytes, HTTP 200) and every
+    POST with the JSON of `post(request JSON)`; yields its URL. For servers that are up but wrong."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def send(self, body: bytes):
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            self.send(get(self.path))
+
+        def do_POST(self):
+            self.send(json.dumps(post(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))).encode())
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+
+
+def vllm_answers(logprobs_mode: str = "processed_logprobs"):
+    """GET answers of a vLLM 0.32 server serving "tiny" (max_model_len 256, the given logprobs_mode); {} elsewhere."""
+    answers = {"/v1/models": {"data": [{"id": "tiny"}]},
+               "/server_info": {"vllm_config": {"model_config": {"max_model_len": 256, "logprobs_mode": logprobs_mode}}}}
+    return lambda path: json.dumps(answers.get(path.split("?")[0], {})).encode()
 
 
 def test_synced_engine_gives_the_policys_logprobs_and_a_stale_one_does_not(engine, tokenizer):
@@ -346,30 +385,11 @@ def test_vllm_not_installed_is_one_line_naming_the_install_command(tmp_path, tok
 ])
 def test_a_server_that_answers_wrongly_is_named_with_its_url(models, message):
     # A real HTTP server on loopback that is up (/health answers 200) but is not a vLLM server.
-    import http.server
-    import threading
-
-    class Wrong(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = b"" if self.path == "/health" else models
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
     from fastgrpo.generation.vllm.server import ServerEngine
 
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Wrong)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{httpd.server_address[1]}"
-    try:
+    with loopback_server(lambda path: b"" if path == "/health" else models) as url:
         with pytest.raises(EngineError, match=re.escape(f"the vLLM server at {url} {message}")):
             ServerEngine(url, "tiny", timeout=5, pushes_weights=False)
-    finally:
-        httpd.shutdown()
 
 
 def test_a_url_without_a_scheme_is_http_as_trls_client_reads_it(tmp_path):
@@ -438,30 +458,12 @@ def test_a_model_vllms_cpu_attention_cannot_run_is_refused_before_vllm_starts(tm
 def test_a_server_whose_logprobs_ignore_the_temperature_is_refused(tmp_path, server, model_dir, mode, temperature, refused):
     # `VLLM_SERVER_DEV_MODE=1 vllm serve MODEL` (TRL 1.16's documented command without --logprobs-mode) returns
     # raw log-probs; at temperature 0.5 they differed from the trainer's by up to 3.2 nats (sampling_logp_difference/max).
-    import http.server
-    import threading
-
     from fastgrpo.generation.vllm.server import ServerEngine
 
     assert ServerEngine(server, model_dir, timeout=180, pushes_weights=False).logprobs_mode == "processed_logprobs"  # fastgrpo vllm-serve's
 
-    class Served(http.server.BaseHTTPRequestHandler):  # a vLLM 0.32 server's answers, with another logprobs_mode
-        def do_GET(self):
-            answers = {"/v1/models": {"data": [{"id": "tiny"}]},
-                       "/server_info": {"vllm_config": {"model_config": {"max_model_len": 256, "logprobs_mode": mode}}}}
-            body = json.dumps(answers.get(self.path.split("?")[0], {})).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Served)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    try:
-        engine = ServerEngine(f"http://127.0.0.1:{httpd.server_address[1]}", "tiny", timeout=5, pushes_weights=False)
+    with loopback_server(vllm_answers(mode)) as url:
+        engine = ServerEngine(url, "tiny", timeout=5, pushes_weights=False)
         assert (engine.max_model_len, engine.logprobs_mode) == (256, mode)
         engine.check_logprobs(temperature, uses_logprobs=False)  # log-probs not used (top_k, top_p, …): nothing to refuse
         if refused:
@@ -469,8 +471,6 @@ def test_a_server_whose_logprobs_ignore_the_temperature_is_refused(tmp_path, ser
                 engine.check_logprobs(temperature, uses_logprobs=True)
         else:
             engine.check_logprobs(temperature, uses_logprobs=True)
-    finally:
-        httpd.shutdown()
 
 
 @pytest.mark.parametrize("answer,message", [
@@ -484,39 +484,13 @@ def test_completions_a_wrong_server_returns_are_refused_before_the_trainer_reads
     # A real HTTP server on loopback answering as vLLM 0.32 does, with completions no vLLM serving this model returns:
     # ids past the vocabulary reached the embedding as a bare IndexError, a null log-prob a RuntimeError from
     # torch.tensor, and missing log-probs were filled with 0 (ratio e^{Δ} against a made-up π_old).
-    import http.server
-    import threading
-
     from fastgrpo.generation.vllm.server import ServerEngine
 
-    class Served(http.server.BaseHTTPRequestHandler):
-        def answer(self, body: dict):
-            data = json.dumps(body).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    def complete(request: dict) -> dict:
+        return {"choices": [{"index": i, **answer} for i in range(request["n"] * len(request["prompt"]))]}
 
-        def do_GET(self):
-            self.answer({"/v1/models": {"data": [{"id": "tiny"}]},
-                         "/server_info": {"vllm_config": {"model_config": {"max_model_len": 256, "logprobs_mode": "processed_logprobs"}}}
-                         }.get(self.path.split("?")[0], {}))
-
-        def do_POST(self):
-            request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            n = request["n"] * len(request["prompt"])
-            self.answer({"choices": [{"index": i, **answer} for i in range(n)]})
-
-        def log_message(self, *args):
-            pass
-
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Served)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{httpd.server_address[1]}"
-    try:
+    with loopback_server(vllm_answers(), complete) as url:
         backend = VLLMGenerator(ServerEngine(url, "tiny", timeout=5, pushes_weights=False), settings(tokenizer), vocab_size=len(tokenizer))
         assert backend.owns_weights and len(tokenizer) == 49152
         with pytest.raises(EngineError, match=re.escape(f"the vLLM server at {url} {message}")):
             backend.sample(*prompt_tensors(), 1)
-    finally:
-        httpd.shutdown()
