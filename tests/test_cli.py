@@ -72,6 +72,9 @@ def test_trls_script_spellings_of_model_and_dataset(tmp_path):
     run.write_text(yaml.safe_dump({"model_name_or_path": "m2", "dataset_name": "d2.jsonl", "reward": "length"}))
     job, fields, _ = parse("--config", str(run))
     assert (job["model"], job["dataset"]) == ("m2", "d2.jsonl") and "model_name_or_path" not in fields
+    run.write_text(yaml.safe_dump({"model_name_or_path": "m2", "dataset_nme": "d2.jsonl", "reward": "length"}))
+    with pytest.raises(ValueError, match=r"unknown key 'dataset_nme' \(did you mean 'dataset_name'\?\): a recipe takes GRPOConfig's fields"):
+        parse("--config", str(run))  # GRPOConfig's own error suggested 'data_seed'
 
 
 def test_trls_script_reward_flags_name_the_rewards_in_trls_order(tmp_path):

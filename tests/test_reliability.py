@@ -27,6 +27,7 @@ import fastgrpo.run.checkpoint_files as ckpt
 import fastgrpo.run.runs as runs
 from fastgrpo import GRPOTrainer
 from fastgrpo.cli import main
+from fastgrpo.model.model_files import check_model_name
 from fastgrpo.run.datasets import load_dataset_spec
 from fastgrpo.rollout.prompts import PromptEncoder
 from fastgrpo.run.interrupt import StopOnInterrupt, TrainingInterrupted
@@ -204,6 +205,9 @@ def test_unknown_model_name_says_not_local_and_not_on_the_hub_at_once(monkeypatc
     monkeypatch.setattr(huggingface_hub.HfApi, "model_info", unreachable)
     with pytest.raises(ValueError, match="not a local folder or file .* the hub could not be reached \\(ConnectionError\\)"):
         resolve_model_path("some-folder")
+    monkeypatch.setattr(huggingface_hub.HfApi, "repo_info", unreachable)  # a near miss of the built-in alias never asks the hub
+    with pytest.raises(ValueError, match="'smollm2-135m-instruc' is not a local folder or file .*; did you mean the built-in 'smollm2-135m-instruct'\\?"):
+        check_model_name("smollm2-135m-instruc")
 
 
 def test_unknown_dataset_name_offline_is_one_quick_line(monkeypatch, tmp_path):

@@ -150,3 +150,5 @@ def test_resolve_reward():
         resolve_reward("lenght")
     with pytest.raises(ValueError, match="cannot import"):
         resolve_reward("fastgrpo.rewards:nope")
+    with pytest.raises(ValueError, match=r"cannot import 'format_rewrd' from 'fastgrpo.rewards' .*; did you mean fastgrpo.rewards:format_reward\?"):
+        resolve_reward("fastgrpo.rewards:format_rewrd")  # a typo of a function the module holds is named

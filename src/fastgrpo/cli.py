@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import gc
 import os
 import sys
@@ -213,6 +214,13 @@ def resolve_job(ns: argparse.Namespace) -> tuple[dict, dict, dict]:
                              "or drop --config to run the built-in job.")
         if not isinstance(loaded, dict):
             raise ValueError(f"{given['config']}: expected a mapping of field: value, got {type(loaded).__name__}.")
+        known = {f.name for f in dataclasses.fields(GRPOConfig)} | {*LORA_KEYS, *SCRIPT_KEYS, *JOB_KEYS, *TRL_SCRIPT_KEYS}
+        for key in loaded:  # a typo of any key a recipe takes, not only GRPOConfig's (its error would suggest only those)
+            if key not in known:
+                close = difflib.get_close_matches(str(key), sorted(known), n=1)
+                raise ValueError(f"{given['config']}: unknown key {key!r}{f' (did you mean {close[0]!r}?)' if close else ''}: a recipe takes "
+                                 "GRPOConfig's fields, model, dataset, reward, tools, environment, dataset_size, trl grpo's model_name_or_path, "
+                                 "dataset_name, reward_funcs, dataset_config, … and the LoRA options.")
         loaded = {TRL_SCRIPT_KEYS.get(k, k): v for k, v in loaded.items()}  # a TRL recipe's model_name_or_path, dataset_name
         loaded = {**loaded, **yaml_values_as_flags({k: v for k, v in loaded.items() if k not in JOB_KEYS}, train_parser(), given["config"])}
         check_types({k: v for k, v in loaded.items() if k not in JOB_KEYS}, given["config"])

@@ -151,13 +151,14 @@ def validate(c) -> None:
     need(G >= 2, f"num_generations={G}: a group needs at least 2 completions to compare; use 2 or more.")
     need(c.num_generations_eval is None or c.num_generations_eval >= 1, f"num_generations_eval={c.num_generations_eval}: sample at least 1 completion per eval prompt, or None for num_generations.")
     per_process = c.generation_batch_size // c.world_size
+    per_device, steps = c.per_device_train_batch_size, c.steps_per_generation  # generation_batch_size = their product × world_size
     need(
         c.generation_batch_size % (G * c.world_size) == 0,
-        f"generation_batch_size={c.generation_batch_size} does not split into whole groups of "
-        f"num_generations={G} on each of {c.world_size} process(es); use a multiple of "
+        f"generation_batch_size={c.generation_batch_size} (per_device_train_batch_size={per_device} × steps_per_generation={steps} × "
+        f"{c.world_size} process(es)) does not split into whole groups of num_generations={G} on each process; use a "
         # whole groups on each process and whole optimizer steps (checked above)
-        f"{_lcm(G * c.world_size, c.per_device_train_batch_size * c.gradient_accumulation_steps * c.world_size)}"
-        f"{_group_sizes_that_fit(per_process)}.",
+        f"generation_batch_size that is a multiple of {_lcm(G * c.world_size, per_device * c.gradient_accumulation_steps * c.world_size)}, "
+        f"a per_device_train_batch_size that is a multiple of {G // math.gcd(G, steps)}{_group_sizes_that_fit(per_process)}.",
     )
     need(per_process > 0, f"generation_batch_size={c.generation_batch_size} is empty per process.")
     need(c.max_steps == -1 or c.max_steps > 0, f"max_steps={c.max_steps}: use a positive number (or -1 for num_train_epochs).")

@@ -12,6 +12,7 @@ Not here: loading (loading.py).
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 
@@ -29,8 +30,8 @@ def check_model_name(name: str) -> None:
 
     Raises:
         ValueError: a local-looking path (./, /, ~, .gguf) that does not exist, a local path whose files cannot
-            load (`check_model_files`), or a name that is neither a local path nor a model the hub (or its local
-            cache) has (`check_hub_repo`).
+            load (`check_model_files`), a near miss of a built-in alias (naming it, without asking the hub), or a name
+            that is neither a local path nor a model the hub (or its local cache) has (`check_hub_repo`).
     """
     looks_local = name.startswith((".", "/", "~")) or name.endswith(".gguf")
     if looks_local and not os.path.exists(os.path.expanduser(name)):
@@ -39,6 +40,8 @@ def check_model_name(name: str) -> None:
         return
     if os.path.exists(name):
         check_model_files(name)
+    elif close := difflib.get_close_matches(name, list(BUILTIN_MODELS), n=1, cutoff=0.85):  # a typo of an alias: no hub lookup
+        raise ValueError(f"model {name!r} is not a local folder or file (looked in {os.getcwd()}); did you mean the built-in {close[0]!r}?")
     else:
         check_hub_repo(name)
 

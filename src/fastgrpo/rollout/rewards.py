@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import difflib
 import functools
 import inspect
 import math
@@ -252,9 +253,14 @@ def resolve_reward(spec, processing_class=None, init_kwargs: dict | None = None)
     if ":" in spec:
         module_name, _, attr = spec.partition(":")
         try:
-            fn = getattr(import_module(module_name), attr)
-        except (ImportError, AttributeError) as err:
+            module = import_module(module_name)
+        except ImportError as err:
             raise ValueError(f"reward {spec!r}: cannot import {attr!r} from {module_name!r} ({err}).") from err
+        if not hasattr(module, attr):  # a user's module, not a backend: what it holds decides the hint
+            close = difflib.get_close_matches(attr, [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")], n=1)
+            raise ValueError(f"reward {spec!r}: cannot import {attr!r} from {module_name!r} (module {module_name!r} has no attribute "
+                             f"{attr!r}){f'; did you mean {module_name}:{close[0]}?' if close else '.'}")
+        fn = getattr(module, attr)
         if not callable(fn):
             raise ValueError(f"reward {spec!r} is not callable.")
         return fn
