@@ -162,11 +162,12 @@ def test_rollout_not_whole_groups_suggests_a_value_that_works():
     msg = refused(r"generation_batch_size=12 \(per_device_train_batch_size=4 × steps_per_generation=3 × 1 process\(es\)\) does not split "
                   r"into whole groups of num_generations=8", per_device_train_batch_size=4, generation_batch_size=12, num_generations=8)
     # item 13: the values of G that would split the 12 completions: its divisors ≥ 2; per device: 8 / gcd(8, 3) = 8
-    assert msg.endswith("use a generation_batch_size that is a multiple of 8, a per_device_train_batch_size that is a multiple of 8, "
-                        "or num_generations in {2, 3, 4, 6, 12}.")
+    assert msg.endswith("use a generation_batch_size that is a multiple of 8, or num_generations in {2, 3, 4, 6, 12} (or, leaving "
+                        "generation_batch_size unset, a per_device_train_batch_size that is a multiple of 8).")
     # a user who set only per_device_train_batch_size=6 with G = 4 (a new user's case): 4 / gcd(4, 1) = 4 names the field set
     msg = refused(r"per_device_train_batch_size=6 × steps_per_generation=1", per_device_train_batch_size=6, num_generations=4)
-    assert "a per_device_train_batch_size that is a multiple of 4, or num_generations in {2, 3, 6}." in msg
+    assert msg.endswith("or num_generations in {2, 3, 6} (or, leaving generation_batch_size unset, a per_device_train_batch_size that is a multiple of 4).")
+    assert GRPOConfig(per_device_train_batch_size=4, num_generations=4).generation_batch_size == 4  # the number works
     # G = 3 with micro-batches of 4 and GA 2: the fix must be whole groups AND whole
     # optimizer steps: lcm(3, 4·2) = 24 (lcm(3, 4) = 12 would make 3 micro-batches,
     # not whole steps of GA 2).
@@ -180,7 +181,7 @@ def test_rollout_not_whole_groups_suggests_a_value_that_works():
 def test_groups_split_per_process():
     # 16 completions over 4 processes = 4 each: not a group of 8 on each process
     refused(r"× 4 process\(es\)\) does not split into whole groups of num_generations=8 on each process; use a generation_batch_size that is "
-            r"a multiple of 32, a per_device_train_batch_size that is a multiple of 4", per_device_train_batch_size=2, gradient_accumulation_steps=2,
+            r"a multiple of 32, .* a per_device_train_batch_size that is a multiple of 4\)", per_device_train_batch_size=2, gradient_accumulation_steps=2,
             num_generations=8, world_size=4)
 
 

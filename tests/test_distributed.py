@@ -20,6 +20,7 @@ each by ≈ lr = 1e-3 per step) at 1e-6 absolute, a thousandth of one update.
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -142,11 +143,15 @@ def test_two_processes_write_one_set_of_files_and_resume(runs):
     ],
 )
 def test_rollout_that_splits_groups_across_processes_is_refused_with_a_size_that_works(fields, fix):
-    with pytest.raises(ValueError, match=rf"whole groups .* {fields['world_size']} process.* multiple of {fix}\b"):
+    with pytest.raises(ValueError, match=rf"× {fields['world_size']} process\(es\)\) does not split into whole groups .* generation_batch_size "
+                                         rf"that is a multiple of {fix}\b.* unset, a per_device_train_batch_size that is a multiple of (\d+)") as info:
         GRPOConfig(**fields)
-    config = GRPOConfig(**{**fields, "generation_batch_size": fix})  # the number in the message works
-    assert config.generation_batch_size // config.world_size % config.num_generations == 0
-    assert config.steps_per_generation % config.gradient_accumulation_steps == 0
+    per_device = int(re.search(r"per_device_train_batch_size that is a multiple of (\d+)", str(info.value)).group(1))
+    unset = {k: v for k, v in fields.items() if k != "generation_batch_size"}
+    for fixed in ({**fields, "generation_batch_size": fix}, {**unset, "per_device_train_batch_size": per_device}):  # each number in it works
+        config = GRPOConfig(**fixed)
+        assert config.generation_batch_size // config.world_size % config.num_generations == 0
+        assert config.steps_per_generation % config.gradient_accumulation_steps == 0
 
 
 def test_fastgrpo_train_on_two_processes_ends_with_its_process_group_freed(tmp_path, tokenizer, make_model):

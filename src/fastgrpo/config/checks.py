@@ -157,8 +157,9 @@ def validate(c) -> None:
         f"generation_batch_size={c.generation_batch_size} (per_device_train_batch_size={per_device} × steps_per_generation={steps} × "
         f"{c.world_size} process(es)) does not split into whole groups of num_generations={G} on each process; use a "
         # whole groups on each process and whole optimizer steps (checked above)
-        f"generation_batch_size that is a multiple of {_lcm(G * c.world_size, per_device * c.gradient_accumulation_steps * c.world_size)}, "
-        f"a per_device_train_batch_size that is a multiple of {G // math.gcd(G, steps)}{_group_sizes_that_fit(per_process)}.",
+        f"generation_batch_size that is a multiple of {_lcm(G * c.world_size, per_device * c.gradient_accumulation_steps * c.world_size)}"
+        f"{_group_sizes_that_fit(per_process)} (or, leaving generation_batch_size unset, a per_device_train_batch_size that is a "
+        f"multiple of {G // math.gcd(G, steps)}).",
     )
     need(per_process > 0, f"generation_batch_size={c.generation_batch_size} is empty per process.")
     need(c.max_steps == -1 or c.max_steps > 0, f"max_steps={c.max_steps}: use a positive number (or -1 for num_train_epochs).")
