@@ -237,6 +237,22 @@ def test_server_run_learns(tmp_path, tokenizer, prompts, server, model_dir):
     assert records[0]["seconds/weight_sync"] == 0 and all(r["seconds/weight_sync"] > 0 for r in records[1:])
 
 
+def test_trls_own_client_gets_top_logprobs_past_20_and_the_render_endpoint(server):
+    # `fastgrpo vllm-serve` starts vLLM as TRL 1.16's `trl vllm-serve` does: TRL's VLLMClient (its trainers' client) asks
+    # for 25 top log-probs (distillation; vLLM's default cap is 20) and finds the render endpoint images go to.
+    import requests
+    from trl.generation.vllm_client import VLLMClient
+
+    client = VLLMClient(base_url=server, connection_timeout=60)
+    out = client.generate([[1, 5, 9]], max_tokens=4, temperature=1.0, logprobs=25)
+    steps = out["logprobs"][0]
+    assert len(steps) == len(out["completion_ids"][0]) > 0
+    assert all(len(step) >= 25 and step == sorted(step, reverse=True) for step in steps), [len(step) for step in steps]
+    render = requests.post(f"{server}/v1/chat/completions/render", timeout=30,
+                           json={"model": client.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
+    assert render.status_code != 404, render.text
+
+
 def test_two_processes_share_one_server(tmp_path, server, model_dir):
     out = str(tmp_path / "two")
     port = server.rsplit(":", 1)[1]

@@ -6,7 +6,9 @@ TRL's `trl vllm-serve` flags and defaults (`--tensor_parallel_size`, `--gpu_memo
 `--max_model_len`, `--enforce_eager`, …; a dash works for an underscore), turned into `vllm serve` with what
 the trainer relies on (as `vllm serve` flags): `VLLM_SERVER_DEV_MODE=1` (the `/collective_rpc` and `/reset_prefix_cache`
 endpoints), `--logprobs-mode processed_logprobs` (vllm/backend.py says when these are used), and on CUDA
-`--weight-transfer-config '{"backend": "nccl"}'` (TRL's weight path). fastgrpo's model names work
+`--weight-transfer-config '{"backend": "nccl"}'` (TRL's weight path); as TRL's `build_command`, `--max-logprobs -1` (TRL's
+client may ask for any number of top log-probs, for distillation) and `--enable-scale-out` (the `/v1/chat/completions/render`
+endpoint TRL's client sends images to). fastgrpo's model names work
 (`smollm2-135m-instruct`, a .gguf file: converted once, as for training) and are served under the name
 given, which the trainer checks. A model with tied embeddings is served from an untied copy (weights.py
 says why). Arguments it does not know go to `vllm serve` as they are, when vLLM has them (`--max-num-seqs 8`).
@@ -84,6 +86,7 @@ def serve_command(args: ServeArguments, extra: list[str], cuda: bool) -> list[st
         "--gpu-memory-utilization", str(args.gpu_memory_utilization or (0.9 if cuda else 0.3)),
         "--dtype", args.dtype, "--kv-cache-dtype", args.kv_cache_dtype, "--model-impl", args.vllm_model_impl,
         "--uvicorn-log-level", args.log_level, "--generation-config", "vllm", "--logprobs-mode", LOGPROBS_MODE,
+        "--max-logprobs", "-1", "--enable-scale-out",  # TRL's: top-k log-probs past 20, the multimodal render endpoints
     ]
     if args.revision is not None:
         command += ["--revision", args.revision]
