@@ -9,6 +9,7 @@ and every lag is the bound's, worked out by hand in each test.
 import json
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -80,6 +81,29 @@ def test_staleness_is_bounded_with_the_lags_of_a_slow_trainer(tmp_path, tokenize
     assert [r["sample/staleness_mean"] for r in records] == lags and [r["sample/staleness_max"] for r in records] == lags
     assert all(r["sample/dropped_stale_total"] == 0 for r in records)  # the admission bound keeps every rollout within max_staleness
     assert all(r["perf/rollout_wait_s"] < 1.0 for r in records[1:])  # the slow trainer never waits on a rollout after the first
+
+
+def test_evaluation_during_the_overlap_pauses_the_producer_and_counts_the_epoch_of_the_rollouts_trained(tmp_path, tokenizer, prompts, server, model_dir):
+    # evaluate() samples and scores through the producer's assembly, backend and reward hooks: it called the pipeline's
+    # missing score_rows (AttributeError at the first evaluation, after step 2's compute). It now runs with the producer
+    # paused. The epoch is the rollouts handed to the trainer (1 prompt of 32 each), not the producer's draws ahead.
+    seen = []  # (scored in the trainer's thread: an evaluation, a rollout being produced meanwhile)
+
+    def reward(completion_ids, **kwargs):
+        seen.append((threading.current_thread() is threading.main_thread(), trainer.rollouts.producing))
+        return reward_even_tokens(completion_ids)
+
+    args = config(tmp_path, server, max_staleness=2, max_steps=4, eval_strategy="steps", eval_steps=2, per_device_eval_batch_size=8)
+    trainer = GRPOTrainer(model_dir, reward, args=args, train_dataset=prompts, eval_dataset=prompts.select(range(2)),
+                          processing_class=tokenizer, callbacks=[SlowTrainer(1.0)])
+    trainer.train()
+    evals = [r for r in metrics(args.output_dir) if "eval_reward" in r]
+    assert [(r["step"], r["epoch"]) for r in evals] == [(2, 2 / 32), (4, 4 / 32)]
+    assert all(0 <= r["eval_reward"] <= 1 and r["eval_completions/mean_length"] > 0 for r in evals)
+    evaluations = [producing for in_trainer, producing in seen if in_trainer]
+    assert len(evaluations) == 2 * 2 and not any(evaluations)  # 2 evaluations × 2 batches of 8 (2 prompts × G = 8): none beside a rollout
+    assert all(producing for in_trainer, producing in seen if not in_trainer)  # the producer's own scoring
+    assert [r["epoch"] for r in trainer.state.log_history if "loss" in r][:4] == [s / 32 for s in (1, 2, 3, 4)]
 
 
 def test_a_rollout_past_the_bound_is_dropped_counted_and_replaced(tmp_path, tokenizer, prompts, server, model_dir):
@@ -167,7 +191,7 @@ def test_resume_retrains_nothing_and_resamples_what_was_in_flight(tmp_path, toke
             first.train()
     else:
         first.train()
-    assert not first.assembly.thread.is_alive() and os.path.isdir(os.path.join(args.output_dir, "checkpoint-2"))
+    assert not first.rollouts.thread.is_alive() and os.path.isdir(os.path.join(args.output_dir, "checkpoint-2"))
     assert trained_prompts(args.output_dir) == [[p] for p in ["Count to {}.".format(i) for i in PromptOrder(32, 0, True).take(2)]]
     trainer = make([])
     trainer.train(resume_from_checkpoint=True)
@@ -243,4 +267,4 @@ def test_a_dead_server_ends_the_run_with_one_error_and_keeps_the_checkpoint(tmp_
     # hand-over after the producer's failure, with every step it logged checkpointed (save_steps=1) and none beyond.
     last = [r["step"] for r in metrics(args.output_dir)][-1]
     assert 2 <= last < 6 and os.path.isdir(os.path.join(args.output_dir, f"checkpoint-{last}"))
-    assert not os.path.isdir(os.path.join(args.output_dir, f"checkpoint-{last + 1}")) and not trainer.assembly.thread.is_alive()
+    assert not os.path.isdir(os.path.join(args.output_dir, f"checkpoint-{last + 1}")) and not trainer.rollouts.thread.is_alive()

@@ -155,3 +155,35 @@ def test_schedule_by_hand(tmp_path):
     assert scheduled(last, 9, 9, epoch_end=False, can_evaluate=False) == (False, False, True)
     steps = config(tmp_path, max_steps=8, save_strategy="steps", save_steps=3)
     assert [scheduled(steps, s, 8, epoch_end=False, can_evaluate=False)[2] for s in range(1, 9)] == [False, False, True, False, False, True, False, True]
+
+
+class EpochEnds(TrainerCallback):
+    """The steps on_epoch_end came at, and the epoch each step ended with."""
+
+    def __init__(self):
+        self.ends, self.epochs = [], {}
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.epochs[state.global_step] = state.epoch
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        self.ends.append(state.global_step)
+
+
+def test_a_run_resumed_in_a_later_pass_ends_its_passes_where_the_whole_run_did(tmp_path, tokenizer, make_model, prompts):
+    # 3 prompts, one per rollout (G = 4), μ = 2: a pass is 6 optimizer steps, each a sixth of an epoch. A resume from
+    # step 8 (the second pass) counted the passes from 0 again, so its first finished rollout (step 10) ended a pass.
+    def run(resume, max_steps=13):
+        args = config(tmp_path, max_steps=max_steps, num_iterations=2, save_strategy="steps", save_steps=8, overwrite_output_dir=resume)
+        ends = EpochEnds()
+        trainer = GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts.select(range(3)),
+                              processing_class=tokenizer, callbacks=[ends])
+        trainer.train(resume_from_checkpoint=os.path.join(args.output_dir, "checkpoint-8") if resume else None)
+        return ends
+
+    whole = run(False)
+    assert whole.ends == [6, 12, 13]  # two passes, then the end of the last, partial one (Trainer's on_epoch_end at max_steps)
+    assert [round(whole.epochs[s], 4) for s in (1, 2, 6, 7, 8, 13)] == [round(x, 4) for x in (1 / 6, 2 / 6, 1, 7 / 6, 8 / 6, 13 / 6)]
+    resumed = run(True)
+    assert resumed.ends == [12, 13]
+    assert {s: round(e, 6) for s, e in resumed.epochs.items()} == {s: round(whole.epochs[s], 6) for s in range(9, 14)}

@@ -195,3 +195,30 @@ def test_trains_summary_state_and_saved_files_are_trls(tmp_path, tokenizer, make
     with pytest.warns(UserWarning, match="also holds the later checkpoint-3"):
         resumed.train(resume_from_checkpoint=str(tmp_path / "fastgrpo" / "checkpoint-2"))
     assert (resumed.state.total_flos, resumed.state.num_input_tokens_seen) == (trainer.state.total_flos, trainer.state.num_input_tokens_seen)
+
+
+@pytest.mark.parametrize("num_iterations,steps_per_generation,max_steps,stream", [(2, 2, 6, False), (1, 1, 12, False), (2, 1, 4, True)])
+def test_state_epoch_moves_at_each_step_as_trls(tmp_path, tokenizer, make_model, num_iterations, steps_per_generation, max_steps, stream):
+    """TRL's loader repeats a generation batch once per optimizer step on it, so Trainer's epoch moves by the same share
+    at each of a rollout's steps: 10 prompts, 1 per step's batch → 0.1 an epoch per rollout, over μ × steps_per_generation
+    steps (fastgrpo's moved only at a rollout's draw: 0.2, 0.2, 0.2, 0.2, 0.4, …). A stream has no length: Trainer's epoch
+    is steps / max_steps (fastgrpo's stayed 0). Past a pass (12 steps of 10 prompts) both count on: 1.1, 1.2."""
+    import fastgrpo
+    from datasets import IterableDataset
+
+    def data():
+        rows = single_digit_prompts()
+        return IterableDataset.from_generator(lambda: iter(rows)) if stream else rows
+
+    epochs = {}
+    for module, extra in ((trl, {"use_cpu": True}), (fastgrpo, {"disable_tqdm": True, "max_prompt_length": 64})):
+        args = module.GRPOConfig(output_dir=str(tmp_path / module.__name__), per_device_train_batch_size=4, num_generations=4,
+                                 gradient_accumulation_steps=1, max_completion_length=4, max_steps=max_steps, logging_steps=1,
+                                 save_strategy="no", report_to="none", bf16=False, num_iterations=num_iterations,
+                                 steps_per_generation=steps_per_generation, **extra)
+        trainer = module.GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=data(), processing_class=tokenizer)
+        trainer.train()
+        epochs[module.__name__] = [round(r["epoch"], 6) for r in trainer.state.log_history]
+    assert epochs["fastgrpo"] == epochs["trl"]
+    per_step = 1 / max_steps if stream else 0.1 * steps_per_generation / (num_iterations * steps_per_generation)
+    assert epochs["fastgrpo"][:-1] == [round(per_step * s, 6) for s in range(1, max_steps + 1)]  # then the summary's, the last again

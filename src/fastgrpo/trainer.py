@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 
 import torch
 from accelerate.utils import gather_object
@@ -35,7 +35,7 @@ from .generation.contract import SamplingSettings
 from .model.loading import as_reference, sync_reference
 from .model.precision import autocast_for
 from .rollout.assembly import build_assembly
-from .rollout.async_producer import overlapped, running
+from .rollout.async_producer import overlapped
 from .rollout.producers import build_producer
 from .rollout.prompts import PromptEncoder
 from .rollout.record import Rollout
@@ -43,6 +43,7 @@ from .rollout.reward_models import RewardModel
 from .run import checkpoints, reward_hooks
 from .run.callbacks import TrainerEvents, scheduled
 from .run.dataset_kinds import prompt_order
+from .run.epochs import EpochClock
 from .run.inputs import check_trainer_inputs
 from .run.interrupt import StopOnInterrupt
 from .run.metrics import CompletionRows, MetricsLog, PhaseTimer, Window, progress_bar, rollout_metrics, window_record
@@ -137,14 +138,15 @@ class GRPOTrainer(TRLMethods):
         self.target_kl_stops, self.last_metrics, self.loss_sum, self.run_id = 0, {}, 0.0, uuid.uuid4().hex
         self.metrics_log = MetricsLog(a.output_dir, acc, self.console) if acc.is_main_process else None
         self.events = TrainerEvents(a, checked.callbacks, self.model, self.tokenizer, self.optimizer, self.scheduler, acc.is_main_process)
-        self.state, self.epochs_done = self.events.state, 0
+        self.state, self.clock = self.events.state, EpochClock(self.order.size, a.steps_per_rollout, self.max_steps)
         self.reward_hooks = reward_hooks.RewardHooks(lambda: self.window)
         self.passes = LogProbPasses(self.log_probs, self.reference, a.beta > 0 and a.kl_estimator == "k3", self.timer)
-        self.assembly = overlapped(a, build_assembly(  # one batch, or DAPO's rounds; Â set once on what trains; max_staleness: made ahead
+        self.assembly = build_assembly(  # one batch, or DAPO's rounds; Â set once on what trains
             a, acc, draw=self._draw, producer=producer, reward_funcs=self.reward_funcs, reward_names=self.reward_names,
             reward_weights=self.reward_weights, reward_kwargs=self._reward_kwargs, pop_columns=self.reward_hooks.pop_columns,
             behaviour_logps=lambda r, rows: self.passes.old(acc.unwrap_model(self.model), r, rows), timer=self.timer,  # one process's surplus: no DDP
-        ), self.order, lambda: self.weight_version)
+        )
+        self.rollouts = overlapped(a, self.assembly, self.order, lambda: self.weight_version)  # max_staleness: made ahead
         self.update = OptimizerStep(
             a, acc, self.model, self.optimizer, self.scheduler, log_probs=self.log_probs, correction=self.correction, router=self.router,
             entropy_control=self.entropy_control, reference=self.reference, entropy_mask=self.get_high_entropy_mask, events=self.events, timer=self.timer,
@@ -164,12 +166,12 @@ class GRPOTrainer(TRLMethods):
         a = self.args
         rollout, done = checkpoints.resume(self, resume_from_checkpoint)
         schedule = [(i, s) for i in range(a.num_iterations) for s in range(a.steps_per_generation // a.gradient_accumulation_steps)]
-        self.events.train_begin(self.max_steps, self.step, self._epoch(), self.order.size)
+        self.events.train_begin(self.max_steps, self.step, self.clock(self.step, done), self.order.size)
         if a.eval_on_start and self.eval_dataset is not None:
             self.evaluate()
         self.events.epoch_begin()
         hidden = a.disable_tqdm or not self.accelerator.is_main_process
-        with progress_bar(self.console, self.max_steps, self.step, hidden) as progress, StopOnInterrupt() as interrupt, running(self.assembly):
+        with progress_bar(self.console, self.max_steps, self.step, hidden) as progress, StopOnInterrupt() as interrupt, closing(self.rollouts):
             while self.step < self.max_steps and not self.events.control.should_training_stop:
                 started = time.perf_counter()  # TRL's step_time: a step's passes, and the sampling of the rollout it starts
                 if rollout is None or done >= a.steps_per_rollout:
@@ -200,7 +202,8 @@ class GRPOTrainer(TRLMethods):
         """One rollout for this process, whole groups only (rollout/assembly.py), with π_ref and the π_old it needs."""
         a = self.args
         self._sync_weights()
-        rollout, extra, sums = self.assembly()
+        rollout, extra, sums = self.rollouts()
+        self.clock.drew(self.rollouts.handed_order)
         steps = self.update.rollout_passes(rollout)  # each step's passes: π_old and π_ref run the update's own rows
         old = self.passes.old(self.model, rollout, sum(steps[1:], [])) if self.needs_old_logps or rollout.old_logps is not None else None
         rollout = dataclasses.replace(rollout, ref_logps=self.passes.ref(rollout, sum(steps, [])), old_logps=old)
@@ -252,13 +255,12 @@ class GRPOTrainer(TRLMethods):
         progress.update(progress.task_ids[0], completed=self.step)
         if a.sync_ref_model and self.step % a.ref_model_sync_steps == 0:  # TR-DPO soft update
             sync_reference(self.ref_model, self.accelerator.unwrap_model(self.model), a.ref_model_mixup_alpha)
-        epoch_end = done >= a.steps_per_rollout and self.order.epoch > self.epochs_done  # this rollout finished a pass
-        self.epochs_done, can_evaluate = self.order.epoch if epoch_end else self.epochs_done, self.eval_dataset is not None
+        epoch_end, can_evaluate = self.clock.pass_ended(self.step, done), self.eval_dataset is not None
         # Trainer's order: on_step_end and its log/evaluate/save, then at an epoch's end (or the run's) on_epoch_end and its own.
-        self._act(self.events.step_end(self.step, self._epoch(), *scheduled(a, self.step, self.max_steps, False, can_evaluate)), rollout, done)
+        self._act(self.events.step_end(self.step, self.clock(self.step, done), *scheduled(a, self.step, self.max_steps, False, can_evaluate)), rollout, done)
         finishing = self.step >= self.max_steps or self.events.control.should_training_stop
         if epoch_end or finishing:
-            self._act(self.events.epoch_end(self._epoch(), *scheduled(a, self.step, self.max_steps, True, can_evaluate)), rollout, done)
+            self._act(self.events.epoch_end(self.clock(self.step, done), *scheduled(a, self.step, self.max_steps, True, can_evaluate)), rollout, done)
             if not (finishing or self.events.control.should_training_stop):
                 self.events.epoch_begin()
 
@@ -270,10 +272,6 @@ class GRPOTrainer(TRLMethods):
             self.evaluate()
         if control.should_save:
             checkpoints.save(self, rollout, done)
-
-    def _epoch(self) -> float:
-        """Passes over the training prompts so far (TrainerState.epoch): whole epochs plus the drawn fraction."""
-        return self.order.epoch + (self.order.position / self.order.size if self.order.size else 0.0)
 
     def _log(self, to_callbacks: bool = True) -> dict:
         """Write the window's record (metrics.jsonl, completions.jsonl, trackers) and, unless told not to, on_log; return it."""

@@ -210,12 +210,13 @@ class TRLMethods:
         if sets is None:
             raise ValueError("evaluate() needs an eval_dataset: pass one to evaluate() or to GRPOTrainer.")
         G = self.num_generations_eval
-        self._sync_weights()
-        metrics = mean_rewards(
-            sets, metric_key_prefix, lambda rows, timer: self._eval_batch(rows, G, timer), reward_names=self.reward_names,
-            reward_weights=self.reward_weights, num_generations=G, batch_size=self.args.per_device_eval_batch_size,
-            accelerator=self.accelerator, on_batch=self.events.prediction_step, loss=self.update.eval_loss,
-        )
+        with self.rollouts.paused():  # the overlap's producer samples and scores through the same parts: not meanwhile
+            self._sync_weights()
+            metrics = mean_rewards(
+                sets, metric_key_prefix, lambda rows, timer: self._eval_batch(rows, G, timer), reward_names=self.reward_names,
+                reward_weights=self.reward_weights, num_generations=G, batch_size=self.args.per_device_eval_batch_size,
+                accelerator=self.accelerator, on_batch=self.events.prediction_step, loss=self.update.eval_loss,
+            )
         for set_name in sets:  # TRL's eval_num_tokens: the training count so far (its eval mode adds none)
             prefix = f"{metric_key_prefix}{set_name[len('eval'):]}"
             metrics[f"{prefix}_num_tokens"] = self.state.num_input_tokens_seen

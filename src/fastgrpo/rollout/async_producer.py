@@ -86,13 +86,13 @@ class RolloutPipeline:
         self.lock = threading.Condition()
         self.requested = self.started = self.taken = 0  # rollouts asked for, started, handed over or dropped
         self.dropped, self.error, self.thread = 0, None, None
-        self.beat, self.sampler_idle, self.stopping = time.monotonic(), 0.0, False
-        self.handed_order: dict | None = None  # the order after the last hand-over; None: as it is (nothing produced yet)
+        self.beat, self.sampler_idle, self.stopping, self.paused_by, self.producing = time.monotonic(), 0.0, False, 0, False
+        self.handed: dict | None = None  # the order after the last hand-over; None: as it is (nothing produced yet)
 
     # ------------------------------------------------------------------ trainer side
     def __call__(self) -> tuple[Rollout, dict, dict]:
         if self.thread is None:
-            self.handed_order = self.order.state_dict()
+            self.handed = self.order.state_dict()
             self.thread = threading.Thread(target=self._produce, name="fastgrpo-rollout-producer", daemon=True)
             self.thread.start()
         waited, dropped, start = 0.0, 0, time.monotonic()
@@ -110,7 +110,7 @@ class RolloutPipeline:
                     dropped += len(tagged.rollout)
                     self.lock.notify_all()
                     continue
-                self.handed_order = tagged.order_after
+                self.handed = tagged.order_after
                 idle, self.sampler_idle = self.sampler_idle, 0.0
                 self.lock.notify_all()
             waited = time.monotonic() - start
@@ -134,6 +134,28 @@ class RolloutPipeline:
                     "the last checkpoint is kept: check the vLLM server, then resume with resume_from_checkpoint=True."
                 )
 
+    @property
+    def handed_order(self) -> dict:
+        """The data order's state after the last rollout handed to the trainer (not after the producer's draws ahead)."""
+        with self.lock:
+            return self.handed if self.handed is not None else self.order.state_dict()
+
+    @contextlib.contextmanager
+    def paused(self):
+        """No rollout is produced inside this context: it waits for the one being produced (its generation, scores and
+        π_behaviour), and the producer starts no other until it ends. For an evaluation between steps, which samples
+        and scores through the same assembly, backend and reward hooks in the trainer's thread."""
+        with self.lock:
+            self.paused_by += 1
+            while self.producing and self.error is None and self.thread.is_alive():
+                self.lock.wait(timeout=POLL_S)
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.paused_by -= 1
+                self.lock.notify_all()
+
     def close(self) -> None:
         """Stop the producer: it ends after its current generation request (the thread is a daemon: exit never waits on it)."""
         with self.lock:
@@ -145,7 +167,7 @@ class RolloutPipeline:
     def state_dict(self) -> dict:
         """What a checkpoint keeps: the data order after the last rollout handed over, the drop count, the assembly's state."""
         with self.lock:
-            order = self.handed_order if self.handed_order is not None else self.order.state_dict()
+            order = self.handed if self.handed is not None else self.order.state_dict()
             return {"order": order, "dropped": self.dropped, "assembly": self.assembly.state_dict()}
 
     def load_state_dict(self, state: dict | None) -> None:
@@ -166,16 +188,21 @@ class RolloutPipeline:
             while True:
                 idle_from = time.monotonic()
                 with self.lock:
-                    while not self.stopping and not self._admitted():
+                    while not self.stopping and (self.paused_by or not self._admitted()):
                         self.beat = time.monotonic()  # waiting on the trainer is a sign of life
                         self.lock.wait(timeout=POLL_S)
                     if self.stopping:
                         return
                     self.sampler_idle += time.monotonic() - idle_from
-                    self.started += 1
+                    self.started, self.producing = self.started + 1, True
                 version = self.version()  # before the request: a push during it makes the samples fresher, never staler
                 self.beat = time.monotonic()
-                rollout, extra, sums = self.assembly()
+                try:
+                    rollout, extra, sums = self.assembly()
+                finally:
+                    with self.lock:
+                        self.producing = False
+                        self.lock.notify_all()
                 self.beat = time.monotonic()
                 self.ready.put(Tagged(rollout, extra, sums, version, self.order.state_dict()))
         except BaseException as err:  # noqa: BLE001 — handed to the trainer's thread, raised there
@@ -192,15 +219,45 @@ def inflight_rollouts(max_inflight_tasks: int, max_staleness: int, generation_ba
     return min(tasks, queue_maxsize) // generation_batch_size
 
 
-def overlapped(args, assembly, order, version: Callable[[], int]):
-    """The run's assembly: as it is (max_staleness None, the synchronous loop), or a `RolloutPipeline` around it."""
+class InOrder:
+    """The synchronous loop's rollouts: each made by the assembly when the trainer asks, in its thread.
+
+    `RolloutPipeline`'s contract (call, `handed_order`, `paused`, `state_dict`/`load_state_dict`, `close`), so the
+    trainer calls either the same way.
+    """
+
+    def __init__(self, assembly, order):
+        self.assembly, self.order = assembly, order
+
+    def __call__(self) -> tuple[Rollout, dict, dict]:
+        return self.assembly()
+
+    @property
+    def handed_order(self) -> dict:
+        """The data order's state after the last rollout made."""
+        return self.order.state_dict()
+
+    def paused(self):
+        """Nothing runs beside the trainer: a context that does nothing."""
+        return contextlib.nullcontext()
+
+    def state_dict(self):
+        """The assembly's state (DAPO's carry-over); the order is the checkpoint's own."""
+        return self.assembly.state_dict()
+
+    def load_state_dict(self, state) -> None:
+        """Restore `state_dict()`, or the assembly's part of a `RolloutPipeline`'s (a run that overlapped, resumed without;
+        the checkpoint's own order is already the one after the last rollout trained)."""
+        self.assembly.load_state_dict(state["assembly"] if isinstance(state, dict) and "order" in state else state)
+
+    def close(self) -> None:
+        """Nothing to stop."""
+
+
+def overlapped(args, assembly, order, version: Callable[[], int]) -> InOrder | RolloutPipeline:
+    """The run's rollouts: `InOrder` (max_staleness None, the synchronous loop), or a `RolloutPipeline` made ahead."""
     if args.max_staleness is None:
-        return assembly
+        return InOrder(assembly, order)
     inflight = inflight_rollouts(args.max_inflight_tasks, args.max_staleness, args.generation_batch_size, args.queue_maxsize)
     return RolloutPipeline(assembly, order, version, max_staleness=args.max_staleness, inflight=inflight,
                            heartbeat_stale_after_s=args.heartbeat_stale_after_s)
-
-
-def running(assembly):
-    """A context that stops a `RolloutPipeline`'s producer when training ends (normally, on an error, on Ctrl-C)."""
-    return contextlib.closing(assembly) if isinstance(assembly, RolloutPipeline) else contextlib.nullcontext()

@@ -89,7 +89,7 @@ def save(trainer: Checkpointed, rollout: Rollout, done: int) -> str:
     state = {
         "step": trainer.step, "scheduler": trainer.scheduler.state_dict(),
         "optimizer": None if is_sharded(trainer.model) else trainer.optimizer.state_dict(),  # sharded: with the weights' shards
-        "order": trainer.order.state_dict(), "target_kl_stops": trainer.target_kl_stops, "done": done,
+        "order": trainer.rollouts.handed_order, "epoch_clock": trainer.clock.state_dict(), "target_kl_stops": trainer.target_kl_stops, "done": done,
         "ref_model": trainer.ref_model.state_dict() if a.sync_ref_model else None, "config": a.to_dict(), "loss_sum": trainer.loss_sum,
         "weight_version": trainer.weight_version, "setup": trainer.setup,
         "entropy_control": trainer.entropy_control.state_dict() if trainer.entropy_control else None,
@@ -98,7 +98,7 @@ def save(trainer: Checkpointed, rollout: Rollout, done: int) -> str:
     # this process's share of the rollout, of what was trained since the last log, and dynamic sampling's carry-over
     own = {
         "rollout": rollout if done < a.steps_per_rollout else None, "window": trainer.window, "completions": trainer.fresh_completions,
-        "producer": trainer.assembly.state_dict(),
+        "producer": trainer.rollouts.state_dict(),
     }
     acc = trainer.accelerator
     path = ckpt.save_checkpoint(a.output_dir, trainer.step, acc, trainer.model, trainer.tokenizer, a, state, own, trainer.run_id, trainer.optimizer)
@@ -211,7 +211,8 @@ def resume(trainer: Checkpointed, resume_from_checkpoint) -> tuple[Rollout | Non
         if changed:
             listed = ", ".join(f"{k} {old!r} → {new!r}" for k, old, new in changed)
             trainer.console.print(f"changed since the checkpoint, applied: {listed}", markup=False, soft_wrap=True)
-    trainer.assembly.load_state_dict(state.get("producer"))  # DAPO's carry-over; the overlap's: the order after the last rollout trained
+    trainer.rollouts.load_state_dict(state.get("producer"))  # DAPO's carry-over; the overlap's: the order after the last rollout trained
+    trainer.clock.load_state_dict(state.get("epoch_clock"), trainer.rollouts.handed_order)
     return state.get("rollout"), state["done"]  # no rollout, no window: resumed on another number of processes
 
 

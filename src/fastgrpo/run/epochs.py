@@ -1,0 +1,70 @@
+"""`TrainerState.epoch` and the end of a pass over the training prompts, as Trainer counts them under TRL's GRPO loader.
+
+TRL's data loader yields each generation batch once per optimizer step that trains on it (its `RepeatSampler`
+repeats a batch μ × steps_per_generation times), so Trainer's epoch, steps taken over steps per pass, moves by an
+equal share of a rollout's prompts at each of the rollout's optimizer steps. fastgrpo draws a rollout's prompts at
+once, so the share is worked out from the data order: with `drawn` = passes + position / size of the order's state,
+
+    epoch = drawn before the rollout + (drawn after − drawn before) × done / steps_per_rollout
+
+after `done` of the rollout's steps. A rollout whose reuse target_kl ended early counts whole at its last step;
+DAPO's rounds count every prompt they drew. A pass ends at the step that finishes a rollout whose draw reached the
+end of the data. Under the overlap the order's state is the one after the rollout handed to the trainer
+(`handed_order`), not after the producer's draws ahead.
+
+A stream has no length: Trainer then takes max_steps steps per pass (its `steps_in_epoch` without a
+`len(dataloader)`), so epoch = passes finished + steps since the pass began / max_steps.
+
+Not here: the data order itself (datasets.PromptOrder, dataset_kinds.StreamOrder), the callbacks' events (callbacks.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+
+class EpochClock:
+    """The run's epoch at each optimizer step (module docstring: Trainer's count under TRL's loader).
+
+    Args:
+        size: prompts in the training data; None for a stream.
+        steps_per_rollout: optimizer steps a rollout trains (μ × steps_per_generation / gradient_accumulation_steps).
+        max_steps: the run's optimizer steps (a stream's steps per pass).
+    """
+
+    def __init__(self, size: int | None, steps_per_rollout: int, max_steps: int):
+        self.size, self.steps_per_rollout, self.max_steps = size, steps_per_rollout, max_steps
+        self.span = (0.0, 0.0)  # passes drawn before and after the rollout now training
+        self.pass_start = 0  # the step the current pass began at (a stream's epoch counts from it)
+
+    def drawn(self, order: dict) -> float:
+        """Passes drawn by a data order's state ({"epoch", "position"}): whole passes plus the drawn share of the next."""
+        return order["epoch"] + (order["position"] / self.size if self.size else 0.0)
+
+    def drew(self, order: dict) -> None:
+        """A rollout was taken, the data order then at `order` (its state after the rollout's draw)."""
+        self.span = (self.span[1], self.drawn(order))
+
+    def __call__(self, step: int, done: int) -> float:
+        """The epoch after `step` optimizer steps, `done` of them on the rollout now training."""
+        if self.size is None:
+            return math.floor(self.span[1]) + (step - self.pass_start) / self.max_steps
+        start, end = self.span
+        return start + (end - start) * min(done, self.steps_per_rollout) / self.steps_per_rollout
+
+    def pass_ended(self, step: int, done: int) -> bool:
+        """Whether `step` finished the rollout that reached the end of a pass (Trainer's on_epoch_end comes after it)."""
+        ended = done >= self.steps_per_rollout and math.floor(self.span[1]) > math.floor(self.span[0])
+        if ended:
+            self.pass_start = step
+        return ended
+
+    def state_dict(self) -> dict:
+        return {"span": self.span, "pass_start": self.pass_start}
+
+    def load_state_dict(self, state: dict | None, order: dict) -> None:
+        """Restore `state_dict()`; None (a checkpoint saved before the clock was): the rollout in progress counts whole."""
+        if state is None:
+            self.span = (self.drawn(order),) * 2
+        else:
+            self.span, self.pass_start = tuple(state["span"]), state["pass_start"]
