@@ -65,6 +65,18 @@ def test_advantages_leave_rows_without_reward_out_of_the_group():
         group_advantages(rewards, "batch")
 
 
+def test_a_reward_function_that_scored_nothing_in_a_window_logs_nan_as_trl(tmp_path, tokenizer, make_model, prompts):
+    # TRL logs nanmean/nanstd of the function's column: NaN when every value is None (fastgrpo left the keys out).
+    def never(completion_ids, **kw):
+        return [None] * len(completion_ids)
+
+    trainer, _ = train(tmp_path, tokenizer, make_model, prompts, [reward_even_tokens, never], max_steps=2)
+    for record in read_metrics(trainer.args.output_dir):
+        assert math.isnan(record["rewards/never/mean"]) and math.isnan(record["rewards/never/std"])
+        assert 0 <= record["rewards/reward_even_tokens/mean"] <= 1 and record["frac_reward_none"] == 0.0
+    assert math.isnan(trainer.state.log_history[0]["rewards/never/mean"])
+
+
 def test_rows_without_reward_train_with_zero_advantage_and_log_the_fraction(tmp_path, tokenizer, make_model, prompts, caplog):
     def first_of_four_unscored(completion_ids, **kw):  # completion 0 of every group of G = 4 gets None
         return [None if i % 4 == 0 else float(len(ids)) for i, ids in enumerate(completion_ids)]

@@ -368,8 +368,10 @@ def reward_stats(sums: dict, reward_names: list[str], prefix: str) -> dict[str, 
     """TRL's `<prefix>/<name>/mean` and `/std` of each reward function over the completions it applied to.
 
     The std is the sample (n − 1) std over all of the window's completions (TRL takes it per
-    generation batch and averages over the window: the same for a window of one rollout); a
-    function that applied to no completion is left out, one that applied to one has std 0.
+    generation batch and averages over the window: the same for a window of one rollout); one that
+    applied to one completion has std 0. A function that returned None for every completion the
+    window scored logs NaN for both, as TRL's nanmean and nanstd of an all-None column (evaluation's
+    too); a window that scored nothing (a reused rollout's steps) logs neither, as TRL's.
     """
     out = {}
     for name in reward_names:
@@ -377,6 +379,8 @@ def reward_stats(sums: dict, reward_names: list[str], prefix: str) -> dict[str, 
         if n > 0:
             out[f"{prefix}/{name}/mean"] = total / n
             out[f"{prefix}/{name}/std"] = math.sqrt(max(squares - total * total / n, 0.0) / (n - 1)) if n > 1 else 0.0
+        elif sums.get("completions", 0) > 0:
+            out[f"{prefix}/{name}/mean"] = out[f"{prefix}/{name}/std"] = math.nan
     return out
 
 
