@@ -228,6 +228,19 @@ def test_colocate_importance_ratios_are_one_at_mu_1_and_the_sync_is_timed(tmp_pa
     assert records[0]["seconds/weight_sync"] == 0 and all(r["seconds/weight_sync"] > 0 for r in records[1:])
 
 
+def test_ctrl_c_in_a_terminal_while_the_colocated_engine_samples_saves_the_step_and_stops(tmp_path, model_dir):
+    # A terminal's Ctrl-C reaches every process of its foreground group: vLLM's engine core and worker exited on it, and
+    # the sampling in progress waited for ever on the dead engine (a hang; no checkpoint). The script is its own session
+    # and group (a terminal's job), and sends SIGINT to its whole group while the third rollout is in the engine.
+    out = tmp_path / "out"
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "vllm_ctrl_c_script.py"), model_dir, str(out)],
+                         env=VLLM_ENV, capture_output=True, text=True, timeout=400, start_new_session=True)
+    last = run.stderr.strip().splitlines()[-1]
+    assert run.returncode == 1 and last.endswith(f"TrainingInterrupted: interrupted at step 3/6; saved {out / 'checkpoint-3'}. Resume with "
+                                                 "trainer.train(resume_from_checkpoint=True), or the same fastgrpo train command plus --resume."), run.stderr[-3000:]
+    assert [r["step"] for r in metrics(out)] == [1, 2, 3] and sorted(os.listdir(out)) == ["checkpoint-3", "metrics.jsonl"]
+
+
 # ------------------------------------------------------------------ server mode
 def test_server_run_learns(tmp_path, tokenizer, prompts, server, model_dir):
     args = config(tmp_path, vllm_mode="server", vllm_server_base_url=server, **LEARNING)
