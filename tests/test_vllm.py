@@ -17,6 +17,7 @@ from contextlib import contextmanager
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
+from transformers import TrainerCallback
 
 from conftest import SERVERS, VLLM_ENV, free_port, restart_server, stop, vllm_tiny_model
 from fastgrpo import GRPOConfig, GRPOTrainer
@@ -226,6 +227,38 @@ def test_colocate_importance_ratios_are_one_at_mu_1_and_the_sync_is_timed(tmp_pa
     for r in records:  # fp32 engine and policy: the sampler's log-probs are π_old's to fp32 noise, after every sync
         assert abs(r["sampling/importance_sampling_ratio/mean"] - 1) < 1e-3 and r["sampling/sampling_logp_difference/max"] < 1e-3, r
     assert records[0]["seconds/weight_sync"] == 0 and all(r["seconds/weight_sync"] > 0 for r in records[1:])
+
+
+class StopAt(TrainerCallback):
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        control.should_training_stop = control.should_training_stop or state.global_step == self.step
+
+
+@pytest.mark.parametrize("mode", ["colocate", "server"])
+def test_a_run_resumed_at_a_rollouts_end_samples_what_the_uninterrupted_run_sampled(tmp_path, tokenizer, prompts, model_dir, server, mode):
+    # Colocated, vLLM sampled from its engine's one random stream, whose rows' order varied from run to run: two runs of
+    # one config sampled other completions, and a resume could not reproduce anything. Served, requests were seeded by a
+    # count that restarted at 0 on resume: the resumed rollouts repeated the first rollouts' seeds. LoRA, gradient
+    # checkpointing and β > 0 ride along (the engine runs the merged adapters of the checkpoint after the resume).
+    def run(name, stop=None, resume=False):
+        args = config(tmp_path, output_dir=str(tmp_path / name), max_steps=4, save_strategy="steps", save_steps=2, log_completions=True,
+                      num_completions_to_print=0, gradient_checkpointing=True, beta=0.1, per_device_train_batch_size=4, num_generations=4,
+                      **({"vllm_mode": "server", "vllm_server_base_url": server} if mode == "server" else {}))
+        GRPOTrainer(model_dir, reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer, callbacks=[StopAt(stop)],
+                    peft_config=LoraConfig(r=4, lora_alpha=16, target_modules=["q_proj", "v_proj"])).train(resume_from_checkpoint=resume or None)
+        with open(os.path.join(args.output_dir, "completions.jsonl")) as f:
+            return metrics(args.output_dir), [(c["step"], c["completion"]) for c in map(json.loads, f)]
+
+    whole = run("whole")
+    run("parts", stop=2)
+    parts = run("parts", resume=True)
+    assert len(whole[1]) == len(parts[1]) == 16 and parts[1] == whole[1]  # 4 rollouts of 4 completions, each the same text
+    for a, b in zip(whole[0], parts[0], strict=True):
+        assert (a["step"], a["reward"], a["loss"], a["kl"]) == (b["step"], b["reward"], b["loss"], b["kl"])
+        assert b["sampling/sampling_logp_difference/max"] < 1e-4  # the engine holds the policy's weights, resumed or not
 
 
 def test_ctrl_c_in_a_terminal_while_the_colocated_engine_samples_saves_the_step_and_stops(tmp_path, model_dir):
