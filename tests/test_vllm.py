@@ -391,6 +391,7 @@ def test_server_dying_mid_run_is_a_clear_error_and_resume_works(tmp_path, tokeni
 @pytest.mark.parametrize("fields,message", [
     ({"vllm_enable_sleep_mode": True}, "no sleep mode on CPU"),
     ({"vllm_tensor_parallel_size": 2}, "vllm_tensor_parallel_size=2 in colocate mode"),
+    ({"vllm_tensor_parallel_size": 0}, r"vllm_tensor_parallel_size=0: a count of GPUs per engine, 1 or more; use 1\.$"),  # named --tensor-parallel-size 0 as the fix
     ({"vllm_mode": "remote"}, "vllm_mode='remote'"),
     ({"generation_backend": "transformers"}, "contradict"),
     ({"vllm_gpu_memory_utilization": 1.5}, "vllm_gpu_memory_utilization=1.5"),
