@@ -79,8 +79,9 @@ exec "$FASTGRPO_PYTHON" -c 'import os, sys; os.setsid(); os.execv(sys.executable
 def own_session():
     """The processes `multiprocessing` spawns meanwhile (vLLM's engine core, and the worker it spawns in turn) start in
     a new session: a terminal's Ctrl-C, sent to every process of its foreground group, reaches the trainer alone.
-    Only the main thread (where Ctrl-C is handled, run/interrupt.py) changes the spawn executable; elsewhere nothing changes."""
-    if threading.current_thread() is not threading.main_thread():
+    Only the main thread (where Ctrl-C is handled, run/interrupt.py) changes the spawn executable, and only where the
+    temporary folder may hold a program (not a noexec mount); elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread() or os.statvfs(tempfile.gettempdir()).f_flag & os.ST_NOEXEC:
         yield
         return
     previous = multiprocessing.spawn.get_executable()
