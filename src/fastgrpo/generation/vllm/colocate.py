@@ -69,9 +69,11 @@ def check_cpu_head_size(folder: WeightsFolder) -> None:
 
 
 # `multiprocessing`'s spawn executable while vLLM starts its engine: a new session (no controlling terminal, so no
-# Ctrl-C from it), then the real interpreter with the arguments multiprocessing gave.
+# Ctrl-C or hang-up from it), SIGKILL when the trainer dies (Linux's PR_SET_PDEATHSIG = 1, kept across exec: out of
+# the terminal's reach, the engine would outlive a trainer killed or closed with its terminal), then the real
+# interpreter with the arguments multiprocessing gave.
 SESSION_SHIM = """#!/bin/sh
-exec "$FASTGRPO_PYTHON" -c 'import os, sys; os.setsid(); os.execv(sys.executable, [sys.executable] + sys.argv[1:])' "$@"
+exec "$FASTGRPO_PYTHON" -c 'import ctypes, os, signal, sys; os.setsid(); ctypes.CDLL(None).prctl(1, signal.SIGKILL); os.execv(sys.executable, [sys.executable] + sys.argv[1:])' "$@"
 """
 
 
