@@ -17,6 +17,7 @@ from contextlib import contextmanager
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
+from transformers import TrainerCallback
 
 from conftest import SERVERS, VLLM_ENV, free_port, restart_server, stop, vllm_tiny_model
 from fastgrpo import GRPOConfig, GRPOTrainer
@@ -228,6 +229,51 @@ def test_colocate_importance_ratios_are_one_at_mu_1_and_the_sync_is_timed(tmp_pa
     assert records[0]["seconds/weight_sync"] == 0 and all(r["seconds/weight_sync"] > 0 for r in records[1:])
 
 
+class StopAt(TrainerCallback):
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        control.should_training_stop = control.should_training_stop or state.global_step == self.step
+
+
+@pytest.mark.parametrize("mode", ["colocate", "server"])
+def test_a_run_resumed_at_a_rollouts_end_samples_what_the_uninterrupted_run_sampled(tmp_path, tokenizer, prompts, model_dir, server, mode):
+    # Colocated, vLLM sampled from its engine's one random stream, whose rows' order varied from run to run: two runs of
+    # one config sampled other completions, and a resume could not reproduce anything. Served, requests were seeded by a
+    # count that restarted at 0 on resume: the resumed rollouts repeated the first rollouts' seeds. LoRA, gradient
+    # checkpointing and β > 0 ride along (the engine runs the merged adapters of the checkpoint after the resume).
+    def run(name, stop=None, resume=False):
+        args = config(tmp_path, output_dir=str(tmp_path / name), max_steps=4, save_strategy="steps", save_steps=2, log_completions=True,
+                      num_completions_to_print=0, gradient_checkpointing=True, beta=0.1, per_device_train_batch_size=4, num_generations=4,
+                      **({"vllm_mode": "server", "vllm_server_base_url": server} if mode == "server" else {}))
+        GRPOTrainer(model_dir, reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer, callbacks=[StopAt(stop)],
+                    peft_config=LoraConfig(r=4, lora_alpha=16, target_modules=["q_proj", "v_proj"])).train(resume_from_checkpoint=resume or None)
+        with open(os.path.join(args.output_dir, "completions.jsonl")) as f:
+            return metrics(args.output_dir), [(c["step"], c["completion"]) for c in map(json.loads, f)]
+
+    whole = run("whole")
+    run("parts", stop=2)
+    parts = run("parts", resume=True)
+    assert len(whole[1]) == len(parts[1]) == 16 and parts[1] == whole[1]  # 4 rollouts of 4 completions, each the same text
+    for a, b in zip(whole[0], parts[0], strict=True):
+        assert (a["step"], a["reward"], a["loss"], a["kl"]) == (b["step"], b["reward"], b["loss"], b["kl"])
+        assert b["sampling/sampling_logp_difference/max"] < 1e-4  # the engine holds the policy's weights, resumed or not
+
+
+def test_ctrl_c_in_a_terminal_while_the_colocated_engine_samples_saves_the_step_and_stops(tmp_path, model_dir):
+    # A terminal's Ctrl-C reaches every process of its foreground group: vLLM's engine core and worker exited on it, and
+    # the sampling in progress waited for ever on the dead engine (a hang; no checkpoint). The script is its own session
+    # and group (a terminal's job), and sends SIGINT to its whole group while the third rollout is in the engine.
+    out = tmp_path / "out"
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "vllm_ctrl_c_script.py"), model_dir, str(out)],
+                         env=VLLM_ENV, capture_output=True, text=True, timeout=400, start_new_session=True)
+    last = run.stderr.strip().splitlines()[-1]
+    assert run.returncode == 1 and last.endswith(f"TrainingInterrupted: interrupted at step 3/6; saved {out / 'checkpoint-3'}. Resume with "
+                                                 "trainer.train(resume_from_checkpoint=True), or the same fastgrpo train command plus --resume."), run.stderr[-3000:]
+    assert [r["step"] for r in metrics(out)] == [1, 2, 3] and sorted(os.listdir(out)) == ["checkpoint-3", "metrics.jsonl"]
+
+
 # ------------------------------------------------------------------ server mode
 def test_server_run_learns(tmp_path, tokenizer, prompts, server, model_dir):
     args = config(tmp_path, vllm_mode="server", vllm_server_base_url=server, **LEARNING)
@@ -361,6 +407,7 @@ def test_server_dying_mid_run_is_a_clear_error_and_resume_works(tmp_path, tokeni
 @pytest.mark.parametrize("fields,message", [
     ({"vllm_enable_sleep_mode": True}, "no sleep mode on CPU"),
     ({"vllm_tensor_parallel_size": 2}, "vllm_tensor_parallel_size=2 in colocate mode"),
+    ({"vllm_tensor_parallel_size": 0}, r"vllm_tensor_parallel_size=0: a count of GPUs per engine, 1 or more; use 1\.$"),  # named --tensor-parallel-size 0 as the fix
     ({"vllm_mode": "remote"}, "vllm_mode='remote'"),
     ({"generation_backend": "transformers"}, "contradict"),
     ({"vllm_gpu_memory_utilization": 1.5}, "vllm_gpu_memory_utilization=1.5"),

@@ -48,6 +48,8 @@ def check_vllm(c) -> None:
         reason = "vLLM has no sleep mode on CPU (it frees GPU memory only)" if not torch.cuda.is_available() else \
             "fastgrpo does not put its engine to sleep between rollouts yet (not built)"
         raise ValueError(f"vllm_enable_sleep_mode=True: {reason}; set it to False.")
+    if c.vllm_mode == "colocate" and c.vllm_tensor_parallel_size < 1:  # not a count of GPUs: no server flag to name
+        raise ValueError(f"vllm_tensor_parallel_size={c.vllm_tensor_parallel_size}: a count of GPUs per engine, 1 or more; use 1.")
     if c.vllm_mode == "colocate" and c.vllm_tensor_parallel_size != 1:
         reason = "vLLM's CPU backend runs one engine per process here" if not torch.cuda.is_available() else \
             "fastgrpo runs one whole engine per training process"

@@ -70,7 +70,7 @@ def build_backend(
         gathered: under FSDP, the whole copy of the sharded policy (`GatheredCopy`) either backend runs;
             it takes the place of the bf16 copy.
         server: the connected vLLM server (`open_engine`), in server mode.
-        tokenizer, seed: the colocated vLLM engine's tokenizer and sampling seed (the server's: its requests' seed base).
+        tokenizer, seed: the colocated vLLM engine's tokenizer and sampling seed; the seed is also each vLLM request's seed base (backend.py).
         working: the update's bf16 `WorkingCopy` (model/working_copy.py): fastgrpo's sampler's
             `MergedCopy` shares its tensors instead of holding its own.
     Returns:
@@ -89,7 +89,7 @@ def build_backend(
         tied = tied_names(lm)  # vLLM's engine runs them untied (vllm/weights.py)
         vocab = policy.get_input_embeddings().num_embeddings  # every token id the engine returns must index it
         if server is not None:
-            backend = VLLMGenerator(server, sampling, vocab_size=vocab, tied=tied, seed=seed,  # a shared server: seeded per request
+            backend = VLLMGenerator(server, sampling, vocab_size=vocab, tied=tied, seed=seed,  # seeded per request (backend.py)
                                     deferred=args.max_staleness is not None)  # the overlap: pushed from the producer's thread
             server.check_logprobs(sampling.temperature, backend.owns_weights)
             backend.update_weights(policy)  # the server may hold other weights (another run's, or the model before LoRA)
@@ -101,7 +101,7 @@ def build_backend(
         context = args.vllm_max_model_length or min(longest, (args.max_prompt_length or longest) + args.max_completion_length)
         engine = ColocateEngine(folder, max_model_len=context, memory_utilization=args.vllm_gpu_memory_utilization,
                                 model_impl=args.vllm_model_impl, seed=seed)
-        return VLLMGenerator(engine, sampling, vocab_size=vocab, tied=tied)
+        return VLLMGenerator(engine, sampling, vocab_size=vocab, tied=tied, seed=seed)  # seeded per request, as the server's
     model = gathered.module if gathered is not None else policy
     if backend == "fastgrpo":
         reason = unsupported_reason(model)

@@ -71,9 +71,12 @@ class VLLMGenerator:
         deferred: pushes wait for the next `sample` (the overlap, rollout/async_producer.py: its producer thread samples,
             so the push runs there, between two rollouts, and the trainer only copies the weights); one process only.
         vocab_size: the policy's embedding rows: every token id an engine returns must be below it (`check_rows`).
-        seed: None, or the base of each request's vLLM `seed` (request k: seed + k·SEED_STRIDE; vLLM gives its
-            n completions seed + 0 … n − 1): a server shared by runs then samples a run's requests the same
-            whatever else it serves, and whenever they are sent (the overlap's max_staleness=0 equals the synchronous loop).
+        seed: None, or the base of each request's vLLM `seed`: seed + d·SEED_STRIDE, d drawn from torch's global generator
+            (vLLM gives its n completions seed + 0 … n − 1). Each request then samples the same whatever else the engine
+            runs beside it: a server shared by runs, and whenever it is sent (the overlap's max_staleness=0 equals the
+            synchronous loop); and since the trainer seeds that generator and its checkpoints hold it, as for the own
+            sampler, a run is sampled the same when run again or resumed (an unseeded colocated engine sampled another
+            rollout each time: its batch's rows took its one random stream in an order that varied from run to run).
     Attributes:
         owns_weights: True where vLLM's log-probs are of the distribution π_old is taken over (`is_exact`):
             `Samples.logps` are given and corrected for; False under truncation or a repetition penalty.
@@ -82,7 +85,7 @@ class VLLMGenerator:
 
     def __init__(self, engine: Engine, sampling: SamplingSettings, *, vocab_size: int, tied: tuple[str, ...] = (), seed: int | None = None,
                  deferred: bool = False):
-        self.engine, self.sampling, self.vocab_size, self.tied, self.seed, self.requests = engine, sampling, vocab_size, tied, seed, 0
+        self.engine, self.sampling, self.vocab_size, self.tied, self.seed = engine, sampling, vocab_size, tied, seed
         self.deferred, self.pending, self.lock = deferred, None, threading.Lock()  # pending: the weights the next sample pushes first
         self.owns_weights = is_exact(sampling)
         self.sync_bytes = 0
@@ -124,7 +127,7 @@ class VLLMGenerator:
             self.engine.generate(prompts, {**sampling_params(self.sampling, 1, 1), "logprobs": None})
         params = sampling_params(self.sampling, num_generations, T)
         if self.seed is not None:
-            params["seed"], self.requests = self.seed + self.requests * SEED_STRIDE, self.requests + 1
+            params["seed"] = self.seed + SEED_STRIDE * int(torch.randint(1 << 30, ()))  # the trainer's generator (checkpointed)
         rows = [c for group in self.engine.generate(prompts, params) for c in group]
         if len(rows) != len(prompts) * num_generations:
             raise EngineError(f"{self.engine.description} returned {len(rows)} completions for {len(prompts)} prompts × G={num_generations}.")

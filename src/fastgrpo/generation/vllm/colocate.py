@@ -7,6 +7,12 @@ the EPYC here), so vLLM's own set-up (thread binding, its process group, its see
 TRL runs the engine inside the process instead (`external_launcher`); measured here (round 4), that resets
 torch's threads and seeds and opens a gloo group inside the trainer.
 
+Ctrl-C: a terminal sends SIGINT to its whole foreground process group, and vLLM's engine core and worker exit on
+it (their own handlers); the trainer's first Ctrl-C finishes the optimizer step and saves (run/interrupt.py), but
+the sampling it was in then waited for ever on the dead engine (vLLM 0.32's client is never told: a hang, no
+checkpoint). The engine's processes therefore start in a session of their own (`own_session`), out of the
+terminal's reach; they stop when the trainer closes the engine or exits (vLLM's own exit handling).
+
 Weights: the engine starts from the policy's own weights (weights.WeightsFolder), and each sync reloads them
 from that folder in place (`reload_weights`, vLLM 0.32), then drops the prefix cache.
 
@@ -16,7 +22,12 @@ Not here: the sampling settings and the `Samples` built from the output (backend
 from __future__ import annotations
 
 import json
+import multiprocessing
+import multiprocessing.spawn
 import os
+import tempfile
+import threading
+from contextlib import contextmanager
 
 import torch
 
@@ -57,6 +68,39 @@ def check_cpu_head_size(folder: WeightsFolder) -> None:
         )
 
 
+# `multiprocessing`'s spawn executable while vLLM starts its engine: a new session (no controlling terminal, so no
+# Ctrl-C or hang-up from it), SIGKILL when the trainer dies (Linux's PR_SET_PDEATHSIG = 1, kept across exec: out of
+# the terminal's reach, the engine would outlive a trainer killed or closed with its terminal), then the real
+# interpreter with the arguments multiprocessing gave.
+SESSION_SHIM = """#!/bin/sh
+exec "$FASTGRPO_PYTHON" -c 'import ctypes, os, signal, sys; os.setsid(); ctypes.CDLL(None).prctl(1, signal.SIGKILL); os.execv(sys.executable, [sys.executable] + sys.argv[1:])' "$@"
+"""
+
+
+@contextmanager
+def own_session():
+    """The processes `multiprocessing` spawns meanwhile (vLLM's engine core, and the worker it spawns in turn) start in
+    a new session: a terminal's Ctrl-C, sent to every process of its foreground group, reaches the trainer alone.
+    Only the main thread (where Ctrl-C is handled, run/interrupt.py) changes the spawn executable, and only where the
+    temporary folder may hold a program (not a noexec mount); elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread() or os.statvfs(tempfile.gettempdir()).f_flag & os.ST_NOEXEC:
+        yield
+        return
+    previous = multiprocessing.spawn.get_executable()
+    with tempfile.TemporaryDirectory(prefix="fastgrpo-spawn-") as folder:
+        shim = os.path.join(folder, "python")
+        with open(shim, "w") as f:
+            f.write(SESSION_SHIM)
+        os.chmod(shim, 0o700)
+        os.environ["FASTGRPO_PYTHON"] = os.fsdecode(previous)
+        multiprocessing.set_executable(shim)
+        try:
+            yield
+        finally:
+            multiprocessing.set_executable(previous)
+            os.environ.pop("FASTGRPO_PYTHON", None)
+
+
 class ColocateEngine:
     """vLLM's `LLM` started from a model folder, in this process (engine core, and on CPU its worker, in child processes).
 
@@ -82,14 +126,15 @@ class ColocateEngine:
         if on_cpu:
             check_cpu_head_size(folder)
         try:
-            self.llm = LLM(
-                model=folder.path, dtype=str(folder.dtype).removeprefix("torch."), max_model_len=max_model_len,
-                gpu_memory_utilization=memory_utilization, model_impl=model_impl, seed=seed, enable_prefix_caching=True,
-                logprobs_mode=LOGPROBS_MODE,
-                generation_config="vllm",  # vLLM's neutral defaults: the model's generation_config.json never changes sampling
-                enforce_eager=on_cpu,  # no graph capture or compilation on CPU (minutes at start-up for nothing)
-                **({"block_size": CPU_BLOCK_SIZE} if on_cpu else {}),
-            )
+            with own_session():  # the engine's processes out of the terminal's Ctrl-C (module docstring)
+                self.llm = LLM(
+                    model=folder.path, dtype=str(folder.dtype).removeprefix("torch."), max_model_len=max_model_len,
+                    gpu_memory_utilization=memory_utilization, model_impl=model_impl, seed=seed, enable_prefix_caching=True,
+                    logprobs_mode=LOGPROBS_MODE,
+                    generation_config="vllm",  # vLLM's neutral defaults: the model's generation_config.json never changes sampling
+                    enforce_eager=on_cpu,  # no graph capture or compilation on CPU (minutes at start-up for nothing)
+                    **({"block_size": CPU_BLOCK_SIZE} if on_cpu else {}),
+                )
         except RuntimeError as err:  # vLLM logs the cause above its own message ("Engine core initialization failed")
             folder.close()
             share = f"{memory_utilization:g} of this machine's RAM (vLLM's CPU reading of it)" if on_cpu else f"{memory_utilization:g} of the GPU"
