@@ -237,12 +237,25 @@ class StopAt(TrainerCallback):
         control.should_training_stop = control.should_training_stop or state.global_step == self.step
 
 
-@pytest.mark.parametrize("mode", ["colocate", "server"])
-def test_a_run_resumed_at_a_rollouts_end_samples_what_the_uninterrupted_run_sampled(tmp_path, tokenizer, prompts, model_dir, server, mode):
+def test_colocated_requests_are_seeded_from_torchs_generator(engine, tokenizer):
     # Colocated, vLLM sampled from its engine's one random stream, whose rows' order varied from run to run: two runs of
-    # one config sampled other completions, and a resume could not reproduce anything. Served, requests were seeded by a
-    # count that restarted at 0 on resume: the resumed rollouts repeated the first rollouts' seeds. LoRA, gradient
-    # checkpointing and β > 0 ride along (the engine runs the merged adapters of the checkpoint after the resume).
+    # one config sampled other completions. Each request's seed is now drawn from torch's generator (the trainer seeds
+    # it, checkpoints hold it): the same generator state samples the same completions, whatever the engine ran before.
+    backend = VLLMGenerator(engine, settings(tokenizer), vocab_size=len(tokenizer), tied=TIED, seed=0)
+    backend.update_weights(vllm_tiny_model(tokenizer, seed=0))
+    draws = {}
+    for name, seed in (("first", 3), ("between", 5), ("again", 3), ("other", 4)):
+        torch.manual_seed(seed)
+        draws[name] = backend.sample(*prompt_tensors(), 8).completion_ids
+    assert torch.equal(draws["first"], draws["again"]) and not torch.equal(draws["first"], draws["other"])
+
+
+@pytest.mark.parametrize("mode", ["server"])
+def test_a_run_resumed_at_a_rollouts_end_samples_what_the_uninterrupted_run_sampled(tmp_path, tokenizer, prompts, model_dir, server, mode):
+    # Served, requests were seeded by a count that restarted at 0 on resume: the resumed rollouts repeated the first
+    # rollouts' seeds. Now torch's generator (checkpointed) seeds them, as colocated (the test above; a colocated run of
+    # this test, 100 s here, passes too). LoRA, gradient checkpointing and β > 0 ride along (the engine runs the merged
+    # adapters of the checkpoint after the resume).
     def run(name, stop=None, resume=False):
         args = config(tmp_path, output_dir=str(tmp_path / name), max_steps=4, save_strategy="steps", save_steps=2, log_completions=True,
                       num_completions_to_print=0, gradient_checkpointing=True, beta=0.1, per_device_train_batch_size=4, num_generations=4,
@@ -259,6 +272,22 @@ def test_a_run_resumed_at_a_rollouts_end_samples_what_the_uninterrupted_run_samp
     for a, b in zip(whole[0], parts[0], strict=True):
         assert (a["step"], a["reward"], a["loss"], a["kl"]) == (b["step"], b["reward"], b["loss"], b["kl"])
         assert b["sampling/sampling_logp_difference/max"] < 1e-4  # the engine holds the policy's weights, resumed or not
+
+
+def test_a_script_that_trains_at_its_top_level_is_told_to_use_a_main_guard(tmp_path, model_dir):
+    # vLLM's CPU engine processes are spawned and import the script again; one without `if __name__ == "__main__":`
+    # (TRL's quick-start style) then fails to start its engine, and the error blamed memory.
+    script = tmp_path / "top_level.py"
+    script.write_text(
+        "from datasets import Dataset\nfrom fastgrpo import GRPOConfig, GRPOTrainer\n"
+        f"args = GRPOConfig(output_dir={str(tmp_path / 'out')!r}, use_vllm=True, per_device_train_batch_size=4, num_generations=4, "
+        "max_completion_length=8, max_steps=1, bf16=False, report_to='none')\n"
+        "rows = Dataset.from_list([{'prompt': 'Count to 3.'}] * 4)\n"
+        f"GRPOTrainer({model_dir!r}, lambda completion_ids, **kw: [1.0] * len(completion_ids), args=args, train_dataset=rows).train()\n"
+    )
+    run = subprocess.run([sys.executable, str(script)], env=VLLM_ENV, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    last = run.stderr.strip().splitlines()[-1]
+    assert run.returncode == 1 and "trains at its top level" in last and last.endswith('Put the training under `if __name__ == "__main__":`.'), run.stderr[-3000:]
 
 
 def test_ctrl_c_in_a_terminal_while_the_colocated_engine_samples_saves_the_step_and_stops(tmp_path, model_dir):

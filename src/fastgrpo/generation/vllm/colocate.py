@@ -25,6 +25,8 @@ import json
 import multiprocessing
 import multiprocessing.spawn
 import os
+import re
+import sys
 import tempfile
 import threading
 from contextlib import contextmanager
@@ -101,6 +103,17 @@ def own_session():
             os.environ.pop("FASTGRPO_PYTHON", None)
 
 
+def unguarded_main_script() -> bool:
+    """Whether the program is a script file with no `if __name__ == "__main__":` line: a spawned process imports it again
+    (as `__mp_main__`), so one that trains at its top level starts a second engine inside vLLM's engine core, which
+    Python refuses (vLLM's CPU platform always spawns; TRL's colocate mode runs vLLM in-process and never does)."""
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    if not path or not path.endswith(".py") or not os.path.isfile(path):
+        return False
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return re.search(r"__name__\s*==\s*['\"]__main__['\"]|['\"]__main__['\"]\s*==\s*__name__", f.read()) is None
+
+
 class ColocateEngine:
     """vLLM's `LLM` started from a model folder, in this process (engine core, and on CPU its worker, in child processes).
 
@@ -137,6 +150,12 @@ class ColocateEngine:
                 )
         except RuntimeError as err:  # vLLM logs the cause above its own message ("Engine core initialization failed")
             folder.close()
+            if unguarded_main_script():
+                raise EngineError(
+                    f"vLLM could not start its engine ({err}): its processes are spawned, and each imports the script "
+                    f"{sys.modules['__main__'].__file__!r} again, which trains at its top level and so starts another engine "
+                    "(Python's \"freeze_support\" error in the log above). Put the training under `if __name__ == \"__main__\":`."
+                ) from None
             share = f"{memory_utilization:g} of this machine's RAM (vLLM's CPU reading of it)" if on_cpu else f"{memory_utilization:g} of the GPU"
             raise EngineError(
                 f"vLLM could not start its engine ({err}; its log above says why). It reserves vllm_gpu_memory_utilization="
