@@ -28,7 +28,8 @@ skipped), plus the dropped count. Faults: an error in the producer (a dead serve
 the trainer at its next hand-over; no progress for `heartbeat_stale_after_s` seconds raises `EngineError`.
 
 Thread safety: the producer thread alone draws prompts, pushes weights, generates and scores; the trainer thread
-copies the weights (a lock hands them over) and trains. One process only (the advantage statistics' all-gather would run in two threads).
+copies the weights (a lock hands them over) and trains, and evaluates (sampling and scoring) only inside `paused()`,
+while the producer makes nothing. One process only (the advantage statistics' all-gather would run in two threads).
 
 Not here: the weight push (trainer `_sync_weights`), the correction's maths (algo/sampling_correction.py).
 """
