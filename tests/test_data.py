@@ -4,6 +4,7 @@ import json
 import re
 
 import pytest
+import torch
 from datasets import Dataset
 
 from fastgrpo.rollout.prompts import PromptEncoder
@@ -68,3 +69,15 @@ def test_prompt_order_is_a_seeded_permutation_per_epoch_and_resumable():
     again.load_state_dict(state)
     assert again.take(4) == order.take(4)
     assert PromptOrder(4, seed=0, shuffle=False).take(6) == [0, 1, 2, 3, 0, 1]
+
+
+def test_a_pass_is_whole_batches_as_trls_sampler_drops_an_incomplete_one():
+    # 5 prompts in batches of 2: each pass draws 2 batches and leaves its permutation's last prompt out (TRL's
+    # RepeatSampler drops the incomplete batch), so a batch never spans two passes; smaller than a batch: cycled.
+    order = PromptOrder(5, seed=0, shuffle=False, batch=2)
+    assert [order.take(2) for _ in range(3)] == [[0, 1], [2, 3], [0, 1]] and order.state_dict() == {"epoch": 1, "position": 2}
+    shuffled = PromptOrder(5, seed=0, batch=2)
+    passes = [shuffled.take(2) + shuffled.take(2) for _ in range(3)]
+    permutations = [torch.randperm(5, generator=torch.Generator().manual_seed(e)).tolist() for e in range(3)]
+    assert passes == [p[:4] for p in permutations] and shuffled.per_pass == 4
+    assert PromptOrder(3, seed=0, shuffle=False, batch=4).take(4) == [0, 1, 2, 0]

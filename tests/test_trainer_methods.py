@@ -8,6 +8,7 @@ metrics file object.
 """
 
 import json
+import math
 import os
 
 import numpy as np
@@ -15,7 +16,7 @@ import pytest
 import torch
 import trl
 from datasets import Dataset
-from transformers import Trainer
+from transformers import Trainer, TrainerCallback
 from test_trainer import config, read_metrics, reward_even_tokens
 
 from fastgrpo import GRPOTrainer
@@ -222,3 +223,36 @@ def test_state_epoch_moves_at_each_step_as_trls(tmp_path, tokenizer, make_model,
     assert epochs["fastgrpo"] == epochs["trl"]
     per_step = 1 / max_steps if stream else 0.1 * steps_per_generation / (num_iterations * steps_per_generation)
     assert epochs["fastgrpo"][:-1] == [round(per_step * s, 6) for s in range(1, max_steps + 1)]  # then the summary's, the last again
+
+
+@pytest.mark.parametrize("num_iterations,num_train_epochs", [(2, 2), (1, 2.5)])
+def test_epochs_over_a_dataset_that_is_not_whole_rollouts_are_trls(tmp_path, tokenizer, make_model, num_iterations, num_train_epochs):
+    """5 prompts, 2 a rollout: TRL's sampler drops each pass's incomplete batch, so a pass is 2 rollouts (fastgrpo drew
+    on into the next pass: 6 steps an epoch, its ends at epoch 1.2, max_steps 20 where TRL's was 16). Trainer's
+    max_steps is ⌈num_train_epochs × steps per pass⌉; on_epoch_end, epoch-strategy saves and state.epoch are TRL's."""
+    import fastgrpo
+
+    class Ends(TrainerCallback):
+        def __init__(self):
+            self.ends, self.saves = [], []
+
+        def on_epoch_end(self, args, state, control, **kwargs):
+            self.ends.append((state.global_step, round(state.epoch, 6)))
+
+        def on_save(self, args, state, control, **kwargs):
+            self.saves.append(state.global_step)
+
+    rows = Dataset.from_list([{"prompt": [{"role": "user", "content": f"Count to {i}."}]} for i in range(5)])
+    got = {}
+    for module, extra in ((trl, {"use_cpu": True}), (fastgrpo, {"disable_tqdm": True, "max_prompt_length": 64})):
+        ends = Ends()
+        args = module.GRPOConfig(output_dir=str(tmp_path / module.__name__), per_device_train_batch_size=4, num_generations=4,
+                                 gradient_accumulation_steps=1, steps_per_generation=2, num_iterations=num_iterations,
+                                 max_completion_length=4, num_train_epochs=num_train_epochs, logging_steps=100, save_strategy="epoch",
+                                 report_to="none", bf16=False, **extra)
+        trainer = module.GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=rows, processing_class=tokenizer, callbacks=[ends])
+        trainer.train()
+        got[module.__name__] = (ends.ends, ends.saves, trainer.state.max_steps, trainer.state.num_train_epochs)
+    assert got["fastgrpo"] == got["trl"]
+    per_pass = 2 * (num_iterations * 2)  # 2 rollouts of μ × steps_per_generation / GA steps each
+    assert got["fastgrpo"][2] == math.ceil(num_train_epochs * per_pass)

@@ -138,7 +138,7 @@ class GRPOTrainer(TRLMethods):
         self.target_kl_stops, self.last_metrics, self.loss_sum, self.run_id = 0, {}, 0.0, uuid.uuid4().hex
         self.metrics_log = MetricsLog(a.output_dir, acc, self.console) if acc.is_main_process else None
         self.events = TrainerEvents(a, checked.callbacks, self.model, self.tokenizer, self.optimizer, self.scheduler, acc.is_main_process)
-        self.state, self.clock = self.events.state, EpochClock(self.order.size, a.steps_per_rollout, self.max_steps)
+        self.state, self.clock = self.events.state, EpochClock(self.order.per_pass, a.steps_per_rollout, self.max_steps)
         self.reward_hooks = reward_hooks.RewardHooks(lambda: self.window)
         self.passes = LogProbPasses(self.log_probs, self.reference, a.beta > 0 and a.kl_estimator == "k3", self.timer)
         self.assembly = build_assembly(  # one batch, or DAPO's rounds; Â set once on what trains
@@ -166,7 +166,7 @@ class GRPOTrainer(TRLMethods):
         a = self.args
         rollout, done = checkpoints.resume(self, resume_from_checkpoint)
         schedule = [(i, s) for i in range(a.num_iterations) for s in range(a.steps_per_generation // a.gradient_accumulation_steps)]
-        self.events.train_begin(self.max_steps, self.step, self.clock(self.step, done), self.order.size)
+        self.events.train_begin(self.max_steps, self.step, self.clock(self.step, done), self.order.per_pass)
         if a.eval_on_start and self.eval_dataset is not None:
             self.evaluate()
         self.events.epoch_begin()

@@ -87,9 +87,10 @@ class TrainerEvents:
     def train_begin(self, max_steps: int, global_step: int, epoch: float, prompts: int | None) -> None:
         """Fill the state's run constants (as Trainer does) and call on_train_begin.
 
-        `prompts`: the training prompts in one epoch (None for a stream, whose length is unknown). state.num_train_epochs
-        follows Trainer: the passes `max_steps` reaches (each ⌈prompts / prompts_per_rollout⌉ rollouts of steps_per_rollout
-        steps; a stream's: sys.maxsize) when max_steps is set, else ⌈num_train_epochs⌉.
+        `prompts`: the training prompts in one epoch (`PromptOrder.per_pass`: whole rollouts, as TRL's loader; None for a
+        stream, whose length is unknown). state.num_train_epochs follows Trainer: the passes `max_steps` reaches (each
+        ⌈prompts / prompts_per_rollout⌉ rollouts of steps_per_rollout steps; a stream's: sys.maxsize) when max_steps is
+        set, else ⌈num_train_epochs⌉.
         """
         a, s = self.args, self.state
         s.max_steps, s.global_step, s.epoch = max_steps, global_step, epoch

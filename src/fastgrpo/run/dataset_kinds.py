@@ -89,7 +89,7 @@ class StreamOrder:
         dataset: a `datasets.IterableDataset` with a "prompt" column.
     """
 
-    size = None  # unknown length
+    size = per_pass = None  # unknown length
 
     def __init__(self, dataset: IterableDataset):
         self.dataset = dataset
@@ -120,7 +120,7 @@ class StreamOrder:
 
 def prompt_order(train_dataset, args):
     """The order training prompts are drawn in: the stream's own (`StreamOrder`) for an IterableDataset, else a
-    seeded permutation per epoch (`datasets.PromptOrder`, data_seed or seed; shuffle_dataset=False: in order)."""
+    seeded permutation per epoch of whole rollouts (`datasets.PromptOrder`, data_seed or seed; shuffle_dataset=False: in order)."""
     if isinstance(train_dataset, IterableDataset):
         return StreamOrder(train_dataset)
-    return PromptOrder(len(train_dataset), args.data_seed if args.data_seed is not None else args.seed, args.shuffle_dataset)
+    return PromptOrder(len(train_dataset), args.data_seed if args.data_seed is not None else args.seed, args.shuffle_dataset, args.prompts_per_rollout)

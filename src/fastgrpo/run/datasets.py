@@ -350,16 +350,22 @@ class PromptOrder:
     """The order prompts are drawn in: a seeded permutation per epoch, endless.
 
     Every process holds the same order (same seed) and takes its own share of
-    each draw, so no prompt is split or repeated across processes.
+    each draw, so no prompt is split or repeated across processes. A pass (epoch)
+    is `per_pass` prompts: whole batches of `batch`, the permutation's last
+    size mod batch left out, as TRL's `RepeatSampler` drops a pass's incomplete
+    batch (another tail each pass when shuffled); a dataset smaller than one
+    batch, where TRL would train nothing, is cycled through instead.
 
     Args:
         size: rows in the dataset.
         seed: permutation seed (epoch e uses seed + e).
         shuffle: False keeps the dataset order (TRL's shuffle_dataset).
+        batch: prompts per draw, all processes (a rollout's, or a DAPO round's: generation_batch_size / G).
     """
 
-    def __init__(self, size: int, seed: int, shuffle: bool = True):
+    def __init__(self, size: int, seed: int, shuffle: bool = True, batch: int = 1):
         self.size, self.seed, self.shuffle = size, seed, shuffle
+        self.per_pass = size // batch * batch if size >= batch else size
         self.epoch, self.position = 0, 0
 
     def _permutation(self) -> list[int]:
@@ -372,10 +378,10 @@ class PromptOrder:
         out = []
         while len(out) < count:
             order = self._permutation()
-            chunk = order[self.position : self.position + count - len(out)]
+            chunk = order[self.position : min(self.position + count - len(out), self.per_pass)]
             out += chunk
             self.position += len(chunk)
-            if self.position >= self.size:
+            if self.position >= self.per_pass:
                 self.epoch, self.position = self.epoch + 1, 0
         return out
 

@@ -27,7 +27,7 @@ class EpochClock:
     """The run's epoch at each optimizer step (module docstring: Trainer's count under TRL's loader).
 
     Args:
-        size: prompts in the training data; None for a stream.
+        size: prompts in a pass over the training data (`PromptOrder.per_pass`: whole rollouts, as TRL's loader); None for a stream.
         steps_per_rollout: optimizer steps a rollout trains (μ × steps_per_generation / gradient_accumulation_steps).
         max_steps: the run's optimizer steps (a stream's steps per pass).
     """

@@ -248,7 +248,9 @@ def build_optimization(args: GRPOConfig, policy: torch.nn.Module, train_dataset,
     """The run's length in optimizer steps, its optimizer and its learning-rate schedule, as TRL's Trainer builds them.
 
     max_steps is `args.max_steps` when > 0, else `num_train_epochs` passes over
-    `train_dataset`'s prompts in whole rollouts; the optimizer is `optimizers[0]`, else `args.optim`'s
+    `train_dataset`'s prompts: Trainer's ⌈num_train_epochs × steps per pass⌉, a pass being its whole
+    rollouts (the last size mod prompts_per_rollout prompts left out, as TRL's loader drops an
+    incomplete batch; a dataset smaller than one rollout counts as one); the optimizer is `optimizers[0]`, else `args.optim`'s
     (model/optimizers.py); the schedule is `optimizers[1]`, else transformers' `get_scheduler` with
     `lr_scheduler_type`, warm-up and `lr_scheduler_kwargs` over the optimizer (Trainer's
     `create_optimizer_and_scheduler`). `optimizers` comes checked (inputs.check_optimizers).
@@ -257,7 +259,7 @@ def build_optimization(args: GRPOConfig, policy: torch.nn.Module, train_dataset,
     if a.max_steps > 0:
         max_steps = a.max_steps
     else:
-        max_steps = math.ceil(a.num_train_epochs * len(train_dataset) / a.prompts_per_rollout) * a.steps_per_rollout
+        max_steps = math.ceil(a.num_train_epochs * max(len(train_dataset) // a.prompts_per_rollout, 1) * a.steps_per_rollout)
     optimizer, scheduler = optimizers
     optimizer = optimizer if optimizer is not None else build_optimizer(a, policy)
     scheduler = scheduler if scheduler is not None else get_scheduler(
