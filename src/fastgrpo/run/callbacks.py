@@ -40,6 +40,8 @@ import time
 from transformers import EarlyStoppingCallback, TrainerCallback, TrainerControl, TrainerState
 from transformers.trainer_callback import CallbackHandler
 
+from .datasets import rollouts_per_pass
+
 
 STATE_FILE = "trainer_state.json"  # transformers' name for the saved TrainerState
 
@@ -87,10 +89,9 @@ class TrainerEvents:
     def train_begin(self, max_steps: int, global_step: int, epoch: float, prompts: int | None) -> None:
         """Fill the state's run constants (as Trainer does) and call on_train_begin.
 
-        `prompts`: the training prompts in one epoch (`PromptOrder.per_pass`: whole rollouts, as TRL's loader; None for a
-        stream, whose length is unknown). state.num_train_epochs follows Trainer: the passes `max_steps` reaches (each
-        ⌈prompts / prompts_per_rollout⌉ rollouts of steps_per_rollout steps; a stream's: sys.maxsize) when max_steps is
-        set, else ⌈num_train_epochs⌉.
+        `prompts`: the training prompts in one epoch (`PromptOrder.per_pass`; None for a stream, whose length is unknown).
+        state.num_train_epochs follows Trainer: the passes `max_steps` reaches (each `datasets.rollouts_per_pass` rollouts
+        of steps_per_rollout steps; a stream's: sys.maxsize) when max_steps is set, else ⌈num_train_epochs⌉.
         """
         a, s = self.args, self.state
         s.max_steps, s.global_step, s.epoch = max_steps, global_step, epoch
@@ -100,7 +101,7 @@ class TrainerEvents:
         if a.max_steps <= 0:
             s.num_train_epochs = math.ceil(a.num_train_epochs)
         else:
-            steps_per_epoch = None if prompts is None else math.ceil(prompts / a.prompts_per_rollout) * a.steps_per_rollout
+            steps_per_epoch = None if prompts is None else rollouts_per_pass(prompts, a.prompts_per_rollout) * a.steps_per_rollout
             s.num_train_epochs = sys.maxsize if steps_per_epoch is None else math.ceil(max_steps / steps_per_epoch)
         self.started = time.perf_counter()
         self.control = self.handler.on_train_begin(a, s, self.control)

@@ -346,6 +346,12 @@ def check_json_lines(path: str) -> int:
     return rows
 
 
+def rollouts_per_pass(size: int, batch: int) -> int:
+    """Draws of `batch` prompts in one pass over `size` prompts: whole batches only, as TRL's `RepeatSampler` drops a
+    pass's incomplete batch; 1 for a dataset smaller than a batch (cycled through, where TRL would train nothing)."""
+    return max(size // batch, 1)
+
+
 class PromptOrder:
     """The order prompts are drawn in: a seeded permutation per epoch, endless.
 
@@ -365,7 +371,7 @@ class PromptOrder:
 
     def __init__(self, size: int, seed: int, shuffle: bool = True, batch: int = 1):
         self.size, self.seed, self.shuffle = size, seed, shuffle
-        self.per_pass = size // batch * batch if size >= batch else size
+        self.per_pass = min(rollouts_per_pass(size, batch) * batch, size)
         self.epoch, self.position = 0, 0
 
     def _permutation(self) -> list[int]:

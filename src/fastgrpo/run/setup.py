@@ -33,6 +33,7 @@ from transformers import PreTrainedTokenizerBase, get_scheduler
 
 from . import runs
 from .allocator import keep_freed_memory, return_freed_memory
+from .datasets import rollouts_per_pass
 from ..config import GRPOConfig
 from ..config.training_args import cpu_only
 from ..model.launch import cpu_launch_error
@@ -259,7 +260,7 @@ def build_optimization(args: GRPOConfig, policy: torch.nn.Module, train_dataset,
     if a.max_steps > 0:
         max_steps = a.max_steps
     else:
-        max_steps = math.ceil(a.num_train_epochs * max(len(train_dataset) // a.prompts_per_rollout, 1) * a.steps_per_rollout)
+        max_steps = math.ceil(a.num_train_epochs * rollouts_per_pass(len(train_dataset), a.prompts_per_rollout) * a.steps_per_rollout)
     optimizer, scheduler = optimizers
     optimizer = optimizer if optimizer is not None else build_optimizer(a, policy)
     scheduler = scheduler if scheduler is not None else get_scheduler(

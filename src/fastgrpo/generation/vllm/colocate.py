@@ -26,6 +26,7 @@ import multiprocessing
 import multiprocessing.spawn
 import os
 import re
+import shlex
 import sys
 import tempfile
 import threading
@@ -75,7 +76,7 @@ def check_cpu_head_size(folder: WeightsFolder) -> None:
 # the terminal's reach, the engine would outlive a trainer killed or closed with its terminal), then the real
 # interpreter with the arguments multiprocessing gave.
 SESSION_SHIM = """#!/bin/sh
-exec "$FASTGRPO_PYTHON" -c 'import ctypes, os, signal, sys; os.setsid(); ctypes.CDLL(None).prctl(1, signal.SIGKILL); os.execv(sys.executable, [sys.executable] + sys.argv[1:])' "$@"
+exec {python} -c 'import ctypes, os, signal, sys; os.setsid(); ctypes.CDLL(None).prctl(1, signal.SIGKILL); os.execv(sys.executable, [sys.executable] + sys.argv[1:])' "$@"
 """
 
 
@@ -92,15 +93,13 @@ def own_session():
     with tempfile.TemporaryDirectory(prefix="fastgrpo-spawn-") as folder:
         shim = os.path.join(folder, "python")
         with open(shim, "w") as f:
-            f.write(SESSION_SHIM)
+            f.write(SESSION_SHIM.format(python=shlex.quote(os.fsdecode(previous))))
         os.chmod(shim, 0o700)
-        os.environ["FASTGRPO_PYTHON"] = os.fsdecode(previous)
         multiprocessing.set_executable(shim)
         try:
             yield
         finally:
             multiprocessing.set_executable(previous)
-            os.environ.pop("FASTGRPO_PYTHON", None)
 
 
 def unguarded_main_script() -> bool:
