@@ -13,6 +13,12 @@ the sampling it was in then waited for ever on the dead engine (vLLM 0.32's clie
 checkpoint). The engine's processes therefore start in a session of their own (`own_session`), out of the
 terminal's reach; they stop when the trainer closes the engine or exits (vLLM's own exit handling).
 
+An engine that dies (killed for memory, most often): vLLM 0.32's client raises `EngineDeadError` when its worker
+dies, but waits for ever when the engine core process itself does (its monitor shuts the client down, and the
+request waiting for an answer is never told). Each call therefore runs in a thread of its own while the caller
+watches the engine core's process (`ColocateEngine.watched`), and either death is an `EngineError` naming the
+exit and the fixes; the checkpoints already saved are untouched.
+
 Weights: the engine starts from the policy's own weights (weights.WeightsFolder), and each sync reloads them
 from that folder in place (`reload_weights`, vLLM 0.32), then drops the prefix cache.
 
@@ -27,6 +33,7 @@ import multiprocessing.spawn
 import os
 import re
 import shlex
+import signal
 import sys
 import tempfile
 import threading
@@ -37,6 +44,9 @@ import torch
 from ..contract import EngineError
 from .engines import LOGPROBS_MODE, Completion
 from .weights import WeightsFolder
+
+# How often a caller waiting on the engine looks at its processes (seconds): the longest a dead engine goes unnoticed.
+WATCH_SECONDS = 1.0
 
 # KV-cache block on CPU (tokens): the smallest vLLM's CPU attention takes (a multiple of 32); its default of 128
 # leaves up to 127 prompt tokens per completion outside the prefix cache (backend.py, "Prefill").
@@ -113,6 +123,14 @@ def unguarded_main_script() -> bool:
         return re.search(r"__name__\s*==\s*['\"]__main__['\"]|['\"]__main__['\"]\s*==\s*__name__", f.read()) is None
 
 
+def exit_reason(code: int) -> str:
+    """A process's exit code in words: -N is signal N (SIGKILL named as Linux's out-of-memory killer's)."""
+    if code >= 0:
+        return f"exit code {code}"
+    name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
+    return f"{name}, which on Linux is most often the out-of-memory killer" if -code == signal.SIGKILL else name
+
+
 class ColocateEngine:
     """vLLM's `LLM` started from a model folder, in this process (engine core, and on CPU its worker, in child processes).
 
@@ -124,6 +142,8 @@ class ColocateEngine:
             vLLM's `VLLM_CPU_KVCACHE_SPACE`, in GiB, sets the KV cache instead).
         model_impl: vLLM's model_impl ("vllm", "transformers", "auto").
         seed: the engine's sampling seed.
+    Attributes:
+        processes: the `multiprocessing` processes vLLM started for it (the engine core), watched by each call.
     Raises:
         EngineError: vLLM could not start (memory, most often: the message names the knobs).
     """
@@ -137,6 +157,7 @@ class ColocateEngine:
         on_cpu = not torch.cuda.is_available()
         if on_cpu:
             check_cpu_head_size(folder)
+        before = set(multiprocessing.active_children())
         try:
             with own_session():  # the engine's processes out of the terminal's Ctrl-C (module docstring)
                 self.llm = LLM(
@@ -161,20 +182,76 @@ class ColocateEngine:
                 f"{share}: lower it, or on CPU set VLLM_CPU_KVCACHE_SPACE=<GiB> for its KV cache, or free memory."
             ) from None
         self.sampling_params, self.folder, self.max_model_len = SamplingParams, folder, max_model_len
+        # the processes vLLM started for it: the engine core (on CPU its worker is the core's own child, which vLLM watches)
+        self.processes = [p for p in multiprocessing.active_children() if p not in before]
+
+    def watched(self, call, what: str):
+        """`call()`'s result, `call` running in a thread of its own while this one watches the engine's processes.
+
+        Raises:
+            EngineError: the engine core process exited meanwhile (vLLM's client would wait for ever), or vLLM raised
+                `EngineDeadError` (its worker died); naming the exit, what was running and the fixes. Whatever else
+                `call` raised is raised as it is.
+        """
+        from vllm.v1.engine.exceptions import EngineDeadError  # noqa: PLC0415 (vLLM is loaded: this engine runs on it)
+
+        outcome = {}
+
+        def run():
+            try:
+                outcome["value"] = call()
+            except BaseException as err:  # noqa: BLE001 (handed to the caller's thread, raised there)
+                outcome["error"] = err
+
+        thread = threading.Thread(target=run, name=f"fastgrpo-vllm-{what}", daemon=True)  # left waiting if the engine died
+        thread.start()
+        while thread.is_alive():
+            thread.join(WATCH_SECONDS)
+            dead = next((p for p in self.processes if p.exitcode is not None), None)
+            if thread.is_alive() and dead is not None:
+                raise EngineError(self.died(what, f"its engine core process exited ({exit_reason(dead.exitcode)})")) from None
+        if isinstance(outcome.get("error"), EngineDeadError):  # its worker died, or the core before this call began
+            dead = next((p for p in self.processes if p.exitcode is not None), None)
+            how = f"its engine core process exited ({exit_reason(dead.exitcode)})" if dead else "its worker process died (vLLM's log above says how)"
+            raise EngineError(self.died(what, how)) from None
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["value"]
+
+    def died(self, what: str, how: str) -> str:
+        """The message for an engine that stopped during `what`."""
+        return (f"{self.description} stopped during {what}: {how}. The checkpoints saved so far are kept: free memory, or "
+                "lower vllm_gpu_memory_utilization (on CPU: VLLM_CPU_KVCACHE_SPACE=<GiB>), then resume with "
+                "resume_from_checkpoint=True.")
 
     def generate(self, prompts: list[list[int]], params: dict) -> list[list[Completion]]:
-        """`LLM.generate` on token-id prompts (no tokenising); → per prompt, its n completions with their log-probs."""
-        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], self.sampling_params(**params, detokenize=False), use_tqdm=False)
+        """`LLM.generate` on token-id prompts (no tokenising); → per prompt, its n completions with their log-probs.
+
+        Raises:
+            EngineError: the engine died meanwhile (`watched`).
+        """
+        outputs = self.watched(
+            lambda: self.llm.generate([{"prompt_token_ids": p} for p in prompts], self.sampling_params(**params, detokenize=False), use_tqdm=False),
+            "sampling",
+        )
         return [
             [Completion(list(c.token_ids), [step[token].logprob for step, token in zip(c.logprobs or [], c.token_ids)]) for c in out.outputs]
             for out in outputs
         ]
 
     def push(self, weights: dict[str, torch.Tensor]) -> None:
-        """Write `weights` into the folder, reload them in place (every worker), reset the prefix cache."""
+        """Write `weights` into the folder, reload them in place (every worker), reset the prefix cache.
+
+        Raises:
+            EngineError: the engine died meanwhile (`watched`).
+        """
         self.folder.write(weights)
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": self.folder.path})
-        self.llm.reset_prefix_cache()
+
+        def reload():
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": self.folder.path})
+            self.llm.reset_prefix_cache()
+
+        self.watched(reload, "the weight sync")
 
     def close(self) -> None:
         """Stop the engine core process (it would otherwise live until this process exits) and remove the folder."""
