@@ -46,7 +46,7 @@ class SlowTrainer(TrainerCallback):
         time.sleep(self.seconds)
 
 
-TIMING_KEYS = ("seconds/", "perf/", "rollout/", "sample/", "generation_tokens_per_second", "train_tokens_per_second", "step_time")
+TIMING_KEYS = ("seconds/", "perf/", "rollout/", "sample/", "batch/", "generation_tokens_per_second", "train_tokens_per_second", "step_time")
 
 
 def comparable(records):
@@ -64,6 +64,7 @@ def test_max_staleness_0_is_the_synchronous_loop(tmp_path, tokenizer, prompts, s
     assert len(runs[0]) == 3 and comparable(runs[0]) == comparable(runs[None])
     assert [r["sample/staleness_max"] for r in runs[0]] == [0, 0, 0] and "sample/staleness_max" not in runs[None][0]
     assert runs[None][1]["loss"] != runs[None][2]["loss"]  # the runs train (different numbers per step), they are not constant
+    assert not any(k.startswith(("batch/", "perf/")) for r in runs[None] for k in r)  # TRL AsyncGRPOTrainer's keys: the overlap's only
 
 
 @pytest.mark.parametrize("max_staleness,lags", [(1, [0, 1, 1, 1, 1]), (2, [0, 1, 2, 2, 2])])
@@ -81,6 +82,17 @@ def test_staleness_is_bounded_with_the_lags_of_a_slow_trainer(tmp_path, tokenize
     assert [r["sample/staleness_mean"] for r in records] == lags and [r["sample/staleness_max"] for r in records] == lags
     assert all(r["sample/dropped_stale_total"] == 0 for r in records)  # the admission bound keeps every rollout within max_staleness
     assert all(r["perf/rollout_wait_s"] < 1.0 for r in records[1:])  # the slow trainer never waits on a rollout after the first
+    # TRL AsyncGRPOTrainer's step budget (run/overlap_metrics.py), one step a line: 8 completions of one prompt in one micro-batch
+    assert "perf/step_s" not in records[0] and all(r["perf/step_s"] >= 2.0 for r in records[1:])  # the callback's 2 s sleep between step ends
+    for r in records:
+        assert (r["batch/samples_per_step"], r["batch/microbatches_per_step"], r["batch/groups_per_step"]) == (8, 1, 1)
+        assert r["batch/trained_tokens_per_step"] == pytest.approx(8 * r["completions/mean_length"])  # every completion token has a loss
+        assert r["batch/trained_tokens_per_step"] < r["batch/forwarded_tokens_per_step"] <= r["batch/trained_tokens_per_step"] + 32  # + one shared prompt (≤ max_prompt_length)
+        assert 0 < r["perf/fwd_s"] < r["perf/fwd_bwd_s"] and r["perf/optimizer_s"] > 0
+        assert r["perf/forwarded_tok_s_fwd_bwd"] == pytest.approx(r["batch/forwarded_tokens_per_step"] / r["perf/fwd_bwd_s"])
+    for r in records[1:]:
+        assert r["perf/trained_tok_s_wall_clock"] == pytest.approx(r["batch/trained_tokens_per_step"] / r["perf/step_s"])
+        assert r["perf/forwarded_tok_s_wall_clock"] == pytest.approx(r["batch/forwarded_tokens_per_step"] / r["perf/step_s"])
 
 
 def test_evaluation_during_the_overlap_pauses_the_producer_and_counts_the_epoch_of_the_rollouts_trained(tmp_path, tokenizer, prompts, server, model_dir):

@@ -277,7 +277,7 @@ class GRPOTrainer(TRLMethods):
         """Write the window's record (metrics.jsonl, completions.jsonl, trackers) and, unless told not to, on_log; return it."""
         acc = self.accelerator
         sums, extremes = self.window.reduce(acc)
-        record = window_record(self.step, sums, extremes, self.timer.pop(), self.reward_names)
+        record = window_record(self.step, sums, extremes, self.timer.pop(), self.reward_names, overlap=self.args.max_staleness is not None)
         self.state.num_input_tokens_seen += int(sums.get("input_tokens", 0))  # all processes' (TRL's num_tokens: cumulative)
         self.state.total_flos += self.flops_per_token * sums.get("packed_tokens", 0)  # the update's passes, all processes'
         record.update(learning_rate=self.update.learning_rate, target_kl_stops=self.target_kl_stops, num_tokens=self.state.num_input_tokens_seen)

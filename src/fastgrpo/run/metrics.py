@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from . import runs
+from .overlap_metrics import overlap_record
 from ..algo.reductions import EXTREMES
 
 PHASES = ("weight_sync", "generate", "score", "old_logps", "ref_logps", "update")
@@ -276,8 +277,9 @@ USER_SUM, USER_COUNT = "/user_sum", "/user_count"  # window keys of log_metric v
 COMPLETION_FIELDS = ("step", "prompt", "completion", "rewards", "advantage")  # what MetricsLog.completions writes per row
 
 
-def window_record(step: int, sums: dict, extremes: dict, seconds: dict, reward_names: list[str]) -> dict:
-    """One metrics.jsonl record from a window's reduced sums (see `Window`) and this process's phase seconds.
+def window_record(step: int, sums: dict, extremes: dict, seconds: dict, reward_names: list[str], overlap: bool = False) -> dict:
+    """One metrics.jsonl record from a window's reduced sums (see `Window`) and this process's phase seconds; `overlap`:
+    a run that overlaps generation with training (max_staleness) adds TRL AsyncGRPOTrainer's keys.
 
     Means are over tokens (loss terms, KL, entropy, clip fractions), completions
     (rewards, lengths) or optimizer steps (loss, grad_norm), as each quantity's
@@ -349,13 +351,8 @@ def window_record(step: int, sums: dict, extremes: dict, seconds: dict, reward_n
     if sums.get("padded_tokens", 0) > 0:  # the update's passes (logprobs.py): padded layout tokens never computed
         record["pad_fraction"] = 1 - sums["real_tokens"] / sums["padded_tokens"]
         record["shared_prompt_fraction"] = 1 - sums["packed_tokens"] / sums["real_tokens"]
-    # the overlap (rollout/async_producer.py), TRL's async_grpo keys: lag, dropped, queue, trainer's and sampler's waits per step
-    mean("async_staleness", "async_rollouts", "sample/staleness_mean")
-    if "async_staleness_max" in extremes:
-        record["sample/staleness_max"], record["sample/dropped_stale_total"] = extremes["async_staleness_max"], int(sums["async_dropped"])
-    mean("async_queue", "async_rollouts", "sample/rollout_queue_size")
-    mean("async_trainer_wait", "steps", "perf/rollout_wait_s")
-    mean("async_sampler_idle", "steps", "rollout/backpressure_s")
+    if overlap:  # TRL AsyncGRPOTrainer's own keys (overlap_metrics.py)
+        record.update(overlap_record(sums, extremes))
     record.update({f"seconds/{phase}": round(s, 4) for phase, s in seconds.items()})
     if seconds.get("generate", 0) > 0 and "completion_tokens" in sums:
         record["generation_tokens_per_second"] = sums["completion_tokens"] / seconds["generate"]

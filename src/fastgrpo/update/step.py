@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from contextlib import nullcontext
 from typing import NamedTuple
 
@@ -117,7 +118,7 @@ class StepResult(NamedTuple):
 
     kl_old: float  # mean KL(π_θ‖π_old) over this step's tokens on all processes (target_kl's measure)
     old_logps: torch.Tensor | None  # (N, T) the rollout's π_old with this step's rows recorded (capture steps); None: unchanged
-    sums: dict  # metric sums of the step's micro-batches (EXTREMES' keys: min/max), tensors
+    sums: dict  # metric sums of the step's micro-batches (EXTREMES' keys: min/max), tensors; its time and work, floats (`step_budget`)
     grad_norm: torch.Tensor  # the gradient norm before clipping (0-d)
 
 
@@ -154,6 +155,7 @@ class OptimizerStep:
         per_micro_batch = (args.loss_type == "bnpo" or entropy_control is not None or args.top_entropy_quantile < 1 or router.enabled
                            or accelerator.num_processes > 1)
         self.merges = not per_micro_batch  # whether this run's loss and processes allow merged passes
+        self.last_end: float | None = None  # when the last optimizer step ended (perf_counter seconds)
         self.layout = log_probs.layout(model)  # what a pass computes, for merged_passes: the model's for the run
 
     def token_budget(self, rollout: Rollout) -> int | None:
@@ -202,12 +204,15 @@ class OptimizerStep:
         sums: dict[str, torch.Tensor] = {}
         with self.timer("update"):
             self.model.train()
+            started, forward_s = time.perf_counter(), 0.0
             for j, (span, micro_batches) in enumerate(passes):
                 last = j == len(passes) - 1
                 mb = rollout.select(span)
                 mask = self.loss_mask(mb)
                 with acc.no_sync(self.model) if not last else nullcontext():
+                    forward_started = time.perf_counter()
                     stats = self.log_probs(self.model, mb, self.reference)
+                    forward_s += time.perf_counter() - forward_started
                     logps, entropy = stats.logps, stats.entropy
                     old = logps.detach() if mb.old_logps is None else mb.old_logps
                     if recorded is not None:  # π_old for free where unset: the policy has not moved yet
@@ -229,6 +234,7 @@ class OptimizerStep:
                 accumulate(sums, {**out.metrics, "loss": loss.detach(), "entropy": masked_sum(entropy.detach(), mask), **packing, **mismatch, **aux})
                 for _ in range(micro_batches - last):  # TRL's on_substep_end: once per micro-batch but the step's last
                     self.events.substep_end()
+            forward_backward_s = time.perf_counter() - started
             grad_norm = full_value(acc.clip_grad_norm_(self.model.parameters(), self.clip))
             if not torch.isfinite(grad_norm):  # before optimizer.step: the weights and every checkpoint stay finite
                 raise FloatingPointError(
@@ -236,15 +242,31 @@ class OptimizerStep:
                     "were not updated. Lower learning_rate, or check the model's weights and the rewards for inf/NaN."
                 )
             self.events.pre_optimizer_step()
+            optimizer_started = time.perf_counter()
             self.optimizer.step()
+            optimizer_s = time.perf_counter() - optimizer_started
             self.events.optimizer_step()
             self.learning_rate = self.scheduler.get_last_lr()[0]  # before the schedule moves on, as Trainer reads it
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
+        ended = time.perf_counter()
+        sums.update(self.step_budget(passes, forward_s, forward_backward_s, optimizer_s, ended, sums))
+        self.last_end = ended
         kl_old = torch.stack([sums["kl_old"], sums["tokens"]])
         if acc.num_processes > 1:  # a token mean over all processes: the same target_kl decision on each
             kl_old = acc.reduce(kl_old, reduction="sum")
         return StepResult(float(kl_old[0] / kl_old[1].clamp(min=1)), recorded, sums, grad_norm)
+
+    def step_budget(self, passes: list[tuple[slice, int]], forward_s: float, forward_backward_s: float, optimizer_s: float,
+                    ended: float, sums: dict) -> dict[str, float]:
+        """The step's time and work, as sums for the window (run/overlap_metrics.py logs them, TRL's async keys): its
+        forward and forward + backward seconds, optimizer.step's, the seconds since the last step's end with the tokens
+        they covered (none at the first step this object runs), its micro-batches and completions."""
+        budget = {"step_fwd_s": forward_s, "step_fwd_bwd_s": forward_backward_s, "step_optimizer_s": optimizer_s,
+                  "micro_batches": float(sum(n for _, n in passes)), "samples": float(sum(span.stop - span.start for span, _ in passes))}
+        if self.last_end is not None:
+            budget.update(step_gap_s=ended - self.last_end, step_gaps=1.0, gap_packed_tokens=float(sums["packed_tokens"]), gap_tokens=float(sums["tokens"]))
+        return budget
 
     @torch.no_grad()
     def eval_loss(self, rollout: Rollout) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

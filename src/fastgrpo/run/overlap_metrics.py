@@ -1,0 +1,54 @@
+"""The metrics of a run that overlaps generation with training (max_staleness), under TRL 1.16 AsyncGRPOTrainer's keys.
+
+TRL's async trainer logs, besides GRPOTrainer's keys, the rollouts' lag and queue (`sample/*`) and a per-step budget
+of time and work (`perf/*`, `batch/*`); a dashboard built on them reads fastgrpo's overlap the same. Each is a mean
+over the window's optimizer steps, and each rate Σ tokens / Σ seconds, as TRL's `_reduce_metric` reduces them:
+
+- `perf/fwd_s`: the step's forward passes; `perf/fwd_bwd_s`: its forward and backward passes (TRL's training_step
+  calls); `perf/optimizer_s`: `optimizer.step()` alone (TRL's callback times no clipping either);
+- `perf/step_s`: from the last step's end to this one's, rollout waits, logging and saving included (the run's first
+  step has none: TRL's neither), and `perf/rollout_wait_s`: the trainer's wait for a rollout;
+- `batch/microbatches_per_step`, `batch/samples_per_step` (completions), `batch/forwarded_tokens_per_step` (the tokens
+  the packed passes compute: a group's shared prompt once, as TRL's packed rows), `batch/trained_tokens_per_step`
+  (the completion tokens with a loss), `batch/groups_per_step` (groups handed to the trainer);
+- `perf/forwarded_tok_s_fwd_bwd`, `perf/forwarded_tok_s_wall_clock`, `perf/trained_tok_s_wall_clock`.
+
+Not logged: TRL's `perf/mfu_*` (it needs a device's peak FLOP/s, which TRL knows for GPUs only), `perf/weight_sync_*`
+(fastgrpo's trainer only copies the weights there, the producer pushes them: `seconds/weight_sync`), and TRL's
+packing-row keys (`batch/row_*`, `batch/pad_frac`: fastgrpo packs no token-budget rows; `pad_fraction` says its padding).
+
+Not here: measuring them (update/step.py, rollout/async_producer.py), the window (metrics.py).
+"""
+
+from __future__ import annotations
+
+
+def overlap_record(sums: dict, extremes: dict) -> dict:
+    """TRL AsyncGRPOTrainer's `sample/*`, `perf/*` and `batch/*` values from a window's reduced sums (module docstring).
+
+    `sums` holds the update's per-step sums (`steps`, `step_fwd_s`, `step_fwd_bwd_s`, `step_optimizer_s`, `step_gap_s` and
+    `step_gaps`, `micro_batches`, `samples`, `packed_tokens`, `tokens`) and the pipeline's (`async_*`, `groups`); a
+    value whose denominator is 0 in the window is left out.
+    """
+    record: dict = {}
+
+    def ratio(key: str, over: str, name: str) -> None:
+        if key in sums and sums.get(over, 0) > 0:
+            record[name] = sums[key] / sums[over]
+
+    ratio("async_staleness", "async_rollouts", "sample/staleness_mean")
+    if "async_staleness_max" in extremes:
+        record["sample/staleness_max"], record["sample/dropped_stale_total"] = extremes["async_staleness_max"], int(sums["async_dropped"])
+    ratio("async_queue", "async_rollouts", "sample/rollout_queue_size")
+    ratio("async_trainer_wait", "steps", "perf/rollout_wait_s")
+    ratio("async_sampler_idle", "steps", "rollout/backpressure_s")
+    for key, name in (("step_fwd_s", "perf/fwd_s"), ("step_fwd_bwd_s", "perf/fwd_bwd_s"), ("step_optimizer_s", "perf/optimizer_s"),
+                      ("micro_batches", "batch/microbatches_per_step"), ("samples", "batch/samples_per_step"),
+                      ("packed_tokens", "batch/forwarded_tokens_per_step"), ("tokens", "batch/trained_tokens_per_step"),
+                      ("groups", "batch/groups_per_step")):
+        ratio(key, "steps", name)
+    ratio("step_gap_s", "step_gaps", "perf/step_s")
+    ratio("packed_tokens", "step_fwd_bwd_s", "perf/forwarded_tok_s_fwd_bwd")
+    ratio("gap_packed_tokens", "step_gap_s", "perf/forwarded_tok_s_wall_clock")  # the steps with a predecessor only, as TRL's
+    ratio("gap_tokens", "step_gap_s", "perf/trained_tok_s_wall_clock")
+    return record
