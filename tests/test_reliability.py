@@ -575,6 +575,37 @@ def test_a_reward_argument_no_dataset_column_fills_is_refused_before_loading(tmp
         GRPOTrainer(NOT_LOADED, needs_ans, args=config(tmp_path), train_dataset=train, eval_dataset=[{"prompt": "Count to 4."}])
 
 
+def test_a_misspelt_reward_argument_is_named_with_the_one_meant(tmp_path, prompts):
+    # TRL's docs' "Example 1" declares `completions_ids`: TRL fails inside train() ("missing 1 required positional argument").
+    def reward_func(completions_ids, **kwargs):
+        return [float(len(ids)) for ids in completions_ids]
+
+    with pytest.raises(ValueError, match=r"needs 'completions_ids', which train_dataset does not have \(columns: prompt, n\); did you mean 'completion_ids'\? Else add"):
+        GRPOTrainer(NOT_LOADED, reward_func, args=config(tmp_path), train_dataset=prompts)
+
+
+def test_a_datasets_prompt_completion_and_completion_ids_columns_never_reach_the_rewards_as_trls(tmp_path, tokenizer, make_model):
+    # A prompt–completion dataset (TL;DR's): TRL's _calculate_rewards drops "prompt", "completion" and "completion_ids";
+    # fastgrpo passed the reference `completion` to every reward function, and refused a "completion_ids" column.
+    seen = []
+
+    def reward(completions, completion_ids, **kwargs):
+        seen.append((sorted(kwargs), completion_ids))
+        return [0.5] * len(completions)
+
+    rows = [{"prompt": "Count to 3.", "completion": "1 2 3", "completion_ids": [7, 7], "answer": "3"}] * 4
+    args = config(tmp_path, per_device_train_batch_size=4, num_generations=4, max_steps=1)
+    GRPOTrainer(make_model(), reward, args=args, train_dataset=rows, processing_class=tokenizer).train()
+    (keys, ids), = seen
+    assert keys == ["answer", "log_extra", "log_metric", "prompts", "trainer_state"] and [7, 7] not in ids  # the sampled tokens, not the column
+
+    def wants_reference(completions, completion, **kwargs):
+        return [0.0] * len(completions)
+
+    with pytest.raises(ValueError, match="needs 'completion', a train_dataset column that reward functions never receive \\(TRL drops prompt, completion, completion_ids"):
+        GRPOTrainer(NOT_LOADED, wants_reference, args=args, train_dataset=rows)
+
+
 @pytest.mark.parametrize("fields,error", [
     # each used to fail only after the model loaded, or after the first optimizer step (ReduceLROnPlateau.step wants a metric)
     ({"lr_scheduler_type": "reduce_lr_on_plateau"}, "lr_scheduler_type='reduce_lr_on_plateau' steps on a metric the GRPO loop does not have"),

@@ -16,6 +16,7 @@ import torch
 
 from ..generation.contract import GenerationBackend
 from .record import Generated, Rollout, completion_mask
+from .rewards import reward_columns
 
 
 class SingleTurn:
@@ -75,7 +76,7 @@ def collect(
     with timer("generate"):
         out = produce(rows, num_generations)
     with timer("score"):
-        columns = {key: [row[key] for row in rows for _ in range(num_generations)] for key in rows[0] if key != "prompt"}
+        columns = {key: [row[key] for row in rows for _ in range(num_generations)] for key in reward_columns(rows[0])}
         token_lists = [ids[m.bool()].tolist() for ids, m in zip(out.completion_ids, out.completion_mask)]
         rewards = score(out.prompts, out.completions, token_lists, {**columns, **out.reward_kwargs})
     return Rollout.scored(out, rewards)

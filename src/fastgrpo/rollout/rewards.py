@@ -6,8 +6,8 @@ The protocol is TRL's: a reward function is a plain callable (or `async def`)
 
 called once per rollout with N aligned lists (N completions). `completions`
 are strings, or `[{"role": "assistant", "content": text}]` when the prompts are
-chat messages; every dataset column other than "prompt" arrives as a keyword
-list, and the trainer adds TRL's `trainer_state`, `log_extra` and `log_metric`.
+chat messages; every dataset column but "prompt", "completion" and
+"completion_ids" (TRL drops them: `DROPPED_COLUMNS`) arrives as a keyword list, and the trainer adds TRL's `trainer_state`, `log_extra` and `log_metric`.
 None means "not applicable" and is skipped in the weighted sum; a list, tuple,
 numpy array or 1-D torch tensor is accepted. Async functions are awaited, all
 of them concurrently. A sequence-classification reward model (hub id, local
@@ -46,7 +46,17 @@ FLOAT32_MAX = float(torch.finfo(torch.float32).max)  # rewards are stored as flo
 # Keywords the reward protocol itself passes: a dataset column of the same name would collide with them.
 # Every other name is free: columns travel as one dict (`score(..., columns)`) and meet keywords only in
 # the reward functions' own call, so a column named like a parameter of fastgrpo's code (`funcs`, `self`) is fine.
-RESERVED_COLUMNS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
+RESERVED_COLUMNS = ("prompts", "completions", "trainer_state", "log_extra", "log_metric")
+
+# Dataset columns that never reach the reward functions, as TRL's `_calculate_rewards` drops them: "prompt" arrives
+# as `prompts`, a reference "completion" (a prompt–completion dataset's, e.g. TL;DR) is not the sampled one, and a
+# "completion_ids" column would shadow the sampled tokens.
+DROPPED_COLUMNS = ("prompt", "completion", "completion_ids")
+
+
+def reward_columns(row: dict) -> list[str]:
+    """The columns of a dataset row that reach the reward functions as keywords: all but `DROPPED_COLUMNS` (TRL's)."""
+    return [key for key in row if key not in DROPPED_COLUMNS]
 
 
 class RewardFunctionError(RuntimeError):
@@ -93,7 +103,8 @@ def check_reward_arguments(funcs: Sequence[RewardFunc], names: list[str], datase
         ValueError: naming the function, the parameter, the dataset and its columns.
     """
     columns = dataset_columns(dataset)
-    given = {*RESERVED_COLUMNS, *columns, *(("environments",) if environments else ())}
+    passed = reward_columns(dict.fromkeys(columns))
+    given = {*RESERVED_COLUMNS, "completion_ids", *passed, *(("environments",) if environments else ())}
     for fn, name in zip(funcs, names):
         try:
             parameters = inspect.signature(fn).parameters.values()
@@ -101,8 +112,14 @@ def check_reward_arguments(funcs: Sequence[RewardFunc], names: list[str], datase
             continue
         kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
         if missing := [p.name for p in parameters if p.default is p.empty and p.kind in kinds and p.name not in given]:
+            if dropped := [c for c in missing if c in columns]:
+                raise ValueError(f"reward function {name!r} needs {', '.join(map(repr, dropped))}, a {dataset_name} column that reward "
+                                 f"functions never receive (TRL drops {', '.join(DROPPED_COLUMNS)}: the prompt arrives as `prompts`, "
+                                 "the sampled text as `completions`); rename the column, or give the parameter a default.")
+            close = difflib.get_close_matches(missing[0], sorted(given), n=1)  # a misspelt argument: `completions_ids`
+            fix = f"did you mean {close[0]!r}? Else add" if close else "add"
             raise ValueError(f"reward function {name!r} needs {', '.join(map(repr, missing))}, which {dataset_name} does not have "
-                             f"(columns: {', '.join(columns)}); add the column, or give the parameter a default.")
+                             f"(columns: {', '.join(columns)}); {fix} the column, or give the parameter a default.")
 
 
 def check_columns(dataset, dataset_name: str = "train_dataset", environments: bool = False) -> None:
