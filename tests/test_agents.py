@@ -500,10 +500,11 @@ def test_resume_inside_a_multi_turn_run_reproduces_it(tmp_path, tokenizer, make_
     assert resumed[5]["reward"] == pytest.approx(full[5]["reward"])  # the regenerated multi-turn rollout
 
 
-def test_rollout_func_missing_logprobs_are_neutral(tmp_path, tokenizer, make_model, prompts):
+def test_rollout_func_missing_logprobs_are_neutral(tmp_path, tokenizer, prompts, server, model_dir):
     """TRL 1.16 (trl#6166, #6266): a None or NaN in rollout_func's logprobs is NaN in sampling_logps, ratio 1 there, and left out
     of sampling/sampling_logp_difference. The given log-probs are π_old's own, shifted by +0.5 on one token (ratio e^-0.5): the
-    logged difference is the mean over the 10 given tokens only (0.5 / 10), the ratios' mean over all 16 (15 + e^-0.5) / 16."""
+    logged difference is the mean over the 10 given tokens only (0.5 / 10), the ratios' mean over all 16 (15 + e^-0.5) / 16.
+    With use_vllm (the suite's server, which the rollout_func here never asks): TRL corrects rollout_func's log-probs only then."""
     hole = None
     exact = []
 
@@ -518,9 +519,10 @@ def test_rollout_func_missing_logprobs_are_neutral(tmp_path, tokenizer, make_mod
         return {"prompt_ids": [[5, 6, 7]] * N, "completion_ids": [[8, 9, 10, tokenizer.eos_token_id]] * N, "logprobs": given}
 
     def trainer_for(out):
-        return GRPOTrainer(model=make_model(), reward_funcs=lambda completions, **k: [float(i) for i in range(len(completions))],
-                           args=config(tmp_path, output_dir=str(tmp_path / out), vllm_importance_sampling_mode="token_truncate"),
-                           train_dataset=prompts, processing_class=tokenizer, rollout_func=rollout_func)
+        args = config(tmp_path, output_dir=str(tmp_path / out), vllm_importance_sampling_mode="token_truncate", use_vllm=True,
+                      vllm_mode="server", vllm_server_base_url=server)
+        return GRPOTrainer(model=model_dir, reward_funcs=lambda completions, **k: [float(i) for i in range(len(completions))],
+                           args=args, train_dataset=prompts, processing_class=tokenizer, rollout_func=rollout_func)
 
     first = trainer_for("a")
     rollout = first._collect()
@@ -536,6 +538,26 @@ def test_rollout_func_missing_logprobs_are_neutral(tmp_path, tokenizer, make_mod
     assert record["sampling/importance_sampling_ratio/mean"] == pytest.approx((15 + math.exp(-0.5)) / 16, abs=1e-6)
     assert record["sampling/importance_sampling_ratio/min"] == pytest.approx(math.exp(-0.5), abs=1e-6)
     assert math.isfinite(record["loss"])
+
+
+def test_rollout_func_logprobs_are_not_corrected_for_without_vllm_as_trls(tmp_path, tokenizer, make_model, prompts):
+    # TRL applies vllm_importance_sampling_correction only under use_vllm; fastgrpo weighted the loss by rollout_func's
+    # log-probs anyway, so TRL's docs' placeholder log-probs of 0 gave every token a ratio ≈ e^-44 and nothing trained
+    # (grad_norm ≈ 4e-19). Now the run is the one without the correction, and logs no sampling/* keys, as TRL's.
+    def rollout_func(prompts, trainer):
+        return {"prompt_ids": [[5, 6, 7]] * len(prompts), "completion_ids": [[8 + i, 9, 10, tokenizer.eos_token_id] for i in range(len(prompts))],
+                "logprobs": [[0.0] * 4] * len(prompts)}
+
+    def run(out, **fields):
+        trainer = GRPOTrainer(model=make_model(), reward_funcs=lambda completions, **k: [float(i) for i in range(len(completions))],
+                              args=config(tmp_path, output_dir=str(tmp_path / out), max_steps=1, **fields), train_dataset=prompts,
+                              processing_class=tokenizer, rollout_func=rollout_func)
+        trainer.train()
+        return trainer.state.log_history[0]
+
+    default, off = run("default"), run("off", vllm_importance_sampling_correction=False)
+    assert default["grad_norm"] == pytest.approx(off["grad_norm"], rel=1e-6) and default["grad_norm"] > 0.1
+    assert not any(k.startswith("sampling/") for k in default)
 
 
 def test_cached_turns_repetition_penalty_sees_each_rows_own_tokens(tokenizer, make_model):

@@ -121,8 +121,11 @@ class SamplingCorrection(NamedTuple):
     into_vespo: bool = False  # loss_type == "vespo": the ratio goes into φ(w), not onto the loss
 
     @classmethod
-    def from_config(cls, args, own_weights: bool = False) -> SamplingCorrection:
-        """The values of a `GRPOConfig`'s fields of the same names; `own_weights`: the sampler samples from its own copy (TRL's use_vllm).
+    def from_config(cls, args, own_weights: bool = False, rollout_func: bool = False) -> SamplingCorrection:
+        """The values of a `GRPOConfig`'s fields of the same names; `own_weights`: the sampler samples from its own copy (TRL's use_vllm);
+        `rollout_func`: a user's rollout_func returns the log-probs, whose IS ratio TRL applies only under use_vllm (without
+        vLLM it trains on them as π_θ's own: placeholder log-probs of 0 made every ratio ≈ 1e-19, and nothing trained);
+        the off-policy mask still reads them, as TRL's.
 
         Raises:
             ValueError: loss_type="vespo" with the correction on, a sampler of its own weights and a sequence mode:
@@ -135,7 +138,8 @@ class SamplingCorrection(NamedTuple):
                 f"Got: {args.vllm_importance_sampling_mode} (TRL's check: the sampler samples from its own bf16 weights here; "
                 "or set vllm_importance_sampling_correction=False, or bf16=False)."
             )
-        return cls(args.vllm_importance_sampling_correction, args.vllm_importance_sampling_mode, args.vllm_importance_sampling_clip_min,
+        correction = args.vllm_importance_sampling_correction and (args.use_vllm or not rollout_func)
+        return cls(correction, args.vllm_importance_sampling_mode, args.vllm_importance_sampling_clip_min,
                    args.vllm_importance_sampling_clip_max, args.off_policy_mask_threshold, args.loss_type == "vespo")
 
     def __call__(self, advantages, logps, old_logps, sampling_logps, mask) -> tuple[torch.Tensor | None, dict, torch.Tensor | None]:
