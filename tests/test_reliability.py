@@ -65,16 +65,23 @@ def test_advantages_leave_rows_without_reward_out_of_the_group():
         group_advantages(rewards, "batch")
 
 
-def test_a_reward_function_that_scored_nothing_in_a_window_logs_nan_as_trl(tmp_path, tokenizer, make_model, prompts):
-    # TRL logs nanmean/nanstd of the function's column: NaN when every value is None (fastgrpo left the keys out).
+def test_a_reward_that_scored_nothing_in_a_window_logs_none_as_trl(tmp_path, tokenizer, make_model, prompts):
+    # TRL's log() turns the NaN of its nanmean/nanstd of an all-None column into None (JSON loggers fail on NaN); fastgrpo
+    # left the keys out, then logged NaN (metrics.jsonl then held a bare NaN, which strict JSON readers refuse).
     def never(completion_ids, **kw):
         return [None] * len(completion_ids)
 
     trainer, _ = train(tmp_path, tokenizer, make_model, prompts, [reward_even_tokens, never], max_steps=2)
     for record in read_metrics(trainer.args.output_dir):
-        assert math.isnan(record["rewards/never/mean"]) and math.isnan(record["rewards/never/std"])
+        assert record["rewards/never/mean"] is None and record["rewards/never/std"] is None
         assert 0 <= record["rewards/reward_even_tokens/mean"] <= 1 and record["frac_reward_none"] == 0.0
-    assert math.isnan(trainer.state.log_history[0]["rewards/never/mean"])
+    assert trainer.state.log_history[0]["rewards/never/mean"] is None
+    with open(os.path.join(trainer.args.output_dir, "metrics.jsonl")) as f:
+        assert all(json.loads(line, parse_constant=lambda c: pytest.fail(f"{c} in metrics.jsonl")) for line in f)
+    # every reward None (TRL's quick start without its math_verify): reward and reward_std are None, as TRL logs them
+    trainer, _ = train(tmp_path / "none", tokenizer, make_model, prompts, [never], max_steps=1)
+    (record,) = read_metrics(trainer.args.output_dir)
+    assert record["reward"] is None and record["reward_std"] is None and record["frac_reward_none"] == 1.0
 
 
 def test_rows_without_reward_train_with_zero_advantage_and_log_the_fraction(tmp_path, tokenizer, make_model, prompts, caplog):
@@ -654,10 +661,10 @@ def test_a_best_metric_evaluation_does_not_report_is_refused_before_loading(tmp_
                     eval_dataset=evals)
 
 
-def test_a_best_metric_of_a_reward_that_applied_to_no_eval_completion_is_nan_and_never_best(tmp_path, tokenizer, make_model, prompts):
+def test_a_best_metric_of_a_reward_that_applied_to_no_eval_completion_is_none_and_never_best(tmp_path, tokenizer, make_model, prompts):
     """A reward returning None on every eval completion was left out of the eval metrics, so metric_for_best_model naming
-    it passed the check and then stopped the run at its first evaluation. TRL reports NaN (nanmean); transformers never
-    takes a NaN for the best. Both now hold: the run trains on, with no best metric."""
+    it passed the check and then stopped the run at its first evaluation. TRL logs None (its log() of nanmean's NaN); it is
+    never the best. Both now hold: the run trains on, with no best metric."""
     def train_only(completion_ids, trainer_state, **kw):
         return [None] * len(completion_ids) if trainer_state.global_step == 0 or kw.get("n") is None else reward_even_tokens(completion_ids)
 
@@ -666,7 +673,7 @@ def test_a_best_metric_of_a_reward_that_applied_to_no_eval_completion_is_nan_and
     trainer = GRPOTrainer(make_model(), train_only, args=args, train_dataset=prompts, eval_dataset=evals, processing_class=tokenizer)
     trainer.train()
     logged = [r for r in trainer.state.log_history if "eval_rewards/train_only/mean" in r]
-    assert len(logged) == 2 and all(math.isnan(r["eval_rewards/train_only/mean"]) for r in logged)
+    assert len(logged) == 2 and all(r["eval_rewards/train_only/mean"] is None for r in logged)  # TRL's log(): None
     assert trainer.state.best_metric is None and trainer.state.global_step == 2
 
 

@@ -164,7 +164,7 @@ class TrainerEvents:
         if key not in metrics:
             raise ValueError(f"metric_for_best_model={name!r}: evaluation reports {', '.join(sorted(metrics))}; use one of them.")
         better = (lambda x, y: x > y) if self.args.greater_is_better else (lambda x, y: x < y)
-        if math.isnan(metrics[key]):  # e.g. a reward that applied to no eval completion: never the best (transformers' rule)
+        if metrics[key] is None or math.isnan(metrics[key]):  # e.g. a reward that applied to no eval completion: never the best
             return
         if self.state.best_metric is None or better(metrics[key], self.state.best_metric):
             self.state.best_metric, self.state.best_global_step = metrics[key], self.state.global_step

@@ -137,10 +137,10 @@ def mean_rewards(
         record.pop("step")
         record.pop("truncated_prompts", None)  # not one of TRL's eval keys
         head = {"loss": sums["loss_sum"] / max(sums["loss_completions"], 1)} if loss is not None else {}
-        record = {**head, "reward": 0.0, **record}  # reward 0.0 where no completion was scored (TRL's nanmean: NaN)
-        for name in reward_names:  # a function that applied to no eval completion: NaN, as TRL's nanmean gives
-            record.setdefault(f"rewards/{name}/mean", math.nan)
-            record.setdefault(f"rewards/{name}/std", math.nan)
+        record = {**head, "reward": None, **record}  # None where no completion was scored (TRL's log() of its nanmean's NaN)
+        for name in reward_names:  # a function that applied to no eval completion: None, as TRL's log() gives
+            record.setdefault(f"rewards/{name}/mean", None)
+            record.setdefault(f"rewards/{name}/std", None)
         batches = math.ceil(sums.pop("batches") / acc.num_processes)  # sampled batches per process (transformers' eval steps)
         metrics.update({f"{prefix}_{k}": v for k, v in record.items()})
         metrics.update(speed_metrics(prefix, start_time, num_samples=len(dataset), num_steps=batches))  # samples: prompts, as len(eval_dataset)

@@ -179,7 +179,7 @@ class MetricsLog:
         keys = ("loss", "reward", "reward_std", "kl_old", "clip_ratio/region_mean", "completions/mean_length", "grad_norm", "learning_rate",
                 "dynamic_sampling/reward_before", "dynamic_sampling/keep_rate")  # the last two with filter_groups only
         keys += tuple(k for k in record if k.endswith(("_loss", "_reward")) and "/" not in k)  # an evaluation's: eval[_<set>]_loss, _reward
-        shown = "  ".join(f"{k} {record[k]:.4g}" for k in keys if k in record)
+        shown = "  ".join(f"{k} {record[k]:.4g}" for k in keys if record.get(k) is not None)
         self.console.print(f"step {record['step']:>5}  {shown}", soft_wrap=True)  # one line at any width: `grep ^step` gets whole lines
         self.accelerator.log({k: v for k, v in record.items() if isinstance(v, (int, float))}, step=record["step"])
 
@@ -302,6 +302,8 @@ def window_record(step: int, sums: dict, extremes: dict, seconds: dict, reward_n
     if sums.get("scorable", 0) > 1:  # TRL's nanstd of the weighted rewards over the batch (n − 1)
         n, total = sums["scorable"], sums["reward_sum"]
         record["reward_std"] = math.sqrt(max(sums["reward_sqsum"] - total * total / n, 0.0) / (n - 1))
+    if sums.get("completions", 0) > 0:  # TRL's log(): None for a value no completion gave (its nanmean/nanstd: NaN)
+        record.setdefault("reward", None), record.setdefault("reward_std", None)
     mean("zero_std_groups", "groups", "frac_reward_zero_std")
     mean("reward_none", "completions", "frac_reward_none")
     # dynamic sampling (rollout/group_filter.py): fresh groups sampled vs kept, before the filter, carry-over
@@ -367,8 +369,9 @@ def reward_stats(sums: dict, reward_names: list[str], prefix: str) -> dict[str, 
     The std is the sample (n − 1) std over all of the window's completions (TRL takes it per
     generation batch and averages over the window: the same for a window of one rollout); one that
     applied to one completion has std 0. A function that returned None for every completion the
-    window scored logs NaN for both, as TRL's nanmean and nanstd of an all-None column (evaluation's
-    too); a window that scored nothing (a reused rollout's steps) logs neither, as TRL's.
+    window scored logs None for both, as TRL's `log()` turns the NaN of its nanmean and nanstd of an
+    all-None column into None (JSON loggers fail on NaN; evaluation's too); a window that scored nothing
+    (a reused rollout's steps) logs neither, as TRL's.
     """
     out = {}
     for name in reward_names:
@@ -377,7 +380,7 @@ def reward_stats(sums: dict, reward_names: list[str], prefix: str) -> dict[str, 
             out[f"{prefix}/{name}/mean"] = total / n
             out[f"{prefix}/{name}/std"] = math.sqrt(max(squares - total * total / n, 0.0) / (n - 1)) if n > 1 else 0.0
         elif sums.get("completions", 0) > 0:
-            out[f"{prefix}/{name}/mean"] = out[f"{prefix}/{name}/std"] = math.nan
+            out[f"{prefix}/{name}/mean"] = out[f"{prefix}/{name}/std"] = None
     return out
 
 
