@@ -120,3 +120,18 @@ def test_resume_keeps_a_given_optimizers_own_learning_rates_and_any_scheduler(tm
     trainer.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-1"))
     assert [g["lr"] for g in optimizer.param_groups] == [0.05 * 0.5 ** 3, 0.0]  # three steps of StepLR, from the saved state on
     assert all(torch.equal(p, frozen[n]) for n, p in model.named_parameters() if n in frozen)  # lr 0 stayed 0
+
+
+def test_no_args_writes_where_trl_would_the_models_name_then_grpo(tmp_path, monkeypatch, tokenizer, make_model, prompts):
+    # TRL: GRPOConfig(f"{model_name}-GRPO") when args is None (its quick start's "Qwen2-0.5B-Instruct-GRPO"); fastgrpo
+    # used GRPOConfig()'s grpo-output. The async trainer's "-AsyncGRPO" took str(model): a model instance's whole repr.
+    from fastgrpo.run.inputs import default_output_dir
+
+    assert default_output_dir("Qwen/Qwen2-0.5B-Instruct", "GRPO") == "Qwen2-0.5B-Instruct-GRPO"
+    assert default_output_dir("/models/tiny/", "AsyncGRPO") == "tiny-AsyncGRPO"
+    monkeypatch.chdir(tmp_path)
+    model = make_model()
+    model.config._name_or_path = "org/tiny-chat"
+    trainer = GRPOTrainer(model, reward_even, train_dataset=prompts, processing_class=tokenizer)
+    assert trainer.args.output_dir == "tiny-chat-GRPO"
+    assert default_output_dir(model, "AsyncGRPO") == "tiny-chat-AsyncGRPO"

@@ -62,7 +62,7 @@ class GRPOTrainer(TRLMethods):
             id, a `PreTrainedModel`, or a peft `PeftModel` (its adapters train).
         reward_funcs: a callable, a built-in reward name, "module:function", a sequence-classification reward model
             (instance, local folder or hub id; rollout/reward_models.py), or a list of them (protocol: rollout/rewards.py).
-        args: `GRPOConfig`; default `GRPOConfig()`.
+        args: `GRPOConfig`; default `GRPOConfig("<model name>-GRPO")`, as TRL (`run.inputs.default_output_dir`).
         train_dataset: rows with a "prompt" column (text or chat messages): a Dataset, a list of dicts or an IterableDataset (run/dataset_kinds.py).
         eval_dataset: optional rows, or a dict / DatasetDict of them, for `evaluate()` (run as `eval_strategy` says).
         processing_class: the tokenizer; default: the model's own.

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 from ..config import GRPOConfig
 from ..config.grpo_config import names_unknown_fields
+from ..run.inputs import default_output_dir
 from ..trainer import GRPOTrainer
 
 
@@ -104,7 +105,7 @@ class AsyncGRPOTrainer(GRPOTrainer):
             if given:
                 raise ValueError(f"AsyncGRPOTrainer({name}=…) is not supported: {fix}.")
         if args is None:
-            args = AsyncGRPOConfig(f"{str(model).rstrip('/').split('/')[-1]}-AsyncGRPO")
+            args = AsyncGRPOConfig(default_output_dir(model, "AsyncGRPO"))
         if isinstance(args, GRPOConfig) and args.max_staleness is None:
             raise ValueError("args.max_staleness=None is the synchronous loop: use GRPOTrainer, or set max_staleness (TRL's default 4).")
         super().__init__(model, reward_funcs, args=args, train_dataset=train_dataset, processing_class=processing_class,

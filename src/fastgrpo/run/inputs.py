@@ -52,6 +52,14 @@ class TrainerInputs(NamedTuple):
     check_tokenizer: Callable  # tokenizer → None: renders each dataset's sample chat prompts (producers.check_prompt_rendering)
 
 
+def default_output_dir(model, suffix: str) -> str:
+    """TRL's `output_dir` when no args are given: the model's name or folder, its last part, + "-" + suffix
+    ("Qwen/Qwen2-0.5B-Instruct" → "Qwen2-0.5B-Instruct-GRPO"); for a model instance its config's `_name_or_path`
+    (TRL's `get_config_model_id`: "" for a model built from a config, so "-GRPO", as TRL)."""
+    name = os.fspath(model) if isinstance(model, (str, os.PathLike)) else getattr(getattr(model, "config", None), "_name_or_path", "") or ""
+    return f"{name.rstrip('/').split('/')[-1]}-{suffix}"
+
+
 def check_trainer_inputs(
     model, reward_funcs, args, train_dataset, eval_dataset, reward_processing_classes, peft_config,
     tools=None, environment_factory=None, rollout_func=None, optimizers=(None, None), quantization_config=None, callbacks=None,
@@ -86,7 +94,7 @@ def check_trainer_inputs(
         )
     if not isinstance(model, (str, os.PathLike, torch.nn.Module)):
         raise TypeError(f"model has type {type(model).__name__}; give a model name or folder (text), a .gguf file, or a PreTrainedModel.")
-    a = with_quantization(args if args is not None else GRPOConfig(), model, quantization_config)
+    a = with_quantization(args if args is not None else GRPOConfig(default_output_dir(model, "GRPO")), model, quantization_config)
     check_saveable(a)  # every checkpoint and save_model pickle it
     callbacks = check_callbacks(callbacks)
     check_early_stopping(callbacks, a.metric_for_best_model, a.eval_strategy)
