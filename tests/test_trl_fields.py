@@ -30,6 +30,7 @@ def test_every_trl_field_with_trl_default_is_accepted():
     assert len(defaults) > 180  # TRL 1.16: 191 fields with TrainingArguments'
     args = GRPOConfig(**defaults)
     assert args.output_dir == "grpo-output"  # TRL's None
+    assert args.max_prompt_length is None  # TRL 1.16 has no such field and cuts no prompt (fastgrpo's 512 cut longer ones)
     assert args.gradient_checkpointing is True and args.disable_dropout is False  # TRL's defaults, honoured
     assert args.optim == "adamw_torch_fused"
     assert args.run_name is None and args.push_to_hub is False  # TRL-only fields read back

@@ -112,7 +112,7 @@ class GRPOConfig(TrainingArgumentsMethods, TrlFields):
     update_token_budget: int | None = None  # packed tokens per forward/backward: a step's micro-batches run merged while they fit; None: a full-length micro-batch's (four under gradient_checkpointing); 0: one pass each (update/step.py)
 
     # --- generation ------------------------------------------------------------
-    max_prompt_length: int | None = 512  # tokens; longer prompts lose their left part
+    max_prompt_length: int | None = None  # tokens; longer prompts lose their left part; None: no limit (TRL 1.16 has no such field and cuts nothing)
     max_completion_length: int = 512  # tokens
     temperature: float = 1.0
     top_p: float = 1.0
