@@ -21,7 +21,11 @@ with Qwen2.5's tool format, which is ChatML too:
 
 `prepare_tool_tokenizer` installs it (and `CHATML_RESPONSE_TEMPLATE`) on a
 ChatML tokenizer whose template has no tool support; any other tokenizer must
-support tool calling itself, as TRL requires.
+support tool calling itself, as TRL requires. One that does but has no
+`response_template` (Qwen2.5's, Qwen3's: TRL's GRPOTrainer calls
+`add_response_schema` for them) gets TRL's response template for the format
+its template renders a sentinel tool call in (`recognise_tool_call_format`:
+Hermes/Qwen JSON, Qwen3.5 XML, Llama 3.1 JSON).
 
 Not here: calling the tools (tools.py), the multi-turn loop (multiturn.py).
 """
@@ -29,6 +33,7 @@ Not here: calling the tools (tools.py), the multi-turn loop (multiturn.py).
 from __future__ import annotations
 
 import copy
+import re
 
 from jinja2 import TemplateError
 
@@ -89,47 +94,158 @@ CHATML_RESPONSE_TEMPLATE = {
 }
 
 
+# TRL 1.16's response templates, copied as data from the module trl.chat_template_utils (`qwen3_template`,
+# `qwen3_5_template`, `llama3_template`; TRL's `add_response_schema` sets them for the templates it knows by their
+# whole text). TRL uses `qwen3_template` for Qwen2.5, Qwen3, Qwen3-2507 and Qwen3-VL alike.
+QWEN3_RESPONSE_TEMPLATE = {
+    "defaults": {"role": "assistant"},
+    "start_anchor": "<|im_start|>assistant\n",
+    "fields": {
+        "reasoning_content": {"open": "<think>", "close_pattern": r"</think>\s*", "content": "text"},
+        "tool_calls": {
+            "open": "<tool_call>",
+            "close_pattern": r"</tool_call>\s*",
+            "repeats": True,
+            "content": "json",
+            "transform": {"type": "function", "function": "{content}"},
+        },
+        "content": {"close_pattern": r"<\|im_end\|>\s*", "content": "text"},
+    },
+}
+
+QWEN3_5_RESPONSE_TEMPLATE = {
+    "defaults": {"role": "assistant"},
+    "start_anchor": "<|im_start|>assistant\n",
+    "fields": {
+        "reasoning_content": {"open": "<think>", "close_pattern": r"</think>\s*", "content": "text"},
+        "tool_calls": {
+            "open_pattern": r"<tool_call>\s*<function=(?P<name>[^\n>]+)>",
+            "close_pattern": r"</tool_call>\s*",
+            "repeats": True,
+            "content": "xml-inline",
+            "content_args": {
+                "tag_pattern": r"<parameter=(?P<key>[^>\n]+)>\s*(?P<value>.*?)\s*</parameter>",
+                "value_parser": {"name": "text"},  # TRL's on transformers >= 5.15: typed by the tools' schemas
+            },
+            "transform": {"type": "function", "function": {"name": "{name}", "arguments": "{content}"}},
+        },
+        "content": {"close_pattern": r"<\|im_end\|>\s*", "content": "text"},
+    },
+}
+
+LLAMA3_RESPONSE_TEMPLATE = {
+    "defaults": {"role": "assistant"},
+    "start_anchor": "<|start_header_id|>assistant<|end_header_id|>\n\n",
+    "fields": {
+        "tool_calls": {
+            "open_pattern": r'\{"name":\s*"(?P<name>[^"]+)",\s*"parameters":\s*',
+            "close_pattern": r"\}<\|eot_id\|>\s*",
+            "repeats": True,
+            "content": "json",
+            "transform": {"type": "function", "function": {"name": "{name}", "arguments": "{content}"}},
+        },
+        "content": {"close_pattern": r"<\|eot_id\|>\s*", "content": "text"},
+    },
+}
+
+_SENTINELS = ("tool_name_a8f3", "arg_key_b9d4", "arg_val_d6e7", "tool_content_c4f9")
+
+# The tool-call formats fastgrpo recognises from the sentinel exchange's rendering: (name, how the assistant turn
+# with the sentinel call renders, the response template that parses it back).
+_THINK = r"(?:<think>.*?</think>\s*)?"
+TOOL_CALL_FORMATS = (
+    ("Hermes/Qwen JSON (Qwen2.5, Qwen3)", re.compile(
+        r"<\|im_start\|>assistant\n" + _THINK + r'<tool_call>\n\{"name": "tool_name_a8f3", "arguments": '
+        r'\{"arg_key_b9d4": "arg_val_d6e7"\}\}\n</tool_call><\|im_end\|>', re.S), QWEN3_RESPONSE_TEMPLATE),
+    ("Qwen3.5 XML", re.compile(
+        r"<\|im_start\|>assistant\n" + _THINK + r"<tool_call>\n<function=tool_name_a8f3>\n<parameter=arg_key_b9d4>\n"
+        r"arg_val_d6e7\n</parameter>\n</function>\n</tool_call><\|im_end\|>", re.S), QWEN3_5_RESPONSE_TEMPLATE),
+    ("Llama 3.1 JSON", re.compile(
+        r"<\|start_header_id\|>assistant<\|end_header_id\|>\n\n"
+        r'\{"name": "tool_name_a8f3", "parameters": \{"arg_key_b9d4": "arg_val_d6e7"\}\}<\|eot_id\|>'), LLAMA3_RESPONSE_TEMPLATE),
+)
+
+
+def _render_tool_exchange(tokenizer) -> str | None:
+    """The chat template's rendering of user → assistant calling a sentinel tool → the tool's reply; None when it fails."""
+    if tokenizer.chat_template is None:
+        return None
+    call = {"type": "function", "function": {"name": _SENTINELS[0], "arguments": {_SENTINELS[1]: _SENTINELS[2]}}}
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "name": _SENTINELS[0], "content": _SENTINELS[3]},
+    ]
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False)
+    except (TemplateError, TypeError):
+        return None
+
+
 def supports_tool_calling(tokenizer) -> bool:
     """True when the chat template renders a whole user → assistant tool call → tool exchange (TRL's check).
 
     Every part must appear in the rendered text: the call's name, its argument
     key and value, and the tool message; templates that drop either side fail.
+    A template that raises while rendering is False (nothing raised). Source:
+    TRL 1.16's `supports_tool_calling` (trl.chat_template_utils).
     """
-    if tokenizer.chat_template is None:
-        return False
-    sentinels = ("tool_name_a8f3", "arg_key_b9d4", "arg_val_d6e7", "tool_content_c4f9")
-    call = {"type": "function", "function": {"name": sentinels[0], "arguments": {sentinels[1]: sentinels[2]}}}
-    messages = [
-        {"role": "user", "content": "hi"},
-        {"role": "assistant", "content": "", "tool_calls": [call]},
-        {"role": "tool", "name": sentinels[0], "content": sentinels[3]},
-    ]
-    try:
-        rendered = tokenizer.apply_chat_template(messages, tokenize=False)
-    except (TemplateError, TypeError):
-        return False
-    return all(s in rendered for s in sentinels)
+    rendered = _render_tool_exchange(tokenizer)
+    return rendered is not None and all(s in rendered for s in _SENTINELS)
+
+
+def recognise_tool_call_format(tokenizer) -> tuple[str, dict] | None:
+    """The tool-call format the chat template renders, as (name, transformers response_template), or None.
+
+    Read from what the template renders for a sentinel tool call (not by comparing
+    whole template texts, as TRL's `add_response_schema` does), so a template that
+    differs from Qwen's or Llama's elsewhere but writes tool calls alike is
+    recognised. The templates are TRL 1.16's (`qwen3_template`, `qwen3_5_template`,
+    `llama3_template` of the module trl.chat_template_utils). Returns a copy the
+    caller may keep; raises nothing (a template that cannot render is None).
+    """
+    rendered = _render_tool_exchange(tokenizer)
+    if rendered is None:
+        return None
+    for name, rendering, template in TOOL_CALL_FORMATS:
+        if rendering.search(rendered):
+            return name, copy.deepcopy(template)
+    return None
 
 
 def prepare_tool_tokenizer(tokenizer) -> tuple[object, str | None]:
-    """A tokenizer that renders and parses tool calls, and a one-line notice when fastgrpo's template was installed.
+    """A tokenizer that renders and parses tool calls, and a one-line notice when fastgrpo set its template.
 
-    A template that supports tool calling is kept (it must come with a
-    `response_template`); for a ChatML template without tool support (SmolLM2's)
-    a shallow copy gets `CHATML_TOOLS_TEMPLATE` and `CHATML_RESPONSE_TEMPLATE`
-    (the caller's tokenizer is left as it was).
+    - A template that supports tool calling and has a `response_template` is kept.
+    - One that supports tool calling without a `response_template` (Qwen2.5's, Qwen3's: TRL's `add_response_schema`
+      sets one for them) gets, on a shallow copy, the response template of the tool-call format it renders
+      (`recognise_tool_call_format`: Hermes/Qwen JSON, Qwen3.5 XML, Llama 3.1 JSON).
+    - A ChatML template without tool support (SmolLM2's) gets, on a shallow copy, `CHATML_TOOLS_TEMPLATE` and
+      `CHATML_RESPONSE_TEMPLATE`.
+    The caller's tokenizer is left as it was.
 
     Raises:
-        ValueError: a template that supports no tool calling and is not ChatML, or
-            one without a `response_template` to parse tool calls with.
+        ValueError: a template that supports no tool calling and is not ChatML, or one that renders tool calls in
+            a format fastgrpo does not recognise and has no `response_template` (the message names the fixes:
+            `trl.chat_template_utils.add_response_schema(tokenizer)` or setting `tokenizer.response_template`).
     """
     if supports_tool_calling(tokenizer):
-        if getattr(tokenizer, "response_template", None) is None:
+        if getattr(tokenizer, "response_template", None) is not None:
+            return tokenizer, None
+        recognised = recognise_tool_call_format(tokenizer)
+        if recognised is None:
             raise ValueError(
-                "the tokenizer's chat template renders tools but has no response_template to parse tool calls with; "
-                "set tokenizer.response_template (transformers' response parsing docs)."
+                "the tokenizer's chat template renders tools but has no response_template to parse tool calls with, and "
+                "fastgrpo does not recognise its tool-call format (it knows Hermes/Qwen JSON, Qwen3.5 XML, Llama 3.1 JSON). "
+                "Set one before training: `from trl.chat_template_utils import add_response_schema; "
+                "tokenizer = add_response_schema(tokenizer)` (for the templates TRL knows), or set "
+                "tokenizer.response_template yourself (transformers' response parsing docs), and pass it as processing_class."
             )
-        return tokenizer, None
+        name, response_template = recognised
+        tokenizer = copy.copy(tokenizer)
+        tokenizer.response_template = response_template
+        notice = f"the tokenizer has no response_template; its chat template writes {name} tool calls: parsing them with TRL's template for it."
+        return tokenizer, notice
     template = tokenizer.chat_template or ""
     if "<|im_start|>" not in template or "<|im_end|>" not in template:
         raise ValueError(
@@ -183,8 +299,15 @@ def tool_suffix_ids(tokenizer, tool_messages: list[dict], chat_template_kwargs: 
     next turn continues by token concatenation, never by re-tokenising the
     conversation.
 
+    A template that renders the assistant turn itself differently once a tool
+    message follows (Qwen3's drops the turn's `<think>` block) still gives the
+    tokens after that turn's EOS: the turn's own tokens are the model's, never
+    re-rendered. TRL gets the same suffix by swapping in its training template
+    (`get_training_chat_template`, e.g. qwen3_training.jinja).
+
     Raises:
-        ValueError: a template that is not prefix-preserving (the shorter rendering is not a prefix of the longer).
+        ValueError: a template that is not prefix-preserving before the assistant turn (what precedes it renders
+            differently), or whose longer rendering has no EOS ending that turn.
     """
     call = [{"type": "function", "function": {"name": tool_messages[0]["name"], "arguments": {}}}]
     dummy = [{"role": "user", "content": "dummy"}, {"role": "assistant", "content": "", "tool_calls": call}]
@@ -194,6 +317,12 @@ def tool_suffix_ids(tokenizer, tool_messages: list[dict], chat_template_kwargs: 
     )
     eos = [i for i, token in enumerate(prefix) if token == tokenizer.eos_token_id]
     prefix = prefix[: eos[-1] + 1] if eos else prefix  # the turn ends at its EOS; the template's "\n" belongs to the suffix
-    if full[: len(prefix)] != prefix:
-        raise ValueError("the chat template is not prefix-preserving: a tool message changes how the turn before it renders.")
-    return full[len(prefix) :]
+    if full[: len(prefix)] == prefix:
+        return full[len(prefix) :]
+    # Only the assistant turn (after the EOS before it) may differ: the suffix then starts after the full rendering's
+    # EOS that ends that turn (the same count of EOS tokens in).
+    before = eos[-2] + 1 if len(eos) >= 2 else None
+    full_eos = [i for i, token in enumerate(full) if token == tokenizer.eos_token_id]
+    if before is None or full[:before] != prefix[:before] or len(full_eos) < len(eos):
+        raise ValueError("the chat template is not prefix-preserving: a tool message changes how the turns before it render.")
+    return full[full_eos[len(eos) - 1] + 1 :]
