@@ -132,6 +132,18 @@ def test_two_processes_write_one_set_of_files_and_resume(runs):
     assert len(rows) == 2 * 16  # both rollouts, every completion of both processes, once
     assert sorted({row["prompt"][0]["content"] for row in rows}) == sorted(f"Count to {n}." for n in range(8))
 
+    # TRL's tables: at each log the latest generation batch, both processes' rows in process order, as the one process
+    # wrote them; step 4 (after the resume, no new rollout) writes the batch the checkpoint carried.
+    import pandas as pd
+    one = runs[0]
+    assert sorted(os.listdir(os.path.join(two, "completions"))) == [f"completions_{s:05d}.parquet" for s in range(1, 5)]
+    for step in range(1, 5):
+        ours, alone = (pd.read_parquet(os.path.join(d, "completions", f"completions_{step:05d}.parquet")) for d in (two, one))
+        assert len(ours) == 16 and list(ours["step"]) == [step] * 16
+        assert list(ours["prompt"].astype(str)) == list(alone["prompt"].astype(str))
+        assert list(ours["completion"].astype(str)) == list(alone["completion"].astype(str))
+        assert list(ours["advantage"]) == pytest.approx(list(alone["advantage"]), rel=1e-5, abs=1e-6)
+
 
 @pytest.mark.parametrize(
     "fields, fix",

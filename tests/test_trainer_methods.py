@@ -256,3 +256,77 @@ def test_epochs_over_a_dataset_that_is_not_whole_rollouts_are_trls(tmp_path, tok
     assert got["fastgrpo"] == got["trl"]
     per_pass = 2 * (num_iterations * 2)  # 2 rollouts of μ × steps_per_generation / GA steps each
     assert got["fastgrpo"][2] == math.ceil(num_train_epochs * per_pass)
+
+
+def reward_odd_length_with_extra(completions, log_extra, **kwargs):
+    """1 for a completion of odd text length; logs two extra columns (out of name order: TRL writes them sorted)."""
+    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+    log_extra("length", [len(t) for t in texts])
+    log_extra("first_char", [t[:1] for t in texts])
+    return [float(len(t) % 2) for t in texts]
+
+
+def test_log_completions_writes_trls_parquet_tables(tmp_path, tokenizer, make_model):
+    """TRL 1.16 writes output_dir/completions/completions_<step:05d>.parquet at each log: the latest generation batch
+    (generation_batch_size rows), so with μ = 2 and steps_per_generation = 2 steps 1–4 repeat the first rollout's rows
+    and step 5 holds the second's. fastgrpo wrote completions.jsonl only, and a script reading TRL's tables found
+    nothing. Both runs here: the same file names, columns and order, schema (dtypes), rows and step column, and the
+    same prompts in the same order (the same seed draws TRL's data order; the completions differ: each samples its own)."""
+    import fastgrpo
+    import pandas as pd
+    import pyarrow.parquet as pq
+
+    tables = {}
+    for module, extra in ((trl, {"use_cpu": True}), (fastgrpo, {"disable_tqdm": True, "max_prompt_length": 64})):
+        args = module.GRPOConfig(output_dir=str(tmp_path / module.__name__), per_device_train_batch_size=2, num_generations=2,
+                                 gradient_accumulation_steps=1, steps_per_generation=2, num_iterations=2, max_completion_length=4,
+                                 max_steps=5, logging_steps=1, save_strategy="no", report_to="none", bf16=False, seed=0,
+                                 log_completions=True, num_completions_to_print=0, **extra)
+        trainer = module.GRPOTrainer(make_model(), [reward_even_tokens, reward_odd_length_with_extra], args=args,
+                                     train_dataset=single_digit_prompts(), processing_class=tokenizer)
+        assert os.path.isdir(os.path.join(args.output_dir, "completions"))  # made when the trainer is built, as TRL's
+        trainer.train()
+        folder = os.path.join(args.output_dir, "completions")
+        tables[module.__name__] = {name: (pd.read_parquet(os.path.join(folder, name)), pq.read_schema(os.path.join(folder, name)).remove_metadata())
+                                   for name in sorted(os.listdir(folder))}
+    ours, theirs = tables["fastgrpo"], tables["trl"]
+    assert list(ours) == list(theirs) == [f"completions_{s:05d}.parquet" for s in range(1, 6)]
+    columns = ["step", "prompt", "completion", "reward_even_tokens", "reward_odd_length_with_extra", "first_char", "length", "advantage"]
+    for name, ((df, schema), (trl_df, trl_schema)) in zip(ours, zip(ours.values(), theirs.values())):
+        assert list(df.columns) == list(trl_df.columns) == columns
+        assert schema == trl_schema, f"{name}: {schema} != {trl_schema}"
+        assert list(df.dtypes) == list(trl_df.dtypes)
+        assert len(df) == len(trl_df) == 4  # generation_batch_size: 2 prompts × G = 2
+        assert list(df["step"]) == list(trl_df["step"]) == [int(name[12:17])] * 4
+        assert list(map(str, df["prompt"])) == list(map(str, trl_df["prompt"]))
+        assert all(list(c) == [{"role": "assistant", "content": c[0]["content"]}] for c in df["completion"])
+    for run in (ours, theirs):  # steps 1–4 train on one generation batch: each log writes it again; step 5 is the next
+        frames = [df.drop(columns="step") for df, _ in run.values()]
+        assert all(frames[0].astype(str).equals(f.astype(str)) for f in frames[1:4])
+        assert not set(map(str, frames[4]["prompt"])) & set(map(str, frames[0]["prompt"]))
+
+
+def test_a_resumed_run_writes_the_tables_of_its_own_steps_from_the_checkpoints_batch(tmp_path, tokenizer, make_model):
+    """Resumed from checkpoint-2 of a 5-step run (μ = 2, steps_per_generation = 2: steps 1–4 train one rollout, logged
+    at step 1), the table of step 3 holds that rollout's rows, as the run that never stopped wrote it: the batch rides in
+    the checkpoint. The tables of steps 4 and 5 (the abandoned branch's) are removed at the resume (TRL leaves them).
+    A new run counts a folder of tables as a run's logs; the empty folder a trainer makes when built is not one."""
+    import pandas as pd
+    from fastgrpo.run import runs
+
+    def run(max_steps, resume=None):
+        args = config(tmp_path, per_device_train_batch_size=2, num_generations=2, gradient_accumulation_steps=1, steps_per_generation=2,
+                      num_iterations=2, max_completion_length=4, max_prompt_length=64, max_steps=max_steps, save_steps=2,
+                      log_completions=True, num_completions_to_print=0)
+        GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=single_digit_prompts(), processing_class=tokenizer).train(resume)
+        folder = os.path.join(args.output_dir, "completions")
+        return {name: pd.read_parquet(os.path.join(folder, name)) for name in sorted(os.listdir(folder))}
+
+    first = run(5)
+    assert list(first) == [f"completions_{s:05d}.parquet" for s in range(1, 6)]
+    assert runs.claim_output_dir(str(tmp_path / "out"), overwrite=True)[-1] == "completions"
+    with pytest.warns(UserWarning, match="also holds the later checkpoint-4"):
+        resumed = run(3, resume=str(tmp_path / "out" / "checkpoint-2"))
+    assert list(resumed) == [f"completions_{s:05d}.parquet" for s in range(1, 4)]
+    for name in resumed:
+        assert resumed[name].astype(str).equals(first[name].astype(str))

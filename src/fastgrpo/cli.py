@@ -345,7 +345,7 @@ def train(ns: argparse.Namespace) -> None:
     trainer.accelerator.end_training()  # trackers closed, process group unregistered (multi-process runs)
     if trainer.accelerator.is_main_process:
         out = os.path.abspath(args.output_dir)
-        files = {"metrics": "metrics.jsonl", "completions": "completions.jsonl"}
+        files = {"metrics": "metrics.jsonl", "completions": "completions.jsonl", "tables": os.path.join("completions", "")}  # TRL's parquet tables
         listed = "".join(f"\n  {k + ':':12} {os.path.join(out, f)}" for k, f in files.items() if os.path.exists(os.path.join(out, f)))
         trainer.console.print(
             f"done. final model: {out}{listed}\n  checkpoints: {', '.join(checkpoints(out)) or 'none'}", soft_wrap=True, markup=False

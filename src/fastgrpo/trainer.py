@@ -42,6 +42,7 @@ from .rollout.record import Rollout
 from .rollout.reward_models import RewardModel
 from .run import checkpoints, reward_hooks
 from .run.callbacks import TrainerEvents, scheduled
+from .run.completion_tables import CompletionTables
 from .run.dataset_kinds import prompt_order
 from .run.epochs import EpochClock
 from .run.inputs import check_trainer_inputs
@@ -137,6 +138,7 @@ class GRPOTrainer(TRLMethods):
         self.step, self.timer, self.window, self.fresh_completions = 0, PhaseTimer(), Window(), []
         self.target_kl_stops, self.last_metrics, self.loss_sum, self.run_id = 0, {}, 0.0, uuid.uuid4().hex
         self.metrics_log = MetricsLog(a.output_dir, acc, self.console) if acc.is_main_process else None
+        self.completion_tables = CompletionTables(a.output_dir, self.reward_names) if a.log_completions and acc.is_main_process else None
         self.events = TrainerEvents(a, checked.callbacks, self.model, self.tokenizer, self.optimizer, self.scheduler, acc.is_main_process)
         self.state, self.clock = self.events.state, EpochClock(self.order.per_pass, a.steps_per_rollout, self.max_steps)
         self.reward_hooks = reward_hooks.RewardHooks(lambda: self.window)
@@ -274,7 +276,7 @@ class GRPOTrainer(TRLMethods):
             checkpoints.save(self, rollout, done)
 
     def _log(self, to_callbacks: bool = True) -> dict:
-        """Write the window's record (metrics.jsonl, completions.jsonl, trackers) and, unless told not to, on_log; return it."""
+        """Write the window's record (metrics.jsonl, completions.jsonl, completions/*.parquet, trackers) and, unless told not to, on_log; return it."""
         acc = self.accelerator
         sums, extremes = self.window.reduce(acc)
         record = window_record(self.step, sums, extremes, self.timer.pop(), self.reward_names, overlap=self.args.max_staleness is not None)
@@ -290,5 +292,8 @@ class GRPOTrainer(TRLMethods):
             self.metrics_log.write(record)
             for i, r in enumerate(rows):  # every completion to the file; one table, the latest rollout's (TRL prints one per log)
                 self.metrics_log.completions(self.step, r, self.reward_names, self.args.num_completions_to_print if i == len(rows) - 1 else 0)
+        if self.completion_tables is not None:  # TRL's completions/completions_<step>.parquet: the latest generation batch
+            self.completion_tables.update(rows, acc.num_processes)
+            self.completion_tables.write(self.step)
         self.last_metrics, self.window, self.fresh_completions = record, Window(), []
         return record

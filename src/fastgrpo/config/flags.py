@@ -92,7 +92,7 @@ FIELD_HELP = {
     "model_init_kwargs": "from_pretrained arguments as JSON, e.g. '{\"torch_dtype\": \"bfloat16\"}'",
     "logging_steps": "optimizer steps between log lines",
     "logging_first_step": "also log after the first optimizer step",
-    "log_completions": "write every completion to completions.jsonl and print a few",
+    "log_completions": "write every completion to completions.jsonl, TRL's completions/*.parquet table at each log, and print a few",
     "num_completions_to_print": "completions printed per log (0: none)",
     "report_to": "tracker: none, tensorboard, wandb, trackio or all",
     "save_strategy": "steps (every save_steps), epoch or no",

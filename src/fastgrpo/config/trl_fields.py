@@ -77,7 +77,7 @@ TRL_FIELDS: dict[str, TrlField] = {
     "trackio_static_space_id": TrlField(None, ANY),
     "log_multimodal": TrlField(True, ANY),
     "log_unique_prompts": TrlField(False, ANY),
-    "log_completions_hub_repo": TrlField(None, (None,), "completions are written to output_dir/completions.jsonl; upload that file yourself"),
+    "log_completions_hub_repo": TrlField(None, (None,), "completions are written to output_dir/completions.jsonl and output_dir/completions/*.parquet; upload them yourself"),
     "skip_memory_metrics": TrlField(True, ANY),
     # --- evaluation ------------------------------------------------------------------
     "eval_delay": TrlField(0, (0, 0.0), "evaluation starts at the first eval_steps; remove it"),

@@ -13,7 +13,8 @@
   applies the settings that changed, cuts the logs back to its step and takes
   back the unlogged window, so whatever stops the run (Ctrl-C, a crash, a
   callback) and wherever it resumes, every optimizer step and every completion
-  trained on reaches metrics.jsonl / completions.jsonl exactly once.
+  trained on reaches metrics.jsonl / completions.jsonl exactly once; the completions/*.parquet tables
+  of later steps are removed, and the latest generation batch they are written from rides along.
 - `save_model`: the policy (or its adapters, or both merged) and tokenizer,
   loadable with `from_pretrained` (`GRPOTrainer.save_model`).
 
@@ -36,7 +37,7 @@ import torch
 from accelerate.utils import broadcast_object_list
 
 from . import checkpoint_files as ckpt
-from . import runs
+from . import completion_tables, runs
 from .interrupt import TrainingInterrupted
 from ..model.loading import is_peft_model, merged_copy
 from ..rollout.record import Rollout
@@ -61,6 +62,7 @@ class Checkpointed(Protocol):
     console: Any
     window: Any
     fresh_completions: list
+    completion_tables: Any  # run/completion_tables.CompletionTables on the main process with log_completions, else None
     loss_sum: float
     step: int
     max_steps: int
@@ -94,6 +96,7 @@ def save(trainer: Checkpointed, rollout: Rollout, done: int) -> str:
         "weight_version": trainer.weight_version, "setup": trainer.setup,
         "entropy_control": trainer.entropy_control.state_dict() if trainer.entropy_control else None,
         "log_sizes": trainer.metrics_log.sizes() if trainer.metrics_log is not None else None,  # the main process writes this state
+        "completion_tables": trainer.completion_tables.state_dict() if trainer.completion_tables is not None else None,  # the latest batch
     }
     # this process's share of the rollout, of what was trained since the last log, and dynamic sampling's carry-over
     own = {
@@ -187,8 +190,11 @@ def resume(trainer: Checkpointed, resume_from_checkpoint) -> tuple[Rollout | Non
         trainer.ref_model.load_state_dict(state["ref_model"])
     if state.get("entropy_control") and trainer.entropy_control:  # the adaptive coefficient where it was (TRL restores it too)
         trainer.entropy_control.load_state_dict(state["entropy_control"])
+    if trainer.completion_tables is not None and state.get("completion_tables"):  # absent from checkpoints before the tables
+        trainer.completion_tables.load_state_dict(state["completion_tables"])
     if trainer.metrics_log is not None:
         trainer.metrics_log.cut_back(trainer.step, state.get("log_sizes"))
+        completion_tables.remove_after(a.output_dir, trainer.step)  # the later steps' completions/*.parquet: the abandoned branch's
         trainer.console.print(f"resumed from {path} at step {trainer.step}", markup=False, soft_wrap=True)
         if trainer.step >= trainer.max_steps:  # a finished run: say so, rather than a full progress bar and "done"
             trainer.console.print(f"the run is already at max_steps={trainer.max_steps}: nothing to train; raise max_steps "

@@ -20,9 +20,11 @@ import os
 import shutil
 import tempfile
 
+from . import completion_tables
 from .checkpoint_files import checkpoints, written_by_fastgrpo
 
 LOGS = ("metrics.jsonl", "completions.jsonl")
+TABLES = completion_tables.FOLDER  # log_completions' completions/*.parquet: a run's log once it holds a table (the trainer makes it empty)
 
 # A saved rollout, optimizer step count and data position only mean the same thing under these values.
 # Per-process sizes, not generation_batch_size: that one also scales with the number of processes, and a
@@ -59,7 +61,8 @@ def claim_output_dir(output_dir: str, overwrite: bool) -> list[str]:
 
     Nothing is removed here: `PreviousRun` removes them when this run first writes, so a run that fails before it has anything to save leaves the previous one whole.
 
-    Only what fastgrpo wrote is ever named for removal: its checkpoint folders (with a manifest) and its logs. A
+    Only what fastgrpo wrote is ever named for removal: its checkpoint folders (with a manifest) and its logs (the
+    `completions` folder among them once it holds a completions_<step>.parquet table, TRL's or fastgrpo's). A
     `checkpoint-N` it did not write (another trainer's, or a file) is another run's too, and refuses a new run
     without `overwrite`; with it, it is left where it is.
 
@@ -70,13 +73,14 @@ def claim_output_dir(output_dir: str, overwrite: bool) -> list[str]:
             naming them and the three ways on.
     """
     found = [os.path.basename(p) for p in checkpoints(output_dir)] + [n for n in LOGS if os.path.exists(os.path.join(output_dir, n))]
+    found += [TABLES] if completion_tables.written_steps(output_dir) else []
     if found and not overwrite:
         raise ValueError(
             f"output_dir {output_dir!r} already holds a run ({', '.join(found)}); resume it with resume_from_checkpoint=True "
             "(fastgrpo train --resume; make train ARGS=--resume), choose another output_dir, or set overwrite_output_dir=True to replace it "
             "(--overwrite_output_dir true)."
         )
-    return [n for n in found if n in LOGS or written_by_fastgrpo(os.path.join(output_dir, n))]
+    return [n for n in found if n in (*LOGS, TABLES) or written_by_fastgrpo(os.path.join(output_dir, n))]
 
 
 class PreviousRun:
