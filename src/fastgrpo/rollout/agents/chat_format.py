@@ -77,23 +77,6 @@ CHATML_TOOLS_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
-# transformers' response_template (5.13+) for CHATML_TOOLS_TEMPLATE: TRL's Qwen3 template without <think>.
-CHATML_RESPONSE_TEMPLATE = {
-    "defaults": {"role": "assistant"},
-    "start_anchor": "<|im_start|>assistant\n",
-    "fields": {
-        "tool_calls": {
-            "open": "<tool_call>",
-            "close_pattern": r"</tool_call>\s*",
-            "repeats": True,
-            "content": "json",
-            "transform": {"type": "function", "function": "{content}"},
-        },
-        "content": {"close_pattern": r"<\|im_end\|>\s*", "content": "text"},
-    },
-}
-
-
 # TRL 1.16's response templates, copied as data from the module trl.chat_template_utils (`qwen3_template`,
 # `qwen3_5_template`, `llama3_template`; TRL's `add_response_schema` sets them for the templates it knows by their
 # whole text). TRL uses `qwen3_template` for Qwen2.5, Qwen3, Qwen3-2507 and Qwen3-VL alike.
@@ -112,6 +95,10 @@ QWEN3_RESPONSE_TEMPLATE = {
         "content": {"close_pattern": r"<\|im_end\|>\s*", "content": "text"},
     },
 }
+
+# transformers' response_template (5.13+) for CHATML_TOOLS_TEMPLATE: TRL's Qwen3 template without <think>.
+CHATML_RESPONSE_TEMPLATE = {**QWEN3_RESPONSE_TEMPLATE,
+                            "fields": {k: v for k, v in QWEN3_RESPONSE_TEMPLATE["fields"].items() if k != "reasoning_content"}}
 
 QWEN3_5_RESPONSE_TEMPLATE = {
     "defaults": {"role": "assistant"},
