@@ -188,22 +188,45 @@ def test_a_reward_model_that_cannot_read_its_input_names_the_sizes(tokenizer):
         RewardModel(tiny_reward_model(tokenizer), tok)
 
 
-@pytest.mark.parametrize("column,values,kind,error", [  # inside the reward function: its error names it, with the cause chained
-    ("prompt", lambda n: ["HIJACK"] * n, "RewardFunctionError", r"log_extra\('prompt', …\): completions.jsonl already writes 'prompt'"),
-    ("advantage", lambda n: [999] * n, "RewardFunctionError", r"completions.jsonl already writes 'advantage'"),  # it overwrote the row's
-    ("x", lambda n: [1], "ValueError", r"log_extra\('x', …\) logged 1 values for the 4 completions scored; log one value per completion"),
-])
-def test_log_extra_columns_that_would_overwrite_or_misalign_rows_are_refused(tmp_path, tokenizer, make_model, prompts, column, values, kind, error):
+def extra_config(tmp_path):
+    return GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=4, max_completion_length=4, max_steps=1,
+                      save_strategy="no", disable_tqdm=True, log_completions=True, num_completions_to_print=0)
+
+
+def test_log_extra_columns_that_would_misalign_rows_are_refused(tmp_path, tokenizer, make_model, prompts):
     def logs(completions, log_extra, **kwargs):
-        log_extra(column, values(len(completions)))
+        log_extra("x", [1])
         return [0.0] * len(completions)
 
-    args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=4, max_completion_length=4, max_steps=1,
-                      save_strategy="no", disable_tqdm=True, log_completions=True, num_completions_to_print=0)
-    trainer = GRPOTrainer(make_model(), logs, args=args, train_dataset=prompts, processing_class=tokenizer)
-    with pytest.raises(Exception, match=error) as info:
+    trainer = GRPOTrainer(make_model(), logs, args=extra_config(tmp_path), train_dataset=prompts, processing_class=tokenizer)
+    with pytest.raises(ValueError, match=r"log_extra\('x', …\) logged 1 values for the 4 completions scored; log one value per completion"):
         trainer.train()
-    assert info.type.__name__ == kind
+
+
+def test_log_extra_keeps_trls_table_for_a_column_two_rewards_log_or_a_built_in_name(tmp_path, tokenizer, make_model, prompts):
+    # TRL's accuracy_reward and reasoning_accuracy_reward both log "solution": fastgrpo refused the run ("8 values for the 4
+    # completions"); TRL's table (a deque of one generation batch) keeps the last function's. A column named like a built-in
+    # one ("prompt", "advantage") was refused too; TRL's table takes it where its dict puts it (step, prompt, completion:
+    # replaced; advantage: TRL's). completions.jsonl keeps its own fields (a resume cuts it back by their step).
+    import pandas as pd
+
+    def first(completions, log_extra, **kwargs):
+        log_extra("solution", ["first"] * len(completions))
+        log_extra("prompt", ["HIJACK"] * len(completions))
+        log_extra("advantage", [999.0] * len(completions))
+        return [0.0] * len(completions)
+
+    def second(completions, log_extra, **kwargs):
+        log_extra("solution", ["second"] * len(completions))
+        return [1.0] * len(completions)
+
+    args = extra_config(tmp_path)
+    GRPOTrainer(make_model(), [first, second], args=args, train_dataset=prompts, processing_class=tokenizer).train()
+    with open(os.path.join(args.output_dir, "completions.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    assert [r["solution"] for r in rows] == ["second"] * 4 and all(r["prompt"] != "HIJACK" and r["advantage"] != 999.0 for r in rows)
+    table = pd.read_parquet(os.path.join(args.output_dir, "completions", "completions_00001.parquet"))
+    assert list(table["solution"]) == ["second"] * 4 and list(table["prompt"]) == ["HIJACK"] * 4 and 999.0 not in list(table["advantage"])
 
 
 def test_a_reward_tokenizer_that_cannot_render_the_chat_prompts_is_refused_before_loading(tmp_path, tokenizer, prompts):

@@ -62,7 +62,8 @@ class RolloutAssembly:
         """B rows → a Rollout of B·G scored completions without Â, and the log_extra columns the rewards logged.
 
         Raises:
-            ValueError: a log_extra column without one value per completion (it would land on the wrong rows).
+            ValueError: a log_extra column without one value per completion from each reward function that logged it
+                (it would land on the wrong rows).
         """
         rollout = collect(
             rows, num_generations=num_generations, produce=self.producer,
@@ -70,9 +71,10 @@ class RolloutAssembly:
         )
         columns = self.pop_columns()
         for column, values in columns.items():
-            if len(values) != len(rollout):
+            if not values or len(values) % len(rollout):
                 raise ValueError(f"log_extra({column!r}, …) logged {len(values)} values for the {len(rollout)} completions scored; log one "
-                                 "value per completion (the `completions` the reward function received), from one reward function.")
+                                 "value per completion (the `completions` the reward function received).")
+            columns[column] = values[-len(rollout):]  # several reward functions logged it: the last one's, as TRL's table keeps it
         return rollout, columns
 
     def state_dict(self):

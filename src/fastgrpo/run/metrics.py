@@ -180,7 +180,8 @@ class MetricsLog:
                 "dynamic_sampling/reward_before", "dynamic_sampling/keep_rate")  # the last two with filter_groups only
         keys += tuple(k for k in record if k.endswith(("_loss", "_reward")) and "/" not in k)  # an evaluation's: eval[_<set>]_loss, _reward
         shown = "  ".join(f"{k} {record[k]:.4g}" for k in keys if record.get(k) is not None)
-        self.console.print(f"step {record['step']:>5}  {shown}", soft_wrap=True)  # one line at any width: `grep ^step` gets whole lines
+        if shown:  # a record of the user's own keys (trainer.log) prints nothing: an empty "step N" line said nothing
+            self.console.print(f"step {record['step']:>5}  {shown}", soft_wrap=True)  # one line at any width: `grep ^step` gets whole lines
         self.accelerator.log({k: v for k, v in record.items() if isinstance(v, (int, float))}, step=record["step"])
 
     def completions(self, step: int, rollout, reward_names: list[str], num_to_print: int | None) -> None:
@@ -196,7 +197,8 @@ class MetricsLog:
                             "completion": rollout.completions[i],
                             "rewards": dict(zip(reward_names, _floats(rollout.rewards[i]))),
                             "advantage": float(rollout.advantages[i]),
-                            **{column: values[i] for column, values in (getattr(rollout, "extra", None) or {}).items() if i < len(values)},
+                            **{column: values[i] for column, values in (getattr(rollout, "extra", None) or {}).items()
+                               if i < len(values) and column not in COMPLETION_FIELDS},  # the row's own fields win (reward_hooks.py)
                         },
                         default=str,
                     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 
-from .metrics import COMPLETION_FIELDS, USER_COUNT, USER_SUM, Window
+from .metrics import USER_COUNT, USER_SUM, Window
 
 
 class RewardHooks:
@@ -30,14 +30,13 @@ class RewardHooks:
         self.window().add(f"{name}{USER_COUNT}", 1)
 
     def log_extra(self, column: str, values: list) -> None:
-        """Add `values` (one per completion scored) as `column` of this rollout's completions.jsonl rows.
+        """Add `values` (one per completion scored) as `column` of this rollout's completions rows, as TRL's `_log_completion_extra`.
 
-        Raises:
-            ValueError: a column completions.jsonl already writes (`COMPLETION_FIELDS`): it would overwrite it.
+        Several reward functions may log one column: the last one's values are kept (TRL's table, a deque of one
+        generation batch, keeps them). A column named like one of completions.jsonl's own fields (`COMPLETION_FIELDS`)
+        is kept in TRL's parquet table as TRL keeps it and left out of completions.jsonl, whose own fields win (its
+        `step` is what a resume cuts the file back by).
         """
-        if column in COMPLETION_FIELDS:
-            raise ValueError(f"log_extra({column!r}, …): completions.jsonl already writes {column!r} ({', '.join(COMPLETION_FIELDS)} are "
-                             "its own); log under another name.")
         self.columns[column].extend(values)
 
     def pop_columns(self) -> dict[str, list]:
