@@ -291,7 +291,8 @@ def test_trainer_logs_what_packing_removed(tmp_path, tokenizer, make_model, prom
     )
     trainer = GRPOTrainer(make_model(), lambda completion_ids, **kw: [float(len(c)) for c in completion_ids], args=args,
                           train_dataset=prompts, processing_class=tokenizer)
-    record = trainer.train().metrics
+    trainer.train()
+    record = trainer.state.log_history[0]
     # Real tokens: 4 copies of one prompt of p tokens + completions c; packed: p + c. So 1 − packed/real = 3p / (4p + c) > 0.
     assert 0.0 <= record["pad_fraction"] < 1.0
     assert 0.0 < record["shared_prompt_fraction"] < 0.75

@@ -197,7 +197,8 @@ class GRPOTrainer(TRLMethods):
         self.backend.close()
         checkpoints.prune_at_end(self)
         summary = self.events.train_end(self.loss_sum / max(self.step, 1), pending)  # Trainer's metrics, beside the last log's
-        return TrainOutput(self.step, self.loss_sum / max(self.step, 1), {**self.last_metrics, **summary})
+        pending.pop("step", None)  # TRL's log() merges the unlogged steps' metrics into Trainer's summary dict, which train() returns
+        return TrainOutput(self.step, self.loss_sum / max(self.step, 1), {**pending, **summary})
 
     # ------------------------------------------------------------------ rollout
     def _collect(self) -> Rollout:
