@@ -54,9 +54,10 @@ RESERVED_COLUMNS = ("prompts", "completions", "trainer_state", "log_extra", "log
 DROPPED_COLUMNS = ("prompt", "completion", "completion_ids")
 
 
-def reward_columns(row: dict) -> list[str]:
-    """The columns of a dataset row that reach the reward functions as keywords: all but `DROPPED_COLUMNS` (TRL's)."""
-    return [key for key in row if key not in DROPPED_COLUMNS]
+def reward_columns(columns) -> list[str]:
+    """Of a dataset's column names (or a row: its keys), those that reach the reward functions as keywords: all but
+    `DROPPED_COLUMNS` (TRL's)."""
+    return [key for key in columns if key not in DROPPED_COLUMNS]
 
 
 class RewardFunctionError(RuntimeError):
@@ -103,8 +104,7 @@ def check_reward_arguments(funcs: Sequence[RewardFunc], names: list[str], datase
         ValueError: naming the function, the parameter, the dataset and its columns.
     """
     columns = dataset_columns(dataset)
-    passed = reward_columns(dict.fromkeys(columns))
-    given = {*RESERVED_COLUMNS, "completion_ids", *passed, *(("environments",) if environments else ())}
+    given = {*RESERVED_COLUMNS, "completion_ids", *reward_columns(columns), *(("environments",) if environments else ())}
     for fn, name in zip(funcs, names):
         try:
             parameters = inspect.signature(fn).parameters.values()

@@ -207,19 +207,22 @@ class ColocateEngine:
         thread.start()
         while thread.is_alive():
             thread.join(WATCH_SECONDS)
-            dead = next((p for p in self.processes if p.exitcode is not None), None)
-            if thread.is_alive() and dead is not None:
-                raise EngineError(self.died(what, f"its engine core process exited ({exit_reason(dead.exitcode)})")) from None
+            if thread.is_alive() and self.core_exit() is not None:
+                raise EngineError(self.died(what)) from None
         if isinstance(outcome.get("error"), EngineDeadError):  # its worker died, or the core before this call began
-            dead = next((p for p in self.processes if p.exitcode is not None), None)
-            how = f"its engine core process exited ({exit_reason(dead.exitcode)})" if dead else "its worker process died (vLLM's log above says how)"
-            raise EngineError(self.died(what, how)) from None
+            raise EngineError(self.died(what)) from None
         if "error" in outcome:
             raise outcome["error"]
         return outcome["value"]
 
-    def died(self, what: str, how: str) -> str:
-        """The message for an engine that stopped during `what`."""
+    def core_exit(self) -> int | None:
+        """The exit code of an engine process that has exited (the engine core), or None while all run."""
+        return next((p.exitcode for p in self.processes if p.exitcode is not None), None)
+
+    def died(self, what: str) -> str:
+        """The message for an engine that stopped during `what`: its core's exit, or else its worker's death."""
+        code = self.core_exit()
+        how = f"its engine core process exited ({exit_reason(code)})" if code is not None else "its worker process died (vLLM's log above says how)"
         return (f"{self.description} stopped during {what}: {how}. The checkpoints saved so far are kept: free memory, or "
                 "lower vllm_gpu_memory_utilization (on CPU: VLLM_CPU_KVCACHE_SPACE=<GiB>), then resume with "
                 "resume_from_checkpoint=True.")

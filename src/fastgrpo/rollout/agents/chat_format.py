@@ -80,11 +80,13 @@ CHATML_TOOLS_TEMPLATE = (
 # TRL 1.16's response templates, copied as data from the module trl.chat_template_utils (`qwen3_template`,
 # `qwen3_5_template`, `llama3_template`; TRL's `add_response_schema` sets them for the templates it knows by their
 # whole text). TRL uses `qwen3_template` for Qwen2.5, Qwen3, Qwen3-2507 and Qwen3-VL alike.
+THINK_FIELD = {"open": "<think>", "close_pattern": r"</think>\s*", "content": "text"}  # Qwen3's and Qwen3.5's reasoning
+IM_END_CONTENT = {"close_pattern": r"<\|im_end\|>\s*", "content": "text"}  # ChatML's text up to the turn's end
 QWEN3_RESPONSE_TEMPLATE = {
     "defaults": {"role": "assistant"},
     "start_anchor": "<|im_start|>assistant\n",
     "fields": {
-        "reasoning_content": {"open": "<think>", "close_pattern": r"</think>\s*", "content": "text"},
+        "reasoning_content": THINK_FIELD,
         "tool_calls": {
             "open": "<tool_call>",
             "close_pattern": r"</tool_call>\s*",
@@ -92,7 +94,7 @@ QWEN3_RESPONSE_TEMPLATE = {
             "content": "json",
             "transform": {"type": "function", "function": "{content}"},
         },
-        "content": {"close_pattern": r"<\|im_end\|>\s*", "content": "text"},
+        "content": IM_END_CONTENT,
     },
 }
 
@@ -104,7 +106,7 @@ QWEN3_5_RESPONSE_TEMPLATE = {
     "defaults": {"role": "assistant"},
     "start_anchor": "<|im_start|>assistant\n",
     "fields": {
-        "reasoning_content": {"open": "<think>", "close_pattern": r"</think>\s*", "content": "text"},
+        "reasoning_content": THINK_FIELD,
         "tool_calls": {
             "open_pattern": r"<tool_call>\s*<function=(?P<name>[^\n>]+)>",
             "close_pattern": r"</tool_call>\s*",
@@ -116,7 +118,7 @@ QWEN3_5_RESPONSE_TEMPLATE = {
             },
             "transform": {"type": "function", "function": {"name": "{name}", "arguments": "{content}"}},
         },
-        "content": {"close_pattern": r"<\|im_end\|>\s*", "content": "text"},
+        "content": IM_END_CONTENT,
     },
 }
 
