@@ -3,13 +3,17 @@
 Each run is a few optimizer steps of the 3 M-parameter model from conftest.py.
 """
 
+import json
 import os
+import re
 
 import pytest
-from transformers import EarlyStoppingCallback, PrinterCallback, TrainerCallback, TrainerState
+from rich.console import Console
+from transformers import EarlyStoppingCallback, PrinterCallback, ProgressCallback, TrainerCallback, TrainerState
 
 from fastgrpo import GRPOConfig, GRPOTrainer
 from fastgrpo.run.callbacks import scheduled
+from fastgrpo.run.console import ConsolePrinterCallback, ConsoleProgressCallback
 
 
 def reward_even_tokens(completion_ids, **kwargs):
@@ -187,3 +191,85 @@ def test_a_run_resumed_in_a_later_pass_ends_its_passes_where_the_whole_run_did(t
     resumed = run(True)
     assert resumed.ends == [12, 13]
     assert {s: round(e, 6) for s, e in resumed.epochs.items()} == {s: round(whole.epochs[s], 6) for s in range(9, 14)}
+
+
+# ---------------------------------------------------------------- the console is a callback, as Trainer's
+
+STEP_LINE = re.compile(r"^step +\d+  ", re.MULTILINE)  # run/console.py's line: `step N  loss …`
+
+
+def logged_steps(output_dir):
+    with open(os.path.join(output_dir, "metrics.jsonl")) as f:
+        return [json.loads(line)["step"] for line in f]
+
+
+def test_the_console_is_a_progress_callback_and_removing_it_silences_bar_and_lines_not_the_logs(tmp_path, tokenizer, make_model, prompts, capsys):
+    # Trainer appends ProgressCallback after the user's callbacks (PrinterCallback with disable_tqdm); TRL scripts remove it by class.
+    def trainer(name, **overrides):
+        args = config(tmp_path / name, max_steps=2, logging_steps=1, disable_tqdm=False, **overrides)
+        return GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, eval_dataset=prompts.select(range(1)),
+                           processing_class=tokenizer, callbacks=[Recorder])
+
+    shown = trainer("shown")
+    assert [type(cb) for cb in shown.callback_handler.callbacks][:1] == [Recorder]
+    assert isinstance(shown.callback_handler.callbacks[-1], ProgressCallback) and len(shown.callback_handler.callbacks) == 2
+    shown.train()
+    out = capsys.readouterr().out
+    assert len(STEP_LINE.findall(out)) == 2 and "GRPO" in out and "2/2 steps" in out  # the bar, and a line per log
+
+    silent = trainer("silent")
+    silent.remove_callback(ProgressCallback)
+    assert [type(cb) for cb in silent.callback_handler.callbacks] == [Recorder]
+    silent.train()
+    silent.evaluate()
+    out = capsys.readouterr().out
+    assert not STEP_LINE.findall(out) and "GRPO" not in out and "steps" not in out
+    assert logged_steps(silent.args.output_dir) == [1, 2, 2]  # metrics.jsonl: both steps, then the evaluation
+    assert "eval_reward" in silent.state.log_history[-1]
+
+
+def test_with_disable_tqdm_the_console_is_a_printer_callback_that_pop_callback_returns(tmp_path, tokenizer, make_model, prompts, capsys):
+    rec = Recorder()
+    trainer = GRPOTrainer(make_model(), reward_even_tokens, args=config(tmp_path, max_steps=2, logging_steps=1), train_dataset=prompts,
+                          processing_class=tokenizer, callbacks=[rec])
+    printer = trainer.callback_handler.callbacks[-1]
+    assert trainer.callback_handler.callbacks == [rec, printer] and isinstance(printer, PrinterCallback)
+    assert not isinstance(printer, ProgressCallback) and trainer.pop_callback(ProgressCallback) is None
+    assert trainer.pop_callback(PrinterCallback) is printer and trainer.callback_handler.callbacks == [rec]
+    trainer.train()
+    assert not STEP_LINE.findall(capsys.readouterr().out) and logged_steps(trainer.args.output_dir) == [1, 2]
+    assert len(rec.logs) == 3  # the other callbacks still see every log (two steps, the summary)
+
+
+def test_a_run_that_raises_stops_the_progress_bar(tmp_path, tokenizer, make_model, prompts):
+    # rich's live bar redraws from a thread (and holds stdout in a terminal) until stopped: an exception must stop it too.
+    calls = []
+
+    def fails_second(completion_ids, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("reward server down")
+        return reward_even_tokens(completion_ids)
+
+    trainer = GRPOTrainer(make_model(), fails_second, args=config(tmp_path, max_steps=3, disable_tqdm=False), train_dataset=prompts,
+                          processing_class=tokenizer)
+    bar = trainer.callback_handler.callbacks[-1]
+    started = []
+    trainer.add_callback(type("Seen", (TrainerCallback,), {"on_step_end": lambda self, *a, **k: started.append(bar.progress.live.is_started)}))
+    with pytest.raises(RuntimeError, match="reward server down"):
+        trainer.train()
+    assert started == [True] and bar.progress is None
+
+
+def test_only_the_main_process_prints(tmp_path):
+    # Trainer's callbacks run on every process and print on process zero (state.is_world_process_zero).
+    out = Console(record=True, width=200)
+    for main in (False, True):
+        state = TrainerState(global_step=3, max_steps=4, is_world_process_zero=main, is_local_process_zero=main)
+        for callback in (ConsolePrinterCallback(out), ConsoleProgressCallback(out)):
+            callback.on_train_begin(None, state, None)
+            callback.on_epoch_begin(None, state, None)
+            assert (callback.progress is not None) is main if isinstance(callback, ConsoleProgressCallback) else True
+            callback.on_log(None, state, None, logs={"loss": 0.5, "train_loss": 0.25, "epoch": 1.0})
+            callback.on_train_end(None, state, None)
+    assert re.findall(r"step +3 .*", out.export_text()) == ["step     3  loss 0.5"] * 2  # not Trainer's summary train_loss

@@ -14,13 +14,14 @@ import subprocess
 import pytest
 import yaml
 from rich.console import Console
+from transformers import TrainerState
 
 from fastgrpo import GRPOConfig
 from fastgrpo.cli import main, peft_kwargs, resolve_job, train_parser
 from fastgrpo.config.grpo_config import _FIELDS
 from fastgrpo.config.flags import FIELD_HELP
 from fastgrpo.run.datasets import load_dataset_spec
-from fastgrpo.run.metrics import MetricsLog
+from fastgrpo.run.console import ConsolePrinterCallback
 from fastgrpo.config.trl_fields import TRL_FIELDS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -151,9 +152,11 @@ def test_dataset_size_takes_the_first_rows_of_a_file(tmp_path):
 def test_step_lines_are_whole_outside_a_terminal(tmp_path):
     out = io.StringIO()
     console = Console(file=out, width=80)  # what a pipe or a log file gets
-    record = {"step": 8, "loss": 0.0123, "reward": 0.75, "reward_std": 0.25, "kl_old": 0.001, "clip_ratio/region_mean": 0.01,
-              "completions/mean_length": 21.5, "grad_norm": 1.234, "learning_rate": 3e-5}
-    MetricsLog(str(tmp_path), type("Acc", (), {"log": lambda *a, **k: None})(), console).write(record)
+    logs = {"loss": 0.0123, "reward": 0.75, "reward_std": 0.25, "kl_old": 0.001, "clip_ratio/region_mean": 0.01,
+            "completions/mean_length": 21.5, "grad_norm": 1.234, "learning_rate": 3e-5, "epoch": 0.5}
+    printer, state = ConsolePrinterCallback(console), TrainerState(global_step=8, is_world_process_zero=True)
+    printer.on_train_begin(None, state, None)
+    printer.on_log(None, state, None, logs=logs)  # the trainer's console callback prints the line (run/console.py)
     lines = out.getvalue().splitlines()
     assert len(lines) == 1 and lines[0].startswith("step") and len(lines[0]) > 80 and "learning_rate 3e-05" in lines[0]
 

@@ -47,7 +47,7 @@ from .run.dataset_kinds import prompt_order
 from .run.epochs import EpochClock
 from .run.inputs import check_trainer_inputs
 from .run.interrupt import StopOnInterrupt
-from .run.metrics import CompletionRows, MetricsLog, PhaseTimer, Window, progress_bar, rollout_metrics, window_record
+from .run.metrics import CompletionRows, MetricsLog, PhaseTimer, Window, rollout_metrics, window_record
 from .run.setup import bf16_working_copy, build_accelerator, build_optimization, load_policy, prepare
 from .trl_methods import TRLMethods
 from .update.logprobs import LogProbs, fallback_notices
@@ -139,7 +139,7 @@ class GRPOTrainer(TRLMethods):
         self.target_kl_stops, self.last_metrics, self.loss_sum, self.run_id = 0, {}, 0.0, uuid.uuid4().hex
         self.metrics_log = MetricsLog(a.output_dir, acc, self.console) if acc.is_main_process else None
         self.completion_tables = CompletionTables(a.output_dir, self.reward_names) if a.log_completions and acc.is_main_process else None
-        self.events = TrainerEvents(a, checked.callbacks, self.model, self.tokenizer, self.optimizer, self.scheduler, acc.is_main_process)
+        self.events = TrainerEvents(a, checked.callbacks, self.model, self.tokenizer, self.optimizer, self.scheduler, acc.is_main_process, self.console)
         self.state, self.clock = self.events.state, EpochClock(self.order.per_pass, a.steps_per_rollout, self.max_steps)
         self.reward_hooks = reward_hooks.RewardHooks(lambda: self.window)
         self.passes = LogProbPasses(self.log_probs, self.reference, a.beta > 0 and a.kl_estimator == "k3", self.timer)
@@ -172,8 +172,7 @@ class GRPOTrainer(TRLMethods):
         if a.eval_on_start and self.eval_dataset is not None:
             self.evaluate()
         self.events.epoch_begin()
-        hidden = a.disable_tqdm or not self.accelerator.is_main_process
-        with progress_bar(self.console, self.max_steps, self.step, hidden) as progress, StopOnInterrupt() as interrupt, closing(self.rollouts):
+        with closing(self.events), StopOnInterrupt() as interrupt, closing(self.rollouts):  # events: the console bar stops, by an exception too
             while self.step < self.max_steps and not self.events.control.should_training_stop:
                 started = time.perf_counter()  # TRL's step_time: a step's passes, and the sampling of the rollout it starts
                 if rollout is None or done >= a.steps_per_rollout:
@@ -185,7 +184,7 @@ class GRPOTrainer(TRLMethods):
                     stop_reuse = a.target_kl is not None and kl_old > a.target_kl
                     self.target_kl_stops += int(stop_reuse and done < a.steps_per_rollout)
                     done = a.steps_per_rollout if stop_reuse else done
-                    self._after_step(rollout, done, progress)
+                    self._after_step(rollout, done)
                     if self.step < self.max_steps and interrupt.requested(self.accelerator):  # Ctrl-C: save this whole step, stop
                         checkpoints.stop_interrupted(self, rollout, done)
                     if self.step >= self.max_steps or stop_reuse or self.events.control.should_training_stop:
@@ -196,7 +195,7 @@ class GRPOTrainer(TRLMethods):
             tracker.finish()
         self.backend.close()
         checkpoints.prune_at_end(self)
-        summary = self.events.train_end(self.loss_sum / max(self.step, 1), pending)  # Trainer's metrics, beside the last log's
+        summary = self.events.train_end(self.loss_sum / max(self.step, 1), pending, self.metrics_log and self.metrics_log.print_held)  # Trainer's metrics
         pending.pop("step", None)  # TRL's log() merges the unlogged steps' metrics into Trainer's summary dict, which train() returns
         return TrainOutput(self.step, self.loss_sum / max(self.step, 1), {**pending, **summary})
 
@@ -253,9 +252,8 @@ class GRPOTrainer(TRLMethods):
         return out.kl_old, rollout if out.old_logps is None else dataclasses.replace(rollout, old_logps=out.old_logps)
 
     # ------------------------------------------------------------------ bookkeeping
-    def _after_step(self, rollout: Rollout, done: int, progress) -> None:
+    def _after_step(self, rollout: Rollout, done: int) -> None:
         a = self.args
-        progress.update(progress.task_ids[0], completed=self.step)
         if a.sync_ref_model and self.step % a.ref_model_sync_steps == 0:  # TR-DPO soft update
             sync_reference(self.ref_model, self.accelerator.unwrap_model(self.model), a.ref_model_mixup_alpha)
         epoch_end, can_evaluate = self.clock.pass_ended(self.step, done), self.eval_dataset is not None
@@ -292,7 +290,8 @@ class GRPOTrainer(TRLMethods):
         if self.metrics_log is not None:
             self.metrics_log.write(record)
             for i, r in enumerate(rows):  # every completion to the file; one table, the latest rollout's (TRL prints one per log)
-                self.metrics_log.completions(self.step, r, self.reward_names, self.args.num_completions_to_print if i == len(rows) - 1 else 0)
+                self.metrics_log.completions(self.step, r, self.reward_names, self.args.num_completions_to_print if i == len(rows) - 1 else 0,
+                                             hold=not to_callbacks)  # the summary's: printed after its line (train_end)
         if self.completion_tables is not None:  # TRL's completions/completions_<step>.parquet: the latest generation batch
             self.completion_tables.update(rows, acc.num_processes)
             self.completion_tables.write(self.step)

@@ -27,6 +27,9 @@ Every logged record reaches `on_log` with the step's phase seconds
 (`seconds/generate`, `seconds/update`, …), so timing and monitoring code
 needs no private hook.
 
+The console (the progress bar, a line per log) is a callback as well, added after the user's as Trainer adds its
+`ProgressCallback` or `PrinterCallback`, so `remove_callback` / `pop_callback` of either class silences it (console.py).
+
 Not here: what a record holds (metrics.py), doing the logging, evaluation or save (trainer.py).
 """
 
@@ -40,6 +43,7 @@ import time
 from transformers import EarlyStoppingCallback, TrainerCallback, TrainerControl, TrainerState
 from transformers.trainer_callback import CallbackHandler
 
+from .console import ConsoleProgressCallback, default_console_callback
 from .datasets import rollouts_per_pass
 
 
@@ -66,15 +70,25 @@ class TrainerEvents:
             `check_callbacks` returns them.
         model, processing_class, optimizer, lr_scheduler: passed to callbacks as keyword arguments.
         is_main_process: whether this process is the main one (state.is_world_process_zero).
+        console: the rich console the default console callback prints on (console.py); as Trainer's `__init__`, it is
+            added after `callbacks`: a `ProgressCallback`, or with `args.disable_tqdm` a `PrinterCallback`.
     """
 
-    def __init__(self, args, callbacks: list, model, processing_class, optimizer, lr_scheduler, is_main_process: bool):
+    def __init__(self, args, callbacks: list, model, processing_class, optimizer, lr_scheduler, is_main_process: bool, console=None):
         self.args = args
         self.handler = _Handler(callbacks, model, processing_class, optimizer, lr_scheduler)
+        self.handler.add_callback(default_console_callback(args, console))  # Trainer's add_callback(PrinterCallback or ProgressCallback)
         self.state = TrainerState(is_local_process_zero=is_main_process, is_world_process_zero=is_main_process)
         self.control = TrainerControl()
         self.started = 0.0
         self.handler.on_init_end(args, self.state, self.control)
+
+    def close(self) -> None:
+        """Stop the console bars training left running (`ConsoleProgressCallback.close`): the trainer closes the events
+        when its loop ends, by an exception too, where on_train_end is never called."""
+        for callback in self.handler.callbacks:
+            if isinstance(callback, ConsoleProgressCallback):
+                callback.close()
 
     def add(self, callback) -> None:
         """Add a callback instance or class (transformers' `Trainer.add_callback`).
@@ -190,18 +204,21 @@ class TrainerEvents:
             kept = saved.best_model_checkpoint is not None and os.path.isdir(saved.best_model_checkpoint)
             s.best_model_checkpoint = saved.best_model_checkpoint if kept else None  # pruned since: Trainer forgets it too
 
-    def train_end(self, training_loss: float, pending: dict | None = None) -> dict:
+    def train_end(self, training_loss: float, pending: dict | None = None, after_log=None) -> dict:
         """Log the run's summary (train_runtime, train_loss, as Trainer does) with the metrics of the steps since the
         last log (`pending`, as TRL's `log` merges them into it), and call on_train_end; → the summary (Trainer's
         `TrainOutput.metrics` keys: train_runtime in seconds, train_samples_per_second (completions: the optimizer steps ×
         per_device_train_batch_size × gradient_accumulation_steps × processes, as Trainer counts its batches),
-        train_steps_per_second, total_flos (state.total_flos: see the trainer's `_log`), train_loss, epoch)."""
+        train_steps_per_second, total_flos (state.total_flos: see the trainer's `_log`), train_loss, epoch). `after_log`: called
+        after the summary's on_log (where TRL's `log()` prints the completions table of the steps merged into it), if given."""
         a, runtime = self.args, time.perf_counter() - self.started
         samples = self.state.global_step * a.per_device_train_batch_size * a.gradient_accumulation_steps * a.world_size
         summary = {"train_runtime": round(runtime, 4), "train_samples_per_second": round(samples / max(runtime, 1e-9), 3),
                    "train_steps_per_second": round(self.state.global_step / max(runtime, 1e-9), 3), "total_flos": self.state.total_flos,
                    "train_loss": training_loss}
         self.log({**(pending or {}), **summary})
+        if after_log:
+            after_log()
         self.control = self.handler.on_train_end(self.args, self.state, self.control)
         return {**summary, "epoch": self.state.epoch}
 

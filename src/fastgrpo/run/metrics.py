@@ -18,8 +18,6 @@ from dataclasses import dataclass
 
 import torch
 from accelerate.utils import gather_object
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from . import runs
 from .overlap_metrics import overlap_record
@@ -132,13 +130,14 @@ class CompletionRows:
 
 
 class MetricsLog:
-    """Writes metrics.jsonl and completions.jsonl in output_dir, prints a line per log, feeds trackers.
+    """Writes metrics.jsonl and completions.jsonl in output_dir, prints the completions table, feeds trackers (the step lines: console.py).
 
     Only the main process writes; the others call nothing here. `previous_run`: what a new run replaces, removed before its first write.
     """
 
     def __init__(self, output_dir: str, accelerator, console):
         self.accelerator, self.console, self.previous_run = accelerator, console, runs.PreviousRun(output_dir, [], console)
+        self.held = None  # a completions table `completions(hold=True)` kept for `print_held`
         self.metrics_path = os.path.join(output_dir, "metrics.jsonl")
         self.completions_path = os.path.join(output_dir, "completions.jsonl")
         os.makedirs(output_dir, exist_ok=True)
@@ -172,20 +171,15 @@ class MetricsLog:
             os.replace(path + ".tmp", path)
 
     def write(self, record: dict) -> None:
-        """Append one record, print its key numbers, send it to trackers."""
+        """Append one record, send it to trackers. Its console line is the console callback's (console.py), from on_log."""
         self.previous_run.remove()
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(record) + "\n")
-        keys = ("loss", "reward", "reward_std", "kl_old", "clip_ratio/region_mean", "completions/mean_length", "grad_norm", "learning_rate",
-                "dynamic_sampling/reward_before", "dynamic_sampling/keep_rate")  # the last two with filter_groups only
-        keys += tuple(k for k in record if k.endswith(("_loss", "_reward")) and "/" not in k)  # an evaluation's: eval[_<set>]_loss, _reward
-        shown = "  ".join(f"{k} {record[k]:.4g}" for k in keys if record.get(k) is not None)
-        if shown:  # a record of the user's own keys (trainer.log) prints nothing: an empty "step N" line said nothing
-            self.console.print(f"step {record['step']:>5}  {shown}", soft_wrap=True)  # one line at any width: `grep ^step` gets whole lines
         self.accelerator.log({k: v for k, v in record.items() if isinstance(v, (int, float))}, step=record["step"])
 
-    def completions(self, step: int, rollout, reward_names: list[str], num_to_print: int | None) -> None:
-        """Every completion of `rollout` (a Rollout or its CompletionRows) to completions.jsonl; a table of the first few to the console."""
+    def completions(self, step: int, rollout, reward_names: list[str], num_to_print: int | None, hold: bool = False) -> None:
+        """Every completion of `rollout` (a Rollout or its CompletionRows) to completions.jsonl; a table of the first few to the
+        console, or with `hold` kept for `print_held` (steps merged into Trainer's summary: TRL prints their table after its line)."""
         self.previous_run.remove()
         with open(self.completions_path, "a") as f:
             for i in range(len(rollout)):
@@ -219,7 +213,15 @@ class MetricsLog:
             completion = completion[-1]["content"] if isinstance(completion, list) else completion
             values = ["None" if v is None else f"{v:.3g}" for v in _floats(rollout.rewards[i])]
             table.add_row(Text(str(prompt)[-200:]), Text(str(completion)[:300]), *values, f"{float(rollout.advantages[i]):.3g}")
-        self.console.print(table)
+        self.held = table
+        if not hold:
+            self.print_held()
+
+    def print_held(self) -> None:
+        """Print the table `completions(hold=True)` kept, if any."""
+        if self.held is not None:
+            self.console.print(self.held)
+        self.held = None
 
 
 def rollout_metrics(rollout, reward_names: list[str], weights: torch.Tensor, num_generations: int) -> dict[str, float]:
@@ -388,11 +390,3 @@ def reward_stats(sums: dict, reward_names: list[str], prefix: str) -> dict[str, 
 
 def _floats(row: torch.Tensor) -> list:
     return [None if v != v else v for v in row.tolist()]  # NaN (not applicable) → None
-
-
-def progress_bar(console: Console, total_steps: int, done_steps: int, hidden: bool) -> Progress:
-    """The training progress bar in optimizer steps (done/total, elapsed, ETA); `hidden` for disable_tqdm or other processes."""
-    columns = (TextColumn("GRPO"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
-    progress = Progress(*columns, console=console, disable=hidden)
-    progress.add_task("train", total=total_steps, completed=done_steps)
-    return progress
