@@ -177,21 +177,21 @@ class MetricsLog:
             f.write(json.dumps(record) + "\n")
         self.accelerator.log({k: v for k, v in record.items() if isinstance(v, (int, float))}, step=record["step"])
 
-    def completions(self, step: int, rollout, reward_names: list[str], num_to_print: int | None, hold: bool = False) -> None:
-        """Every completion of `rollout` (a Rollout or its CompletionRows) to completions.jsonl; a table of the first few to the
+    def completions(self, step: int, rows: CompletionRows, reward_names: list[str], num_to_print: int | None, hold: bool = False) -> None:
+        """Every completion of `rows` (one rollout's) to completions.jsonl; a table of the first few to the
         console, or with `hold` kept for `print_held` (steps merged into Trainer's summary: TRL prints their table after its line)."""
         self.previous_run.remove()
         with open(self.completions_path, "a") as f:
-            for i in range(len(rollout)):
+            for i in range(len(rows)):
                 f.write(
                     json.dumps(
                         {
                             "step": step,
-                            "prompt": rollout.prompts[i],
-                            "completion": rollout.completions[i],
-                            "rewards": dict(zip(reward_names, _floats(rollout.rewards[i]))),
-                            "advantage": float(rollout.advantages[i]),
-                            **{column: values[i] for column, values in (getattr(rollout, "extra", None) or {}).items()
+                            "prompt": rows.prompts[i],
+                            "completion": rows.completions[i],
+                            "rewards": dict(zip(reward_names, _floats(rows.rewards[i]))),
+                            "advantage": float(rows.advantages[i]),
+                            **{column: values[i] for column, values in (rows.extra or {}).items()
                                if i < len(values) and column not in COMPLETION_FIELDS},  # the row's own fields win (reward_hooks.py)
                         },
                         default=str,
@@ -206,13 +206,13 @@ class MetricsLog:
         table = Table(title=f"completions at step {step}", show_lines=True)
         for column in ("prompt", "completion", *reward_names, "advantage"):
             table.add_column(Text(column), overflow="fold")
-        for i in range(len(rollout) if num_to_print is None else min(num_to_print, len(rollout))):
-            prompt = rollout.prompts[i]
+        for i in range(len(rows) if num_to_print is None else min(num_to_print, len(rows))):
+            prompt = rows.prompts[i]
             prompt = prompt[-1]["content"] if isinstance(prompt, list) else prompt
-            completion = rollout.completions[i]
+            completion = rows.completions[i]
             completion = completion[-1]["content"] if isinstance(completion, list) else completion
-            values = ["None" if v is None else f"{v:.3g}" for v in _floats(rollout.rewards[i])]
-            table.add_row(Text(str(prompt)[-200:]), Text(str(completion)[:300]), *values, f"{float(rollout.advantages[i]):.3g}")
+            values = ["None" if v is None else f"{v:.3g}" for v in _floats(rows.rewards[i])]
+            table.add_row(Text(str(prompt)[-200:]), Text(str(completion)[:300]), *values, f"{float(rows.advantages[i]):.3g}")
         self.held = table
         if not hold:
             self.print_held()
