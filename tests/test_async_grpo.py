@@ -49,8 +49,11 @@ class SlowTrainer(TrainerCallback):
 TIMING_KEYS = ("seconds/", "perf/", "rollout/", "sample/", "batch/", "generation_tokens_per_second", "train_tokens_per_second", "step_time")
 
 
+ASYNC_KEYS = ("rewards/reward_even_tokens",)  # TRL AsyncGRPOTrainer's reward key: the overlap's only
+
+
 def comparable(records):
-    return [{k: v for k, v in r.items() if not k.startswith(TIMING_KEYS)} for r in records]
+    return [{k: v for k, v in r.items() if not k.startswith(TIMING_KEYS) and k not in ASYNC_KEYS} for r in records]
 
 
 def test_max_staleness_0_is_the_synchronous_loop(tmp_path, tokenizer, prompts, server, model_dir):
@@ -64,7 +67,7 @@ def test_max_staleness_0_is_the_synchronous_loop(tmp_path, tokenizer, prompts, s
     assert len(runs[0]) == 3 and comparable(runs[0]) == comparable(runs[None])
     assert [r["sample/staleness_max"] for r in runs[0]] == [0, 0, 0] and "sample/staleness_max" not in runs[None][0]
     assert runs[None][1]["loss"] != runs[None][2]["loss"]  # the runs train (different numbers per step), they are not constant
-    assert not any(k.startswith(("batch/", "perf/")) for r in runs[None] for k in r)  # TRL AsyncGRPOTrainer's keys: the overlap's only
+    assert not any(k.startswith(("batch/", "perf/")) or k in ASYNC_KEYS for r in runs[None] for k in r)  # TRL AsyncGRPOTrainer's keys: the overlap's only
 
 
 @pytest.mark.parametrize("max_staleness,lags", [(1, [0, 1, 1, 1, 1]), (2, [0, 1, 2, 2, 2])])
@@ -86,6 +89,7 @@ def test_staleness_is_bounded_with_the_lags_of_a_slow_trainer(tmp_path, tokenize
     assert "perf/step_s" not in records[0] and all(r["perf/step_s"] >= 2.0 for r in records[1:])  # the callback's 2 s sleep between step ends
     for r in records:
         assert (r["batch/samples_per_step"], r["batch/microbatches_per_step"], r["batch/groups_per_step"]) == (8, 1, 1)
+        assert r["rewards/reward_even_tokens"] == r["rewards/reward_even_tokens/mean"]  # TRL AsyncGRPOTrainer's key beside GRPOTrainer's
         assert r["batch/trained_tokens_per_step"] == pytest.approx(8 * r["completions/mean_length"])  # every completion token has a loss
         assert r["batch/trained_tokens_per_step"] < r["batch/forwarded_tokens_per_step"] <= r["batch/trained_tokens_per_step"] + 32  # + one shared prompt (≤ max_prompt_length)
         assert 0 < r["perf/fwd_s"] < r["perf/fwd_bwd_s"] and r["perf/optimizer_s"] > 0
@@ -210,6 +214,17 @@ def test_resume_retrains_nothing_and_resamples_what_was_in_flight(tmp_path, toke
     assert trainer.state.global_step == 4 and trainer.weight_version == 3  # pushes before rollouts 1, 2, 3 (restored from the checkpoint)
     assert trained_prompts(args.output_dir) == [[f"Count to {i}."] for i in PromptOrder(32, 0, True).take(4)]
     assert [r["step"] for r in metrics(args.output_dir)] == [1, 2, 3, 4]
+
+
+def test_overlap_logs_each_reward_function_under_trls_async_key():
+    # TRL AsyncGRPOTrainer logs rewards/<name> (its rollout worker's per-completion key, nan-aware means), not GRPOTrainer's
+    # rewards/<name>/mean: a script reading log_history["rewards/<name>"] got a KeyError. None where the function scored none.
+    from fastgrpo.run.metrics import window_record
+
+    sums = {"steps": 1, "completions": 4, "rewards/f_sum": 3.0, "rewards/f_sqsum": 5.0, "rewards/f_count": 2.0, "rewards/g_count": 0.0}
+    record = window_record(1, sums, {}, {}, ["f", "g"], overlap=True)
+    assert record["rewards/f"] == 1.5 == record["rewards/f/mean"] and record["rewards/g"] is None
+    assert not {"rewards/f", "rewards/g"} & set(window_record(1, sums, {}, {}, ["f", "g"]))  # GRPOTrainer's keys only without the overlap
 
 
 def test_async_grpo_configs_defaults_are_trls():
