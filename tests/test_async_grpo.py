@@ -257,6 +257,15 @@ def test_async_grpo_takes_trls_fields_and_refuses_what_it_cannot_honour(tmp_path
         AsyncGRPOTrainer("tiny", reward_even_tokens, args=args, rollout_worker=object())
 
 
+def test_async_grpo_trainer_forces_ignore_data_skip_as_trl(tmp_path, tokenizer, prompts, server, model_dir):
+    # TRL's AsyncGRPOTrainer sets args.ignore_data_skip=True whatever was passed, warning (TRL's test_resume_from_checkpoint
+    # asserts trainer.args.ignore_data_skip is True); fastgrpo kept the False a script passed.
+    args = config(tmp_path, server, cls=AsyncGRPOConfig, max_staleness=1, ignore_data_skip=False)
+    with pytest.warns(UserWarning, match="ignore_data_skip` is forced to `True` for AsyncGRPO"):
+        trainer = AsyncGRPOTrainer(model_dir, reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
+    assert trainer.args.ignore_data_skip is True and args.ignore_data_skip is True
+
+
 def test_a_producer_silent_past_the_heartbeat_ends_the_run(tmp_path, tokenizer, prompts, server, model_dir):
     # A reward function that hangs on its third rollout: the producer shows no life, and the trainer stops waiting
     # after heartbeat_stale_after_s with one EngineError, the steps before it trained and checkpointed.
