@@ -49,7 +49,7 @@ class SlowTrainer(TrainerCallback):
 TIMING_KEYS = ("seconds/", "perf/", "rollout/", "sample/", "batch/", "generation_tokens_per_second", "train_tokens_per_second", "step_time")
 
 
-ASYNC_KEYS = ("rewards/reward_even_tokens",)  # TRL AsyncGRPOTrainer's reward key: the overlap's only
+ASYNC_KEYS = ("rewards/reward_even_tokens", "ratio", "kl")  # TRL AsyncGRPOTrainer's reward key: the overlap's only
 
 
 def comparable(records):
@@ -90,6 +90,7 @@ def test_staleness_is_bounded_with_the_lags_of_a_slow_trainer(tmp_path, tokenize
     for r in records:
         assert (r["batch/samples_per_step"], r["batch/microbatches_per_step"], r["batch/groups_per_step"]) == (8, 1, 1)
         assert r["rewards/reward_even_tokens"] == r["rewards/reward_even_tokens/mean"]  # TRL AsyncGRPOTrainer's key beside GRPOTrainer's
+        assert r["ratio"] > 0 and r["kl"] >= 0  # TRL AsyncGRPOTrainer's π_θ against the sampler (beta = 0: no reference KL)
         assert r["batch/trained_tokens_per_step"] == pytest.approx(8 * r["completions/mean_length"])  # every completion token has a loss
         assert r["batch/trained_tokens_per_step"] < r["batch/forwarded_tokens_per_step"] <= r["batch/trained_tokens_per_step"] + 32  # + one shared prompt (≤ max_prompt_length)
         assert 0 < r["perf/fwd_s"] < r["perf/fwd_bwd_s"] and r["perf/optimizer_s"] > 0
@@ -225,6 +226,24 @@ def test_overlap_logs_each_reward_function_under_trls_async_key():
     record = window_record(1, sums, {}, {}, ["f", "g"], overlap=True)
     assert record["rewards/f"] == 1.5 == record["rewards/f/mean"] and record["rewards/g"] is None
     assert not {"rewards/f", "rewards/g"} & set(window_record(1, sums, {}, {}, ["f", "g"]))  # GRPOTrainer's keys only without the overlap
+
+
+def test_overlap_logs_trls_async_ratio_and_kl_of_the_policy_against_the_sampler():
+    # TRL AsyncGRPOTrainer's loss ratio is π_θ / μ_s (the sampler's log-probs are its π_old) and it logs its token mean as
+    # `ratio` and the k3 KL (ratio − 1) − log ratio as `kl`; fastgrpo logged neither. Tokens with no sampler log-prob are out.
+    from fastgrpo.algo.sampling_correction import behaviour_metrics
+    from fastgrpo.run.metrics import window_record
+
+    logps = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -0.7, -4.0]])
+    sampled = torch.tensor([[-1.2, -1.5, float("nan")], [-0.3, -0.9, -1.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    sums = {k: float(v) for k, v in behaviour_metrics(logps, sampled, mask).items()}
+    kept = torch.tensor([-1.0 + 1.2, -2.0 + 1.5, 0.0, -0.7 + 0.9])  # TRL's log_ratio on the loss tokens with a sampler log-prob
+    record = window_record(1, {"steps": 1, **sums}, {}, {}, [], overlap=True)
+    assert record["ratio"] == pytest.approx(float(kept.exp().mean()))
+    assert record["kl"] == pytest.approx(float(((kept.exp() - 1) - kept).mean()))
+    assert not {"ratio", "kl"} & set(window_record(1, {"steps": 1, **sums}, {}, {}, []))  # the overlap's keys only
+    assert window_record(1, {"steps": 1, "kl": 2.0, "tokens": 4.0, **sums}, {}, {}, [], overlap=True)["kl"] == 0.5  # beta > 0: the reference KL
 
 
 def test_async_grpo_configs_defaults_are_trls():

@@ -12,6 +12,9 @@ over the window's optimizer steps, and each rate Σ tokens / Σ seconds, as TRL'
   the packed passes compute: a group's shared prompt once, as TRL's packed rows), `batch/trained_tokens_per_step`
   (the completion tokens with a loss), `batch/groups_per_step` (groups handed to the trainer);
 - `perf/forwarded_tok_s_fwd_bwd`, `perf/forwarded_tok_s_wall_clock`, `perf/trained_tok_s_wall_clock`;
+- `ratio` and `kl`: π_θ against the sampler's log-probs (TRL's async loss ratio, whose π_old they are), the token
+  means of exp(log π_θ − log μ_s) and its k3 KL estimate (algo/sampling_correction.behaviour_metrics); with beta > 0
+  (no TRL async field) `kl` stays GRPOTrainer's KL to the reference model;
 - `rewards/<name>`: each reward function's mean over the completions it scored (TRL's per-sample metric, averaged
   nan-aware by its collator and `log()`: None where it scored none), beside GRPOTrainer's `rewards/<name>/mean` and `/std`.
 
@@ -30,7 +33,7 @@ def overlap_record(sums: dict, extremes: dict, reward_names: list[str]) -> dict:
     (module docstring).
 
     `sums` holds the update's per-step sums (`steps`, `step_fwd_s`, `step_fwd_bwd_s`, `step_optimizer_s`, `step_gap_s` and
-    `step_gaps`, `micro_batches`, `samples`, `packed_tokens`, `tokens`), the pipeline's (`async_*`, `groups`) and the
+    `step_gaps`, `micro_batches`, `samples`, `packed_tokens`, `tokens`, `behaviour_*`), the pipeline's (`async_*`, `groups`) and the
     rollouts' (`completions`, `rewards/<name>_sum` and `_count`); a value whose denominator is 0 in the window is left out.
     """
     record: dict = {}
@@ -45,6 +48,8 @@ def overlap_record(sums: dict, extremes: dict, reward_names: list[str]) -> dict:
         if key in sums and sums.get(over, 0) > 0:
             record[name] = sums[key] / sums[over]
 
+    ratio("behaviour_ratio_sum", "behaviour_tokens", "ratio")
+    ratio("behaviour_kl_sum", "behaviour_tokens", "kl")
     ratio("async_staleness", "async_rollouts", "sample/staleness_mean")
     if "async_staleness_max" in extremes:
         record["sample/staleness_max"], record["sample/dropped_stale_total"] = extremes["async_staleness_max"], int(sums["async_dropped"])
