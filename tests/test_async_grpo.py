@@ -49,8 +49,11 @@ class SlowTrainer(TrainerCallback):
 TIMING_KEYS = ("seconds/", "perf/", "rollout/", "sample/", "batch/", "generation_tokens_per_second", "train_tokens_per_second", "step_time")
 
 
+ASYNC_KEYS = ("rewards/reward_even_tokens", "ratio", "kl")  # TRL AsyncGRPOTrainer's reward key: the overlap's only
+
+
 def comparable(records):
-    return [{k: v for k, v in r.items() if not k.startswith(TIMING_KEYS)} for r in records]
+    return [{k: v for k, v in r.items() if not k.startswith(TIMING_KEYS) and k not in ASYNC_KEYS} for r in records]
 
 
 def test_max_staleness_0_is_the_synchronous_loop(tmp_path, tokenizer, prompts, server, model_dir):
@@ -64,7 +67,7 @@ def test_max_staleness_0_is_the_synchronous_loop(tmp_path, tokenizer, prompts, s
     assert len(runs[0]) == 3 and comparable(runs[0]) == comparable(runs[None])
     assert [r["sample/staleness_max"] for r in runs[0]] == [0, 0, 0] and "sample/staleness_max" not in runs[None][0]
     assert runs[None][1]["loss"] != runs[None][2]["loss"]  # the runs train (different numbers per step), they are not constant
-    assert not any(k.startswith(("batch/", "perf/")) for r in runs[None] for k in r)  # TRL AsyncGRPOTrainer's keys: the overlap's only
+    assert not any(k.startswith(("batch/", "perf/")) or k in ASYNC_KEYS for r in runs[None] for k in r)  # TRL AsyncGRPOTrainer's keys: the overlap's only
 
 
 @pytest.mark.parametrize("max_staleness,lags", [(1, [0, 1, 1, 1, 1]), (2, [0, 1, 2, 2, 2])])
@@ -86,6 +89,8 @@ def test_staleness_is_bounded_with_the_lags_of_a_slow_trainer(tmp_path, tokenize
     assert "perf/step_s" not in records[0] and all(r["perf/step_s"] >= 2.0 for r in records[1:])  # the callback's 2 s sleep between step ends
     for r in records:
         assert (r["batch/samples_per_step"], r["batch/microbatches_per_step"], r["batch/groups_per_step"]) == (8, 1, 1)
+        assert r["rewards/reward_even_tokens"] == r["rewards/reward_even_tokens/mean"]  # TRL AsyncGRPOTrainer's key beside GRPOTrainer's
+        assert r["ratio"] > 0 and r["kl"] >= 0  # TRL AsyncGRPOTrainer's π_θ against the sampler (beta = 0: no reference KL)
         assert r["batch/trained_tokens_per_step"] == pytest.approx(8 * r["completions/mean_length"])  # every completion token has a loss
         assert r["batch/trained_tokens_per_step"] < r["batch/forwarded_tokens_per_step"] <= r["batch/trained_tokens_per_step"] + 32  # + one shared prompt (≤ max_prompt_length)
         assert 0 < r["perf/fwd_s"] < r["perf/fwd_bwd_s"] and r["perf/optimizer_s"] > 0
@@ -212,6 +217,35 @@ def test_resume_retrains_nothing_and_resamples_what_was_in_flight(tmp_path, toke
     assert [r["step"] for r in metrics(args.output_dir)] == [1, 2, 3, 4]
 
 
+def test_overlap_logs_each_reward_function_under_trls_async_key():
+    # TRL AsyncGRPOTrainer logs rewards/<name> (its rollout worker's per-completion key, nan-aware means), not GRPOTrainer's
+    # rewards/<name>/mean: a script reading log_history["rewards/<name>"] got a KeyError. None where the function scored none.
+    from fastgrpo.run.metrics import window_record
+
+    sums = {"steps": 1, "completions": 4, "rewards/f_sum": 3.0, "rewards/f_sqsum": 5.0, "rewards/f_count": 2.0, "rewards/g_count": 0.0}
+    record = window_record(1, sums, {}, {}, ["f", "g"], overlap=True)
+    assert record["rewards/f"] == 1.5 == record["rewards/f/mean"] and record["rewards/g"] is None
+    assert not {"rewards/f", "rewards/g"} & set(window_record(1, sums, {}, {}, ["f", "g"]))  # GRPOTrainer's keys only without the overlap
+
+
+def test_overlap_logs_trls_async_ratio_and_kl_of_the_policy_against_the_sampler():
+    # TRL AsyncGRPOTrainer's loss ratio is π_θ / μ_s (the sampler's log-probs are its π_old) and it logs its token mean as
+    # `ratio` and the k3 KL (ratio − 1) − log ratio as `kl`; fastgrpo logged neither. Tokens with no sampler log-prob are out.
+    from fastgrpo.algo.sampling_correction import behaviour_metrics
+    from fastgrpo.run.metrics import window_record
+
+    logps = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -0.7, -4.0]])
+    sampled = torch.tensor([[-1.2, -1.5, float("nan")], [-0.3, -0.9, -1.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    sums = {k: float(v) for k, v in behaviour_metrics(logps, sampled, mask).items()}
+    kept = torch.tensor([-1.0 + 1.2, -2.0 + 1.5, 0.0, -0.7 + 0.9])  # TRL's log_ratio on the loss tokens with a sampler log-prob
+    record = window_record(1, {"steps": 1, **sums}, {}, {}, [], overlap=True)
+    assert record["ratio"] == pytest.approx(float(kept.exp().mean()))
+    assert record["kl"] == pytest.approx(float(((kept.exp() - 1) - kept).mean()))
+    assert not {"ratio", "kl"} & set(window_record(1, {"steps": 1, **sums}, {}, {}, []))  # the overlap's keys only
+    assert window_record(1, {"steps": 1, "kl": 2.0, "tokens": 4.0, **sums}, {}, {}, [], overlap=True)["kl"] == 0.5  # beta > 0: the reference KL
+
+
 def test_async_grpo_configs_defaults_are_trls():
     """Every field of TRL 1.16's AsyncGRPOConfig is one here, with its default (TRL's is a TrainingArguments, not a
     GRPOConfig: disable_tqdm None, ignore_data_skip and remove_unused_columns True), but the output folder's."""
@@ -240,6 +274,15 @@ def test_async_grpo_takes_trls_fields_and_refuses_what_it_cannot_honour(tmp_path
         AsyncGRPOConfig(output_dir=str(tmp_path / "b"), per_device_train_batch_size=8, max_inflight_tasks=4)
     with pytest.raises(ValueError, match="rollout_worker"):
         AsyncGRPOTrainer("tiny", reward_even_tokens, args=args, rollout_worker=object())
+
+
+def test_async_grpo_trainer_forces_ignore_data_skip_as_trl(tmp_path, tokenizer, prompts, server, model_dir):
+    # TRL's AsyncGRPOTrainer sets args.ignore_data_skip=True whatever was passed, warning (TRL's test_resume_from_checkpoint
+    # asserts trainer.args.ignore_data_skip is True); fastgrpo kept the False a script passed.
+    args = config(tmp_path, server, cls=AsyncGRPOConfig, max_staleness=1, ignore_data_skip=False)
+    with pytest.warns(UserWarning, match="ignore_data_skip` is forced to `True` for AsyncGRPO"):
+        trainer = AsyncGRPOTrainer(model_dir, reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
+    assert trainer.args.ignore_data_skip is True and args.ignore_data_skip is True
 
 
 def test_a_producer_silent_past_the_heartbeat_ends_the_run(tmp_path, tokenizer, prompts, server, model_dir):

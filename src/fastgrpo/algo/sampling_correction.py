@@ -78,6 +78,25 @@ def mismatch_metrics(old_logps: torch.Tensor, sampling_logps: torch.Tensor, rati
     }
 
 
+def behaviour_metrics(logps: torch.Tensor, sampling_logps: torch.Tensor, mask: torch.Tensor) -> dict:
+    """Sums behind TRL 1.16 AsyncGRPOTrainer's `ratio` and `kl`: π_θ against the sampler's log-probs μ_s.
+
+    TRL's async loss takes μ_s as its π_old, so the ratio it logs is exp(log π_θ − log μ_s) and its kl the k3
+    estimate (ratio − 1) − log ratio, each a token mean over the loss tokens (its `compute_loss`); tokens
+    without a sampler log-prob (NaN) are left out.
+
+    Args:
+        logps, sampling_logps, mask: (B, T): log π_θ (detached), log μ_s (NaN where none), the loss mask.
+    Returns:
+        Tensors: `behaviour_ratio_sum`, `behaviour_kl_sum`, `behaviour_tokens`.
+    """
+    log_ratio = logps - sampling_logps
+    keep = mask.bool() & ~torch.isnan(log_ratio)
+    log_ratio = log_ratio[keep]
+    ratio = torch.exp(log_ratio)
+    return {"behaviour_ratio_sum": ratio.sum(), "behaviour_kl_sum": ((ratio - 1) - log_ratio).sum(), "behaviour_tokens": keep.sum().float()}
+
+
 def off_policy_mask(
     advantages: torch.Tensor, per_token_logps: torch.Tensor, sampling_per_token_logps: torch.Tensor, mask: torch.Tensor,
     off_policy_threshold: float,

@@ -30,6 +30,7 @@ Not here: the pipeline (rollout/async_producer.py), the loop (trainer.py).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 from ..config import GRPOConfig
@@ -90,6 +91,9 @@ class AsyncGRPOTrainer(GRPOTrainer):
         args: an `AsyncGRPOConfig` (a `GRPOConfig` with max_staleness set works too); default
             `AsyncGRPOConfig("<model name>-AsyncGRPO")`, as TRL.
         rollout_worker, weight_transfer: TRL's hooks; only their defaults (fastgrpo's own) are accepted.
+    Warns:
+        UserWarning: args.ignore_data_skip=False, which is set to True (TRL's: there is no skip-and-replay to run;
+            fastgrpo's resume restores the saved prompt order either way).
     Raises:
         ValueError: a custom rollout worker or weight transfer; args whose max_staleness is None;
             everything `GRPOTrainer` raises.
@@ -108,5 +112,9 @@ class AsyncGRPOTrainer(GRPOTrainer):
             args = AsyncGRPOConfig(default_output_dir(model, "AsyncGRPO"))
         if isinstance(args, GRPOConfig) and args.max_staleness is None:
             raise ValueError("args.max_staleness=None is the synchronous loop: use GRPOTrainer, or set max_staleness (TRL's default 4).")
+        if not args.ignore_data_skip:  # TRL AsyncGRPOTrainer forces it, with this warning
+            warnings.warn("`ignore_data_skip` is forced to `True` for AsyncGRPO because the base Trainer's skip-and-replay loop "
+                          "does not apply to a live rollout queue.", stacklevel=2)
+            args.ignore_data_skip = True
         super().__init__(model, reward_funcs, args=args, train_dataset=train_dataset, processing_class=processing_class,
                          callbacks=callbacks, optimizers=optimizers, peft_config=peft_config, tools=tools, environment_factory=environment_factory)

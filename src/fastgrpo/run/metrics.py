@@ -357,8 +357,9 @@ def window_record(step: int, sums: dict, extremes: dict, seconds: dict, reward_n
     if sums.get("padded_tokens", 0) > 0:  # the update's passes (logprobs.py): padded layout tokens never computed
         record["pad_fraction"] = 1 - sums["real_tokens"] / sums["padded_tokens"]
         record["shared_prompt_fraction"] = 1 - sums["packed_tokens"] / sums["real_tokens"]
-    if overlap:  # TRL AsyncGRPOTrainer's own keys (overlap_metrics.py)
-        record.update(overlap_record(sums, extremes))
+    if overlap:  # TRL AsyncGRPOTrainer's own keys (overlap_metrics.py); beta > 0's kl keeps GRPOTrainer's meaning
+        for key, value in overlap_record(sums, extremes, reward_names).items():
+            record.setdefault(key, value)
     record.update({f"seconds/{phase}": round(s, 4) for phase, s in seconds.items()})
     if seconds.get("generate", 0) > 0 and "completion_tokens" in sums:
         record["generation_tokens_per_second"] = sums["completion_tokens"] / seconds["generate"]

@@ -11,7 +11,12 @@ over the window's optimizer steps, and each rate Σ tokens / Σ seconds, as TRL'
 - `batch/microbatches_per_step`, `batch/samples_per_step` (completions), `batch/forwarded_tokens_per_step` (the tokens
   the packed passes compute: a group's shared prompt once, as TRL's packed rows), `batch/trained_tokens_per_step`
   (the completion tokens with a loss), `batch/groups_per_step` (groups handed to the trainer);
-- `perf/forwarded_tok_s_fwd_bwd`, `perf/forwarded_tok_s_wall_clock`, `perf/trained_tok_s_wall_clock`.
+- `perf/forwarded_tok_s_fwd_bwd`, `perf/forwarded_tok_s_wall_clock`, `perf/trained_tok_s_wall_clock`;
+- `ratio` and `kl`: π_θ against the sampler's log-probs (TRL's async loss ratio, whose π_old they are), the token
+  means of exp(log π_θ − log μ_s) and its k3 KL estimate (algo/sampling_correction.behaviour_metrics); with beta > 0
+  (no TRL async field) `kl` stays GRPOTrainer's KL to the reference model;
+- `rewards/<name>`: each reward function's mean over the completions it scored (TRL's per-sample metric, averaged
+  nan-aware by its collator and `log()`: None where it scored none), beside GRPOTrainer's `rewards/<name>/mean` and `/std`.
 
 Not logged: TRL's `perf/mfu_*` (it needs a device's peak FLOP/s, which TRL knows for GPUs only), `perf/weight_sync_*`
 (fastgrpo's trainer only copies the weights there, the producer pushes them: `seconds/weight_sync`), and TRL's
@@ -23,19 +28,28 @@ Not here: measuring them (update/step.py, rollout/async_producer.py), the window
 from __future__ import annotations
 
 
-def overlap_record(sums: dict, extremes: dict) -> dict:
-    """TRL AsyncGRPOTrainer's `sample/*`, `perf/*` and `batch/*` values from a window's reduced sums (module docstring).
+def overlap_record(sums: dict, extremes: dict, reward_names: list[str]) -> dict:
+    """TRL AsyncGRPOTrainer's `sample/*`, `perf/*`, `batch/*` and `rewards/<name>` values from a window's reduced sums
+    (module docstring).
 
     `sums` holds the update's per-step sums (`steps`, `step_fwd_s`, `step_fwd_bwd_s`, `step_optimizer_s`, `step_gap_s` and
-    `step_gaps`, `micro_batches`, `samples`, `packed_tokens`, `tokens`) and the pipeline's (`async_*`, `groups`); a
-    value whose denominator is 0 in the window is left out.
+    `step_gaps`, `micro_batches`, `samples`, `packed_tokens`, `tokens`, `behaviour_*`), the pipeline's (`async_*`, `groups`) and the
+    rollouts' (`completions`, `rewards/<name>_sum` and `_count`); a value whose denominator is 0 in the window is left out.
     """
     record: dict = {}
+    for name in reward_names:  # TRL's `rewards/<name>` (its rollout worker's per-sample key)
+        count = sums.get(f"rewards/{name}_count", 0)
+        if count > 0:
+            record[f"rewards/{name}"] = sums[f"rewards/{name}_sum"] / count
+        elif sums.get("completions", 0) > 0:
+            record[f"rewards/{name}"] = None
 
     def ratio(key: str, over: str, name: str) -> None:
         if key in sums and sums.get(over, 0) > 0:
             record[name] = sums[key] / sums[over]
 
+    ratio("behaviour_ratio_sum", "behaviour_tokens", "ratio")
+    ratio("behaviour_kl_sum", "behaviour_tokens", "kl")
     ratio("async_staleness", "async_rollouts", "sample/staleness_mean")
     if "async_staleness_max" in extremes:
         record["sample/staleness_max"], record["sample/dropped_stale_total"] = extremes["async_staleness_max"], int(sums["async_dropped"])

@@ -26,6 +26,7 @@ import torch
 
 from ..algo.losses import StepCounts, grpo_loss, kl_k3, masked_sum, step_tokens
 from ..algo.reductions import accumulate
+from ..algo.sampling_correction import behaviour_metrics
 from ..model.sharding import full_value
 from ..rollout.record import Rollout, micro_batch_rows
 from .logprobs import TokenStats
@@ -219,6 +220,8 @@ class OptimizerStep:
                         old = torch.where(torch.isnan(old), logps.detach(), old)
                         recorded[span, : logps.shape[1]] = old
                     weight, mismatch, vespo_ratio = self.correction(mb.advantages, logps.detach(), old, mb.sampling_logps, mask)
+                    if a.max_staleness is not None and mb.sampling_logps is not None:  # TRL AsyncGRPOTrainer's ratio and kl
+                        mismatch = {**mismatch, **behaviour_metrics(logps.detach(), mb.sampling_logps, mask)}
                     out = grpo_loss(
                         logps, old, mb.advantages, mask, counts, **dataclasses.asdict(self.loss),
                         per_token_kl=self.kl(stats, mb) if a.beta > 0 else None, policy_mask=self.policy_mask(entropy.detach(), mask),
