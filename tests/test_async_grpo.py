@@ -264,7 +264,7 @@ def test_async_grpo_takes_trls_fields_and_refuses_what_it_cannot_honour(tmp_path
                            run_name="trl-script", fork_threshold_tokens=512, request_timeout=60)
     assert (args.max_staleness, args.weight_sync_steps, args.max_inflight_tasks, args.queue_maxsize, args.heartbeat_stale_after_s) == (4, 1, -1, 1024, 300.0)
     assert (args.generation_backend, args.vllm_mode, args.lr_scheduler_type, args.logging_steps) == ("vllm", "server", "constant", 1)
-    for fields, message in (({"dtype": "bfloat16"}, "float32 master weights"), ({"token_budget": 4096}, "per_device_train_batch_size"),
+    for fields, message in (({"dtype": "bf16"}, "use one of auto, bfloat16, float16, float32"), ({"token_budget": 4096}, "per_device_train_batch_size"),
                             ({"max_staleness": None}, "synchronous loop"), ({"max_staleness": -1}, "use 0 or more")):
         with pytest.raises(ValueError, match=message):
             AsyncGRPOConfig(output_dir=str(tmp_path / "a"), **fields)
@@ -283,6 +283,20 @@ def test_async_grpo_trainer_forces_ignore_data_skip_as_trl(tmp_path, tokenizer, 
     with pytest.warns(UserWarning, match="ignore_data_skip` is forced to `True` for AsyncGRPO"):
         trainer = AsyncGRPOTrainer(model_dir, reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
     assert trainer.args.ignore_data_skip is True and args.ignore_data_skip is True
+
+
+def test_async_grpo_trainer_loads_in_args_dtype_and_writes_back_its_auto_inflight_bound_as_trl(tmp_path, tokenizer, prompts, server, model_dir):
+    # TRL's AsyncGRPOTrainer loads a model named by path in args.dtype (model_init_kwargs' own dtype wins) and writes
+    # max_inflight_tasks=-1 back as max(max_staleness, 1) × the completions per step; fastgrpo refused dtype="bfloat16".
+    args = config(tmp_path, server, cls=AsyncGRPOConfig, max_staleness=2, max_steps=1, dtype="bfloat16")
+    trainer = AsyncGRPOTrainer(model_dir, reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
+    assert {p.dtype for p in trainer.model.parameters()} == {torch.bfloat16}
+    assert args.model_init_kwargs == {"dtype": "bfloat16"} and args.max_inflight_tasks == 2 * 8
+    out = trainer.train()  # bf16 parameters train: a finite loss and grad norm
+    assert trainer.state.global_step == 1 and torch.isfinite(torch.tensor([out.training_loss, trainer.state.log_history[0]["grad_norm"]])).all()
+    args = config(tmp_path, server, "b", cls=AsyncGRPOConfig, max_staleness=0, dtype="bfloat16", model_init_kwargs={"dtype": "float32"})
+    trainer = AsyncGRPOTrainer(model_dir, reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
+    assert {p.dtype for p in trainer.model.parameters()} == {torch.float32} and args.max_inflight_tasks == 1 * 8
 
 
 def test_a_producer_silent_past_the_heartbeat_ends_the_run(tmp_path, tokenizer, prompts, server, model_dir):

@@ -10,7 +10,8 @@ gradient_checkpointing=True, num_completions_to_print=None) and its own fields, 
 
 - `max_staleness`, `weight_sync_steps`, `max_inflight_tasks`, `queue_maxsize`, `heartbeat_stale_after_s`: honoured
   (rollout/async_producer.py; the units are TRL's: completions, seconds, optimizer steps);
-- `dtype`: "float32" only (TRL's default): fastgrpo keeps fp32 master weights and autocasts to bf16 where `bf16` says;
+- `dtype`: as TRL's, the dtype a model given by name loads in (`model_init_kwargs`' own `dtype` wins); "float32",
+  TRL's default, keeps fp32 master weights that fastgrpo multiplies in bf16 where `bf16` says;
 - `token_budget`: None or ≤ 0 (TRL's fixed-count packing): fastgrpo packs `per_device_train_batch_size`
   completions per micro-batch, so a positive budget is refused;
 - `fork_threshold_tokens`: any value: fastgrpo's multi-turn rollouts keep each turn's token ids and never
@@ -39,13 +40,16 @@ from ..run.inputs import default_output_dir
 from ..trainer import GRPOTrainer
 
 
+DTYPES = ("auto", "bfloat16", "float16", "float32")  # TRL AsyncGRPOConfig.dtype's choices
+
+
 @names_unknown_fields
 @dataclass
 class AsyncGRPOConfig(GRPOConfig):
     """`GRPOConfig` with TRL 1.16 `AsyncGRPOConfig`'s defaults and fields (module docstring: what each becomes).
 
     Raises:
-        ValueError: dtype other than "float32", a positive token_budget, max_staleness=None (use GRPOConfig), and every
+        ValueError: a dtype other than TRL's choices (DTYPES), a positive token_budget, max_staleness=None (use GRPOConfig), and every
             GRPOConfig check (the overlap needs the vLLM server, one process, no filter_groups).
     """
 
@@ -70,9 +74,9 @@ class AsyncGRPOConfig(GRPOConfig):
     weight_sync_timeout: int = 1800
 
     def __post_init__(self) -> None:
-        if self.dtype != "float32":
-            raise ValueError(f"dtype={self.dtype!r}: fastgrpo keeps float32 master weights (TRL's default here) and multiplies in "
-                             "bf16 where bf16=True says; remove dtype, and set bf16=True for bf16 products.")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype={self.dtype!r}: use one of {', '.join(DTYPES)} (the dtype the model loads in; float32, the "
+                             "default, keeps float32 master weights and multiplies in bf16 where bf16=True says).")
         if self.token_budget is not None and self.token_budget > 0:
             raise ValueError(f"token_budget={self.token_budget}: fastgrpo packs per_device_train_batch_size completions per "
                              "micro-batch (TRL's token_budget <= 0); set per_device_train_batch_size instead and remove token_budget.")
@@ -91,9 +95,14 @@ class AsyncGRPOTrainer(GRPOTrainer):
         args: an `AsyncGRPOConfig` (a `GRPOConfig` with max_staleness set works too); default
             `AsyncGRPOConfig("<model name>-AsyncGRPO")`, as TRL.
         rollout_worker, weight_transfer: TRL's hooks; only their defaults (fastgrpo's own) are accepted.
+    As TRL's, it writes what it decides back into `args`: `model_init_kwargs["dtype"]` from `args.dtype` for a model
+    given by name (the kwargs' own dtype wins), `max_inflight_tasks` = max(max_staleness, 1) rollouts' completions for
+    -1 (auto), `ignore_data_skip` = True.
+
     Warns:
         UserWarning: args.ignore_data_skip=False, which is set to True (TRL's: there is no skip-and-replay to run;
-            fastgrpo's resume restores the saved prompt order either way).
+            fastgrpo's resume restores the saved prompt order either way); a dtype other than "float32" with a model
+            already built (it is not cast; TRL takes only names).
     Raises:
         ValueError: a custom rollout worker or weight transfer; args whose max_staleness is None;
             everything `GRPOTrainer` raises.
@@ -116,5 +125,12 @@ class AsyncGRPOTrainer(GRPOTrainer):
             warnings.warn("`ignore_data_skip` is forced to `True` for AsyncGRPO because the base Trainer's skip-and-replay loop "
                           "does not apply to a live rollout queue.", stacklevel=2)
             args.ignore_data_skip = True
+        if isinstance(args, AsyncGRPOConfig) and isinstance(model, str):  # TRL: model_init_kwargs.setdefault("dtype", args.dtype)
+            args.model_init_kwargs = {"dtype": args.dtype, **(args.model_init_kwargs or {})}
+        elif isinstance(args, AsyncGRPOConfig) and args.dtype != "float32":
+            warnings.warn(f"dtype={args.dtype!r} applies to a model loaded by name; the model given is already built and is not "
+                          "cast: pass its name, or cast it before.", stacklevel=2)
+        if args.max_inflight_tasks < 0:  # TRL writes its auto value back (rollout/async_producer.inflight_rollouts' count)
+            args.max_inflight_tasks = max(args.max_staleness, 1) * args.generation_batch_size
         super().__init__(model, reward_funcs, args=args, train_dataset=train_dataset, processing_class=processing_class,
                          callbacks=callbacks, optimizers=optimizers, peft_config=peft_config, tools=tools, environment_factory=environment_factory)
