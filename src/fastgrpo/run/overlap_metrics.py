@@ -20,7 +20,10 @@ over the window's optimizer steps, and each rate Σ tokens / Σ seconds, as TRL'
 
 Not logged: TRL's `perf/mfu_*` (it needs a device's peak FLOP/s, which TRL knows for GPUs only), `perf/weight_sync_*`
 (fastgrpo's trainer only copies the weights there, the producer pushes them: `seconds/weight_sync`), and TRL's
-packing-row keys (`batch/row_*`, `batch/pad_frac`: fastgrpo packs no token-budget rows; `pad_fraction` says its padding).
+packing-row keys (`batch/row_*`, `batch/pad_frac`: fastgrpo packs no token-budget rows; `pad_fraction` says its padding),
+its per-sample token keys (`sample/forwarded_tokens_*`, `sample/trained_tokens_mean`, `batch/masked_token_frac`: the
+`batch/*_tokens_per_step` above and `completions/mean_length` carry the counts), `sample/time_in_queue_s`, and its rollout
+worker's own gauges (`rollout/*`: fastgrpo's producer is not TRL's worker; `seconds/generate` times its sampling).
 
 Not here: measuring them (update/step.py, rollout/async_producer.py), the window (metrics.py).
 """
