@@ -67,6 +67,12 @@ class TRLMethods:
         return self.args.num_generations_eval or self.args.num_generations
 
     @property
+    def reward_func_names(self) -> list[str]:
+        """TRL's `trainer.reward_func_names`: each reward's name, in reward_funcs' order, as logged under rewards/<name>/
+        (a function's __name__, a reward model's folder or repository name, an environment class that owns its reward)."""
+        return self.reward_names
+
+    @property
     def epsilon_low(self) -> float:
         """TRL's `trainer.epsilon_low`: ε, the clip's lower bound (1 − ε)."""
         return self.args.epsilon
