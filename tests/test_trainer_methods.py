@@ -133,6 +133,27 @@ def test_model_card_and_push_to_hub_offline(tmp_path, tokenizer, make_model, pro
     assert {"model.safetensors", "README.md", "tokenizer.json"} <= set(os.listdir(args.output_dir))  # saved before the hub was asked
 
 
+def test_every_checkpoint_writes_trls_model_card_into_output_dir(tmp_path, tokenizer, make_model, prompts):
+    """TRL's _save_checkpoint writes README.md (the model card) into output_dir at every save, named after hub_model_id
+    or the folder, before the callbacks' on_save: `hf upload output_dir` after a run sends a card. fastgrpo wrote
+    none unless the script called create_model_card."""
+    import huggingface_hub
+
+    seen = []
+
+    class CardAtSave(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            seen.append(os.path.exists(os.path.join(args.output_dir, "README.md")))
+
+    args = config(tmp_path, max_steps=1, gradient_accumulation_steps=1)
+    trainer = GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer,
+                          callbacks=[CardAtSave()])
+    trainer.train()
+    assert seen == [True]
+    card = huggingface_hub.ModelCard.load(os.path.join(args.output_dir, "README.md"))
+    assert card.data.model_name == "out" and "# out\n" in card.text and "1 optimizer steps" in card.text
+
+
 def test_evaluate_reports_trls_eval_keys(tmp_path, tokenizer, make_model, prompts):
     """The same tiny model, data and config evaluated by TRL 1.16 and fastgrpo: the same keys (fastgrpo returned 4 of
     TRL's 25), but fastgrpo's frac_reward_none; model_preparation_time is accelerate's prepare (TRL's at its first
