@@ -21,6 +21,7 @@ from test_trainer import config, read_metrics, reward_even_tokens
 
 from fastgrpo import GRPOTrainer
 from fastgrpo.trl_methods import TRL_ARGS_ATTRIBUTES
+from fastgrpo import trl_methods
 
 
 def single_digit_prompts():
@@ -109,6 +110,25 @@ def test_trls_attributes_read_the_runs_arguments(tmp_path, tokenizer, make_model
     with pytest.raises(AttributeError, match=r"trainer.temperature = 0.5: fastgrpo reads temperature from the run's config once, when the "
                        r"trainer is built, so setting it here would change nothing; give GRPOConfig\(temperature=…\) to a new trainer"):
         trainer.temperature = 0.5  # TRL's plain attribute; a bare "property has no setter" named nothing
+
+
+def test_trls_attributes_it_fills_in_when_args_leave_them_none(tmp_path, tokenizer, make_model, prompts):
+    """TRL sets trainer.max_tool_calling_iterations = sys.maxsize and trainer.chat_template_kwargs = {} when args leave
+    them None (asserted on its source), so a rollout_func's `range(trainer.max_tool_calling_iterations)` or
+    `apply_chat_template(…, **trainer.chat_template_kwargs)` works; fastgrpo gave None (a TypeError in both) and had
+    no chat_template_kwargs attribute at all."""
+    import sys
+
+    source = __import__("inspect").getsource(trl.GRPOTrainer.__init__)
+    assert "args.max_tool_calling_iterations if args.max_tool_calling_iterations is not None else sys.maxsize" in source
+    assert "self.chat_template_kwargs = args.chat_template_kwargs or {}" in source
+    trainer = GRPOTrainer(make_model(), reward_even_tokens, args=config(tmp_path), train_dataset=prompts, processing_class=tokenizer)
+    assert (trainer.max_tool_calling_iterations, trainer.chat_template_kwargs) == (sys.maxsize, {})
+    args = config(tmp_path, chat_template_kwargs={"enable_thinking": False})
+    trainer = GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
+    assert trainer.chat_template_kwargs == {"enable_thinking": False} and set(trl_methods.TRL_ARGS_FILLED) == {"max_tool_calling_iterations", "chat_template_kwargs"}
+    with pytest.raises(AttributeError, match="trainer.chat_template_kwargs = {}: fastgrpo reads chat_template_kwargs from the run's config once"):
+        trainer.chat_template_kwargs = {}
 
 
 def test_model_card_and_push_to_hub_offline(tmp_path, tokenizer, make_model, prompts, monkeypatch):
