@@ -511,7 +511,7 @@ def test_failed_checkpoint_write_is_named_cleaned_up_and_keeps_the_last_good_one
     with pytest.raises(ckpt.CheckpointWriteError, match="could not write checkpoint .*checkpoint-2' \\(No space left on device\\).*checkpoint-1' is untouched"):
         train(tmp_path, tokenizer, make_model, prompts, max_steps=3, save_steps=1)
     out = str(tmp_path / "out")
-    assert sorted(os.listdir(out)) == ["checkpoint-1", "metrics.jsonl"]  # no .tmp-checkpoint-2 left
+    assert sorted(os.listdir(out)) == ["README.md", "checkpoint-1", "metrics.jsonl"]  # no .tmp-checkpoint-2 left
     ckpt.read_manifest(os.path.join(out, "checkpoint-1"))  # complete
 
 

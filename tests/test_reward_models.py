@@ -94,6 +94,17 @@ def test_reward_model_mixed_with_a_function_and_what_functions_receive(tmp_path,
     assert all("spy_column" in r for r in rows)
 
 
+def test_reward_func_names_are_trls_attribute(tmp_path, tokenizer, make_model, prompts):
+    """TRL's `trainer.reward_func_names` (user callbacks read it to find rewards/<name>/mean): a function's __name__, a
+    reward model folder's name, in reward_funcs' order. fastgrpo had no such attribute (AttributeError)."""
+    folder = tmp_path / "my-rm"
+    tiny_reward_model(tokenizer).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    trainer = GRPOTrainer(make_model(), [reward_len, str(folder)], args=GRPOConfig(output_dir=str(tmp_path / "out")),
+                          train_dataset=prompts, processing_class=tokenizer)
+    assert trainer.reward_func_names == ["reward_len", "my-rm"]
+
+
 def test_reward_processing_classes_must_match(tmp_path, tokenizer, make_model, prompts):
     with pytest.raises(ValueError, match="reward_processing_classes has 2 entries for 1 reward_funcs"):
         GRPOTrainer(make_model(), [lambda completions, **k: [0.0] * len(completions)], args=GRPOConfig(output_dir=str(tmp_path)),

@@ -21,6 +21,7 @@ from test_trainer import config, read_metrics, reward_even_tokens
 
 from fastgrpo import GRPOTrainer
 from fastgrpo.trl_methods import TRL_ARGS_ATTRIBUTES
+from fastgrpo import trl_methods
 
 
 def single_digit_prompts():
@@ -111,6 +112,25 @@ def test_trls_attributes_read_the_runs_arguments(tmp_path, tokenizer, make_model
         trainer.temperature = 0.5  # TRL's plain attribute; a bare "property has no setter" named nothing
 
 
+def test_trls_attributes_it_fills_in_when_args_leave_them_none(tmp_path, tokenizer, make_model, prompts):
+    """TRL sets trainer.max_tool_calling_iterations = sys.maxsize and trainer.chat_template_kwargs = {} when args leave
+    them None (asserted on its source), so a rollout_func's `range(trainer.max_tool_calling_iterations)` or
+    `apply_chat_template(…, **trainer.chat_template_kwargs)` works; fastgrpo gave None (a TypeError in both) and had
+    no chat_template_kwargs attribute at all."""
+    import sys
+
+    source = __import__("inspect").getsource(trl.GRPOTrainer.__init__)
+    assert "args.max_tool_calling_iterations if args.max_tool_calling_iterations is not None else sys.maxsize" in source
+    assert "self.chat_template_kwargs = args.chat_template_kwargs or {}" in source
+    trainer = GRPOTrainer(make_model(), reward_even_tokens, args=config(tmp_path), train_dataset=prompts, processing_class=tokenizer)
+    assert (trainer.max_tool_calling_iterations, trainer.chat_template_kwargs) == (sys.maxsize, {})
+    args = config(tmp_path, chat_template_kwargs={"enable_thinking": False})
+    trainer = GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
+    assert trainer.chat_template_kwargs == {"enable_thinking": False} and set(trl_methods.TRL_ARGS_FILLED) == {"max_tool_calling_iterations", "chat_template_kwargs"}
+    with pytest.raises(AttributeError, match="trainer.chat_template_kwargs = {}: fastgrpo reads chat_template_kwargs from the run's config once"):
+        trainer.chat_template_kwargs = {}
+
+
 def test_model_card_and_push_to_hub_offline(tmp_path, tokenizer, make_model, prompts, monkeypatch):
     """create_model_card writes README.md with huggingface_hub's metadata; push_to_hub saves the model first, then
     fails in huggingface_hub's own words offline (no hub is reachable here), as Trainer's does."""
@@ -131,6 +151,27 @@ def test_model_card_and_push_to_hub_offline(tmp_path, tokenizer, make_model, pro
     with pytest.raises(OfflineModeIsEnabled):
         trainer.push_to_hub()
     assert {"model.safetensors", "README.md", "tokenizer.json"} <= set(os.listdir(args.output_dir))  # saved before the hub was asked
+
+
+def test_every_checkpoint_writes_trls_model_card_into_output_dir(tmp_path, tokenizer, make_model, prompts):
+    """TRL's _save_checkpoint writes README.md (the model card) into output_dir at every save, named after hub_model_id
+    or the folder, before the callbacks' on_save: `hf upload output_dir` after a run sends a card. fastgrpo wrote
+    none unless the script called create_model_card."""
+    import huggingface_hub
+
+    seen = []
+
+    class CardAtSave(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            seen.append(os.path.exists(os.path.join(args.output_dir, "README.md")))
+
+    args = config(tmp_path, max_steps=1, gradient_accumulation_steps=1)
+    trainer = GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer,
+                          callbacks=[CardAtSave()])
+    trainer.train()
+    assert seen == [True]
+    card = huggingface_hub.ModelCard.load(os.path.join(args.output_dir, "README.md"))
+    assert card.data.model_name == "out" and "# out\n" in card.text and "1 optimizer steps" in card.text
 
 
 def test_evaluate_reports_trls_eval_keys(tmp_path, tokenizer, make_model, prompts):

@@ -310,7 +310,7 @@ def test_ctrl_c_in_a_terminal_while_the_colocated_engine_samples_saves_the_step_
     last = run.stderr.strip().splitlines()[-1]
     assert run.returncode == 1 and last.endswith(f"TrainingInterrupted: interrupted at step 3/6; saved {out / 'checkpoint-3'}. Resume with "
                                                  "trainer.train(resume_from_checkpoint=True), or the same fastgrpo train command plus --resume."), run.stderr[-3000:]
-    assert [r["step"] for r in metrics(out)] == [1, 2, 3] and sorted(os.listdir(out)) == ["checkpoint-3", "metrics.jsonl"]
+    assert [r["step"] for r in metrics(out)] == [1, 2, 3] and sorted(os.listdir(out)) == ["README.md", "checkpoint-3", "metrics.jsonl"]
 
 
 # ------------------------------------------------------------------ server mode

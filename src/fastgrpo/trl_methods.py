@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 
 import torch
 from huggingface_hub import ModelCard, ModelCardData, create_repo, upload_folder
@@ -65,6 +66,12 @@ class TRLMethods:
     def num_generations_eval(self) -> int:
         """TRL's `trainer.num_generations_eval`: completions per prompt in evaluation (args', else G)."""
         return self.args.num_generations_eval or self.args.num_generations
+
+    @property
+    def reward_func_names(self) -> list[str]:
+        """TRL's `trainer.reward_func_names`: each reward's name, in reward_funcs' order, as logged under rewards/<name>/
+        (a function's __name__, a reward model's folder or repository name, an environment class that owns its reward)."""
+        return self.reward_names
 
     @property
     def epsilon_low(self) -> float:
@@ -252,7 +259,7 @@ class TRLMethods:
 
 
 TRL_ARGS_ATTRIBUTES = (  # attributes TRL 1.16's GRPOTrainer copies from its args in __init__ (user code and rollout_funcs read them)
-    "max_completion_length", "num_generations", "max_tool_calling_iterations", "temperature", "top_p", "top_k", "min_p",
+    "max_completion_length", "num_generations", "temperature", "top_p", "top_k", "min_p",
     "repetition_penalty", "pad_to_multiple_of", "use_vllm", "vllm_mode", "vllm_gpu_memory_utilization", "vllm_tensor_parallel_size",
     "vllm_importance_sampling_correction", "vllm_importance_sampling_mode", "vllm_importance_sampling_clip_max",
     "vllm_importance_sampling_clip_min", "loss_type", "multi_objective_aggregation", "scale_rewards", "importance_sampling_level",
@@ -260,17 +267,24 @@ TRL_ARGS_ATTRIBUTES = (  # attributes TRL 1.16's GRPOTrainer copies from its arg
     "num_iterations", "beta", "log_completions", "num_completions_to_print", "log_unique_prompts",
     "epsilon_high",  # GRPOConfig fills it in as TRL does: ε, or 5.0 for cispo
 )
+# the ones TRL fills in when args leave them None: what TRL's __init__ sets (a rollout_func's range(…) or **kwargs works)
+TRL_ARGS_FILLED = {
+    "max_tool_calling_iterations": lambda value: sys.maxsize if value is None else value,  # None: no limit
+    "chat_template_kwargs": lambda value: value or {},
+}
 
 
-def _args_attribute(name: str) -> property:
+def _args_attribute(name: str, filled=lambda value: value) -> property:
     def refuse(self, value):
         raise AttributeError(
             f"trainer.{name} = {value!r}: fastgrpo reads {name} from the run's config once, when the trainer is built, so "
             f"setting it here would change nothing; give GRPOConfig({name}=…) to a new trainer."
         )
 
-    return property(lambda self: getattr(self.args, name), refuse, doc=f"TRL's `trainer.{name}`: the run's `args.{name}` (read-only).")
+    return property(lambda self: filled(getattr(self.args, name)), refuse, doc=f"TRL's `trainer.{name}`: the run's `args.{name}` (read-only).")
 
 
 for _name in TRL_ARGS_ATTRIBUTES:
     setattr(TRLMethods, _name, _args_attribute(_name))
+for _name, _filled in TRL_ARGS_FILLED.items():
+    setattr(TRLMethods, _name, _args_attribute(_name, _filled))

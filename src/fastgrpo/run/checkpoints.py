@@ -6,7 +6,7 @@
   passes over it remain, its logging window (the metric sums and completions
   trained on but not yet logged), dynamic sampling's carry-over buffer and, with the overlap
   (max_staleness), the data order after the last rollout trained (rollouts in flight are sampled
-  again on resume) and the weight version; then the callbacks' on_save.
+  again on resume) and the weight version; then TRL's model card (output_dir/README.md) and the callbacks' on_save.
 - `stop_interrupted`: after Ctrl-C, that step's checkpoint (unless just
   written) and `TrainingInterrupted` saying how to resume.
 - `resume`: a new run claims output_dir; a resumed one loads the state back,
@@ -70,6 +70,7 @@ class Checkpointed(Protocol):
     run_id: str
     weight_version: int  # weight pushes so far (TRL's model_version; the overlap's staleness counts them)
     setup: dict  # reward functions, tools, environments, rollout_func by name (runs.run_setup)
+    create_model_card: Any  # TRL's method (trl_methods.py): README.md in output_dir
 
 
 def save(trainer: Checkpointed, rollout: Rollout, done: int) -> str:
@@ -105,6 +106,9 @@ def save(trainer: Checkpointed, rollout: Rollout, done: int) -> str:
     }
     acc = trainer.accelerator
     path = ckpt.save_checkpoint(a.output_dir, trainer.step, acc, trainer.model, trainer.tokenizer, a, state, own, trainer.run_id, trainer.optimizer)
+    # TRL's _save_checkpoint writes the model card: output_dir/README.md, named after hub_model_id or the folder (here
+    # after the checkpoint, so a full disk is reported as the checkpoint's failure; before on_save, as TRL's)
+    trainer.create_model_card(model_name=(a.hub_model_id or os.path.basename(os.path.abspath(a.output_dir))).split("/")[-1])
     trainer.events.save(path)  # names the best checkpoint before pruning, as Trainer._save_checkpoint does
     if acc.is_main_process:
         ckpt.prune(a.output_dir, a.save_total_limit, trainer.run_id, trainer.state.best_model_checkpoint, latest=path)
