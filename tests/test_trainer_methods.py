@@ -376,3 +376,29 @@ def test_a_resumed_run_writes_the_tables_of_its_own_steps_from_the_checkpoints_b
     assert list(resumed) == [f"completions_{s:05d}.parquet" for s in range(1, 4)]
     for name in resumed:
         assert resumed[name].astype(str).equals(first[name].astype(str))
+
+
+def test_a_subclass_overriding_a_trl_method_fastgrpo_never_calls_is_refused(tmp_path, tokenizer, make_model, prompts):
+    # TRL users customise by subclassing: a compute_loss override changes TRL's loss. fastgrpo's loop never calls it, so
+    # the subclass trained the stock loss, silently. Refused before the model loads, naming the methods.
+    class CustomLoss(GRPOTrainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            return super().compute_loss(model, inputs)
+
+        def _generate_and_score_completions(self, inputs):
+            return inputs
+
+    with pytest.raises(TypeError, match=r"CustomLoss overrides compute_loss, _generate_and_score_completions: TRL's GRPOTrainer calls these"):
+        CustomLoss("no-such-model", reward_even_tokens, args=config(tmp_path), train_dataset=prompts, processing_class=tokenizer)
+    # every listed method is one TRL's GRPOTrainer or transformers' Trainer has, and fastgrpo's own trainers define none
+    from fastgrpo.experimental.async_grpo import AsyncGRPOTrainer
+    from fastgrpo.run.inputs import TRL_HOOKS
+
+    assert all(hasattr(trl.GRPOTrainer, name) for name in TRL_HOOKS)
+    assert [n for n in TRL_HOOKS if hasattr(GRPOTrainer, n) or hasattr(AsyncGRPOTrainer, n)] == []
+
+    class Logged(GRPOTrainer):  # overriding what fastgrpo does call is fine
+        def log(self, logs, start_time=None):
+            super().log(logs, start_time)
+
+    Logged(make_model(), reward_even_tokens, args=config(tmp_path, output_dir=str(tmp_path / "ok")), train_dataset=prompts, processing_class=tokenizer)

@@ -82,7 +82,8 @@ class GRPOTrainer(TRLMethods):
             reward protocol reserves, reward weights that do not match the functions, a world size that does not
             match the config, an output_dir that is a file or not writable, a peft_config that is not one or comes
             with a PeftModel or sync_ref_model, args that are not a fastgrpo GRPOConfig, a model or reward of the
-            wrong type, no reward function, `optimizers` that cannot drive the model — all before any model is loaded.
+            wrong type, no reward function, `optimizers` that cannot drive the model, a subclass overriding a TRL method
+            fastgrpo never calls (`compute_loss`, …: run/inputs.check_trainer_class) — all before any model is loaded.
         EngineError, EnvironmentFunctionError: use_vllm=True without vLLM, its server down or serving another model; an environment_factory raised.
     """
 
@@ -92,7 +93,7 @@ class GRPOTrainer(TRLMethods):
         rollout_func=None, environment_factory=None,
     ):
         checked = check_trainer_inputs(model, reward_funcs, args, train_dataset, eval_dataset, reward_processing_classes, peft_config,
-                                       tools, environment_factory, rollout_func, optimizers, quantization_config, callbacks)
+                                       tools, environment_factory, rollout_func, optimizers, quantization_config, callbacks, type(self))
         self.args = a = checked.args
         train_dataset = checked.train_dataset  # TRL's placeholder rows when an environment owns the data
         self.train_dataset, self.eval_dataset, self.eval_sets = train_dataset, eval_dataset, checked.eval_sets

@@ -52,6 +52,36 @@ class TrainerInputs(NamedTuple):
     check_tokenizer: Callable  # tokenizer → None: renders each dataset's sample chat prompts (producers.check_prompt_rendering)
 
 
+# TRL 1.16 GRPOTrainer's and transformers Trainer's methods a subclass overrides to change how it trains or evaluates,
+# none of which fastgrpo's loop calls (rollout/, update/, run/evaluation.py do that work): an override would be ignored
+TRL_HOOKS = (
+    "compute_loss", "_compute_loss", "training_step", "prediction_step", "_prepare_inputs", "_generate_and_score_completions",
+    "_generate", "_generate_single_turn", "_tool_call_loop", "_calculate_rewards", "_tokenize_prompts",
+    "_get_per_token_logps_and_entropies", "get_gamma_weights", "get_train_dataloader", "get_eval_dataloader", "_get_train_sampler",
+    "_get_eval_sampler", "create_optimizer", "create_scheduler", "create_optimizer_and_scheduler", "evaluation_loop",
+    "_inner_training_loop", "_maybe_log_save_evaluate", "_save_checkpoint", "_load_optimizer_and_scheduler",
+)
+
+
+def check_trainer_class(trainer_class: type) -> None:
+    """Refuse a `GRPOTrainer` subclass that overrides one of `TRL_HOOKS`: TRL's trainer calls them, fastgrpo's never
+    does, so the subclass's change would be silently ignored (a custom loss trained as the stock one).
+
+    fastgrpo's own classes define none of them (a test checks it), so any one found is the subclass's.
+
+    Raises:
+        TypeError: naming the class, the methods and what to use instead.
+    """
+    overridden = [name for name in TRL_HOOKS if getattr(trainer_class, name, None) is not None]
+    if overridden:
+        raise TypeError(
+            f"{trainer_class.__name__} overrides {', '.join(overridden)}: TRL's GRPOTrainer calls "
+            f"{'these' if len(overridden) > 1 else 'it'} while training, fastgrpo's loop never does, so the override would be "
+            "silently ignored. Remove it and make the change with what fastgrpo calls: GRPOConfig's loss fields (loss_type, beta, "
+            "epsilon, …), a reward function, a rollout_func, or a transformers TrainerCallback."
+        )
+
+
 def default_output_dir(model, suffix: str) -> str:
     """TRL's `output_dir` when no args are given: the model's name or folder, its last part, + "-" + suffix
     ("Qwen/Qwen2-0.5B-Instruct" → "Qwen2-0.5B-Instruct-GRPO"); for a model instance its config's `_name_or_path`
@@ -63,11 +93,13 @@ def default_output_dir(model, suffix: str) -> str:
 def check_trainer_inputs(
     model, reward_funcs, args, train_dataset, eval_dataset, reward_processing_classes, peft_config,
     tools=None, environment_factory=None, rollout_func=None, optimizers=(None, None), quantization_config=None, callbacks=None,
+    trainer_class: type | None = None,
 ) -> TrainerInputs:
-    """Check and resolve `GRPOTrainer`'s arguments (TRL's meanings) before anything loads.
+    """Check and resolve `GRPOTrainer`'s arguments (TRL's meanings) before anything loads; `trainer_class`: the class
+    being built (`check_trainer_class`).
 
     Raises:
-        TypeError: `args` that is not a fastgrpo GRPOConfig, a model or reward of the wrong kind, a
+        TypeError: a subclass overriding a TRL method fastgrpo never calls (`check_trainer_class`); `args` that is not a fastgrpo GRPOConfig, a model or reward of the wrong kind, a
             reward_processing_classes entry that is neither a tokenizer nor None, callbacks that are not a list of
             TrainerCallbacks (callbacks.check_callbacks); agent arguments of the wrong kind (producers.check_agent_inputs).
         ValueError: no reward function, no or an unreadable dataset, a reserved column,
@@ -87,6 +119,8 @@ def check_trainer_inputs(
         UserWarning: `quantization_config` for an already built model (ignored, as TRL warns); `max_tool_calling_iterations`
             without tools or an environment.
     """
+    if trainer_class is not None:
+        check_trainer_class(trainer_class)
     if args is not None and not isinstance(args, GRPOConfig):
         raise TypeError(
             f"args has type {type(args).__module__}.{type(args).__name__}; give a fastgrpo GRPOConfig "
