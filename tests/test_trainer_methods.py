@@ -174,6 +174,28 @@ def test_every_checkpoint_writes_trls_model_card_into_output_dir(tmp_path, token
     assert card.data.model_name == "out" and "# out\n" in card.text and "1 optimizer steps" in card.text
 
 
+def test_a_subclass_overriding_log_sees_every_record_the_trainer_logs_as_trls(tmp_path, tokenizer, make_model, prompts):
+    """TRL's loop logs through self.log (each logged step, each evaluation, the run's summary), so a subclass overriding
+    `log` sees and may change every record; TRL 1.16 called this one 4 times here. fastgrpo's loop logged around it
+    (0 calls): the override was silently ignored."""
+    calls = []
+
+    class Logged(GRPOTrainer):
+        def log(self, logs, start_time=None):
+            calls.append(set(logs))
+            logs["mine"] = 1.0
+            super().log(logs, start_time)
+
+    args = config(tmp_path, max_steps=2, gradient_accumulation_steps=1, eval_strategy="steps", eval_steps=2)
+    trainer = Logged(make_model(), reward_even_tokens, args=args, train_dataset=prompts, eval_dataset=prompts.select(range(2)),
+                     processing_class=tokenizer)
+    trainer.train()
+    assert len(calls) == 4 and "step" not in calls[0] and "loss" in calls[0] and "eval_reward" in calls[2] and "train_runtime" in calls[3]
+    assert all(r["mine"] == 1.0 for r in trainer.state.log_history) and len(trainer.state.log_history) == 4
+    assert [(r["step"], r["mine"]) for r in read_metrics(args.output_dir)] == [(1, 1.0), (2, 1.0), (2, 1.0)]  # no summary line
+    assert trainer.evaluate()["mine"] == 1.0 and len(calls) == 5  # evaluate() returns the dict log() was given, as Trainer's
+
+
 def test_evaluate_reports_trls_eval_keys(tmp_path, tokenizer, make_model, prompts):
     """The same tiny model, data and config evaluated by TRL 1.16 and fastgrpo: the same keys (fastgrpo returned 4 of
     TRL's 25), but fastgrpo's frac_reward_none; model_preparation_time is accelerate's prepare (TRL's at its first

@@ -88,12 +88,16 @@ class TRLMethods:
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """Trainer's `log`: a record of the caller's values at the current step, to state.log_history (with epoch and
-        step), the callbacks' on_log (the trackers among them) and, once this run has trained a step, metrics.jsonl
-        (before that the folder is not yet this run's: a first write would make `train()` take it for another run's).
+        step), the callbacks' on_log and, once `train()` has begun, metrics.jsonl and the trackers (before that the
+        folder is not yet this run's: a first write would make `train()` take it for another run's).
         A "step" key is the current step, as Trainer sets it; a 0-d tensor or numpy number is logged as its Python
-        value. `start_time` is accepted and unused: Trainer adds throughput keys with it."""
+        value. `start_time` is accepted and unused: Trainer adds throughput keys with it.
+
+        As in TRL, the trainer logs through it (each logged step's record, each evaluation's metrics, the run's
+        summary), so a subclass overriding `log` sees and may change every record. The summary (`train_runtime`, …)
+        goes to the callbacks only: its steps' metrics are already in metrics.jsonl."""
         logs = {k: v.item() if hasattr(v, "item") and getattr(v, "ndim", 1) == 0 else v for k, v in logs.items() if k != "step"}
-        if self.metrics_log is not None and self.step > 0:
+        if self.metrics_log is not None and self.events.started and "train_runtime" not in logs:
             self.metrics_log.write({"step": self.step, **logs})
         self.events.log(logs)
 
@@ -229,8 +233,7 @@ class TRLMethods:
             metrics[f"{prefix}_num_tokens"] = self.state.num_input_tokens_seen
             metrics[f"{prefix}_model_preparation_time"] = self.model_preparation_time  # the model was prepared when the trainer was built
         metrics["epoch"] = self.state.epoch  # Trainer's evaluate returns it (its log() adds it to the same dict)
-        if self.metrics_log is not None and self.events.started:  # as log(): only once train() has made output_dir this run's
-            self.metrics_log.write({"step": self.step, **metrics})
+        self.log(metrics)  # Trainer's evaluate logs through log() (metrics.jsonl once train() has made output_dir this run's)
         self.events.evaluate(metrics)
         return metrics
 
