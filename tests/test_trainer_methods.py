@@ -174,6 +174,36 @@ def test_every_checkpoint_writes_trls_model_card_into_output_dir(tmp_path, token
     assert card.data.model_name == "out" and "# out\n" in card.text and "1 optimizer steps" in card.text
 
 
+def test_a_subclass_overriding_trainers_save_or_optimizer_hooks_is_refused(tmp_path, tokenizer, prompts):
+    # transformers' Trainer.save_model writes through _save, its create_optimizer asks get_decay_parameter_names and
+    # get_optimizer_cls_and_kwargs, compute_loss_context_manager wraps each loss: subclasses override them (extra files in
+    # every save, no decay on norms, a custom optimizer). fastgrpo calls none of them (its own saves; transformers' own
+    # get_optimizer_cls_and_kwargs), so each override was silently ignored.
+    class Custom(GRPOTrainer):
+        def _save(self, output_dir=None, state_dict=None):
+            pass
+
+        def get_decay_parameter_names(self, model):
+            return []
+
+        @staticmethod
+        def get_optimizer_cls_and_kwargs(args, model=None):
+            return torch.optim.SGD, {}
+
+    with pytest.raises(TypeError, match=r"Custom overrides _save, get_decay_parameter_names, get_optimizer_cls_and_kwargs: TRL's"):
+        Custom("no-such-model", reward_even_tokens, args=config(tmp_path), train_dataset=prompts, processing_class=tokenizer)
+
+    class Mixin:
+        def compute_loss_context_manager(self):
+            return None
+
+    class Mixed(GRPOTrainer, Mixin):  # after GRPOTrainer in the MRO too
+        pass
+
+    with pytest.raises(TypeError, match="Mixed overrides compute_loss_context_manager"):
+        Mixed("no-such-model", reward_even_tokens, args=config(tmp_path), train_dataset=prompts, processing_class=tokenizer)
+
+
 def test_a_subclass_overriding_log_sees_every_record_the_trainer_logs_as_trls(tmp_path, tokenizer, make_model, prompts):
     """TRL's loop logs through self.log (each logged step, each evaluation, the run's summary), so a subclass overriding
     `log` sees and may change every record; TRL 1.16 called this one 4 times here. fastgrpo's loop logged around it
