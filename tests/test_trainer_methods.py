@@ -226,6 +226,27 @@ def test_a_subclass_overriding_log_sees_every_record_the_trainer_logs_as_trls(tm
     assert trainer.evaluate()["mine"] == 1.0 and len(calls) == 5  # evaluate() returns the dict log() was given, as Trainer's
 
 
+def test_the_model_card_names_no_local_folder_as_its_base_model(tmp_path, tokenizer, make_model, prompts):
+    """TRL's create_model_card gives base_model only for a hub id, never a local folder (get_config_model_id, then
+    `not os.path.isdir`): the hub refuses a card whose base_model is no model id. fastgrpo's every checkpoint wrote the
+    folder's path (for a built-in model, its cache folder) as base_model and in the text, so `hf upload output_dir` sent it."""
+    import huggingface_hub
+
+    folder = str(tmp_path / "local-model")
+    make_model().save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    args = config(tmp_path, max_steps=1, gradient_accumulation_steps=1, hub_model_id="org/name")
+    GRPOTrainer(folder, reward_even_tokens, args=args, train_dataset=prompts).train()
+    card = huggingface_hub.ModelCard.load(os.path.join(args.output_dir, "README.md"))
+    assert card.data.base_model is None and folder not in card.content and card.data.model_name == "name"
+    trainer = GRPOTrainer(make_model(), reward_even_tokens, args=config(tmp_path, output_dir=str(tmp_path / "hub")), train_dataset=prompts,
+                          processing_class=tokenizer)
+    trainer.model.config._name_or_path = "HuggingFaceTB/SmolLM2-135M-Instruct"  # as from_pretrained of a hub id sets it
+    trainer.create_model_card()
+    card = huggingface_hub.ModelCard.load(os.path.join(tmp_path, "hub", "README.md"))
+    assert card.data.base_model == "HuggingFaceTB/SmolLM2-135M-Instruct" and "Fine-tuned from HuggingFaceTB/SmolLM2-135M-Instruct" in card.text
+
+
 def test_evaluate_reports_trls_eval_keys(tmp_path, tokenizer, make_model, prompts):
     """The same tiny model, data and config evaluated by TRL 1.16 and fastgrpo: the same keys (fastgrpo returned 4 of
     TRL's 25), but fastgrpo's frac_reward_none; model_preparation_time is accelerate's prepare (TRL's at its first

@@ -102,8 +102,8 @@ class TRLMethods:
         self.events.log(logs)
 
     def create_model_card(self, model_name: str | None = None, dataset_name: str | None = None, tags: str | list[str] | None = None) -> None:
-        """TRL's `create_model_card`: write README.md, a model card, into output_dir (main process): the base model,
-        the dataset, tags ("fastgrpo", "grpo" and yours), the run's G, μ, β, learning rate and steps, and GRPO's
+        """TRL's `create_model_card`: write README.md, a model card, into output_dir (main process): the base model (its
+        hub id; none for a model loaded from a local folder, fastgrpo's built-in ones among them, as TRL), the dataset, tags ("fastgrpo", "grpo" and yours), the run's G, μ, β, learning rate and steps, and GRPO's
         paper (Shao et al. 2024, arXiv 2402.03300). huggingface_hub renders its metadata.
 
         Raises:
@@ -112,6 +112,7 @@ class TRLMethods:
         if not self.is_world_process_zero():
             return
         a, base = self.args, self.accelerator.unwrap_model(self.model).config._name_or_path or None
+        base = None if base and os.path.isdir(base) else base  # TRL's rule: a local folder is no hub model (the hub refuses it)
         if tags is not None and not isinstance(tags, (str, list, tuple)):
             raise TypeError(f"tags={tags!r}: give a tag (str) or a list of them.")
         tags = [tags] if isinstance(tags, str) else list(tags or [])
