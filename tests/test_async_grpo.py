@@ -276,6 +276,15 @@ def test_async_grpo_takes_trls_fields_and_refuses_what_it_cannot_honour(tmp_path
         AsyncGRPOTrainer("tiny", reward_even_tokens, args=args, rollout_worker=object())
 
 
+def test_async_grpo_config_takes_a_torch_dtype_as_trls_loader_does(tmp_path):
+    # TRL's AsyncGRPOConfig keeps dtype=torch.bfloat16 and its loader (create_model_from_path) takes a torch.dtype, so a
+    # TRL script passing one trains in bf16; fastgrpo refused it ("use one of auto, bfloat16, …").
+    args = AsyncGRPOConfig(output_dir=str(tmp_path / "a"), dtype=torch.bfloat16)
+    assert args.dtype == "bfloat16" and json.loads(args.to_json_string())["dtype"] == "bfloat16"
+    with pytest.raises(ValueError, match="dtype='float64': use one of auto, bfloat16, float16, float32"):
+        AsyncGRPOConfig(output_dir=str(tmp_path / "a"), dtype=torch.float64)
+
+
 def test_async_grpo_trainer_forces_ignore_data_skip_as_trl(tmp_path, tokenizer, prompts, server, model_dir):
     # TRL's AsyncGRPOTrainer sets args.ignore_data_skip=True whatever was passed, warning (TRL's test_resume_from_checkpoint
     # asserts trainer.args.ignore_data_skip is True); fastgrpo kept the False a script passed.

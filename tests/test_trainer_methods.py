@@ -174,6 +174,79 @@ def test_every_checkpoint_writes_trls_model_card_into_output_dir(tmp_path, token
     assert card.data.model_name == "out" and "# out\n" in card.text and "1 optimizer steps" in card.text
 
 
+def test_a_subclass_overriding_trainers_save_or_optimizer_hooks_is_refused(tmp_path, tokenizer, prompts):
+    # transformers' Trainer.save_model writes through _save, its create_optimizer asks get_decay_parameter_names and
+    # get_optimizer_cls_and_kwargs, compute_loss_context_manager wraps each loss: subclasses override them (extra files in
+    # every save, no decay on norms, a custom optimizer). fastgrpo calls none of them (its own saves; transformers' own
+    # get_optimizer_cls_and_kwargs), so each override was silently ignored.
+    class Custom(GRPOTrainer):
+        def _save(self, output_dir=None, state_dict=None):
+            pass
+
+        def get_decay_parameter_names(self, model):
+            return []
+
+        @staticmethod
+        def get_optimizer_cls_and_kwargs(args, model=None):
+            return torch.optim.SGD, {}
+
+    with pytest.raises(TypeError, match=r"Custom overrides _save, get_decay_parameter_names, get_optimizer_cls_and_kwargs: TRL's"):
+        Custom("no-such-model", reward_even_tokens, args=config(tmp_path), train_dataset=prompts, processing_class=tokenizer)
+
+    class Mixin:
+        def compute_loss_context_manager(self):
+            return None
+
+    class Mixed(GRPOTrainer, Mixin):  # after GRPOTrainer in the MRO too
+        pass
+
+    with pytest.raises(TypeError, match="Mixed overrides compute_loss_context_manager"):
+        Mixed("no-such-model", reward_even_tokens, args=config(tmp_path), train_dataset=prompts, processing_class=tokenizer)
+
+
+def test_a_subclass_overriding_log_sees_every_record_the_trainer_logs_as_trls(tmp_path, tokenizer, make_model, prompts):
+    """TRL's loop logs through self.log (each logged step, each evaluation, the run's summary), so a subclass overriding
+    `log` sees and may change every record; TRL 1.16 called this one 4 times here. fastgrpo's loop logged around it
+    (0 calls): the override was silently ignored."""
+    calls = []
+
+    class Logged(GRPOTrainer):
+        def log(self, logs, start_time=None):
+            calls.append(set(logs))
+            logs["mine"] = 1.0
+            super().log(logs, start_time)
+
+    args = config(tmp_path, max_steps=2, gradient_accumulation_steps=1, eval_strategy="steps", eval_steps=2)
+    trainer = Logged(make_model(), reward_even_tokens, args=args, train_dataset=prompts, eval_dataset=prompts.select(range(2)),
+                     processing_class=tokenizer)
+    trainer.train()
+    assert len(calls) == 4 and "step" not in calls[0] and "loss" in calls[0] and "eval_reward" in calls[2] and "train_runtime" in calls[3]
+    assert all(r["mine"] == 1.0 for r in trainer.state.log_history) and len(trainer.state.log_history) == 4
+    assert [(r["step"], r["mine"]) for r in read_metrics(args.output_dir)] == [(1, 1.0), (2, 1.0), (2, 1.0)]  # no summary line
+    assert trainer.evaluate()["mine"] == 1.0 and len(calls) == 5  # evaluate() returns the dict log() was given, as Trainer's
+
+
+def test_the_model_card_names_no_local_folder_as_its_base_model(tmp_path, tokenizer, make_model, prompts):
+    """TRL's create_model_card gives base_model only for a hub id, never a local folder (get_config_model_id, then
+    `not os.path.isdir`): the hub refuses a card whose base_model is no model id. fastgrpo's every checkpoint wrote the
+    folder's path (for a built-in model, its cache folder) as base_model and in the text, so `hf upload output_dir` sent it."""
+    import huggingface_hub
+
+    folder = str(tmp_path / "local-model")
+    make_model().save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    args = config(tmp_path, max_steps=1, gradient_accumulation_steps=1, hub_model_id="org/name")
+    GRPOTrainer(folder, reward_even_tokens, args=args, train_dataset=prompts).train()
+    card = huggingface_hub.ModelCard.load(os.path.join(args.output_dir, "README.md"))
+    assert card.data.base_model is None and folder not in card.content and card.data.model_name == "name"
+    trainer = GRPOTrainer(make_model(), reward_even_tokens, args=config(tmp_path, output_dir=str(tmp_path / "hub")), train_dataset=prompts,
+                          processing_class=tokenizer)
+    trainer.model.config._name_or_path = "HuggingFaceTB/SmolLM2-135M-Instruct"  # as from_pretrained of a hub id sets it
+    trainer.create_model_card()
+    card = huggingface_hub.ModelCard.load(os.path.join(tmp_path, "hub", "README.md"))
+    assert card.data.base_model == "HuggingFaceTB/SmolLM2-135M-Instruct" and "Fine-tuned from HuggingFaceTB/SmolLM2-135M-Instruct" in card.text
+
+
 def test_evaluate_reports_trls_eval_keys(tmp_path, tokenizer, make_model, prompts):
     """The same tiny model, data and config evaluated by TRL 1.16 and fastgrpo: the same keys (fastgrpo returned 4 of
     TRL's 25), but fastgrpo's frac_reward_none; model_preparation_time is accelerate's prepare (TRL's at its first

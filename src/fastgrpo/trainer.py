@@ -196,7 +196,7 @@ class GRPOTrainer(TRLMethods):
             tracker.finish()
         self.backend.close()
         checkpoints.prune_at_end(self)
-        summary = self.events.train_end(self.loss_sum / max(self.step, 1), pending, self.metrics_log and self.metrics_log.print_held)  # Trainer's metrics
+        summary = self.events.train_end(self.loss_sum / max(self.step, 1), pending, self.metrics_log and self.metrics_log.print_held, self.log)
         pending.pop("step", None)  # TRL's log() merges the unlogged steps' metrics into Trainer's summary dict, which train() returns
         return TrainOutput(self.step, self.loss_sum / max(self.step, 1), {**pending, **summary})
 
@@ -286,13 +286,13 @@ class GRPOTrainer(TRLMethods):
         self.loss_sum += sums.get("loss", 0.0) / acc.num_processes  # Σ over processes of each one's share
         several = self.args.log_completions and acc.num_processes > 1
         rows = gather_object(self.fresh_completions) if several else self.fresh_completions  # every process's, in process order
-        if to_callbacks:
-            self.events.log(record)
-        if self.metrics_log is not None:
+        if to_callbacks:  # through Trainer's log(), as TRL's loop: a subclass's override sees the record (it writes metrics.jsonl)
+            self.log({k: v for k, v in record.items() if k != "step"})  # Trainer's logs hold no "step" (log() adds it)
+        elif self.metrics_log is not None:  # the steps merged into the summary (train_end): to on_log with it
             self.metrics_log.write(record)
-            for i, r in enumerate(rows):  # every completion to the file; one table, the latest rollout's (TRL prints one per log)
-                self.metrics_log.completions(self.step, r, self.reward_names, self.args.num_completions_to_print if i == len(rows) - 1 else 0,
-                                             hold=not to_callbacks)  # the summary's: printed after its line (train_end)
+        for i, r in enumerate(rows if self.metrics_log is not None else []):  # every completion to the file; one table, the latest rollout's
+            self.metrics_log.completions(self.step, r, self.reward_names, self.args.num_completions_to_print if i == len(rows) - 1 else 0,
+                                         hold=not to_callbacks)  # the summary's: printed after its line (train_end)
         if self.completion_tables is not None:  # TRL's completions/completions_<step>.parquet: the latest generation batch
             self.completion_tables.update(rows, acc.num_processes)
             self.completion_tables.write(self.step)

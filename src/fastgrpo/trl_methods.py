@@ -88,18 +88,22 @@ class TRLMethods:
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """Trainer's `log`: a record of the caller's values at the current step, to state.log_history (with epoch and
-        step), the callbacks' on_log (the trackers among them) and, once this run has trained a step, metrics.jsonl
-        (before that the folder is not yet this run's: a first write would make `train()` take it for another run's).
+        step), the callbacks' on_log and, once `train()` has begun, metrics.jsonl and the trackers (before that the
+        folder is not yet this run's: a first write would make `train()` take it for another run's).
         A "step" key is the current step, as Trainer sets it; a 0-d tensor or numpy number is logged as its Python
-        value. `start_time` is accepted and unused: Trainer adds throughput keys with it."""
+        value. `start_time` is accepted and unused: Trainer adds throughput keys with it.
+
+        As in TRL, the trainer logs through it (each logged step's record, each evaluation's metrics, the run's
+        summary), so a subclass overriding `log` sees and may change every record. The summary (`train_runtime`, …)
+        goes to the callbacks only: its steps' metrics are already in metrics.jsonl."""
         logs = {k: v.item() if hasattr(v, "item") and getattr(v, "ndim", 1) == 0 else v for k, v in logs.items() if k != "step"}
-        if self.metrics_log is not None and self.step > 0:
+        if self.metrics_log is not None and self.events.started and "train_runtime" not in logs:
             self.metrics_log.write({"step": self.step, **logs})
         self.events.log(logs)
 
     def create_model_card(self, model_name: str | None = None, dataset_name: str | None = None, tags: str | list[str] | None = None) -> None:
-        """TRL's `create_model_card`: write README.md, a model card, into output_dir (main process): the base model,
-        the dataset, tags ("fastgrpo", "grpo" and yours), the run's G, μ, β, learning rate and steps, and GRPO's
+        """TRL's `create_model_card`: write README.md, a model card, into output_dir (main process): the base model (its
+        hub id; none for a model loaded from a local folder, fastgrpo's built-in ones among them, as TRL), the dataset, tags ("fastgrpo", "grpo" and yours), the run's G, μ, β, learning rate and steps, and GRPO's
         paper (Shao et al. 2024, arXiv 2402.03300). huggingface_hub renders its metadata.
 
         Raises:
@@ -108,6 +112,7 @@ class TRLMethods:
         if not self.is_world_process_zero():
             return
         a, base = self.args, self.accelerator.unwrap_model(self.model).config._name_or_path or None
+        base = None if base and os.path.isdir(base) else base  # TRL's rule: a local folder is no hub model (the hub refuses it)
         if tags is not None and not isinstance(tags, (str, list, tuple)):
             raise TypeError(f"tags={tags!r}: give a tag (str) or a list of them.")
         tags = [tags] if isinstance(tags, str) else list(tags or [])
@@ -229,8 +234,7 @@ class TRLMethods:
             metrics[f"{prefix}_num_tokens"] = self.state.num_input_tokens_seen
             metrics[f"{prefix}_model_preparation_time"] = self.model_preparation_time  # the model was prepared when the trainer was built
         metrics["epoch"] = self.state.epoch  # Trainer's evaluate returns it (its log() adds it to the same dict)
-        if self.metrics_log is not None and self.events.started:  # as log(): only once train() has made output_dir this run's
-            self.metrics_log.write({"step": self.step, **metrics})
+        self.log(metrics)  # Trainer's evaluate logs through log() (metrics.jsonl once train() has made output_dir this run's)
         self.events.evaluate(metrics)
         return metrics
 

@@ -10,8 +10,8 @@ gradient_checkpointing=True, num_completions_to_print=None) and its own fields, 
 
 - `max_staleness`, `weight_sync_steps`, `max_inflight_tasks`, `queue_maxsize`, `heartbeat_stale_after_s`: honoured
   (rollout/async_producer.py; the units are TRL's: completions, seconds, optimizer steps);
-- `dtype`: as TRL's, the dtype a model given by name loads in (`model_init_kwargs`' own `dtype` wins); "float32",
-  TRL's default, keeps fp32 master weights that fastgrpo multiplies in bf16 where `bf16` says;
+- `dtype`: as TRL's, the dtype a model given by name loads in (`model_init_kwargs`' own `dtype` wins; a torch dtype, which
+  TRL's loader takes too, is kept as its name: torch.bfloat16 → "bfloat16"); "float32", TRL's default, keeps fp32 master weights that fastgrpo multiplies in bf16 where `bf16` says;
 - `token_budget`: None or ≤ 0 (TRL's fixed-count packing): fastgrpo packs `per_device_train_batch_size`
   completions per micro-batch, so a positive budget is refused;
 - `fork_threshold_tokens`: any value: fastgrpo's multi-turn rollouts keep each turn's token ids and never
@@ -74,6 +74,8 @@ class AsyncGRPOConfig(GRPOConfig):
     weight_sync_timeout: int = 1800
 
     def __post_init__(self) -> None:
+        if not isinstance(self.dtype, str) and str(self.dtype).startswith("torch."):  # torch.bfloat16: TRL's loader takes it too
+            self.dtype = str(self.dtype).removeprefix("torch.")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype={self.dtype!r}: use one of {', '.join(DTYPES)} (the dtype the model loads in; float32, the "
                              "default, keeps float32 master weights and multiplies in bf16 where bf16=True says).")

@@ -168,8 +168,8 @@ class TrainerEvents:
         self.control = self.handler.on_log(self.args, self.state, self.control, logs)
 
     def evaluate(self, metrics: dict) -> None:
-        """Log eval metrics, call on_evaluate, then update best_metric (transformers' order: a callback sees the previous best)."""
-        self.log(metrics)
+        """After the eval metrics are logged (the trainer's `log`): call on_evaluate, then update best_metric
+        (transformers' order: a callback sees the previous best)."""
         self.control = self.handler.on_evaluate(self.args, self.state, self.control, metrics)
         name = self.args.metric_for_best_model
         if name is None:
@@ -204,19 +204,21 @@ class TrainerEvents:
             kept = saved.best_model_checkpoint is not None and os.path.isdir(saved.best_model_checkpoint)
             s.best_model_checkpoint = saved.best_model_checkpoint if kept else None  # pruned since: Trainer forgets it too
 
-    def train_end(self, training_loss: float, pending: dict | None = None, after_log=None) -> dict:
+    def train_end(self, training_loss: float, pending: dict | None = None, after_log=None, log=None) -> dict:
         """Log the run's summary (train_runtime, train_loss, as Trainer does) with the metrics of the steps since the
         last log (`pending`, as TRL's `log` merges them into it), and call on_train_end; → the summary (Trainer's
         `TrainOutput.metrics` keys: train_runtime in seconds, train_samples_per_second (completions: the optimizer steps ×
         per_device_train_batch_size × gradient_accumulation_steps × processes, as Trainer counts its batches),
         train_steps_per_second, total_flos (state.total_flos: see the trainer's `_log`), train_loss, epoch). `after_log`: called
-        after the summary's on_log (where TRL's `log()` prints the completions table of the steps merged into it), if given."""
+        after the summary's on_log (where TRL's `log()` prints the completions table of the steps merged into it), if given.
+        `log`: what logs the summary (the trainer's `log`, as Trainer's train() logs it through a subclass's override);
+        default `self.log`."""
         a, runtime = self.args, time.perf_counter() - self.started
         samples = self.state.global_step * a.per_device_train_batch_size * a.gradient_accumulation_steps * a.world_size
         summary = {"train_runtime": round(runtime, 4), "train_samples_per_second": round(samples / max(runtime, 1e-9), 3),
                    "train_steps_per_second": round(self.state.global_step / max(runtime, 1e-9), 3), "total_flos": self.state.total_flos,
                    "train_loss": training_loss}
-        self.log({**(pending or {}), **summary})
+        (log or self.log)({**(pending or {}), **summary})
         if after_log:
             after_log()
         self.control = self.handler.on_train_end(self.args, self.state, self.control)

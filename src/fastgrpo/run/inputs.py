@@ -52,14 +52,16 @@ class TrainerInputs(NamedTuple):
     check_tokenizer: Callable  # tokenizer → None: renders each dataset's sample chat prompts (producers.check_prompt_rendering)
 
 
-# TRL 1.16 GRPOTrainer's and transformers Trainer's methods a subclass overrides to change how it trains or evaluates,
-# none of which fastgrpo's loop calls (rollout/, update/, run/evaluation.py do that work): an override would be ignored
+# TRL 1.16 GRPOTrainer's and transformers Trainer's methods a subclass overrides to change how it trains, evaluates or
+# saves, none of which fastgrpo's loop calls (rollout/, update/, run/evaluation.py, run/checkpoints.py do that work; the
+# optimizer's class comes from transformers' own Trainer.get_optimizer_cls_and_kwargs): an override would be ignored
 TRL_HOOKS = (
     "compute_loss", "_compute_loss", "training_step", "prediction_step", "_prepare_inputs", "_generate_and_score_completions",
     "_generate", "_generate_single_turn", "_tool_call_loop", "_calculate_rewards", "_tokenize_prompts",
     "_get_per_token_logps_and_entropies", "get_gamma_weights", "get_train_dataloader", "get_eval_dataloader", "_get_train_sampler",
     "_get_eval_sampler", "create_optimizer", "create_scheduler", "create_optimizer_and_scheduler", "evaluation_loop",
     "_inner_training_loop", "_maybe_log_save_evaluate", "_save_checkpoint", "_load_optimizer_and_scheduler",
+    "_save", "_load_from_checkpoint", "get_decay_parameter_names", "get_optimizer_cls_and_kwargs", "compute_loss_context_manager",
 )
 
 
