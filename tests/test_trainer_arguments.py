@@ -135,3 +135,15 @@ def test_no_args_writes_where_trl_would_the_models_name_then_grpo(tmp_path, monk
     trainer = GRPOTrainer(model, reward_even, train_dataset=prompts, processing_class=tokenizer)
     assert trainer.args.output_dir == "tiny-chat-GRPO"
     assert default_output_dir(model, "AsyncGRPO") == "tiny-chat-AsyncGRPO"
+
+
+def test_model_init_kwargs_dtype_under_either_of_transformers_names(tmp_path, tokenizer, make_model):
+    # transformers' older name torch_dtype loaded float32: fastgrpo's float32 default went in as `dtype`, which
+    # transformers prefers. Either name now loads bf16; `dtype` wins when both are given, as transformers has it.
+    from fastgrpo.model.loading import load_model
+
+    folder = str(tmp_path / "m")
+    make_model().save_pretrained(folder)
+    for kwargs, dtype in (({}, torch.float32), ({"torch_dtype": "bfloat16"}, torch.bfloat16), ({"dtype": torch.bfloat16}, torch.bfloat16),
+                          ({"torch_dtype": torch.bfloat16, "dtype": "float32"}, torch.float32)):
+        assert {p.dtype for p in load_model(folder, kwargs).parameters()} == {dtype}, kwargs

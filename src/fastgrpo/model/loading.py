@@ -142,11 +142,14 @@ def prepare_tokenizer(tokenizer):
 def load_model(model: str | torch.nn.Module, init_kwargs: dict | None = None) -> torch.nn.Module:
     """A causal LM from a name (see `resolve_model_path`, which raises for a missing local path) or an already built model.
 
-    An already built model (a `PreTrainedModel` or a peft `PeftModel`) is returned as it is.
+    An already built model (a `PreTrainedModel` or a peft `PeftModel`) is returned as it is. Parameters load in float32
+    unless `init_kwargs` names a dtype: `dtype`, or transformers' older name `torch_dtype` (which the float32 default
+    would otherwise override, transformers preferring `dtype`).
     """
     if isinstance(model, torch.nn.Module):
         return model
-    kwargs = {"dtype": torch.float32, **(init_kwargs or {})}
+    init_kwargs = dict(init_kwargs or {})
+    kwargs = {"dtype": init_kwargs.pop("torch_dtype", torch.float32), **init_kwargs}
     return AutoModelForCausalLM.from_pretrained(resolve_model_path(model), **kwargs)
 
 
