@@ -174,6 +174,24 @@ def test_every_checkpoint_writes_trls_model_card_into_output_dir(tmp_path, token
     assert card.data.model_name == "out" and "# out\n" in card.text and "1 optimizer steps" in card.text
 
 
+def test_checkpoints_keep_a_readme_that_is_not_a_model_card(tmp_path, tokenizer, make_model, prompts):
+    """A project's README.md in output_dir (output_dir=".") was replaced by the model card at the first checkpoint (TRL's
+    does so too); nothing saved is lost now: it is kept with a warning, and a card a trainer wrote is still replaced."""
+    import huggingface_hub
+
+    args = config(tmp_path, max_steps=2, gradient_accumulation_steps=1, save_steps=1)
+    os.makedirs(args.output_dir)
+    readme = os.path.join(args.output_dir, "README.md")
+    with open(readme, "w") as f:
+        f.write("---\ntitle: my project\n---\n# My project notes\n")
+    trainer = GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
+    with pytest.warns(UserWarning, match="README.md is not a model card a trainer wrote, so checkpoints leave it as it is"):
+        trainer.train()
+    assert open(readme).read() == "---\ntitle: my project\n---\n# My project notes\n"
+    trainer.create_model_card()  # asked for: replaced, and later checkpoints keep it current
+    assert "fastgrpo" in huggingface_hub.metadata_load(readme)["tags"]
+
+
 def test_a_subclass_overriding_trainers_save_or_optimizer_hooks_is_refused(tmp_path, tokenizer, prompts):
     # transformers' Trainer.save_model writes through _save, its create_optimizer asks get_decay_parameter_names and
     # get_optimizer_cls_and_kwargs, compute_loss_context_manager wraps each loss: subclasses override them (extra files in

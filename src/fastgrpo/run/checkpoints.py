@@ -6,7 +6,8 @@
   passes over it remain, its logging window (the metric sums and completions
   trained on but not yet logged), dynamic sampling's carry-over buffer and, with the overlap
   (max_staleness), the data order after the last rollout trained (rollouts in flight are sampled
-  again on resume) and the weight version; then TRL's model card (output_dir/README.md) and the callbacks' on_save.
+  again on resume) and the weight version; then TRL's model card (output_dir/README.md, unless a README.md there is
+  not a card: `card_is_replaceable`) and the callbacks' on_save.
 - `stop_interrupted`: after Ctrl-C, that step's checkpoint (unless just
   written) and `TrainingInterrupted` saying how to resume.
 - `resume`: a new run claims output_dir; a resumed one loads the state back,
@@ -34,7 +35,9 @@ import warnings
 from typing import Any, Protocol
 
 import torch
+import yaml
 from accelerate.utils import broadcast_object_list
+from huggingface_hub import metadata_load
 
 from . import checkpoint_files as ckpt
 from . import completion_tables, runs
@@ -108,12 +111,35 @@ def save(trainer: Checkpointed, rollout: Rollout, done: int) -> str:
     path = ckpt.save_checkpoint(a.output_dir, trainer.step, acc, trainer.model, trainer.tokenizer, a, state, own, trainer.run_id, trainer.optimizer)
     # TRL's _save_checkpoint writes the model card: output_dir/README.md, named after hub_model_id or the folder (here
     # after the checkpoint, so a full disk is reported as the checkpoint's failure; before on_save, as TRL's)
-    trainer.create_model_card(model_name=(a.hub_model_id or os.path.basename(os.path.abspath(a.output_dir))).split("/")[-1])
+    if card_is_replaceable(a.output_dir):
+        trainer.create_model_card(model_name=(a.hub_model_id or os.path.basename(os.path.abspath(a.output_dir))).split("/")[-1])
     trainer.events.save(path)  # names the best checkpoint before pruning, as Trainer._save_checkpoint does
     if acc.is_main_process:
         ckpt.prune(a.output_dir, a.save_total_limit, trainer.run_id, trainer.state.best_model_checkpoint, latest=path)
     acc.wait_for_everyone()
     return path
+
+
+def card_is_replaceable(output_dir: str) -> bool:
+    """Whether a checkpoint may write the model card over output_dir/README.md: there is none, or it is a model card a
+    trainer wrote (its metadata tags "fastgrpo", or TRL's "trl"). TRL overwrites any README.md there; fastgrpo keeps
+    one it did not write (`output_dir="."` in a project would lose the project's README).
+
+    Warns:
+        UserWarning: a README.md kept, naming it and `create_model_card()`, which replaces it when asked.
+    """
+    path = os.path.join(output_dir, "README.md")
+    if not os.path.exists(path):
+        return True
+    try:
+        tags = (metadata_load(path) or {}).get("tags") or []
+    except yaml.YAMLError:  # front matter that is not YAML: not a card
+        tags = []
+    if "fastgrpo" in tags or "trl" in tags:
+        return True
+    warnings.warn(f"{path} is not a model card a trainer wrote, so checkpoints leave it as it is (TRL's would overwrite it); "
+                  "call trainer.create_model_card() to replace it with the run's card.", stacklevel=3)
+    return False
 
 
 def prune_at_end(trainer: Checkpointed) -> None:
