@@ -34,6 +34,8 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass, field
 
+import torch
+
 from ..config import GRPOConfig
 from ..config.grpo_config import names_unknown_fields
 from ..run.inputs import default_output_dir
@@ -74,7 +76,7 @@ class AsyncGRPOConfig(GRPOConfig):
     weight_sync_timeout: int = 1800
 
     def __post_init__(self) -> None:
-        if not isinstance(self.dtype, str) and str(self.dtype).startswith("torch."):  # torch.bfloat16: TRL's loader takes it too
+        if isinstance(self.dtype, torch.dtype):  # torch.bfloat16: TRL's loader takes it too
             self.dtype = str(self.dtype).removeprefix("torch.")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype={self.dtype!r}: use one of {', '.join(DTYPES)} (the dtype the model loads in; float32, the "
@@ -97,6 +99,7 @@ class AsyncGRPOTrainer(GRPOTrainer):
         args: an `AsyncGRPOConfig` (a `GRPOConfig` with max_staleness set works too); default
             `AsyncGRPOConfig("<model name>-AsyncGRPO")`, as TRL.
         rollout_worker, weight_transfer: TRL's hooks; only their defaults (fastgrpo's own) are accepted.
+
     As TRL's, it writes what it decides back into `args`: `model_init_kwargs["dtype"]` from `args.dtype` for a model
     given by name (the kwargs' own dtype wins), `max_inflight_tasks` = max(max_staleness, 1) rollouts' completions for
     -1 (auto), `ignore_data_skip` = True.
