@@ -55,6 +55,17 @@ def cpu_without_bf16_units(monkeypatch):
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {"cpu_name": "a CPU without bf16 units (test suite)"})
 
 
+@pytest.fixture(scope="session")
+def lora_one_process(tmp_path_factory):
+    """The output folder of tests/dist_script.py --lora on 1 process, 2 steps: the reference both LoRA launches on two
+    processes (DDP in test_lora.py, FSDP over two nodes in test_fsdp.py) are compared with, run once."""
+    from test_distributed import SCRIPT, run  # noqa: PLC0415 (the launch helpers live with the distributed tests)
+
+    one = str(tmp_path_factory.mktemp("lora_one"))
+    run([sys.executable, SCRIPT, one, "--max_steps", "2", "--lora"])
+    return one
+
+
 # ------------------------------------------------------------------ a real vLLM server on loopback (test_vllm, test_async_grpo)
 VLLM_ENV = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}  # 1 GiB of KV cache, not a share of RAM
 SERVERS: dict[str, subprocess.Popen] = {}  # the shared server's process by URL (tests marked stops_server stop it on purpose)

@@ -128,9 +128,8 @@ def test_fsdp_checkpoints_are_sharded_and_load_on_another_number_of_processes(fu
 
 
 @pytest.mark.slow
-def test_lora_under_fsdp_on_a_two_node_launch_trains_as_one_process_and_logs_once(tmp_path):
-    one, two = str(tmp_path / "one"), str(tmp_path / "two")
-    run([PYTHON, SCRIPT, one, "--max_steps", "2", "--lora"])
+def test_lora_under_fsdp_on_a_two_node_launch_trains_as_one_process_and_logs_once(tmp_path, lora_one_process):
+    one, two = lora_one_process, str(tmp_path / "two")
     port = str(free_port())
     env = {**os.environ, **FSDP_ENV, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     env.pop("WORLD_SIZE", None)

@@ -245,14 +245,13 @@ def test_bad_peft_inputs_are_refused(tmp_path, tokenizer, make_model, prompts):
 
 
 @pytest.mark.slow
-def test_two_processes_train_adapters_as_one(tmp_path):
+def test_two_processes_train_adapters_as_one(tmp_path, lora_one_process):
     # tests/dist_script.py --lora: fixed completions, beta 0.04 (π_ref = adapters disabled inside DDP), gradient
     # checkpointing; 2 steps (μ = 2: step 2 reuses the rollout) on 1 process and on 2 (torchrun, gloo). As in
     # test_distributed.py, results agree to fp32 summation order, not bit for bit.
     from test_distributed import SCRIPT, free_port, run
 
-    one, two = str(tmp_path / "one"), str(tmp_path / "two")
-    run([sys.executable, SCRIPT, one, "--max_steps", "2", "--lora"])
+    one, two = lora_one_process, str(tmp_path / "two")
     run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()), SCRIPT, two, "--max_steps", "2", "--lora"])
     expected, logged = ({r["step"]: r for r in read_metrics(d)} for d in (one, two))
     for step in (1, 2):

@@ -52,12 +52,13 @@ def test_cli_refuses_bad_values_before_loading_anything(capsys):
         main(["train", "--num_generation", "4"])
 
 
-def test_cli_trains_on_a_local_file_with_a_builtin_reward(tmp_path):
+def test_cli_trains_on_a_local_file_with_a_builtin_reward(tmp_path, model_dir):
+    # A local model folder too (the suite's tiny Llama): the built-in model's own runs are the seed script's above and `make train`.
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"Write a word about {w}."}) + "\n" for w in ("cats", "dogs", "rain", "sun")))
     out = tmp_path / "out"
     code = subprocess.run(
-        [sys.executable, "-m", "fastgrpo.cli", "train", "--dataset", str(data), "--reward", "length", "--output_dir", str(out),
+        [sys.executable, "-m", "fastgrpo.cli", "train", "--model", model_dir, "--dataset", str(data), "--reward", "length", "--output_dir", str(out),
          "--max_steps", "2", "--num_generations", "4", "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "1",
          "--max_completion_length", "8", "--logging_steps", "1", "--save_steps", "2", "--disable_tqdm", "true"],
         cwd=tmp_path, timeout=600,

@@ -229,16 +229,6 @@ def assert_learns(output_dir):
     assert first < 0.65 and last > first + 0.2, rewards  # the own sampler's test (test_trainer.py), same thresholds
 
 
-def test_colocate_run_learns_and_syncs_the_engine_at_each_rollout(tmp_path, tokenizer, prompts):
-    # One engine start (≈ 20 s here) serves both checks. That a synced engine samples with the policy's log-probs, which the
-    # sampler–trainer correction then reads as ratio 1, is the engine test's above (and the server runs' below).
-    args = config(tmp_path, **LEARNING)
-    GRPOTrainer(vllm_tiny_model(tokenizer), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer).train()
-    assert_learns(args.output_dir)
-    records = [r for r in metrics(args.output_dir) if "reward" in r]  # logging_steps=4: one rollout (2 × μ=2 steps) a line
-    assert records[0]["seconds/weight_sync"] == 0 and all(r["seconds/weight_sync"] > 0 for r in records[1:])  # the first samples the start's weights
-
-
 class StopAt(TrainerCallback):
     def __init__(self, step):
         self.step = step
@@ -286,7 +276,8 @@ def test_a_run_resumed_at_a_rollouts_end_samples_what_the_uninterrupted_run_samp
 
 def test_a_script_that_trains_at_its_top_level_is_told_to_use_a_main_guard(tmp_path, model_dir):
     # vLLM's CPU engine processes are spawned and import the script again; one without `if __name__ == "__main__":`
-    # (TRL's quick-start style) then fails to start its engine, and the error blamed memory.
+    # (TRL's quick-start style) then fails to start its engine, and the error blamed memory. On CPU vLLM always spawns, so
+    # the script is refused before vLLM starts any process: no spawned import of it (Python's freeze_support error) is logged.
     script = tmp_path / "top_level.py"
     script.write_text(
         "from datasets import Dataset\nfrom fastgrpo import GRPOConfig, GRPOTrainer\n"
@@ -298,19 +289,26 @@ def test_a_script_that_trains_at_its_top_level_is_told_to_use_a_main_guard(tmp_p
     run = subprocess.run([sys.executable, str(script)], env=VLLM_ENV, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     last = run.stderr.strip().splitlines()[-1]
     assert run.returncode == 1 and "trains at its top level" in last and last.endswith('Put the training under `if __name__ == "__main__":`.'), run.stderr[-3000:]
+    assert "EngineError: vLLM's CPU engine spawns its processes, and each imports the script" in last and "freeze_support()" not in run.stderr
 
 
-def test_ctrl_c_in_a_terminal_while_the_colocated_engine_samples_saves_the_step_and_stops(tmp_path, model_dir):
-    # A terminal's Ctrl-C reaches every process of its foreground group: vLLM's engine core and worker exited on it, and
-    # the sampling in progress waited for ever on the dead engine (a hang; no checkpoint). The script is its own session
-    # and group (a terminal's job), and sends SIGINT to its whole group while the third rollout is in the engine.
+def test_colocate_run_learns_syncs_the_engine_at_each_rollout_and_a_terminals_ctrl_c_saves_the_step(tmp_path, model_dir):
+    # One engine start (≈ 30 s here) serves three checks. The run (LEARNING's settings, one rollout per record) learns, and
+    # its engine is synced at each rollout (that a synced engine samples with the policy's log-probs is the engine test's
+    # above). A terminal's Ctrl-C reaches every process of its foreground group: vLLM's engine core and worker exited on
+    # it, and the sampling in progress waited for ever on the dead engine (a hang; no checkpoint). The script is its own
+    # session and group (a terminal's job), and sends SIGINT to its whole group while the sixth, last rollout is in the engine:
+    # the step it was sampled for (21) ends and is saved. Its record is not written; the checkpoint holds its window.
     out = tmp_path / "out"
     run = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "vllm_ctrl_c_script.py"), model_dir, str(out)],
                          env=VLLM_ENV, capture_output=True, text=True, timeout=400, start_new_session=True)
     last = run.stderr.strip().splitlines()[-1]
-    assert run.returncode == 1 and last.endswith(f"TrainingInterrupted: interrupted at step 3/6; saved {out / 'checkpoint-3'}. Resume with "
+    assert run.returncode == 1 and last.endswith(f"TrainingInterrupted: interrupted at step 21/24; saved {out / 'checkpoint-21'}. Resume with "
                                                  "trainer.train(resume_from_checkpoint=True), or the same fastgrpo train command plus --resume."), run.stderr[-3000:]
-    assert [r["step"] for r in metrics(out)] == [1, 2, 3] and sorted(os.listdir(out)) == ["README.md", "checkpoint-3", "metrics.jsonl"]
+    records = metrics(out)
+    assert [r["step"] for r in records] == [4, 8, 12, 16, 20] and sorted(os.listdir(out)) == ["README.md", "checkpoint-21", "metrics.jsonl"]
+    assert_learns(out)
+    assert records[0]["seconds/weight_sync"] == 0 and all(r["seconds/weight_sync"] > 0 for r in records[1:])  # the first samples the start's weights
 
 
 # ------------------------------------------------------------------ server mode

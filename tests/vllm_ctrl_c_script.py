@@ -1,9 +1,12 @@
-"""A colocated-vLLM run pressed Ctrl-C in a terminal while it samples; run by tests/test_vllm.py in a session of its own.
+"""A colocated-vLLM run that learns, pressed Ctrl-C in a terminal while it samples; run by tests/test_vllm.py in a
+session of its own.
 
     python tests/vllm_ctrl_c_script.py MODEL_DIR OUT
 
-A terminal's Ctrl-C is SIGINT to every process of its foreground group: here `os.killpg` of the script's own group,
-sent while the third rollout's request is in the engine (max_steps=6, one optimizer step per rollout).
+The suite's learning settings for vLLM (test_vllm.LEARNING: 24 steps, one rollout per 4 optimizer steps, the even-token
+reward). A terminal's Ctrl-C is SIGINT to every process of its foreground group: here `os.killpg` of the script's own
+group, sent while the sixth and last rollout's request is in the engine, after five rollouts (20 steps): the run stops
+at the end of step 21, the first trained on it, and saves it.
 """
 
 import os
@@ -21,12 +24,16 @@ GENERATE = ColocateEngine.generate
 
 
 def generate_with_ctrl_c(engine, prompts, params):
-    """The engine's own generate; the 5th call (the third rollout's first: each rollout calls it twice, backend.py's
+    """The engine's own generate; the 11th call (the sixth rollout's first: each rollout calls it twice, backend.py's
     prefill then the sampling) is sent the terminal's SIGINT first."""
     CALLS[0] += 1
-    if CALLS[0] == 5:
+    if CALLS[0] == 11:
         os.killpg(os.getpgrp(), signal.SIGINT)
     return GENERATE(engine, prompts, params)
+
+
+def reward_even_tokens(completion_ids, **kwargs):
+    return [sum(1 for t in ids if t % 2 == 0) / max(len(ids), 1) for ids in completion_ids]
 
 
 def main():
@@ -34,12 +41,11 @@ def main():
     ColocateEngine.generate = generate_with_ctrl_c
     prompts = Dataset.from_list([{"prompt": [{"role": "user", "content": f"Count to {i}."}]} for i in range(32)])
     args = GRPOConfig(
-        output_dir=out, use_vllm=True, per_device_train_batch_size=4, num_generations=4, max_prompt_length=32,
-        max_completion_length=8, max_steps=6, learning_rate=1e-3, logging_steps=1, save_strategy="no", bf16=False,
-        disable_tqdm=True, report_to="none", seed=0,
+        output_dir=out, use_vllm=True, per_device_train_batch_size=8, num_generations=8, max_prompt_length=32,
+        max_completion_length=8, num_iterations=2, steps_per_generation=2, max_steps=24, learning_rate=3e-3, top_k=20,
+        logging_steps=4, save_strategy="no", bf16=False, disable_tqdm=True, report_to="none", seed=0,
     )
-    reward = lambda completion_ids, **kwargs: [len(ids) % 2 for ids in completion_ids]  # noqa: E731
-    GRPOTrainer(model_dir, reward, args=args, train_dataset=prompts, processing_class=load_tokenizer(model_dir)).train()
+    GRPOTrainer(model_dir, reward_even_tokens, args=args, train_dataset=prompts, processing_class=load_tokenizer(model_dir)).train()
 
 
 if __name__ == "__main__":

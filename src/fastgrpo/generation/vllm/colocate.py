@@ -123,6 +123,13 @@ def unguarded_main_script() -> bool:
         return re.search(r"__name__\s*==\s*['\"]__main__['\"]|['\"]__main__['\"]\s*==\s*__name__", f.read()) is None
 
 
+def unguarded_main_message(cause: str) -> str:
+    """The error for `unguarded_main_script()`: `cause`, then why a spawned process fails on such a script, and the fix."""
+    return (f"{cause}, and each imports the script {sys.modules['__main__'].__file__!r} again, which trains at its top level "
+            "and so starts another engine in it (Python's \"freeze_support\" error). Put the training under "
+            "`if __name__ == \"__main__\":`.")
+
+
 def exit_reason(code: int) -> str:
     """A process's exit code in words: -N is signal N (SIGKILL named as Linux's out-of-memory killer's)."""
     if code >= 0:
@@ -145,18 +152,22 @@ class ColocateEngine:
     Attributes:
         processes: the `multiprocessing` processes vLLM started for it (the engine core), watched by each call.
     Raises:
-        EngineError: vLLM could not start (memory, most often: the message names the knobs).
+        EngineError: vLLM could not start (memory, most often: the message names the knobs), or would spawn its
+            processes from a script that trains at its top level (`unguarded_main_script`; on CPU refused before it starts).
     """
 
     pushes_weights = True
     description = "vLLM in this process"
 
     def __init__(self, folder: WeightsFolder, *, max_model_len: int, memory_utilization: float, model_impl: str, seed: int):
-        from vllm import LLM, SamplingParams  # noqa: PLC0415 (an optional dependency, imported when the backend is chosen)
+        from vllm import LLM, SamplingParams, envs  # noqa: PLC0415 (an optional dependency, imported when the backend is chosen)
 
         on_cpu = not torch.cuda.is_available()
         if on_cpu:
             check_cpu_head_size(folder)
+            if envs.VLLM_ENABLE_V1_MULTIPROCESSING and unguarded_main_script():  # certain to fail: refused before ≈ 20 s of spawning
+                folder.close()
+                raise EngineError(unguarded_main_message("vLLM's CPU engine spawns its processes"))
         before = set(multiprocessing.active_children())
         try:
             with own_session():  # the engine's processes out of the terminal's Ctrl-C (module docstring)
@@ -171,11 +182,7 @@ class ColocateEngine:
         except RuntimeError as err:  # vLLM logs the cause above its own message ("Engine core initialization failed")
             folder.close()
             if unguarded_main_script():
-                raise EngineError(
-                    f"vLLM could not start its engine ({err}): its processes are spawned, and each imports the script "
-                    f"{sys.modules['__main__'].__file__!r} again, which trains at its top level and so starts another engine "
-                    "(Python's \"freeze_support\" error in the log above). Put the training under `if __name__ == \"__main__\":`."
-                ) from None
+                raise EngineError(unguarded_main_message(f"vLLM could not start its engine ({err}): its processes are spawned")) from None
             share = f"{memory_utilization:g} of this machine's RAM (vLLM's CPU reading of it)" if on_cpu else f"{memory_utilization:g} of the GPU"
             raise EngineError(
                 f"vLLM could not start its engine ({err}; its log above says why). It reserves vllm_gpu_memory_utilization="
