@@ -7,6 +7,7 @@ TRL's importance-sampling correction is there for.
 """
 
 import json
+import multiprocessing
 import os
 import re
 import signal
@@ -63,11 +64,16 @@ def sequence_logps(model, prompt: list[int], completion_ids: torch.Tensor, mask:
     return (logits.log_softmax(-1).gather(2, completion_ids[:, :, None]).squeeze(2)) * mask
 
 
-def start_engine(tokenizer) -> ColocateEngine:
+def tiny_folder(tokenizer) -> WeightsFolder:
+    """The tiny vLLM model's fp32 weights folder, as the trainer writes it for a colocated engine."""
     folder = WeightsFolder(torch.float32)
     model = vllm_tiny_model(tokenizer, seed=0)
     folder.write_model(model.config.to_dict(), tokenizer, with_head(full_weights(model), TIED))
-    return ColocateEngine(folder, max_model_len=128, memory_utilization=0.3, model_impl="vllm", seed=0)
+    return folder
+
+
+def start_engine(tokenizer) -> ColocateEngine:
+    return ColocateEngine(tiny_folder(tokenizer), max_model_len=128, memory_utilization=0.3, model_impl="vllm", seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -460,11 +466,33 @@ def test_what_vllm_cannot_do_here_is_refused_in_the_config(tmp_path, fields, mes
         config(tmp_path, **fields)
 
 
-def test_an_engine_that_cannot_start_names_the_memory_knobs(tmp_path, tokenizer, prompts, monkeypatch):
-    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE")  # so vLLM sizes itself from the share of RAM asked for: more than is free
+@pytest.mark.parametrize("kv_space,utilization,message", [
+    (None, 1.0, r"vllm_gpu_memory_utilization=1 of this machine's RAM .* asks for [\d.]+ of its [\d.]+ GiB, and [\d.]+ GiB is "
+                r"available\. .* not started: lower vllm_gpu_memory_utilization \(0\.\d\d of the RAM is free now\), or set VLLM_CPU_KVCACHE_SPACE=<GiB>"),
+    ("100000", 0.3, r"VLLM_CPU_KVCACHE_SPACE=100000 asks for 100000\.0 GiB of KV cache, and [\d.]+ GiB is available\. .* not started: lower VLLM_CPU_KVCACHE_SPACE, or free memory"),
+    ("4G", 0.3, r"VLLM_CPU_KVCACHE_SPACE='4G': vLLM reads it as whole GiB .* give a whole number"),
+])
+def test_an_engine_asking_more_memory_than_is_available_is_refused_before_it_starts(tokenizer, monkeypatch, kv_space, utilization, message):
+    # vLLM's CPU worker refuses either after ≈ 20 s of spawning and importing; the same reading of the node's memory is
+    # refused before any process starts, and the weights' shared-memory folder is removed.
+    if kv_space is None:
+        monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE")  # vLLM sizes itself from the share of RAM asked for: all of it, more than is free
+    else:
+        monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", kv_space)
+    folder = tiny_folder(tokenizer)
+    before = set(multiprocessing.active_children())
+    with pytest.raises(EngineError, match=message):
+        ColocateEngine(folder, max_model_len=128, memory_utilization=utilization, model_impl="vllm", seed=0)
+    assert set(multiprocessing.active_children()) == before and not os.path.exists(folder.path)
+
+
+def test_a_trainer_asking_for_all_of_the_ram_is_told_the_memory_knobs_before_the_engine_starts(tmp_path, tokenizer, prompts, monkeypatch):
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE")
     args = config(tmp_path, vllm_gpu_memory_utilization=1.0)
-    with pytest.raises(EngineError, match="could not start its engine.*vllm_gpu_memory_utilization=1 of this machine's RAM.*VLLM_CPU_KVCACHE_SPACE"):
+    before = set(multiprocessing.active_children())
+    with pytest.raises(EngineError, match="could not start its engine: vllm_gpu_memory_utilization=1 of this machine's RAM.*VLLM_CPU_KVCACHE_SPACE"):
         GRPOTrainer(vllm_tiny_model(tokenizer), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
+    assert set(multiprocessing.active_children()) == before
 
 
 def test_vllm_not_installed_is_one_line_naming_the_install_command(tmp_path, tokenizer, prompts, monkeypatch):

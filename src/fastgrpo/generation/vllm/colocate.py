@@ -28,6 +28,7 @@ Not here: the sampling settings and the `Samples` built from the output (backend
 from __future__ import annotations
 
 import json
+import math
 import multiprocessing
 import multiprocessing.spawn
 import os
@@ -79,6 +80,47 @@ def check_cpu_head_size(folder: WeightsFolder) -> None:
             f"vLLM's CPU attention cannot run this model: its attention heads have {head_size} dimensions, and vLLM takes "
             f"{sizes}. Sample with fastgrpo's own sampler instead (use_vllm=False), or run vLLM on a GPU."
         )
+
+
+def check_cpu_memory(folder: WeightsFolder, memory_utilization: float) -> None:
+    """Refuse, before vLLM starts, a CPU engine whose memory vLLM's CPU worker is certain to refuse.
+
+    vLLM 0.32's CPU worker (`vllm.v1.worker.cpu_worker.CPUWorker`) reserves `memory_utilization` × its NUMA node's RAM, or,
+    with `VLLM_CPU_KVCACHE_SPACE=<GiB>`, that much for its KV cache, and raises when it exceeds the node's available
+    memory: after ≈ 20 s of spawning and importing, as "Engine core initialization failed" under a page of log.
+    The node's available memory only shrinks from now until then (the engine's own processes take theirs first), so
+    the same reading now (vLLM's `get_memory_node_info`, cgroup limits included) refuses only what would fail.
+
+    Raises:
+        EngineError: naming the GiB asked and available, the setting that asked for them and the fixes; or a
+            `VLLM_CPU_KVCACHE_SPACE` that is not a whole number of GiB (vLLM's `int()` of it would raise).
+    """
+    try:
+        from vllm.utils.cpu_resource_utils import get_allowed_cpu_list, get_memory_node_info  # noqa: PLC0415 (vLLM is being started anyway)
+    except ImportError:  # another vLLM layout than 0.32's (the CPU build fastgrpo pins): the engine's own error applies
+        return
+
+    node = get_memory_node_info(get_allowed_cpu_list()[0].numa_node)
+    kv_space = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "")
+    if kv_space:
+        try:
+            asked = int(kv_space) * 2**30
+        except ValueError:
+            folder.close()
+            raise EngineError(f"VLLM_CPU_KVCACHE_SPACE={kv_space!r}: vLLM reads it as whole GiB for the KV cache; give a whole "
+                              "number (e.g. 4), or unset it for a share of RAM (vllm_gpu_memory_utilization).") from None
+        setting = f"VLLM_CPU_KVCACHE_SPACE={kv_space} asks for {asked / 2**30:.1f} GiB of KV cache"
+        fixes = "lower VLLM_CPU_KVCACHE_SPACE"
+    else:
+        asked = math.ceil(node.total_memory * memory_utilization)
+        setting = (f"vllm_gpu_memory_utilization={memory_utilization:g} of this machine's RAM (vLLM's CPU reading of it) asks "
+                   f"for {asked / 2**30:.1f} of its {node.total_memory / 2**30:.1f} GiB")
+        fixes = (f"lower vllm_gpu_memory_utilization ({node.available_memory / node.total_memory:.2f} of the RAM is free now), or set "
+                 "VLLM_CPU_KVCACHE_SPACE=<GiB> for its KV cache")
+    if asked > node.available_memory:
+        folder.close()
+        raise EngineError(f"vLLM could not start its engine: {setting}, and {node.available_memory / 2**30:.1f} GiB is available. "
+                          f"vLLM's CPU worker would refuse it after ≈ 20 s of starting, so it was not started: {fixes}, or free memory.")
 
 
 # `multiprocessing`'s spawn executable while vLLM starts its engine: a new session (no controlling terminal, so no
@@ -152,8 +194,9 @@ class ColocateEngine:
     Attributes:
         processes: the `multiprocessing` processes vLLM started for it (the engine core), watched by each call.
     Raises:
-        EngineError: vLLM could not start (memory, most often: the message names the knobs), or would spawn its
-            processes from a script that trains at its top level (`unguarded_main_script`; on CPU refused before it starts).
+        EngineError: vLLM could not start (memory, most often: the message names the knobs; on CPU a share of RAM or a KV
+            cache larger than is available is refused before it starts, `check_cpu_memory`), or would spawn its processes
+            from a script that trains at its top level (`unguarded_main_script`; on CPU refused before it starts).
     """
 
     pushes_weights = True
@@ -165,6 +208,7 @@ class ColocateEngine:
         on_cpu = not torch.cuda.is_available()
         if on_cpu:
             check_cpu_head_size(folder)
+            check_cpu_memory(folder, memory_utilization)
             if envs.VLLM_ENABLE_V1_MULTIPROCESSING and unguarded_main_script():  # certain to fail: refused before ≈ 20 s of spawning
                 folder.close()
                 raise EngineError(unguarded_main_message("vLLM's CPU engine spawns its processes"))
