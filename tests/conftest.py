@@ -55,6 +55,22 @@ def cpu_without_bf16_units(monkeypatch):
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {"cpu_name": "a CPU without bf16 units (test suite)"})
 
 
+# The settings of the full fine-tuning runs both two-process launches (DDP in test_distributed.py, FSDP in test_fsdp.py)
+# compare with one process: π_ref in play (β = 0.04), checkpoints at steps 2 and 3.
+FULL_RUN = ["--beta", "0.04", "--save_steps", "2"]
+
+
+@pytest.fixture(scope="session")
+def full_one_process(tmp_path_factory):
+    """The output folder of tests/dist_script.py on 1 process, 4 steps, `FULL_RUN`: the reference of both full
+    fine-tuning launches on two processes, run once."""
+    from test_distributed import SCRIPT, run  # noqa: PLC0415 (the launch helpers live with the distributed tests)
+
+    one = str(tmp_path_factory.mktemp("one"))
+    run([sys.executable, SCRIPT, one, "--max_steps", "4", *FULL_RUN])
+    return one
+
+
 @pytest.fixture(scope="session")
 def lora_one_process(tmp_path_factory):
     """The output folder of tests/dist_script.py --lora on 1 process, 2 steps: the reference both LoRA launches on two

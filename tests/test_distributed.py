@@ -4,7 +4,9 @@ tests/dist_script.py runs a few GRPO steps on the tiny model with fixed
 completions (no sampling), so a 1-process and a 2-process run see the same
 tokens and every difference would come from the distributed maths: dapo's
 token count over all processes, the batch reward std gathered from all
-processes, DDP's gradient average, and per-process checkpoint state.
+processes, DDP's gradient average, π_ref's log-probs (β = 0.04) and
+per-process checkpoint state. The 1-process run is shared with the FSDP tests
+(conftest.full_one_process).
 
 The 2-process run is launched with torchrun and resumed with
 `accelerate launch --config_file examples/accelerate/ddp.yaml` (a MULTI_GPU
@@ -27,6 +29,7 @@ import sys
 
 import pytest
 import torch
+from conftest import FULL_RUN
 
 from fastgrpo import GRPOConfig
 
@@ -56,12 +59,12 @@ def read_metrics(output_dir: str) -> dict[int, dict]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """(one-process dir, two-process dir): 4 steps on 1 process; 3 steps on 2 processes, then resumed to 4 on 2."""
-    one, two = str(tmp_path_factory.mktemp("one")), str(tmp_path_factory.mktemp("two"))
-    run([sys.executable, SCRIPT, one, "--max_steps", "4"])
+def runs(tmp_path_factory, full_one_process):
+    """(one-process dir, two-process dir, …): 4 steps on 1 process (conftest.full_one_process, shared with the FSDP
+    tests); 3 steps on 2 processes with the same settings (β = 0.04, checkpoints at 2 and 3), then resumed to 4 on 2."""
+    one, two = full_one_process, str(tmp_path_factory.mktemp("two"))
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port())]
-    run([*torchrun, SCRIPT, two, "--max_steps", "3"])
+    run([*torchrun, SCRIPT, two, "--max_steps", "3", *FULL_RUN])
     # Step 3 is the first of the second rollout's two (μ = 2): the checkpoint carries each process's share of it.
     with open(os.path.join(two, "metrics.jsonl")) as f:
         before_resume = f.read()
@@ -69,7 +72,7 @@ def runs(tmp_path_factory):
     # The shipped DDP config file: a MULTI_GPU launch, which on a machine without GPUs runs on CPUs (gloo).
     accelerate = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", DDP_CONFIG, "--num_processes", "2",
                   "--main_process_port", str(free_port())]
-    run([*accelerate, SCRIPT, two, "--max_steps", "4", "--resume"])
+    run([*accelerate, SCRIPT, two, "--max_steps", "4", "--resume", *FULL_RUN])
     return one, two, before_resume, files_before_resume
 
 
@@ -94,7 +97,7 @@ def test_two_processes_train_as_one(runs):
     expected, logged = read_metrics(one), read_metrics(two)
     assert sorted(logged) == [1, 2, 3, 4]
     for step in (1, 2, 3, 4):  # step 4 ran after the resume
-        for key in ("loss", "grad_norm", "kl_old", "clip_ratio/region_mean", "entropy"):
+        for key in ("loss", "grad_norm", "kl", "kl_old", "clip_ratio/region_mean", "entropy"):
             assert logged[step][key] == pytest.approx(expected[step][key], rel=1e-5, abs=1e-7), (step, key)
     for key in ("reward", "reward_std", "completions/mean_length"):
         assert logged[3][key] == pytest.approx(expected[3][key], rel=1e-6)
@@ -114,7 +117,7 @@ def test_two_processes_train_as_one(runs):
 def test_two_processes_write_one_set_of_files_and_resume(runs):
     _, two, before_resume, files_before_resume = runs
     assert [n for n in files_before_resume if n.endswith(".jsonl")] == ["completions.jsonl", "metrics.jsonl"]
-    assert [n for n in files_before_resume if "checkpoint" in n] == ["checkpoint-3"]  # no .tmp- left behind
+    assert [n for n in files_before_resume if "checkpoint" in n] == ["checkpoint-2", "checkpoint-3"]  # no .tmp- left behind
     checkpoint = os.path.join(two, "checkpoint-3")
     for name in ("model.safetensors", "trainer_state.pt", "rng_state_0.pt", "rng_state_1.pt", "process_state_0.pt", "process_state_1.pt"):
         assert os.path.exists(os.path.join(checkpoint, name)), name
@@ -126,7 +129,7 @@ def test_two_processes_write_one_set_of_files_and_resume(runs):
     assert "reward" not in logged[4]
     resumed = records(two, "_resumed")
     assert [r["advantages"] for r in resumed] == [[], []]  # no rollout generated after the resume
-    assert sorted(n for n in os.listdir(two) if "checkpoint" in n) == ["checkpoint-3", "checkpoint-4"]
+    assert sorted(n for n in os.listdir(two) if "checkpoint" in n) == ["checkpoint-2", "checkpoint-3", "checkpoint-4"]
     with open(os.path.join(two, "completions.jsonl")) as f:
         rows = [json.loads(line) for line in f]
     assert len(rows) == 2 * 16  # both rollouts, every completion of both processes, once

@@ -29,7 +29,7 @@ import sys
 
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import FULL_RUN, tiny_model
 from test_distributed import SCRIPT, TIMEOUT_S, free_port, read_metrics, records, run
 from transformers import AutoModelForCausalLM
 
@@ -49,15 +49,14 @@ def torchrun(*args: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def full(tmp_path_factory):
-    """(one, two): 1 process to step 4; 2 FSDP processes to step 3 (checkpoints 2 and 3), resumed to 4 on 2."""
-    one, two = (str(tmp_path_factory.mktemp(name)) for name in ("one", "two"))
-    common = ["--beta", "0.04", "--save_steps", "2"]
-    run([PYTHON, SCRIPT, one, "--max_steps", "4", *common])
-    run(torchrun("--nproc_per_node", "2", "--master_port", str(free_port()), SCRIPT, two, "--max_steps", "3", *common), **FSDP_ENV)
+def full(tmp_path_factory, full_one_process):
+    """(one, two): 1 process to step 4 (conftest.full_one_process); 2 FSDP processes to step 3 (checkpoints 2 and 3),
+    resumed to 4 on 2."""
+    one, two = full_one_process, str(tmp_path_factory.mktemp("two"))
+    run(torchrun("--nproc_per_node", "2", "--master_port", str(free_port()), SCRIPT, two, "--max_steps", "3", *FULL_RUN), **FSDP_ENV)
     accelerate = [PYTHON, "-m", "accelerate.commands.launch", "--config_file", FSDP_CONFIG, "--num_processes", "2",
                   "--main_process_port", str(free_port())]
-    run([*accelerate, SCRIPT, two, "--max_steps", "4", "--resume", *common])
+    run([*accelerate, SCRIPT, two, "--max_steps", "4", "--resume", *FULL_RUN])
     return one, two
 
 
