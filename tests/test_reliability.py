@@ -330,9 +330,23 @@ def test_a_completion_longer_than_the_models_context_is_refused_before_compute(t
         GRPOTrainer(make_model(), reward_even_tokens, args=config(tmp_path, max_completion_length=513), train_dataset=prompts,
                     processing_class=tokenizer)
     assert not os.path.exists(os.path.join(tmp_path, "out", "metrics.jsonl"))
-    with pytest.warns(UserWarning, match="max_prompt_length=500 \\+ max_completion_length=16 exceeds the model's context of 512"):
+    with pytest.warns(UserWarning, match="max_prompt_length=500 \\+ max_completion_length=16 exceeds the model's context of 512 tokens: "
+                                         "a rollout holding a prompt of more than 496 tokens will be refused"):
         GRPOTrainer(make_model(), reward_even_tokens, args=config(tmp_path, max_prompt_length=500, max_completion_length=16),
                     train_dataset=prompts, processing_class=tokenizer)
+
+
+def test_a_prompt_whose_completion_would_run_past_the_context_is_refused_at_its_rollout(tmp_path, tokenizer, make_model, prompts):
+    # 512 positions, 490 completion tokens: 22 left for a prompt, and each chat-rendered prompt has more (a model with learned
+    # positions failed inside sampling with an IndexError; one with rotary positions decoded past them without a word).
+    args = config(tmp_path, max_completion_length=490, save_steps=1)
+    trainer = GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
+    longest = len(tokenizer.apply_chat_template(prompts[0]["prompt"], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
+    assert longest > 22
+    with pytest.raises(ValueError, match=r"the prompt '<\|im_start\|>.*… has \d+ tokens, more than the 22 the model's context \(config.max_position_embeddings\) "
+                                         r"leaves beside max_completion_length\. Set max_prompt_length=22 or less"):
+        trainer.train()
+    assert not os.path.exists(os.path.join(tmp_path, "out", "metrics.jsonl"))
 
 
 def test_pruning_keeps_the_checkpoint_just_saved_after_a_resume_from_an_older_one(tmp_path):

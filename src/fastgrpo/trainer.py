@@ -109,7 +109,7 @@ class GRPOTrainer(TRLMethods):
                 fn.prepare(acc.device, self.autocast, a.chat_template_kwargs)  # scored in the policy's precision
 
         server = open_engine(a, model, is_main=acc.is_main_process, bf16=bf16)  # vLLM installed; its server up, serving this model
-        self.tokenizer, policy, self.ref_model, self.eos_token_ids, gathered, self.router, vocab_size = load_policy(
+        self.tokenizer, policy, self.ref_model, self.eos_token_ids, gathered, self.router, vocab_size, room = load_policy(
             model, processing_class, peft_config, a, acc, bf16, checked.check_tokenizer)  # the prompts render, then the model loads
 
         self.max_steps, optimizer, self.scheduler = build_optimization(a, policy, train_dataset, checked.optimizers)
@@ -121,7 +121,7 @@ class GRPOTrainer(TRLMethods):
         self.backend = build_backend(a, acc.unwrap_model(self.model), sampling, bf16=bf16, gathered=gathered, server=server,
                                      tokenizer=self.tokenizer, seed=a.seed + acc.process_index, working=working)  # one bf16 copy of the weights
         self.synced_step, self.weight_version = 0, 0  # the step the backend's weights are from, and its pushes so far (TRL's model_version)
-        self.encode = PromptEncoder(self.tokenizer, a.max_prompt_length, a.chat_template_kwargs, vocab_size)
+        self.encode = PromptEncoder(self.tokenizer, a.max_prompt_length, a.chat_template_kwargs, vocab_size, room)
         self.entropy_control = EntropyControl.from_config(a)  # the entropy bonus's coefficient; None: no bonus
         self.correction = SamplingCorrection.from_config(a, self.backend.owns_weights, rollout_func is not None)  # the sampler–trainer mismatch, TRL's vllm_importance_sampling_*
         self.log_probs = LogProbs(a.temperature, autocast=self.autocast, entropy_grad=self.entropy_control is not None, weights=working, router_aux_loss=self.router.enabled)

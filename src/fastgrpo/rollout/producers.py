@@ -160,7 +160,7 @@ def build_producer(
     if notice:
         notify(notice)
     multi = MultiTurn(
-        tokenizer, PromptEncoder(tokenizer, a.max_prompt_length, a.chat_template_kwargs, encode.vocab_size), backend.turns, agents.tools, agents.environments,
+        tokenizer, PromptEncoder(tokenizer, a.max_prompt_length, a.chat_template_kwargs, encode.vocab_size, encode.room), backend.turns, agents.tools, agents.environments,
         max_completion_length=a.max_completion_length, max_tool_calling_iterations=a.max_tool_calling_iterations,
         chat_template_kwargs=a.chat_template_kwargs or {}, eos_token_ids=eos_token_ids, pad_token_id=tokenizer.pad_token_id, device=device,
     )

@@ -136,13 +136,18 @@ class PromptEncoder:
             {"enable_thinking": False} (TRL's chat_template_kwargs).
         vocab_size: rows of the model's input embedding: a prompt holding a token id beyond them is
             refused (`check_token_ids`); None: not checked.
+        room: the most tokens a prompt may hold (after the cut to max_prompt_length): the model's context less
+            max_completion_length (run/setup.check_context_length); a longer one is refused, as the vLLM backend
+            refuses one its engine cannot hold with its completion; None: not checked.
     """
 
-    def __init__(self, tokenizer, max_prompt_length: int | None, chat_template_kwargs: dict | None = None, vocab_size: int | None = None):
+    def __init__(self, tokenizer, max_prompt_length: int | None, chat_template_kwargs: dict | None = None, vocab_size: int | None = None,
+                 room: int | None = None):
         self.tokenizer = tokenizer
         self.max_prompt_length = max_prompt_length
         self.chat_template_kwargs = chat_template_kwargs or {}
         self.vocab_size = vocab_size
+        self.room = room
 
     def check(self, rows, what: str | list[str]) -> None:
         """`check_token_ids` against this encoder's model: other tokens that reach the model (a tool reply's)."""
@@ -176,8 +181,9 @@ class PromptEncoder:
         """Returns (prompt_ids (B, P), prompt_mask (B, P), number of prompts truncated); `tools`: per prompt, its tool schemas.
 
         Raises:
-            ValueError: a prompt holding a token id the model has no embedding row for (`vocab_size`), or one the chat
-                template cannot render (`render`).
+            ValueError: a prompt holding a token id the model has no embedding row for (`vocab_size`), one longer than
+                `room` (its completion would not fit in the model's context: sampling past it fails on a model with learned
+                positions and leaves the trained positions on any other), or one the chat template cannot render (`render`).
         """
         tools = tools or [None] * len(prompts)
         texts = [self.render(p, t) for p, t in zip(prompts, tools)]
@@ -187,6 +193,12 @@ class PromptEncoder:
         if limit is not None:
             ids = [x[-limit:] for x in ids]
         self.check(ids, [f"prompt {text[-80:]!r}" for text in texts])
+        if self.room is not None and (long := next((i for i, x in enumerate(ids) if len(x) > self.room), None)) is not None:
+            raise ValueError(
+                f"the prompt {texts[long][:60]!r}… has {len(ids[long])} tokens, more than the {self.room} the model's context "
+                f"(config.max_position_embeddings) leaves beside max_completion_length. Set max_prompt_length={max(self.room, 1)} or "
+                "less (prompts keep their last tokens), lower max_completion_length, or leave such rows out of the dataset."
+            )
         width = max(len(x) for x in ids)
         pad = self.tokenizer.pad_token_id
         prompt_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids])

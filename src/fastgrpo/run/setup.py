@@ -105,6 +105,7 @@ class Policy(NamedTuple):
     sampler_copy: GatheredCopy | None  # under FSDP: the whole copy the sampler runs, refreshed per rollout; else None
     router: RouterAuxLoss  # whether a mixture-of-experts policy's load-balancing loss is added, and its weight (TRL's rule)
     vocab_size: int | None  # rows of the policy's input embedding: the token ids it can read (`check_vocabulary`)
+    prompt_room: int | None  # the most tokens a prompt may hold beside max_completion_length (`check_context_length`)
 
 
 def load_policy(
@@ -139,7 +140,7 @@ def load_policy(
         if check_tokenizer is not None:
             check_tokenizer(tokenizer)
         policy = load_model(model, a.model_init_kwargs)
-    check_context_length(decoder_of(policy).config, a.max_prompt_length, a.max_completion_length)
+    prompt_room = check_context_length(decoder_of(policy).config, a.max_prompt_length, a.max_completion_length)
     vocab_size = check_vocabulary(policy, tokenizer)
     # Adapters given (maybe trained) with beta > 0: π_ref = a frozen copy of them; fresh ones: adapters disabled.
     policy = prepare_adapters(policy, peft_config, reference_copy=is_peft_model(model) and a.beta > 0)
@@ -167,26 +168,30 @@ def load_policy(
     eos = policy.generation_config.eos_token_id
     eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
     router = RouterAuxLoss.from_config(a.router_aux_loss_coef, policy.config)
-    return Policy(tokenizer, policy, ref_model, sorted(eos | {tokenizer.eos_token_id}), sampler_copy, router, vocab_size)
+    return Policy(tokenizer, policy, ref_model, sorted(eos | {tokenizer.eos_token_id}), sampler_copy, router, vocab_size, prompt_room)
 
 
-def check_context_length(config, max_prompt_length: int | None, max_completion_length: int) -> None:
-    """Refuse completions longer than the model's context, before any compute; warn when a prompt and its completion may not fit.
+def check_context_length(config, max_prompt_length: int | None, max_completion_length: int) -> int | None:
+    """Refuse completions longer than the model's context, before any compute; warn when a prompt and its completion may not
+    fit; → the most tokens a prompt may hold beside a completion of max_completion_length (None: not known).
 
     Args:
         config: the model's config; its `max_position_embeddings` (the positions it was trained on) is the
             limit, and a config without one is not checked.
         max_prompt_length, max_completion_length: GRPOConfig's, in tokens (None: prompts are not cut).
+    Returns:
+        max_position_embeddings − max_completion_length: the rollout refuses a longer prompt (rollout/prompts.py
+        `PromptEncoder`), as the vLLM backend refuses one its engine's max_model_len cannot hold with its completion.
     Warns:
-        UserWarning: max_prompt_length + max_completion_length exceeds the context: the longest rows would
-            run past the positions the model was trained on (transformers' generate warns the same).
+        UserWarning: max_prompt_length + max_completion_length exceeds the context: a prompt that long would be refused
+            at its rollout (its completion would run past the positions the model was trained on).
     Raises:
         ValueError: max_completion_length alone exceeds the context: the samplers' KV caches are sized by it,
             so it would run out of memory or decode past the trained positions.
     """
     longest = getattr(config, "max_position_embeddings", None)
     if not isinstance(longest, int):
-        return
+        return None
     if max_completion_length > longest:
         raise ValueError(
             f"max_completion_length={max_completion_length} is longer than the model's context of {longest} tokens "
@@ -195,8 +200,10 @@ def check_context_length(config, max_prompt_length: int | None, max_completion_l
     if (max_prompt_length is not None and max_prompt_length + max_completion_length > longest) or max_completion_length == longest:
         warnings.warn(
             f"max_prompt_length={max_prompt_length} + max_completion_length={max_completion_length} exceeds the model's context of "
-            f"{longest} tokens: the longest prompts' completions would run past the positions it was trained on.", stacklevel=3,
+            f"{longest} tokens: a rollout holding a prompt of more than {longest - max_completion_length} tokens will be refused "
+            "(its completions would run past the positions the model was trained on).", stacklevel=3,
         )
+    return longest - max_completion_length
 
 
 def check_vocabulary(model: torch.nn.Module, tokenizer) -> int | None:
