@@ -25,7 +25,7 @@ from test_trainer import config, read_metrics, reward_even_tokens
 
 import fastgrpo.run.checkpoint_files as ckpt
 import fastgrpo.run.runs as runs
-from fastgrpo import GRPOTrainer
+from fastgrpo import GRPOConfig, GRPOTrainer
 from fastgrpo.cli import main
 from fastgrpo.model.model_files import check_model_name
 from fastgrpo.run.datasets import load_dataset_spec
@@ -826,3 +826,19 @@ def test_rollout_func_token_ids_the_embedding_lacks_are_refused(tmp_path, tokeni
                           rollout_func=rollout_func)
     with pytest.raises(ValueError, match=r"rollout_func's completion_ids\[2\] holds token id 49152, but the model's input embedding has 49152 rows"):
         trainer.train()
+
+
+def test_a_tilde_in_the_output_folder_or_the_model_path_is_the_home_folder(tmp_path, tokenizer, make_model, prompts, monkeypatch):
+    # A YAML file's "~/…" reaches fastgrpo unexpanded: output_dir made a folder named "~" in the working folder (transformers'
+    # TrainingArguments expands it), and a model "~/…" passed the existence check, then was looked up on the hub.
+    home, work = tmp_path / "home", tmp_path / "work"
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    make_model().save_pretrained(home / "models" / "tiny")
+    tokenizer.save_pretrained(home / "models" / "tiny")
+    args = GRPOConfig(output_dir="~/runs/a", max_steps=1, per_device_train_batch_size=4, num_generations=4, max_completion_length=4,
+                      report_to=[], disable_tqdm=True)
+    assert args.output_dir == str(home / "runs" / "a")
+    GRPOTrainer("~/models/tiny", reward_even_tokens, args=args, train_dataset=prompts).train()
+    assert os.path.exists(home / "runs" / "a" / "metrics.jsonl") and os.listdir(work) == []

@@ -249,6 +249,8 @@ class GRPOConfig(TrainingArgumentsMethods, TrlFields):
         """TRL's None defaults and generation_kwargs, turned into the fields that hold them here."""
         if self.output_dir is None:
             self.output_dir = "grpo-output"
+        if isinstance(self.output_dir, (str, os.PathLike)):  # TrainingArguments': "~/runs" is under $HOME, not a folder named "~"
+            self.output_dir = os.path.expanduser(self.output_dir)
         if self.vllm_importance_sampling_cap is not None:  # TRL's deprecation, word for word
             warnings.warn("The `vllm_importance_sampling_cap` argument is deprecated and will be removed in v2.0.0. "
                           "Use `vllm_importance_sampling_clip_max` instead.", FutureWarning, stacklevel=5)

@@ -92,6 +92,7 @@ def resolve_model_path(name: str) -> str:
             a .gguf file transformers cannot convert (naming the file).
     """
     check_model_name(name)
+    name = os.path.expanduser(name)  # "~/models/x" from a YAML file, where no shell expanded it
     if name in BUILTIN_MODELS:
         package, gguf_file = BUILTIN_MODELS[name]
         target = os.path.join(cache_dir(), name)

@@ -38,6 +38,7 @@ def check_model_name(name: str) -> None:
         raise ValueError(f"model {name!r} does not exist; give a local folder, a .gguf file, a hub id or 'smollm2-135m-instruct'.")
     if name in BUILTIN_MODELS:
         return
+    name = os.path.expanduser(name)
     if os.path.exists(name):
         check_model_files(name)
     elif close := difflib.get_close_matches(name, list(BUILTIN_MODELS), n=1, cutoff=0.85):  # a typo of an alias: no hub lookup
