@@ -1,6 +1,7 @@
 """Reward calling: the TRL protocol, None handling, and clear errors naming the function."""
 
 import asyncio
+import decimal
 import functools
 import json
 import math
@@ -44,6 +45,19 @@ def test_non_number_names_the_function_and_value():
 
     with pytest.raises(TypeError, match=r"'stringy' returned '0.5' \(str\) for completion 1"):
         call(stringy)
+
+
+def test_values_trls_tensor_conversion_reads_are_numbers():
+    # TRL stores a function's values with torch.tensor(values, dtype=float32): bools (`[answer in c for c in completions]`),
+    # 0-d tensors and arrays (`list(scores)`), numpy scalars and Decimals are numbers there; they were refused here.
+    def mixed(completions, **kw):
+        return [True, torch.tensor(2.5), np.float32(0.25)]
+
+    def more(completions, **kw):
+        return [np.bool_(False), np.array(-1.5), decimal.Decimal("0.125")]
+
+    assert call(mixed)[:, 0].tolist() == [1.0, 2.5, 0.25]
+    assert call(more)[:, 0].tolist() == [0.0, -1.5, 0.125]
 
 
 def test_rows_no_reward_applies_to_are_nan_with_one_warning(caplog):

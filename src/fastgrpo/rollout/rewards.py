@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import decimal
 import difflib
 import functools
 import inspect
@@ -216,7 +217,11 @@ def _await_all(awaitables: list, names: list[str]) -> list:
 
 
 def _column(name: str, values, n: int) -> torch.Tensor:
-    """One function's N values → (N,) float32, NaN for None; refuses anything else."""
+    """One function's N values → (N,) float32, NaN for None; refuses anything else.
+
+    A value is what TRL's `torch.tensor(values, dtype=torch.float32)` reads as one number: a real number (int, float,
+    numpy's, `Decimal`), a bool (1.0 / 0.0: `[answer in c for c in completions]`) or a 0-d tensor or array (`list(scores)`).
+    """
     if isinstance(values, (np.ndarray, torch.Tensor)):
         if values.ndim != 1:
             raise TypeError(f"reward function {name!r} returned an array of shape {tuple(values.shape)}; return {n} values, shape ({n},).")
@@ -227,9 +232,13 @@ def _column(name: str, values, n: int) -> torch.Tensor:
         raise ValueError(f"reward function {name!r} returned {len(values)} values for {n} completions; return one per completion.")
     column = torch.empty(n, dtype=torch.float32)
     for i, v in enumerate(values):
+        if isinstance(v, (np.ndarray, torch.Tensor, np.generic)) and v.ndim == 0:
+            v = v.item()
+        if isinstance(v, (bool, decimal.Decimal)):
+            v = float(v)
         if v is None:
             column[i] = math.nan
-        elif isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_)):
+        elif isinstance(v, numbers.Real):
             if not math.isfinite(v) or abs(v) > FLOAT32_MAX:
                 raise ValueError(
                     f"reward function {name!r} returned {float(v)} for completion {i}; rewards must be finite numbers "
