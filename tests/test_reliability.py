@@ -572,6 +572,11 @@ def test_second_ctrl_c_aborts_at_once():
     ("chat_template_kwargs", {"add_generation_prompt": False}, "chat_template_kwargs holds 'add_generation_prompt', which fastgrpo passes"),
     ("chat_template_kwargs", '{"tools": "x", "enable_thinking": false}', "chat_template_kwargs holds 'tools', which"),
     ("report_to", ["none", "tensorboard"], "'tensorboard'.: 'none' means no tracker; give it alone"),
+    # found by the session-29 sweep: torch's optimizer refused these after the model loaded, in words naming no field
+    ("adam_beta1", 1.5, "adam_beta1=1.5: use a value in [[]0, 1), e.g. 0.9"),
+    ("adam_beta2", -0.1, "adam_beta2=-0.1: use a value in [[]0, 1), e.g. 0.999"),
+    ("adam_epsilon", -1e-8, "adam_epsilon=-1e-08: use 0 or a small positive value"),
+    ("weight_decay", -1.0, "weight_decay=-1.0: use 0 (none) or a positive value"),
 ])
 def test_config_values_of_the_wrong_type_or_not_finite_name_the_field(tmp_path, field, value, error):
     with pytest.raises((TypeError, ValueError), match=error.replace("(", r"\(").replace(")", r"\)")):

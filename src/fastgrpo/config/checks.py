@@ -176,6 +176,10 @@ def validate(c) -> None:
     need(0 <= c.warmup_ratio < 1, f"warmup_ratio={c.warmup_ratio}: use a value in [0, 1).")
     need(c.warmup_steps >= 0, f"warmup_steps={c.warmup_steps}: use 0 (none), a fraction below 1, or a step count.")
     need(c.max_grad_norm >= 0, f"max_grad_norm={c.max_grad_norm}: use a positive norm, or 0 for no clipping.")
+    for name in ("adam_beta1", "adam_beta2"):  # torch's optimizers refuse these only once the model has loaded, without the field's name
+        need(0 <= getattr(c, name) < 1, f"{name}={getattr(c, name)}: use a value in [0, 1), e.g. {0.9 if name == 'adam_beta1' else 0.999}.")
+    need(c.adam_epsilon >= 0, f"adam_epsilon={c.adam_epsilon}: use 0 or a small positive value such as 1e-8.")
+    need(c.weight_decay >= 0, f"weight_decay={c.weight_decay}: use 0 (none) or a positive value such as 0.01.")
     need(c.temperature > 0, f"temperature={c.temperature}: sampling needs a positive temperature (log-probs are taken at it).")
     need(0 < c.top_p <= 1, f"top_p={c.top_p}: use a value in (0, 1].")
     need(c.top_k >= 0, f"top_k={c.top_k}: use 0 (off) or a positive count.")
