@@ -5,6 +5,7 @@ The run tests call `cli.main` in-process on the tiny model (a few seconds each).
 
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -233,6 +234,14 @@ SERVE_ERRORS = [  # (arguments after --model, the one line on stderr); the model
     (["--max-num-seq", "8"], "fastgrpo: error: unknown flag --max-num-seq: neither vllm-serve nor vLLM has it; did you mean "
                              "--max-num-seqs? (`fastgrpo vllm-serve --help` lists vllm-serve's; vLLM's pass through to `vllm serve`)."),
     (["--port", "abc"], "fastgrpo vllm-serve: error: argument --port: invalid int value: 'abc' (`fastgrpo vllm-serve --help` lists the flags)"),
+    # found by the session-29 sweep: vLLM started, then failed ≈ 20 s later with a traceback
+    (["--max_model_len", "100000"], "fastgrpo: error: --max_model_len 100000: the model's context is 512 tokens (config.json "
+                                    "max_position_embeddings); give 512 or less, or leave it out for the model's own."),
+    (["--host", "999.1.1.1"], "fastgrpo: error: --host '999.1.1.1': it does not resolve to an address ({resolver}); "
+                              "give one this machine listens on: 0.0.0.0 (every interface, the default) or 127.0.0.1 (this machine only)."),
+    (["--host", "127.0.0.1", "--port", "{busy}"], "fastgrpo: error: --host 127.0.0.1 --port {busy}: the server cannot listen there "
+                                                  "(Address already in use); another process listens there (a server already running?): "
+                                                  "stop it, or give another --port."),
 ]
 
 
@@ -241,21 +250,28 @@ def test_vllm_serve_refuses_bad_arguments_in_one_line_before_vllm_or_torch_loads
     # that never imports torch or vLLM.
     good, bad = tmp_path / "good", tmp_path / "bad"
     good.mkdir(), bad.mkdir()
-    (good / "config.json").write_text("{}")
+    (good / "config.json").write_text('{"max_position_embeddings": 512}')
     (good / "model.safetensors").write_text("")
     (bad / "model.safetensors").write_text("")
-    runs = [["--model", str(good), *argv] for argv, _ in SERVE_ERRORS] + [["--model", str(bad)], ["--port", "8000"]]
+    listener = socket.create_server(("127.0.0.1", 0))  # a port another process listens on
+    busy = str(listener.getsockname()[1])
+    runs = [["--model", str(good), *[a.replace("{busy}", busy) for a in argv]] for argv, _ in SERVE_ERRORS] + [["--model", str(bad)], ["--port", "8000"]]
     code = (
         "import json, sys\nfrom fastgrpo.cli import main\nfor argv in json.loads(sys.argv[1]):\n"
         "    try:\n        code = main(['vllm-serve', *argv])\n    except SystemExit as stop:\n        code = stop.code\n"
         "    print('EXIT', code, file=sys.stderr, flush=True)\n"
         "print('LOADED', sorted(m for m in ('torch', 'vllm') if m in sys.modules))"
     )
-    out = subprocess.run([sys.executable, "-c", code, json.dumps(runs)], capture_output=True, text=True, timeout=120)
+    with listener:
+        out = subprocess.run([sys.executable, "-c", code, json.dumps(runs)], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "LOADED []", out.stderr
     replies = out.stderr.split("EXIT 2\n")
     assert replies[-1] == "" and len(replies) == len(runs) + 1, out.stderr
-    expected = [error for _, error in SERVE_ERRORS] + [
+    try:  # the resolver's own words for a name it cannot resolve (offline: no name server to ask, or none that knows it)
+        socket.getaddrinfo("999.1.1.1", 8000)
+    except socket.gaierror as err:
+        resolver = err.strerror
+    expected = [error.replace("{busy}", busy).replace("{resolver}", resolver) for _, error in SERVE_ERRORS] + [
         f"fastgrpo: error: model folder '{bad}' has no config.json; give the folder save_pretrained wrote (config.json and the weights), "
         "a .gguf file or a hub id.",
         "fastgrpo vllm-serve: error: the following arguments are required: --model (`fastgrpo vllm-serve --help` lists the flags)"]

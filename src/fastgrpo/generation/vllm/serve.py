@@ -25,11 +25,13 @@ Not here: the trainer's side (server.py).
 from __future__ import annotations
 
 import dataclasses
+import errno
 import glob
 import json
 import os
 import re
 import shlex
+import socket
 import sys
 
 from ...config.flags import did_you_mean, one_line_error
@@ -112,8 +114,8 @@ def check_serve_arguments(args: ServeArguments) -> None:
 
     Raises:
         ValueError: a port outside 1–65535, a parallel size or max_model_len below 1, a gpu_memory_utilization
-            outside (0, 1], a log_level uvicorn does not have, or a model `check_model_name` refuses; each naming the
-            flag, the value and the fix.
+            outside (0, 1], a log_level uvicorn does not have, a model `check_model_name` refuses, or a max_model_len
+            above a local model's context (`check_context`); each naming the flag, the value and the fix.
     """
     if not 1 <= args.port <= 65535:
         raise ValueError(f"--port {args.port}: give a port from 1 to 65535 (the trainer's vllm_server_port; default 8000).")
@@ -127,6 +129,53 @@ def check_serve_arguments(args: ServeArguments) -> None:
     if args.log_level not in LOG_LEVELS:
         raise ValueError(f"--log_level {args.log_level!r}: give one of {', '.join(LOG_LEVELS)}.")
     check_model_name(args.model)
+    check_context(args)
+
+
+def check_context(args: ServeArguments) -> None:
+    """Refuse a --max_model_len above a local model's context (config.json's max_position_embeddings, without rope_scaling:
+    vLLM's derived max_model_len then), which vLLM refuses only once started (≈ 20 s, a pydantic traceback).
+
+    Raises:
+        ValueError: naming the value, the model's context and the fix.
+    """
+    path = os.path.join(os.path.expanduser(args.model), "config.json")
+    if args.max_model_len is None or not os.path.isfile(path):
+        return
+    try:
+        with open(path) as f:
+            config = json.load(f)
+    except (OSError, ValueError):  # check_model_name read it already; vLLM's own error applies
+        return
+    longest = config.get("max_position_embeddings") if isinstance(config, dict) else None
+    if isinstance(longest, int) and not config.get("rope_scaling") and args.max_model_len > longest:
+        raise ValueError(f"--max_model_len {args.max_model_len}: the model's context is {longest} tokens (config.json "
+                         f"max_position_embeddings); give {longest} or less, or leave it out for the model's own.")
+
+
+def check_listen_address(host: str, port: int) -> None:
+    """Refuse an address the server could not listen on (uvicorn fails only once vLLM has started, ≈ 20 s, with a traceback):
+    a host that does not resolve or is not this machine's, a port another process listens on, a port below 1024 without
+    the right to it. Bound and released at once, with SO_REUSEADDR as uvicorn binds.
+
+    Raises:
+        ValueError: naming the host and port, the reason and the fix.
+    """
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as err:
+        raise ValueError(f"--host {host!r}: it does not resolve to an address ({err.strerror}); give one this machine listens "
+                         "on: 0.0.0.0 (every interface, the default) or 127.0.0.1 (this machine only).") from None
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as err:
+            fix = {errno.EADDRINUSE: "another process listens there (a server already running?): stop it, or give another --port",
+                   errno.EADDRNOTAVAIL: "it is not an address of this machine: give 0.0.0.0 or one of its own",
+                   errno.EACCES: "ports below 1024 need administrator rights: give a port from 1024 up (default 8000)"}
+            raise ValueError(f"--host {host} --port {port}: the server cannot listen there ({err.strerror}); "
+                             f"{fix.get(err.errno, 'give another --host or --port')}.") from None
 
 
 def vllm_vocabulary(root: str) -> tuple[set[str], dict[str, tuple[str, ...]]]:
@@ -192,8 +241,8 @@ def serve_parser():
 def main(argv: list[str]) -> int:
     """Parse `fastgrpo vllm-serve`'s flags and replace this process with the server (it runs until stopped).
 
-    Returns 2 after a one-line error (a bad flag or value, vLLM not installed, a model that cannot load), before
-    torch or vLLM is imported where the check allows; otherwise never returns.
+    Returns 2 after a one-line error (a bad flag or value, vLLM not installed, a model that cannot load, an address it
+    cannot listen on), before torch or vLLM is imported where the check allows; otherwise never returns.
     """
     import importlib.util  # noqa: PLC0415
 
@@ -204,6 +253,7 @@ def main(argv: list[str]) -> int:
         if spec is None:
             raise ValueError("vllm-serve needs vLLM, which is not installed: pip install vllm (GPU) or `make vllm` (CPU).")
         check_vllm_flags(args, extra, list(spec.submodule_search_locations)[0])
+        check_listen_address(args.host, args.port)
         import torch  # noqa: PLC0415
 
         command = serve_command(args, extra, torch.cuda.is_available())
