@@ -176,6 +176,13 @@ def validate(c) -> None:
     need(0 <= c.warmup_ratio < 1, f"warmup_ratio={c.warmup_ratio}: use a value in [0, 1).")
     need(c.warmup_steps >= 0, f"warmup_steps={c.warmup_steps}: use 0 (none), a fraction below 1, or a step count.")
     need(c.max_grad_norm >= 0, f"max_grad_norm={c.max_grad_norm}: use a positive norm, or 0 for no clipping.")
+    for key in ("dtype", "torch_dtype"):  # transformers' loader fails on another name only after the config loads, in torch's words
+        dtype = (c.model_init_kwargs or {}).get(key)
+        if dtype is not None and dtype != "auto":
+            import torch  # noqa: PLC0415 (a dtype to check: the config module loads without torch otherwise)
+
+            need(isinstance(dtype, torch.dtype) or isinstance(getattr(torch, str(dtype), None), torch.dtype),
+                 f"model_init_kwargs[{key!r}]={dtype!r}: give 'auto', a torch dtype or its name (float32, bfloat16, float16).")
     for name in ("adam_beta1", "adam_beta2"):  # torch's optimizers refuse these only once the model has loaded, without the field's name
         need(0 <= getattr(c, name) < 1, f"{name}={getattr(c, name)}: use a value in [0, 1), e.g. {0.9 if name == 'adam_beta1' else 0.999}.")
     need(c.adam_epsilon >= 0, f"adam_epsilon={c.adam_epsilon}: use 0 or a small positive value such as 1e-8.")

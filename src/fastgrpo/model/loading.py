@@ -146,12 +146,23 @@ def load_model(model: str | torch.nn.Module, init_kwargs: dict | None = None) ->
     An already built model (a `PreTrainedModel` or a peft `PeftModel`) is returned as it is. Parameters load in float32
     unless `init_kwargs` names a dtype: `dtype`, or transformers' older name `torch_dtype` (which the float32 default
     would otherwise override, transformers preferring `dtype`).
+
+    Raises:
+        ValueError: see `resolve_model_path`; a package one of `init_kwargs` needs is missing (transformers' ImportError,
+            e.g. attn_implementation="flash_attention_2" without flash-attn), naming the kwargs.
     """
     if isinstance(model, torch.nn.Module):
         return model
-    init_kwargs = dict(init_kwargs or {})
-    kwargs = {"dtype": init_kwargs.pop("torch_dtype", torch.float32), **init_kwargs}
-    return AutoModelForCausalLM.from_pretrained(resolve_model_path(model), **kwargs)
+    given = dict(init_kwargs or {})
+    kwargs = {"dtype": given.pop("torch_dtype", torch.float32), **given}
+    path = resolve_model_path(model)
+    try:
+        return AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    except ImportError as err:  # a package an init kwarg needs (attn_implementation="flash_attention_2", a quantization_config)
+        if not init_kwargs:
+            raise
+        raise ValueError(f"model_init_kwargs={init_kwargs!r}: transformers cannot load the model with them here: "
+                         f"{' '.join(str(err).split())[:400]}") from err
 
 
 def disable_dropout(model: torch.nn.Module) -> None:
