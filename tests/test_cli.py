@@ -55,6 +55,21 @@ def test_flags_are_typed_by_hf_argument_parser(capsys):
     assert "--num-iterations: invalid int value: 'four'" in capsys.readouterr().err
 
 
+def test_trl_grpos_model_loading_flags_become_model_init_kwargs_as_there(tmp_path):
+    # trl grpo puts ModelConfig's model_revision, attn_implementation and dtype into model_init_kwargs, a model_init_kwargs
+    # given too winning; they were "unknown flag --dtype; did you mean --loss_type?" here.
+    _, fields, _ = parse("--dataset", "d.jsonl", "--reward", "length", "--dtype", "bfloat16", "--attn_implementation", "sdpa",
+                         "--model_revision", "v2", "--model_init_kwargs", '{"dtype": "float32"}')
+    assert fields["model_init_kwargs"] == {"revision": "v2", "attn_implementation": "sdpa", "dtype": "float32"}
+    assert parse("--dataset", "d.jsonl", "--reward", "length", "--dtype", "auto")[1]["model_init_kwargs"] == {"dtype": "auto"}
+    assert "model_init_kwargs" not in parse("--dataset", "d.jsonl", "--reward", "length")[1]  # fastgrpo's fp32 default stands
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({"model_name_or_path": "m", "dataset_name": "d.jsonl", "reward": "length", "dtype": "bfloat16"}))
+    assert parse("--config", str(recipe))[1]["model_init_kwargs"] == {"dtype": "bfloat16"}
+    with pytest.raises(SystemExit):
+        train_parser().parse_args(["--dtype", "bf16"])  # TRL's choices
+
+
 def test_mistyped_yaml_value_names_field_and_type(tmp_path):
     run = tmp_path / "run.yaml"
     run.write_text(yaml.safe_dump({"num_iterations": "four", "model": "m", "reward": "length"}))

@@ -13,7 +13,8 @@ TRL's CLI parses it (`--num_iterations 4`, `--bf16 false`, `--reward_weights
 help text (flags.py). A YAML value that is text goes through the same types, as
 `trl grpo --config` hands YAML values to the parser (`max_grad_norm: "0.5"` is
 0.5). TRL's model-config LoRA options (`--use_peft`, `--lora_r`, …) build a
-`peft_config`, and `trl grpo`'s script flags (`--model_name_or_path`, `--dataset_name`,
+`peft_config`, its loading options (`--dtype`, `--attn_implementation`, `--model_revision`)
+go into model_init_kwargs as `trl grpo` puts them (`ModelOptions`), and `trl grpo`'s script flags (`--model_name_or_path`, `--dataset_name`,
 `--dataset_config`, `--dataset_*_split`, `--reward_funcs`, …) work as in TRL's script
 (`ScriptOptions`). A mistyped flag is one line with the closest flag's name.
 
@@ -46,7 +47,10 @@ from .config import GRPOConfig
 from .config.checks import ALSO_ACCEPTED
 from .config.flags import FIELD_HELP, one_line_error
 from .config.trl_fields import TRL_FIELDS
-from .config.trl_script import BUILTIN_REWARD_NAMES, LORA_KEYS, SCRIPT_KEYS, LoraOptions, ScriptOptions, check_chat_rewards, reward_specs
+from .config.trl_script import (
+    BUILTIN_REWARD_NAMES, LORA_KEYS, MODEL_KEYS, SCRIPT_KEYS, LoraOptions, ModelOptions, ScriptOptions, check_chat_rewards, model_init_kwargs,
+    reward_specs,
+)
 
 # The built-in job: SmolLM2-135M-Instruct on one-digit addition (reasoning-gym
 # basic_arithmetic, "+" only, no brackets or negation), two solved examples
@@ -104,13 +108,13 @@ def train_parser() -> argparse.ArgumentParser:
 
     # allow_abbrev=False: a misspelt flag (--num_generation) must be an error, not a prefix match.
     own = tuple({f.name for f in dataclasses.fields(GRPOConfig)} - set(TRL_FIELDS))  # TRL's other fields' help names their default
-    parser = HfArgumentParser((GRPOConfig, LoraOptions, ScriptOptions), prog="fastgrpo train", allow_abbrev=False)
+    parser = HfArgumentParser((GRPOConfig, LoraOptions, ModelOptions, ScriptOptions), prog="fastgrpo train", allow_abbrev=False)
     parser.error = lambda message: one_line_error(parser, message)
     builtin = {**BUILTIN_JOB["config"], **{k: BUILTIN_JOB[k] for k in JOB_KEYS if k in BUILTIN_JOB}}
     for action in parser._actions:
         if action.dest != "help" and action.help != argparse.SUPPRESS:
             what = FIELD_HELP.get(action.dest) or action.help or ""
-            default = "" if action.dest not in own + LORA_KEYS + SCRIPT_KEYS else f" (default {action.default!r})"
+            default = "" if action.dest not in own + LORA_KEYS + MODEL_KEYS + SCRIPT_KEYS else f" (default {action.default!r})"
             job = f" (built-in job: {builtin[action.dest]!r})" if action.dest in builtin else ""
             action.help = f"{what}{default}{job}".replace("%", "%%")
         action.default = argparse.SUPPRESS if action.dest != "help" else action.default
@@ -162,7 +166,8 @@ def check_types(values: dict, source: str) -> None:
     Raises:
         ValueError: names the field, the expected type and the value.
     """
-    hints = {**typing.get_type_hints(GRPOConfig), **typing.get_type_hints(LoraOptions), **typing.get_type_hints(ScriptOptions)}
+    hints = {**typing.get_type_hints(GRPOConfig), **typing.get_type_hints(LoraOptions), **typing.get_type_hints(ModelOptions),
+             **typing.get_type_hints(ScriptOptions)}
     for name, value in values.items():
         if name not in hints:
             continue  # an unknown name: GRPOConfig refuses it, naming the closest field
@@ -214,13 +219,13 @@ def resolve_job(ns: argparse.Namespace) -> tuple[dict, dict, dict]:
                              "or drop --config to run the built-in job.")
         if not isinstance(loaded, dict):
             raise ValueError(f"{given['config']}: expected a mapping of field: value, got {type(loaded).__name__}.")
-        known = {f.name for f in dataclasses.fields(GRPOConfig)} | {*LORA_KEYS, *SCRIPT_KEYS, *JOB_KEYS, *TRL_SCRIPT_KEYS}
+        known = {f.name for f in dataclasses.fields(GRPOConfig)} | {*LORA_KEYS, *MODEL_KEYS, *SCRIPT_KEYS, *JOB_KEYS, *TRL_SCRIPT_KEYS}
         for key in loaded:  # a typo of any key a recipe takes, not only GRPOConfig's (its error would suggest only those)
             if key not in known:
                 close = difflib.get_close_matches(str(key), sorted(known), n=1)
                 raise ValueError(f"{given['config']}: unknown key {key!r}{f' (did you mean {close[0]!r}?)' if close else ''}: a recipe takes "
                                  "GRPOConfig's fields, model, dataset, reward, tools, environment, dataset_size, trl grpo's model_name_or_path, "
-                                 "dataset_name, reward_funcs, dataset_config, … and the LoRA options.")
+                                 "dataset_name, reward_funcs, dataset_config, dtype, attn_implementation, model_revision, … and the LoRA options.")
         loaded = {TRL_SCRIPT_KEYS.get(k, k): v for k, v in loaded.items()}  # a TRL recipe's model_name_or_path, dataset_name
         loaded = {**loaded, **yaml_values_as_flags({k: v for k, v in loaded.items() if k not in JOB_KEYS}, train_parser(), given["config"])}
         check_types({k: v for k, v in loaded.items() if k not in JOB_KEYS}, given["config"])
@@ -250,6 +255,9 @@ def resolve_job(ns: argparse.Namespace) -> tuple[dict, dict, dict]:
     fields = {**(BUILTIN_JOB["config"] if builtin else {}), **{k: v for k, v in loaded.items() if k not in JOB_KEYS + SCRIPT_KEYS}}
     fields.update({k: v for k, v in given.items() if k not in JOB_KEYS + SCRIPT_KEYS + ("config", "resume")})
     lora = {k: fields.pop(k) for k in LORA_KEYS if k in fields}
+    loading = {k: fields.pop(k) for k in MODEL_KEYS if k in fields and fields[k] is not None}  # trl grpo's --dtype, --model_revision, …
+    if loading:
+        fields["model_init_kwargs"] = model_init_kwargs(loading, fields.get("model_init_kwargs"))
     return job, fields, lora
 
 

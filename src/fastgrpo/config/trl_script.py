@@ -1,5 +1,5 @@
 """TRL's script arguments beside GRPOConfig, as `fastgrpo train` takes them (cli.py): `ModelConfig`'s LoRA options
-(`LoraOptions`) and `trl grpo`'s `GRPOScriptArguments` (`ScriptOptions`: the reward functions, reward model, dataset
+(`LoraOptions`) and loading options (`ModelOptions`), and `trl grpo`'s `GRPOScriptArguments` (`ScriptOptions`: the reward functions, reward model, dataset
 configuration, splits and streaming), with how TRL's grpo script reads its reward names (`reward_specs`) and what its
 registry's rewards need (`check_chat_rewards`).
 
@@ -9,6 +9,7 @@ Not here: parsing and running the command (cli.py), loading datasets (run/datase
 from __future__ import annotations
 
 import dataclasses
+import json
 
 # tasks/rewards.BUILTIN_REWARDS' names (`--reward`), listed here so that --help needs no torch (a test keeps them equal).
 BUILTIN_REWARD_NAMES = ("length", "format", "brevity", "reasoning_gym", "exact")
@@ -29,6 +30,35 @@ class LoraOptions:
 
 
 LORA_KEYS = tuple(f.name for f in dataclasses.fields(LoraOptions))
+
+
+@dataclasses.dataclass
+class ModelOptions:
+    """TRL's `ModelConfig` loading options (names and choices), which `trl grpo` turns into model_init_kwargs
+    (`revision`, `attn_implementation`, `dtype`; a model_init_kwargs given too wins, as there): `model_init_kwargs`."""
+
+    model_revision: str | None = dataclasses.field(default=None, metadata={"help": "TRL's: the hub model's branch, tag or commit (default: main)"})
+    dtype: str | None = dataclasses.field(default=None, metadata={
+        "help": "TRL's: the dtype the model loads in", "choices": ["auto", "bfloat16", "float16", "float32"]})
+    attn_implementation: str | None = dataclasses.field(default=None, metadata={"help": "TRL's: transformers' attention implementation (sdpa, eager, …)"})
+
+
+MODEL_KEYS = tuple(f.name for f in dataclasses.fields(ModelOptions))
+
+
+def model_init_kwargs(options: dict, given) -> dict | str | None:
+    """GRPOConfig's model_init_kwargs for a `trl grpo` command line: `ModelOptions` given (`options`, by field name) as
+    transformers' keywords, then the `given` model_init_kwargs over them (a dict, or JSON text: read here, or left to
+    GRPOConfig's own error when it is not JSON); `given` unchanged when no option was given."""
+    if not options:
+        return given
+    if isinstance(given, str):
+        try:
+            given = json.loads(given)
+        except ValueError:
+            return given
+    names = {"model_revision": "revision", "dtype": "dtype", "attn_implementation": "attn_implementation"}
+    return {**{names[k]: v for k, v in options.items()}, **(given if isinstance(given, dict) else {})}
 
 
 @dataclasses.dataclass
