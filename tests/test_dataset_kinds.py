@@ -1,5 +1,6 @@
 """Datasets as TRL takes them: IterableDataset for training, dicts of eval datasets, evaluate(eval_dataset=…)."""
 
+import pandas as pd
 import pytest
 import torch
 from datasets import Dataset, DatasetDict, IterableDataset
@@ -60,6 +61,9 @@ def test_iterable_dataset_needs_max_steps(tmp_path, prompts):
         (DatasetDict({"train": Dataset.from_list([{"prompt": "a"}])}), r"DatasetDict of splits \['train'\]; pass one split"),
         (42, "train_dataset has type int"),
         ("prompts.jsonl", "train_dataset has type str"),
+        # found by the session-29 sweep: a bare KeyError: '0' (a DataFrame's [0] is a column), and "a dict of splits" for columns
+        (pd.DataFrame({"prompt": ["a", "b"]}), r"train_dataset has type DataFrame; .* \(a pandas DataFrame: datasets.Dataset.from_pandas\(df\)\)"),
+        ({"prompt": ["a", "b"]}, r"train_dataset is a dict of columns \['prompt'\]; make it a dataset: datasets.Dataset.from_dict\(rows\)"),
     ],
 )
 def test_other_train_kinds_are_refused_naming_the_type(tmp_path, train, match):

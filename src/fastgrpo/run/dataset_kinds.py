@@ -26,7 +26,8 @@ def check_train_dataset(dataset, max_steps: int) -> None:
     """Refuse a train_dataset GRPOTrainer cannot read.
 
     Raises:
-        ValueError: a dict/DatasetDict, an object without rows, an IterableDataset without
+        ValueError: a dict/DatasetDict (of splits or of columns: the fix for each), an object without rows (a pandas
+            DataFrame: the conversion named), an IterableDataset without
             max_steps or without a "prompt" column, an image column (datasets.check_text_only), and what check_dataset refuses.
     """
     if isinstance(dataset, IterableDataset):
@@ -37,11 +38,23 @@ def check_train_dataset(dataset, max_steps: int) -> None:
             raise ValueError(f"train_dataset (IterableDataset) yields {'no rows' if first is None else f'rows without a prompt column (columns: {list(first)})'}; give rows with a 'prompt'.")
         check_text_only(list(first), "train_dataset")
         return
+    if isinstance(dataset, Mapping) and dataset and all(isinstance(v, (list, tuple)) for v in dataset.values()):
+        raise ValueError(f"train_dataset is a {type(dataset).__name__} of columns {list(dataset)}; make it a dataset: "
+                         "datasets.Dataset.from_dict(rows).")
     if isinstance(dataset, Mapping):
         raise ValueError(f"train_dataset is a {type(dataset).__name__} of splits {list(dataset)}; pass one split, e.g. dataset['train'].")
     if not has_rows(dataset):
-        raise ValueError(f"train_dataset has type {type(dataset).__name__}; give a datasets.Dataset, an IterableDataset or a list of dicts.")
+        raise ValueError(f"train_dataset has type {type(dataset).__name__}; give a datasets.Dataset, an IterableDataset or a list of "
+                         f"dicts{PANDAS_FIX if is_dataframe(dataset) else ''}.")
     check_dataset(dataset)
+
+
+PANDAS_FIX = " (a pandas DataFrame: datasets.Dataset.from_pandas(df))"
+
+
+def is_dataframe(dataset) -> bool:
+    """A pandas DataFrame (its [0] is a column lookup, not a row), known without importing pandas."""
+    return any(c.__module__.startswith("pandas") and c.__name__ == "DataFrame" for c in type(dataset).__mro__)
 
 
 def eval_sets(eval_dataset) -> dict:
@@ -66,14 +79,15 @@ def eval_sets(eval_dataset) -> dict:
             check_text_only(list(first), f"{prefix} dataset")
             continue
         if not has_rows(ds):
-            raise ValueError(f"{prefix} dataset has type {type(ds).__name__}; give a datasets.Dataset, a list of dicts, or a dict of them.")
+            raise ValueError(f"{prefix} dataset has type {type(ds).__name__}; give a datasets.Dataset, a list of dicts, or a dict of "
+                             f"them{PANDAS_FIX if is_dataframe(ds) else ''}.")
         check_dataset(ds, f"{prefix} dataset")
     return named
 
 
 def has_rows(dataset) -> bool:
     """True for random-access rows of dicts (a datasets.Dataset, a list of dicts), empty or not."""
-    if isinstance(dataset, (str, bytes)) or not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+    if isinstance(dataset, (str, bytes)) or is_dataframe(dataset) or not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
         return False
     return len(dataset) == 0 or isinstance(dataset[0], Mapping)
 
