@@ -407,6 +407,20 @@ def test_resuming_with_other_tools_or_rewards_than_the_saved_run_warns(tmp_path,
                     processing_class=tokenizer).train(resume_from_checkpoint=True)
 
 
+def test_resuming_on_another_train_dataset_warns_naming_both(tmp_path, tokenizer, make_model, prompts):
+    # Found by the session-29 sweep: an 8-row file resumed as a 3-row one trained on from the saved position without a word.
+    args = lambda steps: config(tmp_path, max_steps=steps, save_steps=1)  # noqa: E731
+    GRPOTrainer(make_model(), reward_even_tokens, args=args(1), train_dataset=prompts, processing_class=tokenizer).train()
+    with pytest.warns(UserWarning, match=r"other trainer arguments than the run that saved it \(train_dataset 32 rows, prompts [0-9a-f]{8} → "
+                                         r"3 rows, prompts [0-9a-f]{8}\)"):
+        GRPOTrainer(make_model(), reward_even_tokens, args=args(2), train_dataset=prompts.select(range(3)),
+                    processing_class=tokenizer).train(resume_from_checkpoint=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same rows as a list of dicts: the same dataset, no warning
+        GRPOTrainer(make_model(), reward_even_tokens, args=args(3), train_dataset=prompts.select(range(3)).to_list(),
+                    processing_class=tokenizer).train(resume_from_checkpoint=True)
+
+
 def test_a_runs_setup_is_named_as_it_routes():
     # Environments are routed by key, so a dict in another order is the same setup; a partial is named by its function.
     from types import SimpleNamespace

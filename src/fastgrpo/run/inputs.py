@@ -196,7 +196,7 @@ def check_trainer_inputs(
             f.check_renders(samples, a.chat_template_kwargs)
     tokenizers = [f.tokenizer if isinstance(f, RewardModel) else p for f, p in zip(resolved, procs)]
     names = reward_names(resolved)
-    return TrainerInputs(a, sets, resolved, names, tokenizers, list(weights), train_dataset, agents, pair, callbacks, run_setup(names, agents),
+    return TrainerInputs(a, sets, resolved, names, tokenizers, list(weights), train_dataset, agents, pair, callbacks, run_setup(names, agents, train_dataset),
                          partial(check_prompt_rendering, agents, samples, a.chat_template_kwargs))
 
 

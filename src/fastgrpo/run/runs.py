@@ -8,7 +8,8 @@
   state its meaning (`STATE_FIELDS`: batch shapes, G, μ, lengths, loss) are
   refused, the rest are applied and listed in one notice.
 - `run_setup`/`setup_changes`: the trainer arguments a run trains with (reward
-  functions, tools, environments, rollout_func) by name; a resume with others warns.
+  functions, tools, environments, rollout_func) by name, and the train dataset by its size and ends; a resume with
+  others warns.
 
 Not here: writing or reading checkpoint files (run/checkpoint_files.py).
 """
@@ -16,6 +17,8 @@ Not here: writing or reading checkpoint files (run/checkpoint_files.py).
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -120,7 +123,7 @@ def config_changes(saved: dict, current: dict) -> list[tuple[str, object, object
     return changed
 
 
-def run_setup(reward_names: list[str], agents) -> dict[str, list[str]]:
+def run_setup(reward_names: list[str], agents, train_dataset=None) -> dict[str, list[str]]:
     """What a run trains with besides its config, by name (saved in each checkpoint, compared on resume). Names only:
     a reward function's or tool's new code, a partial's other arguments, or another reward model saved under the same
     folder name are not seen.
@@ -128,8 +131,9 @@ def run_setup(reward_names: list[str], agents) -> dict[str, list[str]]:
     Args:
         reward_names: the reward functions' log names.
         agents: the checked agent arguments (rollout/producers.AgentInputs: tools, environments, rollout_func).
+        train_dataset: random-access rows (a Dataset, a list of dicts), identified by `dataset_identity`; a stream: not.
     Returns:
-        {"reward_funcs", "tools", "environment_factory", "rollout_func"}: lists of names ([] for none).
+        {"reward_funcs", "tools", "environment_factory", "rollout_func", "train_dataset"}: lists of names ([] for none).
     """
     def named(f) -> str:
         f = f.func if isinstance(f, functools.partial) else f
@@ -141,7 +145,19 @@ def run_setup(reward_names: list[str], agents) -> dict[str, list[str]]:
         "tools": [named(t) for t in agents.tools],
         "environment_factory": sorted(named(f) if key is None else f"{key}: {named(f)}" for key, f in environments.items()),  # routed by key
         "rollout_func": [named(agents.rollout_func)] if agents.rollout_func is not None else [],
+        "train_dataset": dataset_identity(train_dataset),
     }
+
+
+def dataset_identity(rows) -> list[str]:
+    """["<N> rows, prompts <digest>"]: the row count and a digest of the first and last rows' prompts, the order a resume
+    continues in depending on both; [] for rows without a length (a stream, or none). Another file resumed in its place
+    trained on from the saved position silently."""
+    if rows is None or not hasattr(rows, "__len__") or len(rows) == 0:
+        return []
+    ends = [rows[0], rows[len(rows) - 1]]
+    digest = hashlib.sha256(json.dumps([r.get("prompt") for r in ends], sort_keys=True, default=str).encode()).hexdigest()[:8]
+    return [f"{len(rows)} rows, prompts {digest}"]
 
 
 def setup_changes(saved: dict | None, current: dict) -> list[tuple[str, list, list]]:
