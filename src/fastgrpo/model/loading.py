@@ -161,8 +161,8 @@ def load_model(model: str | torch.nn.Module, init_kwargs: dict | None = None) ->
     except ImportError as err:  # a package an init kwarg needs (attn_implementation="flash_attention_2", a quantization_config)
         if not init_kwargs:
             raise
-        raise ValueError(f"model_init_kwargs={init_kwargs!r}: transformers cannot load the model with them here: "
-                         f"{' '.join(str(err).split())[:400]}") from err
+        raise ValueError(f"transformers cannot load the model with {', '.join(init_kwargs)} (model_init_kwargs, where the trainer's "
+                         f"quantization_config goes too) on this machine: {' '.join(str(err).split())[:400]}") from err
 
 
 def disable_dropout(model: torch.nn.Module) -> None:
