@@ -46,19 +46,16 @@ class ModelOptions:
 MODEL_KEYS = tuple(f.name for f in dataclasses.fields(ModelOptions))
 
 
-def model_init_kwargs(options: dict, given) -> dict | str | None:
-    """GRPOConfig's model_init_kwargs for a `trl grpo` command line: `ModelOptions` given (`options`, by field name) as
-    transformers' keywords, then the `given` model_init_kwargs over them (a dict, or JSON text: read here, or left to
-    GRPOConfig's own error when it is not JSON); `given` unchanged when no option was given."""
-    if not options:
-        return given
+def model_init_kwargs(options: dict, given) -> dict | str:
+    """GRPOConfig's model_init_kwargs for a `trl grpo` command line: the `ModelOptions` given (`options`, by field name) as
+    transformers' keywords (model_revision → revision), then the `given` model_init_kwargs over them (None, a dict, or JSON
+    text: read here, or left as it is for GRPOConfig's own error when it is not JSON)."""
     if isinstance(given, str):
         try:
             given = json.loads(given)
         except ValueError:
             return given
-    names = {"model_revision": "revision", "dtype": "dtype", "attn_implementation": "attn_implementation"}
-    return {**{names[k]: v for k, v in options.items()}, **(given if isinstance(given, dict) else {})}
+    return {**{"revision" if k == "model_revision" else k: v for k, v in options.items()}, **(given if isinstance(given, dict) else {})}
 
 
 @dataclasses.dataclass
