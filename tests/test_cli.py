@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 import yaml
 
 from fastgrpo import cli
@@ -68,6 +69,54 @@ def test_trl_grpos_model_loading_flags_become_model_init_kwargs_as_there(tmp_pat
     assert parse("--config", str(recipe))[1]["model_init_kwargs"] == {"dtype": "bfloat16"}
     with pytest.raises(SystemExit):
         train_parser().parse_args(["--dtype", "bf16"])  # TRL's choices
+
+
+def test_trl_grpos_bitsandbytes_flags_become_the_trainers_quantization_config_as_there(tmp_path):
+    # trl grpo builds quantization_config from ModelConfig's load_in_4bit/8bit options (get_quantization_config, compute
+    # dtype = --dtype); they were "unknown flag --load_in_4bit".
+    job, fields, _ = parse("--dataset", "d.jsonl", "--reward", "length", "--use_peft", "--load_in_4bit", "--dtype", "bfloat16",
+                           "--bnb_4bit_quant_type", "fp4", "--use_bnb_nested_quant", "--bnb_4bit_quant_storage", "uint8")
+    q = job["quantization_config"]
+    assert (q.load_in_4bit, q.load_in_8bit, q.bnb_4bit_quant_type, q.bnb_4bit_use_double_quant) == (True, False, "fp4", True)
+    assert (q.bnb_4bit_compute_dtype, q.bnb_4bit_quant_storage) == (torch.bfloat16, torch.uint8)
+    assert fields["model_init_kwargs"] == {"dtype": "bfloat16"} and "load_in_4bit" not in fields
+    q = parse("--dataset", "d.jsonl", "--reward", "length", "--load_in_4bit", "--dtype", "auto")[0]["quantization_config"]
+    assert (q.bnb_4bit_quant_type, q.bnb_4bit_compute_dtype) == ("nf4", torch.float32)  # TRL's default; auto names no dtype yet
+    q = parse("--dataset", "d.jsonl", "--reward", "length", "--load_in_8bit")[0]["quantization_config"]
+    assert (q.load_in_8bit, q.load_in_4bit) == (True, False)
+    assert parse("--dataset", "d.jsonl", "--reward", "length")[0]["quantization_config"] is None
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({"model": "m", "dataset": "d.jsonl", "reward": "length", "load_in_4bit": "true"}))
+    assert parse("--config", str(recipe))[0]["quantization_config"].load_in_4bit  # YAML text typed as the flag
+    with pytest.raises(ValueError, match="--load_in_4bit and --load_in_8bit were both given; choose one"):
+        parse("--dataset", "d.jsonl", "--reward", "length", "--load_in_4bit", "--load_in_8bit")
+    with pytest.warns(UserWarning, match=r"^bnb_4bit_quant_type='fp4' has no effect while load_in_4bit is off; add --load_in_4bit"):
+        assert parse("--dataset", "d.jsonl", "--reward", "length", "--bnb_4bit_quant_type", "fp4")[0]["quantization_config"] is None
+    with pytest.raises(SystemExit):
+        train_parser().parse_args(["--bnb_4bit_quant_type", "int4"])  # TRL's choices
+
+
+def test_a_4bit_run_is_refused_without_adapters_and_reaches_the_loader_with_them(tmp_path, make_model, tokenizer, capsys):
+    folder, data = str(tmp_path / "tiny"), tmp_path / "d.jsonl"
+    make_model().save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    data.write_text("".join(json.dumps({"prompt": f"count to {i}"}) + "\n" for i in range(8)))
+    argv = ["train", "--model", folder, "--dataset", str(data), "--reward", "length", "--output_dir", str(tmp_path / "out"), "--load_in_4bit"]
+    assert main(argv) == 2
+    assert "quantized by bitsandbytes, but no peft_config was given: quantized weights do not train" in capsys.readouterr().err
+    assert main(argv + ["--use_peft"]) == 2  # this machine has no bitsandbytes: transformers' refusal shows the config reached it
+    assert "cannot load the model with quantization_config" in capsys.readouterr().err
+
+
+def test_trls_other_lora_options_reach_peft(tmp_path):
+    # TRL's ModelConfig: lora_modules_to_save, lora_target_parameters, use_rslora, use_dora (get_peft_config's LoraConfig).
+    _, _, lora = parse("--dataset", "d.jsonl", "--reward", "length", "--use_peft", "--use_rslora", "--use_dora",
+                       "--lora_modules_to_save", "lm_head", "--lora_target_parameters", "mlp.experts.down_proj")
+    config = cli.peft_kwargs(lora)["peft_config"]
+    assert (config.use_rslora, config.use_dora, config.modules_to_save) == (True, True, ["lm_head"])
+    assert config.target_parameters == ["mlp.experts.down_proj"] and config.bias == "none"
+    plain = cli.peft_kwargs(parse("--dataset", "d.jsonl", "--reward", "length", "--use_peft")[2])["peft_config"]
+    assert (plain.use_rslora, plain.use_dora, plain.modules_to_save, plain.target_parameters) == (False, False, None, None)
 
 
 def test_mistyped_yaml_value_names_field_and_type(tmp_path):
@@ -176,7 +225,8 @@ def test_lora_options_parse_into_lora_config_arguments(monkeypatch):
     seen = {}
     monkeypatch.setattr("fastgrpo.model.loading.lora_config", lambda **kw: seen.update(kw) or "cfg", raising=False)
     assert cli.peft_kwargs(lora) == {"peft_config": "cfg"}
-    assert seen == {"lora_r": 8, "lora_alpha": 32, "lora_dropout": 0.05, "lora_target_modules": ["q_proj", "v_proj"], "lora_task_type": "CAUSAL_LM"}
+    assert seen == {"lora_r": 8, "lora_alpha": 32, "lora_dropout": 0.05, "lora_target_modules": ["q_proj", "v_proj"], "lora_task_type": "CAUSAL_LM",
+                    "lora_target_parameters": None, "lora_modules_to_save": None, "use_rslora": False, "use_dora": False}  # TRL's defaults
     assert cli.peft_kwargs({}) == {}
 
 

@@ -6,6 +6,7 @@ import warnings
 
 import pytest
 import torch
+from peft import LoraConfig
 from transformers import BitsAndBytesConfig
 
 from fastgrpo import GRPOConfig, GRPOTrainer
@@ -94,7 +95,11 @@ def test_quantization_config_reaches_from_pretrained_for_a_name_and_is_ignored_f
     # This machine has no bitsandbytes: transformers refuses the 4-bit load, which shows the config reached it (one line
     # naming the option, not transformers' ImportError from inside the loader).
     with pytest.raises(ValueError, match="cannot load the model with quantization_config .* requires bitsandbytes"):
-        GRPOTrainer(folder, reward_even, args=config(tmp_path), train_dataset=prompts, quantization_config=q)
+        GRPOTrainer(folder, reward_even, args=config(tmp_path), train_dataset=prompts, quantization_config=q, peft_config=LoraConfig(r=4))
+    # Without adapters nothing could train: refused before the load (transformers' Trainer refuses it after), either place.
+    for where in ({"quantization_config": q}, {"args": config(tmp_path, model_init_kwargs={"quantization_config": q.to_dict()})}):
+        with pytest.raises(ValueError, match=f"quantization_config loads '{folder}' quantized by bitsandbytes, but no peft_config was given"):
+            GRPOTrainer(folder, reward_even, train_dataset=prompts, **{"args": config(tmp_path), **where})
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         GRPOTrainer(make_model(), reward_even, args=config(tmp_path), train_dataset=prompts, processing_class=tokenizer, quantization_config=q)

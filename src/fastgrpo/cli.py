@@ -39,17 +39,14 @@ import difflib
 import gc
 import os
 import sys
-import types
-import typing
 import warnings
 
 from .config import GRPOConfig
-from .config.checks import ALSO_ACCEPTED
-from .config.flags import FIELD_HELP, one_line_error
+from .config.flags import FIELD_HELP, check_yaml_types, one_line_error, yaml_values_as_flags
 from .config.trl_fields import TRL_FIELDS
 from .config.trl_script import (
-    BUILTIN_REWARD_NAMES, LORA_KEYS, MODEL_KEYS, SCRIPT_KEYS, LoraOptions, ModelOptions, ScriptOptions, check_chat_rewards, model_init_kwargs,
-    reward_specs,
+    BUILTIN_REWARD_NAMES, LORA_KEYS, MODEL_KEYS, QUANTIZATION_KEYS, SCRIPT_KEYS, LoraOptions, ModelOptions, QuantizationOptions, ScriptOptions,
+    check_chat_rewards, model_init_kwargs, quantization_config, reward_specs,
 )
 
 # The built-in job: SmolLM2-135M-Instruct on one-digit addition (reasoning-gym
@@ -90,6 +87,7 @@ BUILTIN_JOB = {
 }
 JOB_KEYS = ("model", "dataset", "reward", "dataset_size", "tools", "environment")
 ENVIRONMENTS = {"calculator": "fastgrpo.tasks.calculator:Calculator"}  # built-in environment names
+OPTIONS = (GRPOConfig, LoraOptions, ModelOptions, QuantizationOptions, ScriptOptions)  # the dataclasses whose fields are flags
 def build_parser() -> argparse.ArgumentParser:
     """The `fastgrpo` parser: a light top level whose `train` subcommand is parsed by `train_parser()`."""
     parser = argparse.ArgumentParser(prog="fastgrpo", description="GRPO fine-tuning with multi-step rollout reuse.", allow_abbrev=False)
@@ -108,13 +106,13 @@ def train_parser() -> argparse.ArgumentParser:
 
     # allow_abbrev=False: a misspelt flag (--num_generation) must be an error, not a prefix match.
     own = tuple({f.name for f in dataclasses.fields(GRPOConfig)} - set(TRL_FIELDS))  # TRL's other fields' help names their default
-    parser = HfArgumentParser((GRPOConfig, LoraOptions, ModelOptions, ScriptOptions), prog="fastgrpo train", allow_abbrev=False)
+    parser = HfArgumentParser(OPTIONS, prog="fastgrpo train", allow_abbrev=False)
     parser.error = lambda message: one_line_error(parser, message)
     builtin = {**BUILTIN_JOB["config"], **{k: BUILTIN_JOB[k] for k in JOB_KEYS if k in BUILTIN_JOB}}
     for action in parser._actions:
         if action.dest != "help" and action.help != argparse.SUPPRESS:
             what = FIELD_HELP.get(action.dest) or action.help or ""
-            default = "" if action.dest not in own + LORA_KEYS + MODEL_KEYS + SCRIPT_KEYS else f" (default {action.default!r})"
+            default = "" if action.dest not in own + LORA_KEYS + MODEL_KEYS + QUANTIZATION_KEYS + SCRIPT_KEYS else f" (default {action.default!r})"
             job = f" (built-in job: {builtin[action.dest]!r})" if action.dest in builtin else ""
             action.help = f"{what}{default}{job}".replace("%", "%%")
         action.default = argparse.SUPPRESS if action.dest != "help" else action.default
@@ -135,65 +133,9 @@ def train_parser() -> argparse.ArgumentParser:
 TRL_SCRIPT_KEYS = {"model_name_or_path": "model", "dataset_name": "dataset"}  # TRL's script flags / YAML keys → fastgrpo train's
 
 
-def yaml_values_as_flags(values: dict, parser: argparse.ArgumentParser, source: str) -> dict:
-    """YAML values typed as `trl grpo --config` types them: text goes through the flag's type, anything else stays.
-
-    TRL's parser sets YAML values as argparse defaults, and argparse converts a
-    default that is text with the action's type: `max_grad_norm: "0.5"` is 0.5,
-    `bf16: "false"` is False, `lora_target_modules: all-linear` stays text.
-
-    Raises:
-        ValueError: text the field's type refuses, naming the field, the type and the value.
-    """
-    actions = {action.dest: action for action in parser._actions}
-    typed = dict(values)
-    for name, value in values.items():
-        action = actions.get(name)
-        if isinstance(value, str) and action is not None and callable(action.type):
-            try:
-                typed[name] = action.type(value)
-            except (TypeError, ValueError, argparse.ArgumentTypeError):
-                kind = getattr(action.type, "__name__", "value").replace("string_to_bool", "bool")
-                raise ValueError(f"{source}: {name}: expected {kind}, got {value!r} (str).") from None
-            if action.choices is not None and typed[name] not in action.choices:
-                raise ValueError(f"{source}: {name}: {value!r} is not one of {', '.join(map(str, action.choices))}.")
-    return typed
-
-
-def check_types(values: dict, source: str) -> None:
-    """Refuse a YAML value whose type does not fit its GRPOConfig / LoRA / TRL script field.
-
-    Raises:
-        ValueError: names the field, the expected type and the value.
-    """
-    hints = {**typing.get_type_hints(GRPOConfig), **typing.get_type_hints(LoraOptions), **typing.get_type_hints(ModelOptions),
-             **typing.get_type_hints(ScriptOptions)}
-    for name, value in values.items():
-        if name not in hints:
-            continue  # an unknown name: GRPOConfig refuses it, naming the closest field
-        kinds = typing.get_args(hints[name]) if typing.get_origin(hints[name]) in (typing.Union, types.UnionType) else (hints[name],)
-        # list[float] → list; peft also takes text ("all-linear", a regex), as TRL passes it; reward_funcs: one name, or names with commas
-        kinds = tuple(typing.get_origin(k) or k for k in kinds) + ((str,) if name in ("lora_target_modules", "reward_funcs") else ())
-        kinds += ALSO_ACCEPTED.get(name, ())
-        fits = any(_fits(value, kind) for kind in kinds)
-        if not fits:
-            expected = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
-            raise ValueError(f"{source}: {name}: expected {expected}, got {value!r} ({type(value).__name__}).")
-
-
-def _fits(value, kind) -> bool:
-    """YAML's value against one annotated type: an int is a float too, a bool is neither."""
-    if kind is type(None):
-        return value is None
-    if kind in (int, float) and isinstance(value, bool):
-        return False
-    if kind is float:
-        return isinstance(value, (int, float))
-    return isinstance(value, kind)
-
-
 def resolve_job(ns: argparse.Namespace) -> tuple[dict, dict, dict]:
-    """(job values, GRPOConfig fields, LoRA options) from the parsed flags and the YAML file.
+    """(job values, GRPOConfig fields, LoRA options) from the parsed flags and the YAML file; the job's
+    `quantization_config` is the bitsandbytes options' (trl_script.quantization_config).
 
     The built-in job's values are the base only when neither model nor dataset
     is given; otherwise GRPOConfig's defaults are, and the rewards must be named.
@@ -219,16 +161,16 @@ def resolve_job(ns: argparse.Namespace) -> tuple[dict, dict, dict]:
                              "or drop --config to run the built-in job.")
         if not isinstance(loaded, dict):
             raise ValueError(f"{given['config']}: expected a mapping of field: value, got {type(loaded).__name__}.")
-        known = {f.name for f in dataclasses.fields(GRPOConfig)} | {*LORA_KEYS, *MODEL_KEYS, *SCRIPT_KEYS, *JOB_KEYS, *TRL_SCRIPT_KEYS}
+        known = {f.name for kind in OPTIONS for f in dataclasses.fields(kind)} | {*JOB_KEYS, *TRL_SCRIPT_KEYS}
         for key in loaded:  # a typo of any key a recipe takes, not only GRPOConfig's (its error would suggest only those)
             if key not in known:
                 close = difflib.get_close_matches(str(key), sorted(known), n=1)
                 raise ValueError(f"{given['config']}: unknown key {key!r}{f' (did you mean {close[0]!r}?)' if close else ''}: a recipe takes "
                                  "GRPOConfig's fields, model, dataset, reward, tools, environment, dataset_size, trl grpo's model_name_or_path, "
-                                 "dataset_name, reward_funcs, dataset_config, dtype, attn_implementation, model_revision, … and the LoRA options.")
+                                 "dataset_name, reward_funcs, dataset_config, dtype, attn_implementation, model_revision, … and the LoRA and bitsandbytes options.")
         loaded = {TRL_SCRIPT_KEYS.get(k, k): v for k, v in loaded.items()}  # a TRL recipe's model_name_or_path, dataset_name
         loaded = {**loaded, **yaml_values_as_flags({k: v for k, v in loaded.items() if k not in JOB_KEYS}, train_parser(), given["config"])}
-        check_types({k: v for k, v in loaded.items() if k not in JOB_KEYS}, given["config"])
+        check_yaml_types({k: v for k, v in loaded.items() if k not in JOB_KEYS}, OPTIONS, given["config"])
     chosen = {**{k: loaded[k] for k in JOB_KEYS if k in loaded}, **{k: given[k] for k in JOB_KEYS if k in given}}
     builtin = "model" not in chosen and "dataset" not in chosen
     job = {**{k: BUILTIN_JOB[k] for k in JOB_KEYS if k in BUILTIN_JOB and (builtin or k not in ("reward", "dataset_size"))}, **chosen}
@@ -258,6 +200,7 @@ def resolve_job(ns: argparse.Namespace) -> tuple[dict, dict, dict]:
     loading = {k: fields.pop(k) for k in MODEL_KEYS if k in fields and fields[k] is not None}  # trl grpo's --dtype, --model_revision, …
     if loading:
         fields["model_init_kwargs"] = model_init_kwargs(loading, fields.get("model_init_kwargs"))
+    job["quantization_config"] = quantization_config({k: fields.pop(k) for k in QUANTIZATION_KEYS if k in fields}, loading.get("dtype"))
     return job, fields, lora
 
 
@@ -339,7 +282,8 @@ def train(ns: argparse.Namespace) -> None:
     agents = {"tools": [import_object(t, "--tools") for t in job["tools"]] or None}
     if job.get("environment"):
         agents["environment_factory"] = import_object(ENVIRONMENTS.get(job["environment"], job["environment"]), "--environment")
-    trainer = GRPOTrainer(model=job["model"], reward_funcs=rewards, args=args, train_dataset=dataset, eval_dataset=eval_dataset, **agents, **peft)
+    trainer = GRPOTrainer(model=job["model"], reward_funcs=rewards, args=args, train_dataset=dataset, eval_dataset=eval_dataset,
+                          quantization_config=job["quantization_config"], **agents, **peft)
     if trainer.accelerator.is_main_process:
         rows = "streamed" if job["dataset_streaming"] else f"{len(dataset)} prompts"
         trainer.console.print(

@@ -6,6 +6,8 @@
   (trl_fields.py) carry their own help: what fastgrpo does with the value.
 - `one_line_error()`: argparse's errors as one line, an unknown flag with the
   closest known one (`fastgrpo train`, `fastgrpo vllm-serve`).
+- `yaml_values_as_flags()`, `check_yaml_types()`: a recipe's YAML values typed
+  as `trl grpo --config` types them, and refused when they do not fit.
 
 Not here: the fields themselves and their checks (config/grpo_config.py, trl_fields.py).
 """
@@ -14,7 +16,10 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import types
 import typing
+
+from .checks import ALSO_ACCEPTED
 
 FIELD_HELP = {
     "output_dir": "folder for checkpoints, metrics.jsonl, completions.jsonl and the final model",
@@ -159,3 +164,60 @@ def one_line_error(parser: argparse.ArgumentParser, message: str) -> typing.NoRe
         message = f"unknown flag {flags[0]}" if flags else message
         hint = did_you_mean(flags[0], parser_flags(parser)) if flags else ""
     parser.exit(2, f"{parser.prog}: error: {message}{hint} (`{parser.prog} --help` lists the flags)\n")
+
+
+def yaml_values_as_flags(values: dict, parser: argparse.ArgumentParser, source: str) -> dict:
+    """YAML values typed as `trl grpo --config` types them: text goes through the flag's type, anything else stays.
+
+    TRL's parser sets YAML values as argparse defaults, and argparse converts a
+    default that is text with the action's type: `max_grad_norm: "0.5"` is 0.5,
+    `bf16: "false"` is False, `lora_target_modules: all-linear` stays text.
+
+    Raises:
+        ValueError: text the field's type refuses, naming the field, the type and the value.
+    """
+    actions = {action.dest: action for action in parser._actions}
+    typed = dict(values)
+    for name, value in values.items():
+        action = actions.get(name)
+        if isinstance(value, str) and action is not None and callable(action.type):
+            try:
+                typed[name] = action.type(value)
+            except (TypeError, ValueError, argparse.ArgumentTypeError):
+                kind = getattr(action.type, "__name__", "value").replace("string_to_bool", "bool")
+                raise ValueError(f"{source}: {name}: expected {kind}, got {value!r} (str).") from None
+            if action.choices is not None and typed[name] not in action.choices:
+                raise ValueError(f"{source}: {name}: {value!r} is not one of {', '.join(map(str, action.choices))}.")
+    return typed
+
+
+def check_yaml_types(values: dict, fields: tuple, source: str) -> None:
+    """Refuse a YAML value whose type does not fit its field in one of the dataclasses `fields` (GRPOConfig and TRL's
+    script options, cli.py); a name none of them has is left to the caller.
+
+    Raises:
+        ValueError: names the field, the expected type and the value.
+    """
+    hints = {name: hint for kind in fields for name, hint in typing.get_type_hints(kind).items()}
+    for name, value in values.items():
+        if name not in hints:
+            continue  # an unknown name: GRPOConfig refuses it, naming the closest field
+        kinds = typing.get_args(hints[name]) if typing.get_origin(hints[name]) in (typing.Union, types.UnionType) else (hints[name],)
+        # list[float] → list; peft also takes text ("all-linear", a regex), as TRL passes it; reward_funcs: one name, or names with commas
+        kinds = tuple(typing.get_origin(k) or k for k in kinds) + ((str,) if name in ("lora_target_modules", "reward_funcs") else ())
+        kinds += ALSO_ACCEPTED.get(name, ())
+        fits = any(_fits(value, kind) for kind in kinds)
+        if not fits:
+            expected = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
+            raise ValueError(f"{source}: {name}: expected {expected}, got {value!r} ({type(value).__name__}).")
+
+
+def _fits(value, kind) -> bool:
+    """YAML's value against one annotated type: an int is a float too, a bool is neither."""
+    if kind is type(None):
+        return value is None
+    if kind in (int, float) and isinstance(value, bool):
+        return False
+    if kind is float:
+        return isinstance(value, (int, float))
+    return isinstance(value, kind)

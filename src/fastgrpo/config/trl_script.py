@@ -1,5 +1,5 @@
 """TRL's script arguments beside GRPOConfig, as `fastgrpo train` takes them (cli.py): `ModelConfig`'s LoRA options
-(`LoraOptions`) and loading options (`ModelOptions`), and `trl grpo`'s `GRPOScriptArguments` (`ScriptOptions`: the reward functions, reward model, dataset
+(`LoraOptions`), loading options (`ModelOptions`) and bitsandbytes options (`QuantizationOptions`, `quantization_config`), and `trl grpo`'s `GRPOScriptArguments` (`ScriptOptions`: the reward functions, reward model, dataset
 configuration, splits and streaming), with how TRL's grpo script reads its reward names (`reward_specs`) and what its
 registry's rewards need (`check_chat_rewards`).
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 
 # tasks/rewards.BUILTIN_REWARDS' names (`--reward`), listed here so that --help needs no torch (a test keeps them equal).
 BUILTIN_REWARD_NAMES = ("length", "format", "brevity", "reasoning_gym", "exact")
@@ -27,6 +28,12 @@ class LoraOptions:
         default=None, metadata={"help": "modules to adapt, e.g. q_proj v_proj, or all-linear (default: peft's for the model)"}
     )
     lora_task_type: str = dataclasses.field(default="CAUSAL_LM", metadata={"help": "peft task type"})
+    lora_target_parameters: list[str] | None = dataclasses.field(
+        default=None, metadata={"help": "parameters to adapt that are not in a Linear module, e.g. an MoE's experts (peft's target_parameters)"})
+    lora_modules_to_save: list[str] | None = dataclasses.field(
+        default=None, metadata={"help": "modules trained in full beside the adapters, e.g. lm_head (peft's modules_to_save)"})
+    use_rslora: bool = dataclasses.field(default=False, metadata={"help": "rank-stabilised LoRA: scale the update by alpha / sqrt(r)"})
+    use_dora: bool = dataclasses.field(default=False, metadata={"help": "DoRA (arXiv 2402.09353): a learnt magnitude per output beside the adapters"})
 
 
 LORA_KEYS = tuple(f.name for f in dataclasses.fields(LoraOptions))
@@ -56,6 +63,54 @@ def model_init_kwargs(options: dict, given) -> dict | str:
         except ValueError:
             return given
     return {**{"revision" if k == "model_revision" else k: v for k, v in options.items()}, **(given if isinstance(given, dict) else {})}
+
+
+@dataclasses.dataclass
+class QuantizationOptions:
+    """TRL's `ModelConfig` bitsandbytes options (names, defaults and choices), which `trl grpo` turns into the trainer's
+    `quantization_config` (`quantization_config`): QLoRA, with --use_peft."""
+
+    load_in_8bit: bool = dataclasses.field(default=False, metadata={"help": "TRL's: load the base model in 8 bits (bitsandbytes; needs --use_peft)"})
+    load_in_4bit: bool = dataclasses.field(default=False, metadata={"help": "TRL's: load the base model in 4 bits (bitsandbytes; needs --use_peft)"})
+    bnb_4bit_quant_type: str = dataclasses.field(default="nf4", metadata={"help": "TRL's: the 4-bit type", "choices": ["fp4", "nf4"]})
+    use_bnb_nested_quant: bool = dataclasses.field(default=False, metadata={"help": "TRL's: quantize the 4-bit constants too (double quantization)"})
+    bnb_4bit_quant_storage: str | None = dataclasses.field(default=None, metadata={"help": "TRL's: the dtype the 4-bit weights are stored in"})
+
+
+QUANTIZATION_KEYS = tuple(f.name for f in dataclasses.fields(QuantizationOptions))
+
+
+def quantization_config(options: dict, dtype: str | None):
+    """The trainer's `quantization_config` for a `trl grpo` command line, as TRL's `get_quantization_config` builds it: a
+    `transformers.BitsAndBytesConfig` for --load_in_4bit (compute dtype = --dtype, as there; `auto`, which names no dtype
+    before the checkpoint is read and which bitsandbytes cannot take, is its default, fp32) or --load_in_8bit, else None.
+
+    Args:
+        options: the `QuantizationOptions` given, by field name.
+        dtype: the --dtype given, or None.
+    Raises:
+        ValueError: --load_in_4bit and --load_in_8bit together (TRL's ModelConfig refuses it too); a
+            --bnb_4bit_quant_storage bitsandbytes cannot store in (transformers' message, naming the choices).
+    Warns:
+        UserWarning: 4-bit options set without --load_in_4bit (TRL ignores them silently), naming them and the fix.
+    """
+    o = {**dataclasses.asdict(QuantizationOptions()), **options}
+    if o["load_in_4bit"] and o["load_in_8bit"]:
+        raise ValueError("--load_in_4bit and --load_in_8bit were both given; choose one (TRL refuses both too).")
+    unread = [f"{k}={options[k]!r}" for k in QUANTIZATION_KEYS[2:] if k in options and options[k] != getattr(QuantizationOptions, k)]
+    if unread and not o["load_in_4bit"]:
+        from .unread_fields import no_effect
+
+        warnings.warn(no_effect(unread, "load_in_4bit is off", "add --load_in_4bit (with --use_peft) for QLoRA"), stacklevel=2)
+    if not (o["load_in_4bit"] or o["load_in_8bit"]):
+        return None
+    from transformers import BitsAndBytesConfig
+
+    if o["load_in_8bit"]:
+        return BitsAndBytesConfig(load_in_8bit=True)
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=None if dtype == "auto" else dtype,
+                              bnb_4bit_quant_type=o["bnb_4bit_quant_type"], bnb_4bit_use_double_quant=o["use_bnb_nested_quant"],
+                              bnb_4bit_quant_storage=o["bnb_4bit_quant_storage"])
 
 
 @dataclasses.dataclass

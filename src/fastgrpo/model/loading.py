@@ -207,17 +207,24 @@ def sync_reference(ref_model: torch.nn.Module, policy: torch.nn.Module, alpha: f
 # ---------------------------------------------------------------- LoRA (peft)
 def lora_config(
     lora_r: int = 16, lora_alpha: int = 32, lora_dropout: float = 0.05, lora_target_modules: list[str] | str | None = None,
-    lora_task_type: str = "CAUSAL_LM",
+    lora_task_type: str = "CAUSAL_LM", lora_target_parameters: list[str] | None = None, lora_modules_to_save: list[str] | None = None,
+    use_rslora: bool = False, use_dora: bool = False,
 ):
-    """A `peft.LoraConfig` from TRL's `ModelConfig` field names and defaults (r 16, α 32, dropout 0.05).
+    """A `peft.LoraConfig` from TRL's `ModelConfig` field names and defaults (r 16, α 32, dropout 0.05), as TRL's
+    `get_peft_config` builds it.
 
     Args:
         lora_r: the adapters' rank r.
-        lora_alpha: α; the update is scaled by α / r (LoRA, arXiv 2106.09685, eq. 3).
+        lora_alpha: α; the update is scaled by α / r (LoRA, arXiv 2106.09685, eq. 3), or α / √r with `use_rslora`.
         lora_dropout: dropout on the adapters' input; `GRPOConfig.disable_dropout` (default) sets it to 0 too.
         lora_target_modules: module names to adapt (e.g. ["q_proj", "v_proj"] or "all-linear");
             None = peft's default for the architecture (query and value projections for Llama).
         lora_task_type: peft's task type; "CAUSAL_LM" for every model fastgrpo trains.
+        lora_target_parameters: parameter names to adapt outside Linear modules (peft's `target_parameters`, e.g. an
+            MoE's expert weights); passed only when given, as TRL does.
+        lora_modules_to_save: modules trained in full beside the adapters (peft's `modules_to_save`, e.g. ["lm_head"]).
+        use_rslora: rank-stabilised LoRA, α / √r (arXiv 2312.03732).
+        use_dora: DoRA (arXiv 2402.09353); the bf16 sampler copy refuses it (its merge is not W + ΔW).
     Raises:
         ValueError: r < 1, α ≤ 0 or a dropout outside [0, 1).
     """
@@ -225,7 +232,9 @@ def lora_config(
         raise ValueError(f"lora_r={lora_r}, lora_alpha={lora_alpha}, lora_dropout={lora_dropout}: need r ≥ 1, α > 0 and 0 ≤ dropout < 1 (TRL's defaults: 16, 32, 0.05).")
     from peft import LoraConfig
 
-    return LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules=lora_target_modules, task_type=lora_task_type)
+    extra = {"target_parameters": lora_target_parameters} if lora_target_parameters is not None else {}
+    return LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules=lora_target_modules, task_type=lora_task_type,
+                      bias="none", use_rslora=use_rslora, use_dora=use_dora, modules_to_save=lora_modules_to_save, **extra)
 
 
 def decoder_of(model: torch.nn.Module) -> torch.nn.Module:

@@ -130,7 +130,8 @@ def check_trainer_inputs(
         )
     if not isinstance(model, (str, os.PathLike, torch.nn.Module)):
         raise TypeError(f"model has type {type(model).__name__}; give a model name or folder (text), a .gguf file, or a PreTrainedModel.")
-    a = with_quantization(args if args is not None else GRPOConfig(default_output_dir(model, "GRPO")), model, quantization_config)
+    a = with_quantization(args if args is not None else GRPOConfig(default_output_dir(model, "GRPO")), model, quantization_config,
+                          peft_config is not None)
     check_saveable(a)  # every checkpoint and save_model pickle it
     callbacks = check_callbacks(callbacks)
     check_early_stopping(callbacks, a.metric_for_best_model, a.eval_strategy)
@@ -200,24 +201,31 @@ def check_trainer_inputs(
                          partial(check_prompt_rendering, agents, samples, a.chat_template_kwargs))
 
 
-def with_quantization(args: GRPOConfig, model, quantization_config) -> GRPOConfig:
+def with_quantization(args: GRPOConfig, model, quantization_config, adapters: bool) -> GRPOConfig:
     """`args` with the trainer's `quantization_config` in `model_init_kwargs` when the model loads from a name (TRL 1.16's rule).
 
     The config reaches `from_pretrained` as TRL passes it (e.g. a `BitsAndBytesConfig` with `peft_config` for QLoRA);
-    transformers raises if its package is missing. `args` itself is not changed.
+    transformers raises if its package is missing. `args` itself is not changed. `adapters`: a `peft_config` was given.
     Raises:
-        ValueError: `quantization_config` given both here and in `args.model_init_kwargs`.
+        ValueError: `quantization_config` given both here and in `args.model_init_kwargs`; a bitsandbytes config (either
+            place) for a model loaded from a name without `peft_config`: its quantized weights cannot train
+            (transformers' Trainer refuses "purely quantized models" once the model has loaded).
     Warns:
         UserWarning: a model already built (the config is ignored).
     """
-    if quantization_config is None:
-        return args
-    if isinstance(model, torch.nn.Module):
+    kwargs = dict(args.model_init_kwargs or {})
+    if quantization_config is not None and isinstance(model, torch.nn.Module):
         warnings.warn("quantization_config is set but the model is already instantiated; quantization_config is ignored.", stacklevel=4)
         return args
-    kwargs = dict(args.model_init_kwargs or {})
-    if "quantization_config" in kwargs:
+    if quantization_config is not None and "quantization_config" in kwargs:
         raise ValueError("quantization_config is set both as a trainer argument and in args.model_init_kwargs; set it in one place, preferably the trainer argument (TRL's rule).")
+    quantized = quantization_config if quantization_config is not None else kwargs.get("quantization_config")
+    method = quantized.get("quant_method") if isinstance(quantized, dict) else getattr(quantized, "quant_method", None)
+    if method == "bitsandbytes" and not adapters and not isinstance(model, torch.nn.Module):
+        raise ValueError(f"quantization_config loads {model!r} quantized by bitsandbytes, but no peft_config was given: quantized weights do "
+                         "not train. Add peft_config=LoraConfig(…) (QLoRA; --use_peft on the command line), or drop the quantization.")
+    if quantization_config is None:
+        return args
     merged = copy.copy(args)  # the fields as they are (a replace() would re-derive the batch fields and refuse them)
     merged.model_init_kwargs = {**kwargs, "quantization_config": quantization_config}
     return merged
