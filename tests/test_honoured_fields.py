@@ -1,6 +1,8 @@
 """TRL fields fastgrpo honours beyond the core loop: optim, data_seed, chat_template_kwargs,
 eval_on_start, scheduler kwargs, and readable saved files. Tiny model, 1–2 optimizer steps each."""
 
+import json
+import math
 import os
 import stat
 
@@ -80,3 +82,54 @@ def test_use_cpu_trains_on_the_cpu(tmp_path, tokenizer, make_model, prompts):
     trainer = GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
     assert trainer.accelerator.device.type == "cpu" and args.device.type == "cpu"
     assert trainer.train().global_step == 1 and next(trainer.model.parameters()).device.type == "cpu"
+
+
+CUSTOM_CODE = {  # a model folder's own code (config auto_map), as hub models ship it: Llama under another model_type
+    "configuration_tiny.py": "from transformers import LlamaConfig\n\n\nclass TinyConfig(LlamaConfig):\n    model_type = 'tiny_custom'\n",
+    "modeling_tiny.py": (
+        "import torch\nfrom transformers import LlamaForCausalLM, LlamaForSequenceClassification, LlamaModel, LlamaPreTrainedModel\n\n"
+        "from .configuration_tiny import TinyConfig\n\n\n"
+        "class TinyForCausalLM(LlamaForCausalLM):\n    config_class = TinyConfig\n\n\n"
+        "class TinyForSequenceClassification(LlamaForSequenceClassification):\n    config_class = TinyConfig\n\n"
+        "    def __init__(self, config):  # its body built directly (transformers' builds it with AutoModel, which knows no TinyConfig)\n"
+        "        LlamaPreTrainedModel.__init__(self, config)\n        self.num_labels = config.num_labels\n"
+        "        self.model = LlamaModel(config)\n        self.score = torch.nn.Linear(config.hidden_size, config.num_labels, bias=False)\n"
+        "        self.post_init()\n"
+    ),
+}
+
+
+def custom_code_folder(folder, model, tokenizer, head: str) -> str:
+    """`model` saved with CUSTOM_CODE as its classes: loading it needs trust_remote_code."""
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    for name, code in CUSTOM_CODE.items():
+        (folder / name).write_text(code)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(model_type="tiny_custom", architectures=[f"Tiny{head}"],
+                  auto_map={"AutoConfig": "configuration_tiny.TinyConfig", f"AutoModel{head}": f"modeling_tiny.Tiny{head}"})
+    (folder / "config.json").write_text(json.dumps(config))
+    return str(folder)
+
+
+def test_trust_remote_code_loads_a_models_own_code_for_the_policy_and_a_reward_model(tmp_path, tokenizer, make_model, prompts):
+    # TRL's GRPOTrainer passes args.trust_remote_code to the policy's, its tokenizer's and reward models' from_pretrained
+    # (model_init_kwargs.setdefault); it was refused here ("pass model_init_kwargs={'trust_remote_code': True}").
+    from transformers import LlamaForSequenceClassification
+
+    policy = custom_code_folder(tmp_path / "policy", make_model(), tokenizer, "ForCausalLM")
+    scorer = make_model().config
+    scorer.num_labels, scorer.pad_token_id = 1, tokenizer.pad_token_id
+    rm = custom_code_folder(tmp_path / "rm", LlamaForSequenceClassification(scorer), tokenizer, "ForSequenceClassification")
+    with pytest.raises(ValueError, match="trust_remote_code=True"):  # transformers' refusal: without it the folder's code never runs
+        GRPOTrainer(policy, reward_even_tokens, args=config(tmp_path), train_dataset=prompts)
+    with pytest.raises(ValueError, match="trust_remote_code=True"):
+        GRPOTrainer(make_model(), rm, args=config(tmp_path), train_dataset=prompts, processing_class=tokenizer)
+    trainer = GRPOTrainer(policy, [reward_even_tokens, rm], args=config(tmp_path, trust_remote_code=True), train_dataset=prompts)
+    assert type(trainer.accelerator.unwrap_model(trainer.model)).__name__ == "TinyForCausalLM"
+    assert type(trainer.reward_funcs[1].model).__name__ == "TinyForSequenceClassification"
+    trainer.train()
+    assert trainer.state.global_step == 1 and math.isfinite(trainer.state.log_history[0]["loss"])
+    explicit = config(tmp_path, trust_remote_code=True, model_init_kwargs={"trust_remote_code": False})  # model_init_kwargs wins, as TRL
+    with pytest.raises(ValueError, match="trust_remote_code=True"):
+        GRPOTrainer(policy, reward_even_tokens, args=explicit, train_dataset=prompts, processing_class=tokenizer)

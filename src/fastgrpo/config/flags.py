@@ -95,6 +95,7 @@ FIELD_HELP = {
     "activation_checkpointing": "transformers 5.25's name for gradient_checkpointing; when given it wins",
     "activation_checkpointing_kwargs": "transformers 5.25's name for gradient_checkpointing_kwargs; when given it wins",
     "model_init_kwargs": "from_pretrained arguments as JSON, e.g. '{\"dtype\": \"bfloat16\"}'",
+    "trust_remote_code": "run the code a model's folder defines (its config's auto_map): the policy, its tokenizer and reward models",
     "logging_steps": "optimizer steps between log lines",
     "logging_first_step": "also log after the first optimizer step",
     "log_completions": "write every completion to completions.jsonl, TRL's completions/*.parquet table at each log, and print a few",

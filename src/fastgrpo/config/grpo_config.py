@@ -201,6 +201,7 @@ class GRPOConfig(TrainingArgumentsMethods, TrlFields):
     activation_checkpointing: bool | None = field(default=None, metadata={"nargs": "?", "const": True})  # a bare flag means True
     activation_checkpointing_kwargs: dict | str | None = None
     model_init_kwargs: dict | str | None = None
+    trust_remote_code: bool = False  # run a model's own code (its folder's auto_map): policy, tokenizer and reward models, as TRL
 
     # --- logging and saving --------------------------------------------------------
     logging_steps: float = 10

@@ -120,7 +120,6 @@ TRL_FIELDS: dict[str, TrlField] = {
     "do_train": TrlField(False, ANY),
     "do_eval": TrlField(False, ANY),
     "do_predict": TrlField(False, ANY),
-    "trust_remote_code": TrlField(False, (False,), "pass model_init_kwargs={'trust_remote_code': True}"),
     "ds3_gather_for_generation": TrlField(True, ANY),
     # --- data loading (fastgrpo draws rows itself; no DataLoader) ------------------------
     "dataloader_drop_last": TrlField(False, ANY),

@@ -115,8 +115,9 @@ def resolve_model_path(name: str) -> str:
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
 
 
-def load_tokenizer(name: str):
-    """The tokenizer for a model name, set for left padding (pad = EOS when it has no pad token).
+def load_tokenizer(name: str, trust_remote_code: bool = False):
+    """The tokenizer for a model name, set for left padding (pad = EOS when it has no pad token); `trust_remote_code`
+    runs a tokenizer class the model's folder defines (GRPOConfig.trust_remote_code, as TRL loads its processing class).
 
     Raises:
         ValueError: a name `resolve_model_path` refuses, or a local folder
@@ -128,7 +129,7 @@ def load_tokenizer(name: str):
             f"model folder {path!r} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); copy the tokenizer files "
             "into it, or pass the tokenizer as processing_class."
         )
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     return prepare_tokenizer(tokenizer)
 
 
@@ -138,6 +139,14 @@ def prepare_tokenizer(tokenizer):
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def init_kwargs(model_init_kwargs: dict | None, trust_remote_code: bool) -> dict | None:
+    """`from_pretrained` keywords for the policy and reward models: GRPOConfig's `model_init_kwargs` with its
+    `trust_remote_code` as their default (TRL's `model_init_kwargs.setdefault("trust_remote_code", …)`)."""
+    if not trust_remote_code:
+        return model_init_kwargs
+    return {"trust_remote_code": True, **(model_init_kwargs or {})}
 
 
 def load_model(model: str | torch.nn.Module, init_kwargs: dict | None = None) -> torch.nn.Module:

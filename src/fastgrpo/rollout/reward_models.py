@@ -42,7 +42,8 @@ class RewardModel:
     Args:
         model: a hub id, a local folder, or a `PreTrainedModel` with one output label.
         processing_class: its tokenizer; default: loaded from the model's own path.
-        init_kwargs: passed to `from_pretrained` when `model` is a name (GRPOConfig.model_init_kwargs).
+        init_kwargs: passed to `from_pretrained` when `model` is a name (GRPOConfig.model_init_kwargs); its
+            `trust_remote_code` also reaches the config and the tokenizer (TRL's).
     Attributes:
         __name__: the model's folder or repository name (TRL's reward name; logged as rewards/<name>/mean and /std).
     Raises:
@@ -53,11 +54,12 @@ class RewardModel:
     """
 
     def __init__(self, model: str | PreTrainedModel, processing_class=None, init_kwargs: dict | None = None):
+        trusted = bool((init_kwargs or {}).get("trust_remote_code", False))
         if isinstance(model, str):
             from ..model.loading import resolve_model_path
 
             path = resolve_model_path(model)
-            config = AutoConfig.from_pretrained(path)
+            config = AutoConfig.from_pretrained(path, trust_remote_code=trusted)
             architectures = config.architectures or []
             if architectures and not any(a.endswith(CLASSIFIER_SUFFIX) for a in architectures):
                 raise ValueError(f"reward model {model!r} is a {architectures[0]}, not a sequence classifier; give a reward model "
@@ -75,7 +77,7 @@ class RewardModel:
                              f"(…{CLASSIFIER_SUFFIX} with one label) or a reward function.")
         if model.config.num_labels != 1:
             raise ValueError(f"reward model {name!r} has {model.config.num_labels} labels; a reward model has one (num_labels=1).")
-        tokenizer = processing_class if processing_class is not None else AutoTokenizer.from_pretrained(name)
+        tokenizer = processing_class if processing_class is not None else AutoTokenizer.from_pretrained(name, trust_remote_code=trusted)
         if tokenizer.pad_token_id is None:  # pad == EOS, and the model must know it to find the last real token
             if tokenizer.eos_token is None:
                 raise ValueError(f"reward model {name!r}'s tokenizer has neither a pad nor an EOS token to pad its batches with; "

@@ -28,6 +28,7 @@ from .datasets import prompt_shapes
 from .evaluation import check_best_metric, loss_keys
 from .runs import run_setup
 from ..rollout.group_filter import resolve_filter
+from ..model.loading import init_kwargs
 from ..model.peft_checks import check_peft_inputs
 from ..model.sharding import fsdp_requested
 from ..model.optimizers import check_optimizer_name, check_scheduler, optimizer_factory
@@ -175,7 +176,7 @@ def check_trainer_inputs(
             where = f"reward_processing_classes[{i}]" if isinstance(reward_processing_classes, (list, tuple)) else "reward_processing_classes"
             raise TypeError(f"{where} is {p!r:.80} ({type(p).__name__}); give the reward model's tokenizer (e.g. "
                             "AutoTokenizer.from_pretrained(name)), or None to load the reward model's own.")
-    resolved = [resolve_reward(f, p, a.model_init_kwargs) for f, p in zip(funcs, procs)]
+    resolved = [resolve_reward(f, p, init_kwargs(a.model_init_kwargs, a.trust_remote_code)) for f, p in zip(funcs, procs)]
     weights = a.reward_weights if a.reward_weights is not None else [1.0] * len(resolved)
     if len(weights) != len(resolved):
         raise ValueError(f"reward_weights has {len(weights)} values for {len(resolved)} reward functions; give one weight per function.")

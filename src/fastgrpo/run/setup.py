@@ -40,7 +40,7 @@ from ..model.launch import cpu_launch_error
 from ..generation.weight_copy import GatheredCopy
 from ..model.sharding import broadcast_weights, fsdp_requested, is_sharded, shard
 from ..model.checkpointing import enable_gradient_checkpointing
-from ..model.loading import (decoder_of, disable_dropout, is_peft_model, load_model, load_tokenizer, prepare_adapters,
+from ..model.loading import (decoder_of, disable_dropout, init_kwargs, is_peft_model, load_model, load_tokenizer, prepare_adapters,
                              prepare_tokenizer, reference_model)
 from ..model.experts import RouterAuxLoss
 from ..model.optimizers import build_optimizer
@@ -118,7 +118,7 @@ def load_policy(
             `PreTrainedModel`, or a peft `PeftModel`.
         processing_class: the tokenizer, or None for the model's own.
         peft_config: a `peft.PeftConfig` or None.
-        args: model_init_kwargs, beta, disable_dropout, gradient_checkpointing(_kwargs) are read.
+        args: model_init_kwargs, trust_remote_code, beta, disable_dropout, gradient_checkpointing(_kwargs) are read.
         accelerator: the main process loads first (a built-in model's first load converts it once).
         bf16: the run's products in bf16 (precision.py): under FSDP the shards compute in bf16 and the sampler's gathered copy is bf16.
         check_tokenizer: called with the tokenizer before the model loads (inputs.TrainerInputs.check_tokenizer:
@@ -136,10 +136,10 @@ def load_policy(
     if not isinstance(model, str) and a.model_init_kwargs is not None:  # TRL warns the same
         warnings.warn("model_init_kwargs is set but the model is already instantiated; model_init_kwargs is ignored.", stacklevel=3)
     with accelerator.main_process_first():  # a built-in model's first load converts it, once
-        tokenizer = prepare_tokenizer(processing_class) if processing_class is not None else load_tokenizer(name)
+        tokenizer = prepare_tokenizer(processing_class) if processing_class is not None else load_tokenizer(name, a.trust_remote_code)
         if check_tokenizer is not None:
             check_tokenizer(tokenizer)
-        policy = load_model(model, a.model_init_kwargs)
+        policy = load_model(model, init_kwargs(a.model_init_kwargs, a.trust_remote_code))
     prompt_room = check_context_length(decoder_of(policy).config, a.max_prompt_length, a.max_completion_length)
     vocab_size = check_vocabulary(policy, tokenizer)
     # Adapters given (maybe trained) with beta > 0: π_ref = a frozen copy of them; fresh ones: adapters disabled.
