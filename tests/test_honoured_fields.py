@@ -133,3 +133,18 @@ def test_trust_remote_code_loads_a_models_own_code_for_the_policy_and_a_reward_m
     explicit = config(tmp_path, trust_remote_code=True, model_init_kwargs={"trust_remote_code": False})  # model_init_kwargs wins, as TRL
     with pytest.raises(ValueError, match="trust_remote_code=True"):
         GRPOTrainer(policy, reward_even_tokens, args=explicit, train_dataset=prompts, processing_class=tokenizer)
+
+
+def test_full_determinism_turns_on_torchs_deterministic_algorithms_and_the_run_repeats(tmp_path, tokenizer, make_model, prompts):
+    # Trainer calls enable_full_determinism(seed) for it; it was refused here. Every op of a run has a deterministic form.
+    losses = []
+    try:
+        for run in ("a", "b"):
+            trainer = GRPOTrainer(make_model(), reward_even_tokens, args=config(tmp_path, output_dir=str(tmp_path / run), full_determinism=True,
+                                  save_strategy="no", max_steps=2), train_dataset=prompts, processing_class=tokenizer)
+            assert torch.are_deterministic_algorithms_enabled()
+            trainer.train()
+            losses.append([r["loss"] for r in trainer.state.log_history if "loss" in r])
+    finally:
+        torch.use_deterministic_algorithms(False)  # a process-wide switch, as in transformers: off again for the other tests
+    assert len(losses[0]) == 2 and losses[0] == losses[1]

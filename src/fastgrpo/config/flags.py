@@ -26,6 +26,7 @@ FIELD_HELP = {
     "overwrite_output_dir": "a new run in a folder holding another run: false refuses, true removes the old run's files",
     "seed": "seed of the model's sampling and of everything random",
     "data_seed": "seed of the prompt order (default: seed)",
+    "full_determinism": "torch's deterministic algorithms for the whole process (transformers' enable_full_determinism)",
     "max_steps": "optimizer steps to train; -1: num_train_epochs passes over the prompts",
     "num_train_epochs": "passes over the prompts, read only when max_steps is -1",
     "shuffle_dataset": "draw prompts in a seeded random order each epoch (false: the dataset's order)",

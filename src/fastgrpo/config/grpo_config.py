@@ -83,6 +83,7 @@ class GRPOConfig(TrainingArgumentsMethods, TrlFields):
     overwrite_output_dir: bool = False  # a new run in a folder holding another run's checkpoints/logs: False refuses, True removes them
     seed: int = 42
     data_seed: int | None = None  # seeds the prompt order; None: seed (transformers' meaning)
+    full_determinism: bool = False  # Trainer's enable_full_determinism: torch's deterministic algorithms for the whole process
     max_steps: int = -1  # optimizer steps; -1: num_train_epochs over the dataset
     num_train_epochs: float = 3.0  # only read when max_steps == -1
     shuffle_dataset: bool = True

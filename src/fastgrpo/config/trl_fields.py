@@ -103,7 +103,6 @@ TRL_FIELDS: dict[str, TrlField] = {
     "restore_callback_states_from_checkpoint": TrlField(False, (False,), "callbacks start fresh on resume; remove it"),
     "resume_from_checkpoint": TrlField(None, ANY),  # read by scripts, passed to train() (as in transformers)
     # --- determinism, devices, distribution --------------------------------------------
-    "full_determinism": TrlField(False, (False,), "call torch.use_deterministic_algorithms(True) in your script"),
     "accelerator_config": TrlField(None, (None,), _ACCELERATE),
     "parallelism_config": TrlField(None, (None,), _ACCELERATE),
     "fsdp": TrlField(None, (None, ""), _ACCELERATE),
