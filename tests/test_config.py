@@ -330,3 +330,15 @@ def test_every_inert_field_of_a_feature_is_named_in_one_warning():
 def test_defaults_and_their_own_values_do_not_warn():
     assert not caught_warnings()
     assert not caught_warnings(vllm_server_port=8000, max_num_gen_batches=10, kl_estimator="k3")  # each its default
+
+
+def test_tf32_is_trainingarguments_refused_without_an_ampere_gpu():
+    # TrainingArguments turns TF32 on or off on an Ampere GPU and refuses True elsewhere; it was refused here everywhere.
+    from transformers.utils import is_torch_tf32_available
+
+    assert GRPOConfig(output_dir="o", tf32=False).tf32 is False
+    if is_torch_tf32_available():
+        assert GRPOConfig(output_dir="o", tf32=True).tf32 is True
+    else:
+        with pytest.raises(ValueError, match=r"tf32=True: TF32 matmuls need an NVIDIA GPU of the Ampere generation or newer"):
+            GRPOConfig(output_dir="o", tf32=True)

@@ -145,6 +145,11 @@ def validate(c) -> None:
         if not ok:
             raise ValueError(message)
 
+    if c.tf32:  # TrainingArguments refuses it as it is built too
+        from transformers.utils import is_torch_tf32_available
+
+        need(is_torch_tf32_available(), "tf32=True: TF32 matmuls need an NVIDIA GPU of the Ampere generation or newer, which this "
+                                        "machine does not have (transformers refuses it too); remove it, or leave it None.")
     G = c.num_generations
     check_importance_sampling(c.vllm_importance_sampling_correction, c.vllm_importance_sampling_mode,
                               c.vllm_importance_sampling_clip_min, c.vllm_importance_sampling_clip_max)

@@ -91,6 +91,7 @@ FIELD_HELP = {
     "multi_objective_aggregation": "sum_then_normalize or normalize_then_sum over several rewards",
     "disable_dropout": "turn dropout off (pi_old must be reproducible)",
     "bf16": "bfloat16 mixed precision (default: where the device supports it)",
+    "tf32": "fp32 matmuls in TF32 on an Ampere or newer GPU (true), or not (false); default: torch's setting",
     "gradient_checkpointing": "recompute activations in the backward pass to save memory",
     "gradient_checkpointing_kwargs": "gradient_checkpointing_enable arguments as JSON",
     "activation_checkpointing": "transformers 5.25's name for gradient_checkpointing; when given it wins",

@@ -196,6 +196,7 @@ class GRPOConfig(TrainingArgumentsMethods, TrlFields):
     # --- model -------------------------------------------------------------------
     disable_dropout: bool = True  # dropout would make π_old irreproducible
     bf16: bool | None = None  # None: on where the hardware multiplies bf16 fast (AMX/AVX512-BF16 CPU, CUDA; precision.py)
+    tf32: bool | None = None  # TrainingArguments': fp32 matmuls in TF32 on an Ampere or newer GPU (True), or not (False); None: torch's
     gradient_checkpointing: bool = False
     gradient_checkpointing_kwargs: dict | str | None = None  # passed to gradient_checkpointing_enable
     # transformers 5.25's names for the two above (TrainingArguments): when set they win, then both pairs read alike

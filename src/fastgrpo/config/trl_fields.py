@@ -52,7 +52,6 @@ TRL_FIELDS: dict[str, TrlField] = {
     "fp16": TrlField(False, (False,), "fp16 training is not supported; use bf16=True"),
     "bf16_full_eval": TrlField(False, (False,), "evaluation runs in the training precision; remove it"),
     "fp16_full_eval": TrlField(False, (False,), "evaluation runs in the training precision; remove it"),
-    "tf32": TrlField(None, (None, False), "set torch.backends.cuda.matmul.allow_tf32 = True in your script instead"),
     "torch_compile": TrlField(False, (False,), "torch.compile is not wired in; remove it"),
     "torch_compile_backend": TrlField(None, ANY),
     "torch_compile_mode": TrlField(None, ANY),
@@ -147,7 +146,7 @@ TRL_FIELDS: dict[str, TrlField] = {
 # transformers enum (IntervalStrategy | str) or accelerate class (ParallelismConfig | None) is plain text here,
 # so that config/ imports neither. tests/test_trl_fields.py compares each flag with TRL's.
 TRL_TYPES = {
-    "optim_target_modules": None | str | list[str], "tf32": bool | None, "torch_compile_backend": str | None,
+    "optim_target_modules": None | str | list[str], "torch_compile_backend": str | None,
     "torch_compile_mode": str | None, "liger_kernel_config": dict | str | None, "neftune_noise_alpha": float | None,
     "torch_empty_cache_steps": int | None, "include_num_input_tokens_seen": str | bool, "run_name": str | None,
     "trackio_space_id": str | None, "trackio_bucket_id": str | None, "trackio_static_space_id": str | None,

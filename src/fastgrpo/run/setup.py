@@ -31,6 +31,7 @@ from accelerate.utils import is_tensorboard_available, is_trackio_available, is_
 from rich.console import Console
 from transformers import PreTrainedTokenizerBase, get_scheduler
 from transformers.trainer_utils import enable_full_determinism
+from transformers.utils.import_utils import enable_tf32, is_torch_tf32_available
 
 from . import runs
 from .allocator import keep_freed_memory, return_freed_memory
@@ -92,6 +93,8 @@ def build_accelerator(args: GRPOConfig) -> tuple[Accelerator, bool]:
         Console().print(f"fastgrpo: {notice}", highlight=False, soft_wrap=True)  # one line at any width
     if acc.device.type == "cpu":
         keep_freed_memory()  # no page faults on each step's fresh tensors (allocator.py)
+    if a.tf32 is not None and is_torch_tf32_available():  # TrainingArguments' rule: True on, False off, None torch's own
+        enable_tf32(a.tf32)
     if a.full_determinism:  # Trainer's: torch's deterministic algorithms (and the CUDA/NPU settings they need)
         enable_full_determinism(a.seed)
     set_seed(a.seed, device_specific=True)  # each process samples its own completions; PromptOrder has its own seed
