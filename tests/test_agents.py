@@ -560,6 +560,25 @@ def test_rollout_func_logprobs_are_not_corrected_for_without_vllm_as_trls(tmp_pa
     assert not any(k.startswith("sampling/") for k in default)
 
 
+
+def test_rollout_func_logprobs_none_trains_as_trls(tmp_path, tokenizer, make_model, prompts):
+    """TRL 1.16 takes `"logprobs": None` (no sampler log-probs: `sampling_per_token_logps` is None); fastgrpo refused it
+    ("returned logprobs of type NoneType; return a list") at the first rollout. Every token's ratio is 1: the run is the
+    one with placeholder log-probs, which without vLLM correct nothing either."""
+    def rollout_func(logprobs):
+        return lambda prompts, trainer: {"prompt_ids": [[5, 6, 7]] * len(prompts), "logprobs": logprobs(len(prompts)),
+                                         "completion_ids": [[8 + i, 9, 10, tokenizer.eos_token_id] for i in range(len(prompts))]}
+
+    def run(out, logprobs):
+        trainer = GRPOTrainer(model=make_model(), reward_funcs=lambda completions, **k: [float(i) for i in range(len(completions))],
+                              args=config(tmp_path, output_dir=str(tmp_path / out), max_steps=1), train_dataset=prompts,
+                              processing_class=tokenizer, rollout_func=rollout_func(logprobs))
+        trainer.train()
+        return trainer.state.log_history[0]
+
+    none, given = run("none", lambda n: None), run("given", lambda n: [[-1.0] * 4] * n)
+    assert none["grad_norm"] == pytest.approx(given["grad_norm"], rel=1e-6) and none["grad_norm"] > 0.1
+
 def test_cached_turns_repetition_penalty_sees_each_rows_own_tokens(tokenizer, make_model):
     """Issue 30, kind 2: in a later turn rows hold different lengths; every decode step's penalised scores equal transformers'
     RepetitionPenaltyLogitsProcessor(1.5) over that row's own tokens (real prompt tokens, turn 1, the tool reply, turn 2 so

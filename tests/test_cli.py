@@ -126,6 +126,10 @@ def test_mistyped_yaml_value_names_field_and_type(tmp_path):
         parse("--config", str(run))
     run.write_text(yaml.safe_dump({"learning_rate": 1, "bf16": None, "model": "m", "reward": "length"}))
     assert parse("--config", str(run))[1] == {"learning_rate": 1, "bf16": None}  # an int is a float; None fits bool | None
+    # a mapping under environment: was "fastgrpo: error: unhashable type: 'dict'", naming neither the key nor the value
+    run.write_text(yaml.safe_dump({"model": "m", "dataset": "calculator", "environment": {"calculator": 1}}))
+    with pytest.raises(ValueError, match=r"^environment: \{'calculator': 1\} has type dict; give a name or a path \(text\), module:Class or calculator\.$"):
+        parse("--config", str(run))
 
 
 def test_trls_script_spellings_of_model_and_dataset(tmp_path):

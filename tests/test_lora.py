@@ -185,6 +185,37 @@ def test_save_model_writes_the_adapter_or_merged_weights(tmp_path, tokenizer, ma
     assert os.path.exists(tmp_path / "merged" / "tokenizer.json") and os.path.exists(tmp_path / "adapter" / "tokenizer.json")
 
 
+def test_lora_on_a_tied_embedding_merges_without_moving_the_head(tmp_path, tokenizer, make_model, prompts):
+    """peft's embedding LoRA adds ΔW to the lookup only; the tied head reads the base weight. Merging into the shared tensor
+    moved the head too: save_model(merge_adapters=True) wrote a model whose logits differed from the policy's by ~150, the
+    bf16 sampler's merged copy sampled from that other model, and the vLLM sync failed (StopIteration in with_head)."""
+    from fastgrpo.generation.vllm.weights import tied_names, with_head
+    from fastgrpo.generation.weight_copy import MergedCopy, full_weights
+    from fastgrpo.model.loading import decoder_of
+
+    adapters = LoraConfig(r=4, lora_alpha=8, target_modules=["embed_tokens", "q_proj"], task_type="CAUSAL_LM")
+    trainer = trainer_with_lora(tmp_path, make_model, tokenizer, prompts, peft_config=adapters, max_steps=1)
+    policy = trainer.accelerator.unwrap_model(trainer.model)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_" in name:  # trained adapters (fresh ones are 0 on one side)
+                p.normal_(std=0.5)
+    trainer.save_model(str(tmp_path / "merged"), merge_adapters=True)
+    ids = torch.tensor([[1, 200, 300, 400, 500]])
+    with torch.no_grad():
+        expected = policy(input_ids=ids).logits
+        merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged"))
+        torch.testing.assert_close(merged(input_ids=ids).logits, expected, rtol=0, atol=1e-4)
+        copy = MergedCopy(policy, dtype=torch.float32)
+        torch.testing.assert_close(copy.module(input_ids=ids).logits, expected, rtol=0, atol=1e-4)
+    tied = tied_names(decoder_of(policy))
+    assert tied == ("model.embed_tokens.weight", "lm_head.weight")
+    sent = with_head(full_weights(policy), tied)
+    assert torch.equal(sent["lm_head.weight"], decoder_of(policy).lm_head.weight)  # the base weight, unmerged
+    assert not torch.equal(sent["model.embed_tokens.weight"], sent["lm_head.weight"])
+    assert policy.get_base_model().config.tie_word_embeddings  # the policy itself is left as it was
+
 def test_bad_peft_inputs_are_refused(tmp_path, tokenizer, make_model, prompts):
     with pytest.raises(TypeError, match="peft_config must be a peft.PeftConfig"):
         trainer_with_lora(tmp_path, make_model, tokenizer, prompts, peft_config={"r": 8})

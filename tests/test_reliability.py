@@ -175,6 +175,25 @@ def test_chat_prompts_the_template_cannot_render_are_refused_before_the_model_lo
         encode([text(0), parts(1)])
 
 
+
+def test_a_processing_class_that_is_no_usable_tokenizer_is_named_before_the_model_loads(tmp_path, tokenizer, make_model, prompts):
+    """processing_class="name" failed with a bare "'str' object has no attribute 'padding_side'"; a tokenizer without an EOS
+    token with "'<' not supported between 'NoneType' and 'int'" after the model loaded. Now the first is named before the
+    model loads, and the second ends completions at the model's own EOS (generation_config's); without a pad token either, named."""
+    build = lambda tok, model=NOT_LOADED: GRPOTrainer(model, reward_even_tokens, args=config(tmp_path, max_steps=1),  # noqa: E731
+                                                      train_dataset=prompts, processing_class=tok)
+    with pytest.raises(TypeError, match=r"^processing_class is 'HuggingFaceTB/SmolLM2-135M-Instruct' \(str\); give the policy's tokenizer \(e\.g\. "
+                       r"AutoTokenizer\.from_pretrained\(name\)\), or None to load the model's own\."):
+        build("HuggingFaceTB/SmolLM2-135M-Instruct")
+    no_eos = copy.deepcopy(tokenizer)
+    no_eos.eos_token = None
+    trainer = build(no_eos, make_model())
+    assert trainer.eos_token_ids == [tokenizer.eos_token_id]  # the model's generation config's
+    trainer.train()
+    no_eos.pad_token = None
+    with pytest.raises(ValueError, match="^processing_class has neither a pad_token nor an eos_token"):
+        build(no_eos)
+
 def test_malformed_json_lines_name_file_and_line(tmp_path, capsys):
     path = tmp_path / "data.jsonl"
     path.write_text('{"prompt": "a"}\n{"prompt": "b"}\n{"prompt": "c",\n')

@@ -183,9 +183,10 @@ def resolve_job(ns: argparse.Namespace) -> tuple[dict, dict, dict]:
             f"a job with its own model or dataset needs --reward (or reward: in the YAML): one or more of "
             f"{', '.join(BUILTIN_REWARD_NAMES)} or module:function (or TRL's --reward_funcs / --reward_model_name_or_path)."
         )
-    for key in ("model", "dataset"):
-        if not isinstance(job[key], str):
-            raise ValueError(f"{key}: {job[key]!r} has type {type(job[key]).__name__}; give a name or a path (text).")
+    for key in ("model", "dataset", "environment"):  # an environment: module:Class or a built-in name (a mapping was "unhashable type")
+        if key in job and not isinstance(job[key], str) and not (key == "environment" and job[key] is None):
+            raise ValueError(f"{key}: {job[key]!r} has type {type(job[key]).__name__}; give a name or a path (text)"
+                             f"{', module:Class or ' + ', '.join(ENVIRONMENTS) if key == 'environment' else ''}.")
     size = job.setdefault("dataset_size", None)  # None: 1000 generated rows, or every row of a file or hub dataset
     if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
         raise ValueError(f"dataset_size={size!r}: give the number of rows, 1 or more (generated for reasoning-gym and calculator, "

@@ -33,7 +33,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from ..model.loading import decoder_of
+from ..model.loading import decoder_of, head_on_adapted_embedding, untie_config
 from ..model.sharding import full_value
 from ..model.working_copy import WorkingCopy
 
@@ -69,7 +69,8 @@ def full_weights(policy: nn.Module) -> dict[str, torch.Tensor]:
         policy: a causal LM, or a peft model around one (the unwrapped module).
     Returns:
         {name: tensor} keyed like `named_parameters()` of a plain model of the
-        same architecture (tied weights once); the policy's dtype.
+        same architecture (tied weights once; a head tied to an adapted embedding under its own name, the base
+        weight: `head_on_adapted_embedding`); the policy's dtype.
     Raises:
         ValueError: a DoRA adapter (its merge is not W + ΔW).
     """
@@ -111,6 +112,10 @@ def full_weights(policy: nn.Module) -> dict[str, torch.Tensor]:
                             weight += layer.get_delta_weight(adapter).to(weight.dtype)
                 name = name.replace(".base_layer.", ".")
             out[name] = weight.detach()
+        head = head_on_adapted_embedding(lm)  # its tensor is the embedding's base: merged above, so given apart, unmerged
+        if head is not None:
+            weight = lm.get_output_embeddings().weight
+            out[head] = (weight.full_tensor() if hasattr(weight, "full_tensor") else weight).detach()
     return out
 
 
@@ -138,8 +143,9 @@ class MergedCopy:
         self.dtype, self.working = dtype, working
         lm = decoder_of(policy)
         device = next(lm.parameters()).device
+        config = untie_config(lm.config) if head_on_adapted_embedding(lm) is not None else lm.config  # ΔW must not reach the head
         with torch.device("meta"):  # no fp32 allocation nor random init: every value is written below
-            plain = type(lm)(lm.config)
+            plain = type(lm)(config)
         plain.to_empty(device=device).tie_weights()  # to_empty unties shared parameters; the config says which to share
         own = dict(lm.named_parameters())
         for name, param in plain.named_parameters():

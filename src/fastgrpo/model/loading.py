@@ -251,6 +251,29 @@ def decoder_of(model: torch.nn.Module) -> torch.nn.Module:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
+def head_on_adapted_embedding(lm: torch.nn.Module) -> str | None:
+    """The name of `lm`'s output head weight when it is tied to an input embedding carrying LoRA adapters; else None.
+
+    peft's embedding LoRA adds ΔW to the lookup only, so the tied head keeps reading the base weight. Merging ΔW
+    into the shared tensor (peft's `merge_and_unload`, or a plain tied copy) would move the head too: a merged
+    model of such a policy runs untied, its head holding the base weight.
+    """
+    embedding, head = lm.get_input_embeddings(), lm.get_output_embeddings()
+    if head is None or not getattr(embedding, "lora_embedding_A", None):
+        return None
+    if getattr(head, "weight", None) is not getattr(embedding, "base_layer", embedding).weight:
+        return None
+    return next(n for n, m in lm.named_modules() if m is head) + ".weight"
+
+
+def untie_config(config) -> PretrainedConfig:
+    """A copy of `config` whose output head is not tied to the input embedding (its text config's too)."""
+    config = copy.deepcopy(config)
+    for c in {id(config): config, id(config.get_text_config()): config.get_text_config()}.values():
+        c.tie_word_embeddings = False
+    return config
+
+
 def is_peft_model(model: torch.nn.Module) -> bool:
     """Whether `model` is a peft `PeftModel` (never imports peft: a PeftModel exists only once peft is loaded)."""
     peft = sys.modules.get("peft")
@@ -355,9 +378,16 @@ def as_reference(model: torch.nn.Module):
 def merged_copy(model: torch.nn.Module) -> PreTrainedModel:
     """A plain `PreTrainedModel` with the adapters merged into its weights (W + α/r·BA); `model` is left untouched.
 
-    Merging in place and unmerging would not give the same bits back, so this merges a copy.
+    Merging in place and unmerging would not give the same bits back, so this merges a copy. A head tied to an
+    adapted embedding (`head_on_adapted_embedding`) is untied first and keeps the base weight, as the policy's does.
     """
-    return copy.deepcopy(model).merge_and_unload()
+    merged = copy.deepcopy(model)
+    lm = decoder_of(merged)
+    if head_on_adapted_embedding(lm) is not None:
+        head = lm.get_output_embeddings()
+        head.weight = torch.nn.Parameter(head.weight.detach().clone(), requires_grad=False)
+        lm.config = untie_config(lm.config)
+    return merged.merge_and_unload()
 
 
 def load_adapters(model: torch.nn.Module, folder: str, weights: dict | None = None) -> None:

@@ -142,7 +142,7 @@ def load_policy(
     if not isinstance(model, str) and a.model_init_kwargs is not None:  # TRL warns the same
         warnings.warn("model_init_kwargs is set but the model is already instantiated; model_init_kwargs is ignored.", stacklevel=3)
     with accelerator.main_process_first():  # a built-in model's first load converts it, once
-        tokenizer = prepare_tokenizer(processing_class) if processing_class is not None else load_tokenizer(name, a.trust_remote_code)
+        tokenizer = prepare_tokenizer(check_processing_class(processing_class)) if processing_class is not None else load_tokenizer(name, a.trust_remote_code)
         if check_tokenizer is not None:
             check_tokenizer(tokenizer)
         policy = load_model(model, init_kwargs(a.model_init_kwargs, a.trust_remote_code))
@@ -174,7 +174,25 @@ def load_policy(
     eos = policy.generation_config.eos_token_id
     eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
     router = RouterAuxLoss.from_config(a.router_aux_loss_coef, policy.config)
-    return Policy(tokenizer, policy, ref_model, sorted(eos | {tokenizer.eos_token_id}), sampler_copy, router, vocab_size, prompt_room)
+    eos |= {tokenizer.eos_token_id} - {None}  # a tokenizer without an EOS token: the model's own end the completions
+    return Policy(tokenizer, policy, ref_model, sorted(eos), sampler_copy, router, vocab_size, prompt_room)
+
+
+def check_processing_class(processing_class):
+    """`processing_class` as the policy's tokenizer, checked before the model loads; → it unchanged.
+
+    Raises:
+        TypeError: not a transformers tokenizer (a name, a processor), naming the value and the fix.
+        ValueError: a tokenizer with neither a pad token nor an EOS token (batches are padded with one of them).
+    """
+    if not isinstance(processing_class, PreTrainedTokenizerBase):
+        processor = " (a processor: pass its .tokenizer; fastgrpo trains text-only models)" if hasattr(processing_class, "tokenizer") else ""
+        raise TypeError(f"processing_class is {processing_class!r:.80} ({type(processing_class).__name__}){processor}; give the policy's "
+                        "tokenizer (e.g. AutoTokenizer.from_pretrained(name)), or None to load the model's own.")
+    if processing_class.pad_token is None and processing_class.eos_token is None:
+        raise ValueError("processing_class has neither a pad_token nor an eos_token, and batches are padded with one of them; set "
+                         "tokenizer.pad_token (e.g. to the model's end-of-text token) before passing it.")
+    return processing_class
 
 
 def check_context_length(config, max_prompt_length: int | None, max_completion_length: int) -> int | None:

@@ -34,8 +34,8 @@ HEAD = "lm_head.weight"  # the output embedding's name in transformers' and vLLM
 def tied_names(lm: torch.nn.Module) -> tuple[str, ...]:
     """The names under which `lm` holds its input embedding's weight: (the embedding's, then each tied alias, e.g. the
     head's), or () when nothing is tied. Read from the model (`named_parameters(remove_duplicate=False)`)."""
-    embedding = lm.get_input_embeddings().weight
-    names = tuple(n for n, p in lm.named_parameters(remove_duplicate=False) if p is embedding)
+    embedding = lm.get_input_embeddings().weight  # a LoRA embedding's: its base layer's, named as the plain model names it
+    names = tuple(n.replace(".base_layer.", ".") for n, p in lm.named_parameters(remove_duplicate=False) if p is embedding)
     return names if len(names) > 1 else ()
 
 

@@ -10,7 +10,7 @@ received: N = B·G entries per list, in the order received. Each
 `completion_ids[i]` is the whole completion (every turn); `logprobs[i]` has
 one value per token (None or NaN where the sampler has none: that token's
 sampler–trainer ratio is 1 and it is left out of `sampling/sampling_logp_difference/*`,
-as TRL 1.16); `env_mask[i]` marks the model's tokens 1 and the
+as TRL 1.16; `"logprobs": None` says so for every token, as TRL 1.16 accepts it); `env_mask[i]` marks the model's tokens 1 and the
 environment's 0 (TRL's `tool_mask`). Every other key reaches the reward
 functions as a keyword: a list as one value per completion, anything else
 as the same value for every completion (TRL's broadcast).
@@ -75,6 +75,8 @@ def check_output(output, num_prompts: int, num_generations: int) -> None:
     if missing:
         raise ValueError(f"rollout_func must return keys {sorted(missing)} in its output dict (got {sorted(output)}).")
     for key in (*REQUIRED_KEYS, *(["env_mask"] if "env_mask" in output else [])):
+        if key == "logprobs" and output[key] is None:  # TRL 1.16: no sampler log-probs at all
+            continue
         if not hasattr(output[key], "__len__"):
             raise ValueError(f"rollout_func returned {key} of type {type(output[key]).__name__}; return a list (one entry per prompt "
                              "received), e.g. list(...) around a generator.")
@@ -98,7 +100,7 @@ def check_output(output, num_prompts: int, num_generations: int) -> None:
             row = _as_list(row)
             if not isinstance(row, list) or not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in row):
                 raise ValueError(f"rollout_func's {key}[{i}] is {row!r:.60}; give a list of token ids (whole numbers).")
-    for i, row in enumerate(output["logprobs"]):
+    for i, row in enumerate(output["logprobs"] or []):
         row = _as_list(row)
         bad = row if not isinstance(row, list) else next((v for v in row if not _is_logp(v)), None)
         if bad is not None:
@@ -110,7 +112,7 @@ def check_output(output, num_prompts: int, num_generations: int) -> None:
         if len(output["prompt_ids"][i]) == 0:
             raise ValueError(f"rollout_func returned an empty prompt_ids[{i}]; every row needs its prompt tokens.")
         for key in ("logprobs", "env_mask"):
-            if key in output and len(output[key][i]) != len(output["completion_ids"][i]):
+            if output.get(key) is not None and len(output[key][i]) != len(output["completion_ids"][i]):
                 raise ValueError(
                     f"rollout_func's {key}[{i}] has {len(output[key][i])} values for {len(output['completion_ids'][i])} "
                     "completion_ids; give one per completion token."
@@ -158,12 +160,14 @@ class RolloutFunc:
         right = lambda rows, value: torch.tensor([r + [value] * (T - len(r)) for r in rows], device=self.device)  # noqa: E731
         texts = [self.tokenizer.decode(c, skip_special_tokens=True) for c in completion_ids]
         completions = [[{"role": "assistant", "content": t}] if is_conversational(p) else t for t, p in zip(texts, repeated)]
-        env_mask = output.get("env_mask")
+        env_mask, logprobs = output.get("env_mask"), output["logprobs"]
+        if logprobs is None:  # TRL 1.16's "no sampler log-probs": every token's ratio is 1
+            logprobs = [[None] * len(c) for c in completion_ids]
         return Generated(
             prompt_ids=left(prompt_ids, self.pad), prompt_mask=left([[1] * len(p) for p in prompt_ids], 0),
             completion_ids=right(completion_ids, self.pad), completion_mask=right([[1] * len(c) for c in completion_ids], 0),
             is_truncated=torch.tensor([not c or c[-1] not in self.eos for c in completion_ids], device=self.device),
             prompts=repeated, completions=completions,
             tool_mask=None if env_mask is None else right([list(m) for m in env_mask], 1),
-            reward_kwargs=extra, sampling_logps=right([[math.nan if v is None else float(v) for v in lp] for lp in output["logprobs"]], 0.0).float(),
+            reward_kwargs=extra, sampling_logps=right([[math.nan if v is None else float(v) for v in lp] for lp in logprobs], 0.0).float(),
         )
