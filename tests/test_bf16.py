@@ -21,7 +21,8 @@ import fastgrpo.update.step as step_module
 from fastgrpo.update import packing
 from fastgrpo import GRPOTrainer
 from fastgrpo.update.logprobs import LogProbs
-from fastgrpo.model.loading import lora_config, merged_copy
+from fastgrpo.model.adapters import merged_copy
+from fastgrpo.model.loading import lora_config
 from fastgrpo.model.precision import resolve_bf16
 from fastgrpo.rollout.record import completion_mask
 from fastgrpo.generation.weight_copy import MergedCopy

@@ -1,8 +1,7 @@
 """`GRPOTrainer`: TRL's constructor and methods, and the GRPO loop with μ passes over each rollout.
 
-The loop (docs/design.md) reads top to bottom in `train()`: collect a rollout, then
-μ passes over it, one optimizer step per `gradient_accumulation_steps`
-micro-batches. accelerate supplies the device, gradient synchronisation
+The loop (docs/design.md) reads top to bottom in `train()`: collect a rollout, then μ passes over it, one optimizer
+step per `gradient_accumulation_steps` micro-batches. accelerate supplies the device, gradient synchronisation
 (`no_sync` during accumulation) and multi-process reductions; the loop is ours.
 
 Usage (TRL's API; only the import differs):
@@ -32,7 +31,8 @@ from .algo.sampling_correction import SamplingCorrection
 from .config import GRPOConfig
 from .generation.build import build_backend, open_engine
 from .generation.contract import SamplingSettings
-from .model.loading import as_reference, sync_reference
+from .model.adapters import as_reference
+from .model.loading import sync_reference
 from .model.precision import autocast_for
 from .rollout.assembly import build_assembly
 from .rollout.async_producer import overlapped

@@ -33,7 +33,8 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from ..model.loading import decoder_of, head_on_adapted_embedding, untie_config
+from ..model.adapters import head_on_adapted_embedding, untie_config
+from ..model.loading import decoder_of
 from ..model.sharding import full_value
 from ..model.working_copy import WorkingCopy
 

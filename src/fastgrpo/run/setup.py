@@ -42,8 +42,9 @@ from ..model.launch import cpu_launch_error
 from ..generation.weight_copy import GatheredCopy
 from ..model.sharding import broadcast_weights, fsdp_requested, is_sharded, shard
 from ..model.checkpointing import enable_gradient_checkpointing
-from ..model.loading import (decoder_of, disable_dropout, init_kwargs, is_peft_model, load_model, load_tokenizer, prepare_adapters,
-                             prepare_tokenizer, reference_model)
+from ..model.adapters import prepare_adapters
+from ..model.loading import (decoder_of, disable_dropout, init_kwargs, is_peft_model, load_model, load_tokenizer, prepare_tokenizer,
+                             reference_model)
 from ..model.experts import RouterAuxLoss
 from ..model.optimizers import build_optimizer
 from ..model.precision import resolve_bf16
@@ -132,7 +133,7 @@ def load_policy(
     Warns:
         UserWarning: model_init_kwargs set for an already built model (ignored, as TRL warns).
     Raises:
-        ValueError: see models.load_tokenizer, `check_tokenizer`, models.resolve_model_path, models.prepare_adapters and
+        ValueError: see models.load_tokenizer, `check_tokenizer`, models.resolve_model_path, adapters.prepare_adapters and
             `check_context_length` (a max_completion_length the model's context cannot hold) and
             `check_vocabulary` (a padding id the model has no embedding row for); a
             router_aux_loss_coef for a model without router logits (experts.RouterAuxLoss).
