@@ -178,6 +178,20 @@ def test_lora_sync_equals_the_merged_model_and_leaves_the_adapters(engine, token
     assert (plain - out.logps).abs().max() > 1e-3  # the adapters did change what vLLM computes
 
 
+def test_lora_on_a_tied_embedding_syncs_the_policy_the_head_reading_the_base_weight(engine, tokenizer):
+    # peft's embedding LoRA moves the lookup only; the tied head keeps the base weight. The sync raised StopIteration here,
+    # and a merge into the shared tensor would have moved the head too (found by session 30's break sweep).
+    policy = get_peft_model(vllm_tiny_model(tokenizer, seed=4), LoraConfig(r=4, lora_alpha=16, target_modules=["embed_tokens", "q_proj"],
+                                                                           init_lora_weights=False))
+    backend = VLLMGenerator(engine, settings(tokenizer), vocab_size=len(tokenizer), tied=TIED)
+    backend.update_weights(policy)
+    out = backend.sample(*prompt_tensors(), 4)
+    mask = real_tokens(out.completion_ids, tokenizer.eos_token_id)
+    assert (sequence_logps(policy, PROMPT, out.completion_ids, mask) - out.logps).abs().max() < 1e-4  # the adapted policy's own
+    moved = policy.merge_and_unload()  # peft's plain merge: the head moved with the embedding
+    assert (sequence_logps(moved, PROMPT, out.completion_ids, mask) - out.logps).abs().max() > 1e-3
+
+
 def test_sampling_settings_are_honoured(engine, tokenizer):
     policy = vllm_tiny_model(tokenizer, seed=0)
     VLLMGenerator(engine, settings(tokenizer), vocab_size=len(tokenizer), tied=TIED).update_weights(policy)
