@@ -423,6 +423,14 @@ def test_rollout_func_bad_output_is_a_clear_error(tmp_path, tokenizer, make_mode
         trainer._collect()
 
 
+@pytest.mark.parametrize("rollout_func", [lambda prompts: {}, lambda prompts, trainer, extra: {}, lambda: {}])
+def test_a_rollout_func_that_cannot_take_prompts_and_trainer_is_refused_before_the_model_loads(tmp_path, prompts, rollout_func):
+    # TRL calls rollout_func(prompts, trainer); a one-parameter function was Python's TypeError at the first rollout.
+    with pytest.raises(ValueError, match=r"^rollout_func\(.*\) cannot be called as rollout_func\(prompts, trainer\) \(.*\); TRL calls it"):
+        GRPOTrainer(model="/no/such/model", reward_funcs=lambda completions, **k: [0.0] * len(completions), args=config(tmp_path),
+                    train_dataset=prompts, rollout_func=rollout_func)
+
+
 def test_cached_turns_equal_reprefill_and_the_training_pass(tokenizer, make_model):
     """Greedy: keeping the KV cache gives the tokens re-prefilling gives; its log-probs equal the fp32 training pass to 1e-5
     across turn boundaries (appended tool tokens of different lengths per row, rows continuing in a new order)."""

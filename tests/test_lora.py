@@ -247,6 +247,10 @@ def test_bad_peft_inputs_are_refused(tmp_path, tokenizer, make_model, prompts):
         with pytest.raises(ValueError, match=r"peft_config.target_modules=\{'q_projj'\} adapts nothing in this model \(Target modules \{'q_projj'\} not found.*" + layers):
             GRPOTrainer(model, reward_even_tokens, args=config(tmp_path), train_dataset=prompts, processing_class=tokenizer, peft_config=typo)
     assert typo.target_modules == {"q_projj"} and typo.base_model_name_or_path is None  # the caller's config untouched
+    norm = LoraConfig(r=4, lora_alpha=8, target_modules=["input_layernorm"], task_type="CAUSAL_LM")  # matched, but no layer LoRA wraps
+    with pytest.raises(ValueError, match=r"peft_config.target_modules=\{'input_layernorm'\} matches a module LoRA cannot wrap \(Target module "
+                                         r"LlamaRMSNorm.*\). The layers it can wrap here: embed_tokens, q_proj"):
+        GRPOTrainer(str(tmp_path / "folder"), reward_even_tokens, args=config(tmp_path), train_dataset=prompts, peft_config=norm)
     with pytest.raises(ValueError, match="does not exist"):  # a config that matches passes the check, on to the load
         GRPOTrainer("./this-model-must-not-be-loaded", reward_even_tokens, args=config(tmp_path), train_dataset=prompts, peft_config=lora())
     # The check is peft's own injection: what it would accept passes (PiSSA initialises from weights the weightless copy

@@ -69,23 +69,29 @@ def apply_adapters(model: torch.nn.Module, peft_config, given=None) -> torch.nn.
         given: the config the user gave, when `peft_config` is a copy of it (the message quotes the user's values).
     Raises:
         ValueError: peft's NoMatchingPeftModuleError (target_modules match no module of `model`, or every match is
-            excluded), with the names of the layers adapters can wrap here and the fix.
+            excluded), or peft's refusal of a matched module it cannot wrap (a norm layer, e.g. "input_layernorm"),
+            with the names of the layers adapters can wrap here and the fix.
     """
     from peft import get_peft_model
     from peft.utils.error import NoMatchingPeftModuleError
 
     given = given if given is not None else peft_config
     targets, exclude = copy.deepcopy((given.target_modules, getattr(given, "exclude_modules", None)))  # before peft expands them
+    layers = (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d)
+    names = lambda: ", ".join(dict.fromkeys(name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, layers)))  # noqa: E731
     try:
         return get_peft_model(model, peft_config)
     except NoMatchingPeftModuleError as err:
-        layers = (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d)
-        names = list(dict.fromkeys(name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, layers)))
         excluded = f", exclude_modules={exclude!r}" if exclude else ""
         raise ValueError(
             f"peft_config.target_modules={targets!r}{excluded} adapts nothing in this model ({str(err).rstrip('.')}). "
-            f"Its layers: {', '.join(names)}; name some of them (TRL's default: ['q_proj', 'v_proj']) or target_modules='all-linear'."
+            f"Its layers: {names()}; name some of them (TRL's default: ['q_proj', 'v_proj']) or target_modules='all-linear'."
         ) from None
+    except ValueError as err:
+        if not str(err).startswith("Target module"):  # peft's "Target module X is not supported": a matched module LoRA cannot wrap
+            raise
+        raise ValueError(f"peft_config.target_modules={targets!r} matches a module LoRA cannot wrap ({' '.join(str(err).split())[:300]}). "
+                         f"The layers it can wrap here: {names()}; target those.") from None
 
 
 REFERENCE_ADAPTER = "ref"  # TRL's name for the frozen copy

@@ -21,6 +21,7 @@ Not here: scoring (rollout.collect), the built-in multi-turn loop (multiturn.py)
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 import numbers
 import warnings
@@ -47,6 +48,24 @@ def _is_logp(value) -> bool:
     if value is None:
         return True
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and (value != value or value <= LOGP_SLACK)
+
+
+def check_signature(rollout_func: Callable) -> None:
+    """Refuse a `rollout_func` that cannot be called as TRL 1.16 calls it, `rollout_func(prompts, trainer)`, before any
+    model loads (it was Python's TypeError at the first rollout). A callable whose signature cannot be read is left to run.
+
+    Raises:
+        ValueError: naming its parameters and the call it must take.
+    """
+    try:
+        signature = inspect.signature(rollout_func)
+    except (TypeError, ValueError):  # a builtin or C callable: nothing to read
+        return
+    try:
+        signature.bind(None, None)
+    except TypeError as err:
+        raise ValueError(f"rollout_func{signature} cannot be called as rollout_func(prompts, trainer) ({err}); TRL calls it with the "
+                         "rollout's prompts and the trainer: def rollout_func(prompts, trainer) -> dict.") from None
 
 
 def check_output(output, num_prompts: int, num_generations: int) -> None:
