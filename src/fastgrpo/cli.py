@@ -88,6 +88,8 @@ BUILTIN_JOB = {
 JOB_KEYS = ("model", "dataset", "reward", "dataset_size", "tools", "environment")
 ENVIRONMENTS = {"calculator": "fastgrpo.tasks.calculator:Calculator"}  # built-in environment names
 OPTIONS = (GRPOConfig, LoraOptions, ModelOptions, QuantizationOptions, ScriptOptions)  # the dataclasses whose fields are flags
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `fastgrpo` parser: a light top level whose `train` subcommand is parsed by `train_parser()`."""
     parser = argparse.ArgumentParser(prog="fastgrpo", description="GRPO fine-tuning with multi-step rollout reuse.", allow_abbrev=False)
