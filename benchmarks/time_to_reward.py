@@ -6,7 +6,7 @@
     python benchmarks/time_to_reward.py --suite dapo --seeds 0 --append   # dynamic sampling off/on (one seed per call, appended)
     python benchmarks/time_to_reward.py --suite vllm                      # the own sampler vs vLLM colocate (needs `make vllm`)
     python benchmarks/time_to_reward.py --suite async                     # vLLM server: synchronous vs max_staleness 1, 4 (needs `make vllm`)
-    python benchmarks/time_to_reward.py --suite best                      # TRL bf16 autocast against fastgrpo's defaults (built-in job, ± group filter)
+    python benchmarks/time_to_reward.py --suite best                      # TRL bf16 autocast and fp32 against fastgrpo's defaults (built-in job, ± group filter)
     python benchmarks/time_to_reward.py --suite reuse                     # μ ∈ {1, 2, 4} and target_kl, 256-token completions (sampling-heavy)
     python benchmarks/time_to_reward.py --report benchmarks/results/<file>.json   # re-render tables and plots
 
@@ -81,8 +81,10 @@ ASYNC = [  # the vLLM server (core 0) and one trainer (core 1): the synchronous 
                         **({} if staleness is None else {"max_staleness": staleness})})
     for name, staleness in (("synchronous (vLLM server)", None), ("max_staleness=1", 1), ("max_staleness=4", 4))
 ]
-BEST = [  # each system at its fastest on this CPU: TRL bf16 autocast (use_cpu, no checkpointing), fastgrpo's defaults
+BEST = [  # each system at its fastest: TRL bf16 autocast (use_cpu, no checkpointing) on a CPU with bf16 units, fp32 on one
+    # without (AVX2 only: emulated bf16 is slower than fp32; pick one with --settings), fastgrpo's defaults (bf16 where it is fast)
     ("TRL μ=1 bf16 autocast", "trl", {"num_iterations": 1, "bf16": True, "use_cpu": True}),
+    ("TRL μ=1 fp32", "trl", {"num_iterations": 1, "bf16": False, "use_cpu": True}),
     ("fastgrpo built-in job", "fastgrpo", {"bf16": None, "filter_groups": True}),
     ("fastgrpo built-in job without group filter", "fastgrpo", {"bf16": None, "filter_groups": False}),
 ]
