@@ -180,6 +180,25 @@ def test_metrics_and_completions_are_logged(tmp_path, tokenizer, make_model, pro
     assert set(rows[0]) == {"step", "prompt", "completion", "rewards", "advantage"}
 
 
+def test_a_window_whose_every_token_is_masked_logs_trls_loss_keys(tmp_path, tokenizer, make_model, prompts):
+    # TRL's DAPO snippet (paper_index.md: mask_truncated_completions=True) with completions that all hit
+    # max_completion_length: no token carries the loss. TRL still logs its global_masked_mean keys, 0 (the count is
+    # clamped at 1), and None for clip_ratio/low_min and /high_max (nanmin / nanmax of no sequence); fastgrpo left
+    # entropy and the clip means out and logged 0 for the extremes. Evaluation logs them the same way.
+    args = config(tmp_path, max_steps=1, loss_type="dapo", epsilon_high=0.28, mask_truncated_completions=True,
+                  gradient_accumulation_steps=1, per_device_eval_batch_size=4)
+    trainer = GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
+    trainer.train()
+    record = read_metrics(args.output_dir)[0]
+    assert record["completions/clipped_ratio"] == 1.0  # a random model never sampled EOS in 8 tokens
+    assert {k: record[k] for k in ("entropy", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean")} == dict.fromkeys(
+        ("entropy", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean"), 0.0)
+    assert record["clip_ratio/low_min"] is None and record["clip_ratio/high_max"] is None
+    metrics = trainer.evaluate(prompts.select(range(1)))
+    assert metrics["eval_completions/clipped_ratio"] == 1.0 and metrics["eval_entropy"] == 0.0
+    assert metrics["eval_clip_ratio/low_min"] is None and metrics["eval_clip_ratio/high_max"] is None
+
+
 def test_tiny_model_raises_a_learnable_reward(tmp_path, tokenizer, make_model, prompts):
     # The even-token reward starts at ≈ 0.5 with real spread inside each group; GRPO with μ = 2
     # reuse must push it up clearly within 24 steps of a 3 M-parameter model. Sampling from the

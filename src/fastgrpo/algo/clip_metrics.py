@@ -15,7 +15,8 @@ def clip_metrics(low: torch.Tensor, high: torch.Tensor, mask: torch.Tensor, leve
     TRL's `global_masked_mean`: over the active tokens at importance_sampling_level
     "token", over the micro-batch's sequences (one ratio each) at "sequence";
     its `clip_ratio/low_min` / `high_max`: the least / greatest per-sequence
-    fraction (sequences with no active token left out).
+    fraction (sequences with no active token left out; +inf / −inf where none has one, so
+    the window's min / max skips the micro-batch and a window without any logs None, as TRL's nanmin).
 
     Args:
         low, high: (B, T) bool, the `Objective`'s clip flags (one value per sequence at "sequence").
@@ -35,8 +36,8 @@ def clip_metrics(low: torch.Tensor, high: torch.Tensor, mask: torch.Tensor, leve
         return {"cispo_clipped": high.sum().float(), "clip_units": units}
     rows = active.any(-1)
     per_seq = lambda flags: flags.sum(-1).float()[rows] / active.sum(-1)[rows]  # noqa: E731
-    zero = torch.zeros((), device=mask.device)
+    none = lambda sign: torch.tensor(sign * float("inf"), device=mask.device)  # noqa: E731 (no sequence: the reduction's neutral value)
     return {
         "clip_low": low.sum().float(), "clip_high": high.sum().float(), "clip_region": (low | high).sum().float(), "clip_units": units,
-        "clip_low_min": per_seq(low).min() if rows.any() else zero, "clip_high_max": per_seq(high).max() if rows.any() else zero,
+        "clip_low_min": per_seq(low).min() if rows.any() else none(1), "clip_high_max": per_seq(high).max() if rows.any() else none(-1),
     }

@@ -133,7 +133,7 @@ def mean_rewards(
             on_batch()
         window.align(acc)  # a process with fewer rows (or none) holds fewer keys
         sums, extremes = window.reduce(acc)
-        record = window_record(0, sums, {k: v for k, v in extremes.items() if math.isfinite(v)}, {}, reward_names)
+        record = window_record(0, sums, extremes, {}, reward_names)
         record.pop("step")
         record.pop("truncated_prompts", None)  # not one of TRL's eval keys
         head = {"loss": sums["loss_sum"] / max(sums["loss_completions"], 1)} if loss is not None else {}

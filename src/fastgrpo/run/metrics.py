@@ -287,7 +287,8 @@ def window_record(step: int, sums: dict, extremes: dict, seconds: dict, reward_n
 
     Means are over tokens (loss terms, KL, entropy, clip fractions), completions
     (rewards, lengths) or optimizer steps (loss, grad_norm), as each quantity's
-    definition needs; a metric whose denominator is empty in the window is left out.
+    definition needs; a metric whose denominator is empty in the window is left out, but the loss's token means
+    (entropy, kl, clip_ratio/*), which log 0 and None as TRL's do when every token was masked.
     """
     record: dict = {"step": step}
 
@@ -336,14 +337,14 @@ def window_record(step: int, sums: dict, extremes: dict, seconds: dict, reward_n
         record["tools/failure_frequency"] = sums["tool_failures"] / sums["tool_calls"] if sums["tool_calls"] > 0 else 0.0
     if "truncated_prompts" in sums:
         record["truncated_prompts"] = int(sums["truncated_prompts"])
-    for key in ("kl", "kl_old", "entropy"):
-        mean(key, "tokens")
-    for key, name in (("clip_low", "low_mean"), ("clip_high", "high_mean"), ("clip_region", "region_mean")):  # TRL's names (algo/clip_metrics.py)
-        mean(key, "clip_units", f"clip_ratio/{name}")
-    mean("cispo_clipped", "clip_units", "cispo_clip_ratio")
+    for key, over, name in (("kl", "tokens", "kl"), ("kl_old", "tokens", "kl_old"), ("entropy", "tokens", "entropy"),
+                            ("clip_low", "clip_units", "clip_ratio/low_mean"), ("clip_high", "clip_units", "clip_ratio/high_mean"),
+                            ("clip_region", "clip_units", "clip_ratio/region_mean"), ("cispo_clipped", "clip_units", "cispo_clip_ratio")):
+        if key in sums:  # TRL's global_masked_mean: a window whose every token was masked logs 0 (its count clamped at 1)
+            record[name] = sums[key] / max(sums.get(over, 0), 1)
     for key, name in (("clip_low_min", "clip_ratio/low_min"), ("clip_high_max", "clip_ratio/high_max")):
-        if key in extremes:
-            record[name] = extremes[key]
+        if key in extremes:  # no sequence with an active token in the window: None, as TRL's nanmin / nanmax
+            record[name] = extremes[key] if math.isfinite(extremes[key]) else None
     for key in sums:
         if key.endswith(USER_SUM):  # reward functions' log_metric values: mean over the window
             mean(key, key[: -len(USER_SUM)] + USER_COUNT, key[: -len(USER_SUM)])
