@@ -154,7 +154,7 @@ def test_loss_with_correction_and_off_policy_mask_equals_trl(mode, loss_type):
     this._get_per_token_logps_and_entropies = lambda model, *args, **kwargs: (theta, entropy, None)
     this.use_vllm, this.vllm_importance_sampling_correction, this.off_policy_mask_threshold = True, True, delta
     this.get_off_policy_mask = trl.GRPOTrainer.get_off_policy_mask
-    this.epsilon_high = 6.0 if loss_type == "cispo" else 0.2  # cispo: TRL's bound is ε_high itself, ours 1 + ε_high (documented)
+    this.epsilon_high = 5.0 if loss_type == "cispo" else 0.2  # cispo: the bound itself (GRPOConfig's default 5.0), as TRL
     tokens = mask.sum()
     inputs = {
         "prompt_ids": torch.zeros(len(old), 1, dtype=torch.long), "prompt_mask": torch.ones(len(old), 1, dtype=torch.long),

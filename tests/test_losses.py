@@ -227,7 +227,7 @@ def test_every_loss_type_has_a_hand_example():
 @pytest.mark.parametrize("loss_type", sorted(ON_POLICY))
 def test_grpo_loss_on_policy_by_hand(loss_type):
     logps = leaf(LOGPS)
-    out = grpo_loss(logps, logps.detach(), ADV, MASK, STEP, loss_type=loss_type)
+    out = grpo_loss(logps, logps.detach(), ADV, MASK, STEP, loss_type=loss_type, epsilon_high=5.0 if loss_type == "cispo" else 0.2)
     value, grad = ON_POLICY[loss_type]
     close(out.loss, value)
     out.loss.backward()
@@ -363,7 +363,7 @@ def test_gspo_sequence_level_clips_whole_sequences():
 
 
 def test_cispo_weight_is_clamped_and_detached():
-    out, grad = off_policy("cispo", epsilon_high=0.28)
+    out, grad = off_policy("cispo", epsilon_high=1.28)  # TRL's meaning: the weight's bound itself
     # w = sg[min(ρ, 1.28)], no lower bound:
     #   row 0 (Â = +1): ρ (1.25, 1.3, 0.5) → w (1.25, 1.28, 0.5)
     #   row 1 (Â = −1): ρ (0.5, 1.4, 2.0)  → w (0.5, 1.28, 1.28)

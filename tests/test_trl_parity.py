@@ -167,7 +167,7 @@ def trl_stub(case, processes):
     return this
 
 
-def train(case, system, fastgrpo_epsilon_high=None):
+def train(case, system):
     """Two rollouts, μ passes each; returns (final θ, every micro-batch loss, clipped-token count, logged metrics).
 
     The metrics: TRL's `_metrics["train"]` of process 0 (its `entropy_coef`,
@@ -219,7 +219,7 @@ def train(case, system, fastgrpo_epsilon_high=None):
                             out = grpo_loss(
                                 logps, old[q, rows], adv[q, rows], mask.to(F64), StepCounts(counts_tokens, GA * case.B, GA, T),
                                 loss_type=case.loss_type, epsilon_low=case.epsilon,
-                                epsilon_high=fastgrpo_epsilon_high or (case.epsilon_high or case.epsilon),
+                                epsilon_high=case.epsilon_high or case.epsilon,
                                 delta=case.delta, importance_sampling_level=case.level, beta=case.beta,
                                 per_token_kl=kl_k3(logps, d.ref[q, rows]) if case.beta > 0 else None,
                                 use_bias_correction_kl=case.bias_correction, policy_mask=keep,
@@ -300,6 +300,7 @@ CASES = (
     [Case(loss_type=t) for t in ALL]
     + [Case(loss_type=t, num_processes=1, steps_per_generation=2, num_iterations=1) for t in ALL]  # TRL's default shape
     + [Case(loss_type=t, epsilon_high=0.28) for t in CLIPPED]
+    + [Case(loss_type="cispo", epsilon_high=1.1)]  # ρ above the bound: TRL's bound is epsilon_high itself, so is fastgrpo's
     + [Case(loss_type=t, delta=1.5, epsilon_high=0.28) for t in CLIPPED]
     + [Case(loss_type=t, level="sequence") for t in CLIPPED + ["cispo", "sapo", "vespo"]]  # TRL warns for cispo and vespo, trains
     + [Case(loss_type=t, beta=0.1, bias_correction=b) for t in ALL for b in (True, False)]
@@ -327,12 +328,8 @@ def case_id(case):
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_whole_training_equals_trl(case):
-    # cispo: TRL's bound is epsilon_high itself, fastgrpo's is 1 + epsilon_high (a documented
-    # difference, asserted below), so fastgrpo gets TRL's bound − 1 here.
-    trl_high = case.epsilon_high if case.epsilon_high is not None else case.epsilon
-    ours_high = trl_high - 1 if case.loss_type == "cispo" else None
     theta_trl, losses_trl, _, logged_trl = train(case, "trl")
-    theta_ours, losses_ours, clipped, logged_ours = train(case, "fastgrpo", ours_high)
+    theta_ours, losses_ours, clipped, logged_ours = train(case, "fastgrpo")
     torch.testing.assert_close(losses_ours, losses_trl, rtol=0, atol=1e-6)
     torch.testing.assert_close(theta_ours, theta_trl, rtol=0, atol=1e-6)
     assert set(LOGGED) & set(logged_trl) == set(LOGGED) & set(logged_ours)  # the same keys logged, each as TRL defines it
@@ -341,7 +338,7 @@ def test_whole_training_equals_trl(case):
         torch.testing.assert_close(torch.tensor(logged_ours[key], dtype=F64), torch.tensor(logged_trl[key], dtype=F64), rtol=0, atol=1e-6, msg=key)
     assert not torch.equal(theta_ours, torch.randn(theta_ours.shape, generator=torch.Generator().manual_seed(0), dtype=F64))
     if bonus(case):  # the bonus moved the weights, so its gradient was compared too
-        theta_plain = train(dataclasses.replace(case, entropy_coef=0.0, adaptive=False), "fastgrpo", ours_high)[0]
+        theta_plain = train(dataclasses.replace(case, entropy_coef=0.0, adaptive=False), "fastgrpo")[0]
         assert (theta_ours - theta_plain).abs().max() > 1e-3
     if case.adaptive:  # the coefficient went both ways (the entropy crossed the target)
         moves = torch.tensor(logged_ours["entropy_coef"]).diff()
@@ -368,14 +365,6 @@ def test_trl_advantages_equal_ours_and_are_not_trivial():
 # ---------------------------------------------------------------------------
 # documented differences (README, "Differences from TRL"), asserted as differences
 # ---------------------------------------------------------------------------
-
-
-def test_cispo_bound_differs_from_trl_for_the_same_epsilon_high():
-    # TRL clamps ρ at epsilon_high; fastgrpo at 1 + epsilon_high (MiniMax-M1's form).
-    case = Case(loss_type="cispo", epsilon_high=1.1)
-    theta_trl, losses_trl, _, _ = train(case, "trl")
-    theta_ours, losses_ours, _, _ = train(case, "fastgrpo", 1.1)
-    assert (theta_ours - theta_trl).abs().max() > 1e-3
 
 
 def test_defaults_are_trls_except_the_documented_ones():

@@ -23,7 +23,7 @@ class ObjectiveParams(NamedTuple):
     """The hyper-parameters of every objective (each reads the ones it has; TRL's defaults)."""
 
     epsilon_low: float = 0.2  # ε: lower clip 1 − ε
-    epsilon_high: float = 0.2  # upper clip 1 + ε_high (cispo: the weight's bound − 1)
+    epsilon_high: float = 0.2  # upper clip 1 + ε_high (cispo: the weight's bound itself, ScaleRL's ε_max, as TRL)
     delta: float | None = None  # two-sided clip: ρ ≤ δ on the unclipped branch
     temperature_pos: float = 1.0  # SAPO τ for Â > 0
     temperature_neg: float = 1.05  # SAPO τ for Â ≤ 0
@@ -72,19 +72,21 @@ def clipped_surrogate(log_ratio, logps, advantages, params: ObjectiveParams) -> 
 
 
 def cispo(log_ratio, logps, advantages, params: ObjectiveParams) -> Objective:
-    """CISPO: −sg[min(ρ, 1 + ε_high)] · Â · log π_θ.
+    """CISPO: −sg[min(ρ, ε_high)] · Â · log π_θ, as TRL 1.16 computes it.
 
     MiniMax-M1 (arXiv 2506.13585) eq. (4)–(5) with no lower bound, as the
     paper uses it: the importance weight is clipped and detached, so every
-    token keeps a gradient (none is zeroed, unlike the PPO clip).
+    token keeps a gradient (none is zeroed, unlike the PPO clip). The bound is
+    `epsilon_high` itself, ScaleRL's ε_max (arXiv 2510.13786; 5.0 recommended),
+    which the MiniMax-M1 paper writes 1 + ε_high^IS: TRL's field, TRL's meaning.
 
     Returns:
         `Objective`; `clipped_high` marks Â > 0 tokens whose weight was truncated (TRL's `cispo_clip_ratio`).
     """
     ratio = torch.exp(log_ratio)
-    weight = torch.clamp(ratio, max=1 + params.epsilon_high).detach()
+    weight = torch.clamp(ratio, max=params.epsilon_high).detach()
     loss = -weight * advantages * logps
-    return Objective(loss, torch.zeros_like(ratio, dtype=torch.bool), (ratio > 1 + params.epsilon_high) & (advantages > 0))
+    return Objective(loss, torch.zeros_like(ratio, dtype=torch.bool), (ratio > params.epsilon_high) & (advantages > 0))
 
 
 def sapo(log_ratio, logps, advantages, params: ObjectiveParams) -> Objective:

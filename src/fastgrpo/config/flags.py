@@ -72,7 +72,7 @@ FIELD_HELP = {
     "vllm_tensor_parallel_size": "GPUs per colocated engine (1 here; a bigger engine: fastgrpo vllm-serve)",
     "loss_type": "objective: grpo, bnpo, dapo, dr_grpo, cispo or sapo (README, 'The objective family')",
     "epsilon": "epsilon: lower clip of the ratio at 1 - epsilon",
-    "epsilon_high": "upper clip at 1 + epsilon_high (default: epsilon; cispo: 5.0)",
+    "epsilon_high": "upper clip at 1 + epsilon_high (default: epsilon); cispo: the importance weight's bound itself (default 5.0)",
     "delta": "two-sided clip: the ratio is also capped at delta for negative advantages",
     "importance_sampling_level": "token or sequence (GSPO) importance ratio",
     "sapo_temperature_pos": "SAPO gate temperature for positive advantages",

@@ -148,7 +148,7 @@ class GRPOConfig(TrainingArgumentsMethods, TrlFields):
     # --- objective (see losses.py for each variant's paper) -------------------
     loss_type: str = "dapo"
     epsilon: float = 0.2  # ε: lower clip 1 − ε
-    epsilon_high: float | None = None  # upper clip 1 + ε_high; None: ε (cispo: 5.0)
+    epsilon_high: float | None = None  # upper clip 1 + ε_high; None: ε (cispo: the weight's bound itself, as TRL; None: 5.0)
     delta: float | None = None  # two-sided clip: ratio ≤ δ for negative Â too
     importance_sampling_level: str = "token"  # or "sequence" (GSPO)
     sapo_temperature_pos: float = 1.0
