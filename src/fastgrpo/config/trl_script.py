@@ -97,7 +97,8 @@ def quantization_config(options: dict, dtype: str | None):
     o = {**dataclasses.asdict(QuantizationOptions()), **options}
     if o["load_in_4bit"] and o["load_in_8bit"]:
         raise ValueError("--load_in_4bit and --load_in_8bit were both given; choose one (TRL refuses both too).")
-    unread = [f"{k}={options[k]!r}" for k in QUANTIZATION_KEYS[2:] if k in options and options[k] != getattr(QuantizationOptions, k)]
+    four_bit = ("bnb_4bit_quant_type", "use_bnb_nested_quant", "bnb_4bit_quant_storage")  # read only with load_in_4bit
+    unread = [f"{k}={options[k]!r}" for k in four_bit if k in options and options[k] != getattr(QuantizationOptions, k)]
     if unread and not o["load_in_4bit"]:
         from .unread_fields import no_effect
 

@@ -115,8 +115,7 @@ def full_weights(policy: nn.Module) -> dict[str, torch.Tensor]:
             out[name] = weight.detach()
         head = head_on_adapted_embedding(lm)  # its tensor is the embedding's base: merged above, so given apart, unmerged
         if head is not None:
-            weight = lm.get_output_embeddings().weight
-            out[head] = (weight.full_tensor() if hasattr(weight, "full_tensor") else weight).detach()
+            out[head] = full_value(lm.get_output_embeddings().weight).detach()
     return out
 
 

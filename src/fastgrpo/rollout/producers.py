@@ -23,7 +23,7 @@ from ..generation.contract import GenerationBackend
 from .agents.chat_format import prepare_tool_tokenizer
 from .agents.environments import Environments, placeholder_dataset
 from .agents.multiturn import MultiTurn
-from .agents.rollout_func import RolloutFunc, check_signature
+from .agents.rollout_func import RolloutFunc, check_rollout_func
 from .agents.tools import check_tools
 from .collect import SingleTurn
 from .prompts import PromptEncoder, check_renders, is_conversational
@@ -49,18 +49,16 @@ def check_agent_inputs(
         TypeError: tools that are not a list (tools.check_tools); an environment_factory that is not callable or
             needs arguments, a reset/get_reward that is not a method (environments.Environments).
         ValueError: tools without a schema or two under one name (tools.check_tools), an environment without
-            `reset`, an environment method named like a tool (environments.Environments), rollout_func that is not
-            callable, cannot take (prompts, trainer) (rollout_func.check_signature) or comes with tools/environments, no train_dataset without an environment or without
-            max_steps (environments.placeholder_dataset).
+            `reset`, an environment method named like a tool (environments.Environments), a rollout_func that is not
+            callable or cannot take (prompts, trainer) (rollout_func.check_rollout_func) or that comes with
+            tools/environments, no train_dataset without an environment or without max_steps (environments.placeholder_dataset).
         EnvironmentFunctionError: an environment's factory raised (environments.Environments).
     Warns:
         UserWarning: `max_tool_calling_iterations` set without tools or an environment (nothing reads it).
     """
     tools = check_tools(tools)
-    if rollout_func is not None and not callable(rollout_func):
-        raise ValueError(f"rollout_func is {rollout_func!r}; give a function (prompts, trainer) -> dict.")
     if rollout_func is not None:
-        check_signature(rollout_func)
+        check_rollout_func(rollout_func)
     if rollout_func is not None and (tools or environment_factory is not None):
         raise ValueError(
             "rollout_func produces the whole completion itself; give either rollout_func, or tools/environment_factory "

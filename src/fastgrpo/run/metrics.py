@@ -287,8 +287,8 @@ def window_record(step: int, sums: dict, extremes: dict, seconds: dict, reward_n
 
     Means are over tokens (loss terms, KL, entropy, clip fractions), completions
     (rewards, lengths) or optimizer steps (loss, grad_norm), as each quantity's
-    definition needs; a metric whose denominator is empty in the window is left out, but the loss's token means
-    (entropy, kl, clip_ratio/*), which log 0 and None as TRL's do when every token was masked.
+    definition needs; a metric whose denominator is empty in the window is left out, except the loss's token means
+    (entropy, kl, clip_ratio/*), which log 0 (their min / max None) as TRL's do when every token was masked.
     """
     record: dict = {"step": step}
 

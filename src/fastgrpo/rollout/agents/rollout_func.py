@@ -50,13 +50,15 @@ def _is_logp(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and (value != value or value <= LOGP_SLACK)
 
 
-def check_signature(rollout_func: Callable) -> None:
+def check_rollout_func(rollout_func) -> None:
     """Refuse a `rollout_func` that cannot be called as TRL 1.16 calls it, `rollout_func(prompts, trainer)`, before any
     model loads (it was Python's TypeError at the first rollout). A callable whose signature cannot be read is left to run.
 
     Raises:
-        ValueError: naming its parameters and the call it must take.
+        ValueError: not callable, or its parameters cannot take (prompts, trainer), naming them and the call it must take.
     """
+    if not callable(rollout_func):
+        raise ValueError(f"rollout_func is {rollout_func!r}; give a function (prompts, trainer) -> dict.")
     try:
         signature = inspect.signature(rollout_func)
     except (TypeError, ValueError):  # a builtin or C callable: nothing to read
