@@ -250,15 +250,16 @@ def validate(c) -> None:
     )
     need(c.filter_groups_max_age >= 0, f"filter_groups_max_age={c.filter_groups_max_age}: use 0 (no carry-over) or more rollouts.")
     need(c.seed >= 0 and c.seed < 2**32, f"seed={c.seed}: use a value in [0, 2**32) (numpy's and torch's seeds).")
-    need(c.logging_steps > 0, f"logging_steps={c.logging_steps}: use a positive number of steps.")
+    need(c.logging_strategy != "steps" or c.logging_steps > 0, f"logging_steps={c.logging_steps}: use a positive number of steps.")
     for name in ("logging_steps", "save_steps", "eval_steps"):  # transformers' rule: a fraction of the run below 1, else whole steps
         value = getattr(c, name)
         need(value is None or value <= 1 or value == int(value), f"{name}={value}: above 1 it counts steps; use a whole number, or a fraction ≤ 1 of the run.")
     need(c.save_steps > 0, f"save_steps={c.save_steps}: use a positive number of steps.")
     need(c.save_total_limit is None or c.save_total_limit >= 1, f"save_total_limit={c.save_total_limit}: keep at least 1, or None.")
-    for name in ("save_strategy", "eval_strategy"):
+    for name in ("save_strategy", "eval_strategy", "logging_strategy"):
         need(getattr(c, name) in STRATEGIES, f"{name}={getattr(c, name)!r}: use one of {', '.join(STRATEGIES)}.")
     need(c.eval_steps is None or c.eval_steps > 0, f"eval_steps={c.eval_steps}: use a positive number of steps, or None.")
+    check_load_best(c)
     check_checkpointing_kwargs(c.gradient_checkpointing_kwargs)
     set_by_trainer = sorted(set(c.chat_template_kwargs or {}) & TEMPLATE_ARGUMENTS)
     need(not set_by_trainer, f"chat_template_kwargs holds {', '.join(map(repr, set_by_trainer))}, which fastgrpo passes apply_chat_template "
@@ -266,6 +267,35 @@ def validate(c) -> None:
     need("none" not in c.report_to, f"report_to={c.report_to}: 'none' means no tracker; give it alone, or list the trackers without it.")
     for tracker in c.report_to:
         need(tracker in TRACKERS, f"report_to={tracker!r}: use 'none' or one of {', '.join(TRACKERS)}.")
+
+
+def check_load_best(c) -> None:
+    """load_best_model_at_end=True as transformers' TrainingArguments checks it: every evaluation's weights are saved,
+    so the best evaluation has a checkpoint to load (save_strategy="best", which transformers also allows, is refused
+    by `validate`).
+
+    Raises:
+        ValueError: eval_strategy and save_strategy differ; with "steps", save_steps not a multiple of eval_steps
+            (a fraction of the run and a number of steps mixed, as transformers refuses it too), naming both and the fix.
+    """
+    if not c.load_best_model_at_end:
+        return
+    if c.eval_strategy != c.save_strategy:
+        raise ValueError(f"load_best_model_at_end=True needs eval_strategy and save_strategy to match (transformers' rule: the best "
+                         f"evaluation's weights must be saved), but eval_strategy={c.eval_strategy!r}, save_strategy={c.save_strategy!r}; "
+                         f"set both to 'steps' (save_steps a multiple of eval_steps) or both to 'epoch'.")
+    if c.eval_strategy != "steps" or c.save_steps % c.eval_steps == 0:
+        return
+    if (c.eval_steps < 1) != (c.save_steps < 1):
+        raise ValueError(f"load_best_model_at_end=True needs save_steps to be a multiple of eval_steps, which save_steps={c.save_steps} "
+                         f"and eval_steps={c.eval_steps} cannot guarantee, one a fraction of the run and the other steps (transformers' "
+                         "rule); give both as steps or both as fractions.")
+    # transformers' arithmetic for two fractions, scaled by 1e6: 0.6 and 0.2 pass (0.6 % 0.2 alone is 0.19999…), 0.5 and 0.3 do
+    # not. Odd, matched: a passing pair need not give multiples once rounded up to steps (0.5 and 0.25 of 10 steps: 5 and 3).
+    if c.eval_steps >= 1 or (c.save_steps * 1_000_000) % (c.eval_steps * 1_000_000) != 0:
+        raise ValueError(f"load_best_model_at_end=True needs save_steps to be a multiple of eval_steps (transformers' rule: each "
+                         f"checkpoint holds an evaluated step), but save_steps={c.save_steps} is not a multiple of eval_steps="
+                         f"{c.eval_steps}; set save_steps to a multiple of {c.eval_steps}.")
 
 
 def check_async(c) -> None:

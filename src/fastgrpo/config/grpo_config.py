@@ -206,8 +206,9 @@ class GRPOConfig(TrainingArgumentsMethods, TrlFields):
     trust_remote_code: bool = False  # run a model's own code (its folder's auto_map): policy, tokenizer and reward models, as TRL
 
     # --- logging and saving --------------------------------------------------------
+    logging_strategy: str = "steps"  # "steps": every logging_steps; "epoch": at each pass's end; "no": train()'s summary alone
     logging_steps: float = 10
-    logging_first_step: bool = False  # also log after the first optimizer step
+    logging_first_step: bool = False  # also log after the first optimizer step (whatever logging_strategy, as transformers)
     log_completions: bool = False
     num_completions_to_print: int | None = 4
     report_to: None | str | list[str] = "none"  # TRL's annotation: HfArgumentParser reads it as text, default "none"
@@ -217,9 +218,11 @@ class GRPOConfig(TrainingArgumentsMethods, TrlFields):
     eval_strategy: str = "no"  # "steps": every eval_steps (default logging_steps); "epoch"; "no"
     eval_steps: float | None = None
     eval_on_start: bool = False  # evaluate once before the first step
+    eval_delay: float = 0  # no scheduled evaluation before this step ("steps") or epoch ("epoch"), as transformers
     per_device_eval_batch_size: int = 8
     metric_for_best_model: str | None = None  # a logged or eval metric; tracked in trainer.state.best_metric
     greater_is_better: bool | None = None  # None: True unless the metric's name ends in "loss" (transformers)
+    load_best_model_at_end: bool = False  # after training, the best checkpoint's weights back into the policy (run/checkpoints.load_best)
     disable_tqdm: bool | None = False  # None: False
     use_cpu: bool = False  # train on the CPU even where a GPU is: accelerate's Accelerator(cpu=True) (run/setup.py)
 
@@ -295,6 +298,8 @@ class GRPOConfig(TrainingArgumentsMethods, TrlFields):
                 check_types(self, typing.get_type_hints(type(self)))
             except (TypeError, ValueError) as err:
                 raise ValueError(f"generation_kwargs: {err}") from None
+        if self.load_best_model_at_end and self.metric_for_best_model is None:
+            self.metric_for_best_model = "loss"  # transformers' default: eval_loss, lower is better
         if self.metric_for_best_model is not None and self.greater_is_better is None:
             self.greater_is_better = not self.metric_for_best_model.endswith("loss")
         if self.eval_strategy == "steps" and self.eval_steps is None:

@@ -63,7 +63,6 @@ TRL_FIELDS: dict[str, TrlField] = {
     "auto_find_batch_size": TrlField(False, (False,), "a smaller batch would split groups (TRL refuses it too); lower per_device_train_batch_size instead"),
     "cast_lm_head_to_fp32": TrlField(False, (False,), "the LM head runs in the policy's precision and its logits are cast to float32 before the log-softmax; remove it"),
     # --- logging and trackers --------------------------------------------------------
-    "logging_strategy": TrlField("steps", ("steps",), "fastgrpo logs every logging_steps; set logging_steps"),
     "log_on_each_node": TrlField(True, ANY),
     "logging_nan_inf_filter": TrlField(True, ANY),
     "include_num_input_tokens_seen": TrlField("no", ("no", False), "token counts are logged as generation/train tokens per second; remove it"),
@@ -79,14 +78,12 @@ TRL_FIELDS: dict[str, TrlField] = {
     "log_completions_hub_repo": TrlField(None, (None,), "completions are written to output_dir/completions.jsonl and output_dir/completions/*.parquet; upload them yourself"),
     "skip_memory_metrics": TrlField(True, ANY),
     # --- evaluation ------------------------------------------------------------------
-    "eval_delay": TrlField(0, (0, 0.0), "evaluation starts at the first eval_steps; remove it"),
     "prediction_loss_only": TrlField(False, ANY),
     "eval_do_concat_batches": TrlField(True, ANY),
     "eval_use_gather_object": TrlField(False, ANY),
     "eval_accumulation_steps": TrlField(None, ANY),
     "include_for_metrics": TrlField([], ANY),
     "batch_eval_metrics": TrlField(False, (False,), "evaluate() reports mean rewards, not compute_metrics; remove it"),
-    "load_best_model_at_end": TrlField(False, (False,), "load the best checkpoint yourself (trainer.state.best_model_checkpoint names it)"),
     # --- saving and the hub ----------------------------------------------------------
     "save_on_each_node": TrlField(False, (False,), "the main process writes every checkpoint to output_dir; use a shared file system"),
     "save_only_model": TrlField(False, ANY),  # checkpoints always hold the optimizer, for an exact resume
@@ -150,7 +147,7 @@ TRL_TYPES = {
     "torch_compile_mode": str | None, "liger_kernel_config": dict | str | None, "neftune_noise_alpha": float | None,
     "torch_empty_cache_steps": int | None, "include_num_input_tokens_seen": str | bool, "run_name": str | None,
     "trackio_space_id": str | None, "trackio_bucket_id": str | None, "trackio_static_space_id": str | None,
-    "log_completions_hub_repo": str | None, "eval_delay": float, "eval_accumulation_steps": int | None,
+    "log_completions_hub_repo": str | None, "eval_accumulation_steps": int | None,
     "include_for_metrics": list[str], "hub_token": str | None, "hub_private_repo": bool | None, "hub_model_id": str | None,
     "hub_revision": str | None, "resume_from_checkpoint": str | None, "accelerator_config": dict | str | None,
     "parallelism_config": str | None, "fsdp": str | None, "fsdp_config": dict | str | None, "deepspeed": dict | str | None,

@@ -47,6 +47,12 @@ INERT_UNLESS = (
      "set warmup_steps=0 to warm up by ratio"),
     (lambda c: c.save_strategy != "steps", lambda c: f"save_strategy={c.save_strategy!r}", ("save_steps",), "set save_strategy='steps'"),
     (lambda c: c.eval_strategy != "steps", lambda c: f"eval_strategy={c.eval_strategy!r}", ("eval_steps",), "set eval_strategy='steps'"),
+    (lambda c: c.eval_strategy == "no", lambda c: "eval_strategy='no'", ("eval_delay",), "set eval_strategy='steps' or 'epoch'"),
+    # logging_steps is also eval_steps' default (eval_strategy="steps" without eval_steps): read then
+    (lambda c: c.logging_strategy != "steps" and not (c.eval_strategy == "steps" and c.eval_steps == c.logging_steps),
+     lambda c: f"logging_strategy={c.logging_strategy!r}", ("logging_steps",), "set logging_strategy='steps'"),
+    (lambda c: c.save_strategy == "no", lambda c: "save_strategy='no' (no checkpoint to load)", ("load_best_model_at_end",),
+     "set save_strategy and eval_strategy to 'steps' or 'epoch'"),
     (lambda c: c.metric_for_best_model is None, lambda c: "metric_for_best_model=None", ("greater_is_better",),
      "name a metric_for_best_model"),
 )
