@@ -161,6 +161,64 @@ def test_schedule_by_hand(tmp_path):
     assert [scheduled(steps, s, 8, epoch_end=False, can_evaluate=False)[2] for s in range(1, 9)] == [False, False, True, False, False, True, False, True]
 
 
+def test_eval_delay_and_logging_strategy_by_hand(tmp_path):
+    # DefaultFlowCallback's rules: logging_first_step logs step 1 whatever logging_strategy; "epoch" logs at an epoch's
+    # end only, "no" never; no evaluation before eval_delay steps ("steps", the last step's too) or epochs ("epoch").
+    args = config(tmp_path, max_steps=8, logging_strategy="epoch", logging_first_step=True, eval_strategy="steps", eval_steps=1, eval_delay=3)
+    assert [scheduled(args, s, 8, epoch_end=False, can_evaluate=True)[:2] for s in (1, 2, 3, 4)] == [
+        (True, False), (False, False), (False, True), (False, True)]
+    assert scheduled(args, 4, 8, epoch_end=True, can_evaluate=True, epoch=1.0) == (True, False, False)
+    late = config(tmp_path, max_steps=8, eval_strategy="steps", eval_steps=3, eval_delay=9)
+    assert not any(scheduled(late, s, 8, epoch_end=False, can_evaluate=True)[1] for s in range(1, 9))  # the last step's too
+    off = config(tmp_path, max_steps=8, logging_strategy="no", logging_steps=1, eval_strategy="epoch", eval_delay=2)
+    assert not any(scheduled(off, s, 8, epoch_end=False, can_evaluate=True)[0] for s in range(1, 9))
+    assert [scheduled(off, 4, 8, epoch_end=True, can_evaluate=True, epoch=e) for e in (1.0, 2.0)] == [(False, False, False), (False, True, False)]
+
+
+def test_eval_delay_skips_the_evaluations_before_it(tmp_path, tokenizer, make_model, prompts):
+    def evaluated(name, **overrides):
+        args = config(tmp_path / name, **overrides)
+        trainer = GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts.select(range(2)),
+                              eval_dataset=prompts.select(range(1)), processing_class=tokenizer)
+        trainer.train()
+        return [r["step"] for r in trainer.state.log_history if "eval_reward" in r]
+
+    assert evaluated("steps", max_steps=5, eval_strategy="steps", eval_steps=1, eval_delay=3) == [3, 4, 5]
+    # 2 prompts, one per rollout: epochs end at steps 2, 4, 6 (epoch 1.0, 2.0, 3.0); eval_delay=2 skips the first
+    assert evaluated("epoch", max_steps=6, eval_strategy="epoch", eval_delay=2) == [4, 6]
+
+
+def training_records(history):
+    return [r for r in history if "reward" in r]
+
+
+def test_logging_strategy_epoch_logs_each_epochs_mean_and_no_logs_the_summary_alone(tmp_path, tokenizer, make_model, prompts):
+    # 3 prompts, one per rollout and optimizer step: epochs of 3 steps; 6 steps. TRL averages its metrics over the steps
+    # since the last log: an epoch's record is the mean of its steps' records (a run logging every step, same seed).
+    def run(name, **overrides):
+        trainer = GRPOTrainer(make_model(), reward_even_tokens, args=config(tmp_path / name, max_steps=6, **overrides),
+                              train_dataset=prompts.select(range(3)), processing_class=tokenizer)
+        trainer.train()
+        return trainer
+
+    each = training_records(run("each", logging_steps=1).state.log_history)
+    assert [r["step"] for r in each] == [1, 2, 3, 4, 5, 6]
+    epoch = run("epoch", logging_strategy="epoch")
+    assert [r["step"] for r in epoch.state.log_history] == [3, 6, 6]  # two epochs, then the summary with no step left to add
+    assert "train_runtime" in epoch.state.log_history[-1] and "reward" not in epoch.state.log_history[-1]
+    for record, steps in zip(training_records(epoch.state.log_history), (each[:3], each[3:])):
+        for key in ("loss", "reward", "completions/mean_length", "entropy"):  # means (reward_std is over the window's rewards)
+            assert record[key] == pytest.approx(sum(r[key] for r in steps) / 3, rel=1e-6, abs=1e-9), key
+    assert logged_steps(epoch.args.output_dir) == [3, 6]
+
+    none = run("none", logging_strategy="no")
+    (summary,) = none.state.log_history  # Trainer's closing record alone, with the run's metrics merged in (TRL's log())
+    assert summary["step"] == 6 and "train_runtime" in summary
+    assert summary["reward"] == pytest.approx(sum(r["reward"] for r in each) / 6, rel=1e-6)
+    first = run("first", logging_strategy="no", logging_first_step=True)
+    assert [r["step"] for r in first.state.log_history] == [1, 6]
+
+
 class EpochEnds(TrainerCallback):
     """The steps on_epoch_end came at, and the epoch each step ended with."""
 

@@ -71,6 +71,13 @@ def fastgrpo_events(tmp_path, tokenizer, model, prompts, steps_per_epoch, accumu
         (3, 1, dict(max_steps=4, logging_steps=2, eval_on_start=True, eval_strategy="epoch", save_strategy="steps", save_steps=3)),
         # three micro-batches a step, whole epochs (num_train_epochs), log first step, never save
         (1, 3, dict(num_train_epochs=2, logging_steps=1, logging_first_step=True, save_strategy="no")),
+        # a log at each epoch's end (the last, partial one too); evaluate every step from step 3 on
+        (2, 1, dict(max_steps=5, logging_strategy="epoch", eval_strategy="steps", eval_steps=1, eval_delay=3, save_strategy="no")),
+        # no logs but the first step's and the summary; evaluate and save at each epoch's end, evaluations from epoch 2 on
+        (3, 1, dict(max_steps=7, logging_strategy="no", logging_first_step=True, eval_strategy="epoch", eval_delay=2, save_strategy="epoch")),
+        # the best checkpoint loaded at the end (after the summary's on_log, before on_train_end): no event of its own
+        (2, 1, dict(max_steps=4, logging_steps=1, eval_strategy="steps", eval_steps=1, save_steps=2, save_total_limit=1,
+                    load_best_model_at_end=True)),
     ],
 )
 def test_events_match_transformers_trainer(tmp_path, tokenizer, make_model, prompts, steps_per_epoch, accumulation, schedule):

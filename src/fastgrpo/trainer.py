@@ -257,12 +257,12 @@ class GRPOTrainer(TRLMethods):
         a = self.args
         if a.sync_ref_model and self.step % a.ref_model_sync_steps == 0:  # TR-DPO soft update
             sync_reference(self.ref_model, self.accelerator.unwrap_model(self.model), a.ref_model_mixup_alpha)
-        epoch_end, can_evaluate = self.clock.pass_ended(self.step, done), self.eval_dataset is not None
+        epoch_end, can_evaluate, epoch = self.clock.pass_ended(self.step, done), self.eval_dataset is not None, self.clock(self.step, done)
         # Trainer's order: on_step_end and its log/evaluate/save, then at an epoch's end (or the run's) on_epoch_end and its own.
-        self._act(self.events.step_end(self.step, self.clock(self.step, done), *scheduled(a, self.step, self.max_steps, False, can_evaluate)), rollout, done)
+        self._act(self.events.step_end(self.step, epoch, *scheduled(a, self.step, self.max_steps, False, can_evaluate)), rollout, done)
         finishing = self.step >= self.max_steps or self.events.control.should_training_stop
         if epoch_end or finishing:
-            self._act(self.events.epoch_end(self.clock(self.step, done), *scheduled(a, self.step, self.max_steps, True, can_evaluate)), rollout, done)
+            self._act(self.events.epoch_end(epoch, *scheduled(a, self.step, self.max_steps, True, can_evaluate, epoch)), rollout, done)
             if not (finishing or self.events.control.should_training_stop):
                 self.events.epoch_begin()
 

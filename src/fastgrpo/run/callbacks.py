@@ -210,7 +210,8 @@ class TrainerEvents:
         `TrainOutput.metrics` keys: train_runtime in seconds, train_samples_per_second (completions: the optimizer steps ×
         per_device_train_batch_size × gradient_accumulation_steps × processes, as Trainer counts its batches),
         train_steps_per_second, total_flos (state.total_flos: see the trainer's `_log`), train_loss, epoch). `after_log`: called
-        after the summary's on_log (where TRL's `log()` prints the completions table of the steps merged into it), if given.
+        after the summary's on_log, before on_train_end (where TRL's `log()` prints the completions table of the steps merged
+        into it, and Trainer loads the best model and prunes: the trainer's `checkpoints.finish`), if given.
         `log`: what logs the summary (the trainer's `log`, as Trainer's train() logs it through a subclass's override);
         default `self.log`."""
         a, runtime = self.args, time.perf_counter() - self.started
@@ -225,29 +226,32 @@ class TrainerEvents:
         return {**summary, "epoch": self.state.epoch}
 
 
-def scheduled(args, step: int, max_steps: int, epoch_end: bool, can_evaluate: bool) -> tuple[bool, bool, bool]:
+def scheduled(args, step: int, max_steps: int, epoch_end: bool, can_evaluate: bool, epoch: float = 0.0) -> tuple[bool, bool, bool]:
     """(log, evaluate, save) by the config's schedule, before callbacks add theirs (transformers' `DefaultFlowCallback`).
 
-    At a step (`epoch_end` False): log every `logging_steps` and after step 1 with
-    `logging_first_step` (the steps after the last log reach the run's summary log); evaluate (with an eval dataset)
-    every `eval_steps` and at the last step (`eval_strategy="steps"`); save every
-    `save_steps` and at the last step (`save_strategy="steps"`). At an epoch's end
-    (`epoch_end` True, after on_epoch_end's step): evaluate and save for the
-    "epoch" strategies. Intervals below 1 are fractions of `max_steps`
-    (`_absolute`, transformers' rule).
+    At a step (`epoch_end` False): log every `logging_steps` (`logging_strategy="steps"`) and after step 1 with
+    `logging_first_step`, whatever `logging_strategy` (transformers' rule, "no" included; the steps after the last log
+    reach the run's summary log); evaluate (with an eval dataset) every `eval_steps` and at the last step
+    (`eval_strategy="steps"`), from step `eval_delay` on; save every `save_steps` and at the last step
+    (`save_strategy="steps"`). At an epoch's end (`epoch_end` True, after on_epoch_end's step, `epoch` the state's
+    epoch): log for `logging_strategy="epoch"` (a record of the steps since the last log), evaluate for
+    `eval_strategy="epoch"` once `epoch` ≥ `eval_delay`, and save for `save_strategy="epoch"`. Intervals below 1 are
+    fractions of `max_steps` (`_absolute`, transformers' rule).
 
     Args:
         args: the GRPOConfig (the fields named above).
         step: optimizer steps done, 1 … max_steps.
         epoch_end: the flags of an epoch's end instead of a step's.
         can_evaluate: the trainer has an eval dataset.
+        epoch: state.epoch at the epoch's end (read with `epoch_end`).
     """
     a = args
     if epoch_end:
-        return False, can_evaluate and a.eval_strategy == "epoch", a.save_strategy == "epoch"
+        evaluate = can_evaluate and a.eval_strategy == "epoch" and a.eval_delay <= epoch
+        return a.logging_strategy == "epoch", evaluate, a.save_strategy == "epoch"
     last = step == max_steps
-    log = step % _absolute(a.logging_steps, max_steps) == 0 or (a.logging_first_step and step == 1)
-    evaluate = can_evaluate and a.eval_strategy == "steps" and (step % _absolute(a.eval_steps, max_steps) == 0 or last)
+    log = (a.logging_strategy == "steps" and step % _absolute(a.logging_steps, max_steps) == 0) or (a.logging_first_step and step == 1)
+    evaluate = can_evaluate and a.eval_strategy == "steps" and (step % _absolute(a.eval_steps, max_steps) == 0 or last) and a.eval_delay <= step
     save = a.save_strategy == "steps" and (step % _absolute(a.save_steps, max_steps) == 0 or last)
     return log, evaluate, save
 

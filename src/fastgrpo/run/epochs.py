@@ -50,7 +50,9 @@ class EpochClock:
         if self.size is None:
             return math.floor(self.span[1]) + (step - self.pass_start) / self.max_steps
         start, end = self.span
-        return start + (end - start) * min(done, self.steps_per_rollout) / self.steps_per_rollout
+        if done >= self.steps_per_rollout:  # exactly `end` (start + (end − start) may round): 1.0 at a pass's end, as eval_delay compares it
+            return end
+        return start + (end - start) * done / self.steps_per_rollout
 
     def pass_ended(self, step: int, done: int) -> bool:
         """Whether `step` finished the rollout that reached the end of a pass (Trainer's on_epoch_end comes after it)."""
