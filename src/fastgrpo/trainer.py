@@ -195,8 +195,7 @@ class GRPOTrainer(TRLMethods):
         for tracker in self.accelerator.trackers:  # not end_training(): it ends the process group save_model needs
             tracker.finish()
         self.backend.close()
-        checkpoints.prune_at_end(self)
-        summary = self.events.train_end(self.loss_sum / max(self.step, 1), pending, self.metrics_log and self.metrics_log.print_held, self.log)
+        summary = self.events.train_end(self.loss_sum / max(self.step, 1), pending, lambda: checkpoints.finish(self), self.log)  # best model, pruning
         pending.pop("step", None)  # TRL's log() merges the unlogged steps' metrics into Trainer's summary dict, which train() returns
         return TrainOutput(self.step, self.loss_sum / max(self.step, 1), {**pending, **summary})
 

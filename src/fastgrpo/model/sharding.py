@@ -153,12 +153,13 @@ def save_sharded(folder: str, model: nn.Module, optimizer: torch.optim.Optimizer
     dcp.save({"model": weights, "optimizer": optim}, checkpoint_id=folder)
 
 
-def load_sharded(folder: str, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+def load_sharded(folder: str, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
     """Load `save_sharded`'s files into `model` and `optimizer`, resharded to this run's processes.
 
     The checkpoint may come from another number of processes, and `model` may be
     sharded or whole: torch.distributed.checkpoint reads each process's part from
-    whichever files hold it.
+    whichever files hold it. `optimizer` None: the weights alone (load_best_model_at_end's, as
+    transformers' `Trainer._load_best_model` loads the model only).
 
     Raises:
         ValueError: the saved weights are not this model's trainable ones (e.g. adapters
@@ -168,11 +169,12 @@ def load_sharded(folder: str, model: nn.Module, optimizer: torch.optim.Optimizer
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
     options = StateDictOptions(ignore_frozen_params=True, strict=False)  # frozen weights are neither saved nor loaded
-    weights, optim = get_state_dict(model, optimizer, options=options)
+    weights, optim = get_state_dict(model, () if optimizer is None else optimizer, options=options)
     saved = {key.removeprefix("model.") for key in dcp.FileSystemReader(folder).read_metadata().state_dict_metadata if key.startswith("model.")}
     if saved != set(weights):
         raise ValueError(f"it holds {len(saved)} trainable weights, this model {len(weights)} (only saved: "
                          f"{sorted(saved - set(weights))[:3]}, only here: {sorted(set(weights) - saved)[:3]}).")
-    state = {"model": weights, "optimizer": optim}
+    state = {"model": weights} if optimizer is None else {"model": weights, "optimizer": optim}  # the saved optimizer's keys are left unread
     dcp.load(state, checkpoint_id=folder)
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"], options=options)
+    set_state_dict(model, () if optimizer is None else optimizer, model_state_dict=state["model"], optim_state_dict=state.get("optimizer", {}),
+                   options=options)

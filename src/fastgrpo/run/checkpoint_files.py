@@ -334,21 +334,32 @@ def load_checkpoint(resume_from_checkpoint, output_dir: str, accelerator, model,
     else:
         path = str(resume_from_checkpoint)
         parts = _read(path, accelerator, model, adapters)
-    if parts["sharded"]:
-        try:
-            load_sharded(path, unwrapped, getattr(optimizer, "optimizer", optimizer))
-        except ValueError as err:
-            raise ValueError(f"checkpoint {path!r} does not fit this model: {err}") from None
-    elif adapters:  # adapters only: the base weights never change
-        load_adapters(unwrapped, path, parts["weights"])
-    else:
-        missing, unexpected = unwrapped.load_state_dict(parts["weights"], strict=False)
-        tied = set(getattr(unwrapped, "_tied_weights_keys", None) or [])
-        if unexpected or [k for k in missing if k not in tied]:
-            raise ValueError(f"checkpoint {path!r} does not fit this model (missing {missing[:3]}, unexpected {unexpected[:3]}).")
+    apply_weights(path, unwrapped, parts["weights"], optimizer)
     if parts["rng"] is not None:
         set_rng_state(parts["rng"])
     return path, {**parts["state"], **parts["process"], "run_id": parts["run_id"]}
+
+
+def apply_weights(path: str, model, weights: dict | None, optimizer=None) -> None:
+    """Load checkpoint `path`'s weights into the unwrapped `model`: `weights` (its weights file, read) into the whole
+    model or, for a peft model, its adapters (the base never changes); None: its FSDP shards (with `optimizer`'s when
+    given; every process calls it).
+
+    Raises:
+        ValueError: weights that do not fit the model, naming the checkpoint and the first differences.
+    """
+    if weights is None:
+        try:
+            load_sharded(path, model, getattr(optimizer, "optimizer", optimizer))
+        except ValueError as err:
+            raise ValueError(f"checkpoint {path!r} does not fit this model: {err}") from None
+    elif is_peft_model(model):
+        load_adapters(model, path, weights)
+    else:
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+        tied = set(getattr(model, "_tied_weights_keys", None) or [])
+        if unexpected or [k for k in missing if k not in tied]:
+            raise ValueError(f"checkpoint {path!r} does not fit this model (missing {missing[:3]}, unexpected {unexpected[:3]}).")
 
 
 def _read(path: str, accelerator, model, adapters: bool) -> dict:

@@ -18,6 +18,8 @@
   of later steps are removed, and the latest generation batch they are written from rides along.
 - `save_model`: the policy (or its adapters, or both merged) and tokenizer,
   loadable with `from_pretrained` (`GRPOTrainer.save_model`).
+- `finish`: after train()'s summary, the best checkpoint's weights back into the policy with
+  `load_best_model_at_end` (`load_best`), and with `save_total_limit=1` the best checkpoint kept alone.
 
 A checkpoint is the trainer's state, so the first three take the trainer (`Checkpointed`):
 `save` reads, and `resume` sets, its step, target_kl_stops, run_id, order,
@@ -38,6 +40,7 @@ import torch
 import yaml
 from accelerate.utils import broadcast_object_list
 from huggingface_hub import metadata_load
+from safetensors.torch import load_file
 
 from . import checkpoint_files as ckpt
 from . import completion_tables, runs
@@ -73,6 +76,8 @@ class Checkpointed(Protocol):
     target_kl_stops: int
     run_id: str
     weight_version: int  # weight pushes so far (TRL's model_version; the overlap's staleness counts them)
+    synced_step: int  # the step the generation backend's weight copy is from (the trainer's `_sync_weights` pushes when it is behind)
+    metrics_log: Any  # run/metrics.MetricsLog on the main process, else None
     setup: dict  # reward functions, tools, environments, rollout_func by name (runs.run_setup)
     create_model_card: Any  # TRL's method (trl_methods.py): README.md in output_dir
 
@@ -114,6 +119,7 @@ def save(trainer: Checkpointed, rollout: Rollout, done: int) -> str:
     # after the checkpoint, so a full disk is reported as the checkpoint's failure; before on_save, as TRL's)
     if card_is_replaceable(a.output_dir):
         trainer.create_model_card(model_name=(a.hub_model_id or os.path.basename(os.path.abspath(a.output_dir))).split("/")[-1])
+    acc.wait_for_everyone()  # the main process has renamed it into place: every process sees it, as Trainer's barrier before naming the best
     trainer.events.save(path)  # names the best checkpoint before pruning, as Trainer._save_checkpoint does
     if acc.is_main_process:
         ckpt.prune(a.output_dir, a.save_total_limit, trainer.run_id, trainer.state.best_model_checkpoint, latest=path)
@@ -143,15 +149,47 @@ def card_is_replaceable(output_dir: str) -> bool:
     return False
 
 
-def prune_at_end(trainer: Checkpointed) -> None:
-    """After training with save_total_limit=1: keep the best checkpoint alone (transformers' `Trainer.train` rule).
+def finish(trainer: Checkpointed) -> None:
+    """What transformers' `Trainer._finalize_training` does after logging train()'s summary, before on_train_end (the
+    trainer calls it there, on every process): the held completions table printed (TRL's `log()` prints it after the
+    summary's line), the best checkpoint's weights loaded (`load_best`), then with save_total_limit=1 the best
+    checkpoint kept alone. A run that wrote nothing (no log, no checkpoint) still replaces the previous run it took over here.
 
-    A run that wrote nothing (no log, no checkpoint) still replaces the previous run it took over here.
+    Raises:
+        CorruptCheckpointError, ValueError: see `load_best`.
     """
     if trainer.metrics_log is not None:
+        trainer.metrics_log.print_held()
         trainer.metrics_log.previous_run.remove()
+    load_best(trainer)
     if trainer.accelerator.is_main_process:
         ckpt.prune(trainer.args.output_dir, trainer.args.save_total_limit, trainer.run_id, trainer.state.best_model_checkpoint, at_end=True)
+
+
+def load_best(trainer: Checkpointed) -> None:
+    """With `load_best_model_at_end` and a best checkpoint (`state.best_model_checkpoint`): its model weights into the
+    policy, as transformers' `Trainer._load_best_model` (the whole model's, a peft model's adapters as its
+    `load_adapter`, an FSDP model's shards; never the optimizer, π_ref or the data position). The generation backend's
+    weight copy (bf16, vLLM) is then behind, so its next use (`evaluate()`, more training) pushes these weights, as after
+    a resume. Every process loads it (each holds the model or its shards).
+
+    Raises:
+        CorruptCheckpointError: the checkpoint changed since it was saved (`checkpoint_files.read_manifest`).
+        ValueError: its weights do not fit the policy (`checkpoint_files.apply_weights`).
+    """
+    path, a = trainer.state.best_model_checkpoint, trainer.args
+    if not a.load_best_model_at_end or path is None:
+        return
+    files = ckpt.read_manifest(path)["files"]
+    policy = trainer.accelerator.unwrap_model(trainer.model)
+    name = ckpt.ADAPTER_FILE if is_peft_model(policy) else "model.safetensors"
+    if ckpt.SHARDS_METADATA not in files and name not in files:
+        raise ValueError(f"the best checkpoint {path!r} holds no {name} (load_best_model_at_end=True); it was not saved by this run's model.")
+    ckpt.apply_weights(path, policy, None if ckpt.SHARDS_METADATA in files else load_file(os.path.join(path, name)))
+    trainer.synced_step = trainer.step - a.weight_sync_steps  # the backend's copy holds the last step's weights: the next use pushes
+    if trainer.accelerator.is_main_process:
+        trainer.console.print(f"loaded the best model, {path} ({a.metric_for_best_model} {trainer.state.best_metric:g}; "
+                              "load_best_model_at_end=True)", markup=False, soft_wrap=True)
 
 
 def stop_interrupted(trainer: Checkpointed, rollout: Rollout, done: int) -> None:
