@@ -2,6 +2,8 @@
 (a 4-parameter regression, the same epochs, accumulation and schedule) and on GRPOTrainer sees the same
 events at the same global steps, from on_init_end to on_train_end."""
 
+import warnings
+
 import pytest
 import torch
 from datasets import Dataset
@@ -85,3 +87,28 @@ def test_events_match_transformers_trainer(tmp_path, tokenizer, make_model, prom
     got = fastgrpo_events(tmp_path, tokenizer, make_model(), prompts, steps_per_epoch, accumulation, **schedule)
     assert {name for name, _ in want} >= {"on_epoch_begin", "on_epoch_end", "on_pre_optimizer_step", "on_optimizer_step"}
     assert got == want
+
+
+def kinds(history):
+    """(step, what) of each logged record: a training log, an evaluation, or train()'s summary."""
+    return [(r["step"], "summary" if "train_runtime" in r else "eval" if "eval_loss" in r else "train") for r in history]
+
+
+def test_logs_and_evaluations_at_trl_grpo_trainers_steps(tmp_path, tokenizer, make_model, prompts):
+    # TRL 1.16's own GRPOTrainer on the same tiny model and schedule: a log at each epoch's end (2 prompts, one a step:
+    # epochs of 2 steps) and an evaluation every 2 steps from step 3 on, the end's summary; TRL's records hold other keys.
+    trl = pytest.importorskip("trl")
+    schedule = dict(max_steps=6, logging_strategy="epoch", eval_strategy="steps", eval_steps=2, eval_delay=3, save_strategy="no")
+    common = dict(per_device_train_batch_size=4, per_device_eval_batch_size=4, num_generations=4, max_completion_length=2,
+                  report_to="none", disable_tqdm=True, bf16=False, **schedule)
+    reward = lambda completion_ids, **kw: [sum(t % 2 == 0 for t in ids) / len(ids) for ids in completion_ids]  # noqa: E731
+    data = dict(train_dataset=prompts.select(range(2)), eval_dataset=prompts.select(range(1)), processing_class=tokenizer)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # TRL's own warnings about this tiny setup
+        theirs = trl.GRPOTrainer(model=make_model(), reward_funcs=reward, args=trl.GRPOConfig(str(tmp_path / "trl"), use_cpu=True, **common), **data)
+        theirs.train()
+    ours = GRPOTrainer(make_model(), reward, args=GRPOConfig(str(tmp_path / "fg"), **common), **data)
+    ours.train()
+    want = [(2, "train"), (4, "eval"), (4, "train"), (6, "eval"), (6, "train"), (6, "summary")]
+    assert kinds(theirs.state.log_history) == want
+    assert kinds(ours.state.log_history) == want
