@@ -98,7 +98,7 @@ class GRPOTrainer(TRLMethods):
         train_dataset = checked.train_dataset  # TRL's placeholder rows when an environment owns the data
         self.train_dataset, self.eval_dataset, self.eval_sets = train_dataset, eval_dataset, checked.eval_sets
         self.reward_funcs, self.reward_names, self.setup = checked.reward_funcs, checked.reward_names, checked.setup  # setup: runs.run_setup
-        self.reward_processing_classes, weights = checked.reward_processing_classes, checked.reward_weights
+        self.reward_processing_classes, weights, self.agents = checked.reward_processing_classes, checked.reward_weights, checked.agents  # agents: tools, environments, rollout_func
 
         acc, bf16 = build_accelerator(a)  # device, process group, trackers, seed; bf16 where the hardware is fast at it
         self.accelerator, self.autocast = acc, autocast_for(acc.device, bf16)  # around every forward (precision.py)

@@ -1,12 +1,14 @@
-"""TRL's public `GRPOTrainer` methods besides `train`, on a mixin: callbacks, evaluate, save_model, and the helpers
-tests and users call directly.
+"""TRL's public `GRPOTrainer` methods besides `train`, on a mixin: callbacks, evaluate, predict, save_model, the
+dataloaders, and the helpers tests and users call directly.
 
 `GRPOTrainer` inherits `TRLMethods`, so `GRPOTrainer.get_high_entropy_mask(trainer, …)`
 works as in TRL (TRL's own tests call it on a `Mock(spec=GRPOTrainer)` that has
 only an `accelerator`). Each method keeps TRL's signature and meaning; the maths
-lives in algo/losses.py, evaluation in run/evaluation.py, saving in run/checkpoints.py.
+lives in algo/losses.py, evaluation in run/evaluation.py, saving in run/checkpoints.py, the dataloaders in
+run/dataloaders.py.
 
-Not here: the training loop (trainer.py), the loss terms (algo/losses.py).
+Not here: the training loop (trainer.py), the loss terms (algo/losses.py), TRL's attributes read by user code and the
+Trainer methods fastgrpo refuses (run/trainer_attributes.py, the base of `TRLMethods`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import sys
 
 import torch
 from huggingface_hub import ModelCard, ModelCardData, create_repo, upload_folder
+from transformers.trainer_utils import PredictionOutput
 from transformers.trainer_pt_utils import (get_learning_rates, get_num_trainable_parameters, get_optimizer_group, log_metrics,
                                            metrics_format, save_metrics, save_state)
 
@@ -24,11 +27,13 @@ from .algo.advantages import rollout_advantages
 from .algo.losses import entropy_threshold, high_entropy_mask
 from .algo.sampling_correction import off_policy_mask
 from .run import checkpoints
+from .run.dataloaders import eval_dataloader, train_dataloader
 from .run.dataset_kinds import eval_sets
 from .run.evaluation import mean_rewards
+from .run.trainer_attributes import TRLAttributes
 
 
-class TRLMethods:
+class TRLMethods(TRLAttributes):
     """TRL 1.16 `GRPOTrainer` methods; the class using it provides `accelerator` (and, for the others, GRPOTrainer's state: `entropy_control` for `entropy_coef`, `router` for the aux-loss attributes)."""
 
     get_off_policy_mask = staticmethod(off_policy_mask)  # TRL's static method, same signature (algo/sampling_correction.py)
@@ -221,14 +226,7 @@ class TRLMethods:
         sets = eval_sets(eval_dataset) if eval_dataset is not None else self.eval_sets
         if sets is None:
             raise ValueError("evaluate() needs an eval_dataset: pass one to evaluate() or to GRPOTrainer.")
-        G = self.num_generations_eval
-        with self.rollouts.paused():  # the overlap's producer samples and scores through the same parts: not meanwhile
-            self._sync_weights()
-            metrics = mean_rewards(
-                sets, metric_key_prefix, lambda rows, timer: self._eval_batch(rows, G, timer), reward_names=self.reward_names,
-                reward_weights=self.reward_weights, num_generations=G, batch_size=self.args.per_device_eval_batch_size,
-                accelerator=self.accelerator, on_batch=self.events.prediction_step, loss=self.update.eval_loss,
-            )
+        metrics = self._sampled_metrics(sets, metric_key_prefix)
         for set_name in sets:  # TRL's eval_num_tokens: the training count so far (its eval mode adds none)
             prefix = f"{metric_key_prefix}{set_name[len('eval'):]}"
             metrics[f"{prefix}_num_tokens"] = self.state.num_input_tokens_seen
@@ -237,6 +235,96 @@ class TRLMethods:
         self.log(metrics)  # Trainer's evaluate logs through log() (metrics.jsonl once train() has made output_dir this run's)
         self.events.evaluate(metrics)
         return metrics
+
+    @torch.no_grad()
+    def predict(self, test_dataset, ignore_keys: list[str] | None = None, metric_key_prefix: str = "test") -> PredictionOutput:
+        """Trainer's `predict` as TRL's GRPOTrainer runs it: its evaluation over `test_dataset`, returned as a
+        `PredictionOutput` with predictions=None and label_ids=None (TRL's prediction_step returns the loss alone) and
+        the metrics prefixed `metric_key_prefix`; nothing is logged, and the callbacks get on_prediction_step per batch
+        and on_predict, as in Trainer.
+
+        The metrics are TRL's: "<prefix>_loss", "_model_preparation_time", "_runtime", "_samples_per_second" and
+        "_steps_per_second", with evaluate()'s GRPO metrics (reward, rewards/<fn>/*, completions/*, …) under the same
+        prefix, which TRL computes too but holds back (they surface in its next log() record, as eval_*).
+        `ignore_keys` is accepted and unused (no model outputs are gathered).
+
+        Raises:
+            ValueError: a dataset of a kind evaluation cannot read (`evaluate`'s).
+        """
+        sets = eval_sets(test_dataset)
+        metrics = self._sampled_metrics(sets, metric_key_prefix)
+        for set_name in sets:
+            metrics[f"{metric_key_prefix}{set_name[len('eval'):]}_model_preparation_time"] = self.model_preparation_time
+        self.events.predict(metrics)
+        return PredictionOutput(predictions=None, label_ids=None, metrics=metrics)
+
+    def _sampled_metrics(self, sets: dict, metric_key_prefix: str) -> dict:
+        """evaluate()'s and predict()'s metrics for `sets` (dataset_kinds.eval_sets), from the current weights."""
+        G = self.num_generations_eval
+        with self.rollouts.paused():  # the overlap's producer samples and scores through the same parts: not meanwhile
+            self._sync_weights()
+            return mean_rewards(
+                sets, metric_key_prefix, lambda rows, timer: self._eval_batch(rows, G, timer), reward_names=self.reward_names,
+                reward_weights=self.reward_weights, num_generations=G, batch_size=self.args.per_device_eval_batch_size,
+                accelerator=self.accelerator, on_batch=self.events.prediction_step, loss=self.update.eval_loss,
+            )
+
+    def get_train_dataloader(self):
+        """TRL's `get_train_dataloader`: a `torch.utils.data.DataLoader` of the training batches, in TRL's layout (its
+        `RepeatSampler`'s): this process's share of each rollout's prompts, each row num_generations times in a row, each
+        batch yielded num_iterations × steps_per_generation times; one pass over the data per iteration (`len()`: its
+        batches; a stream's has none). fastgrpo's loop draws its rows itself and never iterates a DataLoader, so this one
+        replays the trainer's own draw order from the run's start (run/dataloaders.py): the same prompts, in the order
+        and batches train() samples them (DAPO's filter_groups draws further prompts to refill a round). In the first
+        pass that is TRL's order for the same seed; later passes are fastgrpo's (each pass its own seeded permutation).
+        """
+        return train_dataloader(self.train_dataset, self.args, self.accelerator.process_index, self.accelerator.num_processes, self.data_collator)
+
+    def get_eval_dataloader(self, eval_dataset=None):
+        """TRL's `get_eval_dataloader`: a DataLoader of the batches `evaluate()` samples from an eval set: this process's
+        rows (every processes-th, in the set's order, where TRL's shuffles: the metrics are the same means), each
+        num_generations_eval times in a row, per_device_eval_batch_size // G prompts a batch (run/dataloaders.py).
+
+        Args:
+            eval_dataset: rows, or (TRL's) the name of one set of the trainer's dict eval_dataset; default the trainer's.
+        Raises:
+            ValueError: no eval dataset, or several (a dict) without the name of one; a dataset evaluation cannot read.
+            KeyError: a name the trainer's eval_dataset does not have.
+        """
+        if isinstance(eval_dataset, str):
+            names = {name[len("eval_"):]: rows for name, rows in (self.eval_sets or {}).items() if name != "eval"}
+            if eval_dataset not in names:
+                raise KeyError(f"get_eval_dataloader({eval_dataset!r}): the trainer's eval_dataset has no set of that name "
+                               f"(its named sets: {sorted(names)}).")
+            eval_dataset = names[eval_dataset]
+        return self.get_test_dataloader(eval_dataset)
+
+    def get_test_dataloader(self, test_dataset):
+        """Trainer's `get_test_dataloader`: the batches `predict(test_dataset)` samples, as `get_eval_dataloader`'s.
+
+        Raises:
+            ValueError: no dataset (None without the trainer's eval_dataset), several (a dict), or one evaluation cannot read.
+        """
+        sets = eval_sets(test_dataset) if test_dataset is not None else self.eval_sets
+        if sets is None or list(sets) != ["eval"]:
+            raise ValueError("a dataloader needs one eval dataset: " + ("pass one, or give GRPOTrainer an eval_dataset." if sets is None else
+                             f"this is a dict of {len(sets)} sets; pass one of them, or its name: get_eval_dataloader('name')."))
+        return eval_dataloader(sets["eval"], self.args.per_device_eval_batch_size, self.num_generations_eval,
+                               self.accelerator.process_index, self.accelerator.num_processes, self.data_collator)
+
+    def create_optimizer(self, model=None):
+        """Trainer's `create_optimizer`: the trainer's optimizer. fastgrpo builds it when the trainer is built (yours from
+        `optimizers`, else args.optim's), and Trainer's returns the optimizer it already has."""
+        return self.optimizer
+
+    def create_scheduler(self, num_training_steps: int, optimizer=None):
+        """Trainer's `create_scheduler`: the trainer's learning-rate schedule (`lr_scheduler`), built with the trainer;
+        Trainer's returns the one it already has."""
+        return self.scheduler
+
+    def create_optimizer_and_scheduler(self, num_training_steps: int) -> None:
+        """Trainer's `create_optimizer_and_scheduler`: both exist from the trainer's build, so nothing is made (Trainer's
+        returns None, as here)."""
 
     def _eval_batch(self, rows: list[dict], G: int, timer):
         """An eval batch as TRL's `_prepare_inputs` makes it in eval mode: sampled, scored, its Â over its own groups
@@ -270,6 +358,7 @@ TRL_ARGS_ATTRIBUTES = (  # attributes TRL 1.16's GRPOTrainer copies from its arg
     "off_policy_mask_threshold", "mask_truncated_completions", "top_entropy_quantile", "use_adaptive_entropy", "shuffle_dataset",
     "num_iterations", "beta", "log_completions", "num_completions_to_print", "log_unique_prompts",
     "epsilon_high",  # GRPOConfig fills it in as TRL does: ε, or 5.0 for cispo
+    "log_multimodal", "use_transformers_continuous_batching",  # accepted TRL fields (config/trl_fields.py): the values given
 )
 # the ones TRL fills in when args leave them None: what TRL's __init__ sets (a rollout_func's range(…) or **kwargs works)
 TRL_ARGS_FILLED = {

@@ -80,7 +80,7 @@ class TrainerEvents:
         self.handler.add_callback(default_console_callback(args, console))  # Trainer's add_callback(PrinterCallback or ProgressCallback)
         self.state = TrainerState(is_local_process_zero=is_main_process, is_world_process_zero=is_main_process)
         self.control = TrainerControl()
-        self.started = 0.0
+        self.started, self.in_train = 0.0, False  # in_train: Trainer's is_in_train, True from train_begin until train_end's end
         self.handler.on_init_end(args, self.state, self.control)
 
     def close(self) -> None:
@@ -117,7 +117,7 @@ class TrainerEvents:
         else:
             steps_per_epoch = None if prompts is None else rollouts_per_pass(prompts, a.prompts_per_rollout) * a.steps_per_rollout
             s.num_train_epochs = sys.maxsize if steps_per_epoch is None else math.ceil(max_steps / steps_per_epoch)
-        self.started = time.perf_counter()
+        self.started, self.in_train = time.perf_counter(), True
         self.control = self.handler.on_train_begin(a, s, self.control)
 
     def step_begin(self) -> None:
@@ -183,6 +183,10 @@ class TrainerEvents:
         if self.state.best_metric is None or better(metrics[key], self.state.best_metric):
             self.state.best_metric, self.state.best_global_step = metrics[key], self.state.global_step
 
+    def predict(self, metrics: dict) -> None:
+        """on_predict, with the metrics `predict()` returns (Trainer's predict calls it last; nothing is logged)."""
+        self.control = self.handler.on_predict(self.args, self.state, self.control, metrics)
+
     def save(self, checkpoint: str) -> None:
         """After a checkpoint is written: name the best step's checkpoint, when it exists, the best one
         (Trainer._save_checkpoint's rule), write trainer_state.json into it (as Trainer does), call on_save."""
@@ -223,6 +227,7 @@ class TrainerEvents:
         if after_log:
             after_log()
         self.control = self.handler.on_train_end(self.args, self.state, self.control)
+        self.in_train = False  # after on_train_end, as Trainer clears is_in_train
         return {**summary, "epoch": self.state.epoch}
 
 

@@ -60,7 +60,7 @@ TRL_HOOKS = (
     "compute_loss", "_compute_loss", "training_step", "prediction_step", "_prepare_inputs", "_generate_and_score_completions",
     "_generate", "_generate_single_turn", "_tool_call_loop", "_calculate_rewards", "_tokenize_prompts",
     "_get_per_token_logps_and_entropies", "get_gamma_weights", "get_train_dataloader", "get_eval_dataloader", "_get_train_sampler",
-    "_get_eval_sampler", "create_optimizer", "create_scheduler", "create_optimizer_and_scheduler", "evaluation_loop",
+    "_get_eval_sampler", "get_test_dataloader", "create_optimizer", "create_scheduler", "create_optimizer_and_scheduler", "evaluation_loop",
     "_inner_training_loop", "_maybe_log_save_evaluate", "_save_checkpoint", "_load_optimizer_and_scheduler",
     "_save", "_load_from_checkpoint", "get_decay_parameter_names", "get_optimizer_cls_and_kwargs", "compute_loss_context_manager",
 )
@@ -70,12 +70,15 @@ def check_trainer_class(trainer_class: type) -> None:
     """Refuse a `GRPOTrainer` subclass that overrides one of `TRL_HOOKS`: TRL's trainer calls them, fastgrpo's never
     does, so the subclass's change would be silently ignored (a custom loss trained as the stock one).
 
-    fastgrpo's own classes define none of them (a test checks it), so any one found is the subclass's.
+    fastgrpo's own classes define some of them for user code to call (`get_train_dataloader`, `create_optimizer`, …;
+    refused ones such as `compute_loss` raise), never to be called by its loop: only a definition in a class outside
+    fastgrpo's modules counts as an override.
 
     Raises:
         TypeError: naming the class, the methods and what to use instead.
     """
-    overridden = [name for name in TRL_HOOKS if getattr(trainer_class, name, None) is not None]
+    outside = [c for c in trainer_class.__mro__ if not c.__module__.startswith("fastgrpo.")]
+    overridden = [name for name in TRL_HOOKS if any(name in vars(c) for c in outside)]
     if overridden:
         raise TypeError(
             f"{trainer_class.__name__} overrides {', '.join(overridden)}: TRL's GRPOTrainer calls "

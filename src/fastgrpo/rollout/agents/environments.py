@@ -158,6 +158,8 @@ class Environments:
     Attributes:
         reward_funcs: one reward function per environment class with `get_reward` (append to the trainer's).
         routed: True for a dict of factories (rows carry an `environment` column).
+        factories: {name: factory}, {None: factory} for a single one (TRL's `environment_factories`).
+        latest: the instances `draw` handed out last, one per row (TRL's `trainer.environments`); None before the first.
     Raises:
         ValueError: an empty dict, an instance without `reset` (TRL's rule), a method whose JSON schema cannot be read
             (tools.py) or named like a standalone tool (tools.check_distinct_names).
@@ -171,7 +173,7 @@ class Environments:
         factories = environment_factory if self.routed else {None: environment_factory}
         if not factories:
             raise ValueError("environment_factory is an empty dict; map each `environment` column value to a factory.")
-        self.factories, self.pool, self.schemas, self.reward_funcs = factories, {}, {}, []
+        self.factories, self.pool, self.schemas, self.reward_funcs, self.latest = factories, {}, {}, [], None
         standalone, rewarded = [tool_schema(t) for t in tools], set()
         for name, factory in factories.items():
             _check_factory(factory, self._label(name))
@@ -236,6 +238,15 @@ class Environments:
                 pool.append(_make(self.factories[name], self._label(name)))
             taken[name] = index + 1
             out.append(pool[index])
+        self.latest = out
+        return out
+
+    def tools(self, standalone: list[Callable]) -> list[Callable]:
+        """TRL's `trainer.tools` with environments: the standalone tools, then each environment's methods (bound to the
+        instance made first, which TRL probes), in the factories' order, each once."""
+        out = list(standalone)
+        for instances in self.pool.values():
+            out += [m for m in public_methods(instances[0]) if m not in out]
         return out
 
     def reset(self, environments: list, rows: list[dict], prompts: list) -> list:

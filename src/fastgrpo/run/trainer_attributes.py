@@ -1,0 +1,147 @@
+"""TRL 1.16's `GRPOTrainer` attributes (and transformers.Trainer's) that user code, callbacks and rollout functions read,
+on a mixin `GRPOTrainer` inherits (through trl_methods.TRLMethods); and the Trainer methods fastgrpo refuses.
+
+Each attribute has TRL's name, type and meaning (tools, rollout_func, environment_factories, environments,
+data_collator, generation_config, generation_kwargs, is_in_train). Where TRL's is a plain attribute whose change
+TRL would act on, fastgrpo's is read-only, and setting it raises an AttributeError naming the fix (`read_only`): fastgrpo
+reads these once, when the trainer is built, so a change would be silently ignored.
+
+`REFUSED_METHODS`: Trainer's methods that have no meaning in fastgrpo's loop (its per-batch loss and steps); calling one
+raises NotImplementedError naming what to use instead, rather than an AttributeError that names nothing.
+
+Not here: TRL's other public methods (trl_methods.py), the dataloaders behind `data_collator` (dataloaders.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from transformers import GenerationConfig
+
+from .dataloaders import identity
+from ..rollout.agents.environments import Environments
+
+
+def read_only(name: str, getter: Callable, doc: str, fix: str) -> property:
+    """A property with TRL's name whose setter refuses: AttributeError "trainer.<name> = <value>: <fix>"."""
+    def refuse(self, value):
+        raise AttributeError(f"trainer.{name} = {value!r:.80}: {fix}")
+
+    return property(getter, refuse, doc=doc)
+
+
+def _built(name: str, argument: str | None = None) -> str:
+    """The fix for setting an attribute fastgrpo reads once, when the trainer is built from GRPOTrainer's `argument`."""
+    return (f"fastgrpo reads {name} once, when the trainer is built, so setting it here would change nothing; give "
+            f"GRPOTrainer({argument or name}=…) to a new trainer.")
+
+
+def _environments(trainer) -> Environments | None:
+    return trainer.agents.environments
+
+
+class TRLAttributes:
+    """TRL's GRPOTrainer attributes; the class using it provides `args`, `agents` (rollout/producers.AgentInputs),
+    `events` (callbacks.TrainerEvents), `tokenizer` and `eos_token_ids`, as GRPOTrainer does."""
+
+    tools = read_only(
+        "tools", lambda self: _environments(self).tools(self.agents.tools) if _environments(self) else list(self.agents.tools),
+        "TRL's `trainer.tools`: the tools the model may call: the `tools` given ([] for none) and, with environment_factory, "
+        "each environment's public methods (bound to the instance made first), each once, as TRL lists them.", _built("tools"),
+    )
+    rollout_func = read_only(
+        "rollout_func", lambda self: self.agents.rollout_func,
+        "TRL's `trainer.rollout_func`: the rollout function given (None without one).", _built("rollout_func"),
+    )
+    environment_factories = read_only(
+        "environment_factories", lambda self: _environments(self).factories if _environments(self) else None,
+        "TRL's `trainer.environment_factories`: environment_factory as a dict, {None: factory} for a single one, the "
+        "dict given for several (each row's `environment` column picks one); None without one.",
+        _built("environment_factories", "environment_factory"),
+    )
+    environments = read_only(
+        "environments", lambda self: _environments(self).latest if _environments(self) else None,
+        "TRL's `trainer.environments`: the environment instances of the latest batch drawn (training or evaluation; with "
+        "max_staleness, the rollout being made ahead), one per completion, as reward functions receive them; None before "
+        "the first batch and without environment_factory.",
+        "the trainer sets it to each batch's environments; make them with environment_factory.",
+    )
+    data_collator = read_only(
+        "data_collator", lambda self: identity,
+        "TRL's `trainer.data_collator`: `run.dataloaders.identity` (TRL's `identity`): a batch is the list of its rows, "
+        "as get_train_dataloader() and get_eval_dataloader() yield them.",
+        "fastgrpo's loop draws rows itself and never collates a batch, so setting it would change nothing it trains on.",
+    )
+
+    @property
+    def generation_kwargs(self) -> dict:
+        """TRL's `trainer.generation_kwargs`: the keywords TRL builds its `generation_config` from (without vLLM):
+        max_new_tokens (max_completion_length), do_sample, pad, bos and eos token ids (every id that ends a completion,
+        sorted), temperature, top_p, top_k, min_p, repetition_penalty, cache_implementation, then `args.generation_kwargs`
+        over them (fastgrpo already read those into the fields). A new dict at each read: fastgrpo samples from the
+        config's fields, so changing it changes nothing.
+
+        Raises:
+            AttributeError: with use_vllm=True, where TRL's GRPOTrainer has none either (vLLM samples with its own
+                settings); the message names the fields to read instead.
+        """
+        a = self.args
+        if a.use_vllm:
+            raise AttributeError("trainer.generation_kwargs / generation_config: with use_vllm=True TRL's GRPOTrainer has neither "
+                                 "(vLLM samples with its own settings), nor does fastgrpo; read the sampling fields from trainer.args "
+                                 "(max_completion_length, temperature, top_p, top_k, min_p, repetition_penalty).")
+        tok = self.tokenizer
+        kwargs = {"max_new_tokens": a.max_completion_length, "do_sample": True, "pad_token_id": tok.pad_token_id,
+                  "bos_token_id": tok.bos_token_id, "eos_token_id": list(self.eos_token_ids), "temperature": a.temperature,
+                  "top_p": a.top_p, "top_k": a.top_k, "min_p": a.min_p, "repetition_penalty": a.repetition_penalty,
+                  "cache_implementation": a.cache_implementation}
+        return {**kwargs, **(a.generation_kwargs or {})}
+
+    @property
+    def generation_config(self) -> GenerationConfig:
+        """TRL's `trainer.generation_config`: a transformers `GenerationConfig` of `generation_kwargs`, with
+        disable_compile=True, as TRL 1.16 builds it for transformers' generate. Built at each read from the run's config:
+        changing it changes nothing fastgrpo samples (give GRPOConfig's sampling fields to a new trainer).
+
+        Raises:
+            AttributeError: with use_vllm=True (`generation_kwargs`).
+        """
+        return GenerationConfig(**self.generation_kwargs, disable_compile=True)
+
+    @property
+    def is_in_train(self) -> bool:
+        """transformers.Trainer's `trainer.is_in_train`: True from train()'s start (on_train_begin) until it returns,
+        after on_train_end; False before, after, and in an evaluate() or predict() called outside train(). As Trainer's, it
+        stays True when train() raised. Settable, as Trainer's plain attribute (fastgrpo reads it nowhere)."""
+        return self.events.in_train
+
+    @is_in_train.setter
+    def is_in_train(self, value: bool) -> None:
+        self.events.in_train = value
+
+
+REFUSED_METHODS = {  # Trainer's methods with no meaning in fastgrpo's loop → what to use instead
+    "compute_loss": "TRL's computes the loss of a batch its _prepare_inputs made; fastgrpo's loop makes no such batch (update/step.py "
+                    "computes each micro-batch's loss from a rollout). Change the loss with GRPOConfig's loss fields (loss_type, "
+                    "beta, epsilon, …); the logged `loss` is its value",
+    "training_step": "fastgrpo's train() runs its own optimizer steps (a rollout, then μ passes over it); act at each step "
+                     "with a TrainerCallback (on_step_end), or set max_steps",
+    "prediction_step": "evaluate() and predict() sample and score each batch themselves; act at each batch with a "
+                       "TrainerCallback's on_prediction_step",
+    "evaluation_loop": "call evaluate(eval_dataset) for the eval metrics, or predict(test_dataset) for TRL's PredictionOutput",
+    "hyperparameter_search": "it needs a model_init, which TRL's GRPOTrainer does not take (there it fails too); build one "
+                             "trainer per trial instead (a loop over GRPOConfigs)",
+}
+
+
+def _refused(name: str, fix: str) -> Callable:
+    def method(self, *args, **kwargs):
+        raise NotImplementedError(f"trainer.{name}(…) is not available in fastgrpo: {fix}.")
+
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = f"Refused (transformers.Trainer's `{name}`): raises NotImplementedError: {fix}."
+    return method
+
+
+for _name, _fix in REFUSED_METHODS.items():
+    setattr(TRLAttributes, _name, _refused(_name, _fix))
