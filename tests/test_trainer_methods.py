@@ -481,12 +481,23 @@ def test_a_subclass_overriding_a_trl_method_fastgrpo_never_calls_is_refused(tmp_
 
     with pytest.raises(TypeError, match=r"CustomLoss overrides compute_loss, _generate_and_score_completions: TRL's GRPOTrainer calls these"):
         CustomLoss("no-such-model", reward_even_tokens, args=config(tmp_path), train_dataset=prompts, processing_class=tokenizer)
-    # every listed method is one TRL's GRPOTrainer or transformers' Trainer has, and fastgrpo's own trainers define none
+    # every listed method is one TRL's GRPOTrainer or transformers' Trainer has; fastgrpo's own trainers define some for
+    # user code to call (get_train_dataloader, create_optimizer; compute_loss refused), which are no override, but a
+    # subclass's definition of one of those is: fastgrpo's loop still never calls it
     from fastgrpo.experimental.async_grpo import AsyncGRPOTrainer
-    from fastgrpo.run.inputs import TRL_HOOKS
+    from fastgrpo.run.inputs import TRL_HOOKS, check_trainer_class
 
     assert all(hasattr(trl.GRPOTrainer, name) for name in TRL_HOOKS)
-    assert [n for n in TRL_HOOKS if hasattr(GRPOTrainer, n) or hasattr(AsyncGRPOTrainer, n)] == []
+    assert {"get_train_dataloader", "compute_loss", "create_optimizer"} <= {n for n in TRL_HOOKS if hasattr(GRPOTrainer, n)}
+    check_trainer_class(GRPOTrainer)
+    check_trainer_class(AsyncGRPOTrainer)
+
+    class OwnLoader(AsyncGRPOTrainer):
+        def get_train_dataloader(self):
+            return super().get_train_dataloader()
+
+    with pytest.raises(TypeError, match=r"OwnLoader overrides get_train_dataloader: TRL's GRPOTrainer calls it while training"):
+        check_trainer_class(OwnLoader)
 
     class Logged(GRPOTrainer):  # overriding what fastgrpo does call is fine
         def log(self, logs, start_time=None):
