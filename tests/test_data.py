@@ -78,6 +78,26 @@ def test_a_pass_is_whole_batches_as_trls_sampler_drops_an_incomplete_one():
     assert [order.take(2) for _ in range(3)] == [[0, 1], [2, 3], [0, 1]] and order.state_dict() == {"epoch": 1, "position": 2}
     shuffled = PromptOrder(5, seed=0, batch=2)
     passes = [shuffled.take(2) + shuffled.take(2) for _ in range(3)]
-    permutations = [torch.randperm(5, generator=torch.Generator().manual_seed(e)).tolist() for e in range(3)]
+    generator = torch.Generator().manual_seed(0)  # TRL's RepeatSampler: one generator, a new permutation each pass
+    permutations = [torch.randperm(5, generator=generator).tolist() for _ in range(3)]
     assert passes == [p[:4] for p in permutations] and shuffled.per_pass == 4
     assert PromptOrder(3, seed=0, shuffle=False, batch=4).take(4) == [0, 1, 2, 0]
+
+
+def test_three_passes_draw_trls_repeat_sampler_order_and_a_resume_draws_it_again():
+    # TRL builds its RepeatSampler once, with one seeded generator, and each pass (DataLoader iteration) draws a new
+    # permutation from it: pass 2 is the generator's second randperm, not a permutation seeded anew (seed 42, 10 rows:
+    # pass 2 starts 3, 5, 8, 9 — fastgrpo's seed + epoch gave 8, 4, 9, 0).
+    pytest.importorskip("trl")
+    from trl.trainer.utils import RepeatSampler
+
+    sampler = RepeatSampler(list(range(10)), mini_repeat_count=1, batch_size=3, seed=42)
+    trl_passes = [list(sampler) for _ in range(3)]  # 3 whole batches of 3 a pass; the permutation's last row left out
+    order = PromptOrder(10, seed=42, batch=3)
+    ours = [order.take(3) + order.take(3) + order.take(3) for _ in range(3)]
+    assert ours == trl_passes and trl_passes[1][:4] == [3, 5, 8, 9]
+    resumed = PromptOrder(10, seed=42, batch=3)
+    resumed.load_state_dict({"epoch": 2, "position": 3})  # a checkpoint in the third pass, after its first batch
+    assert resumed.take(6) == trl_passes[2][3:]
+    resumed.load_state_dict({"epoch": 1, "position": 0})  # back to an earlier pass: drawn again from the seed
+    assert resumed.take(9) == trl_passes[1]

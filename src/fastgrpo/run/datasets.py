@@ -353,7 +353,7 @@ def rollouts_per_pass(size: int, batch: int) -> int:
 
 
 class PromptOrder:
-    """The order prompts are drawn in: a seeded permutation per epoch, endless.
+    """The order prompts are drawn in: a seeded permutation per epoch, endless, TRL's `RepeatSampler` order.
 
     Every process holds the same order (same seed) and takes its own share of
     each draw, so no prompt is split or repeated across processes. A pass (epoch)
@@ -364,7 +364,8 @@ class PromptOrder:
 
     Args:
         size: rows in the dataset.
-        seed: permutation seed (epoch e uses seed + e).
+        seed: permutation seed: epoch e's order is the (e + 1)-th `torch.randperm` of one generator seeded with it,
+            as TRL's sampler, created once with its generator, draws a new permutation at each pass.
         shuffle: False keeps the dataset order (TRL's shuffle_dataset).
         batch: prompts per draw, all processes (a rollout's, or a DAPO round's: generation_batch_size / G).
     """
@@ -373,11 +374,16 @@ class PromptOrder:
         self.size, self.seed, self.shuffle = size, seed, shuffle
         self.per_pass = min(rollouts_per_pass(size, batch) * batch, size)
         self.epoch, self.position = 0, 0
+        self.generator, self.drawn = torch.Generator().manual_seed(seed), []  # drawn: [epoch, its permutation] once drawn
 
     def _permutation(self) -> list[int]:
         if not self.shuffle:
             return list(range(self.size))
-        return torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
+        if self.drawn and self.drawn[0] > self.epoch:  # an earlier epoch (a loaded state): draw again from the start
+            self.generator, self.drawn = torch.Generator().manual_seed(self.seed), []
+        while not self.drawn or self.drawn[0] < self.epoch:
+            self.drawn = [self.drawn[0] + 1 if self.drawn else 0, torch.randperm(self.size, generator=self.generator).tolist()]
+        return self.drawn[1]
 
     def take(self, count: int) -> list[int]:
         """The next `count` row indices, wrapping into a new epoch as needed."""
