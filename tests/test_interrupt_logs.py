@@ -111,3 +111,17 @@ def test_crash_or_callback_stop_after_a_mid_rollout_checkpoint(tmp_path, tokeniz
     metrics, completions = logs(tmp_path)
     same_records(metrics, uninterrupted[0])
     assert [(c["step"], c["completion"]) for c in completions] == [(c["step"], c["completion"]) for c in uninterrupted[1]]
+
+
+@pytest.mark.parametrize("save_steps", [4, 2])
+def test_a_checkpoint_of_an_epochs_last_step_resumes_with_that_epochs_record(tmp_path, tokenizer, make_model, save_steps):
+    # 4 prompts are one rollout of 4 steps, an epoch; logging_strategy="epoch" logs steps 1–4 at step 4 and 5–6 at the end.
+    # Trainer's order writes checkpoint-4 at on_step_end, before on_epoch_end logs the epoch: a run resumed from it (after
+    # a crash at step 5, say) must still log steps 1–4 at step 4, not fold them into step 6's record.
+    kw = dict(logging_strategy="epoch", max_steps=6, save_strategy="steps", save_steps=save_steps)
+    run(tmp_path, tokenizer, make_model, _prompts().select(range(4)), **kw)
+    want = logs(tmp_path)[0]
+    assert [r["step"] for r in want] == [4, 6]
+    resumed = run(tmp_path, tokenizer, make_model, _prompts().select(range(4)), resume=os.path.join(tmp_path, "checkpoint-4"), **kw)
+    same_records(logs(tmp_path)[0], want)
+    assert [r["step"] for r in resumed.state.log_history] == [4, 6, 6]  # the epochs' records, then train()'s summary

@@ -137,16 +137,16 @@ class GRPOTrainer(TRLMethods):
         # π_old = π_θ detached (no pass) when the policy cannot move between generation and last use.
         self.needs_old_logps = not (a.num_iterations == 1 and a.steps_per_generation == a.gradient_accumulation_steps)
         self.step, self.timer, self.window, self.fresh_completions = 0, PhaseTimer(), Window(), []
-        self.target_kl_stops, self.last_metrics, self.loss_sum, self.run_id = 0, {}, 0.0, uuid.uuid4().hex
+        self.target_kl_stops, self.last_metrics, self.loss_sum, self.run_id, self.epoch_end_pending = 0, {}, 0.0, uuid.uuid4().hex, False
         self.metrics_log = MetricsLog(a.output_dir, acc, self.console) if acc.is_main_process else None
         self.completion_tables = CompletionTables(a.output_dir, self.reward_names) if a.log_completions and acc.is_main_process else None
         self.events = TrainerEvents(a, checked.callbacks, self.model, self.tokenizer, self.optimizer, self.scheduler, acc.is_main_process, self.console)
         self.state, self.clock = self.events.state, EpochClock(self.order.per_pass, a.steps_per_rollout, self.max_steps)
-        self.reward_hooks = reward_hooks.RewardHooks(lambda: self.window)
+        self.reward_hooks = reward_hooks.RewardHooks(lambda: self.window, lambda: self.state)  # log_metric, log_extra
         self.passes = LogProbPasses(self.log_probs, self.reference, a.beta > 0 and a.kl_estimator == "k3", self.timer)
         self.assembly = build_assembly(  # one batch, or DAPO's rounds; Â set once on what trains
             a, acc, draw=self._draw, producer=producer, reward_funcs=self.reward_funcs, reward_names=self.reward_names,
-            reward_weights=self.reward_weights, reward_kwargs=self._reward_kwargs, pop_columns=self.reward_hooks.pop_columns,
+            reward_weights=self.reward_weights, reward_kwargs=self.reward_hooks.kwargs, pop_columns=self.reward_hooks.pop_columns,
             behaviour_logps=lambda r, rows: self.passes.old(acc.unwrap_model(self.model), r, rows), timer=self.timer,  # one process's surplus: no DDP
         )
         self.rollouts = overlapped(a, self.assembly, self.order, lambda: self.weight_version)  # max_staleness: made ahead
@@ -172,7 +172,7 @@ class GRPOTrainer(TRLMethods):
         self.events.train_begin(self.max_steps, self.step, self.clock(self.step, done), self.order.per_pass)
         if a.eval_on_start and self.eval_dataset is not None:
             self.evaluate()
-        self.events.epoch_begin()
+        self._epoch_end(rollout, done) if self.epoch_end_pending else self.events.epoch_begin()  # resumed at an epoch's last step: its end
         with closing(self.events), StopOnInterrupt() as interrupt, closing(self.rollouts):  # events: the console bar stops, by an exception too
             while self.step < self.max_steps and not self.events.control.should_training_stop:
                 started = time.perf_counter()  # TRL's step_time: a step's passes, and the sampling of the rollout it starts
@@ -228,10 +228,6 @@ class GRPOTrainer(TRLMethods):
         drawn = self.order.take(prompts * acc.num_processes)[acc.process_index * prompts : (acc.process_index + 1) * prompts]
         return drawn if self.streaming else [self.train_dataset[i] for i in drawn]
 
-    def _reward_kwargs(self) -> dict:
-        """Extra keywords every reward function receives, as TRL passes them: trainer_state, log_extra, log_metric."""
-        return {"trainer_state": self.state, "log_extra": self.reward_hooks.log_extra, "log_metric": self.reward_hooks.log_metric}
-
     @contextmanager
     def reference(self):
         """The model to run for π_ref: the frozen copy, or the (unwrapped) adapted policy as its initial self (`as_reference`)."""
@@ -256,14 +252,18 @@ class GRPOTrainer(TRLMethods):
         a = self.args
         if a.sync_ref_model and self.step % a.ref_model_sync_steps == 0:  # TR-DPO soft update
             sync_reference(self.ref_model, self.accelerator.unwrap_model(self.model), a.ref_model_mixup_alpha)
-        epoch_end, can_evaluate, epoch = self.clock.pass_ended(self.step, done), self.eval_dataset is not None, self.clock(self.step, done)
+        self.epoch_end_pending = self.clock.pass_ended(self.step, done)  # a checkpoint saved at on_step_end: its resume ends the epoch first
         # Trainer's order: on_step_end and its log/evaluate/save, then at an epoch's end (or the run's) on_epoch_end and its own.
-        self._act(self.events.step_end(self.step, epoch, *scheduled(a, self.step, self.max_steps, False, can_evaluate)), rollout, done)
-        finishing = self.step >= self.max_steps or self.events.control.should_training_stop
-        if epoch_end or finishing:
-            self._act(self.events.epoch_end(epoch, *scheduled(a, self.step, self.max_steps, True, can_evaluate, epoch)), rollout, done)
-            if not (finishing or self.events.control.should_training_stop):
-                self.events.epoch_begin()
+        self._act(self.events.step_end(self.step, self.clock(self.step, done), *scheduled(a, self.step, self.max_steps, False, self.eval_dataset is not None)), rollout, done)
+        if self.epoch_end_pending or self.step >= self.max_steps or self.events.control.should_training_stop:
+            self._epoch_end(rollout, done)
+
+    def _epoch_end(self, rollout: Rollout, done: int) -> None:
+        """on_epoch_end and its log/evaluate/save, then on_epoch_begin unless training ends (also a resume's first event: `epoch_end_pending`)."""
+        self.epoch_end_pending, epoch = False, self.clock(self.step, done)
+        self._act(self.events.epoch_end(epoch, *scheduled(self.args, self.step, self.max_steps, True, self.eval_dataset is not None, epoch)), rollout, done)
+        if not (self.step >= self.max_steps or self.events.control.should_training_stop):
+            self.events.epoch_begin()
 
     def _act(self, control, rollout: Rollout, done: int) -> None:
         """Log, evaluate and save as the control says (callbacks may have added any), in Trainer's order."""

@@ -1,7 +1,7 @@
 """What the trainer saves: checkpoints (also after Ctrl-C), resuming a run from one, and the final model.
 
 - `save`: checkpoint-<step> with the weights, the optimizer and scheduler, the
-  data order, the step counters, π_ref when `sync_ref_model` moves it, the
+  data order, the step counters (and whether on_epoch_end of the epoch that step ended is still to come), π_ref when `sync_ref_model` moves it, the
   entropy bonus's coefficient (adaptive), each process's rollout while μ
   passes over it remain, its logging window (the metric sums and completions
   trained on but not yet logged), dynamic sampling's carry-over buffer and, with the overlap
@@ -77,6 +77,8 @@ class Checkpointed(Protocol):
     run_id: str
     weight_version: int  # weight pushes so far (TRL's model_version; the overlap's staleness counts them)
     synced_step: int  # the step the generation backend's weight copy is from (the trainer's `_sync_weights` pushes when it is behind)
+    epoch_end_pending: bool  # this step ended an epoch whose on_epoch_end (its log/evaluate/save) has not run yet
+    update: Any  # update/step.OptimizerStep: its learning_rate is the rate the last step used, which a record logs
     metrics_log: Any  # run/metrics.MetricsLog on the main process, else None
     setup: dict  # reward functions, tools, environments, rollout_func by name (runs.run_setup)
     create_model_card: Any  # TRL's method (trl_methods.py): README.md in output_dir
@@ -103,7 +105,8 @@ def save(trainer: Checkpointed, rollout: Rollout, done: int) -> str:
         "optimizer": None if is_sharded(trainer.model) else trainer.optimizer.state_dict(),  # sharded: with the weights' shards
         "order": trainer.rollouts.handed_order, "epoch_clock": trainer.clock.state_dict(), "target_kl_stops": trainer.target_kl_stops, "done": done,
         "ref_model": trainer.ref_model.state_dict() if a.sync_ref_model else None, "config": a.to_dict(), "loss_sum": trainer.loss_sum,
-        "weight_version": trainer.weight_version, "setup": trainer.setup,
+        "weight_version": trainer.weight_version, "setup": trainer.setup, "epoch_end_pending": trainer.epoch_end_pending,
+        "learning_rate": trainer.update.learning_rate,  # the last step's: the scheduler has moved on, and a record logged at resume reads it
         "entropy_control": trainer.entropy_control.state_dict() if trainer.entropy_control else None,
         "log_sizes": trainer.metrics_log.sizes() if trainer.metrics_log is not None else None,  # the main process writes this state
         "completion_tables": trainer.completion_tables.state_dict() if trainer.completion_tables is not None else None,  # the latest batch
@@ -253,6 +256,8 @@ def resume(trainer: Checkpointed, resume_from_checkpoint) -> tuple[Rollout | Non
     trainer.order.load_state_dict(state["order"])
     trainer.step, trainer.target_kl_stops, trainer.run_id = state["step"], state["target_kl_stops"], state["run_id"]
     trainer.loss_sum, trainer.weight_version = state.get("loss_sum", 0.0), state.get("weight_version", 0)
+    trainer.epoch_end_pending = state.get("epoch_end_pending", False)  # saved at on_step_end of an epoch's last step: train() ends it first
+    trainer.update.learning_rate = state.get("learning_rate", trainer.update.learning_rate)
     if "window" in state:  # the unlogged steps and completions up to this checkpoint (absent on another number of processes)
         trainer.window, trainer.fresh_completions = state["window"], state["completions"]
     if state["ref_model"] is not None:

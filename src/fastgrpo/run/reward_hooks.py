@@ -18,12 +18,16 @@ class RewardHooks:
     `log_metric(name, value)` adds a scalar that is averaged over the logging
     window (all processes; every process must log the same names) and logged
     as `name`; `log_extra(column, values)` adds a column (N values) to this
-    rollout's rows in completions.jsonl.
+    rollout's rows in completions.jsonl. `kwargs()`: the keywords every reward function receives.
     """
 
-    def __init__(self, window: Callable[[], Window]):
-        self.window = window  # the trainer's current logging window
+    def __init__(self, window: Callable[[], Window], state: Callable[[], object]):
+        self.window, self.state = window, state  # the trainer's current logging window, and its TrainerState
         self.columns: dict[str, list] = defaultdict(list)
+
+    def kwargs(self) -> dict:
+        """Extra keywords every reward function receives, as TRL passes them: trainer_state, log_extra, log_metric."""
+        return {"trainer_state": self.state(), "log_extra": self.log_extra, "log_metric": self.log_metric}
 
     def log_metric(self, name: str, value: float) -> None:
         self.window().add(f"{name}{USER_SUM}", value)
