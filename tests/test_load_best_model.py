@@ -120,6 +120,20 @@ def test_the_best_checkpoints_weights_are_the_policys_after_training(tmp_path, t
     assert all(torch.equal(now[k], on_disk[k]) for k in on_disk)
 
 
+def test_only_the_scheduled_evaluations_are_candidates_as_in_trainer(tmp_path, tokenizer, make_model, prompts):
+    # eval_on_start scores 10.x at step 0, above every training evaluation (9.x, 8.x, 7.x), and there is no checkpoint-0:
+    # Trainer picks the best among the evaluations its schedule runs (_maybe_log_save_evaluate), so checkpoint-1 is loaded, as
+    # TRL 1.16's GRPOTrainer does on this setup (it was step 0: no best checkpoint, the last step's weights kept).
+    trainer, saved = run(tmp_path, tokenizer, make_model(), prompts, metric_for_best_model="eval_reward", eval_on_start=True)
+    assert [r["step"] for r in trainer.state.log_history if "eval_reward" in r] == [0, 1, 2, 3]
+    assert trainer.state.best_global_step == 1 and trainer.state.best_metric < 10
+    assert trainer.state.best_model_checkpoint == os.path.join(trainer.args.output_dir, "checkpoint-1")
+    assert same(trainable(trainer.accelerator.unwrap_model(trainer.model)), saved.weights[1])
+    # evaluate() called by a script (a test split here) is no candidate either: it reports test_*, not eval_reward (a ValueError before)
+    best = trainer.state.best_metric
+    assert "test_reward" in trainer.evaluate(prompts.select(range(1)), metric_key_prefix="test") and trainer.state.best_metric == best
+
+
 def test_without_it_the_last_steps_weights_stay(tmp_path, tokenizer, make_model, prompts):
     trainer, saved = run(tmp_path, tokenizer, make_model(), prompts, load_best_model_at_end=False, metric_for_best_model="eval_reward")
     assert trainer.state.best_global_step == 1

@@ -269,8 +269,8 @@ class GRPOTrainer(TRLMethods):
         """Log, evaluate and save as the control says (callbacks may have added any), in Trainer's order."""
         if control.should_log and self.window.sums.get("steps"):  # Trainer logs a step once
             self._log()
-        if control.should_evaluate and self.eval_dataset is not None:
-            self.evaluate()
+        if control.should_evaluate and self.eval_dataset is not None:  # a candidate for the best (Trainer's _determine_best_metric)
+            control.should_save = self.events.track_best(self.evaluate(), control.should_save)
         if control.should_save:
             checkpoints.save(self, rollout, done)
 

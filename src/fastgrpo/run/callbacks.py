@@ -168,20 +168,33 @@ class TrainerEvents:
         self.control = self.handler.on_log(self.args, self.state, self.control, logs)
 
     def evaluate(self, metrics: dict) -> None:
-        """After the eval metrics are logged (the trainer's `log`): call on_evaluate, then update best_metric
-        (transformers' order: a callback sees the previous best)."""
+        """After the eval metrics are logged (the trainer's `log`): call on_evaluate. Every evaluation, `eval_on_start`'s and a
+        script's `evaluate()` included; only the schedule's are candidates for the best (`track_best`), as in Trainer."""
         self.control = self.handler.on_evaluate(self.args, self.state, self.control, metrics)
+
+    def track_best(self, metrics: dict, should_save: bool) -> bool:
+        """After a scheduled evaluation (on_step_end's or on_epoch_end's, after its on_evaluate: a callback sees the previous
+        best): update best_metric and best_global_step when `metric_for_best_model` improved, as transformers'
+        `Trainer._determine_best_metric`, which only `_maybe_log_save_evaluate` calls (not eval_on_start's evaluation, not a
+        script's `evaluate()`); → whether to save: with save_strategy="best" whether the metric improved (Trainer sets
+        `control.should_save` so), else `should_save` as it was.
+
+        Raises:
+            ValueError: the evaluation does not report metric_for_best_model (`eval_` prefixed, transformers' rule), naming
+                what it reports.
+        """
         name = self.args.metric_for_best_model
         if name is None:
-            return
+            return should_save
         key = name if name.startswith("eval_") else f"eval_{name}"
         if key not in metrics:
             raise ValueError(f"metric_for_best_model={name!r}: evaluation reports {', '.join(sorted(metrics))}; use one of them.")
         better = (lambda x, y: x > y) if self.args.greater_is_better else (lambda x, y: x < y)
-        if metrics[key] is None or math.isnan(metrics[key]):  # e.g. a reward that applied to no eval completion: never the best
-            return
-        if self.state.best_metric is None or better(metrics[key], self.state.best_metric):
+        improved = metrics[key] is not None and not math.isnan(metrics[key])  # e.g. a reward that applied to no eval completion: never the best
+        improved = improved and (self.state.best_metric is None or better(metrics[key], self.state.best_metric))
+        if improved:
             self.state.best_metric, self.state.best_global_step = metrics[key], self.state.global_step
+        return improved if self.args.save_strategy == "best" else should_save
 
     def predict(self, metrics: dict) -> None:
         """on_predict, with the metrics `predict()` returns (Trainer's predict calls it last; nothing is logged)."""
