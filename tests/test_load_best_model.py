@@ -33,6 +33,8 @@ from fastgrpo.model.sharding import load_sharded, save_sharded
     dict(eval_strategy="steps", logging_steps=3, save_steps=10),
     dict(eval_strategy="steps", eval_steps=0.3, save_steps=2),  # a fraction and steps
     dict(eval_strategy="steps", eval_steps=0.3, save_steps=0.5),
+    dict(eval_strategy="steps", eval_steps=3, save_strategy="best"),  # "best" saves the evaluated steps: no strategy or step rule
+    dict(eval_strategy="epoch", save_strategy="best", metric_for_best_model="reward"),
 ])
 def test_config_is_accepted_or_refused_as_transformers_training_arguments(tmp_path, given):
     try:
@@ -132,6 +134,24 @@ def test_only_the_scheduled_evaluations_are_candidates_as_in_trainer(tmp_path, t
     # evaluate() called by a script (a test split here) is no candidate either: it reports test_*, not eval_reward (a ValueError before)
     best = trainer.state.best_metric
     assert "test_reward" in trainer.evaluate(prompts.select(range(1)), metric_key_prefix="test") and trainer.state.best_metric == best
+
+
+def test_save_strategy_best_saves_at_each_new_best_alone_as_trainer(tmp_path, tokenizer, make_model, prompts):
+    # eval rewards 9.x, 8.x, 7.x after steps 1–3: only step 1's improves on the best, so checkpoint-1 alone is written (no save at
+    # the last step), then loaded; TRL 1.16's GRPOTrainer writes the same checkpoints on this setup.
+    trainer, saved = run(tmp_path, tokenizer, make_model(), prompts, save_strategy="best", metric_for_best_model="eval_reward", save_total_limit=None)
+    assert sorted(saved.weights) == [1] and folders(trainer.args.output_dir) == ["checkpoint-1"]
+    assert trainer.state.best_model_checkpoint == os.path.join(trainer.args.output_dir, "checkpoint-1")
+    assert same(trainable(trainer.accelerator.unwrap_model(trainer.model)), saved.weights[1])
+
+
+def test_save_strategy_best_needs_a_metric_and_an_evaluation():
+    with pytest.raises(ValueError, match=r"save_strategy='best' .*metric_for_best_model, which is None; name it"):
+        GRPOConfig(save_strategy="best", eval_strategy="steps")  # Trainer's rule, raised when the trainer is built there
+    with pytest.warns(UserWarning, match=r"save_strategy='best' has no effect while eval_strategy='no'"):
+        GRPOConfig(save_strategy="best", metric_for_best_model="reward")
+    with pytest.raises(ValueError, match=r"save_strategy='bset': use one of no, steps, epoch, best"):
+        GRPOConfig(save_strategy="bset")
 
 
 def test_without_it_the_last_steps_weights_stay(tmp_path, tokenizer, make_model, prompts):

@@ -27,7 +27,8 @@ SCALE_REWARDS = ("group", "batch", "none")
 # Fields that take a dict, or its JSON text (from the command line), as transformers' TrainingArguments do.
 DICT_FIELDS = ("lr_scheduler_kwargs", "generation_kwargs", "chat_template_kwargs", "gradient_checkpointing_kwargs", "activation_checkpointing_kwargs",
                "model_init_kwargs")
-STRATEGIES = ("no", "steps", "epoch")  # save_strategy / eval_strategy (transformers' IntervalStrategy)
+STRATEGIES = ("no", "steps", "epoch")  # eval_strategy / logging_strategy (transformers' IntervalStrategy)
+SAVE_STRATEGIES = (*STRATEGIES, "best")  # transformers' SaveStrategy: "best" saves when a scheduled evaluation finds a new best
 TRACKERS = ("tensorboard", "wandb", "trackio", "all")
 # apply_chat_template's own arguments that the trainer sets (chat_template_kwargs carries the template's variables only)
 TEMPLATE_ARGUMENTS = {"conversation", "tools", "documents", "chat_template", "add_generation_prompt", "continue_final_message",
@@ -256,8 +257,11 @@ def validate(c) -> None:
         need(value is None or value <= 1 or value == int(value), f"{name}={value}: above 1 it counts steps; use a whole number, or a fraction ≤ 1 of the run.")
     need(c.save_steps > 0, f"save_steps={c.save_steps}: use a positive number of steps.")
     need(c.save_total_limit is None or c.save_total_limit >= 1, f"save_total_limit={c.save_total_limit}: keep at least 1, or None.")
-    for name in ("save_strategy", "eval_strategy", "logging_strategy"):
-        need(getattr(c, name) in STRATEGIES, f"{name}={getattr(c, name)!r}: use one of {', '.join(STRATEGIES)}.")
+    for name, allowed in (("save_strategy", SAVE_STRATEGIES), ("eval_strategy", STRATEGIES), ("logging_strategy", STRATEGIES)):
+        need(getattr(c, name) in allowed, f"{name}={getattr(c, name)!r}: use one of {', '.join(allowed)} (lower case, as transformers' "
+             f"{'SaveStrategy' if name == 'save_strategy' else 'IntervalStrategy'} values).")
+    need(c.save_strategy != "best" or c.metric_for_best_model is not None, "save_strategy='best' saves when an evaluation improves on "
+         "metric_for_best_model, which is None; name it, e.g. metric_for_best_model='reward' (eval_reward, higher is better) (Trainer's rule).")
     need(c.eval_steps is None or c.eval_steps > 0, f"eval_steps={c.eval_steps}: use a positive number of steps, or None.")
     check_load_best(c)
     check_checkpointing_kwargs(c.gradient_checkpointing_kwargs)
@@ -271,19 +275,18 @@ def validate(c) -> None:
 
 def check_load_best(c) -> None:
     """load_best_model_at_end=True as transformers' TrainingArguments checks it: every evaluation's weights are saved,
-    so the best evaluation has a checkpoint to load (save_strategy="best", which transformers also allows, is refused
-    by `validate`).
+    so the best evaluation has a checkpoint to load; save_strategy="best" saves exactly those, whatever eval_strategy.
 
     Raises:
         ValueError: eval_strategy and save_strategy differ; with "steps", save_steps not a multiple of eval_steps
             (a fraction of the run and a number of steps mixed, as transformers refuses it too), naming both and the fix.
     """
-    if not c.load_best_model_at_end:
+    if not c.load_best_model_at_end or c.save_strategy == "best":
         return
     if c.eval_strategy != c.save_strategy:
         raise ValueError(f"load_best_model_at_end=True needs eval_strategy and save_strategy to match (transformers' rule: the best "
                          f"evaluation's weights must be saved), but eval_strategy={c.eval_strategy!r}, save_strategy={c.save_strategy!r}; "
-                         f"set both to 'steps' (save_steps a multiple of eval_steps) or both to 'epoch'.")
+                         f"set both to 'steps' (save_steps a multiple of eval_steps) or both to 'epoch', or save_strategy='best'.")
     if c.eval_strategy != "steps" or c.save_steps % c.eval_steps == 0:
         return
     if (c.eval_steps < 1) != (c.save_steps < 1):

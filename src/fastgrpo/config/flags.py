@@ -104,7 +104,7 @@ FIELD_HELP = {
     "log_completions": "write every completion to completions.jsonl, TRL's completions/*.parquet table at each log, and print a few",
     "num_completions_to_print": "completions printed per log (0: none)",
     "report_to": "tracker: none, tensorboard, wandb, trackio or all",
-    "save_strategy": "steps (every save_steps), epoch or no",
+    "save_strategy": "steps (every save_steps), epoch, best (when an evaluation improves metric_for_best_model) or no",
     "save_steps": "optimizer steps between checkpoints",
     "save_total_limit": "checkpoints kept, the oldest deleted first; none: all",
     "eval_strategy": "no, steps (every eval_steps) or epoch",

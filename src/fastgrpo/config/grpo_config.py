@@ -212,7 +212,7 @@ class GRPOConfig(TrainingArgumentsMethods, TrlFields):
     log_completions: bool = False
     num_completions_to_print: int | None = 4
     report_to: None | str | list[str] = "none"  # TRL's annotation: HfArgumentParser reads it as text, default "none"
-    save_strategy: str = "steps"  # "steps": every save_steps and at the end; "epoch": after each pass over the prompts; "no"
+    save_strategy: str = "steps"  # "steps": every save_steps and at the end; "epoch": after each pass; "best": at a new best evaluation; "no"
     save_steps: float = 500
     save_total_limit: int | None = None
     eval_strategy: str = "no"  # "steps": every eval_steps (default logging_steps); "epoch"; "no"

@@ -53,6 +53,8 @@ INERT_UNLESS = (
      lambda c: f"logging_strategy={c.logging_strategy!r}", ("logging_steps",), "set logging_strategy='steps'"),
     (lambda c: c.save_strategy == "no", lambda c: "save_strategy='no' (no checkpoint to load)", ("load_best_model_at_end",),
      "set save_strategy and eval_strategy to 'steps' or 'epoch'"),
+    (lambda c: c.save_strategy == "best" and c.eval_strategy == "no", lambda c: "eval_strategy='no' (no evaluation to find a best)",
+     ("save_strategy",), "set eval_strategy='steps' or 'epoch'"),
     (lambda c: c.metric_for_best_model is None, lambda c: "metric_for_best_model=None", ("greater_is_better",),
      "name a metric_for_best_model"),
 )
