@@ -130,6 +130,10 @@ def test_mistyped_yaml_value_names_field_and_type(tmp_path):
     run.write_text(yaml.safe_dump({"model": "m", "dataset": "calculator", "environment": {"calculator": 1}}))
     with pytest.raises(ValueError, match=r"^environment: \{'calculator': 1\} has type dict; give a name or a path \(text\), module:Class or calculator\.$"):
         parse("--config", str(run))
+    # YAML 1.1 reads a bare `no` as false: `logging_strategy: no` (TRL's parser: "False is not a valid IntervalStrategy") named no fix
+    run.write_text("model: m\nreward: length\nlogging_strategy: no\n")
+    with pytest.raises(ValueError, match=r"logging_strategy: expected str, got False \(bool\); YAML reads a bare no, off or false as false: quote the text, logging_strategy: \"no\""):
+        parse("--config", str(run))
 
 
 def test_trls_script_spellings_of_model_and_dataset(tmp_path):

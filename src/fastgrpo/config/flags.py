@@ -202,7 +202,8 @@ def check_yaml_types(values: dict, fields: tuple, source: str) -> None:
     script options, cli.py); a name none of them has is left to the caller.
 
     Raises:
-        ValueError: names the field, the expected type and the value.
+        ValueError: names the field, the expected type and the value; a bool for a text field (`save_strategy: no`, which
+            YAML 1.1 reads as false) says to quote it.
     """
     hints = {name: hint for kind in fields for name, hint in typing.get_type_hints(kind).items()}
     for name, value in values.items():
@@ -215,7 +216,11 @@ def check_yaml_types(values: dict, fields: tuple, source: str) -> None:
         fits = any(_fits(value, kind) for kind in kinds)
         if not fits:
             expected = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
-            raise ValueError(f"{source}: {name}: expected {expected}, got {value!r} ({type(value).__name__}).")
+            quote = ""  # YAML 1.1 (PyYAML, TRL's parser too) reads `logging_strategy: no` as False
+            if isinstance(value, bool) and str in kinds:
+                quote = (f"; YAML reads a bare {'yes, on or true' if value else 'no, off or false'} as {str(value).lower()}: quote the text, "
+                         f"{name}: \"{'yes' if value else 'no'}\"")
+            raise ValueError(f"{source}: {name}: expected {expected}, got {value!r} ({type(value).__name__}){quote}.")
 
 
 def _fits(value, kind) -> bool:
