@@ -14,6 +14,9 @@ from safetensors.torch import load_file
 from transformers import TrainerCallback, TrainingArguments
 
 from fastgrpo import GRPOConfig, GRPOTrainer
+from fastgrpo.generation import build
+from fastgrpo.generation.contract import SamplingSettings
+from fastgrpo.generation.vllm.engines import Completion
 from fastgrpo.model.loading import is_peft_model, lora_config
 from fastgrpo.model.sharding import load_sharded, save_sharded
 
@@ -166,6 +169,45 @@ def test_the_sampler_gets_the_best_weights_at_its_next_use(tmp_path, tokenizer, 
     trainer.backend.update_weights = lambda policy: pushed.append(trainable(policy))
     trainer.evaluate()  # samples: its weight copy (the bf16 sampler's, vLLM's) is refreshed from the loaded weights first
     assert len(pushed) == 1 and same(pushed[0], saved.weights[1])
+
+
+class FolderEngine:
+    """A stand-in for the colocated vLLM engine (generation/vllm/engines.Engine): starts from the weights folder build_backend
+    writes, as vLLM loads it, and takes pushes; samples one token per completion."""
+
+    description, pushes_weights, max_model_len = "the stand-in engine", True, None
+
+    def __init__(self, folder, **settings):
+        self.weights, self.closed = load_file(os.path.join(folder.path, "model.safetensors")), False
+
+    def generate(self, prompts, params):
+        return [[Completion([5], [-1.0])] * params["n"] for _ in prompts]
+
+    def push(self, weights):
+        self.weights = {k: v.clone() for k, v in weights.items()}
+
+    def close(self):
+        self.closed = True
+
+
+def test_a_colocated_vllm_engine_stopped_by_train_starts_again_with_the_policys_weights(tokenizer, make_model, monkeypatch):
+    # train() stops the colocated engine at its end (its memory back); evaluate() after it, which load_best_model_at_end says
+    # samples from the best weights, failed: "vLLM in this process stopped during the weight sync" (TRL's engine is never
+    # stopped). Its next use now starts it again from the policy's weights as they are then.
+    monkeypatch.setattr(build, "ColocateEngine", FolderEngine)
+    policy = make_model()
+    args = GRPOConfig(use_vllm=True, vllm_mode="colocate", max_completion_length=2)
+    sampling = SamplingSettings(max_completion_length=2, eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id)
+    backend = build.build_backend(args, policy, sampling, bf16=False, tokenizer=tokenizer)
+    first = backend.engine
+    backend.close()  # train()'s end
+    with torch.no_grad():
+        policy.model.norm.weight.add_(1.0)  # the best checkpoint's weights loaded, say
+    backend.update_weights(policy)  # evaluate()'s sync
+    assert first.closed and backend.engine is not first and torch.equal(backend.engine.weights["model.norm.weight"], policy.model.norm.weight)
+    backend.close()
+    out = backend.sample(torch.tensor([[1, 2]]), torch.ones(1, 2, dtype=torch.long), 2)  # a use without a sync starts it too
+    assert out.completion_ids.tolist() == [[5], [5]] and not backend.engine.closed
 
 
 def test_fsdp_shards_load_the_weights_alone(tmp_path):

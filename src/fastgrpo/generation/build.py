@@ -76,7 +76,8 @@ def build_backend(
     Returns:
         A `Sampler`; a `TransformersGenerator` when asked for or when the
         sampler cannot run this model (a one-line `UserWarning` says why); a `VLLMGenerator` with a
-        colocated engine (started here from the policy's own weights) or the server.
+        colocated engine (started here from the policy's own weights, and again from its weights then when used after
+        `close()`: `evaluate()` or `train()` after train()) or the server.
     Raises:
         ValueError: an unknown backend.
         EngineError: a server whose log-probs are not those of the distribution it samples (`ServerEngine.check_logprobs`).
@@ -95,13 +96,16 @@ def build_backend(
             backend.update_weights(policy)  # the server may hold other weights (another run's, or the model before LoRA)
             return backend
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # vLLM's start-up INFO lines would bury the trainer's own
-        folder = WeightsFolder(torch.bfloat16 if bf16 else torch.float32)
-        folder.write_model(lm.config.to_dict(), tokenizer, with_head(full_weights(policy), tied))
         longest = lm.config.max_position_embeddings  # vLLM refuses a longer context
         context = args.vllm_max_model_length or min(longest, (args.max_prompt_length or longest) + args.max_completion_length)
-        engine = ColocateEngine(folder, max_model_len=context, memory_utilization=args.vllm_gpu_memory_utilization,
-                                model_impl=args.vllm_model_impl, seed=seed)
-        return VLLMGenerator(engine, sampling, vocab_size=vocab, tied=tied, seed=seed)  # seeded per request, as the server's
+
+        def start() -> ColocateEngine:  # from the policy's weights now: at the start, and again after train() closed it
+            folder = WeightsFolder(torch.bfloat16 if bf16 else torch.float32)
+            folder.write_model(lm.config.to_dict(), tokenizer, with_head(full_weights(policy), tied))
+            return ColocateEngine(folder, max_model_len=context, memory_utilization=args.vllm_gpu_memory_utilization,
+                                  model_impl=args.vllm_model_impl, seed=seed)
+
+        return VLLMGenerator(start(), sampling, vocab_size=vocab, tied=tied, seed=seed, reopen=start)  # seeded per request, as the server's
     model = gathered.module if gathered is not None else policy
     if backend == "fastgrpo":
         reason = unsupported_reason(model)

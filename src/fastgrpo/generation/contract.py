@@ -125,5 +125,6 @@ class GenerationBackend(Protocol):
         ...
 
     def close(self) -> None:
-        """Release engine resources; the trainer calls it at the end of train()."""
+        """Release engine resources; the trainer calls it at the end of train(). The backend stays usable: `evaluate()` or
+        another `train()` may follow (a colocated vLLM engine starts again at its next use)."""
         ...

@@ -32,6 +32,7 @@ Not here: the engines (colocate.py, server.py), the weights folder (weights.py),
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -71,6 +72,9 @@ class VLLMGenerator:
         deferred: pushes wait for the next `sample` (the overlap, rollout/async_producer.py: its producer thread samples,
             so the push runs there, between two rollouts, and the trainer only copies the weights); one process only.
         vocab_size: the policy's embedding rows: every token id an engine returns must be below it (`check_rows`).
+        reopen: starts the colocated engine again from the policy's weights as they are then (generation/build.py): after
+            `close` (train()'s end), the next `update_weights` or `sample` (an `evaluate()`, another `train()`) calls it, as
+            TRL's engine, never stopped, serves them; None (a server, which `close` leaves running): never needed.
         seed: None, or the base of each request's vLLM `seed`: seed + d·SEED_STRIDE, d drawn from torch's global generator
             (vLLM gives its n completions seed + 0 … n − 1). Each request then samples the same whatever else the engine
             runs beside it: a server shared by runs, and whenever it is sent (the overlap's max_staleness=0 equals the
@@ -84,14 +88,18 @@ class VLLMGenerator:
     """
 
     def __init__(self, engine: Engine, sampling: SamplingSettings, *, vocab_size: int, tied: tuple[str, ...] = (), seed: int | None = None,
-                 deferred: bool = False):
+                 deferred: bool = False, reopen: Callable[[], Engine] | None = None):
         self.engine, self.sampling, self.vocab_size, self.tied, self.seed = engine, sampling, vocab_size, tied, seed
+        self.reopen, self.closed = reopen, False  # a colocated engine stopped by `close` starts again at its next use
         self.deferred, self.pending, self.lock = deferred, None, threading.Lock()  # pending: the weights the next sample pushes first
         self.owns_weights = is_exact(sampling)
         self.sync_bytes = 0
 
     def update_weights(self, policy: torch.nn.Module) -> None:
-        """The policy's full weights into the engine (the pushing process), then every process waits for it."""
+        """The policy's full weights into the engine (the pushing process), then every process waits for it. A colocated
+        engine that `close` stopped starts again instead, from the policy's weights (`reopen`)."""
+        if self._reopened():
+            return
         weights = with_head(full_weights(policy), self.tied)  # every process: an FSDP gather is collective
         if self.deferred:  # a copy: the optimizer steps on while the producer thread pushes it
             with self.lock:
@@ -115,6 +123,7 @@ class VLLMGenerator:
                 short to fit, silently, or refuse it), before anything is sent; the engine returned another number of
                 completions than B·G, or completions `check_rows` refuses.
         """
+        self._reopened()  # stopped by `close`: started again from the policy's weights
         T = max_new_tokens or self.sampling.max_completion_length
         prompts = [ids[m.bool()].tolist() for ids, m in zip(prompt_ids, prompt_mask)]
         self.check_lengths(prompts, T)
@@ -202,5 +211,14 @@ class VLLMGenerator:
         return notes
 
     def close(self) -> None:
-        """Stop the colocated engine (a server keeps running)."""
-        self.engine.close()
+        """Stop the colocated engine (a server keeps running); its next use starts it again (`reopen`)."""
+        if not self.closed:
+            self.engine.close()
+            self.closed = self.reopen is not None
+
+    def _reopened(self) -> bool:
+        """Start the colocated engine again if `close` stopped it (→ True: it holds the policy's weights as they are now)."""
+        if not self.closed:
+            return False
+        self.engine, self.closed = self.reopen(), False
+        return True
