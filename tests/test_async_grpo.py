@@ -276,6 +276,17 @@ def test_async_grpo_takes_trls_fields_and_refuses_what_it_cannot_honour(tmp_path
         AsyncGRPOTrainer("tiny", reward_even_tokens, args=args, rollout_worker=object())
 
 
+@pytest.mark.parametrize("fields", [dict(load_best_model_at_end=True, eval_strategy="steps", eval_steps=5, save_steps=10),
+                                    dict(save_strategy="best", metric_for_best_model="reward", eval_strategy="epoch"), dict(eval_on_start=True)])
+def test_async_grpo_trainer_refuses_evaluation_naming_the_trainer_that_evaluates(tmp_path, fields):
+    # TRL's AsyncGRPOTrainer takes no eval_dataset; the refusal said "pass an eval_dataset", which its constructor does not
+    # take. GRPOTrainer with max_staleness is the same overlap and takes one. Refused before any model loads or server is asked.
+    args = AsyncGRPOConfig(output_dir=str(tmp_path), **fields)
+    with pytest.raises(ValueError, match=r"AsyncGRPOTrainer takes no eval_dataset \(as TRL's\).*fastgrpo.GRPOTrainer\(model, reward_funcs, args=args, "
+                                         r"train_dataset=…, eval_dataset=…\)"):
+        AsyncGRPOTrainer("no-such-model", reward_even_tokens, args=args, train_dataset=[{"prompt": "hi"}] * 8)
+
+
 def test_async_grpo_config_takes_a_torch_dtype_as_trls_loader_does(tmp_path):
     # TRL's AsyncGRPOConfig keeps dtype=torch.bfloat16 and its loader (create_model_from_path) takes a torch.dtype, so a
     # TRL script passing one trains in bf16; fastgrpo refused it ("use one of auto, bfloat16, …").

@@ -109,7 +109,8 @@ class AsyncGRPOTrainer(GRPOTrainer):
             fastgrpo's resume restores the saved prompt order either way); a dtype other than "float32" with a model
             already built (it is not cast; TRL takes only names).
     Raises:
-        ValueError: a custom rollout worker or weight transfer; args whose max_staleness is None;
+        ValueError: a custom rollout worker or weight transfer; args whose max_staleness is None; an eval_strategy other than
+            "no" or eval_on_start (no eval_dataset to evaluate, as TRL's; `GRPOTrainer` with max_staleness takes one);
             everything `GRPOTrainer` raises.
     """
 
@@ -126,6 +127,11 @@ class AsyncGRPOTrainer(GRPOTrainer):
             args = AsyncGRPOConfig(default_output_dir(model, "AsyncGRPO"))
         if isinstance(args, GRPOConfig) and args.max_staleness is None:
             raise ValueError("args.max_staleness=None is the synchronous loop: use GRPOTrainer, or set max_staleness (TRL's default 4).")
+        if isinstance(args, GRPOConfig) and (args.eval_strategy != "no" or args.eval_on_start):  # GRPOTrainer would say "pass an eval_dataset"
+            raise ValueError(f"eval_strategy={args.eval_strategy!r}{' with eval_on_start' if args.eval_on_start else ''}: AsyncGRPOTrainer takes no "
+                             "eval_dataset (as TRL's), so nothing would be evaluated (load_best_model_at_end and save_strategy='best' read "
+                             "evaluations); set eval_strategy='no' and eval_on_start=False, or train with fastgrpo.GRPOTrainer(model, "
+                             "reward_funcs, args=args, train_dataset=…, eval_dataset=…): the same overlap (max_staleness), with evaluation.")
         if not args.ignore_data_skip:  # TRL AsyncGRPOTrainer forces it, with this warning
             warnings.warn("`ignore_data_skip` is forced to `True` for AsyncGRPO because the base Trainer's skip-and-replay loop "
                           "does not apply to a live rollout queue.", stacklevel=2)
