@@ -7,6 +7,7 @@ import dataclasses
 import warnings
 
 import pytest
+from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 
 from fastgrpo import GRPOConfig
 from fastgrpo.cli import resolve_job, train_parser
@@ -92,8 +93,15 @@ def test_strategies_and_best_metric_follow_transformers():
     assert args.eval_steps == 5  # eval_steps defaults to logging_steps
     assert GRPOConfig(metric_for_best_model="eval_loss").greater_is_better is False
     assert GRPOConfig(metric_for_best_model="eval_reward").greater_is_better is True
-    with pytest.raises(ValueError, match="save_strategy='best'"):
+    with pytest.raises(ValueError, match="save_strategy='best' saves when an evaluation improves on metric_for_best_model, which is None"):
         GRPOConfig(save_strategy="best")
+    for name, value in (("logging_strategy", "bogus"), ("logging_strategy", "Steps"), ("eval_strategy", "best")):
+        with pytest.raises(ValueError, match=rf"{name}={value!r}: use one of no, steps, epoch \(lower case, as transformers' IntervalStrategy values\)"):
+            GRPOConfig(**{name: value})
+    # TRL scripts pass transformers' enums (TrainingArguments turns the text into them): accepted, and equal to the text
+    args = GRPOConfig(logging_strategy=IntervalStrategy.EPOCH, eval_strategy=IntervalStrategy.STEPS, eval_steps=2,
+                      save_strategy=SaveStrategy.BEST, metric_for_best_model="reward")
+    assert (args.logging_strategy, args.eval_strategy, args.save_strategy) == ("epoch", "steps", "best")
     with pytest.warns(UserWarning, match="eval_strategy='no'"):
         GRPOConfig(eval_steps=10)
     with warnings.catch_warnings():
