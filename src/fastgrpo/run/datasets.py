@@ -355,17 +355,14 @@ def rollouts_per_pass(size: int, batch: int) -> int:
 class PromptOrder:
     """The order prompts are drawn in: a seeded permutation per epoch, endless, TRL's `RepeatSampler` order.
 
-    Every process holds the same order (same seed) and takes its own share of
-    each draw, so no prompt is split or repeated across processes. A pass (epoch)
-    is `per_pass` prompts: whole batches of `batch`, the permutation's last
-    size mod batch left out, as TRL's `RepeatSampler` drops a pass's incomplete
-    batch (another tail each pass when shuffled); a dataset smaller than one
-    batch, where TRL would train nothing, is cycled through instead.
+    Every process holds the same order (same seed) and takes its own share of each draw, so no prompt is split or
+    repeated across processes. A pass (epoch) is `per_pass` prompts: whole batches of `batch`, the permutation's last
+    size mod batch left out, as TRL's `RepeatSampler` drops a pass's incomplete batch (another tail each pass when
+    shuffled); a dataset smaller than one batch, where TRL would train nothing, is cycled through instead.
 
     Args:
         size: rows in the dataset.
-        seed: permutation seed: epoch e's order is the (e + 1)-th `torch.randperm` of one generator seeded with it,
-            as TRL's sampler, created once with its generator, draws a new permutation at each pass.
+        seed: epoch e's order is the (e + 1)-th `torch.randperm` of one generator seeded with it, as TRL's sampler's.
         shuffle: False keeps the dataset order (TRL's shuffle_dataset).
         batch: prompts per draw, all processes (a rollout's, or a DAPO round's: generation_batch_size / G).
     """
@@ -373,8 +370,7 @@ class PromptOrder:
     def __init__(self, size: int, seed: int, shuffle: bool = True, batch: int = 1):
         self.size, self.seed, self.shuffle = size, seed, shuffle
         self.per_pass = min(rollouts_per_pass(size, batch) * batch, size)
-        self.epoch, self.position = 0, 0
-        self.generator, self.drawn = torch.Generator().manual_seed(seed), []  # drawn: [epoch, its permutation] once drawn
+        self.epoch, self.position, self.generator, self.drawn = 0, 0, torch.Generator().manual_seed(seed), []  # drawn: [epoch, its permutation]
 
     def _permutation(self) -> list[int]:
         if not self.shuffle:
