@@ -434,6 +434,7 @@ def test_no_server_is_one_line_naming_the_url_within_the_timeout(tmp_path, model
                           "--output_dir", str(out)], env=VLLM_ENV, capture_output=True, text=True, timeout=300)
     assert run.returncode == 2 and time.monotonic() - start < 120
     assert run.stderr.strip().splitlines()[-1].startswith(f"fastgrpo: error: no vLLM server answered at http://127.0.0.1:{port} within")
+    assert f"`fastgrpo vllm-serve --model {model_dir} --host 127.0.0.1 --port {port}`" in run.stderr  # the fix reaches this run's port
     assert "Traceback" not in run.stderr and not (out / "checkpoint-1").exists()
 
 

@@ -23,6 +23,7 @@ import json
 import os
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -32,7 +33,12 @@ from ..contract import EngineError
 from .engines import Completion
 from .weights import WeightsFolder
 
-START_COMMAND = "fastgrpo vllm-serve --model {model} --host 127.0.0.1 --port 8000"
+
+def start_command(model: str, url: str) -> str:
+    """The `fastgrpo vllm-serve` command serving `model` where `url` points: its host and port (80, or 443 for https,
+    when the URL names none), so the fix an error gives reaches the server the run asks for."""
+    parts = urllib.parse.urlsplit(url)
+    return f"fastgrpo vllm-serve --model {model} --host {parts.hostname} --port {parts.port or (443 if parts.scheme == 'https' else 80)}"
 
 
 def base_url(args) -> str:
@@ -69,11 +75,11 @@ class ServerEngine:
         models = self.request("GET", "/v1/models").get("data")
         if not isinstance(models, list) or not models or not isinstance(models[0], dict) or "id" not in models[0]:
             raise EngineError(f"{self.description} answered GET /v1/models without a served model ({str(models)[:200]}); is it a vLLM "
-                              f"server? Start one with `{START_COMMAND.format(model=model)}`.")
+                              f"server? Start one with `{start_command(model, self.url)}`.")
         served = models[0]["id"]
         if served not in (model, *aliases):
             raise EngineError(f"{self.description} serves {served!r}, not the model being trained ({model!r}); "
-                              f"start one for it: `{START_COMMAND.format(model=model)}`.")
+                              f"start one for it: `{start_command(model, self.url)}`.")
         self.model = served
         info = self.request("GET", "/server_info?config_format=json", missing="its dev endpoints are off")
         config = info.get("vllm_config") if isinstance(info.get("vllm_config"), dict) else {}  # vLLM 0.32: {"vllm_config": {…}, "vllm_env": …}
@@ -101,7 +107,7 @@ class ServerEngine:
             raise EngineError(
                 f"{self.description} returns log-probs with logprobs_mode={self.logprobs_mode!r}, not those of the distribution "
                 f"it samples at temperature={temperature:g}, which fastgrpo takes as π_old and for the sampler–trainer correction; "
-                f"restart it with `{START_COMMAND.format(model=self.model)}` (or add `--logprobs-mode processed_logprobs` to `vllm serve`)."
+                f"restart it with `{start_command(self.model, self.url)}` (or add `--logprobs-mode processed_logprobs` to `vllm serve`)."
             )
 
     def wait_until_up(self, model: str) -> None:
@@ -122,7 +128,7 @@ class ServerEngine:
                     raise EngineError(
                         f"{self.url} answered GET /health with HTTP {err.code}: it is not a vLLM server's base URL. Give the address "
                         f"`fastgrpo vllm-serve` listens on, without a path (http://host:port, no /v1); start one with "
-                        f"`{START_COMMAND.format(model=model)}`."
+                        f"`{start_command(model, self.url)}`."
                     ) from None
                 last = f"HTTP {err.code}"
             except (OSError, http.client.HTTPException) as err:
@@ -130,7 +136,7 @@ class ServerEngine:
             if time.monotonic() >= deadline:
                 raise EngineError(
                     f"no vLLM server answered at {self.url} within vllm_server_timeout={self.timeout:g} s ({last}); start one with "
-                    f"`{START_COMMAND.format(model=model)}` and set vllm_server_base_url (or vllm_server_host/port) to it."
+                    f"`{start_command(model, self.url)}`, or point vllm_server_base_url (or vllm_server_host/port) at a running one."
                 )
             time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 
@@ -145,7 +151,7 @@ class ServerEngine:
             detail = err.read().decode(errors="replace")[:300]
             if err.code == 404 and missing:
                 raise EngineError(f"{self.description} has no {path.split('?')[0]} ({missing}); start it with "
-                                  f"`{START_COMMAND.format(model='…')}`, which turns them on.") from None
+                                  f"`{start_command('…', self.url)}`, which turns them on.") from None
             raise EngineError(f"{self.description} refused {method} {path.split('?')[0]} (HTTP {err.code}: {detail}).") from None
         except (OSError, http.client.HTTPException) as err:
             after = ("the last checkpoint is kept: restart the server, then resume with resume_from_checkpoint=True" if self.started
