@@ -1,13 +1,12 @@
 """What the trainer saves: checkpoints (also after Ctrl-C), resuming a run from one, and the final model.
 
-- `save`: checkpoint-<step> with the weights, the optimizer and scheduler, the
-  data order, the step counters (and whether on_epoch_end of the epoch that step ended is still to come), π_ref when `sync_ref_model` moves it, the
-  entropy bonus's coefficient (adaptive), each process's rollout while μ
-  passes over it remain, its logging window (the metric sums and completions
-  trained on but not yet logged), dynamic sampling's carry-over buffer and, with the overlap
-  (max_staleness), the data order after the last rollout trained (rollouts in flight are sampled
-  again on resume) and the weight version; then TRL's model card (output_dir/README.md, unless a README.md there is
-  not a card: `card_is_replaceable`) and the callbacks' on_save.
+- `save`: checkpoint-<step> with the weights, the optimizer and scheduler, the data order, the step counters (and
+  whether on_epoch_end of the epoch that step ended is still to come), π_ref when `sync_ref_model` moves it, the
+  entropy bonus's coefficient (adaptive), each process's rollout while μ passes over it remain, its logging window
+  (the metric sums and completions trained on but not yet logged), dynamic sampling's carry-over buffer and, with the
+  overlap (max_staleness), the data order after the last rollout trained (rollouts in flight are sampled again on
+  resume) and the weight version; then TRL's model card (output_dir/README.md, unless a README.md there is not a card:
+  `card_is_replaceable`) and the callbacks' on_save.
 - `stop_interrupted`: after Ctrl-C, that step's checkpoint (unless just
   written) and `TrainingInterrupted` saying how to resume.
 - `resume`: a new run claims output_dir; a resumed one loads the state back,
