@@ -192,8 +192,10 @@ class TrainerEvents:
         better = (lambda x, y: x > y) if self.args.greater_is_better else (lambda x, y: x < y)
         improved = metrics[key] is not None and not math.isnan(metrics[key])  # e.g. a reward that applied to no eval completion: never the best
         improved = improved and (self.state.best_metric is None or better(metrics[key], self.state.best_metric))
-        if improved:
-            self.state.best_metric, self.state.best_global_step = metrics[key], self.state.global_step
+        if improved:  # transformers names the step only where a checkpoint may hold it (save_strategy "no": None)
+            self.state.best_metric = metrics[key]
+            if self.args.save_strategy != "no":
+                self.state.best_global_step = self.state.global_step
         return improved if self.args.save_strategy == "best" else should_save
 
     def predict(self, metrics: dict) -> None:
