@@ -30,7 +30,7 @@ from .run import checkpoints
 from .run.dataloaders import eval_dataloader, train_dataloader
 from .run.dataset_kinds import eval_sets
 from .run.evaluation import mean_rewards
-from .run.trainer_attributes import TRLAttributes
+from .run.trainer_attributes import TRLAttributes, read_only
 
 
 class TRLMethods(TRLAttributes):
@@ -368,13 +368,9 @@ TRL_ARGS_FILLED = {
 
 
 def _args_attribute(name: str, filled=lambda value: value) -> property:
-    def refuse(self, value):
-        raise AttributeError(
-            f"trainer.{name} = {value!r}: fastgrpo reads {name} from the run's config once, when the trainer is built, so "
-            f"setting it here would change nothing; give GRPOConfig({name}=…) to a new trainer."
-        )
-
-    return property(lambda self: filled(getattr(self.args, name)), refuse, doc=f"TRL's `trainer.{name}`: the run's `args.{name}` (read-only).")
+    return read_only(name, lambda self: filled(getattr(self.args, name)), f"TRL's `trainer.{name}`: the run's `args.{name}` (read-only).",
+                     f"fastgrpo reads {name} from the run's config once, when the trainer is built, so setting it here would change "
+                     f"nothing; give GRPOConfig({name}=…) to a new trainer.")
 
 
 for _name in TRL_ARGS_ATTRIBUTES:
