@@ -5,7 +5,9 @@ import os
 import signal
 import socket
 import subprocess
+import struct
 import sys
+import threading
 
 import pytest
 import torch
@@ -84,7 +86,6 @@ def lora_one_process(tmp_path_factory):
 
 # ------------------------------------------------------------------ a real vLLM server on loopback (test_vllm, test_async_grpo)
 VLLM_ENV = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}  # 1 GiB of KV cache, not a share of RAM
-SERVERS: dict[str, subprocess.Popen] = {}  # the shared server's process by URL (tests marked stops_server stop it on purpose)
 
 
 def free_port() -> int:
@@ -116,34 +117,74 @@ def model_dir(tmp_path_factory, tokenizer):
 
 
 @pytest.fixture(scope="session")
-def server_url(model_dir):
-    """One server for the whole session (test_vllm.py and test_async_grpo.py), started when first asked for."""
+def server(model_dir):
+    """The URL of one server for the whole session (test_vllm.py, test_async_grpo.py, test_agents.py), started when
+    first asked for. No test stops it: a server that dies mid-run is `dying_server`'s proxy in front of it."""
     port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    SERVERS[url] = start_server(model_dir, port)
-    yield url
-    stop(SERVERS[url])
+    process = start_server(model_dir, port)
+    yield f"http://127.0.0.1:{port}"
+    stop(process)
 
 
-def restart_server(url: str, model_dir: str) -> None:
-    """Start the shared server again on its port, after a test stopped it."""
-    SERVERS[url] = start_server(model_dir, int(url.rsplit(":", 1)[1]))
+class DyingServer:
+    """A TCP proxy on loopback in front of the shared vLLM server: `url` is a server that answers as it does until
+    `die()`, then refuses every connection and resets those open, as a server process that was killed (the shared
+    server, whose start costs ≈ 30 s here, lives on for the other tests).
+
+    Args:
+        target: the shared server's URL (http://127.0.0.1:port).
+    """
+
+    def __init__(self, target: str):
+        self.target_port = int(target.rsplit(":", 1)[1])
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.connections: list[socket.socket] = []
+        self.lock = threading.Lock()
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:  # die() shut the listener
+                return
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            except OSError:  # the shared server is still starting: this client's poll fails, as it would there
+                client.close()
+                continue
+            with self.lock:
+                self.connections += [client, upstream]
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self.pipe, args=(source, sink), daemon=True).start()
+
+    @staticmethod
+    def pipe(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+            sink.shutdown(socket.SHUT_WR)
+        except OSError:  # a reset, or die() closed one end
+            pass
+
+    def die(self) -> None:
+        """Refuse new connections and reset the open ones (SO_LINGER 0: an RST, as the kernel sends for a killed process)."""
+        self.listener.shutdown(socket.SHUT_RDWR)
+        self.listener.close()
+        with self.lock:
+            for connection in self.connections:
+                try:
+                    connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    connection.close()
+                except OSError:
+                    pass
 
 
 @pytest.fixture
-def server(server_url, model_dir):
-    """The shared server's URL; started again first if a test before this one stopped it (run alone, in any order)."""
-    if SERVERS[server_url].poll() is not None:
-        restart_server(server_url, model_dir)
-    return server_url
-
-
-def pytest_collection_modifyitems(items):
-    """Tests that stop the shared server (marker `stops_server`) run after every other test: those that start it
-    again (`restarts=True`) first, then those that leave it stopped, so one start serves the rest (each start of a
-    vLLM server costs ≈ 20 s here)."""
-    def rank(item):
-        mark = item.get_closest_marker("stops_server")
-        return 0 if mark is None else 1 if mark.kwargs.get("restarts") else 2
-
-    items.sort(key=rank)  # stable: every other test keeps its place
+def dying_server(server):
+    """A `DyingServer` in front of the shared server, dead at the latest when the test ends."""
+    proxy = DyingServer(server)
+    yield proxy
+    if proxy.listener.fileno() != -1:
+        proxy.die()

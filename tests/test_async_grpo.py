@@ -1,7 +1,7 @@
 """Generation overlapped with training (max_staleness; rollout/async_producer.py), on a real vLLM server on loopback.
 
 The session's one server serves the module (tests/conftest.py, shared with tests/test_vllm.py); the dead-server
-test runs after every other test and kills it. The tiny model samples 8 tokens, so a rollout takes a fraction of a second: the lag tests make the
+test's server is a proxy in front of it that dies. The tiny model samples 8 tokens, so a rollout takes a fraction of a second: the lag tests make the
 trainer the slow side (a callback sleeps after each step), so the producer always runs up to its admission bound
 and every lag is the bound's, worked out by hand in each test.
 """
@@ -16,7 +16,6 @@ import pytest
 import torch
 from transformers import TrainerCallback
 
-from conftest import SERVERS
 from fastgrpo import GRPOConfig, GRPOTrainer
 from fastgrpo.algo.sampling_correction import importance_sampling_ratio
 from fastgrpo.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
@@ -24,7 +23,6 @@ from fastgrpo.generation.contract import EngineError
 from fastgrpo.rollout.async_producer import RolloutPipeline
 from fastgrpo.run.datasets import PromptOrder
 from fastgrpo.run.interrupt import TrainingInterrupted
-from conftest import stop
 from test_vllm import metrics, reward_even_tokens
 
 def config(tmp_path, server, name="out", cls=GRPOConfig, **overrides):
@@ -337,15 +335,15 @@ def test_a_producer_silent_past_the_heartbeat_ends_the_run(tmp_path, tokenizer, 
     assert [r["step"] for r in metrics(args.output_dir)] == [1, 2] and os.path.isdir(os.path.join(args.output_dir, "checkpoint-2"))
 
 
-@pytest.mark.stops_server
-def test_a_dead_server_ends_the_run_with_one_error_and_keeps_the_checkpoint(tmp_path, tokenizer, prompts, server, model_dir):
-    # Runs last (stops_server): kills the shared server once step 2 is saved, with the producer working ahead.
+def test_a_dead_server_ends_the_run_with_one_error_and_keeps_the_checkpoint(tmp_path, tokenizer, prompts, model_dir, dying_server):
+    # The run's server (a proxy in front of the shared one, conftest.DyingServer) dies once step 2 is saved, with the
+    # producer working ahead.
     class KillServerAfterStep2(TrainerCallback):
         def on_save(self, args, state, control, **kwargs):
             if state.global_step == 2:
-                stop(SERVERS[server])
+                dying_server.die()
 
-    args = config(tmp_path, server, max_staleness=2, max_steps=6, save_strategy="steps", save_steps=1, heartbeat_stale_after_s=30)
+    args = config(tmp_path, dying_server.url, max_staleness=2, max_steps=6, save_strategy="steps", save_steps=1, heartbeat_stale_after_s=30)
     trainer = GRPOTrainer(model_dir, reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer,
                           callbacks=[KillServerAfterStep2()])
     start = time.monotonic()

@@ -22,7 +22,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import TrainerCallback
 
-from conftest import SERVERS, VLLM_ENV, free_port, restart_server, stop, vllm_tiny_model
+from conftest import VLLM_ENV, free_port, vllm_tiny_model
 from fastgrpo import GRPOConfig, GRPOTrainer
 from fastgrpo.generation.contract import EngineError, SamplingSettings
 from fastgrpo.generation.reprefill import until_eos
@@ -438,24 +438,22 @@ def test_no_server_is_one_line_naming_the_url_within_the_timeout(tmp_path, model
     assert "Traceback" not in run.stderr and not (out / "checkpoint-1").exists()
 
 
-@pytest.mark.stops_server(restarts=True)
-def test_server_dying_mid_run_is_a_clear_error_and_resume_works(tmp_path, tokenizer, prompts, model_dir, server):
-    # The shared server is killed here (the test runs after the others using it), then a new one serves the resume.
-    from transformers import TrainerCallback
-
+def test_server_dying_mid_run_is_a_clear_error_and_resume_works(tmp_path, tokenizer, prompts, model_dir, server, dying_server):
+    # The run's server dies once step 2 is saved (a proxy in front of the shared server, conftest.DyingServer); the
+    # resume goes to a server that answers (the shared one, at another URL: a restarted server need not be where it was).
     class KillServerAfterStep2(TrainerCallback):
         def on_save(self, args, state, control, **kwargs):
             if state.global_step == 2:
-                stop(SERVERS[server])
+                dying_server.die()
 
-    args = config(tmp_path, vllm_mode="server", vllm_server_base_url=server, max_steps=4, save_steps=1, save_strategy="steps",
-                  vllm_server_timeout=180)
+    fields = dict(vllm_mode="server", max_steps=4, save_steps=1, save_strategy="steps", vllm_server_timeout=180)
+    args = config(tmp_path, vllm_server_base_url=dying_server.url, **fields)
     trainer = GRPOTrainer(model_dir, reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer,
                           callbacks=[KillServerAfterStep2()])
     with pytest.raises(EngineError, match="stopped answering.*last checkpoint is kept"):
         trainer.train()
     assert os.path.isdir(os.path.join(args.output_dir, "checkpoint-2")) and not os.path.isdir(os.path.join(args.output_dir, "checkpoint-3"))
-    restart_server(server, model_dir)
+    args = config(tmp_path, vllm_server_base_url=server, **fields)
     trainer = GRPOTrainer(model_dir, reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
     trainer.train(resume_from_checkpoint=True)
     assert trainer.state.global_step == 4 and [r["step"] for r in metrics(args.output_dir)] == [1, 2, 3, 4]
