@@ -297,7 +297,7 @@ def test_a_run_resumed_at_a_rollouts_end_samples_what_the_uninterrupted_run_samp
 def test_a_script_that_trains_at_its_top_level_is_told_to_use_a_main_guard(tmp_path, model_dir):
     # vLLM's CPU engine processes are spawned and import the script again; one without `if __name__ == "__main__":`
     # (TRL's quick-start style) then fails to start its engine, and the error blamed memory. On CPU vLLM always spawns, so
-    # the script is refused before vLLM starts any process: no spawned import of it (Python's freeze_support error) is logged.
+    # the script is refused before its model loads (build.open_engine): no spawned import of it (freeze_support error) is logged.
     script = tmp_path / "top_level.py"
     script.write_text(
         "from datasets import Dataset\nfrom fastgrpo import GRPOConfig, GRPOTrainer\n"

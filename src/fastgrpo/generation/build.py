@@ -1,7 +1,7 @@
 """Choosing the generation backend once, from the config: fastgrpo's own sampler, transformers' `generate` or vLLM.
 
-`open_engine` checks what the vLLM backend needs before any model loads (vLLM installed; a server up and
-serving this model); `build_backend` is the one place that knows which backends exist. The loop then calls
+`open_engine` checks what the vLLM backend needs before any model loads (vLLM installed; on CPU a script
+its spawned engine processes can import; a server up and serving this model); `build_backend` is the one place that knows which backends exist. The loop then calls
 the chosen one through the contract (contract.py) only.
 
 Not here: the backends themselves (sampler.py, transformers_generate.py, vllm/), their weight copies (weight_copy.py).
@@ -22,7 +22,7 @@ from .contract import EngineError, GenerationBackend, SamplingSettings
 from .sampler import Sampler, unsupported_reason
 from .transformers_generate import TransformersGenerator
 from .vllm.backend import VLLMGenerator
-from .vllm.colocate import ColocateEngine
+from .vllm.colocate import ColocateEngine, unguarded_main_message, unguarded_main_script
 from .vllm.server import ServerEngine, base_url, same_model
 from .vllm.weights import WeightsFolder, tied_names, with_head
 from .weight_copy import GatheredCopy, MergedCopy, full_weights
@@ -39,14 +39,21 @@ def open_engine(args, model, *, is_main: bool, bf16: bool) -> ServerEngine | Non
         is_main: this is the main training process (it pushes the weights to a shared server).
         bf16: the policy trains in bf16 (the engine's weights are bf16; else float32).
     Raises:
-        EngineError: colocate without vLLM installed (the message names the install command); see
-            `server.ServerEngine` for the server's faults (none at the URL, another model, no dev endpoints).
+        EngineError: colocate without vLLM installed (the message names the install command), or on CPU from a script
+            that trains at its top level (vLLM's CPU engine spawns its processes, each importing the script again:
+            `colocate.unguarded_main_script`); see `server.ServerEngine` for the server's faults (none at the URL, another
+            model, no dev endpoints).
     """
     if args.generation_backend != "vllm":
         return None
     if args.vllm_mode == "colocate":
         if importlib.util.find_spec("vllm") is None:
             raise EngineError(f"use_vllm=True needs vLLM, which is not installed: {VLLM_INSTALL}.")
+        if not torch.cuda.is_available():
+            from vllm import envs  # noqa: PLC0415 (an optional dependency; its settings only, not the engine)
+
+            if envs.VLLM_ENABLE_V1_MULTIPROCESSING and unguarded_main_script():  # certain to fail after ≈ 20 s of spawning
+                raise EngineError(unguarded_main_message("vLLM's CPU engine spawns its processes"))
         return None
     name = model if isinstance(model, str) else getattr(decoder_of(model).config, "name_or_path", "") or type(model).__name__
     folder = resolve_model_path(name) if isinstance(model, str) else None  # a built-in model's folder also answers to its alias

@@ -195,23 +195,21 @@ class ColocateEngine:
         processes: the `multiprocessing` processes vLLM started for it (the engine core), watched by each call.
     Raises:
         EngineError: vLLM could not start (memory, most often: the message names the knobs; on CPU a share of RAM or a KV
-            cache larger than is available is refused before it starts, `check_cpu_memory`), or would spawn its processes
-            from a script that trains at its top level (`unguarded_main_script`; on CPU refused before it starts).
+            cache larger than is available is refused before it starts, `check_cpu_memory`), or its spawned processes
+            failed on a script that trains at its top level (`unguarded_main_script`; on CPU the trainer refuses such a
+            script before any model loads, `build.open_engine`).
     """
 
     pushes_weights = True
     description = "vLLM in this process"
 
     def __init__(self, folder: WeightsFolder, *, max_model_len: int, memory_utilization: float, model_impl: str, seed: int):
-        from vllm import LLM, SamplingParams, envs  # noqa: PLC0415 (an optional dependency, imported when the backend is chosen)
+        from vllm import LLM, SamplingParams  # noqa: PLC0415 (an optional dependency, imported when the backend is chosen)
 
         on_cpu = not torch.cuda.is_available()
         if on_cpu:
             check_cpu_head_size(folder)
             check_cpu_memory(folder, memory_utilization)
-            if envs.VLLM_ENABLE_V1_MULTIPROCESSING and unguarded_main_script():  # certain to fail: refused before ≈ 20 s of spawning
-                folder.close()
-                raise EngineError(unguarded_main_message("vLLM's CPU engine spawns its processes"))
         before = set(multiprocessing.active_children())
         try:
             with own_session():  # the engine's processes out of the terminal's Ctrl-C (module docstring)
