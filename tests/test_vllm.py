@@ -430,7 +430,7 @@ def test_no_server_is_one_line_naming_the_url_within_the_timeout(tmp_path, model
     out = tmp_path / "out"
     start = time.monotonic()
     run = subprocess.run([sys.executable, "-m", "fastgrpo.cli", "train", "--model", model_dir, "--dataset", "calculator", "--reward", "exact",
-                          "--use_vllm", "true", "--vllm_mode", "server", "--vllm_server_port", str(port), "--vllm_server_timeout", "3",
+                          "--use_vllm", "true", "--vllm_mode", "server", "--vllm_server_port", str(port), "--vllm_server_timeout", "1",
                           "--output_dir", str(out)], env=VLLM_ENV, capture_output=True, text=True, timeout=300)
     assert run.returncode == 2 and time.monotonic() - start < 120
     assert run.stderr.strip().splitlines()[-1].startswith(f"fastgrpo: error: no vLLM server answered at http://127.0.0.1:{port} within")
