@@ -504,3 +504,36 @@ def test_a_subclass_overriding_a_trl_method_fastgrpo_never_calls_is_refused(tmp_
             super().log(logs, start_time)
 
     Logged(make_model(), reward_even_tokens, args=config(tmp_path, output_dir=str(tmp_path / "ok")), train_dataset=prompts, processing_class=tokenizer)
+
+
+def test_a_subclass_save_model_is_called_for_each_checkpoint_as_trls(tmp_path, tokenizer, make_model):
+    """Trainer._save_checkpoint calls `self.save_model(folder, _internal_call=True)`: a subclass that saves more there (a
+    value head, its own config) finds it in every checkpoint. fastgrpo called it only when user code did. Its folder is
+    the checkpoint's until renamed into place (`.tmp-checkpoint-N`); what it writes is in the manifest, and a resume loads."""
+    import fastgrpo
+
+    calls = {}
+    for module, extra in ((trl, {"use_cpu": True}), (fastgrpo, {"disable_tqdm": True, "max_prompt_length": 64})):
+        made = calls[module.__name__] = []
+
+        class SavesMore(module.GRPOTrainer):
+            def save_model(self, output_dir=None, _internal_call=False):
+                super().save_model(output_dir, _internal_call)
+                made.append((os.path.basename(output_dir).removeprefix(".tmp-"), _internal_call, self.state.global_step))
+                if self.args.should_save:
+                    with open(os.path.join(output_dir, "value_head.json"), "w") as f:
+                        json.dump({"step": self.state.global_step}, f)
+
+        fields = dict(output_dir=str(tmp_path / module.__name__), per_device_train_batch_size=4, num_generations=4, max_completion_length=8,
+                      max_steps=1, save_steps=1, report_to="none", bf16=False, seed=0, **extra)
+        trainer = SavesMore(make_model(), reward_even_tokens, args=module.GRPOConfig(**fields), train_dataset=single_digit_prompts(), processing_class=tokenizer)
+        trainer.train()
+        trainer.save_model(str(tmp_path / module.__name__ / "final"))
+    assert calls["fastgrpo"] == calls["trl"] == [("checkpoint-1", True, 1), ("final", False, 1)]
+    out = tmp_path / "fastgrpo"
+    assert json.loads((out / "checkpoint-1" / "value_head.json").read_text()) == {"step": 1}
+    assert "value_head.json" in json.loads((out / "checkpoint-1" / "manifest.json").read_text())["files"]
+    resumed = GRPOTrainer(make_model(), reward_even_tokens, args=fastgrpo.GRPOConfig(**{**fields, "max_steps": 2}),
+                          train_dataset=single_digit_prompts(), processing_class=tokenizer)
+    resumed.train(resume_from_checkpoint=True)  # the checkpoint with the subclass's file loads (its manifest checks it)
+    assert resumed.state.global_step == 2

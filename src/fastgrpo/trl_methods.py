@@ -336,9 +336,11 @@ class TRLMethods(TRLAttributes):
         rollout = dataclasses.replace(rollout, advantages=advantages)
         return dataclasses.replace(rollout, ref_logps=self.passes.ref(rollout, [slice(0, len(rollout))])), extra  # one pass, as eval_loss's
 
-    def save_model(self, output_dir: str | None = None, merge_adapters: bool = False) -> None:
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False, *, merge_adapters: bool = False) -> None:
         """Save the policy (safetensors), tokenizer and args (training_args.bin, as Trainer saves them) to `output_dir`
-        (default args.output_dir); main process writes.
+        (default args.output_dir); every process calls it, the main process writes. Trainer's signature: a subclass's
+        override is also called for each checkpoint, with the checkpoint's folder and `_internal_call=True`, as
+        Trainer._save_checkpoint calls it (fastgrpo's own checkpoint files are written first).
 
         With adapters it writes them alone (`adapter_model.safetensors`, loadable with
         `peft.PeftModel.from_pretrained`), or with `merge_adapters=True` the base

@@ -1,32 +1,26 @@
 """Checkpoints: write-then-rename, prune, find the latest, load.
 
-A checkpoint folder `checkpoint-<step>` holds the model (safetensors, loadable
-with `from_pretrained`; for a LoRA policy the adapters alone, loadable with
-`peft.PeftModel.from_pretrained`) and tokenizer, `trainer_state.pt` (optimizer,
-scheduler, step, data position), `training_args.bin` (the GRPOConfig, as Trainer saves it), and per process `rng_state_<rank>.pt` and
-`process_state_<rank>.pt` (that process's own share of the state: the rollout
-in use when saved inside a reuse window), and last `manifest.json` (step, the
-run's id, every file's size in bytes and CRC-32). A sharded (FSDP) policy's checkpoint holds,
-instead of the model file and the optimizer in `trainer_state.pt`, the trainable
-weights' and the optimizer's shards (torch.distributed.checkpoint: `.metadata` and
-`__<rank>_0.distcp` per process) and `config.json`; it resumes on any number of
-processes, sharded or not (the shards are re-cut on load); `save_model` writes
-the whole model. It is written under a temporary name
-and renamed into place, so a crash mid-save never leaves a half checkpoint
-that resume would pick, and the last good one is never touched; a failed
-write removes the temporary folder and says which checkpoint failed. On load
-the manifest is checked first and every file is read before anything is
-applied, so a corrupt checkpoint is refused by name and file, and
-`resume_from_checkpoint=True` falls back to the newest one that loads.
-Pruning (`save_total_limit`) only touches checkpoints of the same run id and
-follows transformers' `rotate_checkpoints`: the newest checkpoint and
-`state.best_model_checkpoint` are never deleted.
+A checkpoint folder `checkpoint-<step>` holds the model (safetensors, loadable with `from_pretrained`; for a LoRA
+policy the adapters alone, loadable with `peft.PeftModel.from_pretrained`) and tokenizer, `trainer_state.pt`
+(optimizer, scheduler, step, data position), `training_args.bin` (the GRPOConfig, as Trainer saves it), and per
+process `rng_state_<rank>.pt` and `process_state_<rank>.pt` (that process's own share of the state: the rollout in use
+when saved inside a reuse window), and last `manifest.json` (step, the run's id, every file's size in bytes and
+CRC-32). A sharded (FSDP) policy's checkpoint holds, instead of the model file and the optimizer in
+`trainer_state.pt`, the trainable weights' and the optimizer's shards (torch.distributed.checkpoint: `.metadata` and
+`__<rank>_0.distcp` per process) and `config.json`; it resumes on any number of processes, sharded or not (the shards
+are re-cut on load); `save_model` writes the whole model. A subclass's `save_model` is also called for each
+checkpoint, into its folder (Trainer._save_checkpoint's call; what it writes is in the manifest). It is written under
+a temporary name and renamed into place, so a crash mid-save never leaves a half checkpoint that resume would pick,
+and the last good one is never touched; a failed write removes the temporary folder and says which checkpoint failed.
+On load the manifest is checked first and every file is read before anything is applied, so a corrupt checkpoint is
+refused by name and file, and `resume_from_checkpoint=True` falls back to the newest one that loads. Pruning
+(`save_total_limit`) only touches checkpoints of the same run id and follows transformers' `rotate_checkpoints`: the
+newest checkpoint and `state.best_model_checkpoint` are never deleted.
 
-Resume rule (docs/design.md): a checkpoint saved inside a rollout's reuse window
-carries that rollout (tokens, advantages, π_old/π_ref log-probs) and how many
-of its optimizer steps were done; resuming continues the same rollout from
-the next step. One saved at the end of a window carries none, and resuming
-generates a new rollout. A rollout with no step left is never trained on.
+Resume rule (docs/design.md): a checkpoint saved inside a rollout's reuse window carries that rollout (tokens,
+advantages, π_old/π_ref log-probs) and how many of its optimizer steps were done; resuming continues the same rollout
+from the next step. One saved at the end of a window carries none, and resuming generates a new rollout. A rollout
+with no step left is never trained on.
 """
 
 from __future__ import annotations
@@ -104,7 +98,7 @@ def set_rng_state(state: dict) -> None:
 
 def save_checkpoint(
     output_dir: str, step: int, accelerator, model, tokenizer, args, trainer_state: dict, process_state: dict | None = None, run_id: str = "",
-    optimizer=None,
+    optimizer=None, write_more=None,
 ) -> str:
     """Write `output_dir/checkpoint-<step>` atomically; every process must call it.
 
@@ -118,6 +112,8 @@ def save_checkpoint(
         run_id: the run's id, written to the manifest; `prune` only touches checkpoints with the same id.
         optimizer: for a sharded `model`, the optimizer whose shards are written with
             the weights' (trainer_state then holds no optimizer state).
+        write_more: called by every process with the folder after fastgrpo's files and before the manifest (a subclass's
+            `save_model`, which Trainer._save_checkpoint calls for each checkpoint); what it writes is in the manifest.
     Returns:
         The checkpoint's path.
     Raises:
@@ -146,6 +142,9 @@ def save_checkpoint(
             tokenizer.save_pretrained(tmp)
             torch.save(trainer_state, os.path.join(tmp, "trainer_state.pt"))
             torch.save(args, os.path.join(tmp, TRAINING_ARGS_NAME))
+        if write_more is not None:
+            write_more(tmp)
+        if accelerator.is_main_process:
             make_readable(tmp)
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:

@@ -81,10 +81,12 @@ class Checkpointed(Protocol):
     metrics_log: Any  # run/metrics.MetricsLog on the main process, else None
     setup: dict  # reward functions, tools, environments, rollout_func by name (runs.run_setup)
     create_model_card: Any  # TRL's method (trl_methods.py): README.md in output_dir
+    save_model: Any  # Trainer's method (trl_methods.py); a subclass's override is called for each checkpoint too
 
 
 def save(trainer: Checkpointed, rollout: Rollout, done: int) -> str:
-    """Write checkpoint-<step> (every process calls it), then the callbacks' on_save.
+    """Write checkpoint-<step> (every process calls it; a subclass's `save_model` into it too, as Trainer._save_checkpoint
+    calls it), then the callbacks' on_save.
 
     Args:
         trainer: the trainer whose state is saved.
@@ -116,7 +118,9 @@ def save(trainer: Checkpointed, rollout: Rollout, done: int) -> str:
         "producer": trainer.rollouts.state_dict(),
     }
     acc = trainer.accelerator
-    path = ckpt.save_checkpoint(a.output_dir, trainer.step, acc, trainer.model, trainer.tokenizer, a, state, own, trainer.run_id, trainer.optimizer)
+    subclass_saves = any("save_model" in vars(c) for c in type(trainer).__mro__ if not c.__module__.startswith("fastgrpo."))
+    path = ckpt.save_checkpoint(a.output_dir, trainer.step, acc, trainer.model, trainer.tokenizer, a, state, own, trainer.run_id, trainer.optimizer,
+                                write_more=(lambda folder: trainer.save_model(folder, _internal_call=True)) if subclass_saves else None)
     # TRL's _save_checkpoint writes the model card: output_dir/README.md, named after hub_model_id or the folder (here
     # after the checkpoint, so a full disk is reported as the checkpoint's failure; before on_save, as TRL's)
     if card_is_replaceable(a.output_dir):
