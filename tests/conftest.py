@@ -8,6 +8,8 @@ import subprocess
 import struct
 import sys
 import threading
+import time
+import urllib.request
 
 import pytest
 import torch
@@ -128,8 +130,9 @@ def server(model_dir):
 
 class DyingServer:
     """A TCP proxy on loopback in front of the shared vLLM server: `url` is a server that answers as it does until
-    `die()`, then refuses every connection and resets those open, as a server process that was killed (the shared
-    server, whose start costs ≈ 30 s here, lives on for the other tests).
+    `die()`, then refuses every connection and resets those open, as a server process that was killed, or `hang()`,
+    then takes connections and never answers (the shared server, whose start costs ≈ 30 s here, lives on for the
+    other tests).
 
     Args:
         target: the shared server's URL (http://127.0.0.1:port).
@@ -140,6 +143,7 @@ class DyingServer:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
         self.connections: list[socket.socket] = []
+        self.hung = False
         self.lock = threading.Lock()
         threading.Thread(target=self.accept, daemon=True).start()
 
@@ -149,6 +153,10 @@ class DyingServer:
                 client, _ = self.listener.accept()
             except OSError:  # die() shut the listener
                 return
+            if self.hung:
+                with self.lock:
+                    self.connections.append(client)  # held open, unanswered (reset by die() at the test's end)
+                continue
             try:
                 upstream = socket.create_connection(("127.0.0.1", self.target_port))
             except OSError:  # the shared server is still starting: this client's poll fails, as it would there
@@ -168,6 +176,10 @@ class DyingServer:
         except OSError:  # a reset, or die() closed one end
             pass
 
+    def hang(self) -> None:
+        """Take new connections and never answer them, as a server whose engine is stuck (the open ones finish)."""
+        self.hung = True
+
     def die(self) -> None:
         """Refuse new connections and reset the open ones (SO_LINGER 0: an RST, as the kernel sends for a killed process)."""
         self.listener.shutdown(socket.SHUT_RDWR)
@@ -183,7 +195,16 @@ class DyingServer:
 
 @pytest.fixture
 def dying_server(server):
-    """A `DyingServer` in front of the shared server, dead at the latest when the test ends."""
+    """A `DyingServer` in front of the shared server once that answers (a run may then time out in seconds), dead at
+    the latest when the test ends."""
+    deadline = time.monotonic() + 300
+    while True:
+        try:
+            with urllib.request.urlopen(server + "/health", timeout=5):
+                break
+        except OSError:
+            assert time.monotonic() < deadline, f"the shared vLLM server at {server} did not start within 300 s"
+            time.sleep(1)
     proxy = DyingServer(server)
     yield proxy
     if proxy.listener.fileno() != -1:

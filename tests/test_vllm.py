@@ -459,6 +459,24 @@ def test_server_dying_mid_run_is_a_clear_error_and_resume_works(tmp_path, tokeni
     assert trainer.state.global_step == 4 and [r["step"] for r in metrics(args.output_dir)] == [1, 2, 3, 4]
 
 
+def test_a_server_that_stops_answering_mid_run_names_vllm_server_timeout(tmp_path, tokenizer, prompts, model_dir, dying_server):
+    # A server that takes the connection and never answers (a stuck engine, or one busier than the timeout allows):
+    # the request waited vllm_server_timeout, then said "stopped answering (TimeoutError: timed out)", which sends a
+    # user whose server was only busy to restart it. Now the error names the timeout and both fixes.
+    class HangAfterStep1(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            dying_server.hang()
+
+    args = config(tmp_path, vllm_mode="server", vllm_server_base_url=dying_server.url, max_steps=3, save_steps=1, save_strategy="steps",
+                  vllm_server_timeout=3)
+    trainer = GRPOTrainer(model_dir, reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer, callbacks=[HangAfterStep1()])
+    start = time.monotonic()
+    with pytest.raises(EngineError, match=r"did not answer POST /\S+ within vllm_server_timeout=3 s; if it is busy .* raise "
+                                          r"vllm_server_timeout; if it hangs, the last checkpoint is kept: restart the server, then resume"):
+        trainer.train()
+    assert time.monotonic() - start < 60 and trainer.state.global_step == 1 and os.path.isdir(os.path.join(args.output_dir, "checkpoint-1"))
+
+
 # ------------------------------------------------------------------ refused before any model loads
 @pytest.mark.parametrize("fields,message", [
     ({"vllm_enable_sleep_mode": True}, "no sleep mode on CPU"),

@@ -133,7 +133,7 @@ class GRPOConfig(TrainingArgumentsMethods, TrlFields):
     vllm_server_base_url: str | None = None  # server: e.g. "http://localhost:8000"; None: http://{host}:{port}
     vllm_server_host: str = "0.0.0.0"
     vllm_server_port: int = 8000
-    vllm_server_timeout: float = 240.0  # seconds to wait for the server to answer at start-up
+    vllm_server_timeout: float = 240.0  # seconds to wait for the server to answer at start-up, and for each request
     vllm_group_port: int = 51216  # server on CUDA: the NCCL weight-transfer group's port
     vllm_gpu_memory_utilization: float = 0.3  # colocate: the engine's share of GPU memory (of RAM on CPU: its KV cache)
     vllm_max_model_length: int | None = None  # colocate: the engine's context; None: max_prompt_length + max_completion_length

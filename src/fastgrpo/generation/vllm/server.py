@@ -141,7 +141,8 @@ class ServerEngine:
             time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 
     def request(self, method: str, path: str, body: dict | None = None, missing: str = "") -> dict:
-        """One HTTP request; → the JSON answer ({} for an empty one). Raises EngineError on any failure."""
+        """One HTTP request; → the JSON answer ({} for an empty one). Raises EngineError on any failure (no answer within
+        `timeout` seconds: naming vllm_server_timeout, which a busy server needs raised)."""
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.url + path, data=data, method=method, headers={"Content-Type": "application/json"})
         try:
@@ -156,6 +157,11 @@ class ServerEngine:
         except (OSError, http.client.HTTPException) as err:
             after = ("the last checkpoint is kept: restart the server, then resume with resume_from_checkpoint=True" if self.started
                      else "nothing was trained yet: check the server, then start the run again")
+            if isinstance(err, TimeoutError) or isinstance(getattr(err, "reason", None), TimeoutError):  # read, or connect (URLError)
+                raise EngineError(
+                    f"{self.description} did not answer {method} {path.split('?')[0]} within vllm_server_timeout={self.timeout:g} s; if it "
+                    f"is busy (a slow machine, long completions, other clients), raise vllm_server_timeout; if it hangs, {after}."
+                ) from None
             raise EngineError(f"{self.description} stopped answering ({type(err).__name__}: {err}) during {method} {path.split('?')[0]}; {after}.") from None
         try:
             answer = json.loads(text) if text.strip() else {}
