@@ -411,6 +411,21 @@ def test_a_server_holding_another_model_is_refused(tmp_path, tokenizer, prompts,
         GRPOTrainer(vllm_tiny_model(tokenizer), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
 
 
+def test_a_servers_model_typed_as_another_path_to_the_same_folder_is_the_model(tmp_path, monkeypatch):
+    # `fastgrpo vllm-serve --model ./m` reports "./m" as typed: a run given "m" (or its absolute path, or "~/…/m") was refused,
+    # "serves './m', not the model being trained ('m')". The same folder is the same model; another folder is not.
+    from fastgrpo.generation.vllm.server import names_the_model, same_model
+
+    (tmp_path / "m").mkdir(), (tmp_path / "other" / "m").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for run in ("m", "./m", str(tmp_path / "m"), "~/m"):
+        spellings = (run, *same_model(run, run))
+        assert all(names_the_model(served, spellings) for served in ("m", "./m", "m/", str(tmp_path / "m"), "~/m")), run
+        assert not names_the_model("other/m", spellings) and not names_the_model(str(tmp_path / "other" / "m"), spellings)
+    assert names_the_model("org/model", ("org/model",)) and not names_the_model("org/model-2", ("org/model",))  # hub ids: as typed
+
+
 def test_a_built_in_models_folder_answers_to_its_alias(tmp_path, monkeypatch):
     """`fastgrpo vllm-serve --model smollm2-135m-instruct` reports the alias; a run given the alias's converted
     folder (or a link to it) trains that model, so the server check accepts the alias for it, and for no other folder."""

@@ -211,13 +211,13 @@ def validate(c) -> None:
         f"epsilon_high={c.epsilon_high} is below epsilon={c.epsilon}; clip-higher needs epsilon_high ≥ epsilon.",
     )
     need(
+        c.delta is None or c.loss_type not in TOKEN_ONLY_LOSS_TYPES,
+        f"delta={c.delta} bounds the PPO-clipped ratio; loss_type={c.loss_type!r} has no such ratio, so set delta=None.",
+    )
+    need(
         c.delta is None or c.delta > 1 + c.epsilon_high,
         f"delta={c.delta} must exceed 1 + epsilon_high = {1 + c.epsilon_high} or it clips inside the trust region; "
         f"use e.g. {1 + c.epsilon_high + 0.8:g}, or None.",
-    )
-    need(
-        c.delta is None or c.loss_type not in TOKEN_ONLY_LOSS_TYPES,
-        f"delta={c.delta} bounds the PPO-clipped ratio; loss_type={c.loss_type!r} has no such ratio, so set delta=None.",
     )
     need(
         c.importance_sampling_level in ("token", "sequence"),

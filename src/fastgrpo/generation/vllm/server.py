@@ -77,7 +77,7 @@ class ServerEngine:
             raise EngineError(f"{self.description} answered GET /v1/models without a served model ({str(models)[:200]}); is it a vLLM "
                               f"server? Start one with `{start_command(model, self.url)}`.")
         served = models[0]["id"]
-        if served not in (model, *aliases):
+        if not names_the_model(served, (model, *aliases)):
             raise EngineError(f"{self.description} serves {served!r}, not the model being trained ({model!r}); "
                               f"start one for it: `{start_command(model, self.url)}`.")
         self.model = served
@@ -237,3 +237,13 @@ class ServerEngine:
 def same_model(name: str, folder: str) -> tuple[str, ...]:
     """The spellings a server may report for a model given as `name` that resolved to `folder`."""
     return tuple({name, folder, os.path.realpath(folder)} - {name})
+
+
+def names_the_model(served: str, names: tuple[str, ...]) -> bool:
+    """Whether a server's model name `served` is one of `names` (the run's model and its spellings), or a local path to
+    the same folder as one of them, read from this process's working folder (`./m`, `m` and `~/…/m` are one model; a
+    server reports `--model` as it was typed)."""
+    if served in names:
+        return True
+    folders = {os.path.realpath(os.path.expanduser(name)) for name in names if os.path.exists(os.path.expanduser(name))}
+    return os.path.exists(os.path.expanduser(served)) and os.path.realpath(os.path.expanduser(served)) in folders
