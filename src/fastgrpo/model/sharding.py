@@ -29,9 +29,7 @@ import torch
 from torch import nn
 
 # The launcher's request (accelerate launch sets these from its config file's fsdp_config).
-_USE_FSDP, _VERSION, _RESHARD, _CHECKPOINTING, _RAM_EFFICIENT = (
-    "ACCELERATE_USE_FSDP", "FSDP_VERSION", "FSDP_RESHARD_AFTER_FORWARD", "FSDP_ACTIVATION_CHECKPOINTING", "FSDP_CPU_RAM_EFFICIENT_LOADING",
-)
+_USE_FSDP, _VERSION, _RESHARD, _CHECKPOINTING = "ACCELERATE_USE_FSDP", "FSDP_VERSION", "FSDP_RESHARD_AFTER_FORWARD", "FSDP_ACTIVATION_CHECKPOINTING"
 
 
 def _flag(name: str, default: str = "false") -> bool:
