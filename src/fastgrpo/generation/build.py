@@ -1,8 +1,8 @@
 """Choosing the generation backend once, from the config: fastgrpo's own sampler, transformers' `generate` or vLLM.
 
-`open_engine` checks what the vLLM backend needs before any model loads (vLLM installed; on CPU a script
-its spawned engine processes can import; a server up and serving this model); `build_backend` is the one place that knows which backends exist. The loop then calls
-the chosen one through the contract (contract.py) only.
+`open_engine` checks what the vLLM backend needs before any model loads (vLLM installed; on CPU a script its spawned
+engine processes can import; a server up and serving this model); `build_backend` is the one place that knows which
+backends exist. The loop then calls the chosen one through the contract (contract.py) only.
 
 Not here: the backends themselves (sampler.py, transformers_generate.py, vllm/), their weight copies (weight_copy.py).
 """

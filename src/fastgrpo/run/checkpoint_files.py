@@ -8,14 +8,14 @@ when saved inside a reuse window), and last `manifest.json` (step, the run's id,
 CRC-32). A sharded (FSDP) policy's checkpoint holds, instead of the model file and the optimizer in
 `trainer_state.pt`, the trainable weights' and the optimizer's shards (torch.distributed.checkpoint: `.metadata` and
 `__<rank>_0.distcp` per process) and `config.json`; it resumes on any number of processes, sharded or not (the shards
-are re-cut on load); `save_model` writes the whole model. A subclass's `save_model` is also called for each
-checkpoint, into its folder (Trainer._save_checkpoint's call; what it writes is in the manifest). It is written under
-a temporary name and renamed into place, so a crash mid-save never leaves a half checkpoint that resume would pick,
-and the last good one is never touched; a failed write removes the temporary folder and says which checkpoint failed.
-On load the manifest is checked first and every file is read before anything is applied, so a corrupt checkpoint is
-refused by name and file, and `resume_from_checkpoint=True` falls back to the newest one that loads. Pruning
-(`save_total_limit`) only touches checkpoints of the same run id and follows transformers' `rotate_checkpoints`: the
-newest checkpoint and `state.best_model_checkpoint` are never deleted.
+are re-cut on load); `save_model` writes the whole model. A checkpoint is written under a temporary name and renamed
+into place, so a crash mid-save never leaves a half checkpoint that resume would pick, and the last good one is never
+touched; a failed write removes the temporary folder and says which checkpoint failed. A subclass's `save_model` is
+also called for each checkpoint, into the temporary folder (Trainer._save_checkpoint's call; what it writes is in the
+manifest). On load the manifest is checked first and every file is read before anything is applied, so a corrupt
+checkpoint is refused by name and file, and `resume_from_checkpoint=True` falls back to the newest one that loads.
+Pruning (`save_total_limit`) only touches checkpoints of the same run id and follows transformers'
+`rotate_checkpoints`: the newest checkpoint and `state.best_model_checkpoint` are never deleted.
 
 Resume rule (docs/design.md): a checkpoint saved inside a rollout's reuse window carries that rollout (tokens,
 advantages, π_old/π_ref log-probs) and how many of its optimizer steps were done; resuming continues the same rollout
