@@ -159,6 +159,9 @@ def save_checkpoint(
             f"{repr(last[-1]) + ' is untouched' if last else 'there is no earlier checkpoint'}. Free space, then resume with "
             "resume_from_checkpoint=True (fastgrpo train --resume)."
         ) from err
+    except BaseException:  # a subclass's save_model that raised, an unpicklable value, Ctrl-C: no half folder left behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return final
 
 
@@ -177,12 +180,12 @@ def make_readable(folder: str) -> None:
 
 
 def write_manifest(folder: str, step: int, run_id: str) -> None:
-    """`manifest.json`: the step, the run id, and the size in bytes and CRC-32 of every other file in `folder`."""
+    """`manifest.json`: the step, the run id, and the size in bytes and CRC-32 of every other file in `folder`, those in
+    its subfolders by relative path (never a folder's own size, which differs between file systems)."""
     files = {}
-    for name in sorted(os.listdir(folder)):
-        file = os.path.join(folder, name)
-        if name != MANIFEST:
-            files[name] = {"bytes": os.path.getsize(file), "crc32": file_crc32(file)} if os.path.isfile(file) else os.path.getsize(file)
+    for file in sorted(os.path.join(root, name) for root, _, names in os.walk(folder) for name in names):  # subfolders too
+        if (relative := os.path.relpath(file, folder)) != MANIFEST and os.path.isfile(file):
+            files[relative] = {"bytes": os.path.getsize(file), "crc32": file_crc32(file)}
     with open(os.path.join(folder, MANIFEST), "w") as f:
         json.dump({"step": step, "run_id": run_id, "files": files}, f, indent=1)
 
@@ -215,7 +218,7 @@ def read_manifest(path: str) -> dict:
         file = os.path.join(path, name)
         if not os.path.exists(file):
             raise CorruptCheckpointError(f"checkpoint {path!r} is incomplete: {name} is missing.")
-        if os.path.getsize(file) != entry["bytes"]:
+        if not os.path.isdir(file) and os.path.getsize(file) != entry["bytes"]:  # an older manifest's folder size: not checked
             raise CorruptCheckpointError(f"checkpoint {path!r} is corrupt: {name} holds {os.path.getsize(file)} bytes, the manifest says {entry['bytes']}.")
     for name, entry in listed.items():
         if "crc32" in entry and (crc := file_crc32(os.path.join(path, name))) != entry["crc32"]:
