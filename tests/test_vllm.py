@@ -426,6 +426,38 @@ def test_a_servers_model_typed_as_another_path_to_the_same_folder_is_the_model(t
     assert names_the_model("org/model", ("org/model",)) and not names_the_model("org/model-2", ("org/model",))  # hub ids: as typed
 
 
+def test_the_folder_a_server_loaded_decides_not_its_name(tmp_path, monkeypatch):
+    """A server started as `--model m` in another working folder reports "m" too: a run training its own `m` (same name,
+    another folder, another architecture) was taken for it, its weights pushed, and the server's reload failed with
+    "start (0) + length (128) exceeds dimension size (96)", leaving that server broken for every later run; and a run
+    given the served folder by another path from another working folder was refused. /v1/models' `root` (the folder
+    vLLM loaded: fastgrpo vllm-serve's untied copy, linking to the model's files) says which folder it serves."""
+    from safetensors.torch import save_file
+
+    from fastgrpo.generation.vllm.server import names_the_model, same_model, served_folder
+    from fastgrpo.generation.vllm.weights import untied_folder
+
+    roots = {}
+    for side in ("served", "other"):
+        folder = tmp_path / side / "m"
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text(json.dumps({"tie_word_embeddings": True}))
+        save_file({"model.embed_tokens.weight": torch.zeros(4, 2)}, str(folder / "model.safetensors"))
+        roots[side] = untied_folder(str(folder), str(tmp_path / "cache" / "untied" / side))
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    assert served_folder(roots["served"]) == str(tmp_path / "served" / "m") and served_folder(str(plain)) == str(plain)
+    assert served_folder("m") is None and served_folder("org/model") is None and served_folder(None) is None
+    monkeypatch.chdir(tmp_path / "other")
+    spellings = ("m", *same_model("m", str(tmp_path / "other" / "m")))
+    assert not names_the_model("m", spellings, served_folder(roots["served"]))  # the same name, another folder
+    assert names_the_model("m", spellings, served_folder(roots["other"]))
+    monkeypatch.chdir(tmp_path)
+    spellings = ("served/m", *same_model("served/m", str(tmp_path / "served" / "m")))
+    assert names_the_model("m", spellings, served_folder(roots["served"]))  # "m" typed in served/: the same folder
+    assert names_the_model("org/model", ("org/model",), served_folder("org/model"))  # hub ids: as typed
+
+
 def test_a_built_in_models_folder_answers_to_its_alias(tmp_path, monkeypatch):
     """`fastgrpo vllm-serve --model smollm2-135m-instruct` reports the alias; a run given the alias's converted
     folder (or a link to it) trains that model, so the server check accepts the alias for it, and for no other folder."""

@@ -76,10 +76,10 @@ class ServerEngine:
         if not isinstance(models, list) or not models or not isinstance(models[0], dict) or "id" not in models[0]:
             raise EngineError(f"{self.description} answered GET /v1/models without a served model ({str(models)[:200]}); is it a vLLM "
                               f"server? Start one with `{start_command(model, self.url)}`.")
-        served = models[0]["id"]
-        if not names_the_model(served, (model, *aliases)):
-            raise EngineError(f"{self.description} serves {served!r}, not the model being trained ({model!r}); "
-                              f"start one for it: `{start_command(model, self.url)}`.")
+        served, folder = models[0]["id"], served_folder(models[0].get("root"))  # root: the folder vLLM loaded
+        if not names_the_model(served, (model, *aliases), folder):
+            raise EngineError(f"{self.description} serves {served!r}{f' (the folder {folder})' if folder else ''}, not the model being "
+                              f"trained ({model!r}); start one for it: `{start_command(model, self.url)}`.")
         self.model = served
         info = self.request("GET", "/server_info?config_format=json", missing="its dev endpoints are off")
         config = info.get("vllm_config") if isinstance(info.get("vllm_config"), dict) else {}  # vLLM 0.32: {"vllm_config": {…}, "vllm_env": …}
@@ -239,11 +239,28 @@ def same_model(name: str, folder: str) -> tuple[str, ...]:
     return tuple({name, folder, os.path.realpath(folder)} - {name})
 
 
-def names_the_model(served: str, names: tuple[str, ...]) -> bool:
+def served_folder(root) -> str | None:
+    """The local folder a server loaded, from its `root` in /v1/models (vLLM's `--model`): for `fastgrpo vllm-serve`'s
+    untied copy of a tied model (`weights.untied_folder`, in a folder named "untied") the folder its files link to;
+    None when `root` is not an absolute path to a folder on this machine (a hub id, a relative path, another machine's)."""
+    if not isinstance(root, str) or not os.path.isabs(root) or not os.path.isdir(root):
+        return None
+    if os.path.basename(os.path.dirname(root)) == "untied":
+        links = {os.path.dirname(os.readlink(p)) for p in (os.path.join(root, n) for n in os.listdir(root)) if os.path.islink(p)}
+        if len(links) == 1:
+            return os.path.realpath(links.pop())
+    return os.path.realpath(root)
+
+
+def names_the_model(served: str, names: tuple[str, ...], folder: str | None = None) -> bool:
     """Whether a server's model name `served` is one of `names` (the run's model and its spellings), or a local path to
     the same folder as one of them, read from this process's working folder (`./m`, `m` and `~/…/m` are one model; a
-    server reports `--model` as it was typed)."""
+    server reports `--model` as it was typed). Where the server says which local `folder` it loaded (`served_folder`)
+    and the run trains a local folder, the folders decide: a server started as `--model m` in another working folder
+    serves another `m`, and one started elsewhere for the run's folder serves it, whatever its name."""
+    folders = {os.path.realpath(os.path.expanduser(name)) for name in names if os.path.exists(os.path.expanduser(name))}
+    if folder is not None and folders:
+        return folder in folders
     if served in names:
         return True
-    folders = {os.path.realpath(os.path.expanduser(name)) for name in names if os.path.exists(os.path.expanduser(name))}
     return os.path.exists(os.path.expanduser(served)) and os.path.realpath(os.path.expanduser(served)) in folders
