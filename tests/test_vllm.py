@@ -458,6 +458,21 @@ def test_the_folder_a_server_loaded_decides_not_its_name(tmp_path, monkeypatch):
     assert names_the_model("org/model", ("org/model",), served_folder("org/model"))  # hub ids: as typed
 
 
+def test_a_dead_servers_weight_push_is_not_taken_for_a_server_on_another_machine():
+    """A server killed mid-run refuses the connection: push() read the "refused" of "Connection refused" as the server's
+    HTTP refusal of /collective_rpc and added that without a GPU the server must run on this machine."""
+    from fastgrpo.generation.vllm.server import ServerEngine
+    from fastgrpo.generation.vllm.weights import WeightsFolder
+
+    engine = object.__new__(ServerEngine)  # as connected at start-up, then the server died
+    engine.url, engine.timeout, engine.started, engine.nccl = f"http://127.0.0.1:{free_port()}", 5.0, True, False
+    engine.description, engine.folder = f"the vLLM server at {engine.url}", WeightsFolder(torch.float32)
+    with pytest.raises(EngineError, match="stopped answering") as caught:
+        engine.push({"w": torch.zeros(2)})
+    engine.close()
+    assert "Without a GPU" not in str(caught.value) and "resume_from_checkpoint=True" in str(caught.value)
+
+
 def test_a_built_in_models_folder_answers_to_its_alias(tmp_path, monkeypatch):
     """`fastgrpo vllm-serve --model smollm2-135m-instruct` reports the alias; a run given the alias's converted
     folder (or a link to it) trains that model, so the server check accepts the alias for it, and for no other folder."""

@@ -197,7 +197,7 @@ class ServerEngine:
                 self.request("POST", "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": self.folder.path}},
                              missing="its dev endpoints are off")
             except EngineError as err:
-                if "refused" not in str(err):
+                if not str(err).startswith(f"{self.description} refused "):  # an HTTP error; not a dead server's "Connection refused"
                     raise
                 raise EngineError(f"{err} Without a GPU the server must run on this machine: it reloads the weights from "
                                   f"{self.folder.path} (shared memory).") from None
