@@ -473,6 +473,28 @@ def test_a_dead_servers_weight_push_is_not_taken_for_a_server_on_another_machine
     assert "Without a GPU" not in str(caught.value) and "resume_from_checkpoint=True" in str(caught.value)
 
 
+@pytest.mark.parametrize("source, unguarded", [
+    ("train()\n", True),
+    ('# no if __name__ == "__main__": needed\ntrain()\n', True),  # a comment or a string is no guard: it was read as one
+    ('note = "if __name__ == \'__main__\':"\ntrain()\n', True),
+    ('if __name__ != "__main__":\n    raise SystemExit\ntrain()\n', True),
+    ('if __name__ == "__main__":\n    train()\n', False),
+    ('if __name__ in ("__main__",):\n    train()\n', False),  # guards the regular expression did not know: refused
+    ('match __name__:\n    case "__main__":\n        train()\n', False),
+])
+@pytest.mark.parametrize("name", ["train.py", "train"])  # a script without .py is imported again by a spawned process too
+def test_a_script_is_guarded_by_its_code_not_its_text(tmp_path, monkeypatch, source, unguarded, name):
+    import types
+
+    from fastgrpo.generation.vllm.colocate import unguarded_main_script
+
+    (tmp_path / name).write_text(source)
+    main = types.ModuleType("__main__")
+    main.__file__ = str(tmp_path / name)
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    assert unguarded_main_script() is unguarded
+
+
 def test_a_built_in_models_folder_answers_to_its_alias(tmp_path, monkeypatch):
     """`fastgrpo vllm-serve --model smollm2-135m-instruct` reports the alias; a run given the alias's converted
     folder (or a link to it) trains that model, so the server check accepts the alias for it, and for no other folder."""

@@ -27,12 +27,12 @@ Not here: the sampling settings and the `Samples` built from the output (backend
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import multiprocessing
 import multiprocessing.spawn
 import os
-import re
 import shlex
 import signal
 import sys
@@ -159,10 +159,21 @@ def unguarded_main_script() -> bool:
     (as `__mp_main__`), so one that trains at its top level starts a second engine inside vLLM's engine core, which
     Python refuses (vLLM's CPU platform always spawns; TRL's colocate mode runs vLLM in-process and never does)."""
     path = getattr(sys.modules.get("__main__"), "__file__", None)
-    if not path or not path.endswith(".py") or not os.path.isfile(path):
+    if not path or not os.path.isfile(path):  # a script without .py is imported again too (multiprocessing's run_path)
         return False
-    with open(path, encoding="utf-8", errors="replace") as f:
-        return re.search(r"__name__\s*==\s*['\"]__main__['\"]|['\"]__main__['\"]\s*==\s*__name__", f.read()) is None
+    try:
+        with open(path, "rb") as f:
+            tree = ast.parse(f.read())  # the code, not its comments and strings; `in ("__main__",)` and `match` are guards too
+    except (SyntaxError, ValueError):  # not Python source (a zip application): not ours to judge
+        return False
+    return not any(_tests_main(node.test if isinstance(node, ast.If) else node) for node in ast.walk(tree) if isinstance(node, (ast.If, ast.Match)))
+
+
+def _tests_main(node: ast.AST) -> bool:
+    """Whether an `if` test (or a `match` statement) reads `__name__` and names "__main__" (`!=` trains in a spawned process)."""
+    inner = list(ast.walk(node))
+    return (any(isinstance(n, ast.Name) and n.id == "__name__" for n in inner) and not any(isinstance(n, (ast.NotEq, ast.NotIn)) for n in inner)
+            and any(isinstance(n, ast.Constant) and n.value == "__main__" for n in inner))
 
 
 def unguarded_main_message(cause: str) -> str:
