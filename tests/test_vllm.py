@@ -495,6 +495,24 @@ def test_a_script_is_guarded_by_its_code_not_its_text(tmp_path, monkeypatch, sou
     assert unguarded_main_script() is unguarded
 
 
+def test_an_untied_copy_follows_a_model_saved_over_its_folder(tmp_path):
+    """`fastgrpo vllm-serve` serves a tied model from an untied copy kept in the cache: it was written once per folder, so
+    a model saved over that folder since (another size, other weights) was served with the first one's config.json and
+    lm_head.safetensors beside its own weights."""
+    from safetensors.torch import load_file, save_file
+
+    from fastgrpo.generation.vllm.weights import untied_folder
+
+    folder, target = tmp_path / "m", str(tmp_path / "cache")
+    folder.mkdir()
+    for width in (2, 3):
+        (folder / "config.json").write_text(json.dumps({"tie_word_embeddings": True, "hidden_size": width}))
+        save_file({"model.embed_tokens.weight": torch.full((4, width), float(width))}, str(folder / "model.safetensors"))
+        assert untied_folder(str(folder), target) == target == untied_folder(str(folder), target)
+        assert json.loads(open(os.path.join(target, "config.json")).read()) == {"tie_word_embeddings": False, "hidden_size": width}
+        assert torch.equal(load_file(os.path.join(target, "lm_head.safetensors"))["lm_head.weight"], torch.full((4, width), float(width)))
+
+
 def test_a_built_in_models_folder_answers_to_its_alias(tmp_path, monkeypatch):
     """`fastgrpo vllm-serve --model smollm2-135m-instruct` reports the alias; a run given the alias's converted
     folder (or a link to it) trains that model, so the server check accepts the alias for it, and for no other folder."""

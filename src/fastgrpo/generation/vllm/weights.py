@@ -48,19 +48,33 @@ def with_head(weights: dict[str, torch.Tensor], tied: tuple[str, ...]) -> dict[s
     return {**weights, **{alias: weights[embed] for alias in tied if alias not in weights}}
 
 
+UNTIED_FROM = "untied_from.json"  # in an untied copy: the config and files (size, mtime) it was made from
+
+
 def untied_folder(folder: str, target: str) -> str:
     """`folder` (a safetensors model) as vLLM should serve it: the same when untied, else an untied copy in `target`.
 
     The copy links every file but `config.json` (tie_word_embeddings False) and adds `lm_head.safetensors`
-    (the embedding, as the head), listed in the shards' index when there is one. Written once; → the folder to serve.
+    (the embedding, as the head), listed in the shards' index when there is one. Written once, and again when `folder`
+    changed since (a model saved over it: its config and head were served with the new weights); → the folder to serve.
     """
     with open(os.path.join(folder, "config.json")) as f:
         config = json.load(f)
     if not config.get("tie_word_embeddings", False):
         return folder
+    source = json.loads(json.dumps({"config": config, "files": {  # what the copy was made from: a folder saved over since is copied again
+        name: [(st := os.stat(os.path.join(folder, name))).st_size, st.st_mtime_ns] for name in sorted(os.listdir(folder))}}))
     if os.path.exists(os.path.join(target, "config.json")):
-        return target
+        try:
+            with open(os.path.join(target, UNTIED_FROM)) as f:
+                if json.load(f) == source:
+                    return target
+        except (OSError, ValueError):  # a copy from before the record was kept
+            pass
+        shutil.rmtree(target)  # its config.json and lm_head.safetensors are another model's
     os.makedirs(target, exist_ok=True)
+    with open(os.path.join(target, UNTIED_FROM), "w") as f:
+        json.dump(source, f)
     for name in os.listdir(folder):
         if name not in ("config.json", "model.safetensors.index.json") and not os.path.exists(os.path.join(target, name)):
             os.symlink(os.path.join(os.path.abspath(folder), name), os.path.join(target, name))
