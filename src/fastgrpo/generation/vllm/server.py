@@ -120,7 +120,7 @@ class ServerEngine:
         deadline, last = time.monotonic() + self.timeout, "no answer"
         while True:
             try:
-                with urllib.request.urlopen(self.url + "/health", timeout=min(5.0, self.timeout)) as response:
+                with urllib.request.urlopen(self.url + "/health", timeout=max(0.1, min(5.0, deadline - time.monotonic()))) as response:
                     if response.status == 200:
                         return
             except urllib.error.HTTPError as err:
