@@ -181,16 +181,19 @@ class DyingServer:
         self.hung = True
 
     def die(self) -> None:
-        """Refuse new connections and reset the open ones (SO_LINGER 0: an RST, as the kernel sends for a killed process)."""
+        """Refuse new connections and end the open ones, as the kernel does for a killed process. shutdown() first: a
+        close() alone leaves a connection open while a pipe thread is blocked reading it (the thread holds the socket),
+        and a request in flight then waited for vllm_server_timeout instead of failing."""
         self.listener.shutdown(socket.SHUT_RDWR)
         self.listener.close()
         with self.lock:
             for connection in self.connections:
                 try:
-                    connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                    connection.close()
-                except OSError:
+                    connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # an RST on close
+                    connection.shutdown(socket.SHUT_RDWR)
+                except OSError:  # already ended by its peer
                     pass
+                connection.close()
 
 
 @pytest.fixture
