@@ -347,11 +347,12 @@ def test_a_dead_server_ends_the_run_with_one_error_and_keeps_the_checkpoint(tmp_
     trainer = GRPOTrainer(model_dir, reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer,
                           callbacks=[KillServerAfterStep2()])
     start = time.monotonic()
-    with pytest.raises(EngineError, match="stopped answering.*last checkpoint is kept"):
+    with pytest.raises(EngineError, match=r"stopped answering .*; restart it\. The last checkpoint, \S+checkpoint-(\d+), is kept: resume") as caught:
         trainer.train()
     assert time.monotonic() - start < 30 + 60  # within heartbeat_stale_after_s of the kill (and the start-up before it)
     # Rollouts already made when the server died still train (their samples are whole); the run stops at the first
     # hand-over after the producer's failure, with every step it logged checkpointed (save_steps=1) and none beyond.
     last = [r["step"] for r in metrics(args.output_dir)][-1]
+    assert f"checkpoint-{last}, is kept" in str(caught.value)  # the error names the checkpoint the resume will pick
     assert 2 <= last < 6 and os.path.isdir(os.path.join(args.output_dir, f"checkpoint-{last}"))
     assert not os.path.isdir(os.path.join(args.output_dir, f"checkpoint-{last + 1}")) and not trainer.rollouts.thread.is_alive()

@@ -173,7 +173,8 @@ class GRPOTrainer(TRLMethods):
         if a.eval_on_start and self.eval_dataset is not None:
             self.evaluate()
         self._epoch_end(rollout, done) if self.epoch_end_pending else self.events.epoch_begin()  # resumed at an epoch's last step: its end
-        with closing(self.events), StopOnInterrupt() as interrupt, closing(self.rollouts):  # events: the console bar stops, by an exception too
+        # events: the console bar stops, by an exception too; a failing engine's error names the checkpoint to resume from
+        with closing(self.events), StopOnInterrupt() as interrupt, closing(self.rollouts), checkpoints.engine_errors_name_the_resume(self):
             while self.step < self.max_steps and not self.events.control.should_training_stop:
                 started = time.perf_counter()  # TRL's step_time: a step's passes, and the sampling of the rollout it starts
                 if rollout is None or done >= a.steps_per_rollout:

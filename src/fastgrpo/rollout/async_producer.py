@@ -131,9 +131,9 @@ class RolloutPipeline:
             silent = time.monotonic() - self.beat
             if silent > self.heartbeat or not self.thread.is_alive():
                 raise EngineError(
-                    f"the rollout producer made no progress for {silent:.0f} s (heartbeat_stale_after_s={self.heartbeat:g}); "
-                    "the last checkpoint is kept: check the vLLM server, or raise heartbeat_stale_after_s if one rollout's "
-                    "sampling or reward functions (which run in the producer) take longer; then resume with resume_from_checkpoint=True."
+                    f"the rollout producer made no progress for {silent:.0f} s (heartbeat_stale_after_s={self.heartbeat:g}): check "
+                    "the vLLM server, or raise heartbeat_stale_after_s if one rollout's sampling or reward functions (which run "
+                    "in the producer) take longer."
                 )
 
     @property

@@ -283,9 +283,8 @@ class ColocateEngine:
         """The message for an engine that stopped during `what`: its core's exit, or else its worker's death."""
         code = self.core_exit()
         how = f"its engine core process exited ({exit_reason(code)})" if code is not None else "its worker process died (vLLM's log above says how)"
-        return (f"{self.description} stopped during {what}: {how}. The checkpoints saved so far are kept: free memory, or "
-                "lower vllm_gpu_memory_utilization (on CPU: VLLM_CPU_KVCACHE_SPACE=<GiB>), then resume with "
-                "resume_from_checkpoint=True.")
+        return (f"{self.description} stopped during {what}: {how}. Free memory, or lower vllm_gpu_memory_utilization "
+                "(on CPU: VLLM_CPU_KVCACHE_SPACE=<GiB>).")
 
     def generate(self, prompts: list[list[int]], params: dict) -> list[list[Completion]]:
         """`LLM.generate` on token-id prompts (no tokenising); → per prompt, its n completions with their log-probs.
