@@ -744,6 +744,9 @@ def test_a_server_whose_logprobs_ignore_the_temperature_is_refused(tmp_path, ser
     ({"token_ids": [5, 6], "logprobs": {"token_logprobs": [-1.0, None]}}, "returned the log-prob None for completion 0 of 2 tokens"),
     ({"token_ids": [5, 6], "logprobs": {"token_logprobs": [-1.0]}}, "returned 1 log-probs for completion 0 of 2 tokens"),
     ({"token_ids": [5, 6]}, "returned 0 log-probs for completion 0 of 2 tokens"),
+    ({"token_ids": [], "logprobs": {"token_logprobs": []}}, "returned completion 0 with no tokens, which vLLM never does"),  # was a row of padding
+    ({"index": 0, "token_ids": [5, 6], "logprobs": {"token_logprobs": [-1.0, -2.0]}},  # every choice numbered 0: whose is which?
+     "numbered its 2 completions [0, 0], not 0 to 1 once each, so which prompt each belongs to is lost"),
 ])
 def test_completions_a_wrong_server_returns_are_refused_before_the_trainer_reads_them(tokenizer, answer, message):
     # A real HTTP server on loopback answering as vLLM 0.32 does, with completions no vLLM serving this model returns:
@@ -758,7 +761,7 @@ def test_completions_a_wrong_server_returns_are_refused_before_the_trainer_reads
         backend = VLLMGenerator(ServerEngine(url, "tiny", timeout=5, pushes_weights=False), settings(tokenizer), vocab_size=len(tokenizer))
         assert backend.owns_weights and len(tokenizer) == 49152
         with pytest.raises(EngineError, match=re.escape(f"the vLLM server at {url} {message}")):
-            backend.sample(*prompt_tensors(), 1)
+            backend.sample(*prompt_tensors(), 2)
 
 
 def test_an_engine_killed_mid_sampling_is_a_clear_error_not_a_hang(engine, tokenizer):

@@ -150,8 +150,8 @@ class VLLMGenerator:
         return Samples(ids.to(prompt_ids.device), logps.to(prompt_ids.device) if self.owns_weights else None)
 
     def check_rows(self, rows: list[Completion], max_tokens: int) -> None:
-        """Refuse completions a wrong server returns before they reach the trainer: a token id outside the policy's
-        vocabulary (a server serving another tokenizer's model under this model's name), and, where its log-probs are
+        """Refuse completions a wrong server returns before they reach the trainer: an empty one, a token id outside the
+        policy's vocabulary (a server serving another tokenizer's model under this model's name), and, where its log-probs are
         used (`owns_weights`), fewer log-probs than tokens or one that is not a number (a JSON null, NaN).
 
         Raises:
@@ -159,6 +159,9 @@ class VLLMGenerator:
         """
         for i, row in enumerate(rows):
             tokens = row.tokens[:max_tokens]
+            if not tokens:  # vLLM's token_ids hold the stop token too: at least one for max_tokens ≥ 1
+                raise EngineError(f"{self.engine.description} returned completion {i} with no tokens, which vLLM never does (its "
+                                  "token ids hold the stop token too); serve the model with `fastgrpo vllm-serve`.")
             bad = next((t for t in tokens if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size), None)
             if bad is not None:
                 raise EngineError(

@@ -173,7 +173,12 @@ class ServerEngine:
         return answer
 
     def generate(self, prompts: list[list[int]], params: dict) -> list[list[Completion]]:
-        """`/v1/completions` with token-id prompts; choices come prompt-major (prompt i's n completions, then i + 1's)."""
+        """`/v1/completions` with token-id prompts; choices come prompt-major (prompt i's n completions, then i + 1's).
+
+        Raises:
+            EngineError: see `request`; an answer without choices holding index and token_ids, another number of
+                choices than n per prompt, or indexes that are not 0 … n·prompts − 1 once each.
+        """
         n = params["n"]
         answer = self.request("POST", "/v1/completions", {"model": self.model, "prompt": prompts, "return_token_ids": True, **params})
         try:
@@ -184,6 +189,11 @@ class ServerEngine:
                               f"({type(err).__name__}: {err}); it must be a vLLM server that returns token ids (`fastgrpo vllm-serve`).") from None
         if len(choices) != n * len(prompts):
             raise EngineError(f"{self.description} returned {len(choices)} completions for {len(prompts)} prompts × n={n}.")
+        indexes = [c["index"] for c in choices]
+        if indexes != list(range(len(choices))):  # vLLM numbers them 0 … n·prompts − 1: the number says whose completion it is
+            raise EngineError(f"{self.description} numbered its {len(choices)} completions {indexes[:8]}{'…' if len(choices) > 8 else ''}, "
+                              f"not 0 to {len(choices) - 1} once each, so which prompt each belongs to is lost; it must be a vLLM "
+                              "server (`fastgrpo vllm-serve`).")
         return [rows[i * n : (i + 1) * n] for i in range(len(prompts))]
 
     def push(self, weights: dict[str, torch.Tensor]) -> None:
