@@ -341,6 +341,27 @@ def test_server_run_learns(tmp_path, tokenizer, prompts, server, model_dir):
     assert records[0]["seconds/weight_sync"] == 0 and all(r["seconds/weight_sync"] > 0 for r in records[1:])
 
 
+def test_evaluate_after_train_on_a_server_samples_from_the_best_weights(tmp_path, tokenizer, prompts, server, model_dir):
+    # train() removes its shared-memory weights folder at its end (and now after an error too, not at collection).
+    # evaluate() after it, which load_best_model_at_end says samples from the best checkpoint's weights, wrote them into
+    # the removed folder's mapped file and asked the server to reload that folder: HTTP 500, "refused POST /collective_rpc".
+    args = config(tmp_path, vllm_mode="server", vllm_server_base_url=server, max_steps=3, save_strategy="steps", save_steps=1,
+                  eval_strategy="steps", eval_steps=1, load_best_model_at_end=True, metric_for_best_model="eval_reward")
+    trainer = GRPOTrainer(model_dir, reward_even_tokens, args=args, train_dataset=prompts, eval_dataset=prompts.select(range(2)),
+                          processing_class=tokenizer)
+    trainer.train()
+    used = trainer.backend.engine.folder.path
+    assert not os.path.exists(used)  # train()'s end gave the memory back
+    best = int(trainer.state.best_model_checkpoint.rsplit("-", 1)[1])
+    scores = {r["step"]: r["eval_reward"] for r in trainer.state.log_history if "eval_reward" in r}
+    assert scores[best] == max(scores.values())
+    assert trainer.synced_step < trainer.step  # the best weights loaded: the server's copy is behind, the next use pushes
+    again = trainer.evaluate()
+    assert trainer.synced_step == trainer.step and trainer.backend.engine.folder.path != used and "eval_reward" in again
+    trainer.backend.close()
+    assert not os.path.exists(trainer.backend.engine.folder.path)
+
+
 def test_trls_own_client_gets_top_logprobs_past_20_and_the_render_endpoint(server):
     # `fastgrpo vllm-serve` starts vLLM as TRL 1.16's `trl vllm-serve` does: TRL's VLLMClient (its trainers' client) asks
     # for 25 top log-probs (distillation; vLLM's default cap is 20) and finds the render endpoint images go to.
@@ -557,6 +578,7 @@ def test_server_dying_mid_run_is_a_clear_error_and_resume_works(tmp_path, tokeni
                                           r"trainer\.train\(resume_from_checkpoint=True\), or the same fastgrpo train command plus --resume\.$"):
         trainer.train()
     assert os.path.isdir(os.path.join(args.output_dir, "checkpoint-2")) and not os.path.isdir(os.path.join(args.output_dir, "checkpoint-3"))
+    assert not os.path.exists(trainer.backend.engine.folder.path)  # its shared memory given back at the error, not when collected
     args = config(tmp_path, vllm_server_base_url=server, **fields)
     trainer = GRPOTrainer(model_dir, reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer)
     trainer.train(resume_from_checkpoint=True)

@@ -173,8 +173,9 @@ class GRPOTrainer(TRLMethods):
         if a.eval_on_start and self.eval_dataset is not None:
             self.evaluate()
         self._epoch_end(rollout, done) if self.epoch_end_pending else self.events.epoch_begin()  # resumed at an epoch's last step: its end
-        # events: the console bar stops, by an exception too; a failing engine's error names the checkpoint to resume from
-        with closing(self.events), StopOnInterrupt() as interrupt, closing(self.rollouts), checkpoints.engine_errors_name_the_resume(self):
+        # by an exception too: the console bar stops, the engine stops (its shared-memory weights go), the producer stops
+        with closing(self.events), StopOnInterrupt() as interrupt, closing(self.backend), closing(self.rollouts), \
+                checkpoints.engine_errors_name_the_resume(self):  # a failing engine's error names the checkpoint to resume from
             while self.step < self.max_steps and not self.events.control.should_training_stop:
                 started = time.perf_counter()  # TRL's step_time: a step's passes, and the sampling of the rollout it starts
                 if rollout is None or done >= a.steps_per_rollout:
@@ -195,7 +196,6 @@ class GRPOTrainer(TRLMethods):
         pending = self._log(to_callbacks=False) if self.window.sums.get("steps") else {}  # to the summary log, as TRL's log() merges it
         for tracker in self.accelerator.trackers:  # not end_training(): it ends the process group save_model needs
             tracker.finish()
-        self.backend.close()
         summary = self.events.train_end(self.loss_sum / max(self.step, 1), pending, lambda: checkpoints.finish(self), self.log)  # best model, pruning
         pending.pop("step", None)  # TRL's log() merges the unlogged steps' metrics into Trainer's summary dict, which train() returns
         return TrainOutput(self.step, self.loss_sum / max(self.step, 1), {**pending, **summary})

@@ -105,15 +105,19 @@ class WeightsFolder:
         prefix: the folder's name prefix (one folder per process and run).
     Attributes:
         path: the folder, created under /dev/shm (or the temporary folder where there is none); removed by `close`,
-            or when the object is collected or the process exits.
+            or when the object is collected or the process exits. A `write` after `close` (evaluate() or another
+            train() after train()) creates a new one.
         nbytes: the bytes of the last weights written.
     """
 
     def __init__(self, dtype: torch.dtype, prefix: str = "fastgrpo-vllm-"):
-        base = SHARED_MEMORY if os.path.isdir(SHARED_MEMORY) else None
-        self.path = tempfile.mkdtemp(prefix=prefix, dir=base)
-        self.remove = weakref.finalize(self, shutil.rmtree, self.path, True)  # also when never closed (RAM, not disk)
-        self.dtype, self.nbytes = dtype, 0
+        self.dtype, self.prefix, self.nbytes = dtype, prefix, 0
+        self._open()
+
+    def _open(self) -> None:
+        """A new, empty folder (removed at collection or exit if nobody closes it: it is RAM, not disk)."""
+        self.path = tempfile.mkdtemp(prefix=self.prefix, dir=SHARED_MEMORY if os.path.isdir(SHARED_MEMORY) else None)
+        self.remove = weakref.finalize(self, shutil.rmtree, self.path, True)
         self.layout, self.shapes, self.views = None, None, None  # the file's safetensors header, and its tensors mapped
 
     def write_model(self, config: dict, tokenizer, weights: dict[str, torch.Tensor]) -> str:
@@ -134,6 +138,8 @@ class WeightsFolder:
         into place; later writes cast each tensor straight into that file's bytes, mapped in memory (the
         safetensors layout does not change), which halves a sync's cost: no second copy for serialising.
         """
+        if not self.remove.alive:  # closed
+            self._open()
         shapes = {name: tuple(value.shape) for name, value in weights.items()}
         if self.layout is None or self.shapes != shapes:
             self._save(weights)
@@ -164,5 +170,6 @@ class WeightsFolder:
         }
 
     def close(self) -> None:
-        """Remove the folder (done at exit or collection too, if nobody calls this)."""
+        """Remove the folder and let go of its mapped file, so its memory is freed (done at exit or collection too)."""
         self.remove()
+        self.layout, self.shapes, self.views = None, None, None
