@@ -347,7 +347,7 @@ def test_a_dead_server_ends_the_run_with_one_error_and_keeps_the_checkpoint(tmp_
     trainer = GRPOTrainer(model_dir, reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer,
                           callbacks=[KillServerAfterStep2()])
     start = time.monotonic()
-    with pytest.raises(EngineError, match=r"stopped answering .*; restart it\. The last checkpoint, \S+checkpoint-(\d+), is kept: resume") as caught:
+    with pytest.raises(EngineError, match=r"stopped answering .*; restart the server\. The last checkpoint, \S+checkpoint-(\d+), is kept: resume") as caught:
         trainer.train()
     assert time.monotonic() - start < 30 + 60  # within heartbeat_stale_after_s of the kill (and the start-up before it)
     # Rollouts already made when the server died still train (their samples are whole); the run stops at the first

@@ -155,7 +155,7 @@ class ServerEngine:
                                   f"`{start_command('…', self.url)}`, which turns them on.") from None
             raise EngineError(f"{self.description} refused {method} {path.split('?')[0]} (HTTP {err.code}: {detail}).") from None
         except (OSError, http.client.HTTPException) as err:
-            after = "restart it" if self.started else "nothing was trained yet: check the server, then start the run again"
+            after = "restart the server" if self.started else "nothing was trained yet: check the server, then start the run again"
             if isinstance(err, TimeoutError) or isinstance(getattr(err, "reason", None), TimeoutError):  # read, or connect (URLError)
                 raise EngineError(
                     f"{self.description} did not answer {method} {path.split('?')[0]} within vllm_server_timeout={self.timeout:g} s; if it "
