@@ -579,6 +579,37 @@ def test_ctrl_c_saves_the_current_step_and_says_how_to_resume(tmp_path, tokenize
     assert result.global_step == 4 and steps(os.path.join(out, "metrics.jsonl")) == [1, 2, 3, 4]
 
 
+def test_the_same_trainer_resumes_after_ctrl_c_and_refuses_what_it_would_not_do(tmp_path, tokenizer, make_model, prompts):
+    # A notebook: Ctrl-C, then train(resume_from_checkpoint=True) on the same trainer goes on from the saved step. train()
+    # again without a resume used to claim output_dir afresh, so with overwrite_output_dir it removed the run's
+    # checkpoints and metrics, then trained nothing (the trainer was at max_steps); a max_steps raised in args after
+    # __init__ was reported "applied" and trained nothing. Both are refused now, before output_dir is touched.
+    calls = []
+
+    def interrupted_in_second_rollout(completion_ids, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return reward_even_tokens(completion_ids)
+
+    trainer = GRPOTrainer(make_model(), interrupted_in_second_rollout, args=config(tmp_path, save_steps=1000, overwrite_output_dir=True),
+                          train_dataset=prompts, processing_class=tokenizer)
+    with pytest.raises(TrainingInterrupted, match="interrupted at step 2/4"):
+        trainer.train()
+    assert trainer.train(resume_from_checkpoint=True).global_step == 4
+    out = str(tmp_path / "out")
+    kept = {name: os.path.getmtime(os.path.join(out, name)) for name in os.listdir(out)}
+    assert {"checkpoint-2", "checkpoint-4", "metrics.jsonl"} <= set(kept) and steps(os.path.join(out, "metrics.jsonl")) == [1, 2, 3, 4]
+    with pytest.raises(ValueError, match=r"this trainer has already trained to step 4/4: call train\(resume_from_checkpoint=True\) to go on "
+                                         r"from \S+checkpoint-4, or build a "
+                                         r"new GRPOTrainer to start a new run \(nothing in '.*out' was touched\)\.$"):
+        trainer.train()
+    trainer.args.max_steps = 6
+    with pytest.raises(ValueError, match=r"args.max_steps is 6, but this trainer was built for max_steps=4 .* --max_steps 6 --resume`\)\.$"):
+        trainer.train(resume_from_checkpoint=True)
+    assert {name: os.path.getmtime(os.path.join(out, name)) for name in os.listdir(out)} == kept
+
+
 def test_second_ctrl_c_aborts_at_once():
     before = signal.getsignal(signal.SIGINT)
     with StopOnInterrupt() as interrupt:
