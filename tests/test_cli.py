@@ -227,6 +227,16 @@ def test_trls_script_inputs_that_cannot_train_are_refused_before_the_model_loads
     assert not os.path.exists(tmp_path / "out")
 
 
+def test_the_overlap_on_the_builtin_job_names_the_flag_that_turns_its_dynamic_sampling_off(tmp_path, capsys):
+    # The README's `--max_staleness 2` added to the built-in job (filter_groups on) said "set one of them", naming no
+    # value and no flag. Refused when the config is built, before any model loads or server is asked.
+    out = str(tmp_path / "out")
+    assert main(["train", "--use_vllm", "true", "--vllm_mode", "server", "--max_staleness", "2", "--output_dir", out]) == 2
+    err = capsys.readouterr().err
+    assert "max_staleness=2 with filter_groups=True" in err and "set filter_groups=False to overlap (`--filter_groups false`" in err
+    assert "or max_staleness=None to keep dynamic sampling" in err and not os.path.exists(out)
+
+
 def test_lora_options_parse_into_lora_config_arguments(monkeypatch):
     _, fields, lora = parse("--use_peft", "--lora_r", "8", "--lora_target_modules", "q_proj", "v_proj", "--reward", "length", "--model", "m")
     assert lora == {"use_peft": True, "lora_r": 8, "lora_target_modules": ["q_proj", "v_proj"]} and "lora_r" not in fields

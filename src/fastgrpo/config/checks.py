@@ -330,7 +330,9 @@ def check_async(c) -> None:
                              f"completions (fastgrpo sends a rollout's prompts together); use {c.generation_batch_size} or more.")
     if c.filter_groups:
         raise ValueError(f"max_staleness={c.max_staleness} with filter_groups=True: DAPO's carried groups need the policy's forward "
-                         "in the producer's thread; set one of them.")
+                         "in the producer's thread, so the overlap cannot filter groups; set filter_groups=False to overlap "
+                         "(`--filter_groups false`: the built-in job of `fastgrpo train` turns it on), or max_staleness=None "
+                         "to keep dynamic sampling.")
 
 
 def warn_like_trl(c) -> None:
