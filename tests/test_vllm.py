@@ -105,7 +105,7 @@ def prompt_tensors():
 
 @contextmanager
 def loopback_server(get, post=None):
-    """A real HTTP server on 127.0.0.1 (a free port) answering every GET with `get(path)` (bytes, HTTP 200) and every
+    """A real HTTP server on 127.0.0.1 (a free port) answering every GET with `get(path)` (bytes, HTTP 200; None: 404) and every
     POST with the JSON of `post(request JSON)`; yields its URL. For servers that are up but wrong."""
     import http.server
     import threading
@@ -118,7 +118,11 @@ def loopback_server(get, post=None):
             self.wfile.write(body)
 
         def do_GET(self):
-            self.send(get(self.path))
+            body = get(self.path)
+            if body is None:  # a route this server does not have
+                self.send_error(404)
+            else:
+                self.send(body)
 
         def do_POST(self):
             self.send(json.dumps(post(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))).encode())
@@ -676,6 +680,19 @@ def test_a_server_that_answers_wrongly_is_named_with_its_url(models, message):
 
     with loopback_server(lambda path: b"" if path == "/health" else models) as url:
         with pytest.raises(EngineError, match=re.escape(f"the vLLM server at {url} {message}")):
+            ServerEngine(url, "tiny", timeout=5, pushes_weights=False)
+
+
+def test_a_server_without_its_dev_endpoints_is_named_with_the_command_for_this_model():
+    # `vllm serve` without VLLM_SERVER_DEV_MODE=1 (or TRL's habit of starting vLLM by hand): /server_info is 404. The
+    # fix given was `fastgrpo vllm-serve --model … --host …`, the model left out though the run knows it.
+    from fastgrpo.generation.vllm.server import ServerEngine
+
+    answers = vllm_answers()
+    with loopback_server(lambda path: None if path.startswith("/server_info") else answers(path)) as url:
+        port = url.rsplit(":", 1)[1]
+        with pytest.raises(EngineError, match=re.escape(f"the vLLM server at {url} has no /server_info (its dev endpoints are off); start "
+                                                        f"it with `fastgrpo vllm-serve --model tiny --host 127.0.0.1 --port {port}`")):
             ServerEngine(url, "tiny", timeout=5, pushes_weights=False)
 
 

@@ -70,7 +70,7 @@ class ServerEngine:
     def __init__(self, url: str, model: str, *, aliases: tuple[str, ...] = (), timeout: float, pushes_weights: bool,
                  dtype: torch.dtype = torch.bfloat16, group_port: int = 51216):
         self.url, self.timeout, self.pushes_weights, self.group_port = url, timeout, pushes_weights, group_port
-        self.description, self.started = f"the vLLM server at {url}", False
+        self.description, self.started, self.model = f"the vLLM server at {url}", False, model  # model: the served name, once read
         self.wait_until_up(model)
         models = self.request("GET", "/v1/models").get("data")
         if not isinstance(models, list) or not models or not isinstance(models[0], dict) or "id" not in models[0]:
@@ -152,7 +152,7 @@ class ServerEngine:
             detail = err.read().decode(errors="replace")[:300]
             if err.code == 404 and missing:
                 raise EngineError(f"{self.description} has no {path.split('?')[0]} ({missing}); start it with "
-                                  f"`{start_command('…', self.url)}`, which turns them on.") from None
+                                  f"`{start_command(self.model, self.url)}`, which turns them on.") from None
             raise EngineError(f"{self.description} refused {method} {path.split('?')[0]} (HTTP {err.code}: {detail}).") from None
         except (OSError, http.client.HTTPException) as err:
             after = "restart the server" if self.started else "nothing was trained yet: check the server, then start the run again"
