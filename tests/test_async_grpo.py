@@ -285,6 +285,19 @@ def test_async_grpo_trainer_refuses_evaluation_naming_the_trainer_that_evaluates
         AsyncGRPOTrainer("no-such-model", reward_even_tokens, args=args, train_dataset=[{"prompt": "hi"}] * 8)
 
 
+def test_async_grpo_config_warns_that_its_base_url_wins_over_a_port_given(tmp_path):
+    # A GRPOConfig user's vllm_server_port=8001 (TRL's AsyncGRPOConfig has no such field) was dropped silently: the base
+    # URL, TRL's default "http://localhost:8000", wins, so the run asked another port than the one given.
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        AsyncGRPOConfig(output_dir=str(tmp_path / "a"), vllm_server_port=8001)
+    assert [str(w.message) for w in caught if "no effect" in str(w.message)] == [
+        "vllm_server_port=8001 has no effect while vllm_server_base_url='http://localhost:8000' is set (it wins, as in TRL; "
+        "AsyncGRPOConfig sets TRL's default); give the server's host and port in vllm_server_base_url, or drop it."]
+
+
 def test_async_grpo_config_takes_a_torch_dtype_as_trls_loader_does(tmp_path):
     # TRL's AsyncGRPOConfig keeps dtype=torch.bfloat16 and its loader (create_model_from_path) takes a torch.dtype, so a
     # TRL script passing one trains in bf16; fastgrpo refused it ("use one of auto, bfloat16, …").

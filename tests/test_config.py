@@ -288,6 +288,8 @@ INERT = [
     ({"vllm_gpu_memory_utilization": 0.5}, "use_vllm=False", {"use_vllm": True}),
     ({"vllm_server_base_url": "http://host:9000", "use_vllm": True}, "vllm_mode='colocate'", {"vllm_mode": "server"}),
     ({"vllm_max_model_length": 1024, "use_vllm": True, "vllm_mode": "server"}, "vllm_mode='server'", {"vllm_mode": "colocate"}),
+    ({"vllm_server_port": 8001, "vllm_server_base_url": "http://127.0.0.1:8000", **SERVER}, "vllm_server_base_url='http://127.0.0.1:8000' "
+     "is set (it wins, as in TRL", {"vllm_server_base_url": None}),
     ({"max_num_gen_batches": 3}, "filter_groups=False", {"filter_groups": True}),
     ({"filter_groups_metric": "accuracy"}, "filter_groups=False", {"filter_groups": True}),
     ({"queue_maxsize": 4096}, "max_staleness=None", {**SERVER, "max_staleness": 2}),

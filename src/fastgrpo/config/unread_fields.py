@@ -22,6 +22,10 @@ INERT_UNLESS = (
      ("vllm_mode", "vllm_enable_sleep_mode", *VLLM_SERVER_FIELDS, *VLLM_COLOCATE_FIELDS), "set use_vllm=True to sample with vLLM"),
     (lambda c: c.generation_backend == "vllm" and c.vllm_mode == "colocate", lambda c: "vllm_mode='colocate'",
      VLLM_SERVER_FIELDS, "set vllm_mode='server' to sample on a `fastgrpo vllm-serve` server"),
+    # TRL's rule: a base URL wins over host and port (AsyncGRPOConfig's default is one, TRL's "http://localhost:8000")
+    (lambda c: c.generation_backend == "vllm" and c.vllm_mode == "server" and c.vllm_server_base_url is not None,
+     lambda c: f"vllm_server_base_url={c.vllm_server_base_url!r} is set (it wins, as in TRL; AsyncGRPOConfig sets TRL's default)",
+     ("vllm_server_host", "vllm_server_port"), "give the server's host and port in vllm_server_base_url"),
     (lambda c: c.generation_backend == "vllm" and c.vllm_mode == "server", lambda c: "vllm_mode='server' (a server takes these as "
      "its own flags: `fastgrpo vllm-serve --gpu-memory-utilization …`)", VLLM_COLOCATE_FIELDS,
      "set vllm_mode='colocate' to run the engine in the training process"),
