@@ -197,6 +197,20 @@ def test_lora_on_a_tied_embedding_syncs_the_policy_the_head_reading_the_base_wei
     assert (sequence_logps(moved, PROMPT, out.completion_ids, mask) - out.logps).abs().max() > 1e-3
 
 
+def test_the_start_up_line_says_when_the_weights_are_synced(tokenizer):
+    # With weight_sync_steps=2 or the overlap (max_staleness) it said "synced once per rollout after the optimizer step".
+    import types
+
+    server = types.SimpleNamespace(description="the vLLM server at http://127.0.0.1:8000")
+
+    def line(**kw):
+        return VLLMGenerator(server, settings(tokenizer), vocab_size=len(tokenizer), **kw).notices()[0]
+
+    assert line() == "sampling with the vLLM server at http://127.0.0.1:8000; its weights are synced once per rollout after the optimizer step."
+    assert line(sync_steps=2).endswith("synced at the first rollout after each weight_sync_steps=2 optimizer steps.")
+    assert line(deferred=True).endswith("once per rollout after the optimizer step, pushed by the rollout producer before the next rollout it samples.")
+
+
 def test_sampling_settings_are_honoured(engine, tokenizer):
     policy = vllm_tiny_model(tokenizer, seed=0)
     VLLMGenerator(engine, settings(tokenizer), vocab_size=len(tokenizer), tied=TIED).update_weights(policy)

@@ -98,7 +98,8 @@ def build_backend(
         vocab = policy.get_input_embeddings().num_embeddings  # every token id the engine returns must index it
         if server is not None:
             backend = VLLMGenerator(server, sampling, vocab_size=vocab, tied=tied, seed=seed,  # seeded per request (backend.py)
-                                    deferred=args.max_staleness is not None)  # the overlap: pushed from the producer's thread
+                                    deferred=args.max_staleness is not None,  # the overlap: pushed from the producer's thread
+                                    sync_steps=args.weight_sync_steps)
             server.check_logprobs(sampling.temperature, backend.owns_weights)
             backend.update_weights(policy)  # the server may hold other weights (another run's, or the model before LoRA)
             return backend
@@ -112,7 +113,8 @@ def build_backend(
             return ColocateEngine(folder, max_model_len=context, memory_utilization=args.vllm_gpu_memory_utilization,
                                   model_impl=args.vllm_model_impl, seed=seed)
 
-        return VLLMGenerator(start(), sampling, vocab_size=vocab, tied=tied, seed=seed, reopen=start)  # seeded per request, as the server's
+        return VLLMGenerator(start(), sampling, vocab_size=vocab, tied=tied, seed=seed, reopen=start,  # seeded per request, as the server's
+                             sync_steps=args.weight_sync_steps)
     model = gathered.module if gathered is not None else policy
     if backend == "fastgrpo":
         reason = unsupported_reason(model)

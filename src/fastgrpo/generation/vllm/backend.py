@@ -75,6 +75,7 @@ class VLLMGenerator:
         reopen: starts the colocated engine again from the policy's weights as they are then (generation/build.py): after
             `close` (train()'s end), the next `update_weights` or `sample` (an `evaluate()`, another `train()`) calls it, as
             TRL's engine, never stopped, serves them; None (a server, which `close` leaves running): never needed.
+        sync_steps: the run's weight_sync_steps (optimizer steps between pushes; the trainer decides when), for `notices`.
         seed: None, or the base of each request's vLLM `seed`: seed + d·SEED_STRIDE, d drawn from torch's global generator
             (vLLM gives its n completions seed + 0 … n − 1). Each request then samples the same whatever else the engine
             runs beside it: a server shared by runs, and whenever it is sent (the overlap's max_staleness=0 equals the
@@ -88,8 +89,9 @@ class VLLMGenerator:
     """
 
     def __init__(self, engine: Engine, sampling: SamplingSettings, *, vocab_size: int, tied: tuple[str, ...] = (), seed: int | None = None,
-                 deferred: bool = False, reopen: Callable[[], Engine] | None = None):
+                 deferred: bool = False, reopen: Callable[[], Engine] | None = None, sync_steps: int = 1):
         self.engine, self.sampling, self.vocab_size, self.tied, self.seed = engine, sampling, vocab_size, tied, seed
+        self.sync_steps = sync_steps
         self.reopen, self.closed = reopen, False  # a colocated engine stopped by `close` starts again at its next use
         self.deferred, self.pending, self.lock = deferred, None, threading.Lock()  # pending: the weights the next sample pushes first
         self.owns_weights = is_exact(sampling)
@@ -204,7 +206,11 @@ class VLLMGenerator:
 
     def notices(self) -> list[str]:
         """Where the engine runs, and that its log-probs are not used under truncation or a repetition penalty."""
-        notes = [f"sampling with {self.engine.description}; its weights are synced once per rollout after the optimizer step."]
+        when = ("once per rollout after the optimizer step" if self.sync_steps == 1 else
+                f"at the first rollout after each weight_sync_steps={self.sync_steps} optimizer steps")
+        if self.deferred:
+            when += ", pushed by the rollout producer before the next rollout it samples"
+        notes = [f"sampling with {self.engine.description}; its weights are synced {when}."]
         if not self.owns_weights:
             notes.append(
                 "top_p/top_k/min_p/repetition_penalty: vLLM's log-probs are of the truncated, renormalised distribution "
