@@ -415,6 +415,12 @@ def test_rollout_func_gets_each_prompt_num_generations_times_as_trl_1_16_does(tm
     ({"prompt_ids": [[1]] * 4, "completion_ids": [[]] * 4, "logprobs": [[]] * 4}, "no completion token in any of its rows"),
     ({"prompt_ids": [[1]] * 4, "completion_ids": ([2] for _ in range(4)), "logprobs": [[0.0]] * 4},  # was "generator has no len()"
      r"returned completion_ids of type generator; return a list \(one entry per prompt received\), e.g. list\(...\) around a generator"),
+    # a row that is not a list was "object of type 'NoneType' has no len()", naming no key (TRL fails alike)
+    ({"prompt_ids": [[1]] * 4, "completion_ids": [[2]] * 4, "logprobs": [[0.0]] * 3 + [None]},
+     r"rollout_func's logprobs\[3\] is None \(NoneType\); give a list with one value per completion token \(None for a token the "
+     r'sampler gave none; "logprobs": None for none in any row\)'),
+    ({"prompt_ids": [[1]] * 4, "completion_ids": [[2]] * 4, "logprobs": [[0.0]] * 4, "env_mask": [[1], None, [1], [1]]},
+     r"rollout_func's env_mask\[1\] is None \(NoneType\); give a list with one value per completion token \(1 = model token"),
 ])
 def test_rollout_func_bad_output_is_a_clear_error(tmp_path, tokenizer, make_model, prompts, output, message):
     trainer = GRPOTrainer(model=make_model(), reward_funcs=lambda completions, **k: [0.0] * len(completions), args=config(tmp_path),
@@ -684,6 +690,23 @@ def test_rollout_func_numpy_and_tensor_rows_are_token_ids_and_log_probs(tmp_path
                           train_dataset=prompts, processing_class=tokenizer, rollout_func=rollout_func)
     rollout = trainer._collect()
     assert rollout.completion_ids[0].tolist() == [8, tokenizer.eos_token_id] and rollout.prompt_ids[0].tolist()[-3:] == [5, 6, 7]
+
+
+def test_rollout_func_whole_arrays_are_read_row_by_row_as_trls(tmp_path, tokenizer, make_model, prompts):
+    """Equal-length rows stacked into one N × T array or tensor (TRL iterates them row by row) raised "The truth value of an
+    array with more than one element is ambiguous" where fastgrpo tested `logprobs or []`."""
+    eos = tokenizer.eos_token_id
+
+    def rollout_func(prompts, trainer):
+        N = len(prompts)
+        return {"prompt_ids": torch.tensor([[5, 6, 7]] * N), "completion_ids": np.array([[8, eos]] * N),
+                "logprobs": np.array([[-0.5, -0.25]] * N), "env_mask": torch.tensor([[1, 0]] * N)}
+
+    trainer = GRPOTrainer(model=make_model(), reward_funcs=lambda completions, **kw: [1.0] * len(completions), args=config(tmp_path),
+                          train_dataset=prompts, processing_class=tokenizer, rollout_func=rollout_func)
+    rollout = trainer._collect()
+    assert rollout.completion_ids.tolist() == [[8, eos]] * 4 and rollout.prompt_ids.tolist() == [[5, 6, 7]] * 4
+    assert rollout.sampling_logps.tolist() == [[-0.5, -0.25]] * 4 and rollout.model_mask().tolist() == [[1, 0]] * 4
 
 
 # ------------------------------------------------------------------ bad agent inputs, refused before the model loads

@@ -35,6 +35,9 @@ from ..rewards import RESERVED_COLUMNS
 from ..record import Generated
 
 REQUIRED_KEYS = ("prompt_ids", "completion_ids", "logprobs")
+# What a per-token row of logprobs / env_mask holds, for the error naming a row that is not a list.
+ROW_FIX = {"logprobs": ' (None for a token the sampler gave none; "logprobs": None for none in any row)',
+           "env_mask": " (1 = model token, 0 = environment token)"}
 LOGP_SLACK = 1e-4  # a sampler's log-softmax may round a certain token's 0 up by float error; above this it is not a log-prob
 
 
@@ -80,7 +83,7 @@ def check_output(output, num_prompts: int, num_generations: int) -> None:
     Raises:
         ValueError: not a dict, a required key missing, a list whose length is not num_prompts (G× too many: the
             old fastgrpo contract, said so),
-            a row whose logprobs/env_mask length differs from its completion_ids, an empty
+            a logprobs/env_mask row that is not a list (None, a number) or whose length differs from its completion_ids, an empty
             prompt, no completion token in any row, an id that is not a whole number, a log-prob
             that is not a number ≤ 0 (or None/NaN), env_mask values other than 0/1, an extra key
             the reward protocol reserves, or an extra list with other than one value per prompt received
@@ -121,9 +124,13 @@ def check_output(output, num_prompts: int, num_generations: int) -> None:
             row = _as_list(row)
             if not isinstance(row, list) or not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in row):
                 raise ValueError(f"rollout_func's {key}[{i}] is {row!r:.60}; give a list of token ids (whole numbers).")
-    for i, row in enumerate(output["logprobs"] or []):
-        row = _as_list(row)
-        bad = row if not isinstance(row, list) else next((v for v in row if not _is_logp(v)), None)
+    for key in ("logprobs", "env_mask"):  # a row that is not a list (None: a sampler that returned none for one completion)
+        for i, row in enumerate([] if output.get(key) is None else output[key]):
+            if not isinstance(_as_list(row), list):
+                raise ValueError(f"rollout_func's {key}[{i}] is {row!r:.60} ({type(row).__name__}); give a list with one value per "
+                                 f"completion token{ROW_FIX[key]}.")
+    for i, row in enumerate([] if output["logprobs"] is None else output["logprobs"]):
+        bad = next((v for v in _as_list(row) if not _is_logp(v)), None)
         if bad is not None:
             raise ValueError(f"rollout_func's logprobs[{i}] holds {bad!r:.60}, which is not a log-probability (a number ≤ 0); give the "
                              "sampler's log π(token) per completion token, or None where it has none.")
