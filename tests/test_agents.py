@@ -18,7 +18,7 @@ import torch
 from datasets import Dataset
 
 from fastgrpo import GRPOConfig, GRPOTrainer
-from fastgrpo.rollout.agents.chat_format import prepare_tool_tokenizer, tool_suffix_ids
+from fastgrpo.rollout.agents.chat_format import parse_assistant, prepare_tool_tokenizer, tool_suffix_ids
 from fastgrpo.generation.reprefill import Reprefill
 from fastgrpo.rollout.agents.tools import call_tools
 from fastgrpo.algo.losses import StepCounts, grpo_loss, masked_sum
@@ -248,6 +248,22 @@ def test_tool_errors_unknown_tools_and_async_tools(tokenizer):
     assert out.calls == 4 and out.failures == 3
     assert [m["content"] for m in out.messages[0]] == ["{'error': 'division by zero'}", "5"]
     assert [m["content"] for m in out.messages[1]] == ["{'error': 'Tool nope not found.'}", "{'error': 'backend down'}"]
+
+
+def test_a_tool_call_nested_past_the_recursion_limit_is_plain_content(tokenizer):
+    """A sampled run of `[` inside a call's arguments (≈ 600 tokens: "[[" is one token) made json's decoder raise RecursionError
+    out of parse_response, which TRL's fallback (ValueError, TypeError) does not catch: the rollout and the run stopped."""
+    import sys
+
+    tok, _ = prepare_tool_tokenizer(tokenizer)
+    prefix = tok.apply_chat_template([{"role": "user", "content": "hi"}], tools=[multiply], add_generation_prompt=True, return_dict=False)
+    depth = sys.getrecursionlimit() + 100
+    text = '<tool_call>\n{"name": "multiply", "arguments": {"a": ' + "[" * depth + "]" * depth + ', "b": 4}}\n</tool_call>'
+    ids = tok.encode(text + "<|im_end|>")
+    assert parse_assistant(tok, ids, prefix, [multiply]) == {"role": "assistant", "content": text}
+    shallow = tok.encode(text.replace("[" * depth + "]" * depth, "3") + "<|im_end|>")  # the same call, parsed
+    assert parse_assistant(tok, shallow, prefix, [multiply])["tool_calls"] == [{"type": "function", "function": {"name": "multiply",
+                                                                                                        "arguments": {"a": 3, "b": 4}}}]
 
 
 def test_a_tool_reply_past_the_budget_ends_the_row(tmp_path, tokenizer, make_model):

@@ -256,8 +256,8 @@ def parse_assistant(tokenizer, ids: list[int], prefix: list[int], tools: list) -
         tools: the tools the prompt offered (callables or schemas): arguments are typed by their schema.
     Returns:
         {"role": "assistant", "content": str, optionally "tool_calls": [{"type": "function", "function":
-        {"name", "arguments"}}]}; a turn the parser cannot read (malformed JSON, cut short) is plain
-        content, as TRL falls back.
+        {"name", "arguments"}}]}; a turn the parser cannot read (malformed JSON, cut short, arguments nested
+        deeper than Python's recursion limit: a sampled `[[[[…`, where TRL's fallback raises) is plain content, as TRL falls back.
     """
     try:
         parsed = tokenizer.parse_response(ids, prefix=prefix, tools=tools or None)
@@ -275,7 +275,7 @@ def parse_assistant(tokenizer, ids: list[int], prefix: list[int], tools: list) -
                     raise ValueError("a tool call without a name")
                 if not isinstance(function.get("arguments"), dict):
                     function["arguments"] = {} if function.get("arguments") is None else function["arguments"]
-    except (ValueError, TypeError, AttributeError, KeyError):
+    except (ValueError, TypeError, AttributeError, KeyError, RecursionError):  # RecursionError: JSON nested past Python's limit
         parsed = {"role": "assistant", "content": tokenizer.decode(ids, skip_special_tokens=True)}
     return parsed
 
