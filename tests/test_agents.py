@@ -823,6 +823,17 @@ def test_environments_that_cannot_run_are_refused_before_loading(tmp_path, facto
     refused(tmp_path, error, match, environment_factory=factory)
 
 
+def test_a_row_routed_to_no_environment_is_refused_before_loading(tmp_path):
+    """A dict environment_factory routes rows by their `environment` column; a row naming no factory (a typo) was refused only at
+    the rollout that drew it (TRL's ValueError too), after the model loaded and the steps before it trained."""
+    routed = lambda *names: [{"prompt": [{"role": "user", "content": "Go."}], "environment": n} for n in names]  # noqa: E731
+    refused(tmp_path, ValueError, r"^train_dataset row 2 has environment='maths', which is not among environment_factory's keys "
+            r"\['math', 'words'\]; give each row the key of its environment's factory\.$", train_dataset=Dataset.from_list(routed("math", "words", "maths")),
+            environment_factory={"math": IncrementEnv, "words": IncrementEnv})
+    refused(tmp_path, ValueError, r"^eval dataset row 1 has environment=None, which is not among", train_dataset=routed("math"),
+            eval_dataset=routed("math", None), environment_factory={"math": IncrementEnv})
+
+
 def test_text_prompts_with_tools_or_an_environment_are_refused_before_loading(tmp_path):
     """Text prompts were accepted and refused only at the first rollout, after the model loaded. The column's type is read, an
     IterableDataset only to its first row."""

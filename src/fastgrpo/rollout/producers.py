@@ -83,7 +83,8 @@ def check_agent_datasets(agents: AgentInputs, datasets: list[tuple[str, object]]
         datasets: (name, rows) of the train set and each eval set.
     Raises:
         ValueError: a text prompt with tools or environment_factory (they need chat messages), naming the dataset,
-            the row and the fix; a dict environment_factory over rows without an `environment` column.
+            the row and the fix; a dict environment_factory over rows without an `environment` column, or a row whose
+            `environment` names none of its keys (environments.Environments.check_routes).
         TypeError: an environment's reset that cannot take the rows' columns (environments.Environments.check_columns).
     """
     if not (agents.tools or agents.environments):
@@ -98,6 +99,7 @@ def check_agent_datasets(agents: AgentInputs, datasets: list[tuple[str, object]]
             )
         if agents.environments is not None:
             agents.environments.check_columns(dataset_columns(rows), name)
+            agents.environments.check_routes(rows, name)
 
 
 def _text_prompt(rows) -> tuple[int, str] | None:

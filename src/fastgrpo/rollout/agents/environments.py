@@ -18,7 +18,7 @@ when it needs more than it holds ("construct once, reset often").
 Checked before any model loads: a factory that needs
 arguments, a `reset`/`get_reward` that is not a method (a property), a
 `reset` that cannot take the dataset's columns or a `get_reward` that needs
-arguments, a method named like a standalone tool. An exception raised inside
+arguments, a method named like a standalone tool, a routed row naming no factory. An exception raised inside
 the environment's own code (its factory, `reset`) is an
 `EnvironmentFunctionError` naming the class and method, the user's exception
 chained with its traceback; `reset` returning anything but a str, a list of
@@ -30,9 +30,9 @@ Not here: calling tools (tools.py), the loop (multiturn.py).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
-from datasets import Dataset
+from datasets import Dataset, IterableDataset
 
 from .tools import check_distinct_names, tool_schema
 
@@ -213,6 +213,25 @@ class Environments:
         keys = [c for c in columns if not (self.routed and c == "environment")]
         for instances in self.pool.values():
             _check_reset_takes(instances[0], keys, f"the columns of {dataset_name}")
+
+    def check_routes(self, rows, dataset_name: str) -> None:
+        """Refuse, before any model loads, a row whose `environment` names no factory of a dict environment_factory (TRL,
+        and `route`, refuse it only at the rollout that draws the row, after the steps before it). Every row of a Dataset
+        or a list is read (an Arrow column converts at once); an IterableDataset only to its first row.
+
+        Raises:
+            ValueError: naming the dataset, the row, its value, environment_factory's keys and the fix.
+        """
+        if not self.routed:
+            return
+        if isinstance(rows, IterableDataset):
+            values = [next(iter(rows), {}).get("environment")]
+        else:
+            values = rows["environment"][:] if isinstance(rows, Dataset) else [row.get("environment") for row in rows]
+        for i, name in enumerate(values):
+            if not isinstance(name, Hashable) or name not in self.factories:
+                raise ValueError(f"{dataset_name} row {i} has environment={name!r}, which is not among environment_factory's keys "
+                                 f"{list(self.factories)}; give each row the key of its environment's factory.")
 
     def route(self, row: dict):
         """The factory name of a row: its `environment` column for a dict of factories, else None.
