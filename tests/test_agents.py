@@ -453,6 +453,18 @@ def test_a_rollout_func_that_cannot_take_prompts_and_trainer_is_refused_before_t
                     train_dataset=prompts, rollout_func=rollout_func)
 
 
+def test_an_async_rollout_func_is_refused_before_the_model_loads(tmp_path, prompts):
+    """TRL calls rollout_func synchronously; an `async def` one returned a coroutine, refused ("returned type coroutine") only at the
+    first rollout, after the model loaded, with Python's "coroutine was never awaited" warning."""
+    async def rollout_func(prompts, trainer):
+        return {}
+
+    with pytest.raises(ValueError, match=r"^rollout_func is the async function 'rollout_func'; TRL calls rollout_func\(prompts, trainer\) synchronously "
+                       r"and reads the dict it returns: make it a plain def"):
+        GRPOTrainer(model="/no/such/model", reward_funcs=lambda completions, **k: [0.0] * len(completions), args=config(tmp_path),
+                    train_dataset=prompts, rollout_func=rollout_func)
+
+
 def test_cached_turns_equal_reprefill_and_the_training_pass(tokenizer, make_model):
     """Greedy: keeping the KV cache gives the tokens re-prefilling gives; its log-probs equal the fp32 training pass to 1e-5
     across turn boundaries (appended tool tokens of different lengths per row, rows continuing in a new order)."""

@@ -58,10 +58,16 @@ def check_rollout_func(rollout_func) -> None:
     model loads (it was Python's TypeError at the first rollout). A callable whose signature cannot be read is left to run.
 
     Raises:
-        ValueError: not callable, or its parameters cannot take (prompts, trainer), naming them and the call it must take.
+        ValueError: not callable, async (`async def`: TRL never awaits it), or its parameters cannot take (prompts, trainer),
+            naming them and the call it must take.
     """
     if not callable(rollout_func):
         raise ValueError(f"rollout_func is {rollout_func!r}; give a function (prompts, trainer) -> dict.")
+    if inspect.iscoroutinefunction(rollout_func):  # it returned a coroutine, refused at the first rollout after the model loaded
+        name = getattr(rollout_func, "__name__", repr(rollout_func))
+        raise ValueError(f"rollout_func is the async function {name!r}; TRL calls rollout_func(prompts, trainer) synchronously and "
+                         "reads the dict it returns: make it a plain def that returns the dict (run its coroutines inside, e.g. with "
+                         "asyncio.run).")
     try:
         signature = inspect.signature(rollout_func)
     except (TypeError, ValueError):  # a builtin or C callable: nothing to read
