@@ -776,6 +776,34 @@ class Multiplier(IncrementEnv):
         return a * b
 
 
+def countdown(n: int) -> str:
+    """
+    Counts down (a generator: TRL calls it and hands the model the generator object's repr).
+
+    Args:
+        n: where to start.
+    """
+    yield from map(str, range(n, 0, -1))
+
+
+class Streaming(IncrementEnv):
+    async def stream(self, n: int):
+        """
+        Streams numbers.
+
+        Args:
+            n: how many.
+        """
+        yield n
+
+
+def test_generator_tools_are_refused_before_loading(tmp_path):
+    """A tool (or an environment method) that yields ran none of its body: the model read '<generator object countdown at 0x…>'."""
+    refused(tmp_path, ValueError, r"^tool 'countdown' is a generator function \(it yields\): a call returns a generator object, so its body "
+            r"never runs and the model reads '<generator object …>'; return the result instead", tools=[countdown])
+    refused(tmp_path, ValueError, r"^tool 'stream' is a generator function", environment_factory=Streaming)
+
+
 def test_two_tools_under_one_name_are_refused_naming_both(tmp_path):
     """A second tool named `dup` silently replaced the first while both schemas were rendered; an environment method named like a
     standalone tool silently shadowed it."""

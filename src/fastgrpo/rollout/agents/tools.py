@@ -29,11 +29,17 @@ def tool_schema(tool: Callable) -> dict:
     """The JSON schema of one tool (transformers' `get_json_schema`), checked up front.
 
     Raises:
-        ValueError: a tool that is not callable, or whose signature/docstring the
-            schema cannot be read from (naming the tool and the fix).
+        ValueError: a tool that is not callable, a generator function (sync or async: a call runs none of its body),
+            or one whose signature/docstring the schema cannot be read from (naming the tool and the fix).
     """
     if not callable(tool):
         raise ValueError(f"tools holds {tool!r}, which is not callable; give functions (sync or async).")
+    if inspect.isgeneratorfunction(tool) or inspect.isasyncgenfunction(tool):  # TRL calls it and str()s the generator object
+        raise ValueError(
+            f"tool {getattr(tool, '__name__', repr(tool))!r} is a generator function (it yields): a call returns a generator object, so "
+            "its body never runs and the model reads '<generator object …>'; return the result instead (an environment's helper "
+            "method that is no tool: start its name with _)."
+        )
     try:
         return get_json_schema(tool)
     except Exception as err:  # transformers raises its own TypeError subclasses for missing hints or docstrings
