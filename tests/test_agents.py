@@ -250,6 +250,32 @@ def test_tool_errors_unknown_tools_and_async_tools(tokenizer):
     assert [m["content"] for m in out.messages[1]] == ["{'error': 'Tool nope not found.'}", "{'error': 'backend down'}"]
 
 
+def test_async_tools_share_one_event_loop_across_rounds_as_trls():
+    """TRL awaits every async tool on one loop for the trainer's life; fastgrpo ran each round in a new loop (asyncio.run), so
+    a rate limiter made once (an asyncio.Semaphore, as an HTTP client's pool) failed from the second round on: "… is bound to a
+    different event loop", counted as a tool failure while training went on. Two calls per round contend for it."""
+    limit = asyncio.Semaphore(1)
+
+    async def search(q: str) -> str:
+        """Search.
+
+        Args:
+            q: the query.
+        """
+        async with limit:
+            await asyncio.sleep(0.01)
+            return q.upper()
+
+    call = lambda q: {"type": "function", "function": {"name": "search", "arguments": {"q": q}}}  # noqa: E731
+
+    async def from_a_running_loop():  # as in a notebook: a round called while an event loop runs
+        return call_tools([[call("c"), call("d")]], [{"search": search}])
+
+    rounds = [call_tools([[call("a"), call("b")]], [{"search": search}]) for _ in range(3)] + [asyncio.run(from_a_running_loop())]
+    assert [r.failures for r in rounds] == [0, 0, 0, 0]
+    assert [[m["content"] for m in r.messages[0]] for r in rounds] == [["A", "B"]] * 3 + [["C", "D"]]
+
+
 def test_a_tool_call_nested_past_the_recursion_limit_is_plain_content(tokenizer):
     """A sampled run of `[` inside a call's arguments (≈ 600 tokens: "[[" is one token) made json's decoder raise RecursionError
     out of parse_response, which TRL's fallback (ValueError, TypeError) does not catch: the rollout and the run stopped."""

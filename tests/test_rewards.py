@@ -114,6 +114,22 @@ def test_async_rewards_are_awaited_concurrently():
     assert asyncio.run(from_a_running_loop()).tolist() == [[1.0, 2.0]] * 3
 
 
+def test_async_rewards_share_one_event_loop_across_rollouts_as_trls():
+    """TRL awaits async reward functions on one loop for the trainer's life; a new loop per scoring (asyncio.run) made a judge's
+    rate limiter made once (an asyncio.Semaphore) raise "… is bound to a different event loop" at the second rollout."""
+    limit = asyncio.Semaphore(1)
+
+    async def judged(completions, **kw):
+        async with limit:
+            await asyncio.sleep(0.01)
+            return [1.0] * len(completions)
+
+    async def also_judged(completions, **kw):
+        return await judged(completions)
+
+    assert [call(judged, also_judged).tolist() for _ in range(2)] == [[[1.0, 1.0]] * 3] * 2  # two contend for it each time
+
+
 def test_errors_inside_a_reward_function_keep_their_traceback():
     def buggy(completions, **kw):
         return [1 / 0 for _ in completions]

@@ -10,8 +10,9 @@ chat messages; every dataset column but "prompt", "completion" and
 "completion_ids" (TRL drops them: `DROPPED_COLUMNS`) arrives as a keyword list, and the trainer adds TRL's `trainer_state`, `log_extra` and `log_metric`.
 None means "not applicable" and is skipped in the weighted sum; a list, tuple,
 numpy array or 1-D torch tensor is accepted. Async functions are awaited, all
-of them concurrently. A sequence-classification reward model (hub id, local
-folder or instance) is wrapped by reward_models.py into such a callable.
+of them concurrently, on one event loop for the run (event_loop.py, TRL's). A
+sequence-classification reward model (hub id, local folder or instance) is
+wrapped by reward_models.py into such a callable.
 
 Built-ins (`fastgrpo train --reward NAME`): `length` (the TRL quick-start
 reward), `format` (answer inside <answer>…</answer>), `brevity` (short
@@ -23,8 +24,6 @@ Not here: the built-in rewards themselves (tasks/rewards.py), turning rewards in
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import decimal
 import difflib
 import functools
@@ -38,6 +37,7 @@ import numpy as np
 import torch
 
 from ..tasks import import_module
+from . import event_loop
 from ..tasks.rewards import BUILTIN_REWARDS
 
 logger = logging.getLogger("fastgrpo.rewards")  # the name users filter on (before the layout it was the module's)
@@ -198,18 +198,12 @@ def _call(fn: RewardFunc, name: str, kwargs: dict):
 
 
 def _await_all(awaitables: list, names: list[str]) -> list:
-    """Await the async reward functions' results concurrently, in a private event loop."""
+    """Await the async reward functions' results concurrently, on the event loop every call shares (event_loop.py: TRL's).
 
-    async def gather():
-        return await asyncio.gather(*awaitables, return_exceptions=True)
-
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:  # the usual case: no loop in this thread
-        results = asyncio.run(gather())
-    else:  # called from inside a running loop (a notebook): run ours in a thread
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            results = pool.submit(asyncio.run, gather()).result()
+    Raises:
+        RewardFunctionError: one raised, naming it; its exception chained.
+    """
+    results = event_loop.gather(awaitables)
     for name, value in zip(names, results):
         if isinstance(value, Exception):
             raise RewardFunctionError(f"reward function {name!r} raised {type(value).__name__}: {value}") from value

@@ -15,14 +15,14 @@ Not here: environments whose methods are tools (environments.py), the loop (mult
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import inspect
 import os
 from collections.abc import Callable
 from typing import NamedTuple
 
 from transformers.utils import get_json_schema
+
+from .. import event_loop
 
 
 def tool_schema(tool: Callable) -> dict:
@@ -111,7 +111,8 @@ class ToolResults(NamedTuple):
 
 
 def call_tools(calls: list[list[dict]], toolboxes: list[dict[str, Callable]]) -> ToolResults:
-    """Run the tool calls of several rows: sync tools in order, all async ones concurrently.
+    """Run the tool calls of several rows: sync tools in order, all async ones concurrently, on the one event loop every
+    call shares (event_loop.py: TRL's, so a tool may keep loop-bound state between calls).
 
     Args:
         calls: per row, the parsed `tool_calls` of its last turn
@@ -142,22 +143,8 @@ def call_tools(calls: list[list[dict]], toolboxes: list[dict[str, Callable]]) ->
                 failures += 1
                 results[r][c] = (name, {"error": str(err)})
     if pending:
-        for (r, c, name, _), value in zip(pending, _await_all([p[3] for p in pending])):
+        for (r, c, name, _), value in zip(pending, event_loop.gather([p[3] for p in pending])):
             failures += isinstance(value, Exception)
             results[r][c] = (name, {"error": str(value)} if isinstance(value, Exception) else value)
     messages = [[{"role": "tool", "name": name, "content": str(value)} for name, value in row] for row in results]
     return ToolResults(messages, total, failures)
-
-
-def _await_all(awaitables: list) -> list:
-    """Await the async tools' results concurrently in a private event loop; exceptions are returned, not raised."""
-
-    async def gather():
-        return await asyncio.gather(*awaitables, return_exceptions=True)
-
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:  # the usual case: no loop in this thread
-        return asyncio.run(gather())
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # inside a running loop (a notebook): ours in a thread
-        return pool.submit(asyncio.run, gather()).result()
