@@ -463,6 +463,10 @@ def test_rollout_func_gets_each_prompt_num_generations_times_as_trl_1_16_does(tm
      r'sampler gave none; "logprobs": None for none in any row\)'),
     ({"prompt_ids": [[1]] * 4, "completion_ids": [[2]] * 4, "logprobs": [[0.0]] * 4, "env_mask": [[1], None, [1], [1]]},
      r"rollout_func's env_mask\[1\] is None \(NoneType\); give a list with one value per completion token \(1 = model token"),
+    # env_mask of zeros read as "nothing masked": every token the environment's, so the step's loss was 0, silently (TRL's too)
+    ({"prompt_ids": [[1]] * 4, "completion_ids": [[2, 3]] * 4, "logprobs": [[0.0, 0.0]] * 4, "env_mask": [[0, 0]] * 4},
+     r"rollout_func's env_mask is 0 for every token of every row: no token is the model's, so nothing would train\. env_mask marks "
+     r"the model's tokens 1 and the environment's 0 \(TRL's tool_mask\); leave it out when every token is the model's\."),
 ])
 def test_rollout_func_bad_output_is_a_clear_error(tmp_path, tokenizer, make_model, prompts, output, message):
     trainer = GRPOTrainer(model=make_model(), reward_funcs=lambda completions, **k: [0.0] * len(completions), args=config(tmp_path),

@@ -91,7 +91,7 @@ def check_output(output, num_prompts: int, num_generations: int) -> None:
             old fastgrpo contract, said so),
             a logprobs/env_mask row that is not a list (None, a number) or whose length differs from its completion_ids, an empty
             prompt, no completion token in any row, an id that is not a whole number, a log-prob
-            that is not a number ≤ 0 (or None/NaN), env_mask values other than 0/1, an extra key
+            that is not a number ≤ 0 (or None/NaN), env_mask values other than 0/1 or no 1 in any row, an extra key
             the reward protocol reserves, or an extra list with other than one value per prompt received
             (a value that is not a list reaches every completion, as TRL broadcasts it); a required key
             that is not a list (a generator).
@@ -153,6 +153,10 @@ def check_output(output, num_prompts: int, num_generations: int) -> None:
                 )
         if "env_mask" in output and any(v not in (0, 1) for v in output["env_mask"][i]):
             raise ValueError(f"rollout_func's env_mask[{i}] holds values other than 0 and 1 (1 = model token, 0 = environment token).")
+    if "env_mask" in output and not any(v == 1 for row in output["env_mask"] for v in _as_list(row)):  # TRL: a step of loss 0
+        raise ValueError("rollout_func's env_mask is 0 for every token of every row: no token is the model's, so nothing would train. "
+                         "env_mask marks the model's tokens 1 and the environment's 0 (TRL's tool_mask); leave it out when every "
+                         "token is the model's.")
 
 
 class RolloutFunc:
