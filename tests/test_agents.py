@@ -928,6 +928,21 @@ def test_text_prompts_with_tools_or_an_environment_are_refused_before_loading(tm
     refused(tmp_path, ValueError, "eval dataset row 0: prompt 'What is 3 times 4\\?' is text", eval_dataset=text, tools=[multiply])
 
 
+def test_a_template_a_tool_reply_cannot_be_appended_to_is_refused_before_loading(tmp_path, tokenizer):
+    """A tool template whose user turns render differently once a tool message follows (here: with the message count) failed at
+    the first tool call, after the model loaded and the first turns were sampled; TRL refuses it when its trainer is built."""
+    from fastgrpo.rollout.agents.chat_format import CHATML_RESPONSE_TEMPLATE, CHATML_TOOLS_TEMPLATE
+
+    counting = copy.deepcopy(tokenizer)
+    user_turn = "{{- '<|im_start|>' + message['role'] + '\\n' }}"
+    assert user_turn in CHATML_TOOLS_TEMPLATE
+    counting.chat_template = CHATML_TOOLS_TEMPLATE.replace(user_turn, user_turn[:-3] + " + (messages|length|string) + ' ' }}")
+    counting.response_template = CHATML_RESPONSE_TEMPLATE
+    refused(tmp_path, ValueError, r"^the chat template is not prefix-preserving: a tool message changes how the turns before it render, "
+            r"so a tool reply cannot be appended as tokens .* `tokenizer.chat_template = trl.chat_template_utils."
+            r"get_training_chat_template\(tokenizer\)`\.$", processing_class=counting, tools=[multiply])
+
+
 @pytest.mark.parametrize("kwargs, match", [
     ({"tools": multiply}, r"tools is the function 'multiply', not a list; give a list of tools: tools=\[multiply\]"),
     ({"tools": "multiply"}, r"tools is 'multiply' \(str\), not a list; give a list of functions"),

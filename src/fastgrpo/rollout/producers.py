@@ -20,7 +20,7 @@ from typing import NamedTuple
 from datasets import IterableDataset, Value
 
 from ..generation.contract import GenerationBackend
-from .agents.chat_format import prepare_tool_tokenizer
+from .agents.chat_format import check_tool_replies, prepare_tool_tokenizer
 from .agents.environments import Environments, placeholder_dataset
 from .agents.multiturn import MultiTurn
 from .agents.rollout_func import RolloutFunc, check_rollout_func
@@ -126,12 +126,14 @@ def check_prompt_rendering(agents: AgentInputs, samples: dict[str, list[tuple[in
         tokenizer: the policy's tokenizer, as loaded.
     Raises:
         ValueError: a prompt the chat template cannot render (prompts.check_renders); a template that cannot render
-            tool calls (chat_format.prepare_tool_tokenizer).
+            tool calls (chat_format.prepare_tool_tokenizer), or that a tool reply cannot be appended to as tokens
+            (not prefix-preserving: chat_format.check_tool_replies).
     """
     if agents.rollout_func is not None:
         return
     if agents.tools or agents.environments:
         tokenizer = prepare_tool_tokenizer(tokenizer)[0]
+        check_tool_replies(tokenizer, chat_template_kwargs or {})
     check_renders(tokenizer, samples, chat_template_kwargs)
 
 

@@ -296,7 +296,8 @@ def tool_suffix_ids(tokenizer, tool_messages: list[dict], chat_template_kwargs: 
 
     Raises:
         ValueError: a template that is not prefix-preserving before the assistant turn (what precedes it renders
-            differently), or whose longer rendering has no EOS ending that turn.
+            differently), or whose longer rendering has no EOS ending that turn, naming TRL's training template as the fix
+            (checked before the model loads: `check_tool_replies`).
     """
     call = [{"type": "function", "function": {"name": tool_messages[0]["name"], "arguments": {}}}]
     dummy = [{"role": "user", "content": "dummy"}, {"role": "assistant", "content": "", "tool_calls": call}]
@@ -313,5 +314,21 @@ def tool_suffix_ids(tokenizer, tool_messages: list[dict], chat_template_kwargs: 
     before = eos[-2] + 1 if len(eos) >= 2 else None
     full_eos = [i for i, token in enumerate(full) if token == tokenizer.eos_token_id]
     if before is None or full[:before] != prefix[:before] or len(full_eos) < len(eos):
-        raise ValueError("the chat template is not prefix-preserving: a tool message changes how the turns before it render.")
+        raise ValueError(
+            "the chat template is not prefix-preserving: a tool message changes how the turns before it render, so a tool reply "
+            "cannot be appended as tokens (TRL refuses it too, when the trainer is built). Give a processing_class whose template "
+            "renders each turn the same whatever follows it; for the models TRL knows, its training template: "
+            "`tokenizer.chat_template = trl.chat_template_utils.get_training_chat_template(tokenizer)`."
+        )
     return full[full_eos[len(eos) - 1] + 1 :]
+
+
+def check_tool_replies(tokenizer, chat_template_kwargs: dict) -> None:
+    """Render a sentinel tool reply as `tool_suffix_ids` renders each one, before the model loads: a template it cannot
+    append a reply with failed at the first tool call, after the model loaded and the first turns were sampled. TRL
+    checks the same property when its trainer is built (`is_chat_template_prefix_preserving`).
+
+    Raises:
+        ValueError: `tool_suffix_ids`'s, naming the fix.
+    """
+    tool_suffix_ids(tokenizer, [{"role": "tool", "name": _SENTINELS[0], "content": _SENTINELS[3]}], chat_template_kwargs)
