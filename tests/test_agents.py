@@ -1029,6 +1029,27 @@ def test_cli_keeps_the_traceback_of_an_environments_own_error(tmp_path, monkeypa
     assert isinstance(info.value.__cause__, TypeError)
 
 
+def test_a_rollout_func_row_past_the_models_context_is_refused_naming_it(tmp_path, tokenizer, make_model, prompts):
+    """The tiny model's context is 512 positions: a row of 500 prompt + 13 completion tokens reached the update, where a model with
+    learned positions (GPT-2's) failed with "index out of range in self", naming nothing; 500 + 12 fits exactly."""
+    length = [12]
+
+    def rollout_func(prompts, trainer):
+        N = len(prompts)
+        return {"prompt_ids": [[5] * 500] * N, "completion_ids": [[8] * (length[0] - 1) + [tokenizer.eos_token_id]] * N,
+                "logprobs": [[-1.0] * length[0]] * N}
+
+    trainer = GRPOTrainer(model=make_model(), reward_funcs=lambda completions, **kw: [1.0] * len(completions),
+                          args=config(tmp_path, max_completion_length=16), train_dataset=prompts, processing_class=tokenizer,
+                          rollout_func=rollout_func)
+    assert trainer._collect().completion_ids.shape == (4, 12)
+    length[0] = 13
+    with pytest.raises(ValueError, match=r"^rollout_func's row 0 holds 500 prompt_ids \+ 13 completion_ids = 513 tokens, more than the "
+                       r"model's context of 512 \(config.max_position_embeddings\): the update would read positions the model has none "
+                       r"for\. Keep each row within it in rollout_func"):
+        trainer._collect()
+
+
 def test_a_rollout_func_completion_past_max_completion_length_trains_whole_with_one_warning(tmp_path, tokenizer, make_model, prompts):
     def rollout_func(prompts, trainer):  # 12 tokens against max_completion_length=8, in every rollout
         N = len(prompts)

@@ -157,8 +157,9 @@ def build_producer(
     if agents is None or not (agents.tools or agents.environments or agents.rollout_func):
         return SingleTurn(partial(_encode, encode, device), backend, partial(_decode, tokenizer), eos_token_ids), tokenizer
     if agents.rollout_func is not None:
+        context = None if encode.room is None else encode.room + args.max_completion_length  # room: the context less a completion
         return RolloutFunc(agents.rollout_func, trainer, tokenizer, eos_token_ids, tokenizer.pad_token_id, device, encode.vocab_size,
-                           args.max_completion_length), tokenizer
+                           args.max_completion_length, context), tokenizer
     a = args
     tokenizer, notice = prepare_tool_tokenizer(tokenizer)  # saved with the model: inference renders tools alike
     if notice:

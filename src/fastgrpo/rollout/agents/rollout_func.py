@@ -171,13 +171,18 @@ class RolloutFunc:
         vocab_size: rows of the policy's input embedding: ids beyond them are refused (prompts.check_token_ids); None: not checked.
         max_completion_length: GRPOConfig's; a completion longer than it trains whole (TRL's contract), with one warning
             per run (a multi-turn rollout_func that forgot its budget makes the update's memory grow with it).
+        context: the model's config.max_position_embeddings; None: not known, not checked.
+    Raises (on call):
+        ValueError: `check_output`'s; an id the embedding has no row for (prompts.check_token_ids); a row whose prompt
+            and completion together pass `context` (a model with learned positions failed in the update with "index out
+            of range in self"; the own sampler refuses such prompts alike, prompts.PromptEncoder).
     """
 
     def __init__(self, rollout_func: Callable, trainer, tokenizer, eos_token_ids: Sequence[int], pad_token_id: int, device=None,
-                 vocab_size: int | None = None, max_completion_length: int | None = None):
+                 vocab_size: int | None = None, max_completion_length: int | None = None, context: int | None = None):
         self.rollout_func, self.trainer, self.tokenizer = rollout_func, trainer, tokenizer
         self.eos, self.pad, self.device, self.vocab_size = tuple(eos_token_ids), pad_token_id, device, vocab_size
-        self.max_completion_length, self.warned_long = max_completion_length, False
+        self.max_completion_length, self.context, self.warned_long = max_completion_length, context, False
 
     def __call__(self, rows: list[dict], num_generations: int) -> Generated:
         repeated = [row["prompt"] for row in rows for _ in range(num_generations)]  # TRL's RepeatSampler order
@@ -187,6 +192,14 @@ class RolloutFunc:
         prompt_ids, completion_ids = [list(p) for p in output["prompt_ids"]], [list(c) for c in output["completion_ids"]]
         for key, rows in (("prompt_ids", prompt_ids), ("completion_ids", completion_ids)):
             check_token_ids(rows, self.vocab_size, [f"rollout_func's {key}[{i}]" for i in range(len(rows))], self.tokenizer)
+        lengths = [len(p) + len(c) for p, c in zip(prompt_ids, completion_ids)]
+        if self.context is not None and max(lengths) > self.context:
+            i = lengths.index(max(lengths))
+            raise ValueError(
+                f"rollout_func's row {i} holds {len(prompt_ids[i])} prompt_ids + {len(completion_ids[i])} completion_ids = {lengths[i]} "
+                f"tokens, more than the model's context of {self.context} (config.max_position_embeddings): the update would read "
+                "positions the model has none for. Keep each row within it in rollout_func (e.g. its engine's max_model_len)."
+            )
         longest = max(len(c) for c in completion_ids)
         if self.max_completion_length is not None and longest > self.max_completion_length and not self.warned_long:
             self.warned_long = True
