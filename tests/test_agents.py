@@ -250,6 +250,32 @@ def test_tool_errors_unknown_tools_and_async_tools(tokenizer):
     assert [m["content"] for m in out.messages[1]] == ["{'error': 'Tool nope not found.'}", "{'error': 'backend down'}"]
 
 
+def test_a_tool_result_with_no_text_is_a_failed_call():
+    """power(10, 5000) returns an int of 5001 digits, past Python's 4300-digit limit on int → str: str(result) raised ValueError out
+    of the rollout (TRL's too), stopping the run on a call a model exploring a calculator makes in ten tokens."""
+    def power(a: int, b: int) -> int:
+        """Raise to a power.
+
+        Args:
+            a: the base.
+            b: the exponent.
+        """
+        return a**b
+
+    import sys
+
+    call = lambda b: {"type": "function", "function": {"name": "power", "arguments": {"a": 10, "b": b}}}  # noqa: E731
+    given = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(4300)  # Python's default (PYTHONINTMAXSTRDIGITS may change it)
+    try:
+        out = call_tools([[call(3), call(5000)]], [{"power": power}])
+    finally:
+        sys.set_int_max_str_digits(given)
+    assert out.calls == 2 and out.failures == 1
+    assert out.messages[0][0]["content"] == "1000"
+    assert out.messages[0][1]["content"].startswith("{'error': 'Exceeds the limit (4300 digits) for integer string conversion")
+
+
 def test_async_tools_share_one_event_loop_across_rounds_as_trls():
     """TRL awaits every async tool on one loop for the trainer's life; fastgrpo ran each round in a new loop (asyncio.run), so
     a rate limiter made once (an asyncio.Semaphore, as an HTTP client's pool) failed from the second round on: "… is bound to a

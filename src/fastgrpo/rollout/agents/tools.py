@@ -8,7 +8,9 @@ ones concurrently, and turns anything that goes wrong into a result the model
 reads (TRL's rule):
 
 - the tool raises → `{"error": "<message>"}`, counted as a failure;
-- no tool of that name → `{"error": "Tool <name> not found."}`, a failure.
+- no tool of that name → `{"error": "Tool <name> not found."}`, a failure;
+- a result `str()` cannot turn into text (an int of more than 4300 digits: Python's limit) → `{"error": …}`, a
+  failure (TRL's `str(result)` raised out of the rollout and stopped the run).
 
 Not here: environments whose methods are tools (environments.py), the loop (multiturn.py).
 """
@@ -120,7 +122,8 @@ def call_tools(calls: list[list[dict]], toolboxes: list[dict[str, Callable]]) ->
         toolboxes: per row, {name: callable} of the tools it may call.
     Returns:
         `ToolResults`: one tool message per call (content: the result as `str`,
-        or `{"error": …}` for a failure), the number of calls and failures.
+        or `{"error": …}` for a failure: the call raised, named no tool, or its result has no `str`), the number of
+        calls and failures.
     """
     results: list[list] = [[None] * len(row) for row in calls]
     pending, failures, total = [], 0, 0
@@ -146,5 +149,14 @@ def call_tools(calls: list[list[dict]], toolboxes: list[dict[str, Callable]]) ->
         for (r, c, name, _), value in zip(pending, event_loop.gather([p[3] for p in pending])):
             failures += isinstance(value, Exception)
             results[r][c] = (name, {"error": str(value)} if isinstance(value, Exception) else value)
-    messages = [[{"role": "tool", "name": name, "content": str(value)} for name, value in row] for row in results]
+    messages = []
+    for row in results:
+        messages.append([])
+        for name, value in row:
+            try:
+                content = str(value)
+            except Exception as err:  # the result has no text: an int past Python's 4300 digits (power(10, 5000)), a broken __str__
+                failures += 1
+                content = str({"error": str(err)})
+            messages[-1].append({"role": "tool", "name": name, "content": content})
     return ToolResults(messages, total, failures)
