@@ -22,6 +22,7 @@ from fastgrpo.config.grpo_config import _FIELDS
 from fastgrpo.config.flags import FIELD_HELP
 from fastgrpo.run.datasets import load_dataset_spec
 from fastgrpo.run.console import ConsolePrinterCallback
+from fastgrpo.rollout.rewards import RewardFunctionError
 from fastgrpo.config.trl_fields import TRL_FIELDS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -287,3 +288,43 @@ def test_ctrl_c_before_training_is_one_line_and_the_shells_code(tmp_path, monkey
     code = main(["train", "--dataset", "calculator", "--reward", "slow_reward:score", "--max_steps", "1", "--output_dir", "out"])
     err = capsys.readouterr().err
     assert code == 130 and err.strip() == "fastgrpo: interrupted; what was already saved in output_dir is kept."
+
+
+def test_an_error_that_ends_a_run_names_the_checkpoint_to_resume_from(tmp_path, monkeypatch, model_dir):
+    # A reward that fails at its fourth call (the fourth rollout; a checkpoint every 2 steps). Its error and traceback are
+    # unchanged; a note under them names what output_dir holds to go on from (run/failures.py), where before the user
+    # had to look. The resume then trains on from that checkpoint.
+    (tmp_path / "flaky.py").write_text(
+        "calls = []\n\ndef score(completions, **kwargs):\n    calls.append(1)\n    if len(calls) == 4:\n"
+        "        raise ValueError('the scoring service is down')\n    return [float(len(c)) for c in completions]\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "--model", str(model_dir), "--dataset", "calculator", "--reward", "flaky:score", "--max_steps", "5", "--save_steps", "2",
+            "--per_device_train_batch_size", "4", "--num_generations", "2", "--max_completion_length", "2", "--use_vllm", "false",
+            "--bf16", "false", "--disable_tqdm", "true", "--filter_groups", "false", "--logging_steps", "1", "--output_dir", "out"]
+    with pytest.raises(RewardFunctionError, match="^reward function 'score' raised ValueError: the scoring service is down\n") as raised:
+        main(argv)  # an error in user code keeps its traceback; the note prints under it
+    assert sorted(os.listdir("out")) == ["README.md", "checkpoint-2", "metrics.jsonl"]  # one rollout per step: step 4 never ended
+    assert raised.value.__notes__ == [f"fastgrpo: The last checkpoint, {os.path.join('out', 'checkpoint-2')}, is kept: resume with "
+                                      "trainer.train(resume_from_checkpoint=True), or the same fastgrpo train command plus --resume."]
+    assert main([*argv, "--resume"]) == 0
+    with open(os.path.join("out", "metrics.jsonl")) as f:
+        assert [json.loads(line)["step"] for line in f] == [1, 2, 3, 4, 5]
+
+
+def test_a_ctrl_c_that_aborts_mid_run_says_no_checkpoint_was_saved_yet(tmp_path, monkeypatch, capsys, model_dir):
+    # A second Ctrl-C aborts at once (here raised in the second rollout's reward): one line and the shell's code, as
+    # before, then what output_dir holds: nothing to resume yet (save_steps=1000), not "what was saved is kept" alone.
+    (tmp_path / "stop.py").write_text(
+        "calls = []\n\ndef score(completions, **kwargs):\n    calls.append(1)\n    if len(calls) == 2:\n        raise KeyboardInterrupt\n"
+        "    return [0.0] * len(completions)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    code = main(["train", "--model", str(model_dir), "--dataset", "calculator", "--reward", "stop:score", "--max_steps", "3",
+                 "--per_device_train_batch_size", "4", "--num_generations", "2", "--max_completion_length", "2", "--use_vllm", "false",
+                 "--bf16", "false", "--disable_tqdm", "true", "--filter_groups", "false", "--save_steps", "1000", "--output_dir", "out"])
+    assert code == 130 and capsys.readouterr().err.strip().splitlines()[-2:] == [
+        "fastgrpo: interrupted; what was already saved in output_dir is kept.",
+        "fastgrpo: No checkpoint of this run was saved yet (step 1/3, save_strategy='steps', save_steps=1000), so there is nothing to "
+        "resume: start the run again.",
+    ]

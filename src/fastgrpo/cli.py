@@ -331,13 +331,13 @@ def main(argv: list[str] | None = None) -> int:
         if command.command == "train":
             train(ns)
     except (ValueError, TypeError, FloatingPointError, CheckpointWriteError, EngineError) as err:  # fastgrpo's own checks; errors in user code keep their traceback
-        print(f"fastgrpo: error: {err}", file=sys.stderr)
+        print(f"fastgrpo: error: {err}", *getattr(err, "__notes__", ()), sep="\n", file=sys.stderr)  # notes: run/failures.py's
         return 2
     except TrainingInterrupted as err:  # Ctrl-C: the checkpoint is saved, the message says how to resume
         print(f"fastgrpo: {err}", file=sys.stderr)
         return 130
-    except KeyboardInterrupt:  # Ctrl-C while loading, or a second one that aborts at once: no traceback, the shell's code
-        print("fastgrpo: interrupted; what was already saved in output_dir is kept.", file=sys.stderr)
+    except KeyboardInterrupt as err:  # Ctrl-C while loading, or a second one that aborts at once: no traceback, the shell's code
+        print("fastgrpo: interrupted; what was already saved in output_dir is kept.", *getattr(err, "__notes__", ()), sep="\n", file=sys.stderr)
         return 130
     return 0
 

@@ -40,7 +40,7 @@ from .rollout.producers import build_producer
 from .rollout.prompts import PromptEncoder
 from .rollout.record import Rollout
 from .rollout.reward_models import RewardModel
-from .run import checkpoints, reward_hooks
+from .run import checkpoints, failures, reward_hooks
 from .run.callbacks import TrainerEvents, scheduled
 from .run.completion_tables import CompletionTables
 from .run.dataset_kinds import prompt_order
@@ -175,7 +175,7 @@ class GRPOTrainer(TRLMethods):
         self._epoch_end(rollout, done) if self.epoch_end_pending else self.events.epoch_begin()  # resumed at an epoch's last step: its end
         # by an exception too: the console bar stops, the engine stops (its shared-memory weights go), the producer stops
         with closing(self.events), StopOnInterrupt() as interrupt, closing(self.backend), closing(self.rollouts), \
-                checkpoints.engine_errors_name_the_resume(self):  # a failing engine's error names the checkpoint to resume from
+                failures.name_the_resume(self):  # an error that ends the run names the checkpoint to resume from
             while self.step < self.max_steps and not self.events.control.should_training_stop:
                 started = time.perf_counter()  # TRL's step_time: a step's passes, and the sampling of the rollout it starts
                 if rollout is None or done >= a.steps_per_rollout:

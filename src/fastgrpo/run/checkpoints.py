@@ -9,8 +9,6 @@
   `card_is_replaceable`) and the callbacks' on_save.
 - `stop_interrupted`: after Ctrl-C, that step's checkpoint (unless just
   written) and `TrainingInterrupted` saying how to resume.
-- `engine_errors_name_the_resume`: a vLLM server or engine failing mid-run says which checkpoint to resume from, or
-  that none was saved yet.
 - `resume`: a new run claims output_dir; a resumed one loads the state back,
   applies the settings that changed, cuts the logs back to its step and takes
   back the unlogged window, so whatever stops the run (Ctrl-C, a crash, a
@@ -35,8 +33,7 @@ from __future__ import annotations
 import os
 import pickle
 import warnings
-from contextlib import contextmanager
-from typing import Any, Iterator, Protocol
+from typing import Any, Protocol
 
 import torch
 import yaml
@@ -47,7 +44,6 @@ from safetensors.torch import load_file
 from . import checkpoint_files as ckpt
 from . import completion_tables, runs
 from .interrupt import TrainingInterrupted
-from ..generation.contract import EngineError
 from ..model.adapters import merged_copy
 from ..model.loading import is_peft_model
 from ..rollout.record import Rollout
@@ -225,31 +221,6 @@ def stop_interrupted(trainer: Checkpointed, rollout: Rollout, done: int) -> None
         f"interrupted at step {trainer.step}/{trainer.max_steps}; saved {path}. Resume with "
         "trainer.train(resume_from_checkpoint=True), or the same fastgrpo train command plus --resume."
     )
-
-
-@contextmanager
-def engine_errors_name_the_resume(trainer: Checkpointed) -> Iterator[None]:
-    """Around train()'s loop: an `EngineError` (a vLLM server or engine that died, hung or went silent mid-run) ends
-    with what output_dir holds to go on from, which only the trainer knows: this run's last checkpoint and how to resume
-    from it, or that none was saved yet. The engine's own message says what happened and the engine's fix.
-
-    Raises:
-        EngineError: the one raised inside, its message completed (the same exception, with its traceback).
-    """
-    try:
-        yield
-    except EngineError as err:
-        a = trainer.args
-        kept = ckpt.checkpoints(a.output_dir, trainer.run_id)
-        if kept:
-            then = (f"The last checkpoint, {kept[-1]}, is kept: resume with trainer.train(resume_from_checkpoint=True), or the "
-                    "same fastgrpo train command plus --resume.")
-        else:
-            every = f"save_strategy={a.save_strategy!r}" + (f", save_steps={a.save_steps:g}" if a.save_strategy == "steps" else "")
-            then = (f"No checkpoint of this run was saved yet (step {trainer.step}/{trainer.max_steps}, {every}), so there is "
-                    "nothing to resume: start the run again.")
-        err.args = (f"{err} {then}",)
-        raise
 
 
 def resume(trainer: Checkpointed, resume_from_checkpoint) -> tuple[Rollout | None, int]:
