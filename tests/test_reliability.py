@@ -911,3 +911,27 @@ def test_a_tilde_in_the_output_folder_or_the_model_path_is_the_home_folder(tmp_p
     assert args.output_dir == str(home / "runs" / "a")
     GRPOTrainer("~/models/tiny", reward_even_tokens, args=args, train_dataset=prompts).train()
     assert os.path.exists(home / "runs" / "a" / "metrics.jsonl") and os.listdir(work) == []
+
+
+# ---------------------------------------------------------------- found by the notebook sweep (one process, many calls)
+
+
+def test_args_changed_after_the_trainer_was_built_are_refused_or_applied(tmp_path, tokenizer, make_model, prompts):
+    # transformers' Trainer builds the optimizer and schedule in train() and reads the rest of args where it uses them, so
+    # `trainer.args.learning_rate = 0` before train() applies there. fastgrpo built them (and the sampler, the loss, the
+    # gradient clip) in __init__: the run trained at 1e-3 with a decaying schedule and logged no sign of the change.
+    # Refused now before anything is written, naming each field, both values and the fix; the log/save intervals apply.
+    trainer = GRPOTrainer(make_model(), reward_even_tokens, args=config(tmp_path, max_steps=2), train_dataset=prompts, processing_class=tokenizer)
+    trainer.args.learning_rate, trainer.args.lr_scheduler_type = 0.0, "constant"
+    with pytest.raises(ValueError, match=r"^args changed after this GRPOTrainer was built: learning_rate=0.0 \(built with 0.001\), "
+                                         r"lr_scheduler_type='constant' \(built with 'linear'\)\. .*build a new GRPOTrainer with these args"):
+        trainer.train()
+    trainer.args.generation_kwargs = {"top_p": 0.5}  # a dict changed in place counts too
+    trainer.args.learning_rate, trainer.args.lr_scheduler_type = 1e-3, "linear"
+    with pytest.raises(ValueError, match=r"built: generation_kwargs=\{'top_p': 0.5\} \(built with None\)\. The trainer read it when"):
+        trainer.train()
+    assert not os.path.exists(tmp_path / "out" / "metrics.jsonl")
+    trainer.args.generation_kwargs, trainer.args.logging_steps, trainer.args.save_steps = None, 2, 1
+    trainer.args.max_steps = 2  # the planned length itself is no change
+    assert trainer.train().global_step == 2
+    assert steps(str(tmp_path / "out" / "metrics.jsonl")) == [2] and os.path.isdir(tmp_path / "out" / "checkpoint-1")

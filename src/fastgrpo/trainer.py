@@ -40,7 +40,7 @@ from .rollout.producers import build_producer
 from .rollout.prompts import PromptEncoder
 from .rollout.record import Rollout
 from .rollout.reward_models import RewardModel
-from .run import checkpoints, failures, reward_hooks
+from .run import checkpoints, failures, reward_hooks, runs
 from .run.callbacks import TrainerEvents, scheduled
 from .run.completion_tables import CompletionTables
 from .run.dataset_kinds import prompt_order
@@ -120,7 +120,6 @@ class GRPOTrainer(TRLMethods):
         working = bf16_working_copy(a, acc, policy, optimizer, bf16)  # the update's and the own sampler's one bf16 copy, where it applies
         self.backend = build_backend(a, acc.unwrap_model(self.model), sampling, bf16=bf16, gathered=gathered, server=server,
                                      tokenizer=self.tokenizer, seed=a.seed + acc.process_index, working=working)  # one bf16 copy of the weights
-        self.synced_step, self.weight_version = 0, 0  # the step the backend's weights are from, and its pushes so far (TRL's model_version)
         self.encode = PromptEncoder(self.tokenizer, a.max_prompt_length, a.chat_template_kwargs, vocab_size, room)
         self.entropy_control = EntropyControl.from_config(a)  # the entropy bonus's coefficient; None: no bonus
         self.correction = SamplingCorrection.from_config(a, self.backend.owns_weights, rollout_func is not None)  # the sampler–trainer mismatch, TRL's vllm_importance_sampling_*
@@ -154,6 +153,7 @@ class GRPOTrainer(TRLMethods):
             a, acc, self.model, self.optimizer, self.scheduler, log_probs=self.log_probs, correction=self.correction, router=self.router,
             entropy_control=self.entropy_control, reference=self.reference, entropy_mask=self.get_high_entropy_mask, events=self.events, timer=self.timer,
         )
+        self.synced_step, self.weight_version, self.args_at_build = 0, 0, runs.ArgsAtBuild(a)  # the backend weights' step and pushes (TRL's model_version); args as built (train() refuses a change it would ignore)
 
     # ------------------------------------------------------------------ the loop
     def train(self, resume_from_checkpoint=None) -> TrainOutput:

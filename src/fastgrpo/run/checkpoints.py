@@ -72,6 +72,7 @@ class Checkpointed(Protocol):
     loss_sum: float
     step: int
     max_steps: int
+    args_at_build: Any  # runs.ArgsAtBuild: the config's values when the trainer was built
     target_kl_stops: int
     run_id: str
     weight_version: int  # weight pushes so far (TRL's model_version; the overlap's staleness counts them)
@@ -239,16 +240,14 @@ def resume(trainer: Checkpointed, resume_from_checkpoint) -> tuple[Rollout | Non
             functions, tools, environments or rollout_func than the saved run's (runs.setup_changes).
     Raises:
         ValueError: a new run in an output_dir holding another run (runs.claim_output_dir);
-            a changed `runs.STATE_FIELDS` field; see checkpoint.load_checkpoint; `args.max_steps` changed since the
-            trainer was built; a new run (no resume) on a trainer that has already trained (Trainer would start over
+            a changed `runs.STATE_FIELDS` field; see checkpoint.load_checkpoint; an `args` field changed since the
+            trainer was built that it read then (runs.ArgsAtBuild.check: `max_steps`, `learning_rate`, …); a new run
+            (no resume) on a trainer that has already trained (Trainer would start over
             at step 0 from the trained weights; fastgrpo refuses before output_dir is touched).
         CorruptCheckpointError: see checkpoint.load_checkpoint.
     """
     a, acc = trainer.args, trainer.accelerator
-    if a.max_steps > 0 and a.max_steps != trainer.max_steps:  # args changed after __init__, which planned the run's length
-        raise ValueError(f"args.max_steps is {a.max_steps}, but this trainer was built for max_steps={trainer.max_steps} (its learning-rate "
-                         "schedule spans them): build a new GRPOTrainer with these args, then call train(resume_from_checkpoint=True) to go "
-                         f"on from the last checkpoint (or `fastgrpo train … --max_steps {a.max_steps} --resume`).")
+    trainer.args_at_build.check(a, trainer.max_steps)  # a field changed after __init__ that it read (runs.ArgsAtBuild)
     if trainer.step and not resume_from_checkpoint:  # Trainer would start over at step 0 from the trained weights
         kept = ckpt.checkpoints(a.output_dir, trainer.run_id)
         go_on = f"call train(resume_from_checkpoint=True) to go on from {kept[-1]}, or " if kept else "no checkpoint of it was saved: "

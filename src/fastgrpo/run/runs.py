@@ -7,6 +7,8 @@
 - `config_changes`: resuming with a changed config; fields that give saved
   state its meaning (`STATE_FIELDS`: batch shapes, G, μ, lengths, loss) are
   refused, the rest are applied and listed in one notice.
+- `ArgsAtBuild`: the config's values when the trainer was built; train() refuses a field changed since that the
+  trainer read then (its optimizer, schedule, sampler, loss), where transformers' Trainer reads many at train().
 - `run_setup`/`setup_changes`: the trainer arguments a run trains with (reward
   functions, tools, environments, rollout_func) by name, and the train dataset by its size and ends; a resume with
   others warns.
@@ -16,6 +18,7 @@ Not here: writing or reading checkpoint files (run/checkpoint_files.py).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -41,6 +44,56 @@ STATE_FIELDS = (
 # Fields that say nothing about a run's maths (where it writes, how it resumes, how many processes run it;
 # resume_from_checkpoint: TRL's field scripts pass to train(), set when resuming).
 IGNORED_FIELDS = ("output_dir", "overwrite_output_dir", "world_size", "resume_from_checkpoint")
+
+# The fields the trainer reads where it uses them, so a change after it was built applies: the log/evaluate/save
+# intervals (run/callbacks.scheduled), overwrite_output_dir (train() claims output_dir), resume_from_checkpoint.
+LIVE_FIELDS = ("logging_strategy", "logging_steps", "logging_first_step", "eval_steps", "eval_delay", "save_steps",
+               "overwrite_output_dir", "resume_from_checkpoint")
+
+
+class ArgsAtBuild:
+    """A GRPOConfig's field values when a trainer was built, to refuse in train() those changed since (`check`).
+
+    transformers' Trainer builds the optimizer and schedule in train() and reads the rest of `args` where it uses them,
+    so `trainer.args.learning_rate = …` before train() applies there; fastgrpo builds them, the sampler and the loss
+    with the trainer, so such a change would be ignored silently. Values are compared as JSON text (objects by repr),
+    so a dict changed in place (generation_kwargs["top_p"] = …) counts as a change.
+    """
+
+    def __init__(self, args):
+        self.values = {name: (_as_text(value), repr(value)) for name, value in _fields(args)}
+
+    def check(self, args, max_steps: int) -> None:
+        """Refuse a field outside `LIVE_FIELDS` whose value differs from the one the trainer was built with.
+
+        Args:
+            args: the trainer's GRPOConfig now.
+            max_steps: the run length the trainer planned (args.max_steps set to it is no change).
+        Raises:
+            ValueError: `args.max_steps` > 0 and not the planned length; any other changed field, naming each with
+                both values and the fix (build a new GRPOTrainer with these args, or set them back).
+        """
+        if args.max_steps > 0 and args.max_steps != max_steps:  # the learning-rate schedule spans the planned length
+            raise ValueError(f"args.max_steps is {args.max_steps}, but this trainer was built for max_steps={max_steps} (its learning-rate "
+                             "schedule spans them): build a new GRPOTrainer with these args, then call train(resume_from_checkpoint=True) to go "
+                             f"on from the last checkpoint (or `fastgrpo train … --max_steps {args.max_steps} --resume`).")
+        changed = [f"{name}={value!r} (built with {self.values[name][1]})" for name, value in _fields(args)
+                   if name not in LIVE_FIELDS and _as_text(value) != self.values[name][0] and not (name == "max_steps" and value == max_steps)]
+        if changed:
+            raise ValueError(
+                f"args changed after this GRPOTrainer was built: {', '.join(changed)}. The trainer read "
+                f"{'it' if len(changed) == 1 else 'them'} when it was built (optimizer, schedule, sampler, loss), so train() would "
+                "ignore the change: build a new GRPOTrainer with these args (then train(resume_from_checkpoint=True) goes on from the "
+                f"last checkpoint), or set {'it' if len(changed) == 1 else 'them'} back. Changes apply live only to {', '.join(LIVE_FIELDS)}."
+            )
+
+
+def _fields(args) -> list[tuple[str, object]]:
+    return [(f.name, getattr(args, f.name)) for f in dataclasses.fields(args)]
+
+
+def _as_text(value) -> str:
+    return json.dumps(value, sort_keys=True, default=repr)
 
 
 def check_output_dir(output_dir: str) -> None:
