@@ -935,3 +935,30 @@ def test_args_changed_after_the_trainer_was_built_are_refused_or_applied(tmp_pat
     trainer.args.max_steps = 2  # the planned length itself is no change
     assert trainer.train().global_step == 2
     assert steps(str(tmp_path / "out" / "metrics.jsonl")) == [2] and os.path.isdir(tmp_path / "out" / "checkpoint-1")
+
+
+def test_datasets_set_on_the_trainer_are_evaluated_or_refused(tmp_path, tokenizer, make_model, prompts):
+    # Trainer reads trainer.eval_dataset at each evaluation and trainer.train_dataset in train(). fastgrpo had read both
+    # once in __init__: evaluate() after `trainer.eval_dataset = other` scored the old rows, and train() after
+    # `trainer.train_dataset = other` drew the old order's row numbers from the new rows (IndexError mid-run, after the
+    # model loaded; with more rows, rows silently left out). The eval rows apply now; the train rows are refused.
+    seen = []
+
+    def recorded(completion_ids, prompts, **kw):
+        seen.extend(p[0]["content"] for p in prompts)
+        return reward_even_tokens(completion_ids)
+
+    trainer = GRPOTrainer(make_model(), recorded, args=config(tmp_path, max_steps=2, per_device_eval_batch_size=4),
+                          train_dataset=prompts, eval_dataset=prompts.select(range(4)), processing_class=tokenizer)
+    other = Dataset.from_list([{"prompt": [{"role": "user", "content": f"Spell {i}."}]} for i in range(4)])
+    trainer.eval_dataset = other
+    trainer.evaluate()
+    assert trainer.eval_dataset is other and sorted(set(seen)) == [f"Spell {i}." for i in range(4)]
+    with pytest.raises(AttributeError, match=r"(?s)^trainer.train_dataset = .*: fastgrpo plans the run's data order .*give "
+                                             r"GRPOTrainer\(train_dataset=…\) to a new trainer\.$"):
+        trainer.train_dataset = other
+    assert trainer.train_dataset is prompts
+    trainer.args.eval_strategy = "steps"  # eval_dataset=None would skip the scheduled evaluations silently
+    with pytest.raises(ValueError, match=r"^trainer.eval_dataset = None with eval_strategy='steps': the scheduled evaluations"):
+        trainer.eval_dataset = None
+    assert trainer.eval_dataset is other

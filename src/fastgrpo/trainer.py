@@ -96,7 +96,7 @@ class GRPOTrainer(TRLMethods):
                                        tools, environment_factory, rollout_func, optimizers, quantization_config, callbacks, type(self))
         self.args = a = checked.args
         train_dataset = checked.train_dataset  # TRL's placeholder rows when an environment owns the data
-        self.train_dataset, self.eval_dataset, self.eval_sets = train_dataset, eval_dataset, checked.eval_sets
+        self._train_dataset, self._eval_dataset, self.eval_sets = train_dataset, eval_dataset, checked.eval_sets  # their properties: trainer_attributes.py
         self.reward_funcs, self.reward_names, self.setup = checked.reward_funcs, checked.reward_names, checked.setup  # setup: runs.run_setup
         self.reward_processing_classes, weights, self.agents = checked.reward_processing_classes, checked.reward_weights, checked.agents  # agents: tools, environments, rollout_func
 

@@ -2,7 +2,7 @@
 on a mixin `GRPOTrainer` inherits (through trl_methods.TRLMethods); and the Trainer methods fastgrpo refuses.
 
 Each attribute has TRL's name, type and meaning (tools, rollout_func, environment_factories, environments,
-data_collator, generation_config, generation_kwargs, is_in_train). Where TRL's is a plain attribute whose change
+data_collator, generation_config, generation_kwargs, is_in_train, train_dataset, eval_dataset). Where TRL's is a plain attribute whose change
 TRL would act on, fastgrpo's is read-only, and setting it raises an AttributeError naming the fix (`read_only`): fastgrpo
 reads these once, when the trainer is built, so a change would be silently ignored.
 
@@ -19,6 +19,8 @@ from collections.abc import Callable
 from transformers import GenerationConfig
 
 from .dataloaders import identity
+from .dataset_kinds import eval_sets
+from .evaluation import check_best_metric, loss_keys
 from ..rollout.agents.environments import Environments
 
 
@@ -42,7 +44,16 @@ def _environments(trainer) -> Environments | None:
 
 class TRLAttributes:
     """TRL's GRPOTrainer attributes; the class using it provides `args`, `agents` (rollout/producers.AgentInputs),
-    `events` (callbacks.TrainerEvents), `tokenizer` and `eos_token_ids`, as GRPOTrainer does."""
+    `events` (callbacks.TrainerEvents), `tokenizer`, `eos_token_ids`, `reward_names`, `_train_dataset`, `_eval_dataset`
+    and `eval_sets` (dataset_kinds.eval_sets of it), as GRPOTrainer does."""
+
+    train_dataset = read_only(
+        "train_dataset", lambda self: self._train_dataset,
+        "Trainer's `trainer.train_dataset`: the rows given to GRPOTrainer (TRL's placeholder rows when an environment owns the data).",
+        "fastgrpo plans the run's data order and length (max_steps) from train_dataset when the trainer is built, so train() would "
+        "draw the old order's row numbers from these rows (an IndexError mid-run, or rows left out); give GRPOTrainer(train_dataset=…) "
+        "to a new trainer.",
+    )
 
     tools = read_only(
         "tools", lambda self: _environments(self).tools(self.agents.tools) if _environments(self) else list(self.agents.tools),
@@ -107,6 +118,30 @@ class TRLAttributes:
             AttributeError: with use_vllm=True (`generation_kwargs`).
         """
         return GenerationConfig(**self.generation_kwargs, disable_compile=True)
+
+    @property
+    def eval_dataset(self):
+        """Trainer's `trainer.eval_dataset`: the rows, or dict of them, that evaluate() and the scheduled evaluations read.
+        Settable, as Trainer's: the next evaluation reads the new rows (checked as evaluate(eval_dataset=…) checks them).
+
+        Raises (on setting):
+            ValueError: None while eval_strategy or eval_on_start asks for evaluations (transformers' rule at
+                construction); rows evaluate() cannot read (dataset_kinds.eval_sets); a metric_for_best_model the new
+                sets do not report (evaluation.check_best_metric).
+        """
+        return self._eval_dataset
+
+    @eval_dataset.setter
+    def eval_dataset(self, value) -> None:
+        a = self.args
+        if value is None and (a.eval_strategy != "no" or a.eval_on_start):  # the scheduled evaluations would be skipped
+            raise ValueError(f"trainer.eval_dataset = None with eval_strategy={a.eval_strategy!r}{' and eval_on_start' if a.eval_on_start else ''}: "
+                             "the scheduled evaluations would have nothing to read; give rows, or build a new GRPOTrainer with "
+                             "eval_strategy='no' and eval_on_start=False.")
+        sets = eval_sets(value) if value is not None else None
+        if sets is not None:
+            check_best_metric(a.metric_for_best_model, list(sets), self.reward_names, loss_keys(a.loss_type, a.beta))
+        self._eval_dataset, self.eval_sets = value, sets
 
     @property
     def is_in_train(self) -> bool:
