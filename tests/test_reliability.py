@@ -962,3 +962,19 @@ def test_datasets_set_on_the_trainer_are_evaluated_or_refused(tmp_path, tokenize
     with pytest.raises(ValueError, match=r"^trainer.eval_dataset = None with eval_strategy='steps': the scheduled evaluations"):
         trainer.eval_dataset = None
     assert trainer.eval_dataset is other
+
+
+def test_trainer_objects_it_built_with_are_read_only(tmp_path, tokenizer, make_model, prompts):
+    # TRL reads trainer.reward_funcs and trainer.reward_weights at each rollout, and transformers' train() uses a
+    # trainer.optimizer set before it; fastgrpo had handed all of them (and the model) to its parts in __init__, so a
+    # notebook's `trainer.reward_weights = torch.tensor([0.0])` was accepted and changed nothing it trained on.
+    trainer = GRPOTrainer(make_model(), reward_even_tokens, args=config(tmp_path, max_steps=1), train_dataset=prompts, processing_class=tokenizer)
+    kept = trainer.model, trainer.optimizer, trainer.reward_funcs, trainer.reward_weights
+    for name, value, fix in [("reward_funcs", [reward_even_tokens], r"GRPOTrainer\(reward_funcs=…\)"),
+                             ("reward_weights", torch.tensor([0.0]), r"GRPOConfig\(reward_weights=\[…\]\)"),
+                             ("optimizer", torch.optim.SGD(trainer.model.parameters(), lr=0.1), r"GRPOTrainer\(optimizers=\(optimizer, None\)\)"),
+                             ("model", make_model(1), r"GRPOTrainer\(model=…\)")]:
+        with pytest.raises(AttributeError, match=rf"(?s)^trainer.{name} = .*: .*so setting it here would change nothing; give {fix} to a new trainer\.$"):
+            setattr(trainer, name, value)
+    assert (trainer.model, trainer.optimizer, trainer.reward_funcs, trainer.reward_weights) == kept
+    assert trainer.reward_funcs == [reward_even_tokens] and trainer.reward_weights.tolist() == [1.0]

@@ -97,13 +97,13 @@ class GRPOTrainer(TRLMethods):
         self.args = a = checked.args
         train_dataset = checked.train_dataset  # TRL's placeholder rows when an environment owns the data
         self._train_dataset, self._eval_dataset, self.eval_sets = train_dataset, eval_dataset, checked.eval_sets  # their properties: trainer_attributes.py
-        self.reward_funcs, self.reward_names, self.setup = checked.reward_funcs, checked.reward_names, checked.setup  # setup: runs.run_setup
+        self._reward_funcs, self.reward_names, self.setup = checked.reward_funcs, checked.reward_names, checked.setup  # setup: runs.run_setup
         self.reward_processing_classes, weights, self.agents = checked.reward_processing_classes, checked.reward_weights, checked.agents  # agents: tools, environments, rollout_func
 
         acc, bf16 = build_accelerator(a)  # device, process group, trackers, seed; bf16 where the hardware is fast at it
         self.accelerator, self.autocast = acc, autocast_for(acc.device, bf16)  # around every forward (precision.py)
         self.console = Console()
-        self.reward_weights = torch.tensor(weights, dtype=torch.float32, device=acc.device)
+        self._reward_weights = torch.tensor(weights, dtype=torch.float32, device=acc.device)
         for fn in self.reward_funcs:
             if isinstance(fn, RewardModel):
                 fn.prepare(acc.device, self.autocast, a.chat_template_kwargs)  # scored in the policy's precision
@@ -114,7 +114,7 @@ class GRPOTrainer(TRLMethods):
 
         self.max_steps, optimizer, self.scheduler = build_optimization(a, policy, train_dataset, checked.optimizers)
         self.optimizer_from_args = checked.optimizers[0] is None  # a resume re-applies args' settings only to these (run/checkpoints.py)
-        self.model, self.optimizer, self.model_preparation_time = prepare(acc, policy, optimizer)  # Trainer's time: evaluate reports it
+        self._model, self._optimizer, self.model_preparation_time = prepare(acc, policy, optimizer)  # Trainer's time: evaluate reports it
         self.flops_per_token = 6.0 * policy.num_parameters(exclude_embeddings=True)  # state.total_flos: transformers' floating_point_ops
         sampling = SamplingSettings.from_config(a, self.eos_token_ids, self.tokenizer.pad_token_id)
         working = bf16_working_copy(a, acc, policy, optimizer, bf16)  # the update's and the own sampler's one bf16 copy, where it applies

@@ -2,7 +2,8 @@
 on a mixin `GRPOTrainer` inherits (through trl_methods.TRLMethods); and the Trainer methods fastgrpo refuses.
 
 Each attribute has TRL's name, type and meaning (tools, rollout_func, environment_factories, environments,
-data_collator, generation_config, generation_kwargs, is_in_train, train_dataset, eval_dataset). Where TRL's is a plain attribute whose change
+data_collator, generation_config, generation_kwargs, is_in_train, train_dataset, eval_dataset, model, optimizer, reward_funcs,
+reward_weights). Where TRL's is a plain attribute whose change
 TRL would act on, fastgrpo's is read-only, and setting it raises an AttributeError naming the fix (`read_only`): fastgrpo
 reads these once, when the trainer is built, so a change would be silently ignored.
 
@@ -45,7 +46,25 @@ def _environments(trainer) -> Environments | None:
 class TRLAttributes:
     """TRL's GRPOTrainer attributes; the class using it provides `args`, `agents` (rollout/producers.AgentInputs),
     `events` (callbacks.TrainerEvents), `tokenizer`, `eos_token_ids`, `reward_names`, `_train_dataset`, `_eval_dataset`
-    and `eval_sets` (dataset_kinds.eval_sets of it), as GRPOTrainer does."""
+    and `eval_sets` (dataset_kinds.eval_sets of it), `_model`, `_optimizer`, `_reward_funcs` and `_reward_weights`, as GRPOTrainer does."""
+
+    model = read_only("model", lambda self: self._model, "Trainer's `trainer.model`: the policy, as accelerate prepared it.", _built("model"))
+    optimizer = read_only(
+        "optimizer", lambda self: self._optimizer, "Trainer's `trainer.optimizer`: the run's optimizer, as accelerate prepared it.",
+        "fastgrpo builds the optimizer with the trainer (its learning-rate schedule, the optimizer step and checkpoints hold it), so "
+        "setting it here would change nothing; give GRPOTrainer(optimizers=(optimizer, None)) to a new trainer.",
+    )
+    reward_funcs = read_only(
+        "reward_funcs", lambda self: self._reward_funcs,
+        "TRL's `trainer.reward_funcs`: the reward functions and models (built-in names and \"module:function\" resolved), then "
+        "an environment's get_reward.", _built("reward_funcs"),
+    )
+    reward_weights = read_only(
+        "reward_weights", lambda self: self._reward_weights,
+        "TRL's `trainer.reward_weights`: a float32 tensor, one weight per reward_funcs entry (args.reward_weights, or ones).",
+        "fastgrpo reads reward_weights once, when the trainer is built, so setting it here would change nothing; give "
+        "GRPOConfig(reward_weights=[…]) to a new trainer.",
+    )
 
     train_dataset = read_only(
         "train_dataset", lambda self: self._train_dataset,
