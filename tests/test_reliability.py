@@ -26,6 +26,7 @@ from test_trainer import config, read_metrics, reward_even_tokens
 import fastgrpo.run.checkpoint_files as ckpt
 import fastgrpo.run.runs as runs
 from fastgrpo import GRPOConfig, GRPOTrainer
+from fastgrpo.experimental.async_grpo import AsyncGRPOConfig
 from fastgrpo.cli import main
 from fastgrpo.model.model_files import check_model_name
 from fastgrpo.run.datasets import load_dataset_spec
@@ -935,6 +936,10 @@ def test_args_changed_after_the_trainer_was_built_are_refused_or_applied(tmp_pat
     trainer.args.max_steps = 2  # the planned length itself is no change
     assert trainer.train().global_step == 2
     assert steps(str(tmp_path / "out" / "metrics.jsonl")) == [2] and os.path.isdir(tmp_path / "out" / "checkpoint-1")
+    # another config put in its place: fields it lacked were a KeyError; a long list is cut short
+    trainer.args = AsyncGRPOConfig(trainer.args.output_dir, max_steps=2, use_cpu=True, report_to="none", request_timeout=5)
+    with pytest.raises(ValueError, match=r"^args changed after this GRPOTrainer was built: .* and \d+ more\. The trainer read them when"):
+        trainer.train(resume_from_checkpoint=True)
 
 
 def test_datasets_set_on_the_trainer_are_evaluated_or_refused(tmp_path, tokenizer, make_model, prompts):

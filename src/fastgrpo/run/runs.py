@@ -67,7 +67,7 @@ class ArgsAtBuild:
         """Refuse a field outside `LIVE_FIELDS` whose value differs from the one the trainer was built with.
 
         Args:
-            args: the trainer's GRPOConfig now.
+            args: the trainer's GRPOConfig now (or a config of another class put in its place: its other fields count as changed).
             max_steps: the run length the trainer planned (args.max_steps set to it is no change).
         Raises:
             ValueError: `args.max_steps` > 0 and not the planned length; any other changed field, naming each with
@@ -77,11 +77,12 @@ class ArgsAtBuild:
             raise ValueError(f"args.max_steps is {args.max_steps}, but this trainer was built for max_steps={max_steps} (its learning-rate "
                              "schedule spans them): build a new GRPOTrainer with these args, then call train(resume_from_checkpoint=True) to go "
                              f"on from the last checkpoint (or `fastgrpo train … --max_steps {args.max_steps} --resume`).")
-        changed = [f"{name}={value!r} (built with {self.values[name][1]})" for name, value in _fields(args)
-                   if name not in LIVE_FIELDS and _as_text(value) != self.values[name][0] and not (name == "max_steps" and value == max_steps)]
+        unset = (None, "no such field")  # args replaced by a config of another class (TRL's GRPOConfig)
+        changed = [f"{name}={value!r} (built with {self.values.get(name, unset)[1]})" for name, value in _fields(args)
+                   if name not in LIVE_FIELDS and _as_text(value) != self.values.get(name, unset)[0] and not (name == "max_steps" and value == max_steps)]
         if changed:
             raise ValueError(
-                f"args changed after this GRPOTrainer was built: {', '.join(changed)}. The trainer read "
+                f"args changed after this GRPOTrainer was built: {', '.join(changed[:10])}{f' and {len(changed) - 10} more' if len(changed) > 10 else ''}. The trainer read "
                 f"{'it' if len(changed) == 1 else 'them'} when it was built (optimizer, schedule, sampler, loss), so train() would "
                 "ignore the change: build a new GRPOTrainer with these args (then train(resume_from_checkpoint=True) goes on from the "
                 f"last checkpoint), or set {'it' if len(changed) == 1 else 'them'} back. Changes apply live only to {', '.join(LIVE_FIELDS)}."
