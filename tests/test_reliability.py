@@ -32,6 +32,7 @@ from fastgrpo.model.model_files import check_model_name
 from fastgrpo.run.datasets import load_dataset_spec
 from fastgrpo.rollout.prompts import PromptEncoder
 from fastgrpo.run.interrupt import StopOnInterrupt, TrainingInterrupted
+from fastgrpo.rollout.rewards import RewardFunctionError
 from fastgrpo.algo.advantages import group_advantages
 from fastgrpo.run.metrics import CompletionRows, MetricsLog
 from fastgrpo.model.loading import load_tokenizer, resolve_model_path
@@ -983,3 +984,25 @@ def test_trainer_objects_it_built_with_are_read_only(tmp_path, tokenizer, make_m
             setattr(trainer, name, value)
     assert (trainer.model, trainer.optimizer, trainer.reward_funcs, trainer.reward_weights) == kept
     assert trainer.reward_funcs == [reward_even_tokens] and trainer.reward_weights.tolist() == [1.0]
+
+
+def test_train_again_after_a_failure_before_the_first_step_starts_the_data_afresh(tmp_path, tokenizer, make_model, prompts):
+    # Trainer's train() builds a new dataloader, so a train() retried after one that failed in its first rollout (a reward
+    # function raised) starts from the first prompts. fastgrpo's data order kept the failed rollout's draw: the retry
+    # skipped those prompts and its epoch ran one rollout ahead (0.1875 at step 2 of a 32-prompt set, not 0.125).
+    seen, fail = [], [True]
+
+    def flaky(completion_ids, prompts, **kw):
+        if fail.pop() if fail else False:
+            raise ValueError("a bug fixed in the notebook")
+        seen.append(sorted(p[0]["content"] for p in prompts))
+        return reward_even_tokens(completion_ids)
+
+    trainer = GRPOTrainer(make_model(), flaky, args=config(tmp_path, max_steps=2), train_dataset=prompts, processing_class=tokenizer)
+    with pytest.raises(RewardFunctionError, match="a bug fixed in the notebook"):
+        trainer.train()
+    assert trainer.train().metrics["epoch"] == 0.125
+    retried, seen[:] = list(seen), []
+    fresh = GRPOTrainer(make_model(), flaky, args=config(tmp_path / "fresh", max_steps=2), train_dataset=prompts, processing_class=tokenizer)
+    fresh.train()
+    assert retried == seen and [r["step"] for r in read_metrics(str(tmp_path / "out"))] == [1, 2]

@@ -44,6 +44,7 @@ from safetensors.torch import load_file
 from . import checkpoint_files as ckpt
 from . import completion_tables, runs
 from .interrupt import TrainingInterrupted
+from .metrics import Window
 from ..model.adapters import merged_copy
 from ..model.loading import is_peft_model
 from ..rollout.record import Rollout
@@ -73,6 +74,8 @@ class Checkpointed(Protocol):
     step: int
     max_steps: int
     args_at_build: Any  # runs.ArgsAtBuild: the config's values when the trainer was built
+    clock: Any  # run/epochs.EpochClock: state.epoch from the data drawn
+    timer: Any  # run/metrics.PhaseTimer: the phases' seconds since the last log
     target_kl_stops: int
     run_id: str
     weight_version: int  # weight pushes so far (TRL's model_version; the overlap's staleness counts them)
@@ -229,21 +232,18 @@ def resume(trainer: Checkpointed, resume_from_checkpoint) -> tuple[Rollout | Non
 
     Args:
         trainer: the trainer to restore.
-        resume_from_checkpoint: None/False (a new run), True (the latest checkpoint that
-            loads) or a checkpoint path, as `Trainer.train` takes it.
+        resume_from_checkpoint: None/False (a new run), True (the latest checkpoint that loads) or a checkpoint path, as `Trainer.train` takes it.
     Returns:
-        (rollout, done): the saved rollout (None when saved at a window's end or resumed
-        on another number of processes) and its optimizer steps taken; (None, 0) for a new run.
+        (rollout, done): the saved rollout (None when saved at a window's end or resumed on another number of processes) and its
+        optimizer steps taken; (None, 0) for a new run, whose data order starts afresh (a train() that failed before its first step drew some).
     Warns:
-        UserWarning: resumed from a given checkpoint while output_dir holds later ones (the branch left:
-            `--resume` would pick the highest step until this run replaces it); resumed with other reward
-            functions, tools, environments or rollout_func than the saved run's (runs.setup_changes).
+        UserWarning: resumed from a given checkpoint while output_dir holds later ones (the branch left: `--resume` would pick the highest
+            step until this run replaces it); resumed with other reward functions, tools, environments or rollout_func than the saved run's.
     Raises:
         ValueError: a new run in an output_dir holding another run (runs.claim_output_dir);
-            a changed `runs.STATE_FIELDS` field; see checkpoint.load_checkpoint; an `args` field changed since the
-            trainer was built that it read then (runs.ArgsAtBuild.check: `max_steps`, `learning_rate`, …); a new run
-            (no resume) on a trainer that has already trained (Trainer would start over
-            at step 0 from the trained weights; fastgrpo refuses before output_dir is touched).
+            a changed `runs.STATE_FIELDS` field; see checkpoint.load_checkpoint; an `args` field changed since the trainer was
+            built that it read then (runs.ArgsAtBuild.check); a new run (no resume) on a trainer that has already trained
+            (Trainer would start over at step 0 from the trained weights; fastgrpo refuses before output_dir is touched).
         CorruptCheckpointError: see checkpoint.load_checkpoint.
     """
     a, acc = trainer.args, trainer.accelerator
@@ -254,7 +254,10 @@ def resume(trainer: Checkpointed, resume_from_checkpoint) -> tuple[Rollout | Non
         raise ValueError(f"this trainer has already trained to step {trainer.step}/{trainer.max_steps}: {go_on}build a new GRPOTrainer "
                          f"to start a new run (nothing in {a.output_dir!r} was touched).")
     path, state = ckpt.load_checkpoint(resume_from_checkpoint, a.output_dir, acc, trainer.model, trainer.optimizer)
-    if path is None:
+    if path is None:  # a train() that failed before its first step drew prompts: start afresh, as Trainer's new dataloader
+        trainer.order.load_state_dict({"epoch": 0, "position": 0})
+        trainer.clock.load_state_dict(None, trainer.order.state_dict())
+        trainer.window, trainer.fresh_completions, _ = Window(), [], trainer.timer.pop()  # and its rollout's metrics
         if trainer.metrics_log is not None:  # the main process: what it replaces goes at this run's first write (runs.PreviousRun)
             trainer.metrics_log.previous_run = runs.PreviousRun(a.output_dir, runs.claim_output_dir(a.output_dir, a.overwrite_output_dir), trainer.console)
         acc.wait_for_everyone()
