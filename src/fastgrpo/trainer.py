@@ -133,8 +133,7 @@ class GRPOTrainer(TRLMethods):
             notify(note)
         self.streaming = isinstance(train_dataset, IterableDataset)  # rows come in stream order, not by index
         self.order = prompt_order(train_dataset, a)  # the data order: seeded per epoch, or the stream's
-        # π_old = π_θ detached (no pass) when the policy cannot move between generation and last use.
-        self.needs_old_logps = not (a.num_iterations == 1 and a.steps_per_generation == a.gradient_accumulation_steps)
+        self.needs_old_logps = not (a.num_iterations == 1 and a.steps_per_generation == a.gradient_accumulation_steps)  # else π_old = π_θ detached
         self.step, self.timer, self.window, self.fresh_completions = 0, PhaseTimer(), Window(), []
         self.target_kl_stops, self.last_metrics, self.loss_sum, self.run_id, self.epoch_end_pending = 0, {}, 0.0, uuid.uuid4().hex, False
         self.metrics_log = MetricsLog(a.output_dir, acc, self.console) if acc.is_main_process else None
@@ -153,7 +152,8 @@ class GRPOTrainer(TRLMethods):
             a, acc, self.model, self.optimizer, self.scheduler, log_probs=self.log_probs, correction=self.correction, router=self.router,
             entropy_control=self.entropy_control, reference=self.reference, entropy_mask=self.get_high_entropy_mask, events=self.events, timer=self.timer,
         )
-        self.synced_step, self.weight_version, self.args_at_build = 0, 0, runs.ArgsAtBuild(a)  # the backend weights' step and pushes (TRL's model_version); args as built (train() refuses a change it would ignore)
+        self.synced_step, self.weight_version = 0, 0  # the step the backend's weights are from, and its pushes so far (TRL's model_version)
+        self.args_at_build = runs.ArgsAtBuild(a)  # train() refuses a field changed since that it would ignore
 
     # ------------------------------------------------------------------ the loop
     def train(self, resume_from_checkpoint=None) -> TrainOutput:
