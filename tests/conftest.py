@@ -19,6 +19,31 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from fastgrpo.model.loading import load_tokenizer
 
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)  # two workers on two cores: one torch thread each, not two each fighting for the cores
+
+
+# `make test` runs the suite on two pytest-xdist workers (`-n 2 --dist loadgroup`). A test asking for one of these costly
+# shared fixtures (a vLLM engine or server, a one-process reference run) joins the fixture's group, so each is built once,
+# on one worker, not once per worker. Without xdist the marks are inert.
+SHARED_FIXTURES = {
+    "server": "vllm", "model_dir": "vllm", "dying_server": "vllm", "engines": "vllm", "engine": "vllm",
+    "full_one_process": "full reference", "runs": "full reference", "full": "full reference",
+    "lora_one_process": "lora reference",
+    "uninterrupted": "interrupt reference", "both": "attributes reference",
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the marks (it appends "@group" to the node ids)
+def pytest_collection_modifyitems(items):
+    for item in items:
+        groups = {SHARED_FIXTURES[name] for name in item.fixturenames if name in SHARED_FIXTURES}
+        if len(groups) > 1:
+            raise pytest.UsageError(f"{item.nodeid} asks for fixtures of two xdist groups {sorted(groups)}: merge the groups in SHARED_FIXTURES")
+        if groups:
+            item.add_marker(pytest.mark.xdist_group(groups.pop()))
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     return load_tokenizer("smollm2-135m-instruct")
