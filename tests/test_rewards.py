@@ -5,7 +5,6 @@ import decimal
 import functools
 import json
 import math
-import time
 import traceback
 
 import numpy as np
@@ -94,21 +93,23 @@ def test_numpy_arrays_and_tensors_are_accepted_and_checked():
 
 
 def test_async_rewards_are_awaited_concurrently():
-    # Two async rewards that each sleep 0.3 s: awaited one after the other they would take 0.6 s.
-    async def slow_one(completions, **kw):
-        await asyncio.sleep(0.3)
-        return [1.0] * len(completions)
+    # Each of the two async rewards waits for the other to have started: awaited one after the other, the first would wait
+    # for the second forever (here: time out after 10 s). No wall-clock bound, so a busy machine cannot fail it.
+    started: dict[str, asyncio.Event] = {}
 
-    async def slow_two(completions, **kw):
-        await asyncio.sleep(0.3)
-        return [2.0] * len(completions)
+    def waits_for(other: str, name: str, value: float):
+        async def reward(completions, **kw):
+            started.setdefault(name, asyncio.Event()).set()
+            await asyncio.wait_for(started.setdefault(other, asyncio.Event()).wait(), timeout=10)
+            return [value] * len(completions)
+        return reward
 
-    start = time.perf_counter()
+    slow_one, slow_two = waits_for("two", "one", 1.0), waits_for("one", "two", 2.0)
     table = call(slow_one, reward_len, slow_two)
-    assert time.perf_counter() - start < 0.55
     assert table.tolist() == [[1.0, -10.0, 2.0], [1.0, 0.0, 2.0], [1.0, -10.0, 2.0]]
 
     async def from_a_running_loop():  # as in a notebook: score() is called while an event loop runs
+        started.clear()  # events of this loop, not the scoring loop's above
         return call(slow_one, slow_two)
 
     assert asyncio.run(from_a_running_loop()).tolist() == [[1.0, 2.0]] * 3
