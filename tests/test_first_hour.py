@@ -186,4 +186,4 @@ def test_missing_local_dataset_says_no_such_file_without_the_hub(spec, monkeypat
     start = time.perf_counter()
     with pytest.raises(ValueError, match="no such file"):
         load_dataset_spec(spec)
-    assert time.perf_counter() - start < 1.0
+    assert time.perf_counter() - start < 5.0  # a hub request and its retries would take tens of seconds
