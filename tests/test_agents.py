@@ -919,6 +919,15 @@ def test_environments_that_cannot_run_are_refused_before_loading(tmp_path, facto
     refused(tmp_path, error, match, environment_factory=factory)
 
 
+def test_a_column_named_as_resets_own_first_parameter_is_refused_before_loading(tmp_path):
+    """A `self` column passed reset(**row) a second value for `self` ("got multiple values for argument 'self'", TRL's TypeError
+    too) at the first rollout, after the model loaded; no signature can take it, so the fix is the column's name."""
+    rows = Dataset.from_list([{"prompt": [{"role": "user", "content": "Go."}], "self": "me"}])
+    refused(tmp_path, TypeError, r"^the columns of train_dataset include 'self', which environment IncrementEnv's reset\(self, \*\*kwargs\) cannot take "
+            r"as a keyword: its 'self' parameter is the environment itself .*; rename the column\.$", train_dataset=rows,
+            environment_factory=IncrementEnv)
+
+
 def test_a_row_routed_to_no_environment_is_refused_before_loading(tmp_path):
     """A dict environment_factory routes rows by their `environment` column; a row naming no factory (a typo) was refused only at
     the rollout that drew it (TRL's ValueError too), after the model loaded and the steps before it trained."""

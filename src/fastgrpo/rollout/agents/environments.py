@@ -120,10 +120,18 @@ def _check_reset_takes(environment, keys: list[str], source: str) -> None:
     """Refuse a `reset` that cannot take `keys` as keyword arguments (TRL calls reset(**row) with every column of the row).
 
     Raises:
-        TypeError: naming the class, its reset's signature, the columns and the fix.
+        TypeError: naming the class, its reset's signature, the columns and the fix; a column named as reset's own
+            first parameter (`self`), which no signature can take.
     """
+    reset = environment.reset
+    if inspect.ismethod(reset):  # a column named as its first parameter (`self`) would be passed twice: "multiple values"
+        first = next(iter(inspect.signature(reset.__func__).parameters), None)
+        if first in keys:
+            raise TypeError(f"{source} include {first!r}, which environment {type(environment).__name__}'s reset{inspect.signature(reset.__func__)} "
+                            f"cannot take as a keyword: its {first!r} parameter is the environment itself (TRL calls reset(**row) with every "
+                            f"column, and Python refuses a second value for {first!r}); rename the column.")
     try:
-        inspect.signature(environment.reset).bind(**dict.fromkeys(keys))
+        inspect.signature(reset).bind(**dict.fromkeys(keys))
     except ValueError:  # no signature to read
         return
     except TypeError as err:
