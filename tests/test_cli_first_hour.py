@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 
 import pytest
 import yaml
@@ -328,3 +329,30 @@ def test_a_ctrl_c_that_aborts_mid_run_says_no_checkpoint_was_saved_yet(tmp_path,
         "fastgrpo: No checkpoint of this run was saved yet (step 1/3, save_strategy='steps', save_steps=1000), so there is nothing to "
         "resume: start the run again.",
     ]
+
+
+CONVERT_AT_ONCE = """
+import os, sys, time
+from fastgrpo.model.loading import resolve_model_path
+folder, rank = sys.argv[1], sys.argv[2]
+open(os.path.join(folder, "ready-" + rank), "w").close()
+while len([n for n in os.listdir(folder) if n.startswith("ready-")]) < 2:  # both look for the converted model at once
+    time.sleep(0.01)
+print(resolve_model_path("smollm2-135m-instruct"))
+"""
+
+
+def test_two_processes_converting_the_builtin_model_at_once_both_get_it(tmp_path):
+    """The ranks of a first `torchrun … fastgrpo train` on a fresh machine convert the built-in GGUF at once: the second
+    to finish failed with "OSError: [Errno 39] Directory not empty" renaming its folder over the first's."""
+    script = tmp_path / "convert.py"
+    script.write_text(CONVERT_AT_ONCE)
+    env = {**os.environ, "FASTGRPO_CACHE": str(tmp_path / "cache")}
+    ranks = [subprocess.Popen([sys.executable, str(script), str(tmp_path), str(rank)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    outputs = [rank.communicate(timeout=300) for rank in ranks]
+    assert [rank.returncode for rank in ranks] == [0, 0], [err[-2000:] for _, err in outputs]
+    target = str(tmp_path / "cache" / "smollm2-135m-instruct")
+    assert [out.strip() for out, _ in outputs] == [target, target]
+    assert os.listdir(tmp_path / "cache") == ["smollm2-135m-instruct"]  # the loser's temporary folder removed
+    assert (tmp_path / "cache" / "smollm2-135m-instruct" / "model.safetensors").stat().st_size > 500_000_000  # 134.5 M fp32 weights

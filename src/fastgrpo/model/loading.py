@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import os
+import shutil
 import sys
 import tempfile
 
@@ -44,6 +45,9 @@ def _package_dir(package: str) -> str:
 def convert_gguf(folder: str, gguf_file: str, target: str) -> str:
     """De-quantise a GGUF model and save it as a safetensors folder (write-then-rename).
 
+    Processes converting the same model at once (the ranks of a first `torchrun` on a fresh machine) each write their
+    own temporary folder; the first rename wins and the others' folders are removed.
+
     Args:
         folder: the folder holding the GGUF file.
         gguf_file: its file name.
@@ -60,7 +64,12 @@ def convert_gguf(folder: str, gguf_file: str, target: str) -> str:
     tmp = tempfile.mkdtemp(prefix=".converting-", dir=os.path.dirname(target))
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
-    os.replace(tmp, target)
+    try:
+        os.replace(tmp, target)
+    except OSError:  # another process (a rank of the same launch, a second run) converted it first: theirs is the same model
+        shutil.rmtree(tmp)
+        if not os.path.exists(os.path.join(target, "config.json")):
+            raise
     return target
 
 
