@@ -553,6 +553,35 @@ def test_an_untied_copy_follows_a_model_saved_over_its_folder(tmp_path):
         assert torch.equal(load_file(os.path.join(target, "lm_head.safetensors"))["lm_head.weight"], torch.full((4, width), float(width)))
 
 
+def test_two_servers_untying_one_model_at_once_both_serve_it(tmp_path, monkeypatch):
+    """Two `fastgrpo vllm-serve` of one tied model started together both wrote the untied copy in place: the second's link
+    beside the first's failed with FileExistsError (or vLLM read an lm_head.safetensors being rewritten). Here the other
+    server's copy runs start to end between this one's check and its first link, as it can at once."""
+    from safetensors.torch import load_file, save_file
+
+    from fastgrpo.generation.vllm.weights import untied_folder
+
+    folder, target = tmp_path / "m", str(tmp_path / "cache" / "m")
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"tie_word_embeddings": True}))
+    (folder / "tokenizer.json").write_text("{}")
+    save_file({"model.embed_tokens.weight": torch.arange(8.0).view(4, 2)}, str(folder / "model.safetensors"))
+    link, others = os.symlink, []
+
+    def another_server_first(source, name):
+        if not others:
+            others.append("started")
+            others[0] = untied_folder(str(folder), target)
+        link(source, name)
+
+    monkeypatch.setattr(os, "symlink", another_server_first)
+    assert untied_folder(str(folder), target) == target and others == [target]
+    assert os.listdir(tmp_path / "cache") == ["m"]  # the loser's temporary folder removed
+    assert sorted(os.listdir(target)) == ["config.json", "lm_head.safetensors", "model.safetensors", "tokenizer.json", "untied_from.json"]
+    assert json.loads(open(os.path.join(target, "config.json")).read()) == {"tie_word_embeddings": False}
+    assert torch.equal(load_file(os.path.join(target, "lm_head.safetensors"))["lm_head.weight"], torch.arange(8.0).view(4, 2))
+
+
 def test_a_built_in_models_folder_answers_to_its_alias(tmp_path, monkeypatch):
     """`fastgrpo vllm-serve --model smollm2-135m-instruct` reports the alias; a run given the alias's converted
     folder (or a link to it) trains that model, so the server check accepts the alias for it, and for no other folder."""

@@ -57,6 +57,8 @@ def untied_folder(folder: str, target: str) -> str:
     The copy links every file but `config.json` (tie_word_embeddings False) and adds `lm_head.safetensors`
     (the embedding, as the head), listed in the shards' index when there is one. Written once, and again when `folder`
     changed since (a model saved over it: its config and head were served with the new weights); → the folder to serve.
+    Written into a temporary folder beside `target`, then renamed: servers of the same model started at once each write
+    their own, the first rename wins and the others remove theirs.
     """
     with open(os.path.join(folder, "config.json")) as f:
         config = json.load(f)
@@ -64,37 +66,49 @@ def untied_folder(folder: str, target: str) -> str:
         return folder
     source = json.loads(json.dumps({"config": config, "files": {  # what the copy was made from: a folder saved over since is copied again
         name: [(st := os.stat(os.path.join(folder, name))).st_size, st.st_mtime_ns] for name in sorted(os.listdir(folder))}}))
-    if os.path.exists(os.path.join(target, "config.json")):
-        try:
-            with open(os.path.join(target, UNTIED_FROM)) as f:
-                if json.load(f) == source:
-                    return target
-        except (OSError, ValueError):  # a copy from before the record was kept
-            pass
-        shutil.rmtree(target)  # its config.json and lm_head.safetensors are another model's
-    os.makedirs(target, exist_ok=True)
-    with open(os.path.join(target, UNTIED_FROM), "w") as f:
+    if _untied_from(target) == source:
+        return target
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".untying-", dir=os.path.dirname(target))
+    with open(os.path.join(tmp, UNTIED_FROM), "w") as f:
         json.dump(source, f)
     for name in os.listdir(folder):
-        if name not in ("config.json", "model.safetensors.index.json") and not os.path.exists(os.path.join(target, name)):
-            os.symlink(os.path.join(os.path.abspath(folder), name), os.path.join(target, name))
+        if name not in ("config.json", "model.safetensors.index.json"):
+            os.symlink(os.path.join(os.path.abspath(folder), name), os.path.join(tmp, name))
     shards = sorted(n for n in os.listdir(folder) if n.endswith(".safetensors"))
     for shard in shards:
         with safe_open(os.path.join(folder, shard), "pt") as f:
             embed = next((k for k in f.keys() if k.endswith("embed_tokens.weight")), None)
             if embed is not None:
-                save_file({HEAD: f.get_tensor(embed)}, os.path.join(target, "lm_head.safetensors"), metadata={"format": "pt"})
+                save_file({HEAD: f.get_tensor(embed)}, os.path.join(tmp, "lm_head.safetensors"), metadata={"format": "pt"})
                 break
     index = os.path.join(folder, "model.safetensors.index.json")
     if os.path.exists(index):
         with open(index) as f:
             table = json.load(f)
         table["weight_map"][HEAD] = "lm_head.safetensors"
-        with open(os.path.join(target, "model.safetensors.index.json"), "w") as f:
+        with open(os.path.join(tmp, "model.safetensors.index.json"), "w") as f:
             json.dump(table, f)
-    with open(os.path.join(target, "config.json"), "w") as f:  # last: its presence marks a finished copy
+    with open(os.path.join(tmp, "config.json"), "w") as f:
         json.dump({**config, "tie_word_embeddings": False}, f)
+    if os.path.isdir(target) and _untied_from(target) != source:
+        shutil.rmtree(target, ignore_errors=True)  # a copy of another model, or of this folder before it was saved over
+    try:
+        os.replace(tmp, target)
+    except OSError:  # another server of this model renamed its copy first
+        shutil.rmtree(tmp)
+        if _untied_from(target) != source:
+            raise
     return target
+
+
+def _untied_from(target: str) -> dict | None:
+    """The record (UNTIED_FROM) of the finished untied copy in `target`; None when there is none or it is unreadable."""
+    try:
+        with open(os.path.join(target, UNTIED_FROM)) as f:
+            return json.load(f)
+    except (OSError, ValueError):  # no copy, or one from before the record was kept
+        return None
 
 
 class WeightsFolder:
