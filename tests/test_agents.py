@@ -403,17 +403,19 @@ def test_smollm2_tool_template_renders_plain_chats_as_smollm2_does(tokenizer):
 
 
 def test_rollout_func_output_reaches_rewards_with_env_mask(tmp_path, tokenizer, make_model, prompts):
-    """TRL's rollout_func: each prompt G times, one completion each; env_mask 0 tokens are no loss; extra keys reach rewards."""
+    """TRL's rollout_func: each prompt G times, one completion each; env_mask 0 tokens are no loss; extra keys reach rewards,
+    but for "prompt" and "completion", which TRL's reward call drops (they reached fastgrpo's rewards)."""
     calls, seen = [], {}
 
     def rollout_func(prompts, trainer):
         calls.append(len(prompts))
         N = len(prompts)
         return {"prompt_ids": [[5, 6, 7]] * N, "completion_ids": [[8, 9, 10, tokenizer.eos_token_id]] * N,
-                "logprobs": [[-1.0] * 4] * N, "env_mask": [[1, 0, 0, 1]] * N, "turns": [2] * N, "answer": extra_answer[0]}
+                "logprobs": [[-1.0] * 4] * N, "env_mask": [[1, 0, 0, 1]] * N, "turns": [2] * N, "answer": extra_answer[0],
+                "prompt": ["p"] * N, "completion": "c"}  # TRL drops these two, as the dataset columns of those names
 
     def reward(completions, turns, answer, **kwargs):
-        seen["turns"], seen["answer"] = turns, answer
+        seen["turns"], seen["answer"], seen["keys"] = turns, answer, set(kwargs)
         return [1.0] * len(completions)
 
     extra_answer = [7]  # not a list: every completion gets it (TRL's broadcast; it reached the rewards as a bare 7)
@@ -421,6 +423,7 @@ def test_rollout_func_output_reaches_rewards_with_env_mask(tmp_path, tokenizer, 
                           processing_class=tokenizer, rollout_func=rollout_func)
     rollout = trainer._collect()
     assert calls == [4] and seen["turns"] == [2] * 4 and seen["answer"] == [7] * 4  # B = 2 prompts, each G = 2 times
+    assert "prompt" not in seen["keys"] and "completion" not in seen["keys"] and "prompts" in seen["keys"]
     assert rollout.model_mask()[0].tolist() == [1, 0, 0, 1] and not rollout.is_truncated.any()
     extra_answer[0] = [7]  # a list of 1 for 4 completions: TRL gave the first row 7 and the others nothing
     with pytest.raises(ValueError, match=r"rollout_func returned 1 values under 'answer' for 4 prompts; return one per prompt received"):

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from ..prompts import check_token_ids, is_conversational
-from ..rewards import RESERVED_COLUMNS
+from ..rewards import RESERVED_COLUMNS, reward_columns
 from ..record import Generated
 
 REQUIRED_KEYS = ("prompt_ids", "completion_ids", "logprobs")
@@ -188,7 +188,8 @@ class RolloutFunc:
         repeated = [row["prompt"] for row in rows for _ in range(num_generations)]  # TRL's RepeatSampler order
         output = self.rollout_func([copy.deepcopy(p) for p in repeated], self.trainer)  # each its own copy, as TRL's rows
         check_output(output, len(repeated), num_generations)
-        extra = {k: v if isinstance(v, list) else [v] * len(repeated) for k, v in output.items() if k not in (*REQUIRED_KEYS, "env_mask")}  # TRL's broadcast
+        extra = {k: v if isinstance(v, list) else [v] * len(repeated) for k, v in output.items()  # TRL's broadcast; TRL drops a
+                 if k not in (*REQUIRED_KEYS, "env_mask") and k in reward_columns([k])}  # "prompt" or "completion" extra, as the columns
         prompt_ids, completion_ids = [list(p) for p in output["prompt_ids"]], [list(c) for c in output["completion_ids"]]
         for key, rows in (("prompt_ids", prompt_ids), ("completion_ids", completion_ids)):
             check_token_ids(rows, self.vocab_size, [f"rollout_func's {key}[{i}]" for i in range(len(rows))], self.tokenizer)
