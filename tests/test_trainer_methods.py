@@ -509,7 +509,8 @@ def test_a_subclass_overriding_a_trl_method_fastgrpo_never_calls_is_refused(tmp_
 def test_a_subclass_save_model_is_called_for_each_checkpoint_as_trls(tmp_path, tokenizer, make_model):
     """Trainer._save_checkpoint calls `self.save_model(folder, _internal_call=True)`: a subclass that saves more there (a
     value head, its own config) finds it in every checkpoint. fastgrpo called it only when user code did. Its folder is
-    the checkpoint's until renamed into place (`.tmp-checkpoint-N`); what it writes is in the manifest, and a resume loads."""
+    named as Trainer's, `checkpoint-N` (inside `.tmp-checkpoint-N` until renamed into place; it was `.tmp-checkpoint-N`, so
+    an override reading the name saw another); what it writes is in the manifest, and a resume loads."""
     import fastgrpo
 
     calls = {}
@@ -519,7 +520,7 @@ def test_a_subclass_save_model_is_called_for_each_checkpoint_as_trls(tmp_path, t
         class SavesMore(module.GRPOTrainer):
             def save_model(self, output_dir=None, _internal_call=False):
                 super().save_model(output_dir, _internal_call)
-                made.append((os.path.basename(output_dir).removeprefix(".tmp-"), _internal_call, self.state.global_step))
+                made.append((os.path.basename(output_dir), _internal_call, self.state.global_step))
                 if self.args.should_save:
                     with open(os.path.join(output_dir, "value_head.json"), "w") as f:
                         json.dump({"step": self.state.global_step}, f)

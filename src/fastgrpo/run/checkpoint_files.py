@@ -9,10 +9,10 @@ CRC-32). A sharded (FSDP) policy's checkpoint holds, instead of the model file a
 `trainer_state.pt`, the trainable weights' and the optimizer's shards (torch.distributed.checkpoint: `.metadata` and
 `__<rank>_0.distcp` per process) and `config.json`; it resumes on any number of processes, sharded or not (the shards
 are re-cut on load); `save_model` writes the whole model. A checkpoint is written under a temporary name and renamed
-into place, so a crash mid-save never leaves a half checkpoint that resume would pick, and the last good one is never
-touched; a failed write removes the temporary folder and says which checkpoint failed. A subclass's `save_model` is
-also called for each checkpoint, into the temporary folder (Trainer._save_checkpoint's call; what it writes is in the
-manifest). On load the manifest is checked first and every file is read before anything is applied, so a corrupt
+into place (a crash mid-save never leaves a half checkpoint, the last good one is never touched; a failed write removes
+it and names the checkpoint). A subclass's `save_model` is also called for each checkpoint, into the temporary folder
+`.tmp-checkpoint-N/checkpoint-N` (Trainer._save_checkpoint's call and name; what it writes is in the manifest).
+On load the manifest is checked first and every file is read before anything is applied, so a corrupt
 checkpoint is refused by name and file, and `resume_from_checkpoint=True` falls back to the newest one that loads.
 Pruning (`save_total_limit`) only touches checkpoints of the same run id and follows transformers'
 `rotate_checkpoints`: the newest checkpoint and `state.best_model_checkpoint` are never deleted.
@@ -104,27 +104,26 @@ def save_checkpoint(
 
     Args:
         args: the run's GRPOConfig, written as training_args.bin (Trainer's file; `torch.load(…, weights_only=False)`).
-        trainer_state: what every process shares (optimizer/scheduler state
-            dicts, step, data position) — anything `torch.save` takes; the
-            main process writes it.
-        process_state: this process's own entries (its share of the rollout),
-            written by each process and merged into the trainer state on load.
+        trainer_state: what every process shares (optimizer/scheduler state dicts, step, data position) — anything
+            `torch.save` takes; the main process writes it.
+        process_state: this process's own entries (its share of the rollout), written by each process and merged
+            into the trainer state on load.
         run_id: the run's id, written to the manifest; `prune` only touches checkpoints with the same id.
-        optimizer: for a sharded `model`, the optimizer whose shards are written with
-            the weights' (trainer_state then holds no optimizer state).
+        optimizer: for a sharded `model`, the optimizer whose shards are written with the weights' (trainer_state then
+            holds no optimizer state).
         write_more: called by every process with the folder after fastgrpo's files and before the manifest (a subclass's
             `save_model`, which Trainer._save_checkpoint calls for each checkpoint); what it writes is in the manifest.
     Returns:
         The checkpoint's path.
     Raises:
-        CheckpointWriteError: a write failed (e.g. disk full), naming the
-            checkpoint; the temporary folder is removed, earlier checkpoints are untouched.
+        CheckpointWriteError: a write failed (e.g. disk full), naming the checkpoint; its temporary folder is removed.
     """
     final = os.path.join(output_dir, f"{PREFIX}{step}")
-    tmp = os.path.join(output_dir, f".tmp-{PREFIX}{step}")
+    parent = os.path.join(output_dir, f".tmp-{PREFIX}{step}")
+    tmp = os.path.join(parent, f"{PREFIX}{step}")  # named as the checkpoint: a subclass's save_model sees Trainer's folder name
     try:
         if accelerator.is_main_process:
-            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(parent, ignore_errors=True)
             os.makedirs(tmp)
         accelerator.wait_for_everyone()
         torch.save(rng_state(), os.path.join(tmp, f"rng_state_{accelerator.process_index}.pt"))
@@ -151,8 +150,9 @@ def save_checkpoint(
             write_manifest(tmp, step, run_id)  # last: its presence says every file above was written
             shutil.rmtree(final, ignore_errors=True)  # only when re-saving the same step
             os.replace(tmp, final)
+            os.rmdir(parent)
     except OSError as err:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(parent, ignore_errors=True)
         last = checkpoints(output_dir)
         raise CheckpointWriteError(
             f"could not write checkpoint {final!r} ({err.strerror or err}); its temporary folder was removed and "
@@ -160,7 +160,7 @@ def save_checkpoint(
             "resume_from_checkpoint=True (fastgrpo train --resume)."
         ) from err
     except BaseException:  # a subclass's save_model that raised, an unpicklable value, Ctrl-C: no half folder left behind
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(parent, ignore_errors=True)
         raise
     return final
 
