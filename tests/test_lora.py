@@ -13,6 +13,7 @@ from peft import LoraConfig, PeftModel, PrefixTuningConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
 from fastgrpo import GRPOTrainer
+from fastgrpo.model.adapters import as_reference
 from fastgrpo.model.loading import lora_config
 from fastgrpo.model.peft_checks import check_peft_inputs
 from test_trainer import config, read_metrics, record_losses, reward_even_tokens
@@ -301,3 +302,36 @@ def test_two_processes_train_adapters_as_one(tmp_path, lora_one_process):
                 torch.testing.assert_close(weights_by_step[step][name], value, rtol=0, atol=1e-6, msg=lambda m: f"{rank} {step} {name}: {m}")
     assert max(v.abs().max() for n, v in reference[2].items() if "lora_B" in n) > 1e-4  # the adapters moved
     assert os.path.exists(os.path.join(two, "adapter_model.safetensors"))  # save_model after train(): the adapter
+
+
+@pytest.mark.parametrize("init, given", [(False, "peft_config"), ("pissa", "peft_config"), ("pissa", "PeftModel")])
+def test_adapters_that_do_not_start_as_a_no_op_are_their_own_reference(tmp_path, tokenizer, make_model, prompts, init, given):
+    """init_lora_weights=False starts B ≠ 0 and PiSSA moves the top singular directions of W into the adapters (the base
+    keeps the residual): disabling the adapters was π_ref, so step 1's KL was against another model (PiSSA's residual:
+    not a language model at all). π_ref is now a frozen copy of the initial adapters, as for a given PeftModel; adding
+    that copy must not run PiSSA a second time on the residual (it changed the policy before its first step)."""
+    adapters = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=init, task_type="CAUSAL_LM")
+    ids = torch.tensor([[1, 200, 300, 400, 500]])
+    model = make_model()
+    with torch.no_grad():
+        original = model(input_ids=ids).logits
+    if given == "PeftModel":
+        model = get_peft_model(model, adapters)
+    with torch.no_grad():
+        initial = model(input_ids=ids).logits  # the policy as given (PiSSA: W_res + BA = W up to rounding)
+    args = config(tmp_path, max_steps=2, beta=0.04)
+    trainer = GRPOTrainer(model, reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer,
+                          peft_config=adapters if given == "peft_config" else None)
+    policy = trainer.accelerator.unwrap_model(trainer.model)
+    with torch.no_grad():
+        start = policy(input_ids=ids).logits
+        with as_reference(policy):
+            reference = policy(input_ids=ids).logits
+    assert torch.equal(reference, start)  # π_ref = the policy as it starts, bit for bit
+    if init == "pissa":
+        torch.testing.assert_close(start, original, rtol=0, atol=1e-4)  # PiSSA's split keeps the model's function
+    if given == "PeftModel":
+        assert torch.equal(start, initial)  # the wrapping left the given policy as it was
+    trainer.train()
+    metrics = {r["step"]: r for r in read_metrics(trainer.args.output_dir)}
+    assert metrics[1]["kl"] == 0.0 and metrics[2]["kl"] > 0

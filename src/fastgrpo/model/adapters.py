@@ -12,6 +12,7 @@ Not here: `lora_config` and loading the model (loading.py), checking adapter set
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 from contextlib import contextmanager
 
@@ -44,19 +45,22 @@ def untie_config(config) -> PretrainedConfig:
     return config
 
 
-def prepare_adapters(model: torch.nn.Module, peft_config, reference_copy: bool) -> torch.nn.Module:
+def prepare_adapters(model: torch.nn.Module, peft_config, reference: bool) -> torch.nn.Module:
     """The policy to train: `model` wrapped in adapters if `peft_config` is given (`peft.get_peft_model`, as TRL does).
 
     Args:
         model: the loaded model, or a `PeftModel` the user built.
         peft_config: a `peft.PeftConfig` or None (train `model` as it is).
-        reference_copy: also freeze a copy of the active adapter as π_ref (`add_reference_adapter`).
+        reference: π_ref is used (beta > 0). Adapters that may not start as a no-op, a given `PeftModel`'s (maybe
+            trained, as TRL assumes) or fresh ones whose init is not one (`starts_as_base`), get a frozen copy as
+            π_ref (`add_reference_adapter`); other fresh adapters are π_ref when disabled.
     Raises:
         ValueError: nothing in the result trains (`check_trainable`).
     """
+    given = is_peft_model(model)
     if peft_config is not None:
         model = apply_adapters(model, peft_config)
-    if reference_copy:
+    if reference and (given or (peft_config is not None and not starts_as_base(peft_config))):
         add_reference_adapter(model)
     check_trainable(model)
     return model
@@ -95,6 +99,23 @@ def apply_adapters(model: torch.nn.Module, peft_config, given=None) -> torch.nn.
 
 
 REFERENCE_ADAPTER = "ref"  # TRL's name for the frozen copy
+# peft inits whose fresh adapters add nothing (B = 0, A = 0, or BA = 0) and leave the base weights as they were.
+NO_OP_INITS = (True, "gaussian", "orthogonal", "mica")
+
+
+def _init_field(peft_config) -> str | None:
+    """The name of `peft_config`'s init setting (LoRA's `init_lora_weights`, LoHa/LoKr/OFT/… `init_weights`), or None."""
+    names = {f.name for f in dataclasses.fields(peft_config)}
+    return next((name for name in ("init_lora_weights", "init_weights") if name in names), None)
+
+
+def starts_as_base(peft_config) -> bool:
+    """Whether fresh adapters of `peft_config` leave the model computing what it did (`NO_OP_INITS`), so that the model with
+    its adapters disabled is the initial policy. Not for init_lora_weights=False (random B) nor PiSSA, OLoRA, CorDA or LoftQ,
+    which move part of each weight into the adapters: disabled, those leave a residual model, not π_ref.
+    """
+    field = _init_field(peft_config)
+    return field is not None and getattr(peft_config, field) in NO_OP_INITS
 
 
 def check_trainable(model: torch.nn.Module) -> None:
@@ -113,11 +134,17 @@ def add_reference_adapter(model: torch.nn.Module) -> None:
     """Freeze a copy of a `PeftModel`'s active adapter as "ref", π_ref for adapters that may come already trained.
 
     As TRL does for a PeftModel passed with beta > 0: disabling such adapters
-    would make π_ref the base model, not the initial policy. The copy is
+    would make π_ref the base model, not the initial policy (the same for fresh
+    adapters that do not start as a no-op, `starts_as_base`). The copy is
     adapter-sized; it never trains and `as_reference` runs the model with it.
+    It is added with peft's default init before the copy: PiSSA's or OLoRA's init
+    would split the base weights a second time, changing the policy.
     """
     name = model.active_adapter
-    model.add_adapter(REFERENCE_ADAPTER, model.peft_config[name])  # stays inactive and frozen
+    config = model.peft_config[name]
+    field = _init_field(config)
+    fresh = dataclasses.replace(config, **{field: True}) if field is not None else config
+    model.add_adapter(REFERENCE_ADAPTER, fresh)  # stays inactive and frozen
     with torch.no_grad():
         for param_name, param in model.named_parameters():
             if f".{name}." in param_name:

@@ -149,8 +149,8 @@ def load_policy(
         policy = load_model(model, init_kwargs(a.model_init_kwargs, a.trust_remote_code))
     prompt_room = check_context_length(decoder_of(policy).config, a.max_prompt_length, a.max_completion_length)
     vocab_size = check_vocabulary(policy, tokenizer)
-    # Adapters given (maybe trained) with beta > 0: π_ref = a frozen copy of them; fresh ones: adapters disabled.
-    policy = prepare_adapters(policy, peft_config, reference_copy=is_peft_model(model) and a.beta > 0)
+    # Adapters given (maybe trained) or not starting as a no-op, with beta > 0: π_ref = a frozen copy of them; else adapters disabled.
+    policy = prepare_adapters(policy, peft_config, reference=a.beta > 0)
     if a.disable_dropout:  # after the adapters: their dropout too
         disable_dropout(policy)
     if a.gradient_checkpointing:
