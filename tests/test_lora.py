@@ -335,3 +335,22 @@ def test_adapters_that_do_not_start_as_a_no_op_are_their_own_reference(tmp_path,
     trainer.train()
     metrics = {r["step"]: r for r in read_metrics(trainer.args.output_dir)}
     assert metrics[1]["kl"] == 0.0 and metrics[2]["kl"] > 0
+
+
+def test_a_folder_of_saved_adapters_as_model_is_refused_before_it_loads(tmp_path, tokenizer, make_model, prompts):
+    """transformers loads an adapter folder onto its base with the adapters frozen: the run failed after the load with
+    "no trainable parameters … unfreeze what should train" (TRL: "Unrecognized model … should have a model_type key")."""
+    base, saved = str(tmp_path / "base"), str(tmp_path / "adapters")
+    make_model().save_pretrained(base)
+    tokenizer.save_pretrained(base)
+    get_peft_model(AutoModelForCausalLM.from_pretrained(base), lora()).save_pretrained(saved)
+    message = (rf"model '{saved}' is a folder of peft adapters \(adapter_config.json, base model '{base}'\), which would load frozen onto "
+               rf"the base, training nothing. To train these adapters further pass model=PeftModel.from_pretrained\(AutoModelForCausalLM"
+               rf".from_pretrained\('{base}'\), '{saved}', is_trainable=True\); to train new adapters pass model='{base}' with peft_config.")
+    for peft_config in (None, lora()):
+        with pytest.raises(ValueError, match=message):
+            GRPOTrainer(saved, reward_even_tokens, args=config(tmp_path), train_dataset=prompts, processing_class=tokenizer, peft_config=peft_config)
+    # The fix the message gives trains the saved adapters (and only them).
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), saved, is_trainable=True)
+    trainer = GRPOTrainer(model, reward_even_tokens, args=config(tmp_path, max_steps=1), train_dataset=prompts, processing_class=tokenizer)
+    assert {n for n, p in trainer.model.named_parameters() if p.requires_grad} == {n for n in dict(model.named_parameters()) if "lora_" in n}

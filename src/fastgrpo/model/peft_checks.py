@@ -1,8 +1,8 @@
 """Checking a run's adapter settings before any model loads: peft configs that cannot train the policy.
 
 `check_peft_inputs` refuses what TRL refuses (a `peft_config` with a `PeftModel`, `sync_ref_model` with
-adapters) and what would train nothing or something else (prompt learning, another task type, r < 1, α ≤ 0,
-target_modules matching no layer). The last one is found without loading weights: the adapters are applied
+adapters) and what would train nothing or something else (a folder of saved adapters as the model, prompt learning,
+another task type, r < 1, α ≤ 0, target_modules matching no layer). The last one is found without loading weights: the adapters are applied
 to a weightless copy of the model (meta device) built from its config (`check_targets`).
 
 Not here: wrapping the loaded model (adapters.prepare_adapters, adapters.apply_adapters).
@@ -31,12 +31,13 @@ def check_peft_inputs(model, peft_config, sync_ref_model: bool) -> None:
         sync_ref_model: `GRPOConfig.sync_ref_model`.
     Raises:
         TypeError: a `peft_config` that is not a `peft.PeftConfig` (e.g. a dict).
-        ValueError: a `PeftModel` together with a `peft_config`; `sync_ref_model` with adapters; a prompt-learning
+        ValueError: a folder of saved adapters as `model` (`check_adapter_folder`); a `PeftModel` together with a `peft_config`; `sync_ref_model` with adapters; a prompt-learning
             config (prefix or prompt tuning: the packed update runs the model's own layers on packed rows, which
             virtual tokens do not fit); a task_type other than CAUSAL_LM (peft would build another model class);
             a LoraConfig whose r < 1, lora_alpha ≤ 0 (nothing would train) or lora_dropout outside [0, 1); target_modules
             that match no module (`check_targets`: found on a weightless copy where the model is a local folder).
     """
+    check_adapter_folder(model)
     adapted = peft_config is not None or is_peft_model(model)
     if peft_config is not None:
         from peft import LoraConfig, PeftConfig
@@ -58,6 +59,32 @@ def check_peft_inputs(model, peft_config, sync_ref_model: bool) -> None:
         check_targets(model, peft_config)
     if adapted and sync_ref_model:
         raise ValueError("sync_ref_model=True with adapters: π_ref lives in the same weights as the policy and cannot move apart from it; set sync_ref_model=False or train without peft.")
+
+
+def check_adapter_folder(model) -> None:
+    """Refuse a local folder of saved peft adapters (adapter_config.json, no config.json) as the policy's name.
+
+    transformers loads such a folder as its base model with the adapters attached frozen, so nothing would train (TRL
+    fails on its missing model_type); the message names the base model and both ways to train.
+
+    Raises:
+        ValueError: naming the folder, its base model and the fixes.
+    """
+    if not isinstance(model, (str, os.PathLike)):
+        return
+    folder = os.path.expanduser(os.fspath(model))
+    path = os.path.join(folder, "adapter_config.json")
+    if not os.path.isfile(path) or os.path.isfile(os.path.join(folder, "config.json")):
+        return
+    try:
+        with open(path) as f:
+            base = json.load(f).get("base_model_name_or_path") or "<its base model>"
+    except (ValueError, AttributeError):  # not JSON, or not an object: the base model cannot be named
+        base = "<its base model>"
+    raise ValueError(f"model {os.fspath(model)!r} is a folder of peft adapters (adapter_config.json, base model {base!r}), which would load "
+                     f"frozen onto the base, training nothing. To train these adapters further pass model=PeftModel.from_pretrained("
+                     f"AutoModelForCausalLM.from_pretrained({base!r}), {os.fspath(model)!r}, is_trainable=True); to train new adapters pass "
+                     f"model={base!r} with peft_config.")
 
 
 def check_targets(model, peft_config) -> None:
