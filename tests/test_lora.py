@@ -354,3 +354,33 @@ def test_a_folder_of_saved_adapters_as_model_is_refused_before_it_loads(tmp_path
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), saved, is_trainable=True)
     trainer = GRPOTrainer(model, reward_even_tokens, args=config(tmp_path, max_steps=1), train_dataset=prompts, processing_class=tokenizer)
     assert {n for n, p in trainer.model.named_parameters() if p.requires_grad} == {n for n in dict(model.named_parameters()) if "lora_" in n}
+
+
+@pytest.mark.parametrize("adapters", [["mine"], ["default", "mine"]])
+def test_resume_restores_the_active_adapter_whatever_its_name(tmp_path, tokenizer, make_model, prompts, adapters):
+    """peft saves the adapter named "default" at the folder's top and any other in a subfolder of its name. Resuming read the
+    top file into "default" only: a lone adapter named "mine" was refused ("holds no adapters … saved by a run without
+    peft_config"), and beside an untrained "default" the trained "mine" silently restarted from its initial weights."""
+    def build():
+        model = get_peft_model(make_model(), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"], task_type="CAUSAL_LM"),
+                               adapter_name=adapters[0])
+        if len(adapters) == 2:
+            model.add_adapter("mine", LoraConfig(r=4, lora_alpha=8, target_modules=["v_proj"], task_type="CAUSAL_LM"))
+            model.set_adapter("mine")  # the one that trains
+        return model
+
+    def trainer():
+        return GRPOTrainer(build(), reward_even_tokens, args=config(tmp_path, max_steps=2, save_steps=1), train_dataset=prompts,
+                           processing_class=tokenizer)
+
+    full = trainer()
+    full.train()
+    final = {n: p.detach().clone() for n, p in full.model.named_parameters() if "lora_" in n}
+    assert os.path.exists(os.path.join(full.args.output_dir, "checkpoint-1", "mine", "adapter_model.safetensors"))
+    os.rename(os.path.join(full.args.output_dir, "metrics.jsonl"), os.path.join(full.args.output_dir, "metrics-full.jsonl"))
+    resumed = trainer()
+    resumed.train(resume_from_checkpoint=os.path.join(full.args.output_dir, "checkpoint-1"))
+    params = dict(resumed.model.named_parameters())
+    assert any(".mine." in n and "lora_B" in n and v.any() for n, v in final.items())  # "mine" trained
+    for name, value in final.items():
+        torch.testing.assert_close(params[name], value, rtol=0, atol=1e-7, msg=name)

@@ -187,12 +187,22 @@ def merged_copy(model: torch.nn.Module) -> PreTrainedModel:
     return merged.merge_and_unload()
 
 
+ADAPTER_FILE = "adapter_model.safetensors"  # what a peft model saves instead of model.safetensors
+
+
+def adapter_file(model: torch.nn.Module) -> str:
+    """Where `PeftModel.save_pretrained` puts `model`'s active (trained) adapter in the folder it writes: `ADAPTER_FILE` at
+    the top for peft's "default", in a subfolder of the adapter's name for any other (e.g. "mine/adapter_model.safetensors")."""
+    name = model.active_adapter
+    return ADAPTER_FILE if name == "default" else os.path.join(name, ADAPTER_FILE)
+
+
 def load_adapters(model: torch.nn.Module, folder: str, weights: dict | None = None) -> None:
-    """Load adapters written by `PeftModel.save_pretrained` into `model`'s adapters.
+    """Load the active adapter written by `PeftModel.save_pretrained` (`adapter_file`) into `model`'s active adapter.
 
     Args:
-        folder: the folder holding `adapter_model.safetensors` (named in errors).
-        weights: its tensors, already read (run/checkpoint_files.py reads every file first); None reads the file.
+        folder: the folder `save_pretrained` wrote (named in errors).
+        weights: its active adapter's tensors, already read (run/checkpoint_files.py reads every file first); None reads the file.
     Raises:
         ValueError: no adapter file (a checkpoint of a run without adapters), or its tensors are not exactly the model's.
     """
@@ -200,11 +210,12 @@ def load_adapters(model: torch.nn.Module, folder: str, weights: dict | None = No
     from safetensors.torch import load_file
 
     if weights is None:
-        path = os.path.join(folder, "adapter_model.safetensors")
+        path = os.path.join(folder, adapter_file(model))
         if not os.path.isfile(path):
-            raise ValueError(f"{folder!r} holds no adapters (no adapter_model.safetensors): it was saved by a run without peft_config; resume it without peft_config.")
+            raise ValueError(f"{folder!r} holds no adapters (no {adapter_file(model)}): it was saved by a run without peft_config; resume it without peft_config.")
         weights = load_file(path)
-    expected = set(get_peft_model_state_dict(model))
+    name = model.active_adapter
+    expected = set(get_peft_model_state_dict(model, adapter_name=name))
     if set(weights) != expected:
         raise ValueError(f"{folder!r} holds adapters that do not fit this model (missing {sorted(expected - set(weights))[:3]}, unexpected {sorted(set(weights) - expected)[:3]}); resume with the same peft_config.")
-    set_peft_model_state_dict(model, weights)
+    set_peft_model_state_dict(model, weights, adapter_name=name)

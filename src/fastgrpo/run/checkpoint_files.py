@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from ..model.adapters import load_adapters
+from ..model.adapters import adapter_file, load_adapters
 from ..model.loading import is_peft_model
 from ..model.sharding import is_sharded, load_sharded, save_sharded
 
@@ -68,7 +68,6 @@ class _MovedClasses:
 PREFIX = "checkpoint-"
 MANIFEST = "manifest.json"
 TRAINING_ARGS_NAME = "training_args.bin"  # transformers' name: the run's arguments, torch.save'd beside a saved model
-ADAPTER_FILE = "adapter_model.safetensors"  # what a peft model saves instead of model.safetensors
 SHARDS_METADATA = ".metadata"  # torch.distributed.checkpoint's index of a sharded checkpoint's files
 
 
@@ -374,10 +373,10 @@ def _read(path: str, accelerator, model, adapters: bool) -> dict:
     sharded = SHARDS_METADATA in manifest["files"]
     if is_sharded(accelerator.unwrap_model(model)) and not sharded:
         raise ValueError(f"{path!r} holds the whole model (saved without FSDP); resume it without FSDP (e.g. torchrun, or examples/accelerate/ddp.yaml).")
-    weights_file = ADAPTER_FILE if adapters else "model.safetensors"
+    weights_file = adapter_file(accelerator.unwrap_model(model)) if adapters else "model.safetensors"
     if not sharded and weights_file not in manifest["files"]:
         if adapters:
-            raise ValueError(f"{path!r} holds no adapters (no {ADAPTER_FILE}): it was saved by a run without peft_config; resume it without peft_config.")
+            raise ValueError(f"{path!r} holds no adapters (no {weights_file}): it was saved by a run without peft_config; resume it without peft_config.")
         raise ValueError(f"{path!r} holds adapters, not model.safetensors: it was saved by a run with peft_config; resume it with the same peft_config.")
     saved_by = len([name for name in manifest["files"] if re.fullmatch(r"rng_state_\d+\.pt", name)])
     fits = saved_by == accelerator.num_processes

@@ -45,7 +45,7 @@ from . import checkpoint_files as ckpt
 from . import completion_tables, runs
 from .interrupt import TrainingInterrupted
 from .metrics import Window
-from ..model.adapters import merged_copy
+from ..model.adapters import adapter_file, merged_copy
 from ..model.loading import is_peft_model
 from ..rollout.record import Rollout
 from ..model.sharding import full_state_dict, is_sharded
@@ -192,7 +192,7 @@ def load_best(trainer: Checkpointed) -> None:
         return
     files = ckpt.read_manifest(path)["files"]
     policy = trainer.accelerator.unwrap_model(trainer.model)
-    name = ckpt.ADAPTER_FILE if is_peft_model(policy) else "model.safetensors"
+    name = adapter_file(policy) if is_peft_model(policy) else "model.safetensors"
     if ckpt.SHARDS_METADATA not in files and name not in files:
         raise ValueError(f"the best checkpoint {path!r} holds no {name} (load_best_model_at_end=True); it was not saved by this run's model.")
     ckpt.apply_weights(path, policy, None if ckpt.SHARDS_METADATA in files else load_file(os.path.join(path, name)))
