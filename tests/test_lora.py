@@ -384,3 +384,32 @@ def test_resume_restores_the_active_adapter_whatever_its_name(tmp_path, tokenize
     assert any(".mine." in n and "lora_B" in n and v.any() for n, v in final.items())  # "mine" trained
     for name, value in final.items():
         torch.testing.assert_close(params[name], value, rtol=0, atol=1e-7, msg=name)
+
+
+@pytest.mark.parametrize("bias", ["all", "lora_only"])
+def test_trained_biases_outside_the_adapters_are_refused_with_a_reference(tmp_path, tokenizer, prompts, bias):
+    """peft's bias="all" / "lora_only" trains the base model's biases, which disabling the adapters does not undo: π_ref
+    moved with the policy (a Llama with attention biases, 2 steps at lr 1e-2: its logits moved by 0.54 / 0.0008)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    def biased():
+        torch.manual_seed(0)
+        return LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                            num_attention_heads=4, num_key_value_heads=2, attention_bias=True))
+
+    adapters = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"], bias=bias, task_type="CAUSAL_LM")
+    first = "base_model.model.model.layers.0.self_attn.q_proj.base_layer.bias"
+    with pytest.raises(ValueError, match=rf"beta > 0 with (8|2) trained parameters outside the adapters \({first}, .*\): π_ref is the same model "
+                                         rf"with its adapters disabled, so it would move with them; set bias='none' in the peft_config \(it is "
+                                         rf"'{bias}': peft trains the base model's biases\), or set beta=0."):
+        GRPOTrainer(biased(), reward_even_tokens, args=config(tmp_path, beta=0.04), train_dataset=prompts, processing_class=tokenizer, peft_config=adapters)
+    given = get_peft_model(biased(), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"], task_type="CAUSAL_LM"))
+    given.get_base_model().model.norm.weight.requires_grad_(True)  # unfrozen by hand
+    with pytest.raises(ValueError, match=r"beta > 0 with 1 trained parameters outside the adapters \(base_model.model.model.norm.weight\): .*; "
+                                         r"freeze them \(requires_grad_\(False\)\) or name their modules in the peft_config's modules_to_save, or set beta=0."):
+        GRPOTrainer(given, reward_even_tokens, args=config(tmp_path, beta=0.04), train_dataset=prompts, processing_class=tokenizer)
+    # Without π_ref they train as asked, as under TRL; modules_to_save are the adapter's own (π_ref keeps their initial copy).
+    trainer = GRPOTrainer(biased(), reward_even_tokens, args=config(tmp_path, max_steps=1), train_dataset=prompts, processing_class=tokenizer, peft_config=adapters)
+    assert trainer.model.get_parameter(first).requires_grad
+    GRPOTrainer(biased(), reward_even_tokens, args=config(tmp_path, beta=0.04), train_dataset=prompts, processing_class=tokenizer,
+                peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"], modules_to_save=["lm_head"], task_type="CAUSAL_LM"))

@@ -55,15 +55,39 @@ def prepare_adapters(model: torch.nn.Module, peft_config, reference: bool) -> to
             trained, as TRL assumes) or fresh ones whose init is not one (`starts_as_base`), get a frozen copy as
             π_ref (`add_reference_adapter`); other fresh adapters are π_ref when disabled.
     Raises:
-        ValueError: nothing in the result trains (`check_trainable`).
+        ValueError: nothing in the result trains (`check_trainable`); with `reference`, a trained parameter outside
+            the adapters (`check_fixed_reference`).
     """
     given = is_peft_model(model)
     if peft_config is not None:
         model = apply_adapters(model, peft_config)
+    if reference and is_peft_model(model):
+        check_fixed_reference(model)
     if reference and (given or (peft_config is not None and not starts_as_base(peft_config))):
         add_reference_adapter(model)
     check_trainable(model)
     return model
+
+
+def check_fixed_reference(model: torch.nn.Module) -> None:
+    """Refuse an adapted policy with trained parameters outside its active adapter, when π_ref is used (beta > 0).
+
+    π_ref is the same weights with the adapter disabled or swapped for its frozen copy (`as_reference`); a base
+    parameter that trains, e.g. the biases peft's `bias="all"` or `"lora_only"` unfreezes, or one the user unfroze,
+    is in both, so π_ref would move with the policy (peft only warns; TRL trains so).
+
+    Raises:
+        ValueError: naming the first such parameters and the fixes.
+    """
+    name = model.active_adapter
+    outside = [n for n, p in model.named_parameters() if p.requires_grad and f".{name}." not in n]
+    if not outside:
+        return
+    bias = getattr(model.peft_config[name], "bias", "none")
+    fix = f"set bias='none' in the peft_config (it is {bias!r}: peft trains the base model's biases)" if bias != "none" else \
+        "freeze them (requires_grad_(False)) or name their modules in the peft_config's modules_to_save"
+    raise ValueError(f"beta > 0 with {len(outside)} trained parameters outside the adapters ({', '.join(outside[:3])}{', …' if len(outside) > 3 else ''}): "
+                     f"π_ref is the same model with its adapters disabled, so it would move with them; {fix}, or set beta=0.")
 
 
 def apply_adapters(model: torch.nn.Module, peft_config, given=None) -> torch.nn.Module:
