@@ -106,6 +106,20 @@ def test_quantization_config_reaches_from_pretrained_for_a_name_and_is_ignored_f
     assert any("quantization_config is ignored" in str(w.message) for w in caught)
 
 
+
+@pytest.mark.parametrize("bits", ["load_in_4bit", "load_in_8bit"])
+def test_load_in_bits_in_model_init_kwargs_names_quantization_config(tmp_path, tokenizer, make_model, prompts, bits):
+    # QLoRA scripts from older transformers pass load_in_4bit to from_pretrained; transformers 5 hands it to the model's
+    # __init__, which failed with a bare "LlamaForCausalLM.__init__() got an unexpected keyword argument 'load_in_4bit'".
+    folder = str(tmp_path / "tiny")
+    make_model().save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    with pytest.raises(ValueError, match=rf"model_init_kwargs\['{bits}'\] is not a from_pretrained argument \(.*unexpected keyword argument '{bits}'\); "
+                                         rf"transformers takes {bits} only inside quantization_config: pass quantization_config=BitsAndBytesConfig\({bits}=True\) "
+                                         r"to the trainer \(with a peft_config: QLoRA\)."):
+        GRPOTrainer(folder, reward_even, args=config(tmp_path, model_init_kwargs={bits: True}), train_dataset=prompts, peft_config=LoraConfig(r=4))
+
+
 def test_resume_keeps_a_given_optimizers_own_learning_rates_and_any_scheduler(tmp_path, tokenizer, make_model, prompts):
     # Trainer restores a caller's optimizer and scheduler as saved; args.learning_rate (1e-3 here) applies only
     # to an optimizer fastgrpo built. Two groups: 0.05 and a frozen 0.0, halved every step by StepLR (no lr_lambdas).

@@ -163,7 +163,9 @@ def load_model(model: str | torch.nn.Module, init_kwargs: dict | None = None) ->
 
     Raises:
         ValueError: see `resolve_model_path`; a package one of `init_kwargs` needs is missing (transformers' ImportError,
-            e.g. attn_implementation="flash_attention_2" without flash-attn), naming the kwargs.
+            e.g. attn_implementation="flash_attention_2" without flash-attn), naming the kwargs; one of them is no
+            from_pretrained argument (the model's TypeError, e.g. load_in_4bit, which transformers 5 takes only inside
+            quantization_config), naming it and the fix.
     """
     if isinstance(model, torch.nn.Module):
         return model
@@ -177,6 +179,14 @@ def load_model(model: str | torch.nn.Module, init_kwargs: dict | None = None) ->
             raise
         raise ValueError(f"transformers cannot load the model with {', '.join(init_kwargs)} (model_init_kwargs, where the trainer's "
                          f"quantization_config goes too) on this machine: {' '.join(str(err).split())[:400]}") from err
+    except TypeError as err:  # a keyword from_pretrained passes on to the model's __init__, which does not take it
+        unknown = [k for k in given if f"'{k}'" in str(err)]
+        if "unexpected keyword argument" not in str(err) or not unknown:
+            raise
+        bits = [k for k in unknown if k in ("load_in_4bit", "load_in_8bit")]
+        fix = (f"transformers takes {bits[0]} only inside quantization_config: pass quantization_config=BitsAndBytesConfig({bits[0]}=True) "
+               "to the trainer (with a peft_config: QLoRA)") if bits else "remove it, or give it under the name from_pretrained takes"
+        raise ValueError(f"model_init_kwargs[{unknown[0]!r}] is not a from_pretrained argument ({' '.join(str(err).split())[:200]}); {fix}.") from None
 
 
 def disable_dropout(model: torch.nn.Module) -> None:
