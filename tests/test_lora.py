@@ -16,6 +16,7 @@ from fastgrpo import GRPOTrainer
 from fastgrpo.model.adapters import as_reference
 from fastgrpo.model.loading import lora_config
 from fastgrpo.model.peft_checks import check_peft_inputs
+from conftest import tiny_model
 from test_trainer import config, read_metrics, record_losses, reward_even_tokens
 
 
@@ -413,3 +414,28 @@ def test_trained_biases_outside_the_adapters_are_refused_with_a_reference(tmp_pa
     assert trainer.model.get_parameter(first).requires_grad
     GRPOTrainer(biased(), reward_even_tokens, args=config(tmp_path, beta=0.04), train_dataset=prompts, processing_class=tokenizer,
                 peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"], modules_to_save=["lm_head"], task_type="CAUSAL_LM"))
+
+
+def test_adapters_on_a_head_tied_to_the_embedding_are_refused(tmp_path, tokenizer, make_model, prompts):
+    """The tied head's ΔW merged into the shared tensor moved the embedding too: after trained adapters (std 0.5), the merged
+    save's logits were off by ≈ 180 and the bf16 sampler's copy by ≈ 45 (TRL refuses adapters on lm_head, tied or not)."""
+    adapters = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "lm_head"], task_type="CAUSAL_LM")
+    message = (r"peft_config.target_modules=\{'(q_proj', 'lm_head|lm_head', 'q_proj)'\} puts adapters on 'lm_head', whose weight is the input embedding's "
+               r"\(tie_word_embeddings=True\): .* Drop 'lm_head' from target_modules \(TRL refuses adapters on it\), or train it in full "
+               r"with modules_to_save=\['lm_head'\].")
+    make_model().save_pretrained(str(tmp_path / "folder"))
+    tokenizer.save_pretrained(str(tmp_path / "folder"))
+    for model in (str(tmp_path / "folder"), make_model()):  # the folder: found on the weightless copy, before the load
+        with pytest.raises(ValueError, match=message):
+            GRPOTrainer(model, reward_even_tokens, args=config(tmp_path), train_dataset=prompts, processing_class=tokenizer, peft_config=adapters)
+    # An untied head trains its adapters, and merges exactly.
+    trainer = trainer_with_lora(tmp_path, lambda: tiny_model(tokenizer, tied=False), tokenizer, prompts, peft_config=adapters, max_steps=1)
+    policy = trainer.accelerator.unwrap_model(trainer.model)
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_" in name:
+                p.normal_(std=0.5)
+        ids = torch.tensor([[1, 200, 300, 400, 500]])
+        trainer.save_model(str(tmp_path / "merged"), merge_adapters=True)
+        merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged"))
+        torch.testing.assert_close(merged(input_ids=ids).logits, policy(input_ids=ids).logits, rtol=0, atol=1e-4)

@@ -108,7 +108,7 @@ def apply_adapters(model: torch.nn.Module, peft_config, given=None) -> torch.nn.
     layers = (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d)
     names = lambda: ", ".join(dict.fromkeys(name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, layers)))  # noqa: E731
     try:
-        return get_peft_model(model, peft_config)
+        adapted = get_peft_model(model, peft_config)
     except NoMatchingPeftModuleError as err:
         excluded = f", exclude_modules={exclude!r}" if exclude else ""
         raise ValueError(
@@ -120,6 +120,30 @@ def apply_adapters(model: torch.nn.Module, peft_config, given=None) -> torch.nn.
             raise
         raise ValueError(f"peft_config.target_modules={targets!r} matches a module LoRA cannot wrap ({' '.join(str(err).split())[:300]}). "
                          f"The layers it can wrap here: {names()}; target those.") from None
+    check_tied_head(adapted, targets)
+    return adapted
+
+
+def check_tied_head(model: torch.nn.Module, targets) -> None:
+    """Refuse adapters on an output head that shares its weight with the input embedding (tie_word_embeddings).
+
+    Its ΔW cannot be merged into the shared tensor without moving the embedding too: the merged save
+    (`save_model(merge_adapters=True)`), the bf16 sampler's copy and the vLLM weights would be another model
+    (logits off by ≈ 45–180 on the tiny test model). TRL refuses adapters on lm_head whether tied or not.
+
+    Raises:
+        ValueError: naming the head, the target_modules and the fixes.
+    """
+    lm = decoder_of(model)
+    head, embedding = lm.get_output_embeddings(), lm.get_input_embeddings()
+    base = getattr(head, "base_layer", None)
+    if base is None or base.weight is not getattr(embedding, "base_layer", embedding).weight:
+        return
+    name = next(n for n, m in lm.named_modules() if m is head)
+    raise ValueError(f"peft_config.target_modules={targets!r} puts adapters on {name!r}, whose weight is the input embedding's "
+                     "(tie_word_embeddings=True): merging its ΔW (save_model(merge_adapters=True), the bf16 sampler's copy, vLLM) would "
+                     f"move the embedding too. Drop {name!r} from target_modules (TRL refuses adapters on it), or train it in full "
+                     f"with modules_to_save=[{name!r}].")
 
 
 REFERENCE_ADAPTER = "ref"  # TRL's name for the frozen copy
