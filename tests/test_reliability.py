@@ -274,7 +274,7 @@ def test_model_folder_without_tokenizer_names_folder_and_files(tmp_path, make_mo
 
 def test_rich_markup_in_prompts_and_completions_is_printed_literally(tmp_path):
     console = Console(record=True, width=200)
-    log = MetricsLog(str(tmp_path), accelerator=None, console=console)
+    log = MetricsLog(str(tmp_path), console=console)
     rows = CompletionRows(["[INST] Count to 3. [/INST]"], ["[/bold] 1 2 3 [red]"], torch.tensor([[float("nan")]]), torch.zeros(1))
     log.completions(1, rows, ["[b]"], num_to_print=1)
     text = console.export_text()

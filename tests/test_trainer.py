@@ -318,7 +318,7 @@ def test_log_sizes_of_older_checkpoints_are_read_by_file_name(tmp_path):
 
     from fastgrpo.run.metrics import MetricsLog
 
-    log = MetricsLog(str(tmp_path), None, Console())
+    log = MetricsLog(str(tmp_path), Console())
     with open(log.metrics_path, "w") as f:
         f.write('{"step": 1}\n{"step": 2}\n')
     with open(log.completions_path, "w") as f:

@@ -100,7 +100,7 @@ class GRPOTrainer(TRLMethods):
         self._reward_funcs, self.reward_names, self.setup = checked.reward_funcs, checked.reward_names, checked.setup  # setup: runs.run_setup
         self.reward_processing_classes, weights, self.agents = checked.reward_processing_classes, checked.reward_weights, checked.agents  # agents: tools, environments, rollout_func
 
-        acc, bf16 = build_accelerator(a)  # device, process group, trackers, seed; bf16 where the hardware is fast at it
+        acc, bf16 = build_accelerator(a)  # device, process group, seed; bf16 where the hardware is fast at it
         self.accelerator, self.autocast = acc, autocast_for(acc.device, bf16)  # around every forward (precision.py)
         self.console = Console()
         self._reward_weights = torch.tensor(weights, dtype=torch.float32, device=acc.device)
@@ -136,7 +136,7 @@ class GRPOTrainer(TRLMethods):
         self.needs_old_logps = not (a.num_iterations == 1 and a.steps_per_generation == a.gradient_accumulation_steps)  # else π_old = π_θ detached
         self.step, self.timer, self.window, self.fresh_completions = 0, PhaseTimer(), Window(), []
         self.target_kl_stops, self.last_metrics, self.loss_sum, self.run_id, self.epoch_end_pending = 0, {}, 0.0, uuid.uuid4().hex, False
-        self.metrics_log = MetricsLog(a.output_dir, acc, self.console) if acc.is_main_process else None
+        self.metrics_log = MetricsLog(a.output_dir, self.console) if acc.is_main_process else None
         self.completion_tables = CompletionTables(a.output_dir, self.reward_names) if a.log_completions and acc.is_main_process else None
         self.events = TrainerEvents(a, checked.callbacks, self.model, self.tokenizer, self.optimizer, self.scheduler, acc.is_main_process, self.console)
         self.state, self.clock = self.events.state, EpochClock(self.order.per_pass, a.steps_per_rollout, self.max_steps)
@@ -194,8 +194,6 @@ class GRPOTrainer(TRLMethods):
                         break
                     started = time.perf_counter()
         pending = self._log(to_callbacks=False) if self.window.sums.get("steps") else {}  # to the summary log, as TRL's log() merges it
-        for tracker in self.accelerator.trackers:  # not end_training(): it ends the process group save_model needs
-            tracker.finish()
         summary = self.events.train_end(self.loss_sum / max(self.step, 1), pending, lambda: checkpoints.finish(self), self.log)  # best model, pruning
         pending.pop("step", None)  # TRL's log() merges the unlogged steps' metrics into Trainer's summary dict, which train() returns
         return TrainOutput(self.step, self.loss_sum / max(self.step, 1), {**pending, **summary})
@@ -276,7 +274,7 @@ class GRPOTrainer(TRLMethods):
             checkpoints.save(self, rollout, done)
 
     def _log(self, to_callbacks: bool = True) -> dict:
-        """Write the window's record (metrics.jsonl, completions.jsonl, completions/*.parquet, trackers) and, unless told not to, on_log; return it."""
+        """Write the window's record (metrics.jsonl, completions.jsonl, completions/*.parquet) and, unless told not to, on_log (the trackers); return it."""
         acc = self.accelerator
         sums, extremes = self.window.reduce(acc)
         record = window_record(self.step, sums, extremes, self.timer.pop(), self.reward_names, overlap=self.args.max_staleness is not None)

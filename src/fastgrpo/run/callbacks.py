@@ -41,10 +41,12 @@ import sys
 import time
 
 from transformers import EarlyStoppingCallback, TrainerCallback, TrainerControl, TrainerState
+from transformers.integrations import get_reporting_integration_callbacks
 from transformers.trainer_callback import CallbackHandler
 
 from .console import ConsoleProgressCallback, default_console_callback
 from .datasets import rollouts_per_pass
+from .setup import reported_trackers
 
 
 STATE_FILE = "trainer_state.json"  # transformers' name for the saved TrainerState
@@ -72,11 +74,16 @@ class TrainerEvents:
         is_main_process: whether this process is the main one (state.is_world_process_zero).
         console: the rich console the default console callback prints on (console.py); as Trainer's `__init__`, it is
             added after `callbacks`: a `ProgressCallback`, or with `args.disable_tqdm` a `PrinterCallback`.
+
+    `report_to`'s trackers are transformers' own integration callbacks (`TensorBoardCallback`, `WandbCallback`,
+    `TrackioCallback`), placed before `callbacks` as Trainer places them: they write what TRL's runs write (TensorBoard
+    under output_dir/runs/<date>_<host>/, `train/<key>` and `eval/<key>`, train()'s summary included).
     """
 
     def __init__(self, args, callbacks: list, model, processing_class, optimizer, lr_scheduler, is_main_process: bool, console=None):
         self.args = args
-        self.handler = _Handler(callbacks, model, processing_class, optimizer, lr_scheduler)
+        trackers = get_reporting_integration_callbacks(reported_trackers(args.report_to))
+        self.handler = _Handler([*trackers, *callbacks], model, processing_class, optimizer, lr_scheduler)
         self.handler.add_callback(default_console_callback(args, console))  # Trainer's add_callback(PrinterCallback or ProgressCallback)
         self.state = TrainerState(is_local_process_zero=is_main_process, is_world_process_zero=is_main_process)
         self.control = TrainerControl()

@@ -1,4 +1,4 @@
-"""Metric aggregation and output: phase timers, logging windows, metrics.jsonl, the completions table and trackers.
+"""Metric aggregation and output: phase timers, logging windows, metrics.jsonl and the completions table.
 
 Metrics are kept as sums over a logging window (tokens, completions, steps) and reduced across processes once
 per logging step, so every logged mean is a true mean over the window, never the last micro-batch's value.
@@ -130,13 +130,14 @@ class CompletionRows:
 
 
 class MetricsLog:
-    """Writes metrics.jsonl and completions.jsonl in output_dir, prints the completions table, feeds trackers (the step lines: console.py).
+    """Writes metrics.jsonl and completions.jsonl in output_dir, prints the completions table (the step lines: console.py; the
+    trackers: transformers' callbacks, callbacks.py).
 
     Only the main process writes; the others call nothing here. `previous_run`: what a new run replaces, removed before its first write.
     """
 
-    def __init__(self, output_dir: str, accelerator, console):
-        self.accelerator, self.console, self.previous_run = accelerator, console, runs.PreviousRun(output_dir, [], console)
+    def __init__(self, output_dir: str, console):
+        self.console, self.previous_run = console, runs.PreviousRun(output_dir, [], console)
         self.held = None  # a completions table `completions(hold=True)` kept for `print_held`
         self.metrics_path = os.path.join(output_dir, "metrics.jsonl")
         self.completions_path = os.path.join(output_dir, "completions.jsonl")
@@ -171,11 +172,10 @@ class MetricsLog:
             os.replace(path + ".tmp", path)
 
     def write(self, record: dict) -> None:
-        """Append one record, send it to trackers. Its console line is the console callback's (console.py), from on_log."""
+        """Append one record. Its console line is the console callback's (console.py), the trackers' its tracker callbacks', from on_log."""
         self.previous_run.remove()
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(record) + "\n")
-        self.accelerator.log({k: v for k, v in record.items() if isinstance(v, (int, float))}, step=record["step"])
 
     def completions(self, step: int, rows: CompletionRows, reward_names: list[str], num_to_print: int | None, hold: bool = False) -> None:
         """Every completion of `rows` (one rollout's) to completions.jsonl; a table of the first few to the

@@ -2,7 +2,7 @@
 
 - `build_accelerator`: refuses a broken launch or an unwritable output_dir, picks
   the precision (`bf16`; None: where the hardware multiplies bf16 fast, precision.py,
-  with a one-line notice), starts the trackers,
+  with a one-line notice), refuses a tracker that is not installed,
   checks the world size and seeds each process; on a CPU, freed memory stays in
   glibc's heap from step to step (allocator.py).
 - `load_policy`: the tokenizer and model (loaded once on the main process
@@ -55,8 +55,13 @@ from ..rollout.prompts import EMBEDDING_FIX
 TRACKER_AVAILABLE = {"tensorboard": is_tensorboard_available, "wandb": is_wandb_available, "trackio": is_trackio_available}  # "all": what is
 
 
+def reported_trackers(report_to: list[str]) -> list[str]:
+    """The trackers `report_to` names, "all" read as those of `TRACKER_AVAILABLE` that are installed (transformers' "all")."""
+    return [t for t in TRACKER_AVAILABLE if TRACKER_AVAILABLE[t]()] if "all" in report_to else list(report_to)
+
+
 def build_accelerator(args: GRPOConfig) -> tuple[Accelerator, bool]:
-    """The run's `Accelerator` (device, process group, trackers) and whether its products run in bf16.
+    """The run's `Accelerator` (device, process group) and whether its products run in bf16.
 
     The device is the CPU with `use_cpu=True` (TRL's field: `Accelerator(cpu=True)`, as TrainingArguments
     sets up its state) or on a machine without GPUs, else the accelerator's; GRPOConfig's `device` and
@@ -84,10 +89,9 @@ def build_accelerator(args: GRPOConfig) -> tuple[Accelerator, bool]:
     # mixed_precision="no": the precision is GRPOConfig.bf16's (fastgrpo's own autocast), never a launcher
     # config's (`accelerate launch` with `mixed_precision: bf16` would autocast the prepared model), as Trainer
     # sets it from its arguments.
-    acc = Accelerator(cpu=cpu, mixed_precision="no", log_with=a.report_to or None, project_dir=a.output_dir)
+    # The trackers are transformers' integration callbacks, as Trainer's (run/callbacks.py), not accelerate's.
+    acc = Accelerator(cpu=cpu, mixed_precision="no", project_dir=a.output_dir)
     bf16, notice = resolve_bf16(a.bf16, use_cuda=acc.device.type == "cuda")
-    if a.report_to:  # TensorBoard/W&B through accelerate's trackers, under output_dir
-        acc.init_trackers("fastgrpo", config={k: v for k, v in a.to_dict().items() if isinstance(v, (int, float, str, bool))})
     if acc.num_processes != a.world_size:
         raise ValueError(f"GRPOConfig was built for world_size={a.world_size} but {acc.num_processes} processes run; build the config inside the launched script.")
     if notice is not None and acc.is_main_process:
