@@ -2,8 +2,8 @@
 
 - `build_accelerator`: refuses a broken launch or an unwritable output_dir, picks
   the precision (`bf16`; None: where the hardware multiplies bf16 fast, precision.py,
-  with a one-line notice), refuses a tracker that is not installed,
-  checks the world size and seeds each process; on a CPU, freed memory stays in
+  with a one-line notice), refuses a tracker that is not installed, sets transformers'
+  logging verbosity from `log_level` (as Trainer), checks the world size and seeds each process; on a CPU, freed memory stays in
   glibc's heap from step to step (allocator.py).
 - `load_policy`: the tokenizer and model (loaded once on the main process
   first; `check_context_length` then refuses completions the model cannot hold), adapters, dropout off, gradient checkpointing, π_ref, the EOS ids and
@@ -31,6 +31,7 @@ from accelerate.utils import is_tensorboard_available, is_trackio_available, is_
 from rich.console import Console
 from transformers import PreTrainedTokenizerBase, get_scheduler
 from transformers.trainer_utils import enable_full_determinism
+from transformers.utils import logging as transformers_logging
 from transformers.utils.import_utils import enable_tf32, is_torch_tf32_available
 
 from . import runs
@@ -92,6 +93,7 @@ def build_accelerator(args: GRPOConfig) -> tuple[Accelerator, bool]:
     # The trackers are transformers' integration callbacks, as Trainer's (run/callbacks.py), not accelerate's.
     acc = Accelerator(cpu=cpu, mixed_precision="no", project_dir=a.output_dir)
     bf16, notice = resolve_bf16(a.bf16, use_cuda=acc.device.type == "cuda")
+    transformers_logging.set_verbosity(a.get_process_log_level())  # Trainer's __init__: log_level (log_level_replica), "passive" keeps it
     if acc.num_processes != a.world_size:
         raise ValueError(f"GRPOConfig was built for world_size={a.world_size} but {acc.num_processes} processes run; build the config inside the launched script.")
     if notice is not None and acc.is_main_process:
