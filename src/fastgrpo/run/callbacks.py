@@ -42,7 +42,7 @@ import time
 
 from transformers import EarlyStoppingCallback, TrainerCallback, TrainerControl, TrainerState
 from transformers.integrations import get_reporting_integration_callbacks
-from transformers.trainer_callback import CallbackHandler
+from transformers.trainer_callback import CallbackHandler, ExportableState
 
 from .console import ConsoleProgressCallback, default_console_callback
 from .datasets import rollouts_per_pass
@@ -117,7 +117,8 @@ class TrainerEvents:
         a, s = self.args, self.state
         s.max_steps, s.global_step, s.epoch = max_steps, global_step, epoch
         s.logging_steps, s.save_steps = _absolute(a.logging_steps, max_steps), _absolute(a.save_steps, max_steps)
-        s.eval_steps = _absolute(a.eval_steps, max_steps) if a.eval_steps is not None else s.logging_steps
+        if a.eval_steps is not None:  # else TrainerState's default stays, as Trainer's compute_steps leaves it
+            s.eval_steps = _absolute(a.eval_steps, max_steps)
         s.train_batch_size = a.per_device_train_batch_size
         if a.max_steps <= 0:
             s.num_train_epochs = math.ceil(a.num_train_epochs)
@@ -148,8 +149,10 @@ class TrainerEvents:
         self.control = self.handler.on_optimizer_step(self.args, self.state, self.control)
 
     def step_end(self, global_step: int, epoch: float, log: bool, evaluate: bool, save: bool) -> TrainerControl:
-        """Record the step, set the trainer's own flags, call on_step_end; returns the control callbacks may have changed."""
+        """Record the step, set the trainer's own flags, call on_step_end; returns the control callbacks may have changed.
+        At max_steps `should_training_stop` is set first, as DefaultFlowCallback sets it (callbacks and the saved state see it)."""
         self.state.global_step, self.state.epoch = global_step, epoch
+        self.control.should_training_stop = self.control.should_training_stop or global_step >= self.state.max_steps
         return self._flags_then("on_step_end", log, evaluate, save)
 
     def epoch_end(self, epoch: float, log: bool, evaluate: bool, save: bool) -> TrainerControl:
@@ -211,11 +214,14 @@ class TrainerEvents:
 
     def save(self, checkpoint: str) -> None:
         """After a checkpoint is written: name the best step's checkpoint, when it exists, the best one
-        (Trainer._save_checkpoint's rule), write trainer_state.json into it (as Trainer does), call on_save."""
+        (Trainer._save_checkpoint's rule), write trainer_state.json into it (as Trainer does, with the states of the
+        `ExportableState` callbacks and of the control), call on_save."""
         best = os.path.join(os.path.dirname(checkpoint), f"checkpoint-{self.state.best_global_step}")
         if self.state.best_global_step and os.path.isdir(best):
             self.state.best_model_checkpoint = best
-        if self.state.is_world_process_zero:
+        if self.state.is_world_process_zero:  # with the stateful callbacks' states (TrainerControl's, …), as Trainer saves them
+            exportable = [cb for cb in [*self.handler.callbacks, self.control] if isinstance(cb, ExportableState)]
+            self.state.stateful_callbacks = TrainerState(stateful_callbacks=exportable).stateful_callbacks
             self.state.save_to_json(os.path.join(checkpoint, STATE_FILE))
         self.control = self.handler.on_save(self.args, self.state, self.control)
 
