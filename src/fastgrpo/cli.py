@@ -297,7 +297,7 @@ def train(ns: argparse.Namespace) -> None:
     trainer.train(resume_from_checkpoint=resume)
     trainer.save_model(args.output_dir)
     world = torch.distributed.group.WORLD if torch.distributed.is_initialized() else None  # held past the trainer: see below
-    trainer.accelerator.end_training()  # trackers closed, process group unregistered (multi-process runs)
+    trainer.accelerator.end_training()  # process group unregistered (multi-process runs); the trackers closed at on_train_end
     if trainer.accelerator.is_main_process:
         out = os.path.abspath(args.output_dir)
         files = {"metrics": "metrics.jsonl", "completions": "completions.jsonl", "tables": os.path.join("completions", "")}  # TRL's parquet tables
