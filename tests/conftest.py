@@ -44,6 +44,14 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.xdist_group(groups.pop()))
 
 
+def pytest_runtest_setup(item):
+    """On an xdist worker under `--dist loadgroup`, a grouped test's id must carry its group ("…@vllm"): xdist 3.8 sets it
+    through `item._nodeid`, which pytest 9.2 stopped reading, and then each worker built every shared fixture, silently."""
+    if item.config.getoption("loadgroup", default=False) and item.get_closest_marker("xdist_group") and "@" not in item.nodeid:
+        pytest.fail(f"xdist's groups did not apply ({item.nodeid} has no @group suffix) with pytest {pytest.__version__}: install "
+                    "a pytest that pyproject.toml's dev extra allows.", pytrace=False)
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     return load_tokenizer("smollm2-135m-instruct")
