@@ -90,6 +90,7 @@ def test_dict_of_eval_datasets_prefixes_metrics_and_evaluate_takes_a_dataset(tmp
         *(f"test_clip_ratio/{k}" for k in ("low_mean", "low_min", "high_mean", "high_max", "region_mean")), "epoch",
     }
     assert metrics["test_clip_ratio/region_mean"] == 0.0 and metrics["test_samples_per_second"] > 0  # ρ = 1: nothing is clipped
+    assert metrics["test_num_tokens"] == float(trainer.state.num_input_tokens_seen) and type(metrics["test_num_tokens"]) is float  # TRL's mean
     with pytest.raises(ValueError, match="eval dataset has type int"):
         trainer.evaluate(eval_dataset=3)
 

@@ -33,7 +33,7 @@ def test_logged_learning_rate_is_the_one_each_step_used_and_num_tokens_counts_as
     """Linear schedule, 1 warm-up step of 3, lr 1e-3: the steps use 0, 1e-3 and 5e-4 (transformers reads the rate
     before the schedule moves on; TRL 1.16 logged [0.0, 1e-05, 5e-06] for lr 1e-5). fastgrpo logged the next step's
     rate (1e-3, 5e-4, 0). `num_tokens` is TRL's state.num_input_tokens_seen: every completion's prompt tokens
-    (each of the G copies) plus its own tokens, cumulative."""
+    (each of the G copies) plus its own tokens, cumulative; logged as a float, as TRL logs each metric's mean."""
     args = config(tmp_path, max_steps=3, gradient_accumulation_steps=1, warmup_steps=1, lr_scheduler_type="linear", max_prompt_length=64)
     trainer = GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=single_digit_prompts(), processing_class=tokenizer)
     out = trainer.train()
@@ -45,6 +45,7 @@ def test_logged_learning_rate_is_the_one_each_step_used_and_num_tokens_counts_as
     added = [r["num_tokens"] - before for r, before in zip(steps, [0] + [r["num_tokens"] for r in steps])]
     assert added == [N * (prompt_tokens + r["completions/mean_length"]) for r in steps]
     assert trainer.state.num_input_tokens_seen == steps[-1]["num_tokens"]
+    assert all(type(r["num_tokens"]) is float for r in steps) and type(trainer.state.num_input_tokens_seen) is int  # TRL's types
 
     # transformers' helpers, as Trainer binds them: the same functions, so the same files and table
     for name in ("log_metrics", "save_metrics", "save_state", "metrics_format", "get_learning_rates", "get_num_trainable_parameters"):

@@ -280,7 +280,7 @@ class GRPOTrainer(TRLMethods):
         record = window_record(self.step, sums, extremes, self.timer.pop(), self.reward_names, overlap=self.args.max_staleness is not None)
         self.state.num_input_tokens_seen += int(sums.get("input_tokens", 0))  # all processes' (TRL's num_tokens: cumulative)
         self.state.total_flos += self.flops_per_token * sums.get("packed_tokens", 0)  # the update's passes, all processes'
-        record.update(learning_rate=self.update.learning_rate, target_kl_stops=self.target_kl_stops, num_tokens=self.state.num_input_tokens_seen)
+        record.update(learning_rate=self.update.learning_rate, target_kl_stops=self.target_kl_stops, num_tokens=float(self.state.num_input_tokens_seen))
         self.loss_sum += sums.get("loss", 0.0) / acc.num_processes  # Σ over processes of each one's share
         several = self.args.log_completions and acc.num_processes > 1
         rows = gather_object(self.fresh_completions) if several else self.fresh_completions  # every process's, in process order

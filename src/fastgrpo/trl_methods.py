@@ -227,9 +227,9 @@ class TRLMethods(TRLAttributes):
         if sets is None:
             raise ValueError("evaluate() needs an eval_dataset: pass one to evaluate() or to GRPOTrainer.")
         metrics = self._sampled_metrics(sets, metric_key_prefix)
-        for set_name in sets:  # TRL's eval_num_tokens: the training count so far (its eval mode adds none)
+        for set_name in sets:  # TRL's eval_num_tokens: the training count so far (its eval mode adds none), a float as TRL's mean
             prefix = f"{metric_key_prefix}{set_name[len('eval'):]}"
-            metrics[f"{prefix}_num_tokens"] = self.state.num_input_tokens_seen
+            metrics[f"{prefix}_num_tokens"] = float(self.state.num_input_tokens_seen)
             metrics[f"{prefix}_model_preparation_time"] = self.model_preparation_time  # the model was prepared when the trainer was built
         metrics["epoch"] = self.state.epoch  # Trainer's evaluate returns it (its log() adds it to the same dict)
         self.log(metrics)  # Trainer's evaluate logs through log() (metrics.jsonl once train() has made output_dir this run's)
