@@ -33,8 +33,6 @@ TRACKERS = ("tensorboard", "wandb", "trackio", "all")
 # apply_chat_template's own arguments that the trainer sets (chat_template_kwargs carries the template's variables only)
 TEMPLATE_ARGUMENTS = {"conversation", "tools", "documents", "chat_template", "add_generation_prompt", "continue_final_message",
                       "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask"}
-# generation_kwargs keys that are sampling settings of their own here (TRL passes them to the engine).
-SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 KL_ESTIMATORS = ("k3", "full")
 GENERATION_BACKENDS = ("fastgrpo", "transformers", "vllm")  # generation/build.py's backends
 IMPORTANCE_SAMPLING_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")  # TRL's vllm_importance_sampling_mode values

@@ -27,7 +27,8 @@ import typing
 import warnings
 from dataclasses import dataclass, field
 
-from .checks import DICT_FIELDS, SAMPLING_KEYS, check_types, validate, warn_like_trl
+from .generation_kwargs import check as check_generation_kwargs
+from .checks import DICT_FIELDS, check_types, validate, warn_like_trl
 from .unread_fields import warn_inert
 from .trl_fields import TRL_FIELDS, TrlFields, check_trl_field
 from .training_args import TrainingArgumentsMethods
@@ -120,7 +121,7 @@ class GRPOConfig(TrainingArgumentsMethods, TrlFields):
     top_k: int = 0  # 0: off
     min_p: float | None = None
     repetition_penalty: float = 1.0
-    generation_kwargs: dict | str | None = None  # sampling keys above may be given here instead (TRL); others refused
+    generation_kwargs: dict | str | None = None  # the engine's keys (TRL): sampling keys, stop strings and ids (generation_kwargs.py); others refused
     chat_template_kwargs: dict | str | None = None  # passed to apply_chat_template, e.g. {"enable_thinking": False}
     generation_backend: str = "fastgrpo"  # "fastgrpo" (own sampler), "transformers" (generate) or "vllm" (use_vllm=True sets it)
     max_tool_calling_iterations: int | None = None  # rounds of tool calls per completion (agents); None: until max_completion_length ends them
@@ -281,17 +282,7 @@ class GRPOConfig(TrainingArgumentsMethods, TrlFields):
             setattr(self, new, getattr(self, old))
         if self.use_vllm and self.generation_backend == "fastgrpo":  # TRL's switch, the default backend otherwise
             self.generation_backend = "vllm"
-        for key, value in (self.generation_kwargs or {}).items():
-            if key == "do_sample" and value is True:  # what GRPO always does: nothing to set
-                continue
-            if key == "do_sample":
-                raise ValueError("generation_kwargs['do_sample']=False: GRPO samples (greedy groups have no spread to learn from); remove it.")
-            if key not in SAMPLING_KEYS:
-                fix = "use max_completion_length" if key in ("max_new_tokens", "max_tokens") else "remove it"
-                raise ValueError(
-                    f"generation_kwargs[{key!r}] cannot be honoured: fastgrpo samples with its own settings "
-                    f"({', '.join(SAMPLING_KEYS)}); {fix}."
-                )
+        for key, value in check_generation_kwargs(self.generation_kwargs or {}, self.generation_backend == "vllm").items():
             setattr(self, key, value)  # TRL lets generation_kwargs override the sampling fields
         if self.generation_kwargs:  # the fields it set, checked as if given directly
             try:

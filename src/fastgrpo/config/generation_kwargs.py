@@ -1,0 +1,118 @@
+"""TRL's `generation_kwargs`, read for the engine the run samples with: the keys fastgrpo honours and a refusal for the rest.
+
+TRL 1.16 passes `generation_kwargs` to the engine: without vLLM into transformers' `GenerationConfig` (after its own
+sampling values, so a key overrides them), with vLLM into `SamplingParams(**generation_kwargs)` (colocate; a server
+builds the same). So a key means what that engine means by it:
+
+- both: the sampling values (`temperature`, `top_p`, `top_k`, `min_p`, `repetition_penalty`) override the fields;
+  `do_sample=True` is what GRPO does anyway.
+- transformers (use_vllm=False): `eos_token_id` (an id or a list) is the whole set of ids that end a completion (the
+  model's EOS ends it no more unless listed); `stop_strings` end it at the token that completes the text (transformers'
+  `StopStringCriteria`; TRL's generate has no tokenizer and raises at its first rollout).
+- vLLM (use_vllm=True): `stop_token_ids` end a completion besides EOS; `stop` strings end it at the token completing the
+  text (vLLM keeps that token in `token_ids`, which TRL decodes, so the text holds the stop string);
+  `include_stop_str_in_output`, `skip_special_tokens` only change vLLM's own text (TRL decodes the ids) and go to vLLM as
+  given; `presence_penalty`, `frequency_penalty`, `min_tokens` go to vLLM, and like `repetition_penalty` there they turn
+  vLLM's log-probs off as the sampler's (vllm/backend.py `is_exact`).
+
+A completion ended by a stop string or stop token counts as finished, as one ended by EOS (TRL counts a stop string's
+completion as truncated: its last id is no EOS). Every other key is refused by `check`, naming it and the fix.
+
+Not here: applying the sampling values to the fields (grpo_config.py), sampling (generation/).
+"""
+
+from __future__ import annotations
+
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")  # fields of their own (TRL passes them to the engine)
+TRANSFORMERS_KEYS = ("stop_strings", "eos_token_id")
+VLLM_STOP_KEYS = ("stop", "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens")
+VLLM_PENALTY_KEYS = ("presence_penalty", "frequency_penalty", "min_tokens")  # change vLLM's distribution: its log-probs go unused
+OTHER_ENGINES_KEY = {"stop": "stop_strings", "stop_token_ids": "eos_token_id", "stop_strings": "stop", "eos_token_id": "stop_token_ids"}
+GROUP_KEYS = ("num_beams", "num_return_sequences", "n", "best_of", "num_beam_groups")  # GRPO's group is num_generations
+LENGTH_KEYS = ("max_new_tokens", "max_tokens", "max_length")
+
+
+def check(kwargs: dict, vllm: bool) -> dict:
+    """Every key of `generation_kwargs` checked for the engine; → the sampling fields it sets ({"top_k": 20}).
+
+    Args:
+        kwargs: the user's generation_kwargs.
+        vllm: the run samples with vLLM (use_vllm=True / generation_backend="vllm").
+    Raises:
+        ValueError: a key fastgrpo does not honour for this engine, or a stop key of the wrong type; the message names
+            the key, what TRL does with it and what to use instead.
+    """
+    engine = "vLLM's SamplingParams" if vllm else "transformers' GenerationConfig"
+    fields = {}
+    for key, value in kwargs.items():
+        if key == "do_sample" and value is True:  # what GRPO always does: nothing to set
+            continue
+        if key in SAMPLING_KEYS:
+            fields[key] = value  # TRL lets generation_kwargs override the sampling fields
+        elif key in (VLLM_STOP_KEYS + VLLM_PENALTY_KEYS if vllm else TRANSFORMERS_KEYS):
+            _check_type(key, value)
+        else:
+            raise ValueError(f"generation_kwargs[{key!r}]={value!r} cannot be honoured: {_why(key, vllm, engine)}")
+    return fields
+
+
+def _why(key: str, vllm: bool, engine: str) -> str:
+    if key == "do_sample":
+        return "GRPO samples (greedy groups have no spread to learn from); remove it."
+    if key in LENGTH_KEYS:
+        return "TRL sets the completion length from max_completion_length; use max_completion_length."
+    if key in GROUP_KEYS:
+        return "GRPO samples num_generations independent completions per prompt; use num_generations and remove it."
+    if key in OTHER_ENGINES_KEY:
+        did = "which refuses it (an unexpected keyword)" if vllm else "where transformers' generate never reads it"
+        owner = "transformers'" if vllm else "vLLM's"
+        return f"it is {owner} key: TRL passes it to {engine}, {did}; use {OTHER_ENGINES_KEY[key]!r}."
+    if key in VLLM_PENALTY_KEYS:
+        return f"it is vLLM's key: TRL passes it to {engine}, where transformers' generate never reads it; set use_vllm=True, or remove it."
+    honoured = ", ".join((*SAMPLING_KEYS, *(VLLM_STOP_KEYS + VLLM_PENALTY_KEYS if vllm else TRANSFORMERS_KEYS)))
+    return (f"TRL passes it to {engine}, where it would change what is sampled in a way fastgrpo's log-probs (π_old, the "
+            f"sampler–trainer correction) do not follow, or means nothing for GRPO. fastgrpo honours {honoured}; remove it.")
+
+
+def _check_type(key: str, value) -> None:
+    ok = {
+        "stop": isinstance(value, str) or _all(value, str), "stop_strings": isinstance(value, str) or _all(value, str),
+        "stop_token_ids": _all(value, int), "eos_token_id": _is_int(value) or _all(value, int),
+        "include_stop_str_in_output": isinstance(value, bool), "skip_special_tokens": isinstance(value, bool),
+        "presence_penalty": isinstance(value, (int, float)) and not isinstance(value, bool),
+        "frequency_penalty": isinstance(value, (int, float)) and not isinstance(value, bool),
+        "min_tokens": _is_int(value) and value >= 0,
+    }[key]
+    if not ok:
+        want = {"stop": "a string or a list of strings", "stop_strings": "a string or a list of strings", "stop_token_ids": "a list of token ids",
+                "eos_token_id": "a token id or a list of them", "min_tokens": "an int ≥ 0"}.get(key, "a number" if "penalty" in key else "True or False")
+        raise ValueError(f"generation_kwargs[{key!r}]={value!r}: give {want}.")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _all(value, kind) -> bool:
+    return isinstance(value, (list, tuple)) and all(_is_int(v) if kind is int else isinstance(v, kind) for v in value)
+
+
+def stop_strings(kwargs: dict | None, vllm: bool) -> tuple[str, ...]:
+    """The strings that end a completion: vLLM's `stop` or transformers' `stop_strings`, as a tuple (() for none)."""
+    value = (kwargs or {}).get("stop" if vllm else "stop_strings") or ()
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
+def end_token_ids(kwargs: dict | None, vllm: bool, eos_token_ids) -> tuple[int, ...]:
+    """The ids that end a completion: the model's EOS ids plus vLLM's `stop_token_ids`, or transformers' `eos_token_id`
+    in their place (transformers' meaning: the whole set), sorted."""
+    kwargs = kwargs or {}
+    if not vllm and "eos_token_id" in kwargs:
+        value = kwargs["eos_token_id"]
+        return tuple(sorted({value} if isinstance(value, int) else set(value)))
+    return tuple(sorted(set(eos_token_ids) | set(kwargs.get("stop_token_ids", ()) if vllm else ())))
+
+
+def vllm_params(kwargs: dict | None) -> dict:
+    """The keys that go to vLLM as given (penalties, and the flags of vLLM's own text)."""
+    return {k: v for k, v in (kwargs or {}).items() if k in ("include_stop_str_in_output", "skip_special_tokens", *VLLM_PENALTY_KEYS)}
