@@ -126,7 +126,7 @@ class GRPOTrainer(TRLMethods):
         self.log_probs = LogProbs(a.temperature, autocast=self.autocast, entropy_grad=self.entropy_control is not None, weights=working, router_aux_loss=self.router.enabled)
         notify = lambda note: acc.is_main_process and self.console.print(f"fastgrpo: {note}", soft_wrap=True)  # noqa: E731
         producer, self.tokenizer = build_producer(
-            a, checked.agents, tokenizer=self.tokenizer, encode=self.encode, backend=self.backend, eos_token_ids=self.eos_token_ids,
+            a, checked.agents, tokenizer=self.tokenizer, encode=self.encode, backend=self.backend, eos_token_ids=sampling.eos_token_ids,
             device=acc.device, trainer=self, notify=notify,
         )  # single turn, multi-turn with tools/environments, or rollout_func
         for note in fallback_notices(policy) + self.backend.notices():

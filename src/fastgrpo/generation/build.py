@@ -20,6 +20,7 @@ from ..model.loading import builtin_names_of, decoder_of, resolve_model_path
 from ..model.working_copy import WorkingCopy
 from .contract import EngineError, GenerationBackend, SamplingSettings
 from .sampler import Sampler, unsupported_reason
+from .stops import stop_criteria
 from .transformers_generate import TransformersGenerator
 from .vllm.backend import VLLMGenerator
 from .vllm.colocate import ColocateEngine, unguarded_main_message, unguarded_main_script
@@ -77,7 +78,8 @@ def build_backend(
         gathered: under FSDP, the whole copy of the sharded policy (`GatheredCopy`) either backend runs;
             it takes the place of the bf16 copy.
         server: the connected vLLM server (`open_engine`), in server mode.
-        tokenizer, seed: the colocated vLLM engine's tokenizer and sampling seed; the seed is also each vLLM request's seed base (backend.py).
+        tokenizer, seed: the policy's tokenizer (the in-process backends read stop strings with it; the colocated vLLM engine
+            is given it) and the vLLM sampling seed, also each vLLM request's seed base (backend.py).
         working: the update's bf16 `WorkingCopy` (model/working_copy.py): fastgrpo's sampler's
             `MergedCopy` shares its tensors instead of holding its own.
     Returns:
@@ -116,10 +118,11 @@ def build_backend(
         return VLLMGenerator(start(), sampling, vocab_size=vocab, tied=tied, seed=seed, reopen=start,  # seeded per request, as the server's
                              sync_steps=args.weight_sync_steps)
     model = gathered.module if gathered is not None else policy
+    stops = stop_criteria(tokenizer, sampling.stop_strings)  # transformers' StopStringCriteria; None without stop strings
     if backend == "fastgrpo":
         reason = unsupported_reason(model)
         if reason is None:
             copy = gathered if gathered is not None else MergedCopy(policy, torch.bfloat16, working) if bf16 else None
-            return Sampler(model, sampling, weight_copy=copy)
+            return Sampler(model, sampling, weight_copy=copy, stops=stops)
         warnings.warn(f"fastgrpo's sampler cannot run {reason}; generating with transformers' generate instead.", stacklevel=2)
-    return TransformersGenerator(policy, sampling, weight_copy=gathered)
+    return TransformersGenerator(policy, sampling, weight_copy=gathered, stops=stops)

@@ -18,10 +18,12 @@ Not here: the backends (sampler.py, transformers_generate.py), choosing one (bui
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 import torch
+
+from ..config.generation_kwargs import end_token_ids, stop_strings, vllm_params
 
 
 class EngineError(RuntimeError):
@@ -51,6 +53,9 @@ class SamplingSettings:
             as transformers' `MinPLogitsWarper`.
         repetition_penalty: transformers' `RepetitionPenaltyLogitsProcessor` over the
             prompt and completion tokens so far (1.0 = off).
+        stop_strings: texts that end a completion at the token completing one (transformers'
+            `stop_strings`, vLLM's `stop`: config/generation_kwargs.py); that token is kept.
+        vllm_params: further vLLM `SamplingParams` fields, sent as given (penalties, the flags of vLLM's text).
     """
 
     max_completion_length: int
@@ -61,12 +66,18 @@ class SamplingSettings:
     top_k: int = 0
     min_p: float | None = None
     repetition_penalty: float = 1.0
+    stop_strings: tuple[str, ...] = ()
+    vllm_params: dict = field(default_factory=dict)
 
     @classmethod
     def from_config(cls, args, eos_token_ids: Sequence[int], pad_token_id: int) -> SamplingSettings:
-        """The settings from a `GRPOConfig`'s fields of the same names, with the model's EOS and pad ids."""
+        """The settings from a `GRPOConfig`'s fields of the same names, with the model's EOS and pad ids; `generation_kwargs`'
+        stop strings and ids as the run's engine means them (config/generation_kwargs.py: vLLM's `stop_token_ids` join the
+        EOS ids, transformers' `eos_token_id` replaces them)."""
+        kwargs, vllm = args.generation_kwargs, args.generation_backend == "vllm"
         return cls(
-            args.max_completion_length, eos_token_ids, pad_token_id, args.temperature, args.top_p, args.top_k, args.min_p, args.repetition_penalty
+            args.max_completion_length, end_token_ids(kwargs, vllm, eos_token_ids), pad_token_id, args.temperature, args.top_p, args.top_k,
+            args.min_p, args.repetition_penalty, stop_strings(kwargs, vllm), vllm_params(kwargs) if vllm else {},
         )
 
     def __post_init__(self):
@@ -79,6 +90,8 @@ class Samples(NamedTuple):
     completion_ids: torch.Tensor  # (B·G, T) sampled tokens, right-padded with pad_token_id after EOS
     logps: torch.Tensor | None  # (B·G, T) the sampler's log softmax(logits / temperature) of each token, 0 after EOS;
     # None where the tokens were sampled by the trained weights themselves (sampling = π_old, no correction)
+    stop_lengths: torch.Tensor | None = None  # (B·G,) long: a row a stop string ended holds this many tokens (through the
+    # token completing it; pads after), 0 for the others (they end at their first EOS, or run to T); None: no stop strings
 
 
 class Turn(NamedTuple):

@@ -29,6 +29,7 @@ Not here: the cache and the forward passes (kv_cache.py), each step's draw (draw
 from __future__ import annotations
 
 import torch
+from transformers import StopStringCriteria
 
 from ..model.loading import decoder_of
 from .cached_turns import CachedTurns
@@ -74,6 +75,8 @@ class Sampler:
         weight_copy: the weights it samples from when not `model`'s own (weight_copy.py:
             the bf16 `MergedCopy`, or FSDP's `GatheredCopy`), written by `update_weights`
             once per rollout, never cast during decoding; None: sample from `model` itself.
+        stops: transformers' `StopStringCriteria` for the stop strings (stops.stop_criteria), read on each row's completion
+            tokens after every step: a row whose text completes one ends there, as at EOS; None: no stop strings.
     Attributes:
         owns_weights: True with a `MergedCopy` (a second policy: `Samples.logps` are given and
             corrected for); False with no copy or with FSDP's gathered copy (the trained weights,
@@ -82,13 +85,14 @@ class Sampler:
         ValueError: the model is not one the sampler handles (the message says why).
     """
 
-    def __init__(self, model: torch.nn.Module, sampling: SamplingSettings, *, weight_copy: WeightCopy | None = None):
+    def __init__(self, model: torch.nn.Module, sampling: SamplingSettings, *, weight_copy: WeightCopy | None = None,
+                 stops: StopStringCriteria | None = None):
         if (reason := unsupported_reason(model)) is not None:
             raise ValueError(f"the fastgrpo sampler cannot run {reason}; use generation_backend='transformers'.")
         self.model = model
         self.sampling = sampling
         self.processors = logits_processors(sampling)
-        self.weight_copy = weight_copy
+        self.weight_copy, self.stops = weight_copy, stops
         self.owns_weights = weight_copy is not None and weight_copy.second_policy
 
     def decoder(self) -> torch.nn.Module:
@@ -122,16 +126,18 @@ class Sampler:
             max_new_tokens: T for this call (a later turn's remaining budget); None: max_completion_length.
         Returns:
             `Samples` of B·G rows, T' ≤ max_new_tokens columns (T' = the longest completion; generation
-            stops once every row has ended); logps (B·G, T') float32 when `owns_weights`, else None.
+            stops once every row has ended); logps (B·G, T') float32 when `owns_weights`, else None; stop_lengths
+            (B·G,) with stop strings (`Samples`), else None.
         Raises:
             ValueError: the model's logits hold inf or NaN.
         """
-        completion_ids, logps = self.decode(prompt_ids, prompt_mask, num_generations, max_new_tokens)
-        return Samples(completion_ids, logps if self.owns_weights else None)
+        completion_ids, logps, stop_lengths = self.decode(prompt_ids, prompt_mask, num_generations, max_new_tokens)
+        return Samples(completion_ids, logps if self.owns_weights else None, stop_lengths)
 
     @torch.no_grad()
     def decode(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, num_generations: int, max_new_tokens: int | None = None):
-        """`sample`'s decode loop: (B·G, T') completion ids and (B·G, T') log-probs under the sampling weights, always."""
+        """`sample`'s decode loop: (B·G, T') completion ids, (B·G, T') log-probs under the sampling weights, always, and
+        (B·G,) stop lengths (`Samples.stop_lengths`; None without stop strings)."""
         lm = self.decoder()
         device = prompt_ids.device
         B, P = prompt_ids.shape
@@ -145,12 +151,16 @@ class Sampler:
         eos = torch.tensor(self.sampling.eos_token_ids, device=device)
         out = torch.full((N, T), self.sampling.pad_token_id, dtype=prompt_ids.dtype, device=device)
         logps = torch.zeros(N, T, device=device)
+        stop_lengths = None if self.stops is None else torch.zeros(N, dtype=torch.long, device=device)
         rows = torch.arange(N, device=device)  # original index of each live row, live rows first in the cache
         for t in range(T):
             uniform = torch.rand(N, 1, device=device, dtype=torch.float64)[rows]
             token, logps[rows, t] = draw(logits, tokens[rows, : P + t], uniform, self.processors, self.sampling.temperature, f"completion token {t}")
             out[rows, t], tokens[rows, P + t] = token, token
             live = ~torch.isin(token, eos)
+            if self.stops is not None:  # the row's text so far completes a stop string: it ends at this token
+                stopped = live & self.stops(tokens[rows, P : P + t + 1], None).to(device)
+                stop_lengths[rows[stopped]], live = t + 1, live & ~stopped
             if t + 1 == T or not live.any():
                 break
             if not live.all():  # finished rows leave the batch
@@ -158,4 +168,4 @@ class Sampler:
                 cache.compact(keep, P + t)
                 rows, token = rows[keep], token[keep]
             logits = cache.decode(token, next_position[rows] + t, P + t)
-        return out[:, : t + 1], logps[:, : t + 1]
+        return out[:, : t + 1], logps[:, : t + 1], stop_lengths

@@ -11,13 +11,14 @@ from __future__ import annotations
 import copy
 
 import torch
-from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel
+from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList, StopStringCriteria
 
 from ..model.experts import router_kwargs
 from ..model.loading import decoder_of
 from .contract import Samples, SamplingSettings
 from .processors import OnRealTokens, fill_pads, logits_processors
 from .reprefill import Reprefill
+from .stops import OnCompletion, stop_lengths
 from .weight_copy import WeightCopy
 
 
@@ -28,6 +29,9 @@ class TransformersGenerator:
         model: the policy (the unwrapped module; DDP wrappers do not generate).
         sampling: the `SamplingSettings`, passed to `transformers.GenerationConfig`.
         weight_copy: FSDP's gathered copy (weight_copy.GatheredCopy) it runs instead of `model`; None: `model` itself.
+        stops: transformers' `StopStringCriteria` for the stop strings (stops.stop_criteria), given to `generate` on the
+            completion's tokens (`stops.OnCompletion`): a row ends at the token completing one, pads after, as transformers'
+            `stop_strings` end it; None: no stop strings.
     The model's own `generation_config` is swapped for transformers' defaults
     during the call: `generate` would otherwise fill every value left unset
     here (min_new_tokens, no_repeat_ngram_size, …) from it. The sampling
@@ -40,9 +44,10 @@ class TransformersGenerator:
 
     owns_weights = False
 
-    def __init__(self, model: PreTrainedModel, sampling: SamplingSettings, *, weight_copy: WeightCopy | None = None):
+    def __init__(self, model: PreTrainedModel, sampling: SamplingSettings, *, weight_copy: WeightCopy | None = None,
+                 stops: StopStringCriteria | None = None):
         self.model = model if weight_copy is None else weight_copy.module
-        self.weight_copy, self.sampling = weight_copy, sampling
+        self.weight_copy, self.sampling, self.stops = weight_copy, sampling, stops
         self.processors = logits_processors(sampling)
         self.config = GenerationConfig(
             do_sample=True,
@@ -71,7 +76,8 @@ class TransformersGenerator:
 
     @torch.no_grad()
     def sample(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, num_generations: int, max_new_tokens: int | None = None) -> Samples:
-        """(B, P) left-padded prompts → `Samples` of B·G rows, at most `max_new_tokens` (None: max_completion_length) columns."""
+        """(B, P) left-padded prompts → `Samples` of B·G rows, at most `max_new_tokens` (None: max_completion_length) columns,
+        with each row's stop length (`stops.stop_lengths`) when there are stop strings."""
         config = self.config
         if max_new_tokens is not None:  # a later turn's remaining budget
             config = copy.deepcopy(self.config)
@@ -86,9 +92,12 @@ class TransformersGenerator:
                 attention_mask=prompt_mask.repeat_interleave(num_generations, dim=0),
                 generation_config=config,
                 logits_processor=LogitsProcessorList([OnRealTokens(self.processors, fill_pads(prompt_ids, prompt_mask).repeat_interleave(num_generations, dim=0))]),
+                stopping_criteria=StoppingCriteriaList([] if self.stops is None else [OnCompletion(self.stops, prompt_ids.shape[1])]),
                 **router_kwargs(lm.config, False),  # a config's output_router_logits=True fails in the cached steps (model/experts.py)
             )
         finally:
             self.model.train(was_training)
             lm.generation_config = own_config
-        return Samples(out[:, prompt_ids.shape[1] :], None)  # the trained weights sampled: no log-probs of its own
+        completion_ids = out[:, prompt_ids.shape[1] :]
+        lengths = None if self.stops is None else stop_lengths(completion_ids, self.sampling.eos_token_ids, self.stops)
+        return Samples(completion_ids, None, lengths)  # the trained weights sampled: no log-probs of its own

@@ -15,12 +15,12 @@ from contextlib import AbstractContextManager
 import torch
 
 from ..generation.contract import GenerationBackend
-from .record import Generated, Rollout, completion_mask
+from .record import Generated, Rollout, completion_mask, stopped_mask
 from .rewards import reward_columns
 
 
 class SingleTurn:
-    """The single-turn producer: G sampled replies per prompt, each ending at its first EOS.
+    """The single-turn producer: G sampled replies per prompt, each ending at its first EOS or stop string.
 
     Args:
         encode: prompts → (prompt_ids (B, P), prompt_mask (B, P), number truncated).
@@ -38,14 +38,14 @@ class SingleTurn:
     def __call__(self, rows: list[dict], num_generations: int) -> Generated:
         prompts = [row["prompt"] for row in rows]
         prompt_ids, prompt_mask, num_truncated = self.encode(prompts)
-        completion_ids, sampling_logps = self.backend.sample(prompt_ids, prompt_mask, num_generations)  # (B·G, T) each
-        mask = completion_mask(completion_ids, self.eos_token_ids)
+        completion_ids, sampling_logps, stop_lengths = self.backend.sample(prompt_ids, prompt_mask, num_generations)  # (B·G, T) each
+        mask, stopped = stopped_mask(completion_mask(completion_ids, self.eos_token_ids), stop_lengths)  # a stop string's row ends there
         is_eos = torch.isin(completion_ids, torch.tensor(list(self.eos_token_ids), device=completion_ids.device))
         repeated = [p for p in prompts for _ in range(num_generations)]
         return Generated(
             prompt_ids=prompt_ids.repeat_interleave(num_generations, dim=0),  # (B·G, P), groups contiguous
             prompt_mask=prompt_mask.repeat_interleave(num_generations, dim=0),
-            completion_ids=completion_ids, completion_mask=mask, is_truncated=~is_eos.any(-1), prompts=repeated,
+            completion_ids=completion_ids, completion_mask=mask, is_truncated=~(is_eos.any(-1) | stopped), prompts=repeated,
             completions=self.decode(completion_ids, mask, repeated), num_truncated_prompts=num_truncated,
             sampling_logps=sampling_logps,
         )

@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 from datasets import IterableDataset, Value
 
+from ..config.generation_kwargs import stop_strings
 from ..generation.contract import GenerationBackend
 from .agents.chat_format import check_tool_replies, prepare_tool_tokenizer
 from .agents.environments import Environments, placeholder_dataset
@@ -156,6 +157,10 @@ def build_producer(
     """
     if agents is None or not (agents.tools or agents.environments or agents.rollout_func):
         return SingleTurn(partial(_encode, encode, device), backend, partial(_decode, tokenizer), eos_token_ids), tokenizer
+    if args.generation_kwargs and stop_strings(args.generation_kwargs, args.generation_backend == "vllm"):
+        raise ValueError("generation_kwargs' stop strings end single-turn completions only: a multi-turn rollout (tools, "
+                         "environment_factories, rollout_func) ends each turn at EOS; remove them, or end turns with a stop "
+                         "token id instead (stop_token_ids with vLLM, eos_token_id otherwise).")
     if agents.rollout_func is not None:
         context = None if encode.room is None else encode.room + args.max_completion_length  # room: the context less a completion
         return RolloutFunc(agents.rollout_func, trainer, tokenizer, eos_token_ids, tokenizer.pad_token_id, device, encode.vocab_size,

@@ -38,6 +38,24 @@ def completion_mask(completion_ids: torch.Tensor, eos_token_ids: Sequence[int]) 
     return (eos_before == 0).long()
 
 
+def stopped_mask(mask: torch.Tensor, stop_lengths: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The completion mask with each stop-string row's end put where the backend says it ended, and which rows ended there.
+
+    Args:
+        mask: (N, T) `completion_mask` (up to the first EOS; all ones without one).
+        stop_lengths: (N,) long `Samples.stop_lengths` (a row a stop string ended holds that many tokens; 0: read from
+            EOS), or None (no stop strings).
+    Returns:
+        (N, T) long mask (1 on a stopped row's tokens through the one completing the stop string, 0 on the pads after it),
+        (N,) bool stopped rows (finished, as at EOS; TRL's rule, "last id is EOS or pad", counts them truncated).
+    """
+    if stop_lengths is None:
+        return mask, torch.zeros(mask.shape[0], dtype=torch.bool, device=mask.device)
+    stopped = stop_lengths > 0
+    within = torch.arange(mask.shape[1], device=mask.device) < stop_lengths[:, None]  # (N, T)
+    return torch.where(stopped[:, None], within.long(), mask), stopped
+
+
 # How a field is laid out, read by select/take/concat: (N, P) left-padded prompt columns, (N, T) right-padded
 # completion columns, one tensor row per completion, one list entry per completion, or one count per rollout.
 PROMPT, COMPLETION, ROW, LIST, COUNT = "prompt", "completion", "row", "list", "count"
@@ -63,7 +81,7 @@ class Completions:
     prompt_mask: torch.Tensor = _layout(PROMPT, _REQUIRED)  # (N, P) 1 on real prompt tokens
     completion_ids: torch.Tensor = _layout(COMPLETION, _REQUIRED)  # (N, T) sampled tokens, right-padded
     completion_mask: torch.Tensor = _layout(COMPLETION, _REQUIRED)  # (N, T) 1 on the completion's tokens: up to and including the first EOS (single turn), every turn (multi-turn)
-    is_truncated: torch.Tensor = _layout(ROW, _REQUIRED)  # (N,) bool: the completion does not end with EOS (cut by max_completion_length)
+    is_truncated: torch.Tensor = _layout(ROW, _REQUIRED)  # (N,) bool: the completion ends at neither EOS nor a stop string (cut by max_completion_length)
     prompts: list = _layout(LIST, _REQUIRED)  # N prompts as the model saw them (text or messages; an environment's reset() may add to them)
     completions: list = _layout(LIST, _REQUIRED)  # N completions as reward functions take them (text, or a list of messages)
     sampling_logps: torch.Tensor | None = _layout(COMPLETION)  # (N, T) log-prob under the sampler's own weights (0 on tool tokens); None: π_old sampled

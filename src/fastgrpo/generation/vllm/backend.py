@@ -1,8 +1,9 @@
 """vLLM behind the generation contract: token-id prompts in, G completions each, the sampled tokens' log-probs kept.
 
 The same `SamplingSettings` as the own sampler become vLLM's `SamplingParams` (temperature, top_p, top_k,
-min_p, repetition_penalty; EOS as `stop_token_ids` with vLLM's own EOS rule off, so exactly the configured
-ids end a completion). The engine starts with `generation_config="vllm"`: a model's
+min_p, repetition_penalty; EOS, with `generation_kwargs`' stop_token_ids, as `stop_token_ids` with vLLM's own EOS rule
+off, so exactly the configured ids end a completion; `generation_kwargs`' stop strings as `stop` and its other vLLM keys
+as given). A row a stop string ended keeps the token completing it (vLLM's `token_ids`) and is finished (`stop_lengths`). The engine starts with `generation_config="vllm"`: a model's
 `generation_config.json` never changes what is sampled.
 
 Log-probs: vLLM returns the sampled token's log-prob after its logits processing (`processed_logprobs`,
@@ -48,13 +49,15 @@ SEED_STRIDE = 1 << 16  # seeds between two requests: room for their n completion
 
 
 def is_exact(sampling: SamplingSettings) -> bool:
-    """vLLM's processed log-probs are log softmax(logits / T) (no truncation, no penalty): usable as the sampler's."""
-    return sampling.top_p >= 1.0 and sampling.top_k == 0 and not sampling.min_p and sampling.repetition_penalty == 1.0
+    """vLLM's processed log-probs are log softmax(logits / T) (no truncation, no penalty, no min_tokens): usable as the sampler's."""
+    penalised = any(sampling.vllm_params.get(key) for key in ("presence_penalty", "frequency_penalty", "min_tokens"))
+    return sampling.top_p >= 1.0 and sampling.top_k == 0 and not sampling.min_p and sampling.repetition_penalty == 1.0 and not penalised
 
 
 def sampling_params(sampling: SamplingSettings, n: int, max_tokens: int) -> dict:
-    """vLLM `SamplingParams` fields for `sampling`: n completions of at most `max_tokens`, the sampled token's log-prob."""
-    return {
+    """vLLM `SamplingParams` fields for `sampling`: n completions of at most `max_tokens`, the sampled token's log-prob;
+    the stop strings as `stop` and `generation_kwargs`' other vLLM keys as given (config/generation_kwargs.py)."""
+    return {**sampling.vllm_params, **({"stop": list(sampling.stop_strings)} if sampling.stop_strings else {}),
         "n": n, "max_tokens": max_tokens, "temperature": sampling.temperature, "top_p": sampling.top_p,
         "top_k": sampling.top_k, "min_p": sampling.min_p or 0.0, "repetition_penalty": sampling.repetition_penalty,
         "logprobs": 0,  # the sampled token's own
@@ -119,7 +122,8 @@ class VLLMGenerator:
 
         Returns:
             completion ids (B·G, T') right-padded with pad_token_id after the stop token, T' the longest
-            completion; logps (B·G, T') float32 (0 after the stop token) when `owns_weights`, else None.
+            completion; logps (B·G, T') float32 (0 after the stop token) when `owns_weights`, else None; with stop
+            strings, stop_lengths (B·G,): vLLM keeps the token completing one in `token_ids` (its text is cut there).
         Raises:
             EngineError: a prompt whose length + T exceeds the engine's max_model_len (vLLM would cut its completions
                 short to fit, silently, or refuse it), before anything is sent; the engine returned another number of
@@ -135,7 +139,7 @@ class VLLMGenerator:
                 self.engine.push(weights)
                 self.sync_bytes = sum(t.numel() * t.element_size() for t in weights.values())
         if num_generations > 1:  # each prompt into the prefix cache once, so its G completions share it (below)
-            self.engine.generate(prompts, {**sampling_params(self.sampling, 1, 1), "logprobs": None})
+            self.engine.generate(prompts, {**sampling_params(self.sampling, 1, 1), "logprobs": None, "min_tokens": 0})
         params = sampling_params(self.sampling, num_generations, T)
         if self.seed is not None:
             params["seed"] = self.seed + SEED_STRIDE * int(torch.randint(1 << 30, ()))  # the trainer's generator (checkpointed)
@@ -149,7 +153,9 @@ class VLLMGenerator:
         for i, row in enumerate(rows):
             ids[i, : len(row.tokens)] = torch.tensor(row.tokens[:T], dtype=prompt_ids.dtype)
             logps[i, : len(row.logps)] = torch.tensor(row.logps[:T])
-        return Samples(ids.to(prompt_ids.device), logps.to(prompt_ids.device) if self.owns_weights else None)
+        stops = torch.tensor([min(len(r.tokens), T) if r.stop_string else 0 for r in rows]) if self.sampling.stop_strings else None
+        device = prompt_ids.device
+        return Samples(ids.to(device), logps.to(device) if self.owns_weights else None, None if stops is None else stops.to(device))
 
     def check_rows(self, rows: list[Completion], max_tokens: int) -> None:
         """Refuse completions a wrong server returns before they reach the trainer: an empty one, a token id outside the
@@ -213,7 +219,7 @@ class VLLMGenerator:
         notes = [f"sampling with {self.engine.description}; its weights are synced {when}."]
         if not self.owns_weights:
             notes.append(
-                "top_p/top_k/min_p/repetition_penalty: vLLM's log-probs are of the truncated, renormalised distribution "
+                "top_p/top_k/min_p/repetition_penalty/presence_penalty/frequency_penalty/min_tokens: vLLM's log-probs are of the truncated, renormalised distribution "
                 "(trl#6789), not the one π_old is taken over; they are not used, so the sampler–trainer correction "
                 "(vllm_importance_sampling_correction) is off and π_old comes from the trainer."
             )

@@ -287,17 +287,19 @@ class ColocateEngine:
                 "(on CPU: VLLM_CPU_KVCACHE_SPACE=<GiB>).")
 
     def generate(self, prompts: list[list[int]], params: dict) -> list[list[Completion]]:
-        """`LLM.generate` on token-id prompts (no tokenising); → per prompt, its n completions with their log-probs.
+        """`LLM.generate` on token-id prompts (no tokenising; detokenised only for stop strings, which vLLM reads in the text);
+        → per prompt, its n completions with their log-probs and whether a stop string ended each.
 
         Raises:
             EngineError: the engine died meanwhile (`watched`).
         """
         outputs = self.watched(
-            lambda: self.llm.generate([{"prompt_token_ids": p} for p in prompts], self.sampling_params(**params, detokenize=False), use_tqdm=False),
+            lambda: self.llm.generate([{"prompt_token_ids": p} for p in prompts], self.sampling_params(**params, detokenize=bool(params.get("stop"))), use_tqdm=False),
             "sampling",
         )
         return [
-            [Completion(list(c.token_ids), [step[token].logprob for step, token in zip(c.logprobs or [], c.token_ids)]) for c in out.outputs]
+            [Completion(list(c.token_ids), [step[token].logprob for step, token in zip(c.logprobs or [], c.token_ids)], isinstance(c.stop_reason, str))
+             for c in out.outputs]
             for out in outputs
         ]
 

@@ -15,6 +15,7 @@ class Completion(NamedTuple):
 
     tokens: list[int]
     logps: list[float]  # vLLM's processed log-prob of each sampled token (`LOGPROBS_MODE` below); [] when none were asked for
+    stop_string: bool = False  # a stop string ended it (vLLM's stop_reason is the string): its last token completes it
 
 
 # vLLM's log-probs after its logits processing (temperature, penalties, truncation), as TRL's server runs it:

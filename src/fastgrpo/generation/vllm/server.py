@@ -183,7 +183,8 @@ class ServerEngine:
         answer = self.request("POST", "/v1/completions", {"model": self.model, "prompt": prompts, "return_token_ids": True, **params})
         try:
             choices = sorted(answer["choices"], key=lambda c: c["index"])
-            rows = [Completion(c["token_ids"], (c.get("logprobs") or {}).get("token_logprobs", [])) for c in choices]
+            rows = [Completion(c["token_ids"], (c.get("logprobs") or {}).get("token_logprobs", []), isinstance(c.get("stop_reason"), str))
+                    for c in choices]
         except (KeyError, TypeError, AttributeError) as err:
             raise EngineError(f"{self.description} answered /v1/completions without choices holding index and token_ids "
                               f"({type(err).__name__}: {err}); it must be a vLLM server that returns token ids (`fastgrpo vllm-serve`).") from None

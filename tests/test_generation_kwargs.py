@@ -1,0 +1,162 @@
+"""TRL's generation_kwargs on every backend: stop strings and stop token ids with the engine's meaning, refusals named.
+
+A tiny Llama whose head only ever samples two tokens (" hello", " world": every other logit is −100) makes the stops
+certain to appear: " hello world" holds the stop string "o w" across two tokens, and " world" ends a row as a stop token.
+vLLM: the request fields and the rows built from an engine's answer, without starting an engine.
+"""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from fastgrpo import GRPOConfig
+from fastgrpo.generation.build import build_backend
+from fastgrpo.generation.contract import SamplingSettings
+from fastgrpo.generation.stops import stop_criteria
+from fastgrpo.generation.vllm.backend import VLLMGenerator, is_exact, sampling_params
+from fastgrpo.generation.vllm.engines import Completion
+from fastgrpo.rollout.collect import SingleTurn
+
+from conftest import tiny_model
+
+T = 6
+
+
+def two_token_model(tokenizer):
+    """`tiny_model` whose head samples " hello" or " world" only (both logits 0 plus the hidden state's ≈ 0 share, the rest −100)."""
+    model = tiny_model(tokenizer, tied=False).eval()
+    hello, world = tokenizer.encode(" hello"), tokenizer.encode(" world")
+    assert len(hello) == len(world) == 1
+    head = torch.nn.Linear(64, len(tokenizer), bias=True)
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.fill_(-100.0)
+        head.bias[[hello[0], world[0]]] = 0.0
+    model.lm_head = head
+    return model, hello[0], world[0]
+
+
+def settings(tokenizer, **kwargs):
+    """SamplingSettings as the trainer builds them from a GRPOConfig's generation_kwargs (use_vllm=False)."""
+    args = GRPOConfig(max_completion_length=T, generation_kwargs=kwargs)
+    return SamplingSettings.from_config(args, [tokenizer.eos_token_id], tokenizer.pad_token_id)
+
+
+def rollout(backend_name, model, sampling, tokenizer, G=16):
+    torch.manual_seed(0)
+    backend = build_backend(SimpleNamespace(generation_backend=backend_name), model, sampling, bf16=False, tokenizer=tokenizer)
+    ids = torch.tensor([tokenizer.encode("Say it")])
+
+    def decode(completion_ids, mask, prompts):
+        return [tokenizer.decode(row[m.bool()], skip_special_tokens=True) for row, m in zip(completion_ids, mask)]
+
+    produce = SingleTurn(lambda prompts: (ids, torch.ones_like(ids), 0), backend, decode, sampling.eos_token_ids)
+    return produce([{"prompt": "Say it"}], G)
+
+
+@pytest.mark.parametrize("backend", ["fastgrpo", "transformers"])
+def test_stop_string_ends_a_completion_at_the_token_completing_it(tokenizer, backend):
+    """transformers' stop_strings (StopStringCriteria): the row ends at the token whose text completes "o w" (" world" after
+    " hello"), that token kept; the pads after it are masked; the row is finished (not truncated), and its text holds the
+    stop string. A row never holding " hello world" runs to T and is truncated."""
+    model, hello, world = two_token_model(tokenizer)
+    out = rollout(backend, model, settings(tokenizer, stop_strings="o w"), tokenizer)
+    pad = tokenizer.pad_token_id
+    seen_stop = seen_run = False
+    for row, mask, text, truncated in zip(out.completion_ids.tolist(), out.completion_mask.tolist(), out.completions, out.is_truncated.tolist()):
+        pairs = [i for i in range(1, len(row)) if row[i - 1] == hello and row[i] == world]
+        if pairs:  # ends at the first " hello world"
+            end = pairs[0] + 1
+            assert mask == [1] * end + [0] * (len(row) - end) and row[end:] == [pad] * (len(row) - end)
+            assert not truncated and text.endswith("hello world")
+            seen_stop = True
+        else:
+            assert len(row) == T and mask == [1] * T and truncated and set(row) <= {hello, world}
+            seen_run = True
+    assert seen_stop and seen_run  # 16 rows of 6 fair coin flips: both kinds occur
+
+
+@pytest.mark.parametrize("backend", ["fastgrpo", "transformers"])
+def test_eos_token_id_replaces_the_ids_that_end_a_completion(tokenizer, backend):
+    """transformers' eos_token_id: " world" ends a row (kept, finished) and the model's own EOS is no longer among the ends."""
+    model, hello, world = two_token_model(tokenizer)
+    sampling = settings(tokenizer, eos_token_id=world)
+    assert sampling.eos_token_ids == (world,)
+    out = rollout(backend, model, sampling, tokenizer)
+    for row, mask, truncated in zip(out.completion_ids.tolist(), out.completion_mask.tolist(), out.is_truncated.tolist()):
+        end = row.index(world) + 1 if world in row else len(row)
+        assert mask[:end] == [1] * end and sum(mask) == end and row[: end - 1] == [hello] * (end - 1)
+        assert truncated == (world not in row)
+    assert not out.is_truncated.all()
+
+
+def test_vllm_keys_join_the_stop_token_ids_and_go_to_sampling_params(tokenizer):
+    """vLLM's stop_token_ids join EOS; stop, include_stop_str_in_output, skip_special_tokens and the penalties go to
+    SamplingParams as given; vLLM's own SamplingParams accepts the fields (detokenize=True, which stop strings need)."""
+    args = GRPOConfig(use_vllm=True, max_completion_length=T, generation_kwargs={
+        "stop": "o w", "stop_token_ids": [7], "include_stop_str_in_output": True, "skip_special_tokens": False, "presence_penalty": 0.5})
+    sampling = SamplingSettings.from_config(args, [2], 0)
+    params = sampling_params(sampling, 4, T)
+    assert params["stop"] == ["o w"] and params["stop_token_ids"] == [2, 7] and params["presence_penalty"] == 0.5
+    assert params["include_stop_str_in_output"] is True and params["skip_special_tokens"] is False and params["ignore_eos"] is True
+    assert not is_exact(sampling)  # a penalty: vLLM's log-probs are not those π_old is taken over
+    assert is_exact(SamplingSettings.from_config(GRPOConfig(use_vllm=True, generation_kwargs={"stop": "x"}), [2], 0))
+    vllm = pytest.importorskip("vllm")
+    assert vllm.SamplingParams(**params, detokenize=True).stop == ["o w"]
+
+
+def test_vllm_rows_ended_by_a_stop_string_are_finished(tokenizer):
+    """vLLM keeps the token completing a stop string in token_ids (stop_reason is the string): that row's length is its
+    token count; a row ended by EOS or cut at T reads from EOS as before (stop length 0)."""
+    EOS = tokenizer.eos_token_id
+
+    class Engine:
+        description, pushes_weights, max_model_len = "a fake engine", True, None
+
+        def generate(self, prompts, params):
+            return [[Completion([5, 6], [-1.0, -1.0], True), Completion([5, EOS], [-1.0, -1.0]), Completion([5] * T, [-1.0] * T)]]
+
+    sampling = SamplingSettings.from_config(GRPOConfig(use_vllm=True, max_completion_length=T, generation_kwargs={"stop": "x"}), [EOS], 0)
+    backend = VLLMGenerator(Engine(), sampling, vocab_size=len(tokenizer))
+    ids = torch.tensor([[1, 2]])
+    out = SingleTurn(lambda p: (ids, torch.ones_like(ids), 0), backend, lambda c, m, p: [""] * 3, sampling.eos_token_ids)([{"prompt": "p"}], 3)
+    assert out.completion_mask.tolist() == [[1, 1, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [1] * T]
+    assert out.is_truncated.tolist() == [False, False, True]
+
+
+@pytest.mark.parametrize(
+    "use_vllm, kwargs, message",
+    [
+        (False, {"stop": "x"}, r"generation_kwargs\['stop'\]='x' cannot be honoured: it is vLLM's key: TRL passes it to transformers' GenerationConfig, where transformers' generate never reads it; use 'stop_strings'"),
+        (True, {"stop_strings": ["x"]}, r"it is transformers' key: TRL passes it to vLLM's SamplingParams, which refuses it .*; use 'stop'"),
+        (True, {"eos_token_id": 3}, r"use 'stop_token_ids'"),
+        (False, {"presence_penalty": 0.5}, r"it is vLLM's key: .* set use_vllm=True, or remove it"),
+        (False, {"num_beams": 4}, r"\['num_beams'\]=4 cannot be honoured: GRPO samples num_generations independent completions"),
+        (False, {"max_new_tokens": 10}, r"use max_completion_length"),
+        (False, {"no_repeat_ngram_size": 2}, r"\['no_repeat_ngram_size'\]=2 cannot be honoured: TRL passes it to transformers' GenerationConfig, where it would change what is sampled"),
+        (True, {"ignore_eos": True}, r"\['ignore_eos'\]=True cannot be honoured: TRL passes it to vLLM's SamplingParams"),
+        (True, {"stop_token_ids": 5}, r"generation_kwargs\['stop_token_ids'\]=5: give a list of token ids"),
+        (False, {"do_sample": False}, r"GRPO samples"),
+    ],
+)
+def test_keys_not_honoured_are_refused_naming_the_fix(use_vllm, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        GRPOConfig(use_vllm=use_vllm, generation_kwargs=kwargs)
+
+
+def test_stop_criteria_are_transformers_own(tokenizer):
+    """The criteria are transformers' StopStringCriteria; no strings, none."""
+    assert stop_criteria(tokenizer, ()) is None
+    assert type(stop_criteria(tokenizer, ("o w",))).__name__ == "StopStringCriteria"
+
+
+def test_stop_strings_are_refused_for_a_multi_turn_rollout(tokenizer):
+    """A multi-turn rollout ends each turn at EOS (its turns never read stop lengths): stop strings are refused, naming the
+    stop token ids that do end turns."""
+    from fastgrpo.rollout.producers import build_producer
+
+    agents = SimpleNamespace(tools=[lambda x: x], environments=None, rollout_func=None)
+    with pytest.raises(ValueError, match=r"stop strings end single-turn completions only.*stop_token_ids with vLLM, eos_token_id otherwise"):
+        build_producer(GRPOConfig(generation_kwargs={"stop_strings": ["</tool_call>"]}), agents, tokenizer=tokenizer, encode=None,
+                       backend=None, eos_token_ids=[0], device="cpu", trainer=None, notify=print)
