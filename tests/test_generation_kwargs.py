@@ -137,6 +137,7 @@ def test_vllm_rows_ended_by_a_stop_string_are_finished(tokenizer):
         (False, {"no_repeat_ngram_size": 2}, r"\['no_repeat_ngram_size'\]=2 cannot be honoured: TRL passes it to transformers' GenerationConfig, where it would change what is sampled"),
         (True, {"ignore_eos": True}, r"\['ignore_eos'\]=True cannot be honoured: TRL passes it to vLLM's SamplingParams"),
         (True, {"stop_token_ids": 5}, r"generation_kwargs\['stop_token_ids'\]=5: give a list of token ids"),
+        (True, {"min_tokens": 600}, r"generation_kwargs\['min_tokens'\]=600 is more than max_completion_length=512, which vLLM refuses"),
         (False, {"do_sample": False}, r"GRPO samples"),
     ],
 )

@@ -32,12 +32,13 @@ GROUP_KEYS = ("num_beams", "num_return_sequences", "n", "best_of", "num_beam_gro
 LENGTH_KEYS = ("max_new_tokens", "max_tokens", "max_length")
 
 
-def check(kwargs: dict, vllm: bool) -> dict:
+def check(kwargs: dict, vllm: bool, max_completion_length: int) -> dict:
     """Every key of `generation_kwargs` checked for the engine; → the sampling fields it sets ({"top_k": 20}).
 
     Args:
         kwargs: the user's generation_kwargs.
         vllm: the run samples with vLLM (use_vllm=True / generation_backend="vllm").
+        max_completion_length: T, which vLLM's `min_tokens` may not pass (vLLM refuses the request).
     Raises:
         ValueError: a key fastgrpo does not honour for this engine, or a stop key of the wrong type; the message names
             the key, what TRL does with it and what to use instead.
@@ -51,6 +52,9 @@ def check(kwargs: dict, vllm: bool) -> dict:
             fields[key] = value  # TRL lets generation_kwargs override the sampling fields
         elif key in (VLLM_STOP_KEYS + VLLM_PENALTY_KEYS if vllm else TRANSFORMERS_KEYS):
             _check_type(key, value)
+            if key == "min_tokens" and value > max_completion_length:
+                raise ValueError(f"generation_kwargs['min_tokens']={value} is more than max_completion_length={max_completion_length}, "
+                                 "which vLLM refuses; lower it or raise max_completion_length.")
         else:
             raise ValueError(f"generation_kwargs[{key!r}]={value!r} cannot be honoured: {_why(key, vllm, engine)}")
     return fields

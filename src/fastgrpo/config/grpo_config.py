@@ -282,7 +282,8 @@ class GRPOConfig(TrainingArgumentsMethods, TrlFields):
             setattr(self, new, getattr(self, old))
         if self.use_vllm and self.generation_backend == "fastgrpo":  # TRL's switch, the default backend otherwise
             self.generation_backend = "vllm"
-        for key, value in check_generation_kwargs(self.generation_kwargs or {}, self.generation_backend == "vllm").items():
+        for key, value in check_generation_kwargs(self.generation_kwargs or {}, self.generation_backend == "vllm",
+                                             self.max_completion_length).items():
             setattr(self, key, value)  # TRL lets generation_kwargs override the sampling fields
         if self.generation_kwargs:  # the fields it set, checked as if given directly
             try:
