@@ -235,6 +235,25 @@ def test_sampling_settings_are_honoured(engine, tokenizer):
     assert len({tuple(r) for r in out.completion_ids.tolist()}) == 8
 
 
+def test_a_stop_string_ends_each_row_at_the_token_completing_it_on_both_engines(engine, tokenizer, server, model_dir):
+    # generation_kwargs={"stop": [...]} with use_vllm (TRL's SamplingParams key): vLLM cuts its text at the stop string and
+    # keeps the token completing it in token_ids, which the trainer reads; the row is finished there (Samples.stop_lengths).
+    from fastgrpo.generation.vllm.server import ServerEngine
+
+    served = ServerEngine(server, model_dir, timeout=180, pushes_weights=False, dtype=torch.float32)
+    VLLMGenerator(engine, settings(tokenizer), vocab_size=len(tokenizer), tied=TIED).update_weights(vllm_tiny_model(tokenizer, seed=0))
+    for eng in (engine, served):
+        greedy = VLLMGenerator(eng, settings(tokenizer, top_k=1), vocab_size=len(tokenizer), tied=TIED).sample(*prompt_tensors(), 1, max_new_tokens=8)
+        ids = greedy.completion_ids[0].tolist()
+        first, both = tokenizer.decode(ids[:1]), tokenizer.decode(ids[:2])
+        stop = both[len(first) - 2 : len(first) + 2]  # two characters of each of the first two tokens: completed by the second
+        assert len(first) >= 2 and len(both) >= len(first) + 2 and tokenizer.eos_token_id not in ids[:2], ids
+        out = VLLMGenerator(eng, settings(tokenizer, top_k=1, stop_strings=(stop,)), vocab_size=len(tokenizer), tied=TIED).sample(
+            *prompt_tensors(), 3, max_new_tokens=8)
+        assert out.completion_ids.tolist() == [ids[:2]] * 3 and out.stop_lengths.tolist() == [2, 2, 2]
+        assert greedy.stop_lengths is None  # no stop strings: rows end at EOS or the length
+
+
 def test_multi_turn_turns_continue_each_row_on_the_engine(engine, tokenizer):
     policy = vllm_tiny_model(tokenizer, seed=0)
     backend = VLLMGenerator(engine, settings(tokenizer), vocab_size=len(tokenizer), tied=TIED)
