@@ -252,6 +252,18 @@ class GRPOConfig(TrainingArgumentsMethods, TrlFields):
         warn_like_trl(self)
         warn_inert(self)
 
+    def recheck(self) -> None:
+        """`__post_init__`'s checks again, on values set since (`trainer.args.eval_strategy = "steps"` in a notebook):
+        the fields derived from others filled where still None, as there, then every type, value and combination.
+        GRPOTrainer.train() calls it on the fields it reads where it uses them (run/inputs.check_live_args), before any step.
+
+        Raises:
+            TypeError, ValueError: as `__post_init__` (config/checks.py's check_types and validate).
+        """
+        self._fill_derived()
+        check_types(self, typing.get_type_hints(type(self)))
+        validate(self)
+
     def _apply_trl_spellings(self) -> None:
         """TRL's None defaults and generation_kwargs, turned into the fields that hold them here."""
         if self.output_dir is None:
@@ -290,6 +302,10 @@ class GRPOConfig(TrainingArgumentsMethods, TrlFields):
                 check_types(self, typing.get_type_hints(type(self)))
             except (TypeError, ValueError) as err:
                 raise ValueError(f"generation_kwargs: {err}") from None
+        self._fill_derived()
+
+    def _fill_derived(self) -> None:
+        """The fields whose None means a value derived from others (TrainingArguments' defaults)."""
         if self.load_best_model_at_end and self.metric_for_best_model is None:
             self.metric_for_best_model = "loss"  # transformers' default: eval_loss, lower is better
         if self.metric_for_best_model is not None and self.greater_is_better is None:

@@ -44,7 +44,7 @@ from transformers import EarlyStoppingCallback, TrainerCallback, TrainerControl,
 from transformers.integrations import get_reporting_integration_callbacks
 from transformers.trainer_callback import CallbackHandler, ExportableState
 
-from .console import ConsoleProgressCallback, default_console_callback
+from .console import ConsolePrinterCallback, ConsoleProgressCallback, default_console_callback
 from .datasets import rollouts_per_pass
 from .setup import reported_trackers
 
@@ -73,7 +73,8 @@ class TrainerEvents:
         model, processing_class, optimizer, lr_scheduler: passed to callbacks as keyword arguments.
         is_main_process: whether this process is the main one (state.is_world_process_zero).
         console: the rich console the default console callback prints on (console.py); as Trainer's `__init__`, it is
-            added after `callbacks`: a `ProgressCallback`, or with `args.disable_tqdm` a `PrinterCallback`.
+            added after `callbacks`: a `ProgressCallback`, or with `args.disable_tqdm` a `PrinterCallback` (the other one
+            in its place at train_begin when disable_tqdm changed since, where Trainer would keep the first).
 
     `report_to`'s trackers are transformers' own integration callbacks (`TensorBoardCallback`, `WandbCallback`,
     `TrackioCallback`), placed before `callbacks` as Trainer places them: they write what TRL's runs write (TensorBoard
@@ -84,7 +85,8 @@ class TrainerEvents:
         self.args = args
         trackers = get_reporting_integration_callbacks(reported_trackers(args.report_to))
         self.handler = _Handler([*trackers, *callbacks], model, processing_class, optimizer, lr_scheduler)
-        self.handler.add_callback(default_console_callback(args, console))  # Trainer's add_callback(PrinterCallback or ProgressCallback)
+        self.console, self.console_callback = console, default_console_callback(args, console)
+        self.handler.add_callback(self.console_callback)  # Trainer's add_callback(PrinterCallback or ProgressCallback)
         self.state = TrainerState(is_local_process_zero=is_main_process, is_world_process_zero=is_main_process)
         self.control = TrainerControl()
         self.started, self.in_train = 0.0, False  # in_train: Trainer's is_in_train, True from train_begin until train_end's end
@@ -108,13 +110,19 @@ class TrainerEvents:
         self.handler.add_callback(callback)
 
     def train_begin(self, max_steps: int, global_step: int, epoch: float, prompts: int | None) -> None:
-        """Fill the state's run constants (as Trainer does) and call on_train_begin.
+        """Fill the state's run constants (as Trainer does) and call on_train_begin; with `args.disable_tqdm` changed since
+        the trainer was built, the console callback it now means in place of the built one (Trainer keeps the one its
+        __init__ added, so a notebook's change there is silently ignored).
 
         `prompts`: the training prompts in one epoch (`PromptOrder.per_pass`; None for a stream, whose length is unknown).
         state.num_train_epochs follows Trainer: the passes `max_steps` reaches (each `datasets.rollouts_per_pass` rollouts
         of steps_per_rollout steps; a stream's: sys.maxsize) when max_steps is set, else ⌈num_train_epochs⌉.
         """
         a, s = self.args, self.state
+        callbacks = self.handler.callbacks  # disable_tqdm changed since: the other console callback, unless it was removed
+        if self.console_callback in callbacks and isinstance(self.console_callback, ConsolePrinterCallback) != bool(a.disable_tqdm):
+            at = callbacks.index(self.console_callback)
+            self.console_callback = callbacks[at] = default_console_callback(a, self.console)
         s.max_steps, s.global_step, s.epoch = max_steps, global_step, epoch
         s.logging_steps, s.save_steps = _absolute(a.logging_steps, max_steps), _absolute(a.save_steps, max_steps)
         if a.eval_steps is not None:  # else TrainerState's default stays, as Trainer's compute_steps leaves it

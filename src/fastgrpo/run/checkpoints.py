@@ -74,6 +74,7 @@ class Checkpointed(Protocol):
     step: int
     max_steps: int
     args_at_build: Any  # runs.ArgsAtBuild: the config's values when the trainer was built
+    check_live_args: Any  # run/trainer_attributes.TRLAttributes.check_live_args: runs.LIVE_FIELDS checked on their values now
     clock: Any  # run/epochs.EpochClock: state.epoch from the data drawn
     timer: Any  # run/metrics.PhaseTimer: the phases' seconds since the last log
     target_kl_stops: int
@@ -242,12 +243,14 @@ def resume(trainer: Checkpointed, resume_from_checkpoint) -> tuple[Rollout | Non
     Raises:
         ValueError: a new run in an output_dir holding another run (runs.claim_output_dir);
             a changed `runs.STATE_FIELDS` field; see checkpoint.load_checkpoint; an `args` field changed since the trainer was
-            built that it read then (runs.ArgsAtBuild.check); a new run (no resume) on a trainer that has already trained
+            built that it read then (runs.ArgsAtBuild.check), or a live one whose value now cannot apply (the trainer's
+            check_live_args); a new run (no resume) on a trainer that has already trained
             (Trainer would start over at step 0 from the trained weights; fastgrpo refuses before output_dir is touched).
         CorruptCheckpointError: see checkpoint.load_checkpoint.
     """
     a, acc = trainer.args, trainer.accelerator
     trainer.args_at_build.check(a, trainer.max_steps)  # a field changed after __init__ that it read (runs.ArgsAtBuild)
+    trainer.check_live_args()  # the fields it reads where it uses them, checked on their values now
     if trainer.step and not resume_from_checkpoint:  # Trainer would start over at step 0 from the trained weights
         kept = ckpt.checkpoints(a.output_dir, trainer.run_id)
         go_on = f"call train(resume_from_checkpoint=True) to go on from {kept[-1]}, or " if kept else "no checkpoint of it was saved: "

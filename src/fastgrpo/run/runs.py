@@ -8,7 +8,8 @@
   state its meaning (`STATE_FIELDS`: batch shapes, G, μ, lengths, loss) are
   refused, the rest are applied and listed in one notice.
 - `ArgsAtBuild`: the config's values when the trainer was built; train() refuses a field changed since that the
-  trainer read then (its optimizer, schedule, sampler, loss), where transformers' Trainer reads many at train().
+  trainer read then (its optimizer, schedule, sampler, loss, trackers), where transformers' Trainer reads many at train();
+  `LIVE_FIELDS` are read where they are used, so their changes apply.
 - `run_setup`/`setup_changes`: the trainer arguments a run trains with (reward
   functions, tools, environments, rollout_func) by name, and the train dataset by its size and ends; a resume with
   others warns.
@@ -45,10 +46,14 @@ STATE_FIELDS = (
 # resume_from_checkpoint: TRL's field scripts pass to train(), set when resuming).
 IGNORED_FIELDS = ("output_dir", "overwrite_output_dir", "world_size", "resume_from_checkpoint")
 
-# The fields the trainer reads where it uses them, so a change after it was built applies: the log/evaluate/save
-# intervals (run/callbacks.scheduled), overwrite_output_dir (train() claims output_dir), resume_from_checkpoint.
-LIVE_FIELDS = ("logging_strategy", "logging_steps", "logging_first_step", "eval_steps", "eval_delay", "save_steps",
-               "overwrite_output_dir", "resume_from_checkpoint")
+# The fields the trainer reads where it uses them, as Trainer does, so a change after it was built applies (checked at
+# train()'s start on the values then: the trainer's check_live_args): the log/evaluate/save schedule (run/callbacks.scheduled),
+# eval_on_start (train()), disable_tqdm (the console callback, at train_begin), the best-model tracking and pruning
+# (callbacks.track_best, checkpoints.save/finish), max_grad_norm (each optimizer step), num_completions_to_print (each
+# log), overwrite_output_dir (train() claims output_dir), resume_from_checkpoint.
+LIVE_FIELDS = ("logging_strategy", "logging_steps", "logging_first_step", "eval_strategy", "eval_steps", "eval_delay", "eval_on_start",
+               "save_strategy", "save_steps", "save_total_limit", "metric_for_best_model", "greater_is_better", "load_best_model_at_end",
+               "disable_tqdm", "max_grad_norm", "num_completions_to_print", "overwrite_output_dir", "resume_from_checkpoint")
 
 
 class ArgsAtBuild:
@@ -83,7 +88,7 @@ class ArgsAtBuild:
         if changed:
             raise ValueError(
                 f"args changed after this GRPOTrainer was built: {', '.join(changed[:10])}{f' and {len(changed) - 10} more' if len(changed) > 10 else ''}. The trainer read "
-                f"{'it' if len(changed) == 1 else 'them'} when it was built (optimizer, schedule, sampler, loss), so train() would "
+                f"{'it' if len(changed) == 1 else 'them'} when it was built (optimizer, schedule, sampler, loss, trackers), so train() would "
                 "ignore the change: build a new GRPOTrainer with these args (then train(resume_from_checkpoint=True) goes on from the "
                 f"last checkpoint), or set {'it' if len(changed) == 1 else 'them'} back. Changes apply live only to {', '.join(LIVE_FIELDS)}."
             )

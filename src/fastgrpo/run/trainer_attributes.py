@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 from transformers import GenerationConfig
 
+from .callbacks import check_early_stopping
 from .dataloaders import identity
 from .dataset_kinds import eval_sets
 from .evaluation import check_best_metric, loss_keys
@@ -45,7 +46,7 @@ def _environments(trainer) -> Environments | None:
 
 class TRLAttributes:
     """TRL's GRPOTrainer attributes; the class using it provides `args`, `agents` (rollout/producers.AgentInputs),
-    `events` (callbacks.TrainerEvents), `tokenizer`, `eos_token_ids`, `reward_names`, `_train_dataset`, `_eval_dataset`
+    `events` (callbacks.TrainerEvents), `update` (update/step.OptimizerStep), `tokenizer`, `eos_token_ids`, `reward_names`, `_train_dataset`, `_eval_dataset`
     and `eval_sets` (dataset_kinds.eval_sets of it), `_model`, `_optimizer`, `_reward_funcs` and `_reward_weights`, as GRPOTrainer does."""
 
     model = read_only("model", lambda self: self._model, "Trainer's `trainer.model`: the policy, as accelerate prepared it.", _built("model"))
@@ -161,6 +162,31 @@ class TRLAttributes:
         if sets is not None:
             check_best_metric(a.metric_for_best_model, list(sets), self.reward_names, loss_keys(a.loss_type, a.beta))
         self._eval_dataset, self.eval_sets = value, sets
+
+    def check_live_args(self) -> None:
+        """train()'s first check after `runs.ArgsAtBuild.check` (run/checkpoints.resume), before anything is written: the
+        fields the trainer reads where it uses them (`runs.LIVE_FIELDS`, as Trainer reads them in train(), its
+        DefaultFlowCallback and _save_checkpoint) checked on their values now, as GRPOConfig and GRPOTrainer checked them
+        at build (`trainer.args.eval_strategy = "steps"` in a notebook applies, or is refused before a step runs). The
+        callbacks and the optimizer step then read this `args` (a config put in trainer.args's place included).
+
+        Raises:
+            TypeError, ValueError: GRPOConfig.recheck's (a value of the wrong type or out of range, save_strategy="best"
+                without metric_for_best_model, load_best_model_at_end with strategies that differ, …); eval_strategy or
+                eval_on_start without an eval_dataset (transformers' error at build); a metric_for_best_model the eval
+                sets do not report (evaluation.check_best_metric); an EarlyStoppingCallback without metric_for_best_model
+                or evaluation (callbacks.check_early_stopping).
+        """
+        a = self.args
+        a.recheck()
+        if self.eval_dataset is None and (a.eval_strategy != "no" or a.eval_on_start):  # the scheduled evaluations would be skipped
+            raise ValueError(f"args.eval_strategy={a.eval_strategy!r}{' with eval_on_start' if a.eval_on_start else ''}, but this trainer "
+                             "has no eval_dataset to evaluate; set trainer.eval_dataset = rows, or set eval_strategy='no' and "
+                             "eval_on_start=False.")
+        if self.eval_sets is not None:
+            check_best_metric(a.metric_for_best_model, list(self.eval_sets), self.reward_names, loss_keys(a.loss_type, a.beta))
+        check_early_stopping(self.events.handler.callbacks, a.metric_for_best_model, a.eval_strategy)
+        self.events.args = self.update.args = a
 
     @property
     def is_in_train(self) -> bool:

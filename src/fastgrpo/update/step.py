@@ -127,7 +127,7 @@ class OptimizerStep:
     """One optimizer step over `gradient_accumulation_steps` micro-batches (module docstring).
 
     Args:
-        args: the GRPOConfig (read once here).
+        args: the GRPOConfig (read once here; max_grad_norm at each step, as Trainer reads it, so a change before train() applies).
         accelerator, model, optimizer, scheduler: as prepared (accelerate's no_sync, backward, clipping).
         log_probs: the policy pass (logprobs.LogProbs).
         router: the router's load-balancing loss (model/experts.RouterAuxLoss): when enabled, each micro-batch's
@@ -148,7 +148,7 @@ class OptimizerStep:
         self.learning_rate = scheduler.get_last_lr()[0]  # the rate the last optimizer step used: what Trainer logs
         self.loss = LossSettings.from_config(args)
         self.reference = reference if args.beta > 0 and args.kl_estimator == "full" else None
-        self.entropy_mask, self.clip = entropy_mask, args.max_grad_norm if args.max_grad_norm > 0 else math.inf  # 0: no clip
+        self.entropy_mask = entropy_mask
         # Merging micro-batches is exact only where no term is normalised per micro-batch: bnpo's token mean, the
         # entropy bonus's mean, top_entropy_quantile's per-micro-batch threshold and the router's mean aux loss are.
         # Several processes would merge differently (their tokens differ) and so run different numbers of
@@ -238,7 +238,8 @@ class OptimizerStep:
                 for _ in range(micro_batches - last):  # TRL's on_substep_end: once per micro-batch but the step's last
                     self.events.substep_end()
             forward_backward_s = time.perf_counter() - started
-            grad_norm = full_value(acc.clip_grad_norm_(self.model.parameters(), self.clip))
+            clip = a.max_grad_norm if a.max_grad_norm > 0 else math.inf  # 0: no clip
+            grad_norm = full_value(acc.clip_grad_norm_(self.model.parameters(), clip))
             if not torch.isfinite(grad_norm):  # before optimizer.step: the weights and every checkpoint stay finite
                 raise FloatingPointError(
                     f"step {step + 1}: the gradient norm is {float(grad_norm)} (loss {float(sums['loss'])}); the weights "
