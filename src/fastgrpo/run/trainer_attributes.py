@@ -7,6 +7,9 @@ reward_weights). Where TRL's is a plain attribute whose change
 TRL would act on, fastgrpo's is read-only, and setting it raises an AttributeError naming the fix (`read_only`): fastgrpo
 reads these once, when the trainer is built, so a change would be silently ignored.
 
+`check_live_args`: the fields of `trainer.args` the trainer reads where it uses them (runs.LIVE_FIELDS), checked at train()'s
+start on their values then, as at build, so a notebook's change applies or is refused before a step.
+
 `REFUSED_METHODS`: Trainer's methods that have no meaning in fastgrpo's loop (its per-batch loss and steps); calling one
 raises NotImplementedError naming what to use instead, rather than an AttributeError that names nothing.
 
