@@ -139,11 +139,38 @@ def test_vllm_rows_ended_by_a_stop_string_are_finished(tokenizer):
         (True, {"stop_token_ids": 5}, r"generation_kwargs\['stop_token_ids'\]=5: give a list of token ids"),
         (True, {"min_tokens": 600}, r"generation_kwargs\['min_tokens'\]=600 is more than max_completion_length=512, which vLLM refuses"),
         (False, {"do_sample": False}, r"GRPO samples"),
+        # found by the break sweep: vLLM refused each at the first request (after the model loaded); transformers ended every
+        # completion at its first token (an empty stop string) or never stopped at the id (a negative one, with a warning)
+        (False, {"stop_strings": ""}, r"generation_kwargs\['stop_strings'\]='': give a non-empty string or a list of them \(an empty one would end every completion at once\)\.$"),
+        (False, {"stop_strings": ["</answer>", ""]}, r"\['stop_strings'\]=\['</answer>', ''\]: give a non-empty string"),
+        (True, {"stop": [""]}, r"\['stop'\]=\[''\]: give a non-empty string"),
+        (True, {"stop_token_ids": [-1]}, r"\['stop_token_ids'\]=\[-1\]: give a list of token ids \(each ≥ 0\)\.$"),
+        (False, {"eos_token_id": -1}, r"\['eos_token_id'\]=-1: give a token id ≥ 0 or a list of them\.$"),
+        (False, {"eos_token_id": [2, -5]}, r"\['eos_token_id'\]=\[2, -5\]: give a token id ≥ 0"),
+        (True, {"presence_penalty": 2.5}, r"\['presence_penalty'\]=2.5: give a number in \[-2, 2\] \(vLLM's range\)\.$"),
+        (True, {"frequency_penalty": float("nan")}, r"\['frequency_penalty'\]=nan: give a number in \[-2, 2\]"),
     ],
 )
 def test_keys_not_honoured_are_refused_naming_the_fix(use_vllm, kwargs, message):
     with pytest.raises(ValueError, match=message):
         GRPOConfig(use_vllm=use_vllm, generation_kwargs=kwargs)
+
+
+def test_stop_token_ids_beyond_the_vocabulary_are_refused_before_an_engine_starts(tokenizer, make_model, prompts, tmp_path):
+    """Found by the break sweep: an id ≥ the model's vocabulary never ends a completion (vLLM refuses it at the first request,
+    after the model loaded; transformers runs every row to T). Refused when the trainer is built, naming the key and the size;
+    the last id is still accepted."""
+    from fastgrpo import GRPOTrainer
+
+    vocab = len(tokenizer)  # 49152: SmolLM2's embedding rows, as tiny_model's
+    args = GRPOConfig(use_vllm=True, max_completion_length=T, generation_kwargs={"stop_token_ids": [7, vocab]})
+    with pytest.raises(ValueError, match=rf"\['stop_token_ids'\]=\[7, {vocab}\]: id {vocab} is beyond the model's {vocab} tokens, so no completion would end there"):
+        SamplingSettings.from_config(args, [2], 0, vocab)
+    assert SamplingSettings.from_config(GRPOConfig(generation_kwargs={"eos_token_id": vocab - 1}), [2], 0, vocab).eos_token_ids == (vocab - 1,)
+    args = GRPOConfig(output_dir=str(tmp_path), max_completion_length=T, per_device_train_batch_size=4, num_generations=4,
+                      generation_kwargs={"eos_token_id": 10**9}, disable_tqdm=True)
+    with pytest.raises(ValueError, match=rf"\['eos_token_id'\]=1000000000: id 1000000000 is beyond the model's {vocab} tokens"):
+        GRPOTrainer(make_model(), lambda completions, **kw: [0.0] * len(completions), args=args, train_dataset=prompts, processing_class=tokenizer)
 
 
 def test_stop_criteria_are_transformers_own(tokenizer):

@@ -116,7 +116,7 @@ class GRPOTrainer(TRLMethods):
         self.optimizer_from_args = checked.optimizers[0] is None  # a resume re-applies args' settings only to these (run/checkpoints.py)
         self._model, self._optimizer, self.model_preparation_time = prepare(acc, policy, optimizer)  # Trainer's time: evaluate reports it
         self.flops_per_token = 6.0 * policy.num_parameters(exclude_embeddings=True)  # state.total_flos: transformers' floating_point_ops
-        sampling = SamplingSettings.from_config(a, self.eos_token_ids, self.tokenizer.pad_token_id)
+        sampling = SamplingSettings.from_config(a, self.eos_token_ids, self.tokenizer.pad_token_id, vocab_size)
         working = bf16_working_copy(a, acc, policy, optimizer, bf16)  # the update's and the own sampler's one bf16 copy, where it applies
         self.backend = build_backend(a, acc.unwrap_model(self.model), sampling, bf16=bf16, gathered=gathered, server=server,
                                      tokenizer=self.tokenizer, seed=a.seed + acc.process_index, working=working)  # one bf16 copy of the weights

@@ -79,17 +79,23 @@ def _why(key: str, vllm: bool, engine: str) -> str:
 
 
 def _check_type(key: str, value) -> None:
+    """Refuse a value vLLM's SamplingParams refuses (its checks at the first request, after the model loaded) or one that
+    would silently change the run: an empty stop string (vLLM: "stop cannot contain an empty string"; transformers' ends
+    every completion at its first token), a negative token id (vLLM: out of vocabulary; transformers warns, then never
+    stops there), a penalty outside vLLM's [-2, 2]."""
     ok = {
-        "stop": isinstance(value, str) or _all(value, str), "stop_strings": isinstance(value, str) or _all(value, str),
-        "stop_token_ids": _all(value, int), "eos_token_id": _is_int(value) or _all(value, int),
+        "stop": _strings(value), "stop_strings": _strings(value),
+        "stop_token_ids": _all(value, int), "eos_token_id": _is_id(value) or _all(value, int),
         "include_stop_str_in_output": isinstance(value, bool), "skip_special_tokens": isinstance(value, bool),
-        "presence_penalty": isinstance(value, (int, float)) and not isinstance(value, bool),
-        "frequency_penalty": isinstance(value, (int, float)) and not isinstance(value, bool),
+        "presence_penalty": _is_number(value) and -2.0 <= value <= 2.0,
+        "frequency_penalty": _is_number(value) and -2.0 <= value <= 2.0,
         "min_tokens": _is_int(value) and value >= 0,
     }[key]
     if not ok:
-        want = {"stop": "a string or a list of strings", "stop_strings": "a string or a list of strings", "stop_token_ids": "a list of token ids",
-                "eos_token_id": "a token id or a list of them", "min_tokens": "an int ≥ 0"}.get(key, "a number" if "penalty" in key else "True or False")
+        want = {"stop": "a non-empty string or a list of them (an empty one would end every completion at once)",
+                "stop_strings": "a non-empty string or a list of them (an empty one would end every completion at once)",
+                "stop_token_ids": "a list of token ids (each ≥ 0)", "eos_token_id": "a token id ≥ 0 or a list of them",
+                "min_tokens": "an int ≥ 0"}.get(key, "a number in [-2, 2] (vLLM's range)" if "penalty" in key else "True or False")
         raise ValueError(f"generation_kwargs[{key!r}]={value!r}: give {want}.")
 
 
@@ -97,8 +103,20 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _is_id(value) -> bool:
+    return _is_int(value) and value >= 0
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _strings(value) -> bool:
+    return (isinstance(value, str) and value != "") or (_all(value, str) and "" not in value)
+
+
 def _all(value, kind) -> bool:
-    return isinstance(value, (list, tuple)) and all(_is_int(v) if kind is int else isinstance(v, kind) for v in value)
+    return isinstance(value, (list, tuple)) and all(_is_id(v) if kind is int else isinstance(v, kind) for v in value)
 
 
 def stop_strings(kwargs: dict | None, vllm: bool) -> tuple[str, ...]:
@@ -107,14 +125,25 @@ def stop_strings(kwargs: dict | None, vllm: bool) -> tuple[str, ...]:
     return (value,) if isinstance(value, str) else tuple(value)
 
 
-def end_token_ids(kwargs: dict | None, vllm: bool, eos_token_ids) -> tuple[int, ...]:
+def end_token_ids(kwargs: dict | None, vllm: bool, eos_token_ids, vocab_size: int | None = None) -> tuple[int, ...]:
     """The ids that end a completion: the model's EOS ids plus vLLM's `stop_token_ids`, or transformers' `eos_token_id`
-    in their place (transformers' meaning: the whole set), sorted."""
+    in their place (transformers' meaning: the whole set), sorted.
+
+    Raises:
+        ValueError: a given id ≥ `vocab_size` (the policy's embedding rows; None: not checked), which the model never
+            samples: vLLM refuses it at the first request ("out-of-vocab token ids"), transformers never stops there.
+    """
     kwargs = kwargs or {}
+    key = "stop_token_ids" if vllm else "eos_token_id"
+    given = kwargs.get(key, ())
+    given = (given,) if isinstance(given, int) else tuple(given)
+    beyond = [i for i in given if vocab_size is not None and i >= vocab_size]
+    if beyond:
+        raise ValueError(f"generation_kwargs[{key!r}]={kwargs[key]!r}: id {beyond[0]} is beyond the model's {vocab_size} tokens, so no "
+                         "completion would end there; give ids below it (tokenizer.convert_tokens_to_ids(text) names one).")
     if not vllm and "eos_token_id" in kwargs:
-        value = kwargs["eos_token_id"]
-        return tuple(sorted({value} if isinstance(value, int) else set(value)))
-    return tuple(sorted(set(eos_token_ids) | set(kwargs.get("stop_token_ids", ()) if vllm else ())))
+        return tuple(sorted(set(given)))
+    return tuple(sorted(set(eos_token_ids) | set(given if vllm else ())))
 
 
 def vllm_params(kwargs: dict | None) -> dict:

@@ -70,13 +70,17 @@ class SamplingSettings:
     vllm_params: dict = field(default_factory=dict)
 
     @classmethod
-    def from_config(cls, args, eos_token_ids: Sequence[int], pad_token_id: int) -> SamplingSettings:
+    def from_config(cls, args, eos_token_ids: Sequence[int], pad_token_id: int, vocab_size: int | None = None) -> SamplingSettings:
         """The settings from a `GRPOConfig`'s fields of the same names, with the model's EOS and pad ids; `generation_kwargs`'
         stop strings and ids as the run's engine means them (config/generation_kwargs.py: vLLM's `stop_token_ids` join the
-        EOS ids, transformers' `eos_token_id` replaces them)."""
+        EOS ids, transformers' `eos_token_id` replaces them).
+
+        Raises:
+            ValueError: a stop token id ≥ `vocab_size` (the policy's embedding rows; None: not checked), before any engine starts.
+        """
         kwargs, vllm = args.generation_kwargs, args.generation_backend == "vllm"
         return cls(
-            args.max_completion_length, end_token_ids(kwargs, vllm, eos_token_ids), pad_token_id, args.temperature, args.top_p, args.top_k,
+            args.max_completion_length, end_token_ids(kwargs, vllm, eos_token_ids, vocab_size), pad_token_id, args.temperature, args.top_p, args.top_k,
             args.min_p, args.repetition_penalty, stop_strings(kwargs, vllm), vllm_params(kwargs) if vllm else {},
         )
 
