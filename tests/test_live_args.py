@@ -6,6 +6,7 @@ metric_for_best_model, load_best_model_at_end and max_grad_norm at use.
 """
 
 import copy
+import warnings
 import os
 
 import pytest
@@ -157,3 +158,42 @@ def test_num_completions_to_print_changed_after_build_applies(tmp_path, tokenize
     assert "completions at step" not in capsys.readouterr().out
     with open(tmp_path / "out" / "completions.jsonl") as f:
         assert len(f.readlines()) == 8  # per_device_train_batch_size 4 × gradient_accumulation_steps 2
+
+
+def test_a_metric_changed_after_build_warns_when_greater_is_better_kept_the_old_names_direction(tmp_path, tokenizer, make_model, prompts):
+    # Found by the break sweep. load_best_model_at_end filled metric_for_best_model="loss" and greater_is_better=False at
+    # build (TrainingArguments fills it once, from the name); "reward" set after build kept False, so the lowest eval
+    # reward was the best (seen: rewards 0.49, 0.46 → checkpoint-2 best). transformers' Trainer keeps it silently too.
+    trainer = build(tmp_path, tokenizer, make_model, prompts, eval_dataset=prompts.select(range(4)), max_steps=2, save_steps=1,
+                    per_device_eval_batch_size=4, eval_strategy="steps", eval_steps=1, load_best_model_at_end=True)
+    assert (trainer.args.metric_for_best_model, trainer.args.greater_is_better) == ("loss", False)
+    trainer.args.metric_for_best_model = "reward"
+    with pytest.warns(UserWarning, match=r"^metric_for_best_model changed from 'loss' to 'reward' after the trainer was built, but "
+                                         r"greater_is_better=False was kept .* the one with the lowest reward\. Set "
+                                         r"trainer.args.greater_is_better = True if higher is better"):
+        trainer.train()
+    # greater_is_better set too: the user's choice, no warning
+    trainer = build(tmp_path / "b", tokenizer, make_model, prompts, eval_dataset=prompts.select(range(4)), max_steps=1,
+                    per_device_eval_batch_size=4, eval_strategy="steps", eval_steps=1, load_best_model_at_end=True, save_steps=1)
+    trainer.args.metric_for_best_model, trainer.args.greater_is_better = "reward", True
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="metric_for_best_model changed")
+        trainer.train()
+
+
+def test_args_replaced_by_no_config_or_eval_dataset_removed_is_refused_naming_the_fix(tmp_path, tokenizer, make_model, prompts):
+    # Found by the break sweep: trainer.args = {…} was an AttributeError ("'dict' object has no attribute 'max_steps'"); the
+    # eval_dataset refusal told the user to build a new trainer, where eval_strategy now applies live.
+    trainer = build(tmp_path, tokenizer, make_model, prompts, max_steps=1)
+    trainer.args = {"save_strategy": "no"}
+    with pytest.raises(TypeError, match=r"^trainer.args is \{'save_strategy': 'no'\} \(dict\), not a GRPOConfig: put a config in its "
+                                        r"place, e.g. trainer.args = copy.copy\(trainer.args\)"):
+        trainer.train()
+    trainer = build(tmp_path / "b", tokenizer, make_model, prompts, eval_dataset=prompts.select(range(4)), max_steps=1,
+                    per_device_eval_batch_size=4, eval_strategy="steps", eval_steps=1)
+    with pytest.raises(ValueError, match=r"give rows, or first set trainer.args.eval_strategy = 'no' and trainer.args.eval_on_start = False"):
+        trainer.eval_dataset = None
+    trainer.args.eval_strategy = "no"
+    trainer.eval_dataset = None
+    trainer.train()
+    assert trainer.state.global_step == 1 and not any("eval_reward" in h for h in trainer.state.log_history)

@@ -255,7 +255,7 @@ class GRPOConfig(TrainingArgumentsMethods, TrlFields):
     def recheck(self) -> None:
         """`__post_init__`'s checks again, on values set since (`trainer.args.eval_strategy = "steps"` in a notebook):
         the fields derived from others filled where still None, as there, then every type, value and combination.
-        GRPOTrainer.train() calls it on the fields it reads where it uses them (run/inputs.check_live_args), before any step.
+        GRPOTrainer.train() calls it on the fields it reads where it uses them (run/trainer_attributes.TRLAttributes.check_live_args), before any step.
 
         Raises:
             TypeError, ValueError: as `__post_init__` (config/checks.py's check_types and validate).

@@ -26,6 +26,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 
 from . import completion_tables
 from .checkpoint_files import checkpoints, written_by_fastgrpo
@@ -74,10 +75,18 @@ class ArgsAtBuild:
         Args:
             args: the trainer's GRPOConfig now (or a config of another class put in its place: its other fields count as changed).
             max_steps: the run length the trainer planned (args.max_steps set to it is no change).
+        Warns:
+            UserWarning: `metric_for_best_model` changed since build while `greater_is_better` kept the value that goes with
+                another name (filled from the built name, as TrainingArguments fills it once): the best checkpoint would be
+                the worst by the new metric's usual direction. transformers' Trainer keeps it silently.
         Raises:
+            TypeError: `args` is no config (trainer.args = {…}: a dict has none of the fields the trainer reads).
             ValueError: `args.max_steps` > 0 and not the planned length; any other changed field, naming each with
                 both values and the fix (build a new GRPOTrainer with these args, or set them back).
         """
+        if not dataclasses.is_dataclass(args) or isinstance(args, type):
+            raise TypeError(f"trainer.args is {args!r:.80} ({type(args).__name__}), not a GRPOConfig: put a config in its place, e.g. "
+                            "trainer.args = copy.copy(trainer.args), then set the fields that apply live on it.")
         if args.max_steps > 0 and args.max_steps != max_steps:  # the learning-rate schedule spans the planned length
             raise ValueError(f"args.max_steps is {args.max_steps}, but this trainer was built for max_steps={max_steps} (its learning-rate "
                              "schedule spans them): build a new GRPOTrainer with these args, then call train(resume_from_checkpoint=True) to go "
@@ -92,6 +101,19 @@ class ArgsAtBuild:
                 "ignore the change: build a new GRPOTrainer with these args (then train(resume_from_checkpoint=True) goes on from the "
                 f"last checkpoint), or set {'it' if len(changed) == 1 else 'them'} back. Changes apply live only to {', '.join(LIVE_FIELDS)}."
             )
+        self._warn_stale_direction(args)
+
+    def _warn_stale_direction(self, args) -> None:
+        """`check`'s warning: the new metric_for_best_model with the greater_is_better its built name gave."""
+        metric, better = args.metric_for_best_model, args.greater_is_better
+        built = json.loads(self.values["metric_for_best_model"][0])
+        if metric is None or built is None or metric == built or _as_text(better) != self.values["greater_is_better"][0]:
+            return  # no metric, the same one, or greater_is_better set since: the user's choice
+        if better == (not built.endswith("loss")) != (not metric.endswith("loss")):  # TrainingArguments' rule, by each name
+            warnings.warn(f"metric_for_best_model changed from {built!r} to {metric!r} after the trainer was built, but greater_is_better="
+                          f"{better} was kept (as {built!r}'s name gave it when the config was built): the best checkpoint will be the one "
+                          f"with the {'highest' if better else 'lowest'} {metric}. Set trainer.args.greater_is_better = {not better} if "
+                          f"{'lower' if better else 'higher'} is better (transformers' Trainer keeps the old value too).", UserWarning, stacklevel=4)
 
 
 def _fields(args) -> list[tuple[str, object]]:

@@ -159,8 +159,8 @@ class TRLAttributes:
         a = self.args
         if value is None and (a.eval_strategy != "no" or a.eval_on_start):  # the scheduled evaluations would be skipped
             raise ValueError(f"trainer.eval_dataset = None with eval_strategy={a.eval_strategy!r}{' and eval_on_start' if a.eval_on_start else ''}: "
-                             "the scheduled evaluations would have nothing to read; give rows, or build a new GRPOTrainer with "
-                             "eval_strategy='no' and eval_on_start=False.")
+                             "the scheduled evaluations would have nothing to read; give rows, or first set trainer.args.eval_strategy = "
+                             "'no' and trainer.args.eval_on_start = False (they apply live).")
         sets = eval_sets(value) if value is not None else None
         if sets is not None:
             check_best_metric(a.metric_for_best_model, list(sets), self.reward_names, loss_keys(a.loss_type, a.beta))
