@@ -6,8 +6,8 @@ metric_for_best_model, load_best_model_at_end and max_grad_norm at use.
 """
 
 import copy
-import warnings
 import os
+import warnings
 
 import pytest
 import torch
@@ -158,6 +158,13 @@ def test_num_completions_to_print_changed_after_build_applies(tmp_path, tokenize
     assert "completions at step" not in capsys.readouterr().out
     with open(tmp_path / "out" / "completions.jsonl") as f:
         assert len(f.readlines()) == 8  # per_device_train_batch_size 4 × gradient_accumulation_steps 2
+    # found by the break sweep: -1 printed an empty table at each log (min(-1, rows) rows); TRL's random.sample raises at the
+    # first log. Refused at build and, set after build, at train()'s start
+    with pytest.raises(ValueError, match=r"^num_completions_to_print=-1: use 0 \(no table\), a count, or None \(every completion\)"):
+        config(tmp_path, num_completions_to_print=-1)
+    trainer = build(tmp_path / "b", tokenizer, make_model, prompts, max_steps=1, log_completions=True)
+    trainer.args.num_completions_to_print = -1
+    refused_before_a_step(trainer, tmp_path / "b", r"^num_completions_to_print=-1: use 0")
 
 
 def test_a_metric_changed_after_build_warns_when_greater_is_better_kept_the_old_names_direction(tmp_path, tokenizer, make_model, prompts):

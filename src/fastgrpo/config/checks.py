@@ -255,6 +255,8 @@ def validate(c) -> None:
         need(value is None or value <= 1 or value == int(value), f"{name}={value}: above 1 it counts steps; use a whole number, or a fraction ≤ 1 of the run.")
     need(c.save_steps > 0, f"save_steps={c.save_steps}: use a positive number of steps.")
     need(c.save_total_limit is None or c.save_total_limit >= 1, f"save_total_limit={c.save_total_limit}: keep at least 1, or None.")
+    need(c.num_completions_to_print is None or c.num_completions_to_print >= 0, f"num_completions_to_print={c.num_completions_to_print}: "
+         "use 0 (no table), a count, or None (every completion); TRL's random.sample raises on a negative one at the first log.")
     for name, allowed in (("save_strategy", SAVE_STRATEGIES), ("eval_strategy", STRATEGIES), ("logging_strategy", STRATEGIES)):
         need(getattr(c, name) in allowed, f"{name}={getattr(c, name)!r}: use one of {', '.join(allowed)} (lower case, as transformers' "
              f"{'SaveStrategy' if name == 'save_strategy' else 'IntervalStrategy'} values).")
