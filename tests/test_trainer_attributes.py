@@ -88,6 +88,19 @@ def test_generation_config_is_absent_with_vllm_as_in_trl(tmp_path, tokenizer, ma
             getattr(trainer, name)
 
 
+def test_setting_generation_config_or_kwargs_is_refused_naming_the_fix(tmp_path, tokenizer, make_model):
+    """Found by the break sweep: TRL's generate reads trainer.generation_config at each rollout (setting it applies there);
+    fastgrpo's sampler is built with the trainer, and setting either was Python's bare "property … has no setter"."""
+    trainer = GRPOTrainer(make_model(), reward_even_tokens, args=shared_config(fastgrpo, tmp_path / "out"), train_dataset=numbered_prompts(),
+                          processing_class=tokenizer)
+    for name, value in (("generation_config", GenerationConfig(top_k=3)), ("generation_kwargs", {"top_k": 3})):
+        with pytest.raises(AttributeError, match=rf"^trainer.{name} = .*: fastgrpo builds its sampler from GRPOConfig's sampling fields and "
+                                                 r"generation_kwargs when the trainer is built, so setting it here would change nothing; give "
+                                                 r"GRPOConfig\(generation_kwargs=\{…\}\) .* to a new GRPOTrainer\.$"):
+            setattr(trainer, name, value)
+    assert trainer.generation_kwargs["top_k"] == trainer.args.top_k
+
+
 def test_get_train_dataloader_yields_trls_batches(both):
     """TRL's loader: per generation batch, this process's rows, each prompt G = 4 times in a row, the batch repeated
     μ × steps_per_generation = 4 times; 10 prompts, 2 a rollout: 5 rollouts, 20 batches. fastgrpo's first pass is the same."""

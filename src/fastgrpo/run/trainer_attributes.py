@@ -43,6 +43,12 @@ def _built(name: str, argument: str | None = None) -> str:
             f"GRPOTrainer({argument or name}=…) to a new trainer.")
 
 
+# TRL's generate reads trainer.generation_config at each rollout, so setting it there applies; fastgrpo's sampler is built once.
+_SAMPLER_BUILT = ("fastgrpo builds its sampler from GRPOConfig's sampling fields and generation_kwargs when the trainer is built, so "
+                  "setting it here would change nothing; give GRPOConfig(generation_kwargs={…}) (or temperature, top_p, top_k, min_p, "
+                  "repetition_penalty) to a new GRPOTrainer.")
+
+
 def _environments(trainer) -> Environments | None:
     return trainer.agents.environments
 
@@ -113,7 +119,8 @@ class TRLAttributes:
         max_new_tokens (max_completion_length), do_sample, pad, bos and eos token ids (every id that ends a completion,
         sorted), temperature, top_p, top_k, min_p, repetition_penalty, cache_implementation, then `args.generation_kwargs`
         over them (fastgrpo already read those into the fields). A new dict at each read: fastgrpo samples from the
-        config's fields, so changing it changes nothing.
+        config's fields, so changing it changes nothing; setting it raises an AttributeError naming the fix (TRL's
+        generate reads `generation_config` at each rollout, fastgrpo's sampler was built with the trainer).
 
         Raises:
             AttributeError: with use_vllm=True, where TRL's GRPOTrainer has none either (vLLM samples with its own
@@ -131,6 +138,10 @@ class TRLAttributes:
                   "cache_implementation": a.cache_implementation}
         return {**kwargs, **(a.generation_kwargs or {})}
 
+    @generation_kwargs.setter
+    def generation_kwargs(self, value) -> None:
+        raise AttributeError(f"trainer.generation_kwargs = {value!r:.80}: {_SAMPLER_BUILT}")
+
     @property
     def generation_config(self) -> GenerationConfig:
         """TRL's `trainer.generation_config`: a transformers `GenerationConfig` of `generation_kwargs`, with
@@ -138,9 +149,13 @@ class TRLAttributes:
         changing it changes nothing fastgrpo samples (give GRPOConfig's sampling fields to a new trainer).
 
         Raises:
-            AttributeError: with use_vllm=True (`generation_kwargs`).
+            AttributeError: with use_vllm=True (`generation_kwargs`); on setting, naming the fix (`generation_kwargs`).
         """
         return GenerationConfig(**self.generation_kwargs, disable_compile=True)
+
+    @generation_config.setter
+    def generation_config(self, value) -> None:
+        raise AttributeError(f"trainer.generation_config = {type(value).__name__}(…): {_SAMPLER_BUILT}")
 
     @property
     def eval_dataset(self):
