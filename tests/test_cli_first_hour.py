@@ -74,7 +74,7 @@ def test_text_a_field_refuses_is_named(tmp_path):
         from_yaml(tmp_path, {"num_iterations": "four"})
     with pytest.raises(ValueError, match=r"bf16: expected bool, got 'maybe'"):
         from_yaml(tmp_path, {"bf16": "maybe"})
-    with pytest.raises(ValueError, match=r"vllm_structured_outputs_regex='a\+' is not supported"):  # accepted as a flag, refused as from Python
+    with pytest.raises(ValueError, match=r"vllm_structured_outputs_regex='a\+' needs vLLM.*set use_vllm=True"):  # accepted as a flag, refused as from Python
         GRPOConfig(**parse("--vllm_structured_outputs_regex", "a+")[1])
 
 

@@ -106,6 +106,30 @@ def test_vllm_keys_join_the_stop_token_ids_and_go_to_sampling_params(tokenizer):
     assert vllm.SamplingParams(**params, detokenize=True).stop == ["o w"]
 
 
+def test_structured_outputs_go_to_every_request_and_turn_vllms_log_probs_off():
+    """TRL's rules: generation_kwargs' structured_outputs dict is sent as vLLM's StructuredOutputsParams; the
+    vllm_structured_outputs_regex field wins over it (TRL's warning). vLLM masks the tokens the grammar forbids, so its
+    log-probs are renormalised over the allowed ones: not π_old's (is_exact False, as under top_k)."""
+    choice = SamplingSettings.from_config(GRPOConfig(use_vllm=True, generation_kwargs={"structured_outputs": {"choice": ["yes", "no"]}}), [2], 0)
+    assert sampling_params(choice, 4, T)["structured_outputs"] == {"choice": ["yes", "no"]} and not is_exact(choice)
+    with pytest.warns(UserWarning, match=r"`structured_outputs_regex` takes precedence"):
+        both = GRPOConfig(use_vllm=True, vllm_structured_outputs_regex="(yes|no)", generation_kwargs={"structured_outputs": {"choice": ["a"]}})
+    assert SamplingSettings.from_config(both, [2], 0).structured_outputs == {"regex": "(yes|no)"}
+    assert "structured_outputs" not in sampling_params(SamplingSettings.from_config(GRPOConfig(use_vllm=True), [2], 0), 4, T)
+    with pytest.raises(ValueError, match=r"vllm_structured_outputs_regex='\(yes\|no\)' needs vLLM.*; set use_vllm=True, or remove it\.$"):
+        GRPOConfig(vllm_structured_outputs_regex="(yes|no)")  # TRL's transformers path ignores the field
+
+
+def test_a_regex_or_grammar_vllm_cannot_compile_is_refused_before_the_model_loads():
+    """vLLM's "auto" backend (xgrammar, else guidance) compiles the constraint at the first request; here at the config."""
+    pytest.importorskip("vllm")
+    with pytest.raises(ValueError, match=r"vllm_structured_outputs_regex='\(yes' does not compile to a grammar \(xgrammar: .*; guidance: .*\); fix it\.$"):
+        GRPOConfig(use_vllm=True, vllm_structured_outputs_regex="(yes")
+    with pytest.raises(ValueError, match=r"\['structured_outputs'\]=\{'grammar': 'root ::= \('\} does not compile to a grammar"):
+        GRPOConfig(use_vllm=True, generation_kwargs={"structured_outputs": {"grammar": "root ::= ("}})
+    GRPOConfig(use_vllm=True, generation_kwargs={"structured_outputs": {"json": {"type": "object"}}})  # compiles: accepted
+
+
 def test_vllm_rows_ended_by_a_stop_string_are_finished(tokenizer):
     """vLLM keeps the token completing a stop string in token_ids (stop_reason is the string): that row's length is its
     token count; a row ended by EOS or cut at T reads from EOS as before (stop length 0)."""
@@ -149,6 +173,12 @@ def test_vllm_rows_ended_by_a_stop_string_are_finished(tokenizer):
         (False, {"eos_token_id": [2, -5]}, r"\['eos_token_id'\]=\[2, -5\]: give a token id ≥ 0"),
         (True, {"presence_penalty": 2.5}, r"\['presence_penalty'\]=2.5: give a number in \[-2, 2\] \(vLLM's range\)\.$"),
         (True, {"frequency_penalty": float("nan")}, r"\['frequency_penalty'\]=nan: give a number in \[-2, 2\]"),
+        # vLLM's structured outputs: TRL's transformers path keeps the dict unused; vLLM refused these at the first request
+        (False, {"structured_outputs": {"choice": ["yes"]}}, r"\['structured_outputs'\]=\{'choice': \['yes'\]\} cannot be honoured: it is vLLM's key: .* set use_vllm=True"),
+        (True, {"structured_outputs": {"choice": []}}, r"\['structured_outputs'\]=\{'choice': \[\]\}: choice=\[\] is refused by vLLM; give a non-empty list of strings\.$"),
+        (True, {"structured_outputs": {"choices": ["a"]}}, r"unknown key\(s\) 'choices'; give exactly one of regex, json, choice, grammar"),
+        (True, {"structured_outputs": {"regex": "a", "choice": ["a"]}}, r"2 constraints \(regex, choice\); give exactly one of"),
+        (True, {"structured_outputs": "yes|no"}, r"\['structured_outputs'\]='yes\|no': give a dict of vLLM's StructuredOutputsParams"),
     ],
 )
 def test_keys_not_honoured_are_refused_naming_the_fix(use_vllm, kwargs, message):

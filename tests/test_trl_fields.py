@@ -52,7 +52,7 @@ def test_every_trl_field_is_honoured_or_in_the_table():
 @pytest.mark.parametrize(
     "name,value,fix",
     [
-        ("vllm_structured_outputs_regex", "[0-9]+", "not wired to the engine"),
+        ("cache_implementation", "static", "default KV cache"),
         ("fp16", True, "bf16=True"),
         ("push_to_hub", True, "huggingface_hub"),
         ("cast_lm_head_to_fp32", True, "float32"),

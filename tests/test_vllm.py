@@ -254,6 +254,24 @@ def test_a_stop_string_ends_each_row_at_the_token_completing_it_on_both_engines(
         assert greedy.stop_lengths is None  # no stop strings: rows end at EOS or the length
 
 
+def test_structured_outputs_make_every_completion_an_allowed_string_on_both_engines(engine, tokenizer, server, model_dir):
+    # vllm_structured_outputs_regex / generation_kwargs={"structured_outputs": {...}} (TRL's): vLLM masks every token the
+    # grammar forbids, so the random tiny model only writes an allowed string, then EOS. Its log-probs are renormalised
+    # over the allowed tokens (a forced token's is 0), not π_old's: they are dropped (Samples.logps None, π_old the trainer's).
+    from fastgrpo.generation.vllm.server import ServerEngine
+
+    served = ServerEngine(server, model_dir, timeout=180, pushes_weights=False, dtype=torch.float32)
+    VLLMGenerator(engine, settings(tokenizer), vocab_size=len(tokenizer), tied=TIED).update_weights(vllm_tiny_model(tokenizer, seed=0))
+    for eng in (engine, served):
+        for constraint, allowed in (({"regex": "(yes|no)"}, {"yes", "no"}), ({"choice": ["maybe", "never"]}, {"maybe", "never"})):
+            backend = VLLMGenerator(eng, settings(tokenizer, structured_outputs=constraint), vocab_size=len(tokenizer), tied=TIED)
+            out = backend.sample(*prompt_tensors(), 4, max_new_tokens=8)
+            for row in out.completion_ids.tolist():
+                end = row.index(tokenizer.eos_token_id)  # the grammar ends each row with EOS, well before max_new_tokens
+                assert tokenizer.decode(row[:end]) in allowed, (eng.description, row)
+            assert out.logps is None and not backend.owns_weights
+
+
 def test_multi_turn_turns_continue_each_row_on_the_engine(engine, tokenizer):
     policy = vllm_tiny_model(tokenizer, seed=0)
     backend = VLLMGenerator(engine, settings(tokenizer), vocab_size=len(tokenizer), tied=TIED)

@@ -70,6 +70,7 @@ FIELD_HELP = {
     "vllm_gpu_memory_utilization": "the colocated engine's share of GPU memory (on CPU: of RAM)",
     "vllm_max_model_length": "the colocated engine's context in tokens (none: max_prompt_length + max_completion_length)",
     "vllm_tensor_parallel_size": "GPUs per colocated engine (1 here; a bigger engine: fastgrpo vllm-serve)",
+    "vllm_structured_outputs_regex": "a regex every completion matches (vLLM's structured outputs; vLLM's log-probs then go unused)",
     "loss_type": "objective: grpo, bnpo, dapo, dr_grpo, cispo or sapo (README, 'The objective family')",
     "epsilon": "epsilon: lower clip of the ratio at 1 - epsilon",
     "epsilon_high": "upper clip at 1 + epsilon_high (default: epsilon); cispo: the importance weight's bound itself (default 5.0)",

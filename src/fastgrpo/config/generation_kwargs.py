@@ -13,7 +13,9 @@ builds the same). So a key means what that engine means by it:
   text (vLLM keeps that token in `token_ids`, which TRL decodes, so the text holds the stop string);
   `include_stop_str_in_output`, `skip_special_tokens` only change vLLM's own text (TRL decodes the ids) and go to vLLM as
   given; `presence_penalty`, `frequency_penalty`, `min_tokens` go to vLLM, and like `repetition_penalty` there they turn
-  vLLM's log-probs off as the sampler's (vllm/backend.py `is_exact`).
+  vLLM's log-probs off as the sampler's (vllm/backend.py `is_exact`); `structured_outputs` (a dict of vLLM's
+  `StructuredOutputsParams`, config/structured_outputs.py) makes every completion match its regex, choice, JSON schema or
+  grammar, and turns vLLM's log-probs off too (renormalised over the tokens the grammar allows).
 
 A completion ended by a stop string or stop token counts as finished, as one ended by EOS (TRL counts a stop string's
 completion as truncated: its last id is no EOS). Every other key is refused by `check`, naming it and the fix.
@@ -22,6 +24,9 @@ Not here: applying the sampling values to the fields (grpo_config.py), sampling 
 """
 
 from __future__ import annotations
+
+from .structured_outputs import KWARGS_KEY
+from .structured_outputs import check as check_structured_outputs
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")  # fields of their own (TRL passes them to the engine)
 TRANSFORMERS_KEYS = ("stop_strings", "eos_token_id")
@@ -40,7 +45,8 @@ def check(kwargs: dict, vllm: bool, max_completion_length: int) -> dict:
         vllm: the run samples with vLLM (use_vllm=True / generation_backend="vllm").
         max_completion_length: T, which vLLM's `min_tokens` may not pass (vLLM refuses the request).
     Raises:
-        ValueError: a key fastgrpo does not honour for this engine, or a stop key of the wrong type; the message names
+        ValueError: a key fastgrpo does not honour for this engine, a stop key of the wrong type or structured outputs vLLM
+            refuses (config/structured_outputs.py `check`); the message names
             the key, what TRL does with it and what to use instead.
     """
     engine = "vLLM's SamplingParams" if vllm else "transformers' GenerationConfig"
@@ -50,6 +56,8 @@ def check(kwargs: dict, vllm: bool, max_completion_length: int) -> dict:
             continue
         if key in SAMPLING_KEYS:
             fields[key] = value  # TRL lets generation_kwargs override the sampling fields
+        elif key == "structured_outputs" and vllm:
+            check_structured_outputs(value, f"{KWARGS_KEY}={value!r}")
         elif key in (VLLM_STOP_KEYS + VLLM_PENALTY_KEYS if vllm else TRANSFORMERS_KEYS):
             _check_type(key, value)
             if key == "min_tokens" and value > max_completion_length:
@@ -71,9 +79,12 @@ def _why(key: str, vllm: bool, engine: str) -> str:
         did = "which refuses it (an unexpected keyword)" if vllm else "where transformers' generate never reads it"
         owner = "transformers'" if vllm else "vLLM's"
         return f"it is {owner} key: TRL passes it to {engine}, {did}; use {OTHER_ENGINES_KEY[key]!r}."
+    if key == "structured_outputs":
+        return (f"it is vLLM's key: TRL passes it to {engine}, which keeps it unused (no grammar masks the tokens); set "
+                "use_vllm=True, or remove it.")
     if key in VLLM_PENALTY_KEYS:
         return f"it is vLLM's key: TRL passes it to {engine}, where transformers' generate never reads it; set use_vllm=True, or remove it."
-    honoured = ", ".join((*SAMPLING_KEYS, *(VLLM_STOP_KEYS + VLLM_PENALTY_KEYS if vllm else TRANSFORMERS_KEYS)))
+    honoured = ", ".join((*SAMPLING_KEYS, *(VLLM_STOP_KEYS + VLLM_PENALTY_KEYS + ("structured_outputs",) if vllm else TRANSFORMERS_KEYS)))
     return (f"TRL passes it to {engine}, where it would change what is sampled in a way fastgrpo's log-probs (π_old, the "
             f"sampler–trainer correction) do not follow, or means nothing for GRPO. fastgrpo honours {honoured}; remove it.")
 

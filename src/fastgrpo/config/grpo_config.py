@@ -139,6 +139,7 @@ class GRPOConfig(TrainingArgumentsMethods, TrlFields):
     vllm_gpu_memory_utilization: float = 0.3  # colocate: the engine's share of GPU memory (of RAM on CPU: its KV cache)
     vllm_max_model_length: int | None = None  # colocate: the engine's context; None: max_prompt_length + max_completion_length
     vllm_tensor_parallel_size: int = 1  # colocate: 1 (a bigger engine runs in server mode)
+    vllm_structured_outputs_regex: str | None = None  # completions match it (vLLM's grammar mask; config/structured_outputs.py)
     # --- generation overlapped with training (TRL's AsyncGRPOConfig fields; rollout/async_producer.py) ------
     max_staleness: int | None = None  # None: the synchronous loop; k ≥ 0: rollouts produced ahead, ≤ k weight versions old (AsyncGRPOConfig: 4)
     weight_sync_steps: int = 1  # optimizer steps between weight pushes to the engine (made when a rollout is taken)

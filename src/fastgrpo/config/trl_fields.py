@@ -131,7 +131,6 @@ TRL_FIELDS: dict[str, TrlField] = {
     "pad_to_multiple_of": TrlField("auto", ANY),  # padding width only; no value changes a result
     # --- generation engines ----------------------------------------------------------
     "cache_implementation": TrlField(None, (None,), "generation uses transformers' default KV cache; remove it"),
-    "vllm_structured_outputs_regex": TrlField(None, (None,), "structured outputs are not wired to the engine; remove it"),
     "use_transformers_continuous_batching": TrlField(False, (False,), _ENGINE),
     "transformers_continuous_batching_config": TrlField(None, ANY),
     "use_transformers_paged": TrlField(False, (False,), _ENGINE),
@@ -155,7 +154,7 @@ TRL_TYPES = {
     "ddp_static_graph": bool | None, "ddp_backend": str | None, "debug": None | str | list[str],
     "dataloader_prefetch_factor": int | None, "dataloader_multiprocessing_context": str | None,
     "remove_unused_columns": bool | None, "label_names": list[str] | None, "pad_to_multiple_of": int | str | None,
-    "cache_implementation": str | None, "vllm_structured_outputs_regex": str | None,
+    "cache_implementation": str | None,
     "transformers_continuous_batching_config": dict | str | None,
 }
 

@@ -8,6 +8,8 @@ Not here: the engine itself (generation/vllm/), the other fields' rules (checks.
 
 from __future__ import annotations
 
+from .structured_outputs import check_fields as check_structured_outputs
+
 VLLM_MODES = ("colocate", "server")  # TRL's vllm_mode values
 VLLM_MODEL_IMPLS = ("vllm", "transformers", "auto")  # vLLM's model_impl values
 
@@ -20,10 +22,12 @@ def check_vllm(c) -> None:
             vllm_model_impl; a memory share outside (0, 1]; sleep mode (vLLM 0.32's CPU backend has
             none; on CUDA fastgrpo does not drive it yet); vllm_tensor_parallel_size > 1 in colocate mode (one engine per training
             process here, where TRL shards one across them; a bigger engine is a server's flag); use_cpu=True on a
-            machine with a GPU (vLLM would sample there while the policy trains on the CPU).
+            machine with a GPU (vLLM would sample there while the policy trains on the CPU); vllm_structured_outputs_regex
+            without vLLM, or one vLLM refuses (config/structured_outputs.py).
     """
     if c.use_vllm and c.generation_backend != "vllm":
         raise ValueError(f"use_vllm=True and generation_backend={c.generation_backend!r} contradict each other; set one of them.")
+    check_structured_outputs(c.vllm_structured_outputs_regex, c.generation_kwargs, c.generation_backend == "vllm")
     if c.generation_backend != "vllm":
         return
     if c.vllm_mode not in VLLM_MODES:

@@ -24,6 +24,7 @@ from typing import NamedTuple, Protocol
 import torch
 
 from ..config.generation_kwargs import end_token_ids, stop_strings, vllm_params
+from ..config.structured_outputs import resolve as structured_outputs
 
 
 class EngineError(RuntimeError):
@@ -56,6 +57,8 @@ class SamplingSettings:
         stop_strings: texts that end a completion at the token completing one (transformers'
             `stop_strings`, vLLM's `stop`: config/generation_kwargs.py); that token is kept.
         vllm_params: further vLLM `SamplingParams` fields, sent as given (penalties, the flags of vLLM's text).
+        structured_outputs: vLLM's `StructuredOutputsParams` as a dict ({"regex": "(yes|no)"}): every completion
+            matches it (vllm_structured_outputs_regex, else generation_kwargs' dict: config/structured_outputs.py); None: off.
     """
 
     max_completion_length: int
@@ -68,6 +71,7 @@ class SamplingSettings:
     repetition_penalty: float = 1.0
     stop_strings: tuple[str, ...] = ()
     vllm_params: dict = field(default_factory=dict)
+    structured_outputs: dict | None = None
 
     @classmethod
     def from_config(cls, args, eos_token_ids: Sequence[int], pad_token_id: int, vocab_size: int | None = None) -> SamplingSettings:
@@ -82,6 +86,7 @@ class SamplingSettings:
         return cls(
             args.max_completion_length, end_token_ids(kwargs, vllm, eos_token_ids, vocab_size), pad_token_id, args.temperature, args.top_p, args.top_k,
             args.min_p, args.repetition_penalty, stop_strings(kwargs, vllm), vllm_params(kwargs) if vllm else {},
+            structured_outputs(args.vllm_structured_outputs_regex, kwargs) if vllm else None,
         )
 
     def __post_init__(self):

@@ -49,15 +49,20 @@ SEED_STRIDE = 1 << 16  # seeds between two requests: room for their n completion
 
 
 def is_exact(sampling: SamplingSettings) -> bool:
-    """vLLM's processed log-probs are log softmax(logits / T) (no truncation, no penalty, no min_tokens): usable as the sampler's."""
+    """vLLM's processed log-probs are log softmax(logits / T) (no truncation, no penalty, no min_tokens, no grammar): usable
+    as the sampler's. A grammar (structured outputs) masks the tokens it forbids before sampling, so vLLM's log-probs are
+    renormalised over the allowed ones (a forced token's is 0; measured on vLLM 0.32's CPU build)."""
     penalised = any(sampling.vllm_params.get(key) for key in ("presence_penalty", "frequency_penalty", "min_tokens"))
-    return sampling.top_p >= 1.0 and sampling.top_k == 0 and not sampling.min_p and sampling.repetition_penalty == 1.0 and not penalised
+    return (sampling.top_p >= 1.0 and sampling.top_k == 0 and not sampling.min_p and sampling.repetition_penalty == 1.0 and not penalised
+            and sampling.structured_outputs is None)
 
 
 def sampling_params(sampling: SamplingSettings, n: int, max_tokens: int) -> dict:
     """vLLM `SamplingParams` fields for `sampling`: n completions of at most `max_tokens`, the sampled token's log-prob;
-    the stop strings as `stop` and `generation_kwargs`' other vLLM keys as given (config/generation_kwargs.py)."""
+    the stop strings as `stop`, `generation_kwargs`' other vLLM keys as given (config/generation_kwargs.py) and structured
+    outputs as a dict (a server's JSON field; the colocated engine makes vLLM's `StructuredOutputsParams` of it)."""
     return {**sampling.vllm_params, **({"stop": list(sampling.stop_strings)} if sampling.stop_strings else {}),
+        **({"structured_outputs": sampling.structured_outputs} if sampling.structured_outputs else {}),
         "n": n, "max_tokens": max_tokens, "temperature": sampling.temperature, "top_p": sampling.top_p,
         "top_k": sampling.top_k, "min_p": sampling.min_p or 0.0, "repetition_penalty": sampling.repetition_penalty,
         "logprobs": 0,  # the sampled token's own
@@ -87,7 +92,7 @@ class VLLMGenerator:
             rollout each time: its batch's rows took its one random stream in an order that varied from run to run).
     Attributes:
         owns_weights: True where vLLM's log-probs are of the distribution π_old is taken over (`is_exact`):
-            `Samples.logps` are given and corrected for; False under truncation or a repetition penalty.
+            `Samples.logps` are given and corrected for; False under truncation, a penalty or structured outputs.
         sync_bytes: the bytes of the last weights pushed (0 in a process that does not push).
     """
 
@@ -211,7 +216,7 @@ class VLLMGenerator:
         return Reprefill(self, self.sampling.pad_token_id, self.sampling.eos_token_ids)
 
     def notices(self) -> list[str]:
-        """Where the engine runs, and that its log-probs are not used under truncation or a repetition penalty."""
+        """Where the engine runs, and that its log-probs are not used under truncation, a penalty or a grammar."""
         when = ("once per rollout after the optimizer step" if self.sync_steps == 1 else
                 f"at the first rollout after each weight_sync_steps={self.sync_steps} optimizer steps")
         if self.deferred:
@@ -219,8 +224,8 @@ class VLLMGenerator:
         notes = [f"sampling with {self.engine.description}; its weights are synced {when}."]
         if not self.owns_weights:
             notes.append(
-                "top_p/top_k/min_p/repetition_penalty/presence_penalty/frequency_penalty/min_tokens: vLLM's log-probs are of the truncated, renormalised distribution "
-                "(trl#6789), not the one π_old is taken over; they are not used, so the sampler–trainer correction "
+                "top_p/top_k/min_p/repetition_penalty/presence_penalty/frequency_penalty/min_tokens/structured outputs: vLLM's log-probs are of the truncated "
+                "(or grammar-masked), renormalised distribution (trl#6789), not the one π_old is taken over; they are not used, so the sampler–trainer correction "
                 "(vllm_importance_sampling_correction) is off and π_old comes from the trainer."
             )
         return notes

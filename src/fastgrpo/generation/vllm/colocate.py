@@ -216,6 +216,7 @@ class ColocateEngine:
 
     def __init__(self, folder: WeightsFolder, *, max_model_len: int, memory_utilization: float, model_impl: str, seed: int):
         from vllm import LLM, SamplingParams  # noqa: PLC0415 (an optional dependency, imported when the backend is chosen)
+        from vllm.sampling_params import StructuredOutputsParams  # noqa: PLC0415
 
         on_cpu = not torch.cuda.is_available()
         if on_cpu:
@@ -242,6 +243,7 @@ class ColocateEngine:
                 f"{share}: lower it, or on CPU set VLLM_CPU_KVCACHE_SPACE=<GiB> for its KV cache, or free memory."
             ) from None
         self.sampling_params, self.folder, self.max_model_len = SamplingParams, folder, max_model_len
+        self.structured_outputs = StructuredOutputsParams  # a request's dict of them becomes one (TRL's colocated rule)
         # the processes vLLM started for it: the engine core (on CPU its worker is the core's own child, which vLLM watches)
         self.processes = [p for p in multiprocessing.active_children() if p not in before]
 
@@ -288,11 +290,14 @@ class ColocateEngine:
 
     def generate(self, prompts: list[list[int]], params: dict) -> list[list[Completion]]:
         """`LLM.generate` on token-id prompts (no tokenising; detokenised only for stop strings, which vLLM reads in the text);
-        → per prompt, its n completions with their log-probs and whether a stop string ended each.
+        → per prompt, its n completions with their log-probs and whether a stop string ended each. A `structured_outputs`
+        dict in `params` becomes vLLM's `StructuredOutputsParams`, as TRL's colocated engine makes it.
 
         Raises:
             EngineError: the engine died meanwhile (`watched`).
         """
+        if params.get("structured_outputs") is not None:
+            params = {**params, "structured_outputs": self.structured_outputs(**params["structured_outputs"])}
         outputs = self.watched(
             lambda: self.llm.generate([{"prompt_token_ids": p} for p in prompts], self.sampling_params(**params, detokenize=bool(params.get("stop"))), use_tqdm=False),
             "sampling",
