@@ -1,7 +1,7 @@
 """vLLM's structured outputs (TRL's `vllm_structured_outputs_regex`, `generation_kwargs["structured_outputs"]`), checked
 before any model loads and resolved to the one dict every engine request carries.
 
-TRL 1.16 (trl/generation/vllm_generation.py, vllm_client.py): colocated, `SamplingParams(structured_outputs=
+TRL 1.16 (its `VLLMGeneration` and `VLLMClient.generate`): colocated, `SamplingParams(structured_outputs=
 StructuredOutputsParams(regex=…))`, and a dict in generation_kwargs["structured_outputs"] becomes
 `StructuredOutputsParams(**dict)`; both set, the regex wins with a warning. A server gets `"structured_outputs": {…}`
 in the /v1/completions request (TRL's client lets the generation_kwargs dict win there; fastgrpo keeps the colocated
