@@ -57,11 +57,15 @@ def check(value, name: str) -> None:
 
 
 def _compiles(value: dict, name: str) -> None:
-    """vLLM's "auto" backend check (SamplingParams._validate_structured_outputs): xgrammar compiles it, else guidance."""
-    from vllm.exceptions import VLLMValidationError  # noqa: PLC0415 (optional; only here)
-    from vllm.sampling_params import SamplingParams, StructuredOutputsParams  # noqa: PLC0415
-    from vllm.v1.structured_output.backend_guidance import validate_guidance_grammar  # noqa: PLC0415
-    from vllm.v1.structured_output.backend_xgrammar import validate_xgrammar_grammar  # noqa: PLC0415
+    """vLLM's "auto" backend check (SamplingParams._validate_structured_outputs): xgrammar compiles it, else guidance.
+    A vLLM whose validators live elsewhere than 0.32's modules is left to check at the first request, as a server does."""
+    try:
+        from vllm.exceptions import VLLMValidationError  # noqa: PLC0415 (optional; only here)
+        from vllm.sampling_params import SamplingParams, StructuredOutputsParams  # noqa: PLC0415
+        from vllm.v1.structured_output.backend_guidance import validate_guidance_grammar  # noqa: PLC0415
+        from vllm.v1.structured_output.backend_xgrammar import validate_xgrammar_grammar  # noqa: PLC0415
+    except ImportError:  # another vLLM's layout, or a grammar backend not installed: the engine checks at the first request
+        return
 
     try:
         validate_xgrammar_grammar(SamplingParams(structured_outputs=StructuredOutputsParams(**value)))  # it rewrites a choice: a copy
