@@ -5,6 +5,7 @@
     accelerate launch --config_file examples/accelerate/ddp.yaml --num_processes 2 tests/dist_script.py OUT --max_steps 4 --resume
     ... --lora                                               # rank-8 adapters, beta 0.04, gradient checkpointing
     ... --beta 0.04 --save_steps 2                           # π_ref a frozen copy; checkpoints at steps 2, 4, …
+    ... --main_process_saves                                 # a subclass whose save_model runs on the main process only (not FSDP)
     ACCELERATE_USE_FSDP=true FSDP_VERSION=2 torchrun ...     # FSDP2 (tests/test_fsdp.py)
 
 The global batch is the same on any number of processes (16 completions per
@@ -67,7 +68,22 @@ def reward_fixed(completion_ids, **kwargs):
     return [len(ids) + 0.1 * (ids[0] % 5) for ids in completion_ids]
 
 
-def train(output_dir: str, max_steps: int, resume: bool = False, lora: bool = False, save_steps: int = 1000, beta: float = 0.0) -> None:
+class MainProcessSaves(GRPOTrainer):
+    """A subclass whose save_model (each checkpoint's and the final one) saves on the main process alone, and leaves a
+    marker there: with Trainer's save_model, which is collective only under FSDP/DeepSpeed, this works under DDP."""
+
+    def save_model(self, output_dir=None, _internal_call=False):
+        if self.is_world_process_zero():
+            super().save_model(output_dir, _internal_call)
+            with open(os.path.join(output_dir or self.args.output_dir, SUBCLASS_MARKER), "w") as f:
+                f.write(str(self.state.global_step))
+
+
+SUBCLASS_MARKER = "saved_by_subclass.txt"
+
+
+def train(output_dir: str, max_steps: int, resume: bool = False, lora: bool = False, save_steps: int = 1000, beta: float = 0.0,
+          main_process_saves: bool = False) -> None:
     """Train to `max_steps` (resuming from the latest checkpoint if asked) and write OUT/record_<rank>[_resumed].pt."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     args = GRPOConfig(
@@ -87,7 +103,8 @@ def train(output_dir: str, max_steps: int, resume: bool = False, lora: bool = Fa
     tokenizer = load_tokenizer("smollm2-135m-instruct")
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"Count to {n}."}]} for n in range(32)])
     peft_config = lora_config(lora_r=8, lora_alpha=16, lora_target_modules="all-linear") if lora else None
-    trainer = GRPOTrainer(tiny_model(tokenizer), reward_fixed, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=peft_config)
+    trainer_class = MainProcessSaves if main_process_saves else GRPOTrainer
+    trainer = trainer_class(tiny_model(tokenizer), reward_fixed, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=peft_config)
     trainer.backend.sample = fixed_completions(tokenizer, tokenizer.eos_token_id)
 
     advantages, weights, sampled = [], {}, []
@@ -123,5 +140,6 @@ if __name__ == "__main__":
     parser.add_argument("--lora", action="store_true")
     parser.add_argument("--save_steps", type=int, default=1000)
     parser.add_argument("--beta", type=float, default=0.0)
+    parser.add_argument("--main_process_saves", action="store_true")
     cli = parser.parse_args()
-    train(cli.output_dir, cli.max_steps, cli.resume, cli.lora, cli.save_steps, cli.beta)
+    train(cli.output_dir, cli.max_steps, cli.resume, cli.lora, cli.save_steps, cli.beta, cli.main_process_saves)

@@ -30,6 +30,7 @@ import sys
 import pytest
 import torch
 from conftest import FULL_RUN
+from dist_script import SUBCLASS_MARKER
 
 from fastgrpo import GRPOConfig
 
@@ -64,7 +65,9 @@ def runs(tmp_path_factory, full_one_process):
     tests); 3 steps on 2 processes with the same settings (β = 0.04, checkpoints at 2 and 3), then resumed to 4 on 2."""
     one, two = full_one_process, str(tmp_path_factory.mktemp("two"))
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port())]
-    run([*torchrun, SCRIPT, two, "--max_steps", "3", *FULL_RUN])
+    # A subclass's save_model that saves on the main process only (each checkpoint's and the final one): Trainer's DDP
+    # save_model is not collective, so such an override works there and must work here (it hung at a barrier).
+    run([*torchrun, SCRIPT, two, "--max_steps", "3", "--main_process_saves", *FULL_RUN])
     # Step 3 is the first of the second rollout's two (μ = 2): the checkpoint carries each process's share of it.
     with open(os.path.join(two, "metrics.jsonl")) as f:
         before_resume = f.read()
@@ -122,6 +125,14 @@ def test_two_processes_write_one_set_of_files_and_resume(runs):
     for name in ("model.safetensors", "trainer_state.pt", "rng_state_0.pt", "rng_state_1.pt", "process_state_0.pt", "process_state_1.pt"):
         assert os.path.exists(os.path.join(checkpoint, name)), name
     assert [json.loads(line)["step"] for line in before_resume.splitlines()] == [1, 2, 3]  # one line per step: main process only
+    # The main-process-only save_model override ran into each checkpoint (listed in its manifest) and at the end.
+    for folder, step in ((os.path.join(two, "checkpoint-2"), "2"), (checkpoint, "3")):
+        with open(os.path.join(folder, "manifest.json")) as f:
+            assert SUBCLASS_MARKER in json.load(f)["files"]
+        with open(os.path.join(folder, SUBCLASS_MARKER)) as f:
+            assert f.read() == step
+    with open(os.path.join(two, SUBCLASS_MARKER)) as f:
+        assert f.read() == "3"  # the 3-step launch's final save_model
 
     # Resumed on 2 processes: step 4 continues the saved rollout (no new one: no reward logged) and the log goes on.
     logged = read_metrics(two)

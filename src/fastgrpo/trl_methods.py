@@ -338,7 +338,8 @@ class TRLMethods(TRLAttributes):
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False, *, merge_adapters: bool = False) -> None:
         """Save the policy (safetensors), tokenizer and args (training_args.bin, as Trainer saves them) to `output_dir`
-        (default args.output_dir); every process calls it, the main process writes. Trainer's signature: a subclass's
+        (default args.output_dir); the main process writes. As Trainer's, collective only under FSDP (every process
+        joins the gather); without it an override may call it on the main process alone. Trainer's signature: a subclass's
         override is also called for each checkpoint, with the checkpoint's folder and `_internal_call=True`, as
         Trainer._save_checkpoint calls it (fastgrpo's own checkpoint files are written first).
 

@@ -341,7 +341,9 @@ def check_saveable(args) -> None:
 
 def save_model(accelerator, model, tokenizer, args, output_dir: str, merge_adapters: bool) -> None:
     """Write the policy (safetensors), tokenizer and `args` (training_args.bin, as Trainer writes it) to `output_dir`;
-    every process calls it, the main one writes.
+    the main process writes. Collective only where the weights are sharded (FSDP: every process joins the gather), as
+    Trainer.save_model, which has no barrier either: without sharding a subclass may call it on the main process alone
+    (Trainer's DDP path is `if should_save: _save(…)`), and the other processes do not wait for the files.
 
     Args:
         accelerator: gathers the state dict (sharded models) and says which process writes.
@@ -371,4 +373,3 @@ def save_model(accelerator, model, tokenizer, args, output_dir: str, merge_adapt
         tokenizer.save_pretrained(output_dir)
         torch.save(args, os.path.join(output_dir, ckpt.TRAINING_ARGS_NAME))
         ckpt.make_readable(output_dir)
-    accelerator.wait_for_everyone()
