@@ -14,6 +14,9 @@ tests/dist_script.py (fixed completions, 16 per optimizer step, μ = 2) runs:
   a 2-node launch simulated here (`torchrun --nnodes 2`, node ranks 0 and 1, one
   process each, rendezvous on 127.0.0.1), 2 steps.
 
+tests/dist_best_script.py (sampled completions) checks on 2 FSDP processes what was first tested on one: the best
+checkpoint loaded at the end, evaluate() after train(), stop strings and args changed on the built trainer.
+
 Tolerance, as tests/test_distributed.py: fp32 sums in another order (two
 processes each sum half the micro-batches' gradients, FSDP reduce-scatters
 them), so losses and advantages agree at rel 1e-5 and weights at 1e-6 absolute,
@@ -167,3 +170,48 @@ def test_a_deepspeed_launch_on_cpus_and_fsdp_version_1_are_refused(monkeypatch):
     monkeypatch.setenv("FSDP_VERSION", "1")
     with pytest.raises(ValueError, match="fsdp_version=1.*fsdp_version: 2"):
         fsdp_requested()
+
+
+@pytest.mark.slow
+def test_best_model_stop_strings_live_args_and_evaluate_after_train_on_two_fsdp_processes(tmp_path, tokenizer):
+    """tests/dist_best_script.py on 2 FSDP processes (each a check that held when first run on two processes):
+
+    - load_best_model_at_end: every process names checkpoint-2 (the step-dependent eval bonus makes it the best) and
+      holds step 2's whole weights after train(), loaded from its own shards (exactly: the same fp32 values);
+    - evaluate() after train(): the sampler's gathered copy is refreshed, to those best weights;
+    - save_steps and eval_steps set to 1 on the built trainer: a checkpoint and an evaluation at every step;
+    - stop strings with the own sampler: each process ends its own rows at the token completing "x" or "z" (kept), at
+      EOS, or at T (truncated), pads after; completions.jsonl holds both processes' rows of each rollout.
+    """
+    from dist_best_script import STOP_STRINGS, T
+
+    out = str(tmp_path / "two")
+    run(torchrun("--nproc_per_node", "2", "--master_port", str(free_port()), os.path.join(HERE, "dist_best_script.py"), out), **FSDP_ENV)
+    rank0, rank1 = records(out)
+    assert sorted(n for n in os.listdir(out) if n.startswith("checkpoint-")) == ["checkpoint-1", "checkpoint-2", "checkpoint-3"]
+    assert [r["step"] for r in map(json.loads, open(os.path.join(out, "metrics.jsonl"))) if "eval_reward" in r] == [1, 2, 3, 3]  # + evaluate()
+    for record in (rank0, rank1):
+        assert record["best"] == os.path.join(out, "checkpoint-2")
+        assert_weights({"weights": {2: record["final"]}}, record, (2,))
+        torch.testing.assert_close(record["final"], rank0["final"], rtol=0, atol=0)
+        torch.testing.assert_close(record["sampled"], record["final"], rtol=0, atol=0)
+        assert max((record["weights"][3][n] - record["final"][n]).abs().max() for n in record["final"]) > 1e-4  # step 3 moved them
+
+    ends = {"stop": 0, "eos": 0, "truncated": 0}
+    for k in range(3):  # one rollout per step
+        texts = []
+        for record in (rank0, rank1):
+            rollout = record["rollouts"][k]
+            assert len(rollout["texts"]) == 8  # this process's half: 2 prompts × G = 4
+            for ids, mask, truncated in zip(rollout["ids"].tolist(), rollout["mask"].tolist(), rollout["truncated"].tolist()):
+                n = sum(mask)
+                assert mask == [1] * n + [0] * (len(mask) - n) and ids[n:] == [tokenizer.pad_token_id] * (len(ids) - n)
+                text, before = tokenizer.decode(ids[:n]), tokenizer.decode(ids[: n - 1])
+                stopped = any(s in text and s not in before for s in STOP_STRINGS)
+                end = "stop" if stopped else "eos" if ids[n - 1] == tokenizer.eos_token_id else "truncated"
+                assert truncated == (end == "truncated") and (end != "truncated" or n == T)
+                ends[end] += 1
+            texts += rollout["texts"]
+        logged = [r for r in map(json.loads, open(os.path.join(out, "completions.jsonl"))) if r["step"] == k + 1]
+        assert sorted(r["completion"][0]["content"] for r in logged) == sorted(texts)
+    assert ends["stop"] and ends["truncated"]
