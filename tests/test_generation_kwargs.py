@@ -78,6 +78,38 @@ def test_stop_string_ends_a_completion_at_the_token_completing_it(tokenizer, bac
 
 
 @pytest.mark.parametrize("backend", ["fastgrpo", "transformers"])
+def test_suppress_tokens_and_bad_words_are_never_sampled(tokenizer, backend):
+    """transformers' suppress_tokens / bad_words_ids (its own processors): suppressing " hello" leaves " world" only; the bad
+    word " hello world" never appears while both tokens still do."""
+    model, hello, world = two_token_model(tokenizer)
+    out = rollout(backend, model, settings(tokenizer, suppress_tokens=[hello]), tokenizer)
+    assert out.completion_ids.tolist() == [[world] * T] * 16
+    rows = rollout(backend, model, settings(tokenizer, bad_words_ids=[[hello, world]]), tokenizer).completion_ids.tolist()
+    assert all((a, b) != (hello, world) for row in rows for a, b in zip(row, row[1:]))
+    assert {hello, world} <= {tok for row in rows for tok in row}
+
+
+@pytest.mark.parametrize("backend", ["fastgrpo", "transformers"])
+def test_min_new_tokens_forbids_an_end_before_that_many_completion_tokens(tokenizer, backend):
+    """transformers' min_new_tokens counts completion tokens only (not the prompt's): with " world" as the one end id, every
+    row's first 3 tokens are " hello"; without it 16 rows of fair coin flips end within 3 tokens."""
+    model, hello, world = two_token_model(tokenizer)
+    rows = rollout(backend, model, settings(tokenizer, eos_token_id=world, min_new_tokens=3), tokenizer).completion_ids.tolist()
+    assert all(row[:3] == [hello] * 3 for row in rows) and any(world in row for row in rows)
+    early = rollout(backend, model, settings(tokenizer, eos_token_id=world), tokenizer).completion_ids.tolist()
+    assert any(world in row[:3] for row in early)
+
+
+def test_turns_re_run_each_sequence_when_a_processor_reads_where_the_completion_stands(tokenizer):
+    """Cached turns hold rows of different lengths in one history; min_new_tokens / bad_words_ids need each row's own, so the
+    own sampler's multi-turn engine re-runs the sequences (each turn counts from 0, as each `generate` call does)."""
+    model, hello, world = two_token_model(tokenizer)
+    for kwargs, kind in (({}, "CachedTurns"), ({"min_new_tokens": 2}, "Reprefill"), ({"bad_words_ids": [[hello]]}, "Reprefill")):
+        backend = build_backend(SimpleNamespace(generation_backend="fastgrpo"), model, settings(tokenizer, **kwargs), bf16=False, tokenizer=tokenizer)
+        assert type(backend.turns()).__name__ == kind
+
+
+@pytest.mark.parametrize("backend", ["fastgrpo", "transformers"])
 def test_eos_token_id_replaces_the_ids_that_end_a_completion(tokenizer, backend):
     """transformers' eos_token_id: " world" ends a row (kept, finished) and the model's own EOS is no longer among the ends."""
     model, hello, world = two_token_model(tokenizer)
@@ -163,6 +195,17 @@ def test_vllm_rows_ended_by_a_stop_string_are_finished(tokenizer):
         (True, {"stop_token_ids": 5}, r"generation_kwargs\['stop_token_ids'\]=5: give a list of token ids"),
         (True, {"min_tokens": 600}, r"generation_kwargs\['min_tokens'\]=600 is more than max_completion_length=512, which vLLM refuses"),
         (False, {"do_sample": False}, r"GRPO samples"),
+        # transformers' masks: refused with vLLM naming vLLM's key where fastgrpo sends one; values its processors refuse
+        # (at the first rollout) or that would truncate every completion, refused at the config
+        (True, {"min_new_tokens": 3}, r"\['min_new_tokens'\]=3 cannot be honoured: it is transformers' key: .* use 'min_tokens'"),
+        (False, {"min_tokens": 3}, r"\['min_tokens'\]=3 cannot be honoured: it is vLLM's key: .* use 'min_new_tokens'"),
+        (True, {"suppress_tokens": [3]}, r"\['suppress_tokens'\]=\[3\] cannot be honoured: it is transformers' key: .* set use_vllm=False"),
+        (True, {"bad_words_ids": [[3]]}, r"fastgrpo does not send vLLM's own masks \(`bad_words`, `logit_bias`\)"),
+        (False, {"min_new_tokens": 600}, r"\['min_new_tokens'\]=600 is more than max_completion_length=512, so no completion could end"),
+        (False, {"min_new_tokens": -1}, r"\['min_new_tokens'\]=-1: give an int ≥ 0\.$"),
+        (False, {"suppress_tokens": [-3]}, r"\['suppress_tokens'\]=\[-3\]: give a list of token ids \(each ≥ 0\)\.$"),
+        (False, {"bad_words_ids": [[]]}, r"\['bad_words_ids'\]=\[\[\]\]: give a non-empty list of non-empty lists of token ids"),
+        (False, {"bad_words_ids": [5]}, r"\['bad_words_ids'\]=\[5\]: give a non-empty list of non-empty lists"),
         # found by the break sweep: vLLM refused each at the first request (after the model loaded); transformers ended every
         # completion at its first token (an empty stop string) or never stopped at the id (a negative one, with a warning)
         (False, {"stop_strings": ""}, r"generation_kwargs\['stop_strings'\]='': give a non-empty string or a list of them \(an empty one would end every completion at once\)\.$"),

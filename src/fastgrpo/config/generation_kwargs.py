@@ -8,7 +8,10 @@ builds the same). So a key means what that engine means by it:
   `do_sample=True` is what GRPO does anyway.
 - transformers (use_vllm=False): `eos_token_id` (an id or a list) is the whole set of ids that end a completion (the
   model's EOS ends it no more unless listed); `stop_strings` end it at the token that completes the text (transformers'
-  `StopStringCriteria`; TRL's generate has no tokenizer and raises at its first rollout).
+  `StopStringCriteria`; TRL's generate has no tokenizer and raises at its first rollout); the masks `suppress_tokens`
+  (ids never sampled), `bad_words_ids` (id sequences never completed) and `min_new_tokens` (no EOS before that many
+  completion tokens) apply transformers' own processors, which change only which tokens are drawn: the log-probs stay
+  log softmax(logits / T), as TRL's training log-probs ignore every processor.
 - vLLM (use_vllm=True): `stop_token_ids` end a completion besides EOS; `stop` strings end it at the token completing the
   text (vLLM keeps that token in `token_ids`, which TRL decodes, so the text holds the stop string);
   `include_stop_str_in_output`, `skip_special_tokens` only change vLLM's own text (TRL decodes the ids) and go to vLLM as
@@ -30,9 +33,11 @@ from .structured_outputs import check as check_structured_outputs
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")  # fields of their own (TRL passes them to the engine)
 TRANSFORMERS_KEYS = ("stop_strings", "eos_token_id")
+TRANSFORMERS_MASK_KEYS = ("suppress_tokens", "bad_words_ids", "min_new_tokens")  # processors that only forbid tokens
 VLLM_STOP_KEYS = ("stop", "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens")
 VLLM_PENALTY_KEYS = ("presence_penalty", "frequency_penalty", "min_tokens")  # change vLLM's distribution: its log-probs go unused
-OTHER_ENGINES_KEY = {"stop": "stop_strings", "stop_token_ids": "eos_token_id", "stop_strings": "stop", "eos_token_id": "stop_token_ids"}
+OTHER_ENGINES_KEY = {"stop": "stop_strings", "stop_token_ids": "eos_token_id", "stop_strings": "stop", "eos_token_id": "stop_token_ids",
+                     "min_tokens": "min_new_tokens", "min_new_tokens": "min_tokens"}
 GROUP_KEYS = ("num_beams", "num_return_sequences", "n", "best_of", "num_beam_groups")  # GRPO's group is num_generations
 LENGTH_KEYS = ("max_new_tokens", "max_tokens", "max_length")
 
@@ -43,7 +48,8 @@ def check(kwargs: dict, vllm: bool, max_completion_length: int) -> dict:
     Args:
         kwargs: the user's generation_kwargs.
         vllm: the run samples with vLLM (use_vllm=True / generation_backend="vllm").
-        max_completion_length: T, which vLLM's `min_tokens` may not pass (vLLM refuses the request).
+        max_completion_length: T, which vLLM's `min_tokens` and transformers' `min_new_tokens` may not pass (vLLM refuses
+            the request; transformers' would forbid EOS in every completion, each truncated).
     Raises:
         ValueError: a key fastgrpo does not honour for this engine, a stop key of the wrong type or structured outputs vLLM
             refuses (config/structured_outputs.py `check`); the message names
@@ -58,11 +64,12 @@ def check(kwargs: dict, vllm: bool, max_completion_length: int) -> dict:
             fields[key] = value  # TRL lets generation_kwargs override the sampling fields
         elif key == "structured_outputs" and vllm:
             check_structured_outputs(value, f"{KWARGS_KEY}={value!r}")
-        elif key in (VLLM_STOP_KEYS + VLLM_PENALTY_KEYS if vllm else TRANSFORMERS_KEYS):
+        elif key in (VLLM_STOP_KEYS + VLLM_PENALTY_KEYS if vllm else TRANSFORMERS_KEYS + TRANSFORMERS_MASK_KEYS):
             _check_type(key, value)
-            if key == "min_tokens" and value > max_completion_length:
-                raise ValueError(f"generation_kwargs['min_tokens']={value} is more than max_completion_length={max_completion_length}, "
-                                 "which vLLM refuses; lower it or raise max_completion_length.")
+            if key in ("min_tokens", "min_new_tokens") and value > max_completion_length:
+                why = "which vLLM refuses" if vllm else "so no completion could end before it is cut (EOS forbidden until then)"
+                raise ValueError(f"generation_kwargs[{key!r}]={value} is more than max_completion_length={max_completion_length}, "
+                                 f"{why}; lower it or raise max_completion_length.")
         else:
             raise ValueError(f"generation_kwargs[{key!r}]={value!r} cannot be honoured: {_why(key, vllm, engine)}")
     return fields
@@ -79,12 +86,15 @@ def _why(key: str, vllm: bool, engine: str) -> str:
         did = "which refuses it (an unexpected keyword)" if vllm else "where transformers' generate never reads it"
         owner = "transformers'" if vllm else "vLLM's"
         return f"it is {owner} key: TRL passes it to {engine}, {did}; use {OTHER_ENGINES_KEY[key]!r}."
+    if key in ("suppress_tokens", "bad_words_ids") and vllm:
+        return (f"it is transformers' key: TRL passes it to {engine}, which refuses it (an unexpected keyword); fastgrpo does not "
+                "send vLLM's own masks (`bad_words`, `logit_bias`); set use_vllm=False, or remove it.")
     if key == "structured_outputs":
         return (f"it is vLLM's key: TRL passes it to {engine}, which keeps it unused (no grammar masks the tokens); set "
                 "use_vllm=True, or remove it.")
     if key in VLLM_PENALTY_KEYS:
         return f"it is vLLM's key: TRL passes it to {engine}, where transformers' generate never reads it; set use_vllm=True, or remove it."
-    honoured = ", ".join((*SAMPLING_KEYS, *(VLLM_STOP_KEYS + VLLM_PENALTY_KEYS + ("structured_outputs",) if vllm else TRANSFORMERS_KEYS)))
+    honoured = ", ".join((*SAMPLING_KEYS, *(VLLM_STOP_KEYS + VLLM_PENALTY_KEYS + ("structured_outputs",) if vllm else TRANSFORMERS_KEYS + TRANSFORMERS_MASK_KEYS)))
     return (f"TRL passes it to {engine}, where it would change what is sampled in a way fastgrpo's log-probs (π_old, the "
             f"sampler–trainer correction) do not follow, or means nothing for GRPO. fastgrpo honours {honoured}; remove it.")
 
@@ -93,20 +103,24 @@ def _check_type(key: str, value) -> None:
     """Refuse a value vLLM's SamplingParams refuses (its checks at the first request, after the model loaded) or one that
     would silently change the run: an empty stop string (vLLM: "stop cannot contain an empty string"; transformers' ends
     every completion at its first token), a negative token id (vLLM: out of vocabulary; transformers warns, then never
-    stops there), a penalty outside vLLM's [-2, 2]."""
+    stops there), a penalty outside vLLM's [-2, 2]; transformers' masks of the wrong shape (its processors raise at the first
+    rollout: an empty bad word, a non-list)."""
     ok = {
         "stop": _strings(value), "stop_strings": _strings(value),
         "stop_token_ids": _all(value, int), "eos_token_id": _is_id(value) or _all(value, int),
         "include_stop_str_in_output": isinstance(value, bool), "skip_special_tokens": isinstance(value, bool),
         "presence_penalty": _is_number(value) and -2.0 <= value <= 2.0,
         "frequency_penalty": _is_number(value) and -2.0 <= value <= 2.0,
-        "min_tokens": _is_int(value) and value >= 0,
+        "min_tokens": _is_int(value) and value >= 0, "min_new_tokens": _is_int(value) and value >= 0,
+        "suppress_tokens": _all(value, int),
+        "bad_words_ids": isinstance(value, (list, tuple)) and len(value) > 0 and all(_all(w, int) and len(w) > 0 for w in value),
     }[key]
     if not ok:
         want = {"stop": "a non-empty string or a list of them (an empty one would end every completion at once)",
                 "stop_strings": "a non-empty string or a list of them (an empty one would end every completion at once)",
                 "stop_token_ids": "a list of token ids (each ≥ 0)", "eos_token_id": "a token id ≥ 0 or a list of them",
-                "min_tokens": "an int ≥ 0"}.get(key, "a number in [-2, 2] (vLLM's range)" if "penalty" in key else "True or False")
+                "min_tokens": "an int ≥ 0", "min_new_tokens": "an int ≥ 0", "suppress_tokens": "a list of token ids (each ≥ 0)",
+                "bad_words_ids": "a non-empty list of non-empty lists of token ids (each ≥ 0), as tokenizer(words, add_special_tokens=False).input_ids"}.get(key, "a number in [-2, 2] (vLLM's range)" if "penalty" in key else "True or False")
         raise ValueError(f"generation_kwargs[{key!r}]={value!r}: give {want}.")
 
 
@@ -155,6 +169,16 @@ def end_token_ids(kwargs: dict | None, vllm: bool, eos_token_ids, vocab_size: in
     if not vllm and "eos_token_id" in kwargs:
         return tuple(sorted(set(given)))
     return tuple(sorted(set(eos_token_ids) | set(given if vllm else ())))
+
+
+def masks(kwargs: dict | None, vllm: bool) -> dict:
+    """transformers' masks (`suppress_tokens`, `bad_words_ids`, `min_new_tokens`) as given, ids as tuples; {} with vLLM."""
+    given = {k: v for k, v in (kwargs or {}).items() if k in TRANSFORMERS_MASK_KEYS and not vllm}
+    if "suppress_tokens" in given:
+        given["suppress_tokens"] = tuple(given["suppress_tokens"])
+    if "bad_words_ids" in given:
+        given["bad_words_ids"] = tuple(tuple(w) for w in given["bad_words_ids"])
+    return given
 
 
 def vllm_params(kwargs: dict | None) -> dict:

@@ -23,7 +23,7 @@ from typing import NamedTuple, Protocol
 
 import torch
 
-from ..config.generation_kwargs import end_token_ids, stop_strings, vllm_params
+from ..config.generation_kwargs import end_token_ids, masks, stop_strings, vllm_params
 from ..config.structured_outputs import resolve as structured_outputs
 
 
@@ -59,6 +59,9 @@ class SamplingSettings:
         vllm_params: further vLLM `SamplingParams` fields, sent as given (penalties, the flags of vLLM's text).
         structured_outputs: vLLM's `StructuredOutputsParams` as a dict ({"regex": "(yes|no)"}): every completion
             matches it (vllm_structured_outputs_regex, else generation_kwargs' dict: config/structured_outputs.py); None: off.
+        suppress_tokens, bad_words_ids, min_new_tokens: transformers' masks from generation_kwargs (without vLLM): ids never
+            sampled, id sequences never completed, no EOS before this many completion tokens (0 = off); applied by transformers'
+            own processors (processors.py), which change only which tokens are drawn, never the log-probs.
     """
 
     max_completion_length: int
@@ -72,6 +75,9 @@ class SamplingSettings:
     stop_strings: tuple[str, ...] = ()
     vllm_params: dict = field(default_factory=dict)
     structured_outputs: dict | None = None
+    suppress_tokens: tuple[int, ...] = ()
+    bad_words_ids: tuple[tuple[int, ...], ...] = ()
+    min_new_tokens: int = 0
 
     @classmethod
     def from_config(cls, args, eos_token_ids: Sequence[int], pad_token_id: int, vocab_size: int | None = None) -> SamplingSettings:
@@ -86,7 +92,7 @@ class SamplingSettings:
         return cls(
             args.max_completion_length, end_token_ids(kwargs, vllm, eos_token_ids, vocab_size), pad_token_id, args.temperature, args.top_p, args.top_k,
             args.min_p, args.repetition_penalty, stop_strings(kwargs, vllm), vllm_params(kwargs) if vllm else {},
-            structured_outputs(args.vllm_structured_outputs_regex, kwargs) if vllm else None,
+            structured_outputs(args.vllm_structured_outputs_regex, kwargs) if vllm else None, **masks(kwargs, vllm),
         )
 
     def __post_init__(self):

@@ -12,8 +12,11 @@ import torch
 from transformers import (
     LogitsProcessor,
     LogitsProcessorList,
+    MinNewTokensLengthLogitsProcessor,
     MinPLogitsWarper,
+    NoBadWordsLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
+    SuppressTokensLogitsProcessor,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
@@ -22,16 +25,28 @@ from transformers import (
 from .contract import SamplingSettings
 
 
-def logits_processors(sampling: SamplingSettings) -> LogitsProcessorList:
+def logits_processors(sampling: SamplingSettings, prompt_length: int = 0) -> LogitsProcessorList:
     """transformers' processors for these settings, in the order `generate` applies them when sampling.
 
-    Matches `GenerationMixin._get_logits_processor` (transformers 5): the
-    repetition penalty first, then temperature, top-k, top-p, min-p; a value
-    that means "off" (1.0, 0, None) adds nothing.
+    Matches `GenerationMixin._get_logits_processor` (transformers 5.19): the
+    repetition penalty first, then the masks (bad words, min_new_tokens,
+    suppressed tokens), then temperature, top-k, top-p, min-p; a value that
+    means "off" (1.0, 0, None, ()) adds nothing.
+
+    Args:
+        prompt_length: P, the prompt columns of the history the processors read (P + t columns at completion token t):
+            `min_new_tokens` counts the columns after it, as `generate` passes its input length. Only needed with
+            `min_new_tokens`.
     """
     processors = LogitsProcessorList()
     if sampling.repetition_penalty != 1.0:
         processors.append(RepetitionPenaltyLogitsProcessor(sampling.repetition_penalty))
+    if sampling.bad_words_ids:
+        processors.append(NoBadWordsLogitsProcessor([list(w) for w in sampling.bad_words_ids], list(sampling.eos_token_ids)))
+    if sampling.min_new_tokens > 0:
+        processors.append(MinNewTokensLengthLogitsProcessor(prompt_length, sampling.min_new_tokens, list(sampling.eos_token_ids)))
+    if sampling.suppress_tokens:
+        processors.append(SuppressTokensLogitsProcessor(list(sampling.suppress_tokens)))
     if sampling.temperature != 1.0:
         processors.append(TemperatureLogitsWarper(sampling.temperature))
     if sampling.top_k != 0:
@@ -41,6 +56,12 @@ def logits_processors(sampling: SamplingSettings) -> LogitsProcessorList:
     if sampling.min_p is not None:
         processors.append(MinPLogitsWarper(min_p=sampling.min_p, min_tokens_to_keep=1))
     return processors
+
+
+def reads_tail(sampling: SamplingSettings) -> bool:
+    """Whether a processor reads where the completion stands (`min_new_tokens`, `bad_words_ids`): the history must be the
+    prompt's P columns then the row's own tokens, which cached turns' rows of different lengths are not."""
+    return sampling.min_new_tokens > 0 or bool(sampling.bad_words_ids)
 
 
 def fill_pads(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> torch.Tensor:

@@ -36,7 +36,8 @@ from .cached_turns import CachedTurns
 from .contract import Samples, SamplingSettings
 from .draw import draw
 from .kv_cache import KVCache
-from .processors import fill_pads, logits_processors
+from .processors import fill_pads, logits_processors, reads_tail
+from .reprefill import Reprefill
 from .weight_copy import WeightCopy
 
 # Decoders whose layers are exactly: RMSNorm → q/k/v/o attention with rotary embeddings → RMSNorm → MLP.
@@ -104,9 +105,12 @@ class Sampler:
         if self.weight_copy is not None:
             self.weight_copy.update(policy)
 
-    def turns(self) -> CachedTurns:
-        """Turns that keep each row's KV cache between turns (cached_turns.py)."""
-        return CachedTurns(self)
+    def turns(self) -> CachedTurns | Reprefill:
+        """Turns that keep each row's KV cache between turns (cached_turns.py); with a processor that reads where the
+        completion stands (`processors.reads_tail`: min_new_tokens, bad_words_ids) turns that re-run each row's sequence
+        (reprefill.py), where every row's history is its prompt then its own tokens and each turn counts from 0, as each
+        `generate` call does."""
+        return Reprefill(self, self.sampling.pad_token_id, self.sampling.eos_token_ids) if reads_tail(self.sampling) else CachedTurns(self)
 
     def notices(self) -> list[str]:
         """The weight copy's start-up sentence, if it has one."""
@@ -143,6 +147,7 @@ class Sampler:
         B, P = prompt_ids.shape
         G, T = num_generations, max_new_tokens or self.sampling.max_completion_length
         N, L = B * G, P + T
+        processors = logits_processors(self.sampling, P)  # min_new_tokens counts the columns after the P prompt ones
         cache = KVCache(lm, N, L, device)
         positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # as generate() numbers left-padded tokens
         logits = cache.prefill(prompt_ids, prompt_mask.bool(), positions, G).repeat_interleave(G, dim=0)  # (N, V)
@@ -155,7 +160,7 @@ class Sampler:
         rows = torch.arange(N, device=device)  # original index of each live row, live rows first in the cache
         for t in range(T):
             uniform = torch.rand(N, 1, device=device, dtype=torch.float64)[rows]
-            token, logps[rows, t] = draw(logits, tokens[rows, : P + t], uniform, self.processors, self.sampling.temperature, f"completion token {t}")
+            token, logps[rows, t] = draw(logits, tokens[rows, : P + t], uniform, processors, self.sampling.temperature, f"completion token {t}")
             out[rows, t], tokens[rows, P + t] = token, token
             live = ~torch.isin(token, eos)
             if self.stops is not None:  # the row's text so far completes a stop string: it ends at this token

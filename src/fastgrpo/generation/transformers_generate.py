@@ -48,7 +48,6 @@ class TransformersGenerator:
                  stops: StopStringCriteria | None = None):
         self.model = model if weight_copy is None else weight_copy.module
         self.weight_copy, self.sampling, self.stops = weight_copy, sampling, stops
-        self.processors = logits_processors(sampling)
         self.config = GenerationConfig(
             do_sample=True,
             max_new_tokens=sampling.max_completion_length,
@@ -91,7 +90,8 @@ class TransformersGenerator:
                 input_ids=prompt_ids.repeat_interleave(num_generations, dim=0),
                 attention_mask=prompt_mask.repeat_interleave(num_generations, dim=0),
                 generation_config=config,
-                logits_processor=LogitsProcessorList([OnRealTokens(self.processors, fill_pads(prompt_ids, prompt_mask).repeat_interleave(num_generations, dim=0))]),
+                logits_processor=LogitsProcessorList([OnRealTokens(logits_processors(self.sampling, prompt_ids.shape[1]),
+                                                                   fill_pads(prompt_ids, prompt_mask).repeat_interleave(num_generations, dim=0))]),
                 stopping_criteria=StoppingCriteriaList([] if self.stops is None else [OnCompletion(self.stops, prompt_ids.shape[1])]),
                 **router_kwargs(lm.config, False),  # a config's output_router_logits=True fails in the cached steps (model/experts.py)
             )
