@@ -723,18 +723,19 @@ def test_cached_turns_repetition_penalty_sees_each_rows_own_tokens(tokenizer, ma
     assert checked >= 10 and not pad_penalised  # no row held the pad id: the old tail would have penalised it
 
 
-def test_reprefill_turns_never_show_the_processors_a_pad(tokenizer, make_model):
+def test_reprefill_turns_never_show_the_processors_a_pad(tokenizer, make_model, monkeypatch):
     """The Reprefill engine (whole sequences again, left-padded to the longest): the processors read no pad id in any
     turn (pad 7 is in no row's tokens), so the repetition penalty sees each row's own tokens there too."""
     from fastgrpo.data import PromptEncoder
+    from fastgrpo.generation import sampler as sampler_module
     from fastgrpo.generation.contract import SamplingSettings
     from fastgrpo.generation.sampler import Sampler
 
     eos, pad = tokenizer.eos_token_id, 7
     sampler = Sampler(make_model().eval(), SamplingSettings(max_completion_length=40, eos_token_ids=[eos], pad_token_id=pad, repetition_penalty=1.5))
     ids, mask, _ = PromptEncoder(tokenizer, None)([[{"role": "user", "content": "Count to 3, slowly please."}], [{"role": "user", "content": "Hi"}]])
-    seen, processors = [], sampler.processors
-    sampler.processors = lambda history, logits: seen.append(history.clone()) or processors(history, logits)
+    seen, draw = [], sampler_module.draw  # each step's history: what the processors read (draw passes it to them as is)
+    monkeypatch.setattr(sampler_module, "draw", lambda logits, history, *rest: seen.append(history.clone()) or draw(logits, history, *rest))
     turns = Reprefill(sampler, pad, [eos])
     torch.manual_seed(0)
     turns.first(ids, mask, 2, 6)
