@@ -244,6 +244,11 @@ def test_stop_token_ids_beyond_the_vocabulary_are_refused_before_an_engine_start
                       generation_kwargs={"eos_token_id": 10**9}, disable_tqdm=True)
     with pytest.raises(ValueError, match=rf"\['eos_token_id'\]=1000000000: id 1000000000 is beyond the model's {vocab} tokens"):
         GRPOTrainer(make_model(), lambda completions, **kw: [0.0] * len(completions), args=args, train_dataset=prompts, processing_class=tokenizer)
+    # transformers' masks index the logits with their ids: an IndexError at the first rollout, after the model loaded
+    for key, value in (("suppress_tokens", [3, vocab]), ("bad_words_ids", [[3], [4, vocab + 5]])):
+        with pytest.raises(ValueError, match=rf"\['{key}'\]=.*: id {vocab if key == 'suppress_tokens' else vocab + 5} is beyond the model's {vocab} tokens"):
+            SamplingSettings.from_config(GRPOConfig(generation_kwargs={key: value}), [2], 0, vocab)
+    assert SamplingSettings.from_config(GRPOConfig(generation_kwargs={"suppress_tokens": [vocab - 1]}), [2], 0, vocab).suppress_tokens == (vocab - 1,)
 
 
 def test_stop_criteria_are_transformers_own(tokenizer):

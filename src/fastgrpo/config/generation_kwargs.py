@@ -171,9 +171,20 @@ def end_token_ids(kwargs: dict | None, vllm: bool, eos_token_ids, vocab_size: in
     return tuple(sorted(set(eos_token_ids) | set(given if vllm else ())))
 
 
-def masks(kwargs: dict | None, vllm: bool) -> dict:
-    """transformers' masks (`suppress_tokens`, `bad_words_ids`, `min_new_tokens`) as given, ids as tuples; {} with vLLM."""
+def masks(kwargs: dict | None, vllm: bool, vocab_size: int | None = None) -> dict:
+    """transformers' masks (`suppress_tokens`, `bad_words_ids`, `min_new_tokens`) as given, ids as tuples; {} with vLLM.
+
+    Raises:
+        ValueError: an id ≥ `vocab_size` (the policy's embedding rows; None: not checked), which transformers' processors
+            index the logits with: an IndexError at the first rollout, after the model loaded.
+    """
     given = {k: v for k, v in (kwargs or {}).items() if k in TRANSFORMERS_MASK_KEYS and not vllm}
+    for key in ("suppress_tokens", "bad_words_ids"):
+        ids = given.get(key, ())
+        beyond = [i for i in (ids if key == "suppress_tokens" else [i for word in ids for i in word]) if vocab_size is not None and i >= vocab_size]
+        if beyond:
+            raise ValueError(f"generation_kwargs[{key!r}]={ids!r}: id {beyond[0]} is beyond the model's {vocab_size} tokens; give ids "
+                             "below it (tokenizer.convert_tokens_to_ids(text) names one).")
     if "suppress_tokens" in given:
         given["suppress_tokens"] = tuple(given["suppress_tokens"])
     if "bad_words_ids" in given:

@@ -86,13 +86,13 @@ class SamplingSettings:
         EOS ids, transformers' `eos_token_id` replaces them).
 
         Raises:
-            ValueError: a stop token id ≥ `vocab_size` (the policy's embedding rows; None: not checked), before any engine starts.
+            ValueError: a stop or masked token id ≥ `vocab_size` (the policy's embedding rows; None: not checked), before any engine starts.
         """
         kwargs, vllm = args.generation_kwargs, args.generation_backend == "vllm"
         return cls(
             args.max_completion_length, end_token_ids(kwargs, vllm, eos_token_ids, vocab_size), pad_token_id, args.temperature, args.top_p, args.top_k,
             args.min_p, args.repetition_penalty, stop_strings(kwargs, vllm), vllm_params(kwargs) if vllm else {},
-            structured_outputs(args.vllm_structured_outputs_regex, kwargs) if vllm else None, **masks(kwargs, vllm),
+            structured_outputs(args.vllm_structured_outputs_regex, kwargs) if vllm else None, **masks(kwargs, vllm, vocab_size),
         )
 
     def __post_init__(self):
