@@ -68,11 +68,11 @@ def first_step_scores(monkeypatch, backend, model, sampling, ids, mask):
     """The processed scores (rows, V) a backend samples its first token from (a recorder after its processors)."""
     recorded = []
 
-    def recording(settings):
-        return [*PROCESSORS(settings), lambda input_ids, scores: recorded.append(scores.clone()) or scores]
+    def recording(settings, prompt_length=0):
+        return LogitsProcessorList([*PROCESSORS(settings, prompt_length), lambda input_ids, scores: recorded.append(scores.clone()) or scores])
 
-    monkeypatch.setattr(sampler, "logits_processors", lambda settings: LogitsProcessorList(recording(settings)))
-    monkeypatch.setattr(transformers_generate, "logits_processors", lambda settings: LogitsProcessorList(recording(settings)))
+    monkeypatch.setattr(sampler, "logits_processors", recording)
+    monkeypatch.setattr(transformers_generate, "logits_processors", recording)
     build_backend(SimpleNamespace(generation_backend=backend), model, sampling, bf16=False).sample(ids, mask, 1)
     return recorded[0]
 
