@@ -92,7 +92,7 @@ class Sampler:
             raise ValueError(f"the fastgrpo sampler cannot run {reason}; use generation_backend='transformers'.")
         self.model = model
         self.sampling = sampling
-        self.processors = logits_processors(sampling)
+        self.processors = logits_processors(sampling)  # cached turns' (turns() picks them only when no processor reads the position)
         self.weight_copy, self.stops = weight_copy, stops
         self.owns_weights = weight_copy is not None and weight_copy.second_policy
 
