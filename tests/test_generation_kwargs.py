@@ -138,6 +138,26 @@ def test_vllm_keys_join_the_stop_token_ids_and_go_to_sampling_params(tokenizer):
     assert vllm.SamplingParams(**params, detokenize=True).stop == ["o w"]
 
 
+def test_vllms_masks_go_to_sampling_params_and_turn_its_log_probs_off():
+    """vLLM's bad_words, logit_bias and allowed_token_ids go to SamplingParams (TRL passes generation_kwargs to it); a JSON
+    config's logit_bias keys are decimal strings (vLLM's server reads them with int()): they become the int ids vLLM's
+    colocated SamplingParams indexes the logits with. vLLM applies the masks before its processed log-probs, which are then
+    renormalised over what is left: not π_old's (is_exact False, as under top_k)."""
+    for key, value, sent in (("bad_words", ("o w", "hello"), ["o w", "hello"]), ("logit_bias", {"7": 5, 9: -100}, {7: 5.0, 9: -100.0}),
+                             ("allowed_token_ids", (2, 7, 9), [2, 7, 9])):
+        sampling = SamplingSettings.from_config(GRPOConfig(use_vllm=True, max_completion_length=T, generation_kwargs={key: value}), [2], 0, 10)
+        params = sampling_params(sampling, 4, T)
+        assert params[key] == sent and not is_exact(sampling), key
+        vllm = pytest.importorskip("vllm")
+        assert getattr(vllm.SamplingParams(**params), key) == sent
+    assert is_exact(SamplingSettings.from_config(GRPOConfig(use_vllm=True, generation_kwargs={"bad_words": []}), [2], 0))  # no word: no mask
+    # ids beyond the model's vocabulary: vLLM refuses them at the first request, after the model loaded; here when the trainer is built
+    for key, value in (("logit_bias", {"3": 1.0, "10": 2.0}), ("allowed_token_ids", [3, 12])):
+        with pytest.raises(ValueError, match=rf"\['{key}'\]=.*: id 1[02] is beyond the model's 10 tokens; give ids below it"):
+            SamplingSettings.from_config(GRPOConfig(use_vllm=True, generation_kwargs={key: value}), [2], 0, 10)
+    assert SamplingSettings.from_config(GRPOConfig(use_vllm=True, generation_kwargs={"allowed_token_ids": [9]}), [2], 0, 10).vllm_params == {"allowed_token_ids": [9]}
+
+
 def test_structured_outputs_go_to_every_request_and_turn_vllms_log_probs_off():
     """TRL's rules: generation_kwargs' structured_outputs dict is sent as vLLM's StructuredOutputsParams; the
     vllm_structured_outputs_regex field wins over it (TRL's warning). vLLM masks the tokens the grammar forbids, so its
@@ -199,8 +219,23 @@ def test_vllm_rows_ended_by_a_stop_string_are_finished(tokenizer):
         # (at the first rollout) or that would truncate every completion, refused at the config
         (True, {"min_new_tokens": 3}, r"\['min_new_tokens'\]=3 cannot be honoured: it is transformers' key: .* use 'min_tokens'"),
         (False, {"min_tokens": 3}, r"\['min_tokens'\]=3 cannot be honoured: it is vLLM's key: .* use 'min_new_tokens'"),
-        (True, {"suppress_tokens": [3]}, r"\['suppress_tokens'\]=\[3\] cannot be honoured: it is transformers' key: .* set use_vllm=False"),
-        (True, {"bad_words_ids": [[3]]}, r"fastgrpo does not send vLLM's own masks \(`bad_words`, `logit_bias`\)"),
+        (True, {"suppress_tokens": [3]}, r"\['suppress_tokens'\]=\[3\] cannot be honoured: it is transformers' key: .* use vLLM's 'logit_bias' \(\{id: -100\} for each id; .*\) or 'allowed_token_ids', or set use_vllm=False\.$"),
+        (True, {"bad_words_ids": [[3]]}, r"\['bad_words_ids'\]=\[\[3\]\] cannot be honoured: it is transformers' key: .* use 'bad_words' \(strings: vLLM tokenizes them\)\.$"),
+        # vLLM's masks: without vLLM refused naming transformers' key; with it, values vLLM refuses at the first request (after
+        # the model loaded), a single string (vLLM would ban each of its characters) and biases the server would clip
+        (False, {"bad_words": ["x"]}, r"\['bad_words'\]=\['x'\] cannot be honoured: it is vLLM's key: .* use 'bad_words_ids' \(ids: tokenizer\(words"),
+        (False, {"logit_bias": {3: -100}}, r"\['logit_bias'\]=\{3: -100\} cannot be honoured: it is vLLM's key: .* use 'suppress_tokens' \(ids never sampled\) for a bias of -100, or set use_vllm=True\.$"),
+        (False, {"allowed_token_ids": [3]}, r"\['allowed_token_ids'\]=\[3\] cannot be honoured: it is vLLM's key: .* set use_vllm=True\.$"),
+        (True, {"bad_words": "hello"}, r"\['bad_words'\]='hello': give a list of strings, none blank \(vLLM tokenizes each\)\.$"),
+        (True, {"bad_words": ["ok", " "]}, r"\['bad_words'\]=\['ok', ' '\]: give a list of strings, none blank"),
+        (True, {"allowed_token_ids": []}, r"\['allowed_token_ids'\]=\[\]: give a non-empty list of token ids \(each ≥ 0\)\.$"),
+        (True, {"allowed_token_ids": [3, -1]}, r"\['allowed_token_ids'\]=\[3, -1\]: give a non-empty list of token ids"),
+        (True, {"logit_bias": {3: 150}}, r"\['logit_bias'\]=\{3: 150\}: give a dict \{token id: bias\}, each id ≥ 0 .* each bias a number in \[-100, 100\]\.$"),
+        (True, {"logit_bias": {3: float("-inf")}}, r"\['logit_bias'\]=\{3: -inf\}: give a dict"),
+        (True, {"logit_bias": {3: float("nan")}}, r"\['logit_bias'\]=\{3: nan\}: give a dict"),
+        (True, {"logit_bias": {"hello": 1.0}}, r"\['logit_bias'\]=\{'hello': 1.0\}: give a dict \{token id: bias\}"),
+        (True, {"logit_bias": {-3: 1.0}}, r"\['logit_bias'\]=\{-3: 1.0\}: give a dict"),
+        (True, {"logit_bias": [3, 1.0]}, r"\['logit_bias'\]=\[3, 1.0\]: give a dict"),
         (False, {"min_new_tokens": 600}, r"\['min_new_tokens'\]=600 is more than max_completion_length=512, so no completion could end"),
         (False, {"min_new_tokens": -1}, r"\['min_new_tokens'\]=-1: give an int ≥ 0\.$"),
         (False, {"suppress_tokens": [-3]}, r"\['suppress_tokens'\]=\[-3\]: give a list of token ids \(each ≥ 0\)\.$"),

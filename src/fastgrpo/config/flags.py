@@ -55,7 +55,7 @@ FIELD_HELP = {
     "top_k": "keep the k most likely tokens (0: off)",
     "min_p": "drop tokens below min_p times the top token's probability (none: off)",
     "repetition_penalty": "penalise tokens already in the prompt or completion (1.0: off; padding never counts)",
-    "generation_kwargs": "sampling settings as JSON, e.g. '{\"top_k\": 20}' (TRL's field: sampling keys, stop strings and stop token ids of the engine)",
+    "generation_kwargs": "sampling settings as JSON, e.g. '{\"top_k\": 20}' (TRL's field: the engine's sampling keys, stop strings and ids, penalties and masks)",
     "chat_template_kwargs": "extra chat-template variables as JSON, e.g. '{\"enable_thinking\": false}'",
     "generation_backend": "fastgrpo (own sampler), transformers (generate) or vllm (what use_vllm sets)",
     "use_vllm": "sample with vLLM (TRL's field; README 'vLLM')",

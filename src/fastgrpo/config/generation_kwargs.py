@@ -16,7 +16,12 @@ builds the same). So a key means what that engine means by it:
   text (vLLM keeps that token in `token_ids`, which TRL decodes, so the text holds the stop string);
   `include_stop_str_in_output`, `skip_special_tokens` only change vLLM's own text (TRL decodes the ids) and go to vLLM as
   given; `presence_penalty`, `frequency_penalty`, `min_tokens` go to vLLM, and like `repetition_penalty` there they turn
-  vLLM's log-probs off as the sampler's (vllm/backend.py `is_exact`); `structured_outputs` (a dict of vLLM's
+  vLLM's log-probs off as the sampler's (vllm/backend.py `is_exact`); vLLM's masks `bad_words` (strings never completed:
+  vLLM forbids the last token of each word's tokens, with and without a leading space, where the completion so far holds
+  the others), `logit_bias` ({token id: bias in [-100, 100]} added to the logits) and `allowed_token_ids` (the only ids
+  sampled) go to vLLM too and turn its log-probs off (renormalised over what the mask leaves, as under top_k): π_old is the
+  trainer's. As TRL's, the trainer's π (the loss's, π_old's) is log softmax(logits / T) without any of them (TRL's
+  `_get_per_token_logps_and_entropies` masks nothing); `structured_outputs` (a dict of vLLM's
   `StructuredOutputsParams`, config/structured_outputs.py) makes every completion match its regex, choice, JSON schema or
   grammar, and turns vLLM's log-probs off too (renormalised over the tokens the grammar allows).
 
@@ -36,8 +41,9 @@ TRANSFORMERS_KEYS = ("stop_strings", "eos_token_id")
 TRANSFORMERS_MASK_KEYS = ("suppress_tokens", "bad_words_ids", "min_new_tokens")  # processors that only forbid tokens
 VLLM_STOP_KEYS = ("stop", "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens")
 VLLM_PENALTY_KEYS = ("presence_penalty", "frequency_penalty", "min_tokens")  # change vLLM's distribution: its log-probs go unused
+VLLM_MASK_KEYS = ("bad_words", "logit_bias", "allowed_token_ids")  # vLLM's masks: the same (renormalised over what they leave)
 OTHER_ENGINES_KEY = {"stop": "stop_strings", "stop_token_ids": "eos_token_id", "stop_strings": "stop", "eos_token_id": "stop_token_ids",
-                     "min_tokens": "min_new_tokens", "min_new_tokens": "min_tokens"}
+                     "min_tokens": "min_new_tokens", "min_new_tokens": "min_tokens", "bad_words_ids": "bad_words", "bad_words": "bad_words_ids"}
 GROUP_KEYS = ("num_beams", "num_return_sequences", "n", "best_of", "num_beam_groups")  # GRPO's group is num_generations
 LENGTH_KEYS = ("max_new_tokens", "max_tokens", "max_length")
 
@@ -64,7 +70,7 @@ def check(kwargs: dict, vllm: bool, max_completion_length: int) -> dict:
             fields[key] = value  # TRL lets generation_kwargs override the sampling fields
         elif key == "structured_outputs" and vllm:
             check_structured_outputs(value, f"{KWARGS_KEY}={value!r}")
-        elif key in (VLLM_STOP_KEYS + VLLM_PENALTY_KEYS if vllm else TRANSFORMERS_KEYS + TRANSFORMERS_MASK_KEYS):
+        elif key in (VLLM_STOP_KEYS + VLLM_PENALTY_KEYS + VLLM_MASK_KEYS if vllm else TRANSFORMERS_KEYS + TRANSFORMERS_MASK_KEYS):
             _check_type(key, value)
             if key in ("min_tokens", "min_new_tokens") and value > max_completion_length:
                 why = "which vLLM refuses" if vllm else "so no completion could end before it is cut (EOS forbidden until then)"
@@ -82,19 +88,23 @@ def _why(key: str, vllm: bool, engine: str) -> str:
         return "TRL sets the completion length from max_completion_length; use max_completion_length."
     if key in GROUP_KEYS:
         return "GRPO samples num_generations independent completions per prompt; use num_generations and remove it."
+    did = "which refuses it (an unexpected keyword)" if vllm else "where transformers' generate never reads it"
+    owner = "transformers'" if vllm else "vLLM's"
     if key in OTHER_ENGINES_KEY:
-        did = "which refuses it (an unexpected keyword)" if vllm else "where transformers' generate never reads it"
-        owner = "transformers'" if vllm else "vLLM's"
-        return f"it is {owner} key: TRL passes it to {engine}, {did}; use {OTHER_ENGINES_KEY[key]!r}."
-    if key in ("suppress_tokens", "bad_words_ids") and vllm:
-        return (f"it is transformers' key: TRL passes it to {engine}, which refuses it (an unexpected keyword); fastgrpo does not "
-                "send vLLM's own masks (`bad_words`, `logit_bias`); set use_vllm=False, or remove it.")
+        also = " (strings: vLLM tokenizes them)" if key == "bad_words_ids" else " (ids: tokenizer(words, add_special_tokens=False).input_ids)" if key == "bad_words" else ""
+        return f"it is {owner} key: TRL passes it to {engine}, {did}; use {OTHER_ENGINES_KEY[key]!r}{also}."
+    if key == "suppress_tokens" and vllm:
+        return (f"it is transformers' key: TRL passes it to {engine}, {did}; use vLLM's 'logit_bias' ({{id: -100}} for each id; "
+                "the server clips biases to [-100, 100]) or 'allowed_token_ids', or set use_vllm=False.")
+    if key in ("logit_bias", "allowed_token_ids") and not vllm:
+        instead = "'suppress_tokens' (ids never sampled) for a bias of -100" if key == "logit_bias" else "'suppress_tokens' for the ids to leave out"
+        return f"it is vLLM's key: TRL passes it to {engine}, {did}; use {instead}, or set use_vllm=True."
     if key == "structured_outputs":
         return (f"it is vLLM's key: TRL passes it to {engine}, which keeps it unused (no grammar masks the tokens); set "
                 "use_vllm=True, or remove it.")
     if key in VLLM_PENALTY_KEYS:
         return f"it is vLLM's key: TRL passes it to {engine}, where transformers' generate never reads it; set use_vllm=True, or remove it."
-    honoured = ", ".join((*SAMPLING_KEYS, *(VLLM_STOP_KEYS + VLLM_PENALTY_KEYS + ("structured_outputs",) if vllm else TRANSFORMERS_KEYS + TRANSFORMERS_MASK_KEYS)))
+    honoured = ", ".join((*SAMPLING_KEYS, *(VLLM_STOP_KEYS + VLLM_PENALTY_KEYS + VLLM_MASK_KEYS + ("structured_outputs",) if vllm else TRANSFORMERS_KEYS + TRANSFORMERS_MASK_KEYS)))
     return (f"TRL passes it to {engine}, where it would change what is sampled in a way fastgrpo's log-probs (π_old, the "
             f"sampler–trainer correction) do not follow, or means nothing for GRPO. fastgrpo honours {honoured}; remove it.")
 
@@ -104,7 +114,11 @@ def _check_type(key: str, value) -> None:
     would silently change the run: an empty stop string (vLLM: "stop cannot contain an empty string"; transformers' ends
     every completion at its first token), a negative token id (vLLM: out of vocabulary; transformers warns, then never
     stops there), a penalty outside vLLM's [-2, 2]; transformers' masks of the wrong shape (its processors raise at the first
-    rollout: an empty bad word, a non-list)."""
+    rollout: an empty bad word, a non-list); vLLM's masks of the wrong shape: `bad_words` as one string (vLLM's
+    SamplingParams would ban each of its characters), a blank word (vLLM: "must tokenize to at least one token"), an empty
+    `allowed_token_ids` (vLLM: "is not None and empty"), a `logit_bias` key that is no id (JSON's decimal strings, which
+    vLLM's server takes, are ids) or a bias outside [-100, 100] or not finite (vLLM's server clips to that range, OpenAI's,
+    and its colocated engine does not, so the two would sample differently)."""
     ok = {
         "stop": _strings(value), "stop_strings": _strings(value),
         "stop_token_ids": _all(value, int), "eos_token_id": _is_id(value) or _all(value, int),
@@ -114,13 +128,18 @@ def _check_type(key: str, value) -> None:
         "min_tokens": _is_int(value) and value >= 0, "min_new_tokens": _is_int(value) and value >= 0,
         "suppress_tokens": _all(value, int),
         "bad_words_ids": isinstance(value, (list, tuple)) and len(value) > 0 and all(_all(w, int) and len(w) > 0 for w in value),
+        "bad_words": _all(value, str) and all(w.strip() for w in value),
+        "allowed_token_ids": _all(value, int) and len(value) > 0,
+        "logit_bias": isinstance(value, dict) and all(_bias_id(k) is not None and _is_number(b) and -100.0 <= b <= 100.0 for k, b in value.items()),
     }[key]
     if not ok:
         want = {"stop": "a non-empty string or a list of them (an empty one would end every completion at once)",
                 "stop_strings": "a non-empty string or a list of them (an empty one would end every completion at once)",
                 "stop_token_ids": "a list of token ids (each ≥ 0)", "eos_token_id": "a token id ≥ 0 or a list of them",
                 "min_tokens": "an int ≥ 0", "min_new_tokens": "an int ≥ 0", "suppress_tokens": "a list of token ids (each ≥ 0)",
-                "bad_words_ids": "a non-empty list of non-empty lists of token ids (each ≥ 0), as tokenizer(words, add_special_tokens=False).input_ids"}.get(key, "a number in [-2, 2] (vLLM's range)" if "penalty" in key else "True or False")
+                "bad_words_ids": "a non-empty list of non-empty lists of token ids (each ≥ 0), as tokenizer(words, add_special_tokens=False).input_ids",
+                "bad_words": "a list of strings, none blank (vLLM tokenizes each)", "allowed_token_ids": "a non-empty list of token ids (each ≥ 0)",
+                "logit_bias": "a dict {token id: bias}, each id ≥ 0 (an int, or its decimal string as JSON writes it) and each bias a number in [-100, 100]"}.get(key, "a number in [-2, 2] (vLLM's range)" if "penalty" in key else "True or False")
         raise ValueError(f"generation_kwargs[{key!r}]={value!r}: give {want}.")
 
 
@@ -130,6 +149,14 @@ def _is_int(value) -> bool:
 
 def _is_id(value) -> bool:
     return _is_int(value) and value >= 0
+
+
+def _bias_id(key) -> int | None:
+    """A `logit_bias` key as the token id it names (an int ≥ 0, or its decimal string: JSON's keys, which vLLM's server reads with
+    int()), else None."""
+    if _is_id(key):
+        return key
+    return int(key) if isinstance(key, str) and key.isascii() and key.isdigit() else None
 
 
 def _is_number(value) -> bool:
@@ -192,6 +219,23 @@ def masks(kwargs: dict | None, vllm: bool, vocab_size: int | None = None) -> dic
     return given
 
 
-def vllm_params(kwargs: dict | None) -> dict:
-    """The keys that go to vLLM as given (penalties, and the flags of vLLM's own text)."""
-    return {k: v for k, v in (kwargs or {}).items() if k in ("include_stop_str_in_output", "skip_special_tokens", *VLLM_PENALTY_KEYS)}
+def vllm_params(kwargs: dict | None, vocab_size: int | None = None) -> dict:
+    """The keys that go to vLLM (penalties, masks, and the flags of vLLM's own text), as given but `logit_bias`'s keys as ints
+    (vLLM's colocated SamplingParams indexes the logits with them; a server's JSON writes them as strings again).
+
+    Raises:
+        ValueError: a `logit_bias` or `allowed_token_ids` id ≥ `vocab_size` (the policy's embedding rows; None: not checked),
+            which vLLM refuses at the first request ("out-of-vocab token ids"), after the model loaded.
+    """
+    given = {k: v for k, v in (kwargs or {}).items() if k in ("include_stop_str_in_output", "skip_special_tokens", *VLLM_PENALTY_KEYS, *VLLM_MASK_KEYS)}
+    if "logit_bias" in given:
+        given["logit_bias"] = {_bias_id(k): float(b) for k, b in given["logit_bias"].items()}
+    for key in ("bad_words", "allowed_token_ids"):
+        if key in given:
+            given[key] = list(given[key])  # vLLM's SamplingParams takes lists
+    for key in ("logit_bias", "allowed_token_ids"):
+        beyond = [i for i in given.get(key, ()) if vocab_size is not None and i >= vocab_size]
+        if beyond:
+            raise ValueError(f"generation_kwargs[{key!r}]={kwargs[key]!r}: id {beyond[0]} is beyond the model's {vocab_size} tokens; give "
+                             "ids below it (tokenizer.convert_tokens_to_ids(text) names one).")
+    return given

@@ -121,7 +121,7 @@ class GRPOConfig(TrainingArgumentsMethods, TrlFields):
     top_k: int = 0  # 0: off
     min_p: float | None = None
     repetition_penalty: float = 1.0
-    generation_kwargs: dict | str | None = None  # the engine's keys (TRL): sampling keys, stop strings and ids (generation_kwargs.py); others refused
+    generation_kwargs: dict | str | None = None  # the engine's keys (TRL): sampling keys, stop strings and ids, penalties, masks (generation_kwargs.py); others refused
     chat_template_kwargs: dict | str | None = None  # passed to apply_chat_template, e.g. {"enable_thinking": False}
     generation_backend: str = "fastgrpo"  # "fastgrpo" (own sampler), "transformers" (generate) or "vllm" (use_vllm=True sets it)
     max_tool_calling_iterations: int | None = None  # rounds of tool calls per completion (agents); None: until max_completion_length ends them

@@ -56,7 +56,8 @@ class SamplingSettings:
             prompt and completion tokens so far (1.0 = off).
         stop_strings: texts that end a completion at the token completing one (transformers'
             `stop_strings`, vLLM's `stop`: config/generation_kwargs.py); that token is kept.
-        vllm_params: further vLLM `SamplingParams` fields, sent as given (penalties, the flags of vLLM's text).
+        vllm_params: further vLLM `SamplingParams` fields, sent as given (penalties, the masks `bad_words`, `logit_bias` with
+            int keys and `allowed_token_ids`, the flags of vLLM's text).
         structured_outputs: vLLM's `StructuredOutputsParams` as a dict ({"regex": "(yes|no)"}): every completion
             matches it (vllm_structured_outputs_regex, else generation_kwargs' dict: config/structured_outputs.py); None: off.
         suppress_tokens, bad_words_ids, min_new_tokens: transformers' masks from generation_kwargs (without vLLM): ids never
@@ -91,7 +92,7 @@ class SamplingSettings:
         kwargs, vllm = args.generation_kwargs, args.generation_backend == "vllm"
         return cls(
             args.max_completion_length, end_token_ids(kwargs, vllm, eos_token_ids, vocab_size), pad_token_id, args.temperature, args.top_p, args.top_k,
-            args.min_p, args.repetition_penalty, stop_strings(kwargs, vllm), vllm_params(kwargs) if vllm else {},
+            args.min_p, args.repetition_penalty, stop_strings(kwargs, vllm), vllm_params(kwargs, vocab_size) if vllm else {},
             structured_outputs(args.vllm_structured_outputs_regex, kwargs) if vllm else None, **masks(kwargs, vllm, vocab_size),
         )
 

@@ -38,6 +38,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from ...config.generation_kwargs import VLLM_MASK_KEYS, VLLM_PENALTY_KEYS
 from ..contract import EngineError, Samples, SamplingSettings
 from ..reprefill import Reprefill
 from ..weight_copy import full_weights
@@ -49,10 +50,12 @@ SEED_STRIDE = 1 << 16  # seeds between two requests: room for their n completion
 
 
 def is_exact(sampling: SamplingSettings) -> bool:
-    """vLLM's processed log-probs are log softmax(logits / T) (no truncation, no penalty, no min_tokens, no grammar): usable
-    as the sampler's. A grammar (structured outputs) masks the tokens it forbids before sampling, so vLLM's log-probs are
-    renormalised over the allowed ones (a forced token's is 0; measured on vLLM 0.32's CPU build)."""
-    penalised = any(sampling.vllm_params.get(key) for key in ("presence_penalty", "frequency_penalty", "min_tokens"))
+    """vLLM's processed log-probs are log softmax(logits / T) (no truncation, no penalty, no min_tokens, no mask, no grammar):
+    usable as the sampler's. A grammar (structured outputs) and `generation_kwargs`' masks (`bad_words`, `logit_bias`,
+    `allowed_token_ids`, applied in vLLM's `Sampler.apply_logits_processors` before the processed log-probs are taken) change
+    the logits before sampling, so vLLM's log-probs are renormalised over what they leave (a forced token's is 0; measured on
+    vLLM 0.32's CPU build)."""
+    penalised = any(sampling.vllm_params.get(key) for key in (*VLLM_PENALTY_KEYS, *VLLM_MASK_KEYS))
     return (sampling.top_p >= 1.0 and sampling.top_k == 0 and not sampling.min_p and sampling.repetition_penalty == 1.0 and not penalised
             and sampling.structured_outputs is None)
 
@@ -92,7 +95,7 @@ class VLLMGenerator:
             rollout each time: its batch's rows took its one random stream in an order that varied from run to run).
     Attributes:
         owns_weights: True where vLLM's log-probs are of the distribution π_old is taken over (`is_exact`):
-            `Samples.logps` are given and corrected for; False under truncation, a penalty or structured outputs.
+            `Samples.logps` are given and corrected for; False under truncation, a penalty, a mask or structured outputs.
         sync_bytes: the bytes of the last weights pushed (0 in a process that does not push).
     """
 
@@ -216,7 +219,7 @@ class VLLMGenerator:
         return Reprefill(self, self.sampling.pad_token_id, self.sampling.eos_token_ids)
 
     def notices(self) -> list[str]:
-        """Where the engine runs, and that its log-probs are not used under truncation, a penalty or a grammar."""
+        """Where the engine runs, and that its log-probs are not used under truncation, a penalty, a mask or a grammar."""
         when = ("once per rollout after the optimizer step" if self.sync_steps == 1 else
                 f"at the first rollout after each weight_sync_steps={self.sync_steps} optimizer steps")
         if self.deferred:
@@ -224,8 +227,8 @@ class VLLMGenerator:
         notes = [f"sampling with {self.engine.description}; its weights are synced {when}."]
         if not self.owns_weights:
             notes.append(
-                "top_p/top_k/min_p/repetition_penalty/presence_penalty/frequency_penalty/min_tokens/structured outputs: vLLM's log-probs are of the truncated "
-                "(or grammar-masked), renormalised distribution (trl#6789), not the one π_old is taken over; they are not used, so the sampler–trainer correction "
+                "top_p/top_k/min_p/repetition_penalty/presence_penalty/frequency_penalty/min_tokens/bad_words/logit_bias/allowed_token_ids/structured outputs: "
+                "vLLM's log-probs are of the truncated (or masked), renormalised distribution (trl#6789), not the one π_old is taken over; they are not used, so the sampler–trainer correction "
                 "(vllm_importance_sampling_correction) is off and π_old comes from the trainer."
             )
         return notes
