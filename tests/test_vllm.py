@@ -272,6 +272,35 @@ def test_structured_outputs_make_every_completion_an_allowed_string_on_both_engi
             assert out.logps is None and not backend.owns_weights
 
 
+def test_vllms_masks_from_generation_kwargs_hold_on_both_engines(engine, tokenizer, server, model_dir):
+    # generation_kwargs' logit_bias / bad_words / allowed_token_ids with use_vllm (TRL's SamplingParams keys), through the
+    # config as a JSON config gives them (logit_bias' keys are strings) to the colocated engine and the server. vLLM applies
+    # them before its log-probs, which are then not π_old's: dropped (logps None), π_old the trainer's.
+    from fastgrpo.generation.vllm.server import ServerEngine
+
+    served = ServerEngine(server, model_dir, timeout=180, pushes_weights=False, dtype=torch.float32)
+    VLLMGenerator(engine, settings(tokenizer), vocab_size=len(tokenizer), tied=TIED).update_weights(vllm_tiny_model(tokenizer, seed=0))
+    (hello,), (world,), eos = tokenizer.encode(" hello"), tokenizer.encode(" world"), tokenizer.eos_token_id
+
+    def sample(eng, G, **kwargs):
+        args = GRPOConfig(use_vllm=True, max_completion_length=6, generation_kwargs=kwargs)
+        backend = VLLMGenerator(eng, SamplingSettings.from_config(args, [eos], tokenizer.pad_token_id, len(tokenizer)), vocab_size=len(tokenizer), tied=TIED)
+        out = backend.sample(*prompt_tensors(), G)
+        assert out.logps is None and not backend.owns_weights
+        return out.completion_ids
+
+    for eng in (engine, served):
+        # a bias of +100 on " hello" makes it the greedy token at every step (the tiny model's logits span a few units)
+        assert sample(eng, 2, top_k=1, logit_bias={str(hello): 100}).tolist() == [[hello] * 6] * 2, eng.description
+        # the bad word "hello" bans " hello" (vLLM tokenizes the word with and without a leading space) even under that bias
+        rows = sample(eng, 4, logit_bias={str(hello): 100}, bad_words=["hello"]).tolist()
+        assert all(hello not in row for row in rows) and all("hello" not in tokenizer.decode(row) for row in rows), rows
+        # only the allowed ids are sampled (up to EOS; pads after it), and at T = 1 more than one of them
+        ids = sample(eng, 8, allowed_token_ids=[hello, world, eos])
+        drawn = set(ids[real_tokens(ids, eos).bool()].tolist())
+        assert drawn <= {hello, world, eos} and len(drawn) >= 2, (eng.description, drawn)
+
+
 def test_multi_turn_turns_continue_each_row_on_the_engine(engine, tokenizer):
     policy = vllm_tiny_model(tokenizer, seed=0)
     backend = VLLMGenerator(engine, settings(tokenizer), vocab_size=len(tokenizer), tied=TIED)
