@@ -89,6 +89,15 @@ def test_defaults_resolved():
     assert GRPOConfig(report_to="wandb").report_to == ["wandb"]
 
 
+def test_every_tracker_transformers_takes_is_accepted():
+    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+
+    # installed or not: GRPOConfig checks the name (as TrainingArguments takes any); the trainer checks it can run (run/trackers.py)
+    for name in ["mlflow", "comet_ml", "swanlab", "clearml", "dvclive", "neptune", "azure_ml", "codecarbon", "dagshub", "flyte"]:
+        assert name in INTEGRATION_TO_CALLBACK and GRPOConfig(report_to=name).report_to == [name]
+    assert GRPOConfig(report_to=list(INTEGRATION_TO_CALLBACK)).report_to == list(INTEGRATION_TO_CALLBACK)
+
+
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
 def test_every_loss_type_accepted(loss_type):
     assert GRPOConfig(loss_type=loss_type).loss_type == loss_type
@@ -235,7 +244,9 @@ def test_unknown_loss_type():
         (dict(max_steps=0), "use a positive number"),
         (dict(target_kl=0.0), "use a positive value or None"),
         (dict(multi_objective_aggregation="mean"), "'sum_then_normalize' or 'normalize_then_sum'"),
-        (dict(report_to="mlflow"), "use 'none' or one of tensorboard, wandb, trackio, all"),
+        (dict(report_to="mlfow"), "report_to='mlfow': use 'none', 'all' or one of azure_ml, comet_ml, mlflow, .*, trackio, wandb, .*swanlab.* "
+                                  r"\(transformers' trackers\)"),
+        (dict(report_to=["all", "wandb"]), r"report_to=\['all', 'wandb'\]: 'all' means every installed tracker; give it alone"),
         (dict(report_to=["none", "wandb"]), r"report_to=\['none', 'wandb'\]: 'none' means no tracker; give it alone, or list the trackers without it"),
         (dict(seed=-1), r"seed=-1: use a value in \[0, 2\*\*32\)"),  # numpy's own error named no field
         (dict(save_steps=1.5), "save_steps=1.5: above 1 it counts steps; use a whole number"),  # transformers' rule

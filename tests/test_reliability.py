@@ -7,6 +7,7 @@ runs are a few optimizer steps of the tiny random model from conftest.py.
 import copy
 import errno
 import functools
+import importlib.util
 import json
 import math
 import os
@@ -716,12 +717,27 @@ def test_a_schedule_or_evaluation_that_cannot_run_is_refused_before_loading(tmp_
 
 @pytest.mark.parametrize("report_to", ["wandb", "trackio", ["tensorboard", "wandb"]])
 def test_a_tracker_that_is_not_installed_is_refused_before_loading(tmp_path, prompts, monkeypatch, report_to):
-    import fastgrpo.run.setup as setup
+    import fastgrpo.run.trackers as trackers
 
-    monkeypatch.setitem(setup.TRACKER_AVAILABLE, "wandb", lambda: False)  # whatever this machine has: the check reads the table
-    monkeypatch.setitem(setup.TRACKER_AVAILABLE, "trackio", lambda: False)
+    monkeypatch.setitem(trackers.AVAILABLE, "wandb", (lambda: False, "wandb"))  # whatever this machine has: the check reads the table
+    monkeypatch.setitem(trackers.AVAILABLE, "trackio", (lambda: False, "trackio"))
     missing = "wandb" if "wandb" in report_to else "trackio"  # it warned and logged nowhere (accelerate), where transformers raises
     with pytest.raises(ValueError, match=f"but {missing} is not installed: pip install {missing}, or report_to='none'"):
+        GRPOTrainer(NOT_LOADED, reward_even_tokens, args=config(tmp_path, report_to=report_to), train_dataset=prompts)
+
+
+@pytest.mark.parametrize("report_to,error", [
+    # transformers' own availability functions decide, as its callbacks do; the pip name is not always the key
+    ("comet_ml", "but comet_ml is not installed: pip install comet-ml, or report_to='none'"),
+    (["swanlab", "clearml"], "but swanlab, clearml are not installed: pip install swanlab clearml, or report_to='none'"),
+    ("dagshub", "but dagshub is not installed: pip install dagshub mlflow, or report_to='none'"),
+    ("kubeflow", "but kubeflow is not installed: set KUBEFLOW_TRAINER_SERVER_URL \\(a Kubeflow TrainJob"),  # an environment, not a package
+])
+def test_any_tracker_transformers_takes_that_cannot_run_is_refused_before_loading(tmp_path, prompts, monkeypatch, report_to, error):
+    if any(importlib.util.find_spec(p) for p in ("comet_ml", "swanlab", "clearml", "dagshub")):  # none is in the dev extra
+        pytest.skip("needs comet_ml, swanlab, clearml and dagshub absent")
+    monkeypatch.delenv("KUBEFLOW_TRAINER_SERVER_URL", raising=False)
+    with pytest.raises(ValueError, match=error):  # each used to stop at GRPOConfig: only tensorboard, wandb and trackio were taken
         GRPOTrainer(NOT_LOADED, reward_even_tokens, args=config(tmp_path, report_to=report_to), train_dataset=prompts)
 
 

@@ -1,7 +1,10 @@
 """report_to="tensorboard" writes what TRL 1.16's GRPOTrainer writes (transformers' `TensorBoardCallback`): one event
 file under output_dir/runs/<date>_<host>/, every logged record's numbers under `train/<key>`, evaluations under
-`eval/<key>`, train()'s summary too, and the config as the `args` text."""
+`eval/<key>`, train()'s summary too, and the config as the `args` text. Any other tracker transformers' Trainer takes
+runs as well, read as TrainingArguments reads `report_to`: MLflow (a local file store, read back with its client)
+gets every logged number at its step, the summary and the config."""
 
+import importlib.util
 import os
 import warnings
 
@@ -51,3 +54,47 @@ def test_tensorboard_writes_trls_tags_where_trl_writes_them(tmp_path, tokenizer,
         theirs.train()
     [trl_path] = event_files(theirs.args.output_dir)
     assert set(scalars(trl_path)[0]) - set(got) == set()  # every tag TRL writes (fastgrpo adds its own: train/kl_old, …)
+
+
+def test_mlflow_gets_every_logged_number_at_its_step_and_the_summary(tmp_path, tokenizer, make_model, prompts, monkeypatch):
+    mlflow = pytest.importorskip("mlflow")  # the dev extra's mlflow-skinny: a local file store, no server
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "mlruns").as_uri())
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # mlflow 3 keeps the file store behind this switch (a database wants sqlalchemy)
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "fastgrpo")
+    args = GRPOConfig(str(tmp_path / "fg"), per_device_train_batch_size=4, num_generations=4, max_completion_length=4, max_steps=2,
+                      logging_steps=1, save_strategy="no", report_to="mlflow", disable_tqdm=True, bf16=False, beta=0.1)
+    trainer = GRPOTrainer(make_model(), reward_even, args=args, train_dataset=prompts.select(range(8)), processing_class=tokenizer)
+    trainer.train()  # report_to="mlflow" used to stop at GRPOConfig: only tensorboard, wandb and trackio were taken
+
+    client = mlflow.MlflowClient()
+    [run] = client.search_runs([client.get_experiment_by_name("fastgrpo").experiment_id])
+    assert run.info.status == "FINISHED"  # MLflowCallback ended it at on_train_end
+    history = trainer.state.log_history
+    records, summary = history[:-1], history[-1]
+    assert [r["step"] for r in records] == [1, 2] and "train_runtime" in summary
+    for key in ("loss", "reward", "reward_std", "kl", "entropy", "learning_rate", "grad_norm", "completions/mean_length",
+                "rewards/reward_even/mean", "frac_reward_zero_std", "clip_ratio/region_mean", "num_tokens"):  # fastgrpo's and TRL's keys
+        got = [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, key)]
+        assert got == [(r["step"], pytest.approx(r[key])) for r in records], key
+    numbers = {k for r in history for k, v in r.items() if isinstance(v, (int, float)) and k != "step"}
+    assert numbers - set(run.data.metrics) == set()  # every number logged, none dropped
+    for key in ("train_runtime", "train_loss", "train_samples_per_second", "total_flos"):  # train()'s summary, at the last step
+        assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, key)] == [(2, pytest.approx(summary[key]))], key
+    assert run.data.params["num_generations"] == "4" and run.data.params["beta"] == "0.1"  # the config, as the run's parameters
+
+
+@pytest.mark.parametrize("kubeflow_job", [False, True])
+def test_report_to_runs_the_trackers_trainingarguments_reads(tmp_path, monkeypatch, kubeflow_job):
+    from transformers import TrainingArguments
+
+    from fastgrpo.run.trackers import reported
+
+    monkeypatch.delenv("KUBEFLOW_TRAINER_SERVER_URL", raising=False)
+    if kubeflow_job:  # inside a Kubeflow TrainJob, TrainingArguments adds its progress reporter to any report_to
+        monkeypatch.setenv("KUBEFLOW_TRAINER_SERVER_URL", "https://kubeflow.invalid")
+    for report_to in ("all", "none", "wandb", ["mlflow", "tensorboard"], "kubeflow"):
+        theirs = TrainingArguments(str(tmp_path), report_to=report_to, use_cpu=True).report_to  # transformers' reading, the oracle
+        assert reported(GRPOConfig(report_to=report_to).report_to) == theirs, report_to
+    if importlib.util.find_spec("mlflow"):  # "all" used to mean the installed ones of tensorboard, wandb and trackio only
+        assert "mlflow" in reported(["all"])
+

@@ -29,7 +29,6 @@ DICT_FIELDS = ("lr_scheduler_kwargs", "generation_kwargs", "chat_template_kwargs
                "model_init_kwargs")
 STRATEGIES = ("no", "steps", "epoch")  # eval_strategy / logging_strategy (transformers' IntervalStrategy)
 SAVE_STRATEGIES = (*STRATEGIES, "best")  # transformers' SaveStrategy: "best" saves when a scheduled evaluation finds a new best
-TRACKERS = ("tensorboard", "wandb", "trackio", "all")
 # apply_chat_template's own arguments that the trainer sets (chat_template_kwargs carries the template's variables only)
 TEMPLATE_ARGUMENTS = {"conversation", "tools", "documents", "chat_template", "add_generation_prompt", "continue_final_message",
                       "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask"}
@@ -269,8 +268,14 @@ def validate(c) -> None:
     need(not set_by_trainer, f"chat_template_kwargs holds {', '.join(map(repr, set_by_trainer))}, which fastgrpo passes apply_chat_template "
          "itself (the generation prompt, the tools, tokenising); keep only your template's own variables, e.g. {\"enable_thinking\": false}.")
     need("none" not in c.report_to, f"report_to={c.report_to}: 'none' means no tracker; give it alone, or list the trackers without it.")
-    for tracker in c.report_to:
-        need(tracker in TRACKERS, f"report_to={tracker!r}: use 'none' or one of {', '.join(TRACKERS)}.")
+    need("all" not in c.report_to or c.report_to == ["all"], f"report_to={c.report_to}: 'all' means every installed tracker; "
+         "give it alone, or list the trackers without it (transformers' Trainer refuses the list).")
+    if named := [t for t in c.report_to if t != "all"]:  # transformers (and torch) imported only then: a config without one stays cheap
+        from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK  # noqa: PLC0415 (Trainer's trackers)
+
+        for tracker in named:  # get_reporting_integration_callbacks raises for any other name, when the Trainer is built
+            need(tracker in INTEGRATION_TO_CALLBACK, f"report_to={tracker!r}: use 'none', 'all' or one of {', '.join(INTEGRATION_TO_CALLBACK)} "
+                 "(transformers' trackers).")
 
 
 def check_load_best(c) -> None:

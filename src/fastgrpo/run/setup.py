@@ -27,14 +27,14 @@ from typing import NamedTuple
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import is_tensorboard_available, is_trackio_available, is_wandb_available, set_seed
+from accelerate.utils import set_seed
 from rich.console import Console
 from transformers import PreTrainedTokenizerBase, get_scheduler
 from transformers.trainer_utils import enable_full_determinism
 from transformers.utils import logging as transformers_logging
 from transformers.utils.import_utils import enable_tf32, is_torch_tf32_available
 
-from . import runs
+from . import runs, trackers
 from .allocator import keep_freed_memory, return_freed_memory
 from .datasets import rollouts_per_pass
 from ..config import GRPOConfig
@@ -53,14 +53,6 @@ from ..model.working_copy import WorkingCopy, working_copy
 from ..rollout.prompts import EMBEDDING_FIX
 
 
-TRACKER_AVAILABLE = {"tensorboard": is_tensorboard_available, "wandb": is_wandb_available, "trackio": is_trackio_available}  # "all": what is
-
-
-def reported_trackers(report_to: list[str]) -> list[str]:
-    """The trackers `report_to` names, "all" read as those of `TRACKER_AVAILABLE` that are installed (transformers' "all")."""
-    return [t for t in TRACKER_AVAILABLE if TRACKER_AVAILABLE[t]()] if "all" in report_to else list(report_to)
-
-
 def build_accelerator(args: GRPOConfig) -> tuple[Accelerator, bool]:
     """The run's `Accelerator` (device, process group) and whether its products run in bf16.
 
@@ -75,16 +67,13 @@ def build_accelerator(args: GRPOConfig) -> tuple[Accelerator, bool]:
         ValueError: `accelerate launch --cpu` started one process of several
             (launch.cpu_launch_error); output_dir is a file or not writable
             (runs.check_output_dir); the config was built for another world size; a tracker in
-            report_to that is not installed (accelerate would warn and log nowhere; transformers' Trainer raises).
+            report_to that is not installed (trackers.check_available).
     """
     a = args
     cpu = a.use_cpu or cpu_only()
     if (launch_error := cpu_launch_error(cpu)) is not None:
         raise ValueError(launch_error)
-    missing = [t for t in a.report_to if t in TRACKER_AVAILABLE and not TRACKER_AVAILABLE[t]()]
-    if missing:
-        raise ValueError(f"report_to={a.report_to} but {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed: "
-                         f"pip install {' '.join(missing)}, or report_to='none' (metrics.jsonl is written either way).")
+    trackers.check_available(a.report_to)  # transformers' availability functions (trackers.py)
     runs.check_output_dir(a.output_dir)
     # cpu=True without GPUs: only then does accelerate join torchrun's processes into one gloo group.
     # mixed_precision="no": the precision is GRPOConfig.bf16's (fastgrpo's own autocast), never a launcher
