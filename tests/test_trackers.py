@@ -2,10 +2,14 @@
 file under output_dir/runs/<date>_<host>/, every logged record's numbers under `train/<key>`, evaluations under
 `eval/<key>`, train()'s summary too, and the config as the `args` text. Any other tracker transformers' Trainer takes
 runs as well, read as TrainingArguments reads `report_to`: MLflow (a local file store, read back with its client)
-gets every logged number at its step, the summary and the config."""
+gets every logged number at its step, the summary and the config. With `log_completions`, W&B (an offline run's
+files) and Trackio (its local database) get TRL's completions table at each log, as TRL sends it."""
 
 import importlib.util
+import json
 import os
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -83,6 +87,38 @@ def test_mlflow_gets_every_logged_number_at_its_step_and_the_summary(tmp_path, t
     assert run.data.params["num_generations"] == "4" and run.data.params["beta"] == "0.1"  # the config, as the run's parameters
 
 
+@pytest.mark.parametrize("unique", [False, True])
+def test_wandb_gets_trls_completions_table_at_each_log(tmp_path, tokenizer, make_model, prompts, monkeypatch, unique):
+    wandb = pytest.importorskip("wandb")
+    import pandas as pd
+
+    monkeypatch.setenv("WANDB_MODE", "offline")  # the run's files under WANDB_DIR, nothing sent
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    args = GRPOConfig(str(tmp_path / "fg"), per_device_train_batch_size=8, num_generations=4, max_completion_length=4, max_steps=2,
+                      logging_steps=1, save_strategy="no", report_to="wandb", log_completions=True, log_unique_prompts=unique,
+                      num_completions_to_print=0, disable_tqdm=True, bf16=False)
+    trainer = GRPOTrainer(make_model(), reward_even, args=args, train_dataset=prompts.select(range(8)), processing_class=tokenizer)
+    trainer.train()
+    wandb.finish()  # WandbCallback leaves the run open (for a later evaluate); its files are complete once it ends
+    wandb.teardown()  # and the settings (WANDB_DIR) are read again by the next run in this process
+
+    [run_dir] = [os.path.join(tmp_path, "wandb", d) for d in os.listdir(tmp_path / "wandb") if d.startswith("offline-run-")]
+    folder = os.path.join(run_dir, "files", "media", "table")
+    tables = [json.load(open(os.path.join(folder, f))) for f in sorted(os.listdir(folder)) if f.startswith("completions_")]
+    assert len(tables) == 2  # one per log, as the parquet files (the key "completions", TRL's)
+    for step in (1, 2):
+        parquet = pd.read_parquet(os.path.join(args.output_dir, "completions", f"completions_{step:05d}.parquet"))
+        assert len(parquet) == 8  # 2 prompts × G = 4
+        expected = parquet[~parquet["prompt"].astype(str).duplicated()] if unique else parquet  # TRL's log_unique_prompts
+        [table] = [t for t in tables if t["data"][0][0] == step]
+        assert table["columns"] == list(parquet.columns) == ["step", "prompt", "completion", "reward_even", "advantage"]
+        assert len(table["data"]) == (2 if unique else 8)
+        for row, (_, want) in zip(table["data"], expected.iterrows()):
+            assert row[0] == step and row[2] == want["completion"]
+            assert row[3:] == [pytest.approx(want["reward_even"]), pytest.approx(want["advantage"])]
+
+
 @pytest.mark.parametrize("kubeflow_job", [False, True])
 def test_report_to_runs_the_trackers_trainingarguments_reads(tmp_path, monkeypatch, kubeflow_job):
     from transformers import TrainingArguments
@@ -98,3 +134,44 @@ def test_report_to_runs_the_trackers_trainingarguments_reads(tmp_path, monkeypat
     if importlib.util.find_spec("mlflow"):  # "all" used to mean the installed ones of tensorboard, wandb and trackio only
         assert "mlflow" in reported(["all"])
 
+
+TRACKIO_RUN = """
+import json, sys
+from datasets import Dataset
+sys.path.insert(0, sys.argv[2])  # tests/: conftest's tiny model
+from conftest import tiny_model
+from fastgrpo import GRPOConfig, GRPOTrainer
+from fastgrpo.model.loading import load_tokenizer
+
+def reward_even(completion_ids, **kw):
+    return [sum(t % 2 == 0 for t in ids) / max(len(ids), 1) for ids in completion_ids]
+
+tokenizer = load_tokenizer("smollm2-135m-instruct")
+prompts = Dataset.from_list([{"prompt": [{"role": "user", "content": f"Count to {i}."}]} for i in range(8)])
+args = GRPOConfig(sys.argv[1], per_device_train_batch_size=8, num_generations=4, max_completion_length=4, max_steps=2, logging_steps=1,
+                  save_strategy="no", report_to="trackio", log_completions=True, log_unique_prompts=True, num_completions_to_print=0,
+                  disable_tqdm=True, bf16=False, project="fastgrpo-test", run_name="run")
+GRPOTrainer(tiny_model(tokenizer), reward_even, args=args, train_dataset=prompts, processing_class=tokenizer).train()
+from trackio.sqlite_storage import SQLiteStorage
+print(json.dumps([log["completions"]["_value"] for log in SQLiteStorage.get_logs("fastgrpo-test", "run") if "completions" in log]))
+"""
+
+
+def test_trackio_gets_trls_completions_table_with_unique_prompts(tmp_path):
+    pytest.importorskip("trackio")
+    import pandas as pd
+
+    # its own process: trackio reads TRACKIO_DIR (its local database, no Space) when it is imported
+    out = subprocess.run([sys.executable, "-c", TRACKIO_RUN, str(tmp_path / "fg"), os.path.dirname(os.path.abspath(__file__))],
+                         capture_output=True, text=True, env={**os.environ, "TRACKIO_DIR": str(tmp_path / "trackio")}, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    tables = json.loads(out.stdout.strip().splitlines()[-1])
+    assert [table[0]["step"] for table in tables] == [1, 2]  # one per log, under TRL's key "completions"
+    for step, table in zip((1, 2), tables):
+        parquet = pd.read_parquet(tmp_path / "fg" / "completions" / f"completions_{step:05d}.parquet")
+        first = parquet[~parquet["prompt"].astype(str).duplicated()]  # log_unique_prompts: each prompt's first row (8 rows → 2)
+        assert len(parquet) == 8 and len(table) == len(first) == 2
+        for row, (_, want) in zip(table, first.iterrows()):
+            assert list(row) == list(parquet.columns)  # TRL's columns, in order
+            assert (row["step"], row["completion"], row["prompt"]) == (step, list(want["completion"]), list(want["prompt"]))
+            assert (row["reward_even"], row["advantage"]) == (pytest.approx(want["reward_even"]), pytest.approx(want["advantage"]))

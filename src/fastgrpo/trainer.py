@@ -137,7 +137,7 @@ class GRPOTrainer(TRLMethods):
         self.step, self.timer, self.window, self.fresh_completions = 0, PhaseTimer(), Window(), []
         self.target_kl_stops, self.last_metrics, self.loss_sum, self.run_id, self.epoch_end_pending = 0, {}, 0.0, uuid.uuid4().hex, False
         self.metrics_log = MetricsLog(a.output_dir, self.console) if acc.is_main_process else None
-        self.completion_tables = CompletionTables(a.output_dir, self.reward_names) if a.log_completions and acc.is_main_process else None
+        self.completion_tables = CompletionTables(a.output_dir, self.reward_names, a.report_to, a.log_unique_prompts) if a.log_completions and acc.is_main_process else None
         self.events = TrainerEvents(a, checked.callbacks, self.model, self.tokenizer, self.optimizer, self.scheduler, acc.is_main_process, self.console)
         self.state, self.clock = self.events.state, EpochClock(self.order.per_pass, a.steps_per_rollout, self.max_steps)
         self.reward_hooks = reward_hooks.RewardHooks(lambda: self.window, lambda: self.state)  # log_metric, log_extra

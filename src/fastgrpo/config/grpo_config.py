@@ -213,6 +213,7 @@ class GRPOConfig(TrainingArgumentsMethods, TrlFields):
     logging_first_step: bool = False  # also log after the first optimizer step (whatever logging_strategy, as transformers)
     log_completions: bool = False
     num_completions_to_print: int | None = 4
+    log_unique_prompts: bool = False  # the completions table sent to W&B / Trackio keeps each prompt's first row (TRL's)
     report_to: None | str | list[str] = "none"  # TRL's annotation: HfArgumentParser reads it as text, default "none"
     save_strategy: str = "steps"  # "steps": every save_steps and at the end; "epoch": after each pass; "best": at a new best evaluation; "no"
     save_steps: float = 500

@@ -74,7 +74,6 @@ TRL_FIELDS: dict[str, TrlField] = {
     "trackio_bucket_id": TrlField(None, ANY),
     "trackio_static_space_id": TrlField(None, ANY),
     "log_multimodal": TrlField(True, ANY),
-    "log_unique_prompts": TrlField(False, ANY),
     "log_completions_hub_repo": TrlField(None, (None,), "completions are written to output_dir/completions.jsonl and output_dir/completions/*.parquet; upload them yourself"),
     "skip_memory_metrics": TrlField(True, ANY),
     # --- evaluation ------------------------------------------------------------------

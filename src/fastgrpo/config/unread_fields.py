@@ -46,7 +46,10 @@ INERT_UNLESS = (
     (lambda c: not c.vllm_importance_sampling_correction, lambda c: "vllm_importance_sampling_correction=False",
      ("vllm_importance_sampling_mode", "vllm_importance_sampling_clip_max", "vllm_importance_sampling_clip_min"),
      "set vllm_importance_sampling_correction=True"),
-    (lambda c: not c.log_completions, lambda c: "log_completions=False", ("num_completions_to_print",), "set log_completions=True"),
+    (lambda c: not c.log_completions, lambda c: "log_completions=False", ("num_completions_to_print", "log_unique_prompts"), "set log_completions=True"),
+    (lambda c: c.log_completions and not {"wandb", "trackio", "all"} & set(c.report_to),  # TRL's table goes to these two only
+     lambda c: f"report_to={c.report_to} (the completions table is sent to W&B and Trackio only)", ("log_unique_prompts",),
+     "add 'wandb' or 'trackio' to report_to"),
     (lambda c: c.warmup_steps > 0, lambda c: f"warmup_steps={c.warmup_steps:g} (it wins when > 0)", ("warmup_ratio",),
      "set warmup_steps=0 to warm up by ratio"),
     (lambda c: c.save_strategy != "steps", lambda c: f"save_strategy={c.save_strategy!r}", ("save_steps",), "set save_strategy='steps'"),

@@ -8,6 +8,11 @@ messages), one column per reward function (its values, NaN where it returned Non
 added with `log_extra` (sorted by name), `advantage`. `CompletionTables` writes that file, with the same columns,
 order, dtypes and rows, beside completions.jsonl (every completion, run/metrics.py), on the main process only.
 
+The same table goes to the trackers TRL sends it to, after the log's record (TRL's `log`: `super().log` first):
+W&B when "wandb" runs (report_to names it, or "all" finds it) and `wandb.run` is not None, Trackio when "trackio"
+runs, each as `<tracker>.log({"completions": <tracker>.Table(dataframe=df)})`; with `log_unique_prompts` that
+table keeps the first row of each prompt (TRL compares the prompts as text), the parquet file every row.
+
 Resuming: the latest batch rides in the checkpoint (`state_dict`), so a resumed run's first logs hold the rows
 the run that never stopped would; the resumed run writes the files of its own steps (same names overwrite), and
 `remove_after` removes the files of steps after the checkpoint first (TRL leaves them: a resumed TRL run's folder
@@ -23,6 +28,8 @@ import os
 import re
 
 import torch
+
+from .trackers import reported
 
 FOLDER = "completions"  # within output_dir, TRL's
 _FILE = re.compile(r"^completions_(\d+)\.parquet$")
@@ -52,10 +59,13 @@ class CompletionTables:
     Args:
         output_dir: the run's folder; its `completions` folder is made now, as TRL makes it when the trainer is built.
         reward_names: the reward functions' log names, one column each, in order.
+        report_to: GRPOConfig's trackers ([] for none); the table goes to W&B and Trackio among those that run (trackers.reported).
+        unique_prompts: `log_unique_prompts`: the trackers' table keeps each prompt's first row.
     """
 
-    def __init__(self, output_dir: str, reward_names: list[str]):
+    def __init__(self, output_dir: str, reward_names: list[str], report_to: list[str], unique_prompts: bool):
         self.output_dir, self.reward_names = output_dir, list(reward_names)
+        self.trackers, self.unique_prompts = [t for t in reported(report_to) if t in ("wandb", "trackio")], unique_prompts
         self.latest: list = []  # one CompletionRows (run/metrics.py) per process: the latest rollout's
         os.makedirs(os.path.join(output_dir, FOLDER), exist_ok=True)
 
@@ -91,14 +101,33 @@ class CompletionTables:
         return pd.DataFrame(table)
 
     def write(self, step: int) -> str | None:
-        """Write `frame(step)` to `table_path` (a file of that step already there is replaced); → its path, None before any rollout."""
+        """Write `frame(step)` to `table_path` (a file of that step already there is replaced) and log it to W&B and Trackio
+        (`send`); → its path, None before any rollout."""
         df = self.frame(step)
         if df is None:
             return None
         path = table_path(self.output_dir, step)
         os.makedirs(os.path.dirname(path), exist_ok=True)  # a replaced previous run's folder went at this run's first write
         df.to_parquet(path)
+        self.send(df)
         return path
+
+    def send(self, df) -> None:
+        """Log `df` as the table "completions" to W&B (when its run is open) and Trackio, as TRL 1.16's `GRPOTrainer.log` does;
+        with `unique_prompts`, only the first row of each prompt (`df["prompt"].astype(str).duplicated()`, TRL's test)."""
+        backends = []
+        if "wandb" in self.trackers:
+            import wandb
+
+            backends += [wandb] if wandb.run is not None else []  # TRL's condition (WandbCallback opens the run at train_begin)
+        if "trackio" in self.trackers:
+            import trackio
+
+            backends.append(trackio)
+        if self.unique_prompts:
+            df = df[~df["prompt"].astype(str).duplicated()]
+        for backend in backends:
+            backend.log({"completions": backend.Table(dataframe=df)})
 
     def state_dict(self) -> dict:
         """The latest batch, for a checkpoint: a resumed run's logs before its next rollout write it, as the run never stopped."""
