@@ -1101,3 +1101,75 @@ def test_a_rollout_func_completion_past_max_completion_length_trains_whole_with_
         trainer.train()
     assert len([w for w in caught if "above max_completion_length" in str(w.message)]) == 1  # once, though two rollouts were long
     assert trainer.state.global_step == 2
+
+
+def test_an_environment_factory_returning_one_instance_twice_is_refused_before_loading(tmp_path):
+    """`lambda: env` (or a factory caching its instance) gave every row of a rollout the same environment: their episodes'
+    states interleaved silently (TRL's too). Two instances are made per factory when the trainer is built (every prompt's
+    G ≥ 2 rows take one each), so the shared one is refused then, as is a factory that starts repeating itself later."""
+    env = IncrementEnv()
+    refused(tmp_path, ValueError, r"^environment_factory returned the same IncrementEnv instance twice: the rows of a rollout would share "
+            r"one environment, .* pass the class \(environment_factory=IncrementEnv\) or a callable that makes one "
+            r"\(lambda: IncrementEnv\(…\)\), not `lambda: env` or a cached instance\.$", environment_factory=lambda: env)
+    one, two = IncrementEnv(), IncrementEnv()
+    refused(tmp_path, ValueError, r"^environment_factory\['b'\] returned the IncrementEnv instance environment_factory\['a'\] returned "
+            "already: the rows", environment_factory={"a": iter([one, two]).__next__, "b": iter([two, IncrementEnv()]).__next__},
+            train_dataset=Dataset.from_list([{"prompt": [{"role": "user", "content": "Go."}], "environment": "a"}]))
+    from fastgrpo.rollout.agents.environments import Environments
+
+    made = [IncrementEnv(), IncrementEnv()]
+    environments = Environments(lambda: made.pop(0) if made else env, [])  # two fresh ones, then the same one again and again
+    rows = [{"prompt": [{"role": "user", "content": "Go."}]}] * 4
+    with pytest.raises(ValueError, match="^environment_factory returned the same IncrementEnv instance twice"):
+        environments.draw(rows)  # the third row's instance is the fourth's
+
+
+def test_a_tool_reply_far_past_the_budget_ends_the_row_untokenised(tmp_path, tokenizer, make_model):
+    """A tool returning a million characters was tokenised whole (~2 s a row, and its ids held in memory) before the length
+    check dropped it (TRL's `_get_tool_suffix_ids` tokenises it whole too). Its length in bytes now proves it too long for
+    the budget left; the rollout is the one a short-enough-to-tokenise overlong reply gives (the row ends after its call)."""
+    def big(n: int) -> str:
+        """A long text.
+
+        Args:
+            n: how many characters.
+        """
+        return "x" * n
+
+    seen = {}
+
+    def reward(completions, **kwargs):
+        seen["completions"] = completions
+        return [0.0] * len(completions)
+
+    trainer = GRPOTrainer(model=make_model(), reward_funcs=reward, args=config(tmp_path), train_dataset=CHAT, processing_class=tokenizer,
+                          tools=[big])
+    call = '<tool_call>\n{"name": "big", "arguments": {"n": 1000000}}\n</tool_call>'
+    scripted(trainer, tokenizer, call=call)
+    tokenizer_used = trainer.assembly.producer.tokenizer
+    rendered, render = [], tokenizer_used.apply_chat_template
+
+    def spy(conversation, *args, **kwargs):  # the characters each tokenising render held
+        if kwargs.get("tokenize", True):
+            rendered.append(sum(len(str(m.get("content"))) for m in conversation))
+        return render(conversation, *args, **kwargs)
+
+    tokenizer_used.apply_chat_template = spy
+    rollout = trainer._collect()
+    assert rollout.completion_ids.shape[1] == len(tokenizer.encode(call + "<|im_end|>")) and rollout.tool_mask.all()
+    assert [m["role"] for m in seen["completions"][0]] == ["assistant"] and rollout.tool_calls == 4
+    assert max(rendered) < 1000  # the prompts and the empty-content rendering; never the million characters
+
+
+@pytest.mark.parametrize("content", ["x" * 5000, " " * 5000, "é" * 3000, "数学" * 2000, "🙂" * 2000, "a\u0301" * 2000, "𝐀" * 2000,
+                                     "ab <|im_end|> " * 300, "", "12"],
+                         ids=["ascii", "spaces", "accents", "cjk", "emoji", "combining", "math-letters", "special-tokens", "empty", "short"])
+def test_the_tool_suffix_floor_never_passes_the_suffixs_length(tokenizer, content):
+    """`tool_suffix_floor` ≤ len(tool_suffix_ids) for texts whose tokens are long (runs of spaces), multi-byte (accents, CJK, emoji),
+    composed by normalisation (a + combining acute), mathematical letters, special tokens inside, and empty ones."""
+    from fastgrpo.rollout.agents.chat_format import longest_token_bytes, prepare_tool_tokenizer, tool_suffix_floor
+
+    tool_tokenizer = prepare_tool_tokenizer(tokenizer)[0]
+    replies = [{"role": "tool", "name": "big", "content": content}] * 2
+    suffix = tool_suffix_ids(tool_tokenizer, replies, {})
+    assert tool_suffix_floor(tool_tokenizer, replies, {}, longest_token_bytes(tool_tokenizer)) <= len(suffix)

@@ -280,6 +280,48 @@ def parse_assistant(tokenizer, ids: list[int], prefix: list[int], tools: list) -
     return parsed
 
 
+def _dummy_turns(tool_messages: list[dict]) -> list[dict]:
+    """TRL's dummy conversation the tool messages follow: a user turn, then an assistant turn calling the first one's tool."""
+    call = [{"type": "function", "function": {"name": tool_messages[0]["name"], "arguments": {}}}]
+    return [{"role": "user", "content": "dummy"}, {"role": "assistant", "content": "", "tool_calls": call}]
+
+
+# How much a tokenizer's normaliser may shorten text (in UTF-8 bytes) before it is split into tokens: Unicode NFKC maps a
+# 4-byte character to a 1-byte one at most ("𝐀" → "A"). No chat model's normaliser deletes text (BERT's strips it).
+NORMALISED_SHRINK = 4
+
+
+def longest_token_bytes(tokenizer) -> int:
+    """An upper bound on the bytes of text one token stands for: the longest UTF-8 vocabulary string of the tokenizer.
+
+    A byte-level BPE string spells each byte as one character of 1–2 bytes; SentencePiece spells a space "▁" (3 bytes)
+    and a fallback byte "<0x0A>" (6); an added token is its text. So a text of b bytes is at least
+    b / (NORMALISED_SHRINK · this) tokens (`tool_suffix_floor`). Reads the vocabulary once (49k strings: ~30 ms).
+    """
+    return max(len(token.encode()) for token in tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))) if token)
+
+
+def tool_suffix_floor(tokenizer, tool_messages: list[dict], chat_template_kwargs: dict, token_bytes: int) -> int:
+    """A lower bound on `len(tool_suffix_ids(tool_messages))` found without tokenising the replies' contents, so a tool
+    reply of a million characters is known to pass a budget of a few hundred tokens in milliseconds (tokenising it took
+    ~2 s; TRL's `_get_tool_suffix_ids` tokenises it whole before its length check drops it).
+
+    The rendered text of b bytes is at least b / (NORMALISED_SHRINK · token_bytes) tokens; the suffix is the tokens
+    after an index no larger than the token count of the same rendering with every content empty (the turns before the
+    replies end at an EOS special token, which the tokenizer splits on first, so the contents cannot move it).
+
+    Args:
+        token_bytes: `longest_token_bytes(tokenizer)`.
+    Returns:
+        An int ≤ the suffix's token count (≤ 0 when nothing can be said).
+    """
+    dummy = _dummy_turns(tool_messages)
+    text = tokenizer.apply_chat_template(dummy + tool_messages, tokenize=False, add_generation_prompt=True, **chat_template_kwargs)
+    empty = [{**m, "content": ""} for m in tool_messages]
+    before = tokenizer.apply_chat_template(dummy + empty, tokenize=True, return_dict=False, add_generation_prompt=True, **chat_template_kwargs)
+    return -(-len(text.encode()) // (NORMALISED_SHRINK * token_bytes)) - len(before)
+
+
 def tool_suffix_ids(tokenizer, tool_messages: list[dict], chat_template_kwargs: dict) -> list[int]:
     """The tokens that follow an assistant turn's EOS to hand `tool_messages` back and open the next assistant turn.
 
@@ -299,8 +341,7 @@ def tool_suffix_ids(tokenizer, tool_messages: list[dict], chat_template_kwargs: 
             differently), or whose longer rendering has no EOS ending that turn, naming TRL's training template as the fix
             (checked before the model loads: `check_tool_replies`).
     """
-    call = [{"type": "function", "function": {"name": tool_messages[0]["name"], "arguments": {}}}]
-    dummy = [{"role": "user", "content": "dummy"}, {"role": "assistant", "content": "", "tool_calls": call}]
+    dummy = _dummy_turns(tool_messages)
     prefix = tokenizer.apply_chat_template(dummy, tokenize=True, return_dict=False, **chat_template_kwargs)
     full = tokenizer.apply_chat_template(
         dummy + tool_messages, tokenize=True, return_dict=False, add_generation_prompt=True, **chat_template_kwargs

@@ -18,7 +18,8 @@ when it needs more than it holds ("construct once, reset often").
 Checked before any model loads: a factory that needs
 arguments, a `reset`/`get_reward` that is not a method (a property), a
 `reset` that cannot take the dataset's columns or a `get_reward` that needs
-arguments, a method named like a standalone tool, a routed row naming no factory. An exception raised inside
+arguments, a method named like a standalone tool, a routed row naming no factory, a factory that returns the
+same instance twice (`lambda: env`: every row would share one episode). An exception raised inside
 the environment's own code (its factory, `reset`) is an
 `EnvironmentFunctionError` naming the class and method, the user's exception
 chained with its traceback; `reset` returning anything but a str, a list of
@@ -170,7 +171,8 @@ class Environments:
         latest: the instances `draw` handed out last, one per row (TRL's `trainer.environments`); None before the first.
     Raises:
         ValueError: an empty dict, an instance without `reset` (TRL's rule), a method whose JSON schema cannot be read
-            (tools.py) or named like a standalone tool (tools.check_distinct_names).
+            (tools.py) or named like a standalone tool (tools.check_distinct_names), a factory returning one instance
+            twice (`_fresh`: two are made per factory here, as every prompt's G ≥ 2 rows need).
         TypeError: a factory that is not callable or needs arguments (`_check_factory`); a `reset`/`get_reward`
             that is not a method, an async `reset`, a `get_reward` needing arguments (`_hook`).
         EnvironmentFunctionError: a factory raised (`_make`).
@@ -185,7 +187,7 @@ class Environments:
         standalone, rewarded = [tool_schema(t) for t in tools], set()
         for name, factory in factories.items():
             _check_factory(factory, self._label(name))
-            instance = _make(factory, self._label(name))
+            instance = self._fresh(name)
             if _hook(instance, "reset") is None:
                 raise ValueError(
                     f"environment {type(instance).__name__} has no callable `reset`; every environment must define "
@@ -195,11 +197,33 @@ class Environments:
             check_distinct_names([*((f"tools[{i}]", t) for i, t in enumerate(tools)), *(("its method", m) for m in methods)],
                                  f"tools and environment {type(instance).__name__}'s methods")
             self.pool[name] = [instance]
+            self.pool[name].append(self._fresh(name))  # every prompt's G ≥ 2 rows take one each: made now, a shared one refused now
             self.schemas[name] = standalone + [tool_schema(m) for m in methods]
             get_reward = _hook(instance, "get_reward")
             if get_reward is not None and type(instance) not in rewarded:  # one column per class
                 rewarded.add(type(instance))
                 self.reward_funcs.append(_env_reward(type(instance), inspect.iscoroutinefunction(get_reward)))
+
+    def _fresh(self, name):
+        """A new instance from the factory of `name`, refused when the pool holds that very object already.
+
+        Raises:
+            ValueError: the factory returned an instance it (or another factory of the dict) returned before, e.g.
+                `lambda: env` or a cached one: the rows holding it would share one episode, their states interleaved.
+            EnvironmentFunctionError: the factory raised (`_make`).
+        """
+        instance = _make(self.factories[name], self._label(name))
+        for other, pool in self.pool.items():
+            if any(instance is e for e in pool):
+                cls = type(instance).__name__
+                again = f"the same {cls} instance twice" if other == name else f"the {cls} instance {self._label(other)} returned already"
+                raise ValueError(
+                    f"{self._label(name)} returned {again}: the rows of a rollout would share one "
+                    "environment, their episodes' states interleaved (TRL calls the factory once per row for an instance of its "
+                    f"own). Return a new instance from each call: pass the class (environment_factory={cls}) or a callable that "
+                    f"makes one (lambda: {cls}(…)), not `lambda: env` or a cached instance."
+                )
+        return instance
 
     def _label(self, name) -> str:
         """How the user gave the factory of `name`: environment_factory, or environment_factory['name'] for a dict."""
@@ -255,14 +279,18 @@ class Environments:
         return name
 
     def draw(self, rows: list[dict]) -> list:
-        """One instance per row from the pool (made only when the pool runs short), in row order."""
+        """One instance per row from the pool (made only when the pool runs short), in row order.
+
+        Raises:
+            ValueError: a factory returned an instance the pool holds already (`_fresh`).
+        """
         taken: dict = {}
         out = []
         for row in rows:
             name = self.route(row)
             pool, index = self.pool[name], taken.get(name, 0)
             if index == len(pool):
-                pool.append(_make(self.factories[name], self._label(name)))
+                pool.append(self._fresh(name))
             taken[name] = index + 1
             out.append(pool[index])
         self.latest = out

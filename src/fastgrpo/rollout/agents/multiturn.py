@@ -12,8 +12,9 @@ TRL 1.16's loop (`_tool_call_loop`), on fastgrpo's sampler:
 
 The whole completion (every turn and every tool reply) shares one
 `max_completion_length`: a tool reply that would pass it is dropped and ends
-its row (its turn stays, as TRL does); a later turn samples at most the
-tokens left. Tool tokens get `tool_mask` 0: they are context, never loss.
+its row (its turn stays, as TRL does); one far past it (a million characters)
+is known to be so from its length, without tokenising it (`tool_suffix_floor`).
+A later turn samples at most the tokens left. Tool tokens get `tool_mask` 0: they are context, never loss.
 
 Who samples a turn is the backend's `Turns` (generation/contract.py):
 `Reprefill` re-runs each continuing row's whole sequence (prompt and every
@@ -34,7 +35,7 @@ import torch
 from ...generation.contract import Turns
 from ..prompts import is_conversational
 from ..record import Generated
-from .chat_format import parse_assistant, tool_suffix_ids
+from .chat_format import longest_token_bytes, parse_assistant, tool_suffix_floor, tool_suffix_ids
 from .environments import Environments
 from .tools import call_tools, tool_schema
 
@@ -69,6 +70,7 @@ class MultiTurn:
         self.schemas = [tool_schema(t) for t in tools]
         self.budget, self.max_rounds = max_completion_length, max_tool_calling_iterations
         self.chat_template_kwargs, self.eos, self.pad, self.device = chat_template_kwargs, tuple(eos_token_ids), pad_token_id, device
+        self.token_bytes = longest_token_bytes(tokenizer)  # bounds a tool reply's tokens from its bytes (tool_suffix_floor)
 
     def __call__(self, rows: list[dict], num_generations: int) -> Generated:
         G, N = num_generations, len(rows) * num_generations
@@ -109,10 +111,14 @@ class MultiTurn:
             calls, failures = calls + results.calls, failures + results.failures
             going, appended = [], []
             for r, replies in zip(active, results.messages):
-                suffix = tool_suffix_ids(self.tokenizer, replies, self.chat_template_kwargs)
-                self.encode.check([suffix], [f"the tool reply {' '.join(str(r.get('content')) for r in replies)!r:.80}"])
-                if len(completion[r]) + len(suffix) >= self.budget:  # the reply would leave no room to answer: the row ends here
+                left = self.budget - len(completion[r])  # the reply must leave room to answer, or the row ends here
+                if sum(len(m["content"]) for m in replies) > self.token_bytes * left and (  # past the budget, told untokenised
+                        tool_suffix_floor(self.tokenizer, replies, self.chat_template_kwargs, self.token_bytes) >= left):
                     continue
+                suffix = tool_suffix_ids(self.tokenizer, replies, self.chat_template_kwargs)
+                if len(suffix) >= left:
+                    continue
+                self.encode.check([suffix], [f"the tool reply {' '.join(m['content'][:80] for m in replies)!r:.80}"])
                 messages[r].extend(replies)
                 going.append(r)
                 appended.append(suffix)
