@@ -8,6 +8,7 @@ answer); the log-prob passes and the update still run on the tiny model.
 
 import asyncio
 import copy
+import functools
 import math
 import re
 
@@ -481,6 +482,9 @@ def test_rollout_func_gets_each_prompt_num_generations_times_as_trl_1_16_does(tm
     ({"prompt_ids": [[1]] * 4, "completion_ids": [[2]] * 4, "logprobs": [[float("inf")]] * 4}, r"logprobs\[0\] holds inf"),
     ({"prompt_ids": [[1]] * 4, "completion_ids": [[2]] * 4, "logprobs": [["a"]] * 4}, r"logprobs\[0\] holds 'a'"),
     ({"prompt_ids": [[1]] * 4, "completion_ids": [[2.0]] * 4, "logprobs": [[0.0]] * 4}, r"completion_ids\[0\] is \[2.0\]; give a list of token ids"),
+    # an id past 2**32 overflowed inside the tokenizer while the message named its token ("number too large to fit in target type")
+    ({"prompt_ids": [[1]] * 4, "completion_ids": [[2 ** 40]] * 4, "logprobs": [[0.0]] * 4},
+     r"^rollout_func's completion_ids\[0\] holds token id 1099511627776, but the model's input embedding has 49152 rows"),
     ({"prompt_ids": [[[1]]] * 4, "completion_ids": [[2]] * 4, "logprobs": [[0.0]] * 4}, r"prompt_ids\[0\] is \[\[1\]\]"),
     ({"prompt_ids": [1] * 4, "completion_ids": [[2]] * 4, "logprobs": [[0.0]] * 4}, r"prompt_ids\[0\] is 1; give a list"),
     ({"prompt_ids": [[1]] * 4, "completion_ids": [[]] * 4, "logprobs": [[]] * 4}, "no completion token in any of its rows"),
@@ -918,6 +922,9 @@ class ResetWithoutKwargs:
     ({"math": 3}, TypeError, r"environment_factory\['math'\] is 3 \(int\)"),
     ({"math": IncrementEnv}, ValueError, r"environment_factory is a dict of \['math'\], which routes each row by its `environment` column, but "
      "train_dataset has none"),
+    # its methods ran unbound: "environment type's reset(self, **kwargs) cannot take the columns …", naming neither the class nor the fix
+    (lambda: IncrementEnv, TypeError, r"^environment_factory returned the class IncrementEnv, not an instance; the class itself is a factory: "
+     r"environment_factory=IncrementEnv\.$"),
 ])
 def test_environments_that_cannot_run_are_refused_before_loading(tmp_path, factory, error, match):
     refused(tmp_path, error, match, environment_factory=factory)
@@ -1173,3 +1180,84 @@ def test_the_tool_suffix_floor_never_passes_the_suffixs_length(tokenizer, conten
     replies = [{"role": "tool", "name": "big", "content": content}] * 2
     suffix = tool_suffix_ids(tool_tokenizer, replies, {})
     assert tool_suffix_floor(tool_tokenizer, replies, {}, longest_token_bytes(tool_tokenizer)) <= len(suffix)
+
+
+def echo(text: str) -> str:
+    """
+    Echoes the text.
+
+    Args:
+        text: what to echo.
+    """
+    return f"You said: {text}"
+
+
+class Adder:
+    def __call__(self, a: int) -> int:
+        """Adds one.
+
+        Args:
+            a: a number.
+        """
+        return a + 1
+
+
+def total(*numbers: int) -> int:
+    """Sums numbers.
+
+    Args:
+        numbers: the numbers.
+    """
+    return sum(numbers)
+
+
+def options(**settings: str) -> str:
+    """Lists settings.
+
+    Args:
+        settings: the settings.
+    """
+    return str(settings)
+
+
+@pytest.mark.parametrize("tool, match", [
+    # get_json_schema's "… is not a module, class, method, or function", with the fix "give it type hints and a docstring"
+    (functools.partial(multiply, b=2), r"^tools holds functools.partial\(<function multiply .* \(partial\), which is not a function: the "
+     r"model calls a tool by its __name__ .* Wrap it in a documented def"),
+    (Adder(), r"^tools holds <test_agents.Adder object .* \(Adder\), which is not a function"),
+    # accepted: the schema offered a parameter named "numbers", and numbers=[1, 2] raised "unexpected keyword argument" at every call
+    (total, r"^tool 'total' takes \*numbers: the model's arguments are passed as keywords \(TRL's tool\(\*\*arguments\)\) and its schema "
+     r"offers one parameter named 'numbers', so every call fails; name each parameter the model may pass"),
+    # accepted: the schema offered one parameter "settings", so the tool got settings={"settings": …}
+    (options, r"^tool 'options' takes \*\*settings: .* so \*\*settings receives \{'settings': <value>\}"),
+])
+def test_tools_the_model_cannot_call_by_name_and_keywords_are_refused_before_loading(tmp_path, tool, match):
+    refused(tmp_path, ValueError, match, tools=[tool])
+
+
+def test_a_tool_reply_with_lone_surrogates_or_an_empty_error_reaches_the_model_readable(tmp_path, tokenizer, make_model):
+    """A model writes "\\ud800" in its JSON arguments and the tool echoes it: the lone surrogate stopped the run inside the tokenizer
+    ("TextEncodeInput must be Union[…]", TRL's too). It is U+FFFD now. An exception with no message (asyncio.TimeoutError())
+    gave the model {'error': ''}; it reads the exception's repr."""
+    seen = {}
+
+    def reward(completions, **kwargs):
+        seen["completions"] = completions
+        return [0.0] * len(completions)
+
+    trainer = GRPOTrainer(model=make_model(), reward_funcs=reward, args=config(tmp_path), train_dataset=CHAT, processing_class=tokenizer,
+                          tools=[echo])
+    scripted(trainer, tokenizer, call='<tool_call>\n{"name": "echo", "arguments": {"text": "a\\ud800b"}}\n</tool_call>')
+    trainer._collect()
+    assert seen["completions"][0][1] == {"role": "tool", "name": "echo", "content": "You said: a\ufffdb"}
+
+    async def slow(a: int) -> int:
+        """Times out.
+
+        Args:
+            a: anything.
+        """
+        raise asyncio.TimeoutError()
+
+    out = call_tools([[{"type": "function", "function": {"name": "slow", "arguments": {"a": 1}}}]], [{"slow": slow}])
+    assert out.messages[0][0]["content"] == "{'error': 'TimeoutError()'}" and out.failures == 1

@@ -30,7 +30,8 @@ def check_token_ids(rows, vocab_size: int | None, what: str | list[str], tokeniz
         ids = ids.tolist() if isinstance(ids, torch.Tensor) else ids
         bad = next((t for t in ids if not 0 <= t < vocab_size), None)
         if bad is not None:
-            text = tokenizer.convert_ids_to_tokens(bad) if tokenizer is not None and bad >= 0 else None  # None: no such token either
+            known = tokenizer is not None and 0 <= bad < len(tokenizer)  # past it (2**40) the tokenizer overflows: no such token
+            text = tokenizer.convert_ids_to_tokens(bad) if known else None
             token = f" {text!r}" if text is not None else ""
             sizes = f" (its tokenizer has {len(tokenizer)} tokens)" if tokenizer is not None else ""
             name = what[i] if isinstance(what, (list, tuple)) else f"{what} {i}"

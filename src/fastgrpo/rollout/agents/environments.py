@@ -210,9 +210,13 @@ class Environments:
         Raises:
             ValueError: the factory returned an instance it (or another factory of the dict) returned before, e.g.
                 `lambda: env` or a cached one: the rows holding it would share one episode, their states interleaved.
+            TypeError: the factory returned a class (`lambda: Cls`), not an instance.
             EnvironmentFunctionError: the factory raised (`_make`).
         """
         instance = _make(self.factories[name], self._label(name))
+        if isinstance(instance, type):  # `lambda: Cls`: its methods would run unbound, with no state of their own
+            raise TypeError(f"{self._label(name)} returned the class {instance.__name__}, not an instance; the class itself is a "
+                            f"factory: environment_factory={instance.__name__}.")
         for other, pool in self.pool.items():
             if any(instance is e for e in pool):
                 cls = type(instance).__name__

@@ -10,7 +10,11 @@ reads (TRL's rule):
 - the tool raises → `{"error": "<message>"}`, counted as a failure;
 - no tool of that name → `{"error": "Tool <name> not found."}`, a failure;
 - a result `str()` cannot turn into text (an int of more than 4300 digits: Python's limit) → `{"error": …}`, a
-  failure (TRL's `str(result)` raised out of the rollout and stopped the run).
+  failure (TRL's `str(result)` raised out of the rollout and stopped the run);
+- an exception whose message is empty (`asyncio.TimeoutError()`) → `{"error": "TimeoutError()"}`, its repr, where
+  TRL's `str(e)` gives the model `{"error": ""}`;
+- lone UTF-16 surrogates in a result (a tool echoing a `"\ud800"` the model wrote in its JSON arguments) become
+  U+FFFD: the tokenizer cannot encode them (TRL stopped the run with "TextEncodeInput must be Union[…]").
 
 Not here: environments whose methods are tools (environments.py), the loop (multiturn.py).
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -31,16 +36,38 @@ def tool_schema(tool: Callable) -> dict:
     """The JSON schema of one tool (transformers' `get_json_schema`), checked up front.
 
     Raises:
-        ValueError: a tool that is not callable, a generator function (sync or async: a call runs none of its body),
-            or one whose signature/docstring the schema cannot be read from (naming the tool and the fix).
+        ValueError: a tool that is not callable or not a function (a `functools.partial`, a callable object: no name
+            to call it by, no schema), a generator function (sync or async: a call runs none of its body), one taking
+            *args or **kwargs (the schema offers a parameter named "args"/"kwargs"), or one whose signature/docstring
+            the schema cannot be read from (naming the tool and the fix).
     """
     if not callable(tool):
         raise ValueError(f"tools holds {tool!r}, which is not callable; give functions (sync or async).")
+    if not (inspect.isfunction(tool) or inspect.ismethod(tool) or inspect.isbuiltin(tool)):  # get_json_schema reads a function
+        raise ValueError(
+            f"tools holds {tool!r:.80} ({type(tool).__name__}), which is not a function: the model calls a tool by its __name__ "
+            "and its schema is read from a function's signature and docstring (transformers' get_json_schema). Wrap it in a "
+            "documented def (for a functools.partial, a def taking the remaining arguments; for an object, a def calling it)."
+        )
     if inspect.isgeneratorfunction(tool) or inspect.isasyncgenfunction(tool):  # TRL calls it and str()s the generator object
         raise ValueError(
             f"tool {getattr(tool, '__name__', repr(tool))!r} is a generator function (it yields): a call returns a generator object, so "
             "its body never runs and the model reads '<generator object …>'; return the result instead (an environment's helper "
             "method that is no tool: start its name with _)."
+        )
+    try:
+        parameters = inspect.signature(tool).parameters.values()
+    except ValueError:  # a builtin without a signature: get_json_schema refuses it below
+        parameters = []
+    packed = next((p for p in parameters if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)), None)
+    if packed is not None:  # its schema names one parameter "args"/"kwargs", which tool(**arguments) never fills as meant
+        positional = packed.kind == packed.VAR_POSITIONAL
+        shown = ("*" if positional else "**") + packed.name
+        effect = "every call fails" if positional else f"{shown} receives {{{packed.name!r}: <value>}}"
+        raise ValueError(
+            f"tool {tool.__name__!r} takes {shown}: the model's arguments are passed as keywords (TRL's tool(**arguments)) and "
+            f"its schema offers one parameter named {packed.name!r}, so {effect}; name each parameter the model may pass, "
+            "with a type hint and an Args: line."
         )
     try:
         return get_json_schema(tool)
@@ -144,11 +171,11 @@ def call_tools(calls: list[list[dict]], toolboxes: list[dict[str, Callable]]) ->
                 results[r][c] = (name, value)
             except Exception as err:  # the model reads the error; training goes on
                 failures += 1
-                results[r][c] = (name, {"error": str(err)})
+                results[r][c] = (name, {"error": _message(err)})
     if pending:
         for (r, c, name, _), value in zip(pending, event_loop.gather([p[3] for p in pending])):
             failures += isinstance(value, Exception)
-            results[r][c] = (name, {"error": str(value)} if isinstance(value, Exception) else value)
+            results[r][c] = (name, {"error": _message(value)} if isinstance(value, Exception) else value)
     messages = []
     for row in results:
         messages.append([])
@@ -157,6 +184,14 @@ def call_tools(calls: list[list[dict]], toolboxes: list[dict[str, Callable]]) ->
                 content = str(value)
             except Exception as err:  # the result has no text: an int past Python's 4300 digits (power(10, 5000)), a broken __str__
                 failures += 1
-                content = str({"error": str(err)})
-            messages[-1].append({"role": "tool", "name": name, "content": content})
+                content = str({"error": _message(err)})
+            messages[-1].append({"role": "tool", "name": name, "content": SURROGATE.sub("\ufffd", content)})
     return ToolResults(messages, total, failures)
+
+
+SURROGATE = re.compile("[\ud800-\udfff]")  # code points UTF-8 cannot encode, so no tokenizer can
+
+
+def _message(err: BaseException) -> str:
+    """What the model reads of a failed call: TRL's `str(err)`, or its repr when that is empty (`TimeoutError()`)."""
+    return str(err) or repr(err)
