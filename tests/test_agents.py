@@ -861,11 +861,25 @@ class Streaming(IncrementEnv):
         yield n
 
 
+class Rendering(IncrementEnv):
+    def render(self):
+        return str(self.counter)
+
+
+def test_an_environment_helper_method_without_a_schema_names_its_class_and_the_underscore(tmp_path):
+    """A TRL environment's public helper (`render(self)`, no docstring) was refused as "tool 'render' has no JSON schema …; give it
+    type hints and a docstring", naming neither its class nor that every public method is offered as a tool."""
+    refused(tmp_path, ValueError, r"^environment Rendering's public method 'render' is offered to the model as a tool \(every public method "
+            r"but reset and get_reward is, TRL's rule\): tool 'render' has no JSON schema .* A helper that is no tool: name it _render\.$",
+            environment_factory=Rendering)
+
+
 def test_generator_tools_are_refused_before_loading(tmp_path):
     """A tool (or an environment method) that yields ran none of its body: the model read '<generator object countdown at 0x…>'."""
     refused(tmp_path, ValueError, r"^tool 'countdown' is a generator function \(it yields\): a call returns a generator object, so its body "
             r"never runs and the model reads '<generator object …>'; return the result instead", tools=[countdown])
-    refused(tmp_path, ValueError, r"^tool 'stream' is a generator function", environment_factory=Streaming)
+    refused(tmp_path, ValueError, r"^environment Streaming's public method 'stream' is offered to the model as a tool .*: tool 'stream' is a "
+            r"generator function .* A helper that is no tool: name it _stream\.$", environment_factory=Streaming)
 
 
 def test_two_tools_under_one_name_are_refused_naming_both(tmp_path):

@@ -143,6 +143,22 @@ def _check_reset_takes(environment, keys: list[str], source: str) -> None:
         ) from None
 
 
+def _method_schema(instance, method: Callable) -> dict:
+    """An environment method's tool schema (`tool_schema`).
+
+    Raises:
+        ValueError: `tool_schema`'s, naming the class and that every public method is a tool, with the other fix: a
+            leading `_` for a helper that is none (a TRL environment's `render(self)` without a docstring was refused as
+            "tool 'render' has no JSON schema", naming neither its class nor why it was a tool).
+    """
+    try:
+        return tool_schema(method)
+    except ValueError as err:
+        name = method.__name__
+        raise ValueError(f"environment {type(instance).__name__}'s public method {name!r} is offered to the model as a tool (every "
+                         f"public method but reset and get_reward is, TRL's rule): {err} A helper that is no tool: name it _{name}.") from None
+
+
 def _env_reward(env_type: type, asynchronous: bool) -> Callable:
     """A reward function scoring the rows whose environment is exactly `env_type` with its `get_reward()`; None elsewhere."""
     if asynchronous:
@@ -171,7 +187,7 @@ class Environments:
         latest: the instances `draw` handed out last, one per row (TRL's `trainer.environments`); None before the first.
     Raises:
         ValueError: an empty dict, an instance without `reset` (TRL's rule), a method whose JSON schema cannot be read
-            (tools.py) or named like a standalone tool (tools.check_distinct_names), a factory returning one instance
+            (`_method_schema`) or named like a standalone tool (tools.check_distinct_names), a factory returning one instance
             twice (`_fresh`: two are made per factory here, as every prompt's G ≥ 2 rows need).
         TypeError: a factory that is not callable or needs arguments (`_check_factory`); a `reset`/`get_reward`
             that is not a method, an async `reset`, a `get_reward` needing arguments (`_hook`).
@@ -198,7 +214,7 @@ class Environments:
                                  f"tools and environment {type(instance).__name__}'s methods")
             self.pool[name] = [instance]
             self.pool[name].append(self._fresh(name))  # every prompt's G ≥ 2 rows take one each: made now, a shared one refused now
-            self.schemas[name] = standalone + [tool_schema(m) for m in methods]
+            self.schemas[name] = standalone + [_method_schema(instance, m) for m in methods]
             get_reward = _hook(instance, "get_reward")
             if get_reward is not None and type(instance) not in rewarded:  # one column per class
                 rewarded.add(type(instance))

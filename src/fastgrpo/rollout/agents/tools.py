@@ -52,8 +52,7 @@ def tool_schema(tool: Callable) -> dict:
     if inspect.isgeneratorfunction(tool) or inspect.isasyncgenfunction(tool):  # TRL calls it and str()s the generator object
         raise ValueError(
             f"tool {getattr(tool, '__name__', repr(tool))!r} is a generator function (it yields): a call returns a generator object, so "
-            "its body never runs and the model reads '<generator object …>'; return the result instead (an environment's helper "
-            "method that is no tool: start its name with _)."
+            "its body never runs and the model reads '<generator object …>'; return the result instead."
         )
     try:
         parameters = inspect.signature(tool).parameters.values()
