@@ -11,6 +11,7 @@ import copy
 import functools
 import math
 import re
+import threading
 
 import numpy as np
 import pytest
@@ -1252,7 +1253,7 @@ def test_tools_the_model_cannot_call_by_name_and_keywords_are_refused_before_loa
 def test_a_tool_reply_with_lone_surrogates_or_an_empty_error_reaches_the_model_readable(tmp_path, tokenizer, make_model):
     """A model writes "\\ud800" in its JSON arguments and the tool echoes it: the lone surrogate stopped the run inside the tokenizer
     ("TextEncodeInput must be Union[…]", TRL's too). It is U+FFFD now. An exception with no message (asyncio.TimeoutError())
-    gave the model {'error': ''}; it reads the exception's repr."""
+    gave the model {'error': ''}; it reads the exception's type."""
     seen = {}
 
     def reward(completions, **kwargs):
@@ -1274,4 +1275,29 @@ def test_a_tool_reply_with_lone_surrogates_or_an_empty_error_reaches_the_model_r
         raise asyncio.TimeoutError()
 
     out = call_tools([[{"type": "function", "function": {"name": "slow", "arguments": {"a": 1}}}]], [{"slow": slow}])
-    assert out.messages[0][0]["content"] == "{'error': 'TimeoutError()'}" and out.failures == 1
+    assert out.messages[0][0]["content"] == "{'error': 'TimeoutError'}" and out.failures == 1
+
+
+def test_a_tool_raising_systemexit_or_cancelled_is_a_failed_call_not_an_exit_or_a_hang():
+    """A tool running code that calls exit() (SystemExit) ended the training process with no message (TRL's too); an async tool
+    raising SystemExit or KeyboardInterrupt stopped the shared event loop's thread, and the rollout waited forever; one raising
+    asyncio.CancelledError handed the model an empty reply, counted a success. Each is a failed call the model reads."""
+    def quits(a: int) -> int:
+        raise SystemExit(3)
+
+    async def cancelled(a: int) -> int:
+        raise asyncio.CancelledError()
+
+    async def exits(a: int) -> int:
+        raise SystemExit(2)
+
+    call = lambda name: {"type": "function", "function": {"name": name, "arguments": {"a": 1}}}  # noqa: E731
+    box = {f.__name__: f for f in (quits, cancelled, exits, multiply)}
+    done = []
+    worker = threading.Thread(target=lambda: done.append(call_tools([[call("quits"), call("cancelled"), call("exits")]], [box])), daemon=True)
+    worker.start()
+    worker.join(60)
+    assert done, "call_tools did not return"
+    assert [m["content"] for m in done[0].messages[0]] == [
+        "{'error': 'SystemExit: 3'}", "{'error': 'CancelledError'}", "{'error': 'SystemExit: 2'}"]
+    assert done[0].failures == 3

@@ -5,6 +5,7 @@ import decimal
 import functools
 import json
 import math
+import threading
 import traceback
 
 import numpy as np
@@ -129,6 +130,26 @@ def test_async_rewards_share_one_event_loop_across_rollouts_as_trls():
         return await judged(completions)
 
     assert [call(judged, also_judged).tolist() for _ in range(2)] == [[[1.0, 1.0]] * 3] * 2  # two contend for it each time
+
+
+def test_an_async_reward_raising_systemexit_exits_as_a_sync_one_and_does_not_hang():
+    """Raised out of a task on the shared loop, SystemExit stopped the loop's thread and scoring waited forever (TRL's too)."""
+    async def leaves(completions, **kw):
+        raise SystemExit(4)
+
+    codes = []
+
+    def score():
+        try:
+            call(leaves)
+        except SystemExit as err:
+            codes.append(err.code)
+
+    worker = threading.Thread(target=score, daemon=True)
+    worker.start()
+    worker.join(60)
+    assert codes == [4]
+    assert call(reward_len).shape == (3, 1)  # the loop still runs
 
 
 def test_errors_inside_a_reward_function_keep_their_traceback():

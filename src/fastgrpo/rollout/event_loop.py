@@ -44,10 +44,17 @@ def gather(awaitables: list) -> list:
 
     Returns:
         Their results, in order; an exception one raised is its result (returned, not raised), as
-        `asyncio.gather(..., return_exceptions=True)` gives it.
+        `asyncio.gather(..., return_exceptions=True)` gives it, SystemExit and KeyboardInterrupt too: raised out
+        of a task they stop the loop's thread, and the caller (TRL's too) waited for the result forever.
     """
 
+    async def settled(awaitable):
+        try:
+            return await awaitable
+        except (SystemExit, KeyboardInterrupt) as err:  # the loop's thread would die with it; the caller decides
+            return err
+
     async def together():
-        return await asyncio.gather(*awaitables, return_exceptions=True)
+        return await asyncio.gather(*map(settled, awaitables), return_exceptions=True)
 
     return asyncio.run_coroutine_threadsafe(together(), _shared_loop()).result()

@@ -202,10 +202,13 @@ def _await_all(awaitables: list, names: list[str]) -> list:
 
     Raises:
         RewardFunctionError: one raised, naming it; its exception chained.
+        SystemExit, KeyboardInterrupt: one raised it, as a sync reward function's would be (it hung the run before).
     """
     results = event_loop.gather(awaitables)
     for name, value in zip(names, results):
-        if isinstance(value, Exception):
+        if isinstance(value, (SystemExit, KeyboardInterrupt)):
+            raise value
+        if isinstance(value, BaseException):  # asyncio.CancelledError too
             raise RewardFunctionError(f"reward function {name!r} raised {type(value).__name__}: {value}") from value
     return results
 

@@ -11,7 +11,10 @@ reads (TRL's rule):
 - no tool of that name → `{"error": "Tool <name> not found."}`, a failure;
 - a result `str()` cannot turn into text (an int of more than 4300 digits: Python's limit) → `{"error": …}`, a
   failure (TRL's `str(result)` raised out of the rollout and stopped the run);
-- an exception whose message is empty (`asyncio.TimeoutError()`) → `{"error": "TimeoutError()"}`, its repr, where
+- a sync tool raising SystemExit (code it runs calling `exit()`), an async one raising any BaseException
+  (`asyncio.CancelledError`, SystemExit) → `{"error": …}`, a failure: TRL's run exited silently on the first, hung
+  on an async SystemExit, and handed the model an empty reply, counted a success, for a CancelledError;
+- an exception whose message is empty (`asyncio.TimeoutError()`) → `{"error": "TimeoutError"}`, its type, where
   TRL's `str(e)` gives the model `{"error": ""}`;
 - lone UTF-16 surrogates in a result (a tool echoing a `"\ud800"` the model wrote in its JSON arguments) become
   U+FFFD: the tokenizer cannot encode them (TRL stopped the run with "TextEncodeInput must be Union[…]").
@@ -168,13 +171,14 @@ def call_tools(calls: list[list[dict]], toolboxes: list[dict[str, Callable]]) ->
                     pending.append((r, c, name, value))
                     continue
                 results[r][c] = (name, value)
-            except Exception as err:  # the model reads the error; training goes on
+            except (Exception, SystemExit) as err:  # the model reads the error; training goes on (exec'd code calling exit())
                 failures += 1
                 results[r][c] = (name, {"error": _message(err)})
     if pending:
         for (r, c, name, _), value in zip(pending, event_loop.gather([p[3] for p in pending])):
-            failures += isinstance(value, Exception)
-            results[r][c] = (name, {"error": _message(value)} if isinstance(value, Exception) else value)
+            failed = isinstance(value, BaseException)  # asyncio.CancelledError, SystemExit too (event_loop.gather)
+            failures += failed
+            results[r][c] = (name, {"error": _message(value)} if failed else value)
     messages = []
     for row in results:
         messages.append([])
@@ -192,5 +196,9 @@ SURROGATE = re.compile("[\ud800-\udfff]")  # code points UTF-8 cannot encode, so
 
 
 def _message(err: BaseException) -> str:
-    """What the model reads of a failed call: TRL's `str(err)`, or its repr when that is empty (`TimeoutError()`)."""
-    return str(err) or repr(err)
+    """What the model reads of a failed call: TRL's `str(err)`; the exception's type where that is empty ("TimeoutError")
+    or the exception is no Exception ("SystemExit: 3", where str gives "3")."""
+    text = str(err)
+    if isinstance(err, Exception) and text:
+        return text
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
