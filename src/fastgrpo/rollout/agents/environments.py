@@ -13,7 +13,10 @@ An environment is a class whose instances hold one episode's state:
 {name: factory} that routes each row by its `environment` column (only that
 environment's tools are offered in its prompt). Instances are made once and
 reused: a rollout of N rows takes N instances from a pool, growing it only
-when it needs more than it holds ("construct once, reset often").
+when it needs more than it holds ("construct once, reset often"). Two per
+factory are made when the trainer is built (a prompt's G ≥ 2 rows take one
+each), and every instance must be a new object: a factory returning one it
+returned before (`lambda: env`) would make rows share an episode.
 
 Checked before any model loads: a factory that needs
 arguments, a `reset`/`get_reward` that is not a method (a property), a
