@@ -14,12 +14,13 @@ import time
 
 import pytest
 import torch
-from transformers import TrainerCallback
+from transformers import AutoConfig, TrainerCallback
 
 from fastgrpo import GRPOConfig, GRPOTrainer
 from fastgrpo.algo.sampling_correction import importance_sampling_ratio
 from fastgrpo.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
 from fastgrpo.generation.contract import EngineError
+from fastgrpo.model.flops import flops_per_token
 from fastgrpo.rollout.async_producer import RolloutPipeline
 from fastgrpo.run.datasets import PromptOrder
 from fastgrpo.run.interrupt import TrainingInterrupted
@@ -66,6 +67,7 @@ def test_max_staleness_0_is_the_synchronous_loop(tmp_path, tokenizer, prompts, s
     assert [r["sample/staleness_max"] for r in runs[0]] == [0, 0, 0] and "sample/staleness_max" not in runs[None][0]
     assert runs[None][1]["loss"] != runs[None][2]["loss"]  # the runs train (different numbers per step), they are not constant
     assert not any(k.startswith(("batch/", "perf/")) or k in ASYNC_KEYS for r in runs[None] for k in r)  # TRL AsyncGRPOTrainer's keys: the overlap's only
+    assert not any(k.startswith("perf/mfu") for r in runs[0] for k in r)  # bf16=False: TRL's peak table has no float32 peak (nor a CPU's)
 
 
 @pytest.mark.parametrize("max_staleness,lags", [(1, [0, 1, 1, 1, 1]), (2, [0, 1, 2, 2, 2])])
@@ -78,6 +80,7 @@ def test_staleness_is_bounded_with_the_lags_of_a_slow_trainer(tmp_path, tokenize
     args = config(tmp_path, server, max_staleness=max_staleness, max_steps=5)
     trainer = GRPOTrainer(model_dir, reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer,
                           callbacks=[SlowTrainer(2.0)])
+    trainer.update.peak_flops = 1e12  # a stand-in peak FLOP/s (a CPU has none in TRL's table): the per-step MFU is logged
     trainer.train()
     records = metrics(args.output_dir)
     assert [r["sample/staleness_mean"] for r in records] == lags and [r["sample/staleness_max"] for r in records] == lags
@@ -96,6 +99,27 @@ def test_staleness_is_bounded_with_the_lags_of_a_slow_trainer(tmp_path, tokenize
     for r in records[1:]:
         assert r["perf/trained_tok_s_wall_clock"] == pytest.approx(r["batch/trained_tokens_per_step"] / r["perf/step_s"])
         assert r["perf/forwarded_tok_s_wall_clock"] == pytest.approx(r["batch/forwarded_tokens_per_step"] / r["perf/step_s"])
+        assert r["perf/fwd_bwd_s"] + r["perf/optimizer_s"] < r["perf/step_s"]  # the step's own compute, within its span
+    # TRL's MFU: 100 · FLOPs per token at the step's forwarded tokens per completion × forwarded tokens / seconds / peak
+    text_config = AutoConfig.from_pretrained(model_dir).get_text_config()
+    for r in records:
+        tokens = r["batch/forwarded_tokens_per_step"]
+        flops = flops_per_token(text_config, int(tokens / r["batch/samples_per_step"])) * tokens
+        assert r["perf/mfu_fwd_bwd"] == pytest.approx(100 * flops / r["perf/fwd_bwd_s"] / 1e12)
+        if r is not records[0]:  # the first step has no span to the last: TRL's neither
+            assert r["perf/mfu_wall_clock"] == pytest.approx(100 * flops / r["perf/step_s"] / 1e12)
+            assert r["perf/mfu_wall_clock"] < r["perf/mfu_fwd_bwd"]  # the same FLOPs over the longer span
+    assert "perf/mfu_wall_clock" not in records[0]
+    every_step = ("perf/fwd_s", "perf/fwd_bwd_s", "perf/optimizer_s", "perf/rollout_wait_s", "perf/forwarded_tok_s_fwd_bwd", "perf/mfu_fwd_bwd")
+    after_first = ("perf/step_s", "perf/forwarded_tok_s_wall_clock", "perf/trained_tok_s_wall_clock", "perf/mfu_wall_clock")
+    assert all(r[key] >= 0 for i, r in enumerate(records) for key in every_step + (after_first if i else ()))  # TRL's keys, each step
+    # TRL's perf/weight_sync_*: one push per rollout sampled after a copy. Rollout 0 pushes the weights copied at start-up;
+    # rollouts 1 … max_staleness start before the first optimizer step's copy (the lags above), so they push none.
+    assert [("perf/weight_sync_s" in r) for r in records] == [True] + [False] * max_staleness + [True] * (4 - max_staleness)
+    for r in (r for r in records if "perf/weight_sync_s" in r):
+        pause, barrier, transfer = (r[f"perf/weight_sync_{part}_s"] for part in ("pause", "barrier", "transfer"))
+        assert pause > 0 and barrier == 0.0 and transfer > 0  # the cache reset, one process's barrier (none), the copy and reload
+        assert r["perf/weight_sync_s"] >= pause + barrier + transfer - 1e-9  # the parts and the copier's wait for a running push
 
 
 def test_evaluation_during_the_overlap_pauses_the_producer_and_counts_the_epoch_of_the_rollouts_trained(tmp_path, tokenizer, prompts, server, model_dir):

@@ -147,9 +147,9 @@ class GRPOTrainer(TRLMethods):
             reward_weights=self.reward_weights, reward_kwargs=self.reward_hooks.kwargs, pop_columns=self.reward_hooks.pop_columns,
             behaviour_logps=lambda r, rows: self.passes.old(acc.unwrap_model(self.model), r, rows), timer=self.timer,  # one process's surplus: no DDP
         )
-        self.rollouts = overlapped(a, self.assembly, self.order, lambda: self.weight_version)  # max_staleness: made ahead
+        self.rollouts = overlapped(a, self.assembly, self.order, lambda: self.weight_version, self.backend)  # max_staleness: made ahead
         self.update = OptimizerStep(
-            a, acc, self.model, self.optimizer, self.scheduler, log_probs=self.log_probs, correction=self.correction, router=self.router,
+            a, acc, self.model, self.optimizer, self.scheduler, log_probs=self.log_probs, correction=self.correction, router=self.router, bf16=bf16,
             entropy_control=self.entropy_control, reference=self.reference, entropy_mask=self.get_high_entropy_mask, events=self.events, timer=self.timer,
         )
         self.synced_step, self.weight_version = 0, 0  # the step the backend's weights are from, and its pushes so far (TRL's model_version)

@@ -31,7 +31,7 @@ Thread safety: the producer thread alone draws prompts, pushes weights, generate
 copies the weights (a lock hands them over) and trains, and evaluates (sampling and scoring) only inside `paused()`,
 while the producer makes nothing. One process only (the advantage statistics' all-gather would run in two threads).
 
-Not here: the weight push (trainer `_sync_weights`), the correction's maths (algo/sampling_correction.py).
+Not here: the weight push (trainer `_sync_weights`, generation/vllm/backend.py), the correction's maths (algo/sampling_correction.py).
 """
 
 from __future__ import annotations
@@ -69,19 +69,23 @@ class RolloutPipeline:
         max_staleness: versions a rollout may lag at hand-over (TRL's field), ≥ 0.
         inflight: rollouts started and not yet handed over, at most (≥ 1; TRL's max_inflight_tasks / rollout size).
         heartbeat_stale_after_s: seconds without progress after which the trainer stops waiting (TRL's field).
+        weight_syncs: () → the weight pushes' window sums since the last call (the backend's `VLLMGenerator.pop_syncs`),
+            called in the producer thread after each rollout it makes: that rollout's push, and an evaluation's (default: none).
     Call:
         () → (rollout, extra, sums) as `RolloutAssembly()`, sums with the pipeline's window sums: `async_rollouts`,
         `async_staleness` (Σ lag), `async_staleness_max`, `async_dropped` (completions), `async_queue` (Σ completions
-        waiting at hand-over), `async_trainer_wait` and `async_sampler_idle` (seconds since the last hand-over).
+        waiting at hand-over), `async_trainer_wait` and `async_sampler_idle` (seconds since the last hand-over), and
+        the weight pushes made with the rollout (`weight_syncs`; none for a rollout sampled without a push first).
     Raises (from the call):
         EngineError (or whatever the producer raised), re-raised in the trainer's thread; EngineError after
         `heartbeat_stale_after_s` seconds without a rollout or a sign of life.
     """
 
-    def __init__(self, assembly, order, version: Callable[[], int], *, max_staleness: int, inflight: int, heartbeat_stale_after_s: float):
+    def __init__(self, assembly, order, version: Callable[[], int], *, max_staleness: int, inflight: int, heartbeat_stale_after_s: float,
+                 weight_syncs: Callable[[], dict] = dict):
         if max_staleness < 0 or inflight < 1:
             raise ValueError(f"max_staleness={max_staleness}, inflight={inflight}: use max_staleness ≥ 0 and inflight ≥ 1.")
-        self.assembly, self.order, self.version = assembly, order, version
+        self.assembly, self.order, self.version, self.weight_syncs = assembly, order, version, weight_syncs
         self.max_staleness, self.inflight, self.heartbeat = max_staleness, inflight, heartbeat_stale_after_s
         self.ready: queue.Queue[Tagged] = queue.Queue()
         self.lock = threading.Condition()
@@ -206,7 +210,7 @@ class RolloutPipeline:
                         self.producing = False
                         self.lock.notify_all()
                 self.beat = time.monotonic()
-                self.ready.put(Tagged(rollout, extra, sums, version, self.order.state_dict()))
+                self.ready.put(Tagged(rollout, extra, {**sums, **self.weight_syncs()}, version, self.order.state_dict()))
         except BaseException as err:  # noqa: BLE001 — handed to the trainer's thread, raised there
             self.error = err
 
@@ -256,10 +260,11 @@ class InOrder:
         """Nothing to stop."""
 
 
-def overlapped(args, assembly, order, version: Callable[[], int]) -> InOrder | RolloutPipeline:
-    """The run's rollouts: `InOrder` (max_staleness None, the synchronous loop), or a `RolloutPipeline` made ahead."""
+def overlapped(args, assembly, order, version: Callable[[], int], backend) -> InOrder | RolloutPipeline:
+    """The run's rollouts: `InOrder` (max_staleness None, the synchronous loop), or a `RolloutPipeline` made ahead, whose
+    `backend` is the vLLM server's `VLLMGenerator` (config/checks.py refuses another engine for the overlap)."""
     if args.max_staleness is None:
         return InOrder(assembly, order)
     inflight = inflight_rollouts(args.max_inflight_tasks, args.max_staleness, args.generation_batch_size, args.queue_maxsize)
     return RolloutPipeline(assembly, order, version, max_staleness=args.max_staleness, inflight=inflight,
-                           heartbeat_stale_after_s=args.heartbeat_stale_after_s)
+                           heartbeat_stale_after_s=args.heartbeat_stale_after_s, weight_syncs=backend.pop_syncs)

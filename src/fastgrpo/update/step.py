@@ -27,6 +27,8 @@ import torch
 from ..algo.losses import StepCounts, grpo_loss, kl_k3, masked_sum, step_tokens
 from ..algo.reductions import accumulate
 from ..algo.sampling_correction import behaviour_metrics
+from ..model.flops import flops_per_token, mfu, peak_flops
+from ..model.loading import decoder_of
 from ..model.sharding import full_value
 from ..rollout.record import Rollout, micro_batch_rows
 from .logprobs import TokenStats
@@ -139,9 +141,11 @@ class OptimizerStep:
         entropy_mask: (entropy (B, T), mask (B, T), threshold) → (B, T) bool, top_entropy_quantile's tokens (TRL's get_high_entropy_mask).
         events: the callbacks (substep_end, pre_optimizer_step, optimizer_step).
         timer: phase timer; phase "update".
+        bf16: whether the passes' products run in bf16 (else in the model's dtype): the peak FLOP/s `peak_flops` looks up.
     """
 
-    def __init__(self, args, accelerator, model, optimizer, scheduler, *, log_probs, correction, router, entropy_control, reference, entropy_mask, events, timer):
+    def __init__(self, args, accelerator, model, optimizer, scheduler, *, log_probs, correction, router, entropy_control, reference, entropy_mask, events, timer,
+                 bf16: bool):
         self.args, self.accelerator, self.model, self.optimizer, self.scheduler = args, accelerator, model, optimizer, scheduler
         self.log_probs, self.correction, self.entropy_control, self.events, self.timer = log_probs, correction, entropy_control, events, timer
         self.router = router
@@ -158,6 +162,10 @@ class OptimizerStep:
         self.merges = not per_micro_batch  # whether this run's loss and processes allow merged passes
         self.last_end: float | None = None  # when the last optimizer step ended (perf_counter seconds)
         self.layout = log_probs.layout(model)  # what a pass computes, for merged_passes: the model's for the run
+        policy = decoder_of(accelerator.unwrap_model(model))
+        self.text_config = policy.config.get_text_config()  # its FLOPs per token (TRL's perf/mfu_*)
+        dtype = "bfloat16" if bf16 else str(next(policy.parameters()).dtype).removeprefix("torch.")  # TRL's: the mixed precision, else the model's
+        self.peak_flops = peak_flops(accelerator.device, dtype)  # None (a CPU, fp32): no MFU, as TRL
 
     def token_budget(self, rollout: Rollout) -> int | None:
         """Packed tokens per forward/backward pass over `rollout`, or None: one pass per micro-batch (module docstring).
@@ -265,11 +273,19 @@ class OptimizerStep:
                     ended: float, sums: dict) -> dict[str, float]:
         """The step's time and work, as sums for the window (run/overlap_metrics.py logs them, TRL's async keys): its
         forward and forward + backward seconds, optimizer.step's, the seconds since the last step's end with the tokens
-        they covered (none at the first step this object runs), its micro-batches and completions."""
+        they covered (none at the first step this object runs), its micro-batches and completions; where the device has a
+        peak (`peak_flops`), its MFU in percent over each of the two spans (TRL's per-step `perf/mfu_fwd_bwd`,
+        `perf/mfu_wall_clock`: the forwarded tokens × `flops_per_token` at the step's forwarded tokens per completion)."""
+        samples, packed = float(sum(span.stop - span.start for span, _ in passes)), float(sums["packed_tokens"])
         budget = {"step_fwd_s": forward_s, "step_fwd_bwd_s": forward_backward_s, "step_optimizer_s": optimizer_s,
-                  "micro_batches": float(sum(n for _, n in passes)), "samples": float(sum(span.stop - span.start for span, _ in passes))}
+                  "micro_batches": float(sum(n for _, n in passes)), "samples": samples}
+        flops = flops_per_token(self.text_config, int(packed / samples)) * packed if self.peak_flops is not None and packed > 0 else None
+        if flops is not None:
+            budget["step_mfu_fwd_bwd"] = mfu(flops, forward_backward_s, self.peak_flops)
         if self.last_end is not None:
-            budget.update(step_gap_s=ended - self.last_end, step_gaps=1.0, gap_packed_tokens=float(sums["packed_tokens"]), gap_tokens=float(sums["tokens"]))
+            budget.update(step_gap_s=ended - self.last_end, step_gaps=1.0, gap_packed_tokens=packed, gap_tokens=float(sums["tokens"]))
+            if flops is not None:
+                budget["gap_mfu"] = mfu(flops, ended - self.last_end, self.peak_flops)
         return budget
 
     @torch.no_grad()

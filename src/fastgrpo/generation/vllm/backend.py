@@ -25,7 +25,8 @@ Weights: `update_weights` takes the policy's full weights (weight_copy.full_weig
 shards gathered — on every process, the gather is collective) and the engine that owns them pushes them;
 a server shared by several training processes receives them once, from the main process, and the others
 wait at a barrier before sampling. Deferred (the overlap, one process): `update_weights` only copies them and
-the next `sample` pushes them first, so the push runs in the producer's thread between two rollouts.
+the next `sample` pushes them first, so the push runs in the producer's thread between two rollouts; each push's
+seconds, with its copy's, are kept for `pop_syncs` (TRL AsyncGRPOTrainer's `perf/weight_sync_*`).
 
 Not here: the engines (colocate.py, server.py), the weights folder (weights.py), choosing this backend (generation/build.py).
 """
@@ -33,7 +34,9 @@ Not here: the engines (colocate.py, server.py), the weights folder (weights.py),
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -47,6 +50,15 @@ from .weights import with_head
 
 
 SEED_STRIDE = 1 << 16  # seeds between two requests: room for their n completions' seed + 0 … n − 1
+SYNC_PARTS = ("weight_sync_s", "weight_sync_pause_s", "weight_sync_barrier_s", "weight_sync_transfer_s")  # `pop_syncs`' sums
+
+
+class Pending(NamedTuple):
+    """Weights copied by `update_weights` (deferred) for the next `sample` to push, and what the copy took."""
+
+    weights: dict[str, torch.Tensor]
+    copy_s: float  # seconds to gather and copy them (full_weights: LoRA merged, shards gathered; then cloned)
+    wait_s: float  # seconds the copying thread then waited on the lock, for a push still running
 
 
 def is_exact(sampling: SamplingSettings) -> bool:
@@ -97,6 +109,7 @@ class VLLMGenerator:
         owns_weights: True where vLLM's log-probs are of the distribution π_old is taken over (`is_exact`):
             `Samples.logps` are given and corrected for; False under truncation, a penalty, a mask or structured outputs.
         sync_bytes: the bytes of the last weights pushed (0 in a process that does not push).
+        syncs: the deferred pushes' window sums since the last `pop_syncs` (under `lock`).
     """
 
     def __init__(self, engine: Engine, sampling: SamplingSettings, *, vocab_size: int, tied: tuple[str, ...] = (), seed: int | None = None,
@@ -106,17 +119,20 @@ class VLLMGenerator:
         self.reopen, self.closed = reopen, False  # a colocated engine stopped by `close` starts again at its next use
         self.deferred, self.pending, self.lock = deferred, None, threading.Lock()  # pending: the weights the next sample pushes first
         self.owns_weights = is_exact(sampling)
-        self.sync_bytes = 0
+        self.sync_bytes, self.syncs = 0, {}
 
     def update_weights(self, policy: torch.nn.Module) -> None:
         """The policy's full weights into the engine (the pushing process), then every process waits for it. A colocated
         engine that `close` stopped starts again instead, from the policy's weights (`reopen`)."""
         if self._reopened():
             return
+        started = time.perf_counter()
         weights = with_head(full_weights(policy), self.tied)  # every process: an FSDP gather is collective
         if self.deferred:  # a copy: the optimizer steps on while the producer thread pushes it
-            with self.lock:
-                self.pending = {name: t.detach().clone() for name, t in weights.items()}
+            weights = {name: t.detach().clone() for name, t in weights.items()}
+            copied = time.perf_counter()
+            with self.lock:  # a copy not pushed yet is replaced: the engine needs only the latest
+                self.pending = Pending(weights, copied - started, time.perf_counter() - copied)
             return
         if self.engine.pushes_weights:
             self.engine.push(weights)
@@ -142,10 +158,13 @@ class VLLMGenerator:
         prompts = [ids[m.bool()].tolist() for ids, m in zip(prompt_ids, prompt_mask)]
         self.check_lengths(prompts, T)
         with self.lock:  # deferred: the latest weights in before this rollout's requests
-            weights, self.pending = self.pending, None
-            if weights is not None:
-                self.engine.push(weights)
-                self.sync_bytes = sum(t.numel() * t.element_size() for t in weights.values())
+            pending, self.pending = self.pending, None
+            if pending is not None:
+                pushed = self.engine.push(pending.weights)
+                self.sync_bytes = sum(t.numel() * t.element_size() for t in pending.weights.values())
+                parts = (pending.copy_s + pending.wait_s + pushed.transfer + pushed.pause, pushed.pause, 0.0, pending.copy_s + pushed.transfer)
+                self.syncs = {"weight_syncs": self.syncs.get("weight_syncs", 0) + 1,
+                              **{key: self.syncs.get(key, 0.0) + value for key, value in zip(SYNC_PARTS, parts)}}
         if num_generations > 1:  # each prompt into the prefix cache once, so its G completions share it (below)
             self.engine.generate(prompts, {**sampling_params(self.sampling, 1, 1), "logprobs": None, "min_tokens": 0})
         params = sampling_params(self.sampling, num_generations, T)
@@ -164,6 +183,25 @@ class VLLMGenerator:
         stops = torch.tensor([min(len(r.tokens), T) if r.stop_string else 0 for r in rows]) if self.sampling.stop_strings else None
         device = prompt_ids.device
         return Samples(ids.to(device), logps.to(device) if self.owns_weights else None, None if stops is None else stops.to(device))
+
+    def pop_syncs(self) -> dict[str, float]:
+        """The deferred pushes since the last call as window sums (then reset; {} when none): `weight_syncs` (their
+        count) and per TRL 1.16 AsyncGRPOTrainer's `_sync_weight` phase, summed over them, in seconds:
+
+        - `weight_sync_transfer_s`: the weights gathered and copied (`update_weights`, the trainer's thread) and sent
+          into the server (folder written and reloaded, or NCCL) — TRL's transfer gathers and sends;
+        - `weight_sync_pause_s`: the server's prefix cache dropped, running requests preempted — TRL's pause freezes
+          them and clears the caches (here after the reload, since no request of the run runs during a push: the
+          producer pushes before its next requests, and an evaluation samples only while it is paused);
+        - `weight_sync_barrier_s`: 0.0 — TRL's wait for the other training processes; the overlap runs in one;
+        - `weight_sync_s`: the whole sync, the parts and the copying thread's wait for a push still running (as TRL's
+          total holds its closing barrier and resume beside its parts), so it is at least their sum.
+
+        A copy replaced before it was pushed (the trainer copied again first) is no sync: its seconds are in
+        `seconds/weight_sync` only."""
+        with self.lock:
+            out, self.syncs = self.syncs, {}
+        return out
 
     def check_rows(self, rows: list[Completion], max_tokens: int) -> None:
         """Refuse completions a wrong server returns before they reach the trainer: an empty one, a token id outside the

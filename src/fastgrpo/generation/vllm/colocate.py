@@ -38,12 +38,13 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 from contextlib import contextmanager
 
 import torch
 
 from ..contract import EngineError
-from .engines import LOGPROBS_MODE, Completion
+from .engines import LOGPROBS_MODE, Completion, PushSeconds
 from .weights import WeightsFolder
 
 # How often a caller waiting on the engine looks at its processes (seconds): the longest a dead engine goes unnoticed.
@@ -308,19 +309,22 @@ class ColocateEngine:
             for out in outputs
         ]
 
-    def push(self, weights: dict[str, torch.Tensor]) -> None:
-        """Write `weights` into the folder, reload them in place (every worker), reset the prefix cache.
+    def push(self, weights: dict[str, torch.Tensor]) -> PushSeconds:
+        """Write `weights` into the folder, reload them in place (every worker), reset the prefix cache; → the seconds of each.
 
         Raises:
             EngineError: the engine died meanwhile (`watched`).
         """
+        started = time.perf_counter()
         self.folder.write(weights)
 
-        def reload():
+        def reload() -> PushSeconds:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_path": self.folder.path})
+            transferred = time.perf_counter()
             self.llm.reset_prefix_cache()
+            return PushSeconds(transfer=transferred - started, pause=time.perf_counter() - transferred)
 
-        self.watched(reload, "the weight sync")
+        return self.watched(reload, "the weight sync")
 
     def close(self) -> None:
         """Stop the engine core process (it would otherwise live until this process exits) and remove the folder."""

@@ -18,6 +18,13 @@ class Completion(NamedTuple):
     stop_string: bool = False  # a stop string ended it (vLLM's stop_reason is the string): its last token completes it
 
 
+class PushSeconds(NamedTuple):
+    """One weight push's wall-clock seconds by part, under TRL 1.16 AsyncGRPOTrainer's weight-sync phases (`_sync_weight`)."""
+
+    transfer: float  # the weights into the engine: the folder written and reloaded, or the NCCL broadcast (TRL's transfer)
+    pause: float  # the prefix cache dropped, running requests preempted: TRL's pause, which freezes them and clears the caches
+
+
 # vLLM's log-probs after its logits processing (temperature, penalties, truncation), as TRL's server runs it:
 # with no truncation and no penalty that is log softmax(logits / T), the distribution π_old is taken over.
 LOGPROBS_MODE = "processed_logprobs"
@@ -34,9 +41,9 @@ class Engine(Protocol):
         """One list of `params["n"]` completions per prompt, in prompt order; `params` are vLLM `SamplingParams` fields."""
         ...
 
-    def push(self, weights: dict[str, torch.Tensor]) -> None:
+    def push(self, weights: dict[str, torch.Tensor]) -> PushSeconds:
         """Replace every weight with `weights` (a plain model's names, full tensors), then drop the prefix cache
-        (it holds the old weights' keys and values)."""
+        (it holds the old weights' keys and values); → the seconds each took."""
         ...
 
     def close(self) -> None:

@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from ..contract import EngineError
-from .engines import Completion
+from .engines import Completion, PushSeconds
 from .weights import WeightsFolder
 
 
@@ -197,8 +197,10 @@ class ServerEngine:
                               "server (`fastgrpo vllm-serve`).")
         return [rows[i * n : (i + 1) * n] for i in range(len(prompts))]
 
-    def push(self, weights: dict[str, torch.Tensor]) -> None:
-        """The weights to the server (CPU: a shared-memory folder it reloads from; CUDA: NCCL), then its prefix cache dropped."""
+    def push(self, weights: dict[str, torch.Tensor]) -> PushSeconds:
+        """The weights to the server (CPU: a shared-memory folder it reloads from; CUDA: NCCL), then its prefix cache dropped;
+        → the seconds of each (engines.PushSeconds)."""
+        started = time.perf_counter()
         if self.nccl:
             self.send_weights(weights)
         else:
@@ -211,9 +213,11 @@ class ServerEngine:
                     raise
                 raise EngineError(f"{err} Without a GPU the server must run on this machine: it reloads the weights from "
                                   f"{self.folder.path} (shared memory).") from None
+        transferred = time.perf_counter()
         # requests still running (another process's, an evaluation's) are preempted and recomputed under the new weights;
         # without the flag vLLM refuses the reset while they hold blocks, and later prompts would hit the old weights' cache
         self.request("POST", "/reset_prefix_cache?reset_running_requests=true")
+        return PushSeconds(transfer=transferred - started, pause=time.perf_counter() - transferred)
 
     def send_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """CUDA: the weights over vLLM's NCCL weight-transfer engine, as TRL 1.16's `VLLMClient` (not run here: no GPU)."""
