@@ -17,6 +17,7 @@ import types
 import typing
 import warnings
 
+from .report_to import check as check_report_to
 from .vllm_checks import check_vllm
 
 LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo", "cispo", "sapo", "luspo", "vespo")
@@ -267,15 +268,7 @@ def validate(c) -> None:
     set_by_trainer = sorted(set(c.chat_template_kwargs or {}) & TEMPLATE_ARGUMENTS)
     need(not set_by_trainer, f"chat_template_kwargs holds {', '.join(map(repr, set_by_trainer))}, which fastgrpo passes apply_chat_template "
          "itself (the generation prompt, the tools, tokenising); keep only your template's own variables, e.g. {\"enable_thinking\": false}.")
-    need("none" not in c.report_to, f"report_to={c.report_to}: 'none' means no tracker; give it alone, or list the trackers without it.")
-    need("all" not in c.report_to or c.report_to == ["all"], f"report_to={c.report_to}: 'all' means every installed tracker; "
-         "give it alone, or list the trackers without it (transformers' Trainer refuses the list).")
-    if named := [t for t in c.report_to if t != "all"]:  # transformers (and torch) imported only then: a config without one stays cheap
-        from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK  # noqa: PLC0415 (Trainer's trackers)
-
-        for tracker in named:  # get_reporting_integration_callbacks raises for any other name, when the Trainer is built
-            need(tracker in INTEGRATION_TO_CALLBACK, f"report_to={tracker!r}: use 'none', 'all' or one of {', '.join(INTEGRATION_TO_CALLBACK)} "
-                 "(transformers' trackers).")
+    check_report_to(c.report_to)
 
 
 def check_load_best(c) -> None:
