@@ -248,6 +248,16 @@ def test_unknown_loss_type():
                                   r"\(transformers' trackers\)"),
         (dict(report_to=["all", "wandb"]), r"report_to=\['all', 'wandb'\]: 'all' means every installed tracker; give it alone"),
         (dict(report_to=["none", "wandb"]), r"report_to=\['none', 'wandb'\]: 'none' means no tracker; give it alone, or list the trackers without it"),
+        # break sweep: transformers' Trainer raised the same (when built) with no fix named; a tracker named twice logged every
+        # number twice at each step (Trainer adds one callback per mention, with a warning)
+        (dict(report_to="MLflow"), r"report_to='MLflow': did you mean 'mlflow' \(lower case, no spaces\)\? use 'none', 'all'"),
+        (dict(report_to=" none"), r"report_to=' none': did you mean 'none'"),
+        (dict(report_to="wandb,mlflow"), r"report_to='wandb,mlflow': several trackers are a list \(YAML `report_to: \[wandb, mlflow\]`"),
+        (dict(report_to=["mlflow", "wandb", "mlflow"]), r"report_to=\['mlflow', 'wandb', 'mlflow'\] names a tracker twice, so its callback "
+                                                        r"would log every number twice at each step .*; name each once\.$"),
+        (dict(generation_kwargs='{"top_k": 5, "top_k": 50}'), r"^generation_kwargs: the JSON gives 'top_k' twice \(only the last value "
+                                                              r"would be kept\); give each key once\.$"),  # json.loads kept 50 silently
+        (dict(use_vllm=True, generation_kwargs='{"logit_bias": {"5": 100, "5": -100}}'), r"^generation_kwargs: the JSON gives '5' twice"),
         (dict(seed=-1), r"seed=-1: use a value in \[0, 2\*\*32\)"),  # numpy's own error named no field
         (dict(save_steps=1.5), "save_steps=1.5: above 1 it counts steps; use a whole number"),  # transformers' rule
         (dict(eval_steps=2.5), "eval_steps=2.5: above 1 it counts steps"),

@@ -35,6 +35,15 @@ from .training_args import TrainingArgumentsMethods
 
 
 
+def _each_key_once(name: str, pairs: list) -> dict:
+    """json.loads' object_pairs_hook for a dict field's JSON text: its dict, refusing a key given twice at any depth
+    (`{"top_k": 5, "top_k": 50}`), whose first value json.loads, as TRL's HfArgumentParser, drops silently."""
+    keys = [key for key, _ in pairs]
+    if twice := [key for i, key in enumerate(keys) if key in keys[:i]]:
+        raise ValueError(f"{name}: the JSON gives {twice[0]!r} twice (only the last value would be kept); give each key once.")
+    return dict(pairs)
+
+
 def names_unknown_fields(cls):
     """Class decorator over @dataclass: an unknown keyword raises a `TypeError` naming the closest field.
 
@@ -285,7 +294,7 @@ class GRPOConfig(TrainingArgumentsMethods, TrlFields):
             text = getattr(self, name)
             if isinstance(text, str):
                 try:
-                    setattr(self, name, json.loads(text))
+                    setattr(self, name, json.loads(text, object_pairs_hook=functools.partial(_each_key_once, name)))
                 except json.JSONDecodeError as err:
                     raise ValueError(f"{name}={text!r} is not JSON ({err}); give a dict, e.g. '{{\"key\": 1}}'.") from err
             if not isinstance(getattr(self, name), (dict, type(None))):
