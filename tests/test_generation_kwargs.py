@@ -236,6 +236,11 @@ def test_vllm_rows_ended_by_a_stop_string_are_finished(tokenizer):
         (True, {"logit_bias": {"hello": 1.0}}, r"\['logit_bias'\]=\{'hello': 1.0\}: give a dict \{token id: bias\}"),
         (True, {"logit_bias": {-3: 1.0}}, r"\['logit_bias'\]=\{-3: 1.0\}: give a dict"),
         (True, {"logit_bias": [3, 1.0]}, r"\['logit_bias'\]=\[3, 1.0\]: give a dict"),
+        # break sweep: two keys naming one id (vLLM's int() keeps the last bias, silently); a lone surrogate (JSON's "\ud800"),
+        # on which vLLM's tokenizer raised a TypeError at the first request
+        (True, {"logit_bias": {"05": 100, "5": -100}}, r"\['logit_bias'\]=\{'05': 100, '5': -100\} names one token id twice \(vLLM would keep only the last bias\)"),
+        (True, {"logit_bias": {5: 1.0, "5": 2.0}}, r"\['logit_bias'\]=\{5: 1.0, '5': 2.0\} names one token id twice"),
+        (True, {"bad_words": ["ok", "a\ud800"]}, r"\['bad_words'\] holds 'a\\ud800', a lone surrogate .* vLLM's tokenizer cannot encode"),
         (False, {"min_new_tokens": 600}, r"\['min_new_tokens'\]=600 is more than max_completion_length=512, so no completion could end"),
         (False, {"min_new_tokens": -1}, r"\['min_new_tokens'\]=-1: give an int ≥ 0\.$"),
         (False, {"suppress_tokens": [-3]}, r"\['suppress_tokens'\]=\[-3\]: give a list of token ids \(each ≥ 0\)\.$"),

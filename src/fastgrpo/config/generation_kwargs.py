@@ -118,7 +118,9 @@ def _check_type(key: str, value) -> None:
     SamplingParams would ban each of its characters), a blank word (vLLM: "must tokenize to at least one token"), an empty
     `allowed_token_ids` (vLLM: "is not None and empty"), a `logit_bias` key that is no id (JSON's decimal strings, which
     vLLM's server takes, are ids) or a bias outside [-100, 100] or not finite (vLLM's server clips to that range, OpenAI's,
-    and its colocated engine does not, so the two would sample differently)."""
+    and its colocated engine does not, so the two would sample differently); two `logit_bias` keys naming one id ("5" and
+    "05", or 5 and "5": vLLM's int() keeps the last bias, silently); a bad word holding a lone surrogate (JSON's "\\ud800"
+    alone: vLLM's tokenizer raises a TypeError)."""
     ok = {
         "stop": _strings(value), "stop_strings": _strings(value),
         "stop_token_ids": _all(value, int), "eos_token_id": _is_id(value) or _all(value, int),
@@ -141,6 +143,12 @@ def _check_type(key: str, value) -> None:
                 "bad_words": "a list of strings, none blank (vLLM tokenizes each)", "allowed_token_ids": "a non-empty list of token ids (each ≥ 0)",
                 "logit_bias": "a dict {token id: bias}, each id ≥ 0 (an int, or its decimal string as JSON writes it) and each bias a number in [-100, 100]"}.get(key, "a number in [-2, 2] (vLLM's range)" if "penalty" in key else "True or False")
         raise ValueError(f"generation_kwargs[{key!r}]={value!r}: give {want}.")
+    if key == "logit_bias" and len({_bias_id(k) for k in value}) < len(value):  # "5" and "05" (or 5): vLLM's int() keeps the last
+        raise ValueError(f"generation_kwargs['logit_bias']={value!r} names one token id twice (vLLM would keep only the last bias); "
+                         "give each id once.")
+    if key == "bad_words" and (odd := [w for w in value if any(0xD800 <= ord(ch) <= 0xDFFF for ch in w)]):  # JSON's "\ud800" alone
+        raise ValueError(f"generation_kwargs['bad_words'] holds {odd[0]!r}, a lone surrogate (half of a JSON \\u escape pair), which "
+                         "vLLM's tokenizer cannot encode (a TypeError at the first request, after the model loaded); give the whole character.")
 
 
 def _is_int(value) -> bool:
