@@ -136,6 +136,22 @@ def test_mistyped_yaml_value_names_field_and_type(tmp_path):
         parse("--config", str(run))
 
 
+def test_a_yaml_key_given_twice_is_refused_naming_it_and_its_line(tmp_path):
+    """PyYAML (and so `trl grpo --config`) kept the last of two values silently: a recipe's second learning_rate, or a
+    generation_kwargs' second top_k, replaced the first without a word."""
+    run = tmp_path / "run.yaml"
+    run.write_text("model: m\nreward: length\nlearning_rate: 1.0e-5\nlearning_rate: 1.0\n")
+    with pytest.raises(ValueError, match=r"is not valid YAML: .*found the key 'learning_rate' twice \(only the last value would be kept\); "
+                                         r"give each key once in \".*run.yaml\", line 4"):
+        parse("--config", str(run))
+    run.write_text("model: m\nreward: length\nuse_vllm: true\ngeneration_kwargs: {logit_bias: {5: 100, 5: -100}}\n")
+    with pytest.raises(ValueError, match=r"found the key 5 twice"):
+        parse("--config", str(run))
+    # YAML's merge key is no repetition: an explicit key over a merged one stays YAML's override
+    run.write_text("model: m\nreward: length\ngeneration_kwargs: {<<: {top_k: 5, top_p: 0.5}, top_k: 20}\n")
+    assert parse("--config", str(run))[1]["generation_kwargs"] == {"top_k": 20, "top_p": 0.5}
+
+
 def test_trls_script_spellings_of_model_and_dataset(tmp_path):
     """`trl grpo --model_name_or_path … --dataset_name …` and a TRL recipe's YAML keys name the model and dataset here too
     (they were "unknown flag", and --dataset_name got "did you mean --dataset_size?")."""

@@ -42,7 +42,7 @@ import sys
 import warnings
 
 from .config import GRPOConfig
-from .config.flags import FIELD_HELP, check_yaml_types, one_line_error, yaml_values_as_flags
+from .config.flags import FIELD_HELP, check_yaml_types, load_yaml, one_line_error, yaml_values_as_flags
 from .config.trl_fields import TRL_FIELDS
 from .config.trl_script import (
     BUILTIN_REWARD_NAMES, LORA_KEYS, MODEL_KEYS, QUANTIZATION_KEYS, SCRIPT_KEYS, LoraOptions, ModelOptions, QuantizationOptions, ScriptOptions,
@@ -153,7 +153,7 @@ def resolve_job(ns: argparse.Namespace) -> tuple[dict, dict, dict]:
 
         try:
             with open(given["config"]) as f:
-                loaded = yaml.safe_load(f)
+                loaded = load_yaml(f)
         except OSError as err:
             raise ValueError(f"--config {given['config']}: cannot read it ({err.strerror or err}); give a YAML file.") from None
         except yaml.YAMLError as err:

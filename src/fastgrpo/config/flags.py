@@ -6,8 +6,8 @@
   (trl_fields.py) carry their own help: what fastgrpo does with the value.
 - `one_line_error()`: argparse's errors as one line, an unknown flag with the
   closest known one (`fastgrpo train`, `fastgrpo vllm-serve`).
-- `yaml_values_as_flags()`, `check_yaml_types()`: a recipe's YAML values typed
-  as `trl grpo --config` types them, and refused when they do not fit.
+- `load_yaml()`, `yaml_values_as_flags()`, `check_yaml_types()`: a recipe's YAML read (a key given twice
+  refused), its values typed as `trl grpo --config` types them, and refused when they do not fit.
 
 Not here: the fields themselves and their checks (config/grpo_config.py, trl_fields.py).
 """
@@ -172,6 +172,23 @@ def one_line_error(parser: argparse.ArgumentParser, message: str) -> typing.NoRe
         message = f"unknown flag {flags[0]}" if flags else message
         hint = did_you_mean(flags[0], parser_flags(parser)) if flags else ""
     parser.exit(2, f"{parser.prog}: error: {message}{hint} (`{parser.prog} --help` lists the flags)\n")
+
+
+def load_yaml(stream):
+    """`yaml.safe_load`, but a mapping that gives a key twice (`learning_rate:` on two lines) is a `yaml.YAMLError` naming the
+    key and its line: YAML requires unique keys, and PyYAML (so `trl grpo --config`) silently keeps the last value."""
+    import yaml  # noqa: PLC0415 (only when a recipe is read: `fastgrpo --help` stays light)
+
+    class EachKeyOnce(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            keys = [self.construct_object(key, deep=True) for key, _ in node.value if key.tag != "tag:yaml.org,2002:merge"]
+            for i, key in enumerate(keys):
+                if isinstance(key, typing.Hashable) and key in keys[:i]:
+                    raise yaml.constructor.ConstructorError("while reading a mapping", node.start_mark, f"found the key {key!r} "
+                                                            "twice (only the last value would be kept); give each key once", node.value[i][0].start_mark)
+            return super().construct_mapping(node, deep)
+
+    return yaml.load(stream, Loader=EachKeyOnce)
 
 
 def yaml_values_as_flags(values: dict, parser: argparse.ArgumentParser, source: str) -> dict:
