@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from fastgrpo import GRPOConfig
+from fastgrpo.config.generation_kwargs import check_bad_words
 from fastgrpo.generation.build import build_backend
 from fastgrpo.generation.contract import SamplingSettings
 from fastgrpo.generation.stops import stop_criteria
@@ -306,3 +307,28 @@ def test_stop_strings_are_refused_for_a_multi_turn_rollout(tokenizer):
     with pytest.raises(ValueError, match=r"stop strings end single-turn completions only.*stop_token_ids with vLLM, eos_token_id otherwise"):
         build_producer(GRPOConfig(generation_kwargs={"stop_strings": ["</tool_call>"]}), agents, tokenizer=tokenizer, encode=None,
                        backend=None, eos_token_ids=[0], device="cpu", trainer=None, notify=print)
+
+
+def test_bad_words_vllm_would_refuse_are_refused_before_the_model_loads(tokenizer, monkeypatch):
+    """vLLM bans each bad word with and without a leading space (where that spelling is another token sequence of the same
+    length) and refuses a request with more sequences than VLLM_MAX_NUM_BAD_WORDS, at the first rollout after the model and the
+    engine loaded; here load_policy refuses the same words when it has the tokenizer, before the model loads. vLLM's own
+    SamplingParams.update_from_tokenizer is the oracle of the count."""
+    from accelerate import Accelerator
+
+    from fastgrpo.run.setup import load_policy
+
+    monkeypatch.setenv("VLLM_MAX_NUM_BAD_WORDS", "4")  # read by vLLM's envs when it is used, and here
+    words = ["hello", "world", "cat"]  # in SmolLM2's vocabulary with and without a space: 6 sequences
+    args = GRPOConfig(use_vllm=True, generation_kwargs={"bad_words": words})
+    with pytest.raises(ValueError, match=r"\['bad_words'\] has 3 words, 6 token sequences as vLLM bans them .* more than vLLM's "
+                                         r"VLLM_MAX_NUM_BAD_WORDS=4: vLLM refuses the request at the first rollout\. Give fewer words"):
+        load_policy("no/such-model", tokenizer, None, args, Accelerator(cpu=True))  # the model is never looked for
+    monkeypatch.setenv("VLLM_MAX_NUM_BAD_WORDS", "6")  # exactly the count: accepted
+    check_bad_words({"bad_words": words}, True, tokenizer)
+    vllm = pytest.importorskip("vllm")
+    monkeypatch.delenv("VLLM_MAX_NUM_BAD_WORDS")  # vLLM's default limit (128), whether or not its envs cached the value
+    params = vllm.SamplingParams(bad_words=words)
+    params.update_from_tokenizer(SimpleNamespace(encode=tokenizer.encode, max_token_id=len(tokenizer) - 1))  # vLLM's tokenizer's
+    assert len(params.bad_words_token_ids) == 6  # the sequences vLLM counts against the limit: hello/ hello, world/ world, cat/ cat
+    check_bad_words({"bad_words": words * 50}, False, tokenizer)  # without vLLM the key is refused earlier; nothing to count

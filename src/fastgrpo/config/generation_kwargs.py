@@ -26,12 +26,15 @@ builds the same). So a key means what that engine means by it:
   grammar, and turns vLLM's log-probs off too (renormalised over the tokens the grammar allows).
 
 A completion ended by a stop string or stop token counts as finished, as one ended by EOS (TRL counts a stop string's
-completion as truncated: its last id is no EOS). Every other key is refused by `check`, naming it and the fix.
+completion as truncated: its last id is no EOS). Every other key is refused by `check`, naming it and the fix; `check_bad_words` counts vLLM's `bad_words` as vLLM tokenizes them
+when the trainer is built (vLLM's limit, VLLM_MAX_NUM_BAD_WORDS).
 
 Not here: applying the sampling values to the fields (grpo_config.py), sampling (generation/).
 """
 
 from __future__ import annotations
+
+import os
 
 from .structured_outputs import KWARGS_KEY
 from .structured_outputs import check as check_structured_outputs
@@ -247,3 +250,29 @@ def vllm_params(kwargs: dict | None, vocab_size: int | None = None) -> dict:
             raise ValueError(f"generation_kwargs[{key!r}]={kwargs[key]!r}: id {beyond[0]} is beyond the model's {vocab_size} tokens; give "
                              "ids below it (tokenizer.convert_tokens_to_ids(text) names one).")
     return given
+
+
+def check_bad_words(kwargs: dict | None, vllm: bool, tokenizer) -> None:
+    """vLLM's `bad_words` read as its `SamplingParams.update_from_tokenizer` reads them (vLLM 0.32), when the trainer is built
+    with the tokenizer, before the model loads: each word, left-stripped, encoded without and with a leading space (the spaced
+    form kept when it starts with another token and has as many tokens); vLLM refuses the request (at the first rollout,
+    after the model and the engine loaded) when a word encodes to no token or the forms number more than
+    `VLLM_MAX_NUM_BAD_WORDS` (128 unless that environment variable is set, as vLLM's envs read it).
+
+    Raises:
+        ValueError: naming the word, or the count and the limit, and the fix.
+    """
+    words = (kwargs or {}).get("bad_words") if vllm else None
+    forms = 0
+    for word in words or ():
+        plain = tokenizer.encode(word.lstrip(), add_special_tokens=False)
+        if not plain:
+            raise ValueError(f"generation_kwargs['bad_words'] holds {word!r}, which the tokenizer encodes to no token (vLLM refuses "
+                             "it at the first request); remove it.")
+        spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+        forms += 2 if spaced and spaced[0] != plain[0] and len(spaced) == len(plain) else 1
+    limit = int(os.environ.get("VLLM_MAX_NUM_BAD_WORDS", "128"))
+    if forms > limit:
+        raise ValueError(f"generation_kwargs['bad_words'] has {len(words)} words, {forms} token sequences as vLLM bans them (each "
+                         f"word with and without a leading space), more than vLLM's VLLM_MAX_NUM_BAD_WORDS={limit}: vLLM refuses "
+                         "the request at the first rollout. Give fewer words, or raise VLLM_MAX_NUM_BAD_WORDS.")

@@ -38,6 +38,7 @@ from . import runs, trackers
 from .allocator import keep_freed_memory, return_freed_memory
 from .datasets import rollouts_per_pass
 from ..config import GRPOConfig
+from ..config.generation_kwargs import check_bad_words
 from ..config.training_args import cpu_only
 from ..model.launch import cpu_launch_error
 from ..generation.weight_copy import GatheredCopy
@@ -128,7 +129,8 @@ def load_policy(
     Warns:
         UserWarning: model_init_kwargs set for an already built model (ignored, as TRL warns).
     Raises:
-        ValueError: see models.load_tokenizer, `check_tokenizer`, models.resolve_model_path, adapters.prepare_adapters and
+        ValueError: see models.load_tokenizer, `check_tokenizer`, generation_kwargs.check_bad_words (vLLM's bad_words as it
+            tokenizes them), models.resolve_model_path, adapters.prepare_adapters and
             `check_context_length` (a max_completion_length the model's context cannot hold) and
             `check_vocabulary` (a padding id the model has no embedding row for); a
             router_aux_loss_coef for a model without router logits (experts.RouterAuxLoss).
@@ -141,6 +143,7 @@ def load_policy(
         tokenizer = prepare_tokenizer(check_processing_class(processing_class)) if processing_class is not None else load_tokenizer(name, a.trust_remote_code)
         if check_tokenizer is not None:
             check_tokenizer(tokenizer)
+        check_bad_words(a.generation_kwargs, a.generation_backend == "vllm", tokenizer)  # vLLM refuses them at the first request
         policy = load_model(model, init_kwargs(a.model_init_kwargs, a.trust_remote_code))
     prompt_room = check_context_length(decoder_of(policy).config, a.max_prompt_length, a.max_completion_length)
     vocab_size = check_vocabulary(policy, tokenizer)
