@@ -634,6 +634,9 @@ def test_second_ctrl_c_aborts_at_once():
     ("learning_rate", float("inf"), "learning_rate=inf: give a finite number"),
     ("beta", float("nan"), "beta=nan: give a finite number"),
     ("reward_weights", [1.0, float("nan")], "every value must be a finite number"),
+    # found by the session-36 rewards sweep: torch.tensor(["1"]) said "too many dimensions 'str'" when the trainer was built
+    ("reward_weights", ["1", 0.5], "reward_weights=[[]'1', 0.5] holds '1' (str); give numbers, e.g. [[]1.0, 0.5]"),
+    ("reward_weights", [1.0, None], "reward_weights=[[]1.0, None] holds None (NoneType); give numbers"),
     # found by the session-23 sweep: a TypeError from inside fastgrpo ("got multiple values for keyword argument"), a bare
     # "'NoneType' object is not iterable" for TRL's report_to=None (now "none"), a contradictory message for ["none", …]
     ("chat_template_kwargs", {"add_generation_prompt": False}, "chat_template_kwargs holds 'add_generation_prompt', which fastgrpo passes"),

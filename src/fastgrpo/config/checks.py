@@ -118,7 +118,7 @@ def check_types(c, hints: dict) -> None:
     """Refuse a value of the wrong type, or a NaN/inf number, naming the field — before any arithmetic on it.
 
     The types are the fields' annotations (int, float, bool, str, dict,
-    list, None where allowed); an int is a float, a bool is neither.
+    list, None where allowed); an int is a float, a bool is neither, and a `list[float]`'s items are numbers.
     Infinity is refused too, except `max_grad_norm` (inf: no clipping).
     """
     for f in dataclasses.fields(c):
@@ -135,6 +135,9 @@ def check_types(c, hints: dict) -> None:
             raise TypeError(f"{f.name}={value!r} has type {type(value).__name__}; give one of type {expected}.")
         if isinstance(value, float) and (math.isnan(value) or (math.isinf(value) and f.name != "max_grad_norm")):
             raise ValueError(f"{f.name}={value}: give a finite number.")
+        if isinstance(value, list) and list[float] in typing.get_args(hints[f.name]):  # reward_weights=["1"] failed in torch.tensor
+            if wrong := [v for v in value if isinstance(v, bool) or not isinstance(v, (int, float))]:
+                raise TypeError(f"{f.name}={value!r} holds {wrong[0]!r} ({type(wrong[0]).__name__}); give numbers, e.g. [1.0, 0.5].")
         if isinstance(value, list) and any(isinstance(v, float) and not math.isfinite(v) for v in value):
             raise ValueError(f"{f.name}={value}: every value must be a finite number.")
 
