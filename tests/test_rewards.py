@@ -93,6 +93,62 @@ def test_numpy_arrays_and_tensors_are_accepted_and_checked():
         call(lambda completions, **kw: np.ones((3, 1)))
 
 
+def test_values_from_any_ordered_iterable_as_trls_list_comprehension_reads_them():
+    # TRL 1.16 reads a function's values with `[r if r is not None else nan for r in values]`: a generator, `map` or
+    # pandas Series trained there and was refused here (break sweep); a dict or set it would read as keys or in hash order.
+    import pandas as pd
+
+    def lengths(completions, **kw):
+        return (len(c) for c in completions)  # 90, 100, 110
+
+    async def async_lengths(completions, **kw):
+        return map(len, completions)
+
+    as_series = lambda completions, **kw: pd.Series([None, 2.0, 3.0], dtype=object)  # noqa: E731
+    table = call(lengths, async_lengths, as_series)
+    assert table[:, :2].tolist() == [[90.0, 90.0], [100.0, 100.0], [110.0, 110.0]]
+    assert math.isnan(table[0, 2]) and table[1:, 2].tolist() == [2.0, 3.0]
+    for unordered in ({0: 1.0, 1: 2.0, 2: 3.0}, {1.0, 2.0, 3.0}, "123"):
+        with pytest.raises(TypeError, match=rf"returned {type(unordered).__name__}; return a list of 3 floats"):
+            call(lambda completions, **kw: unordered)
+
+
+@pytest.mark.parametrize("source,error", [
+    ("def r(prompts, completions, /, **kw): return [0.0] * len(completions)",
+     r"'r' takes 'prompts', 'completions' positional-only \(before `/`\), but reward functions are called with keywords only"),
+    ("def r(completions): return [0.0] * len(completions)",
+     r"'r' has no \*\*kwargs, but every call on train_dataset also passes 'completion_ids', 'log_extra', 'log_metric', 'n', "
+     r"'prompts', 'trainer_state' \(TRL's protocol.*add \*\*kwargs"),
+    ("def r(*args): return [0.0] * 8", r"'r' has no \*\*kwargs, but every call on train_dataset also passes 'completion_ids', 'completions'"),
+])
+def test_a_reward_function_that_cannot_take_the_protocols_keywords_is_refused_when_built(tmp_path, tokenizer, make_model, prompts,
+                                                                                          source, error):
+    # TRL calls fn(prompts=…, completions=…, completion_ids=…, trainer_state=…, log_extra=…, log_metric=…, **columns): each of
+    # these failed at the first scoring, after generation, with Python's "missing 2 required positional arguments" or
+    # "got an unexpected keyword argument 'n'" (TRL 1.16 fails there too).
+    from fastgrpo import GRPOConfig, GRPOTrainer
+
+    scope = {}
+    exec(source, scope)
+    with pytest.raises(ValueError, match=error):
+        GRPOTrainer(make_model(), scope["r"], args=GRPOConfig(output_dir=str(tmp_path)), train_dataset=prompts, processing_class=tokenizer)
+    keywords = lambda prompts, completions, completion_ids, trainer_state, log_extra, log_metric, n: [0.0] * len(n)  # noqa: E731
+    GRPOTrainer(make_model(), keywords, args=GRPOConfig(output_dir=str(tmp_path)), train_dataset=prompts, processing_class=tokenizer)
+
+
+def test_reward_weights_all_zero_are_refused_when_built(tmp_path, tokenizer, make_model, prompts):
+    # Every Â = 0: loss and grad_norm were 0 at every step and the run learnt nothing (TRL trains on); one zero is fine.
+    from fastgrpo import GRPOConfig, GRPOTrainer
+
+    def build(weights):
+        return GRPOTrainer(make_model(), [reward_len, brevity_reward], args=GRPOConfig(output_dir=str(tmp_path), reward_weights=weights),
+                           train_dataset=prompts, processing_class=tokenizer)
+
+    with pytest.raises(ValueError, match=r"reward_weights=\[0.0, 0\] are all 0: every advantage would be 0"):
+        build([0.0, 0])
+    assert build([0.0, -1.0]).reward_weights.tolist() == [0.0, -1.0]
+
+
 def test_async_rewards_are_awaited_concurrently():
     # Each of the two async rewards waits for the other to have started: awaited one after the other, the first would wait
     # for the second forever (here: time out after 10 s). No wall-clock bound, so a busy machine cannot fail it.

@@ -31,7 +31,7 @@ import inspect
 import math
 import numbers
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 
 import numpy as np
 import torch
@@ -97,12 +97,18 @@ def dataset_columns(dataset) -> list[str]:
 
 
 def check_reward_arguments(funcs: Sequence[RewardFunc], names: list[str], dataset, dataset_name: str, environments: bool = False) -> None:
-    """Refuse a reward function with a required parameter no call fills: neither the protocol's arguments nor a column of
-    `dataset` (a `def reward(completions, answer, **kw)` over a dataset without "answer" failed at the first scoring, or,
-    for an eval set, at the first evaluation, after training steps).
+    """Refuse a reward function that cannot take the keywords every call passes (TRL's protocol: keywords only), checked
+    when the trainer is built; TRL's, and fastgrpo's before, failed at the first scoring, after generation (or, for an
+    eval set, at the first evaluation, after training steps) with Python's "missing 1 required positional argument" or
+    "got an unexpected keyword argument".
+
+    Refused: a required parameter no call fills (neither the protocol's arguments nor a column of `dataset`: a
+    `def reward(completions, answer, **kw)` over a dataset without "answer"); a required positional-only one
+    (`def reward(prompts, completions, /, **kw)`); no `**kwargs` where a keyword passed has no parameter
+    (`def reward(completions)`: every call also passes `prompts`, `trainer_state`, the columns, …).
 
     Raises:
-        ValueError: naming the function, the parameter, the dataset and its columns.
+        ValueError: naming the function, the parameter or keywords, the dataset and its columns, and the fix.
     """
     columns = dataset_columns(dataset)
     given = {*RESERVED_COLUMNS, "completion_ids", *reward_columns(columns), *(("environments",) if environments else ())}
@@ -111,6 +117,9 @@ def check_reward_arguments(funcs: Sequence[RewardFunc], names: list[str], datase
             parameters = inspect.signature(fn).parameters.values()
         except (TypeError, ValueError):  # a builtin or C callable: nothing to read
             continue
+        if positional := [p.name for p in parameters if p.kind is p.POSITIONAL_ONLY and p.default is p.empty]:
+            raise ValueError(f"reward function {name!r} takes {', '.join(map(repr, positional))} positional-only (before `/`), but "
+                             "reward functions are called with keywords only (TRL's protocol); remove the `/`.")
         kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
         if missing := [p.name for p in parameters if p.default is p.empty and p.kind in kinds and p.name not in given]:
             if dropped := [c for c in missing if c in columns]:
@@ -121,6 +130,11 @@ def check_reward_arguments(funcs: Sequence[RewardFunc], names: list[str], datase
             fix = f"did you mean {close[0]!r}? Else add" if close else "add"
             raise ValueError(f"reward function {name!r} needs {', '.join(map(repr, missing))}, which {dataset_name} does not have "
                              f"(columns: {', '.join(columns)}); {fix} the column, or give the parameter a default.")
+        if not any(p.kind is p.VAR_KEYWORD for p in parameters):
+            if unknown := sorted(given - {p.name for p in parameters if p.kind in kinds}):
+                raise ValueError(f"reward function {name!r} has no **kwargs, but every call on {dataset_name} also passes "
+                                 f"{', '.join(map(repr, unknown))} (TRL's protocol: the columns and the trainer's keywords); "
+                                 "add **kwargs to its parameters.")
 
 
 def check_columns(dataset, dataset_name: str = "train_dataset", environments: bool = False) -> None:
@@ -216,6 +230,8 @@ def _await_all(awaitables: list, names: list[str]) -> list:
 def _column(name: str, values, n: int) -> torch.Tensor:
     """One function's N values → (N,) float32, NaN for None; refuses anything else.
 
+    `values` is what TRL's `[r if r is not None else nan for r in values]` reads in order: a list, tuple, 1-D array or
+    tensor, or any other iterable (a generator, `map`, a pandas Series) but a string, bytes, a mapping or a set.
     A value is what TRL's `torch.tensor(values, dtype=torch.float32)` reads as one number: a real number (int, float,
     numpy's, `Decimal`), a bool (1.0 / 0.0: `[answer in c for c in completions]`) or a 0-d tensor or array (`list(scores)`).
     """
@@ -223,8 +239,10 @@ def _column(name: str, values, n: int) -> torch.Tensor:
         if values.ndim != 1:
             raise TypeError(f"reward function {name!r} returned an array of shape {tuple(values.shape)}; return {n} values, shape ({n},).")
         values = values.tolist()
-    if not isinstance(values, (list, tuple)):
+    unordered = isinstance(values, (str, bytes, Mapping, Set))  # TRL would iterate a dict's keys, a set in hash order
+    if unordered or not isinstance(values, Iterable):
         raise TypeError(f"reward function {name!r} returned {type(values).__name__}; return a list of {n} floats (None = not applicable).")
+    values = list(values)  # a generator, `map` or pandas Series, as TRL's list comprehension reads it
     if len(values) != n:
         raise ValueError(f"reward function {name!r} returned {len(values)} values for {n} completions; return one per completion.")
     column = torch.empty(n, dtype=torch.float32)
@@ -257,6 +275,8 @@ def resolve_reward(spec, processing_class=None, init_kwargs: dict | None = None)
         init_kwargs: `from_pretrained` arguments for a reward model given by name.
     Raises:
         ValueError: an unknown name or a module/function that cannot be found.
+        TypeError: neither a callable nor a name; a torch module that is not a `PreTrainedModel` (a compiled reward
+            model, which TRL 1.16 scores only when its tokenizer is given, and without setting its pad token).
     """
     from transformers import PreTrainedModel
 
@@ -264,6 +284,11 @@ def resolve_reward(spec, processing_class=None, init_kwargs: dict | None = None)
 
     if isinstance(spec, PreTrainedModel) or (isinstance(spec, str) and ":" not in spec and spec not in BUILTIN_REWARDS and looks_like_model(spec)):
         return RewardModel(spec, processing_class, init_kwargs)
+    if isinstance(spec, torch.nn.Module):  # TRL scores any nn.Module as a reward model; called as a function it met our keywords
+        raise TypeError(
+            f"reward_funcs entry {type(spec).__name__} is a torch module but not a transformers PreTrainedModel; give the "
+            "…ForSequenceClassification model itself (not torch.compile's wrapper), or wrap the module in a reward function."
+        )
     if callable(spec):
         return spec
     if not isinstance(spec, str):

@@ -110,7 +110,7 @@ def check_trainer_inputs(
             TrainerCallbacks (callbacks.check_callbacks); agent arguments of the wrong kind (producers.check_agent_inputs).
         ValueError: no reward function, no or an unreadable dataset, a reserved column,
             reward_processing_classes or reward_weights whose count does not match the
-            reward functions, a peft_config that cannot apply (model.peft_checks.check_peft_inputs), a
+            reward functions, reward_weights all 0, a peft_config that cannot apply (model.peft_checks.check_peft_inputs), a
             filter_groups_metric that is no reward name or importable "module:function"; `optimizers` that cannot
             drive this model (`check_optimizers`); `quantization_config` also set in model_init_kwargs (TRL's error);
             a schedule transformers cannot build (optimizers.check_scheduler); eval_strategy or eval_on_start
@@ -184,6 +184,9 @@ def check_trainer_inputs(
     if len(weights) != len(resolved):
         raise ValueError(f"reward_weights has {len(weights)} values for {len(resolved)} reward functions; give one weight per function.")
     resolved, procs, weights = resolved + agents.reward_funcs, procs + [None] * len(agents.reward_funcs), [*weights, *[1.0] * len(agents.reward_funcs)]
+    if not any(weights):  # TRL trains on: every Â is 0, loss and gradient 0 at every step
+        raise ValueError(f"reward_weights={list(weights)} are all 0: every advantage would be 0 and the policy would learn nothing "
+                         "from its rewards; give a nonzero weight to at least one reward function.")
     if agents.rollout_func is None:  # a rollout_func's extra fields reach the rewards too: their names are not known here
         for name, rows in named_sets:
             check_reward_arguments(resolved, reward_names(resolved), rows, name, agents.environments is not None)
