@@ -184,6 +184,29 @@ def test_a_model_that_is_no_reward_model_is_refused(tmp_path, tokenizer, make_mo
         resolve_reward(str(three))
 
 
+def test_a_reward_model_that_cannot_score_or_find_its_tokenizer_is_refused_when_built(tmp_path, tokenizer):
+    # Break sweep: a model on the meta device failed at the first rollout ("Cannot copy out of meta tensor"); an instance built
+    # from a config without reward_processing_classes spent a minute looking up 'LlamaForSequenceClassification' on the hub,
+    # then an OSError; a folder without a tokenizer gave transformers' "Couldn't instantiate the backend tokenizer"; a
+    # torch.compile'd reward model or another torch module was called as a function and failed inside its forward.
+    with torch.device("meta"):
+        meta = tiny_reward_model(tokenizer)
+    with pytest.raises(ValueError, match="reward model 'LlamaForSequenceClassification' has its weights on the meta device"):
+        RewardModel(meta, tokenizer)
+    with pytest.raises(ValueError, match="'LlamaForSequenceClassification' was built from a config, so it has no saved tokenizer to "
+                                         "load; give its tokenizer in reward_processing_classes"):
+        RewardModel(tiny_reward_model(tokenizer))
+    folder = tmp_path / "no-tokenizer"
+    tiny_reward_model(tokenizer).save_pretrained(folder)
+    with pytest.raises(ValueError, match=r"reward model '.*no-tokenizer': its tokenizer cannot be loaded from there .*save the tokenizer "
+                                         r"beside the model \(tokenizer.save_pretrained\), or give it in reward_processing_classes"):
+        resolve_reward(str(folder))
+    for module in (torch.compile(tiny_reward_model(tokenizer)), torch.nn.Linear(2, 1)):
+        with pytest.raises(TypeError, match=rf"reward_funcs entry {type(module).__name__} is a torch module but not a transformers "
+                                            "PreTrainedModel"):
+            resolve_reward(module, tokenizer)
+
+
 def test_a_reward_model_that_cannot_read_its_input_names_the_sizes(tokenizer):
     tok = copy.deepcopy(tokenizer)
     short = tiny_reward_model(tokenizer)

@@ -36,6 +36,24 @@ def looks_like_model(spec: str) -> bool:
     return os.path.isdir(os.path.expanduser(spec)) or (spec.count("/") == 1 and not spec.startswith((".", "/", "~")))
 
 
+def own_tokenizer(model: PreTrainedModel, name: str, trusted: bool):
+    """The tokenizer saved with a reward model (TRL's `AutoTokenizer.from_pretrained(get_config_model_id(config))`).
+
+    Raises:
+        ValueError: an instance built from a config (no path to load one from: transformers looked up its class name on
+            the hub, a minute without a network), or a path without a tokenizer's files, naming the fix:
+            reward_processing_classes.
+    """
+    if not model.config._name_or_path:
+        raise ValueError(f"reward model {name!r} was built from a config, so it has no saved tokenizer to load; give its tokenizer "
+                         "in reward_processing_classes (one per reward_funcs entry, None for functions).")
+    try:
+        return AutoTokenizer.from_pretrained(name, trust_remote_code=trusted)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"reward model {name!r}: its tokenizer cannot be loaded from there ({str(err).strip().splitlines()[0]}); "
+                         "save the tokenizer beside the model (tokenizer.save_pretrained), or give it in reward_processing_classes.") from err
+
+
 class RewardModel:
     """A sequence-classification model scoring prompt + completion; called like a reward function.
 
@@ -50,7 +68,8 @@ class RewardModel:
         ValueError: a model that is no sequence classifier (by its config's architectures before it loads, by
             its class for an instance, or a checkpoint without the classification head, which transformers
             would fill with random weights: its rewards would be noise); a model with more than one output
-            label; a tokenizer with neither a pad nor an EOS token.
+            label; weights on the meta device; no processing_class and no tokenizer to load (`own_tokenizer`);
+            a tokenizer with neither a pad nor an EOS token.
     """
 
     def __init__(self, model: str | PreTrainedModel, processing_class=None, init_kwargs: dict | None = None):
@@ -77,7 +96,10 @@ class RewardModel:
                              f"(…{CLASSIFIER_SUFFIX} with one label) or a reward function.")
         if model.config.num_labels != 1:
             raise ValueError(f"reward model {name!r} has {model.config.num_labels} labels; a reward model has one (num_labels=1).")
-        tokenizer = processing_class if processing_class is not None else AutoTokenizer.from_pretrained(name, trust_remote_code=trusted)
+        if any(p.is_meta for p in model.parameters()):  # `.to(device)` failed at the first rollout: "Cannot copy out of meta tensor"
+            raise ValueError(f"reward model {name!r} has its weights on the meta device (built under init_empty_weights or "
+                             "device_map='meta'): they hold no values to score with; load it with from_pretrained, or give its path.")
+        tokenizer = processing_class if processing_class is not None else own_tokenizer(model, name, trusted)
         if tokenizer.pad_token_id is None:  # pad == EOS, and the model must know it to find the last real token
             if tokenizer.eos_token is None:
                 raise ValueError(f"reward model {name!r}'s tokenizer has neither a pad nor an EOS token to pad its batches with; "
