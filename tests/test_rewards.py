@@ -260,3 +260,25 @@ def test_resolve_reward():
         resolve_reward("fastgrpo.rewards:nope")
     with pytest.raises(ValueError, match=r"cannot import 'format_rewrd' from 'fastgrpo.rewards' .*; did you mean fastgrpo.rewards:format_reward\?"):
         resolve_reward("fastgrpo.rewards:format_rewrd")  # a typo of a function the module holds is named
+
+
+def test_log_metric_takes_one_number_under_a_name_the_trainer_does_not_log():
+    # Break sweep: log_metric("loss", 99.0) replaced the trainer's loss in metrics.jsonl, log_metric("reward", …) its reward
+    # (TRL merges them too); log_metric("m", None) failed in float() naming neither the call nor the value.
+    from fastgrpo.run.metrics import Window, window_record
+    from fastgrpo.run.reward_hooks import RewardHooks
+
+    window = Window()
+    hooks = RewardHooks(lambda: window, lambda: None)
+    hooks.log_metric("accuracy", 1.0)
+    hooks.log_metric("accuracy", torch.tensor(0.5))  # a 0-d tensor is one number
+    for name, value, error in ((3, 1.0, r"log_metric\(name=3, …\): give the metric's name as a string"),
+                               ("m", None, r"log_metric\('m', None\): the value has type NoneType; give one number"),
+                               ("m", [1.0, 2.0], r"the value has type list"), ("m", "0.5", r"the value has type str")):
+        with pytest.raises(TypeError, match=error):
+            hooks.log_metric(name, value)
+    sums = {**window.sums, "loss": 2.0, "steps": 1.0}
+    assert window_record(1, sums, {}, {}, [])["accuracy"] == 0.75  # (1.0 + 0.5) / 2 calls
+    for taken in ("loss", "learning_rate"):  # one the record writes, one the trainer adds to it
+        with pytest.raises(ValueError, match=rf"log_metric\('{taken}', …\), but '{taken}' is a metric fastgrpo logs itself .*'custom/{taken}'"):
+            window_record(1, {**sums, f"{taken}/user_sum": 99.0, f"{taken}/user_count": 1.0}, {}, {}, [])

@@ -278,6 +278,7 @@ def rollout_metrics(rollout, reward_names: list[str], weights: torch.Tensor, num
 
 
 USER_SUM, USER_COUNT = "/user_sum", "/user_count"  # window keys of log_metric values
+TRAINER_KEYS = ("learning_rate", "target_kl_stops", "num_tokens", "epoch")  # what the trainer adds to `window_record`'s record
 COMPLETION_FIELDS = ("step", "prompt", "completion", "rewards", "advantage")  # what MetricsLog.completions writes per row
 
 
@@ -289,6 +290,7 @@ def window_record(step: int, sums: dict, extremes: dict, seconds: dict, reward_n
     (rewards, lengths) or optimizer steps (loss, grad_norm), as each quantity's
     definition needs; a metric whose denominator is empty in the window is left out, except the loss's token means
     (entropy, kl, clip_ratio/*), which log 0 (their min / max None) as TRL's do when every token was masked.
+    Raises ValueError for a `log_metric` name among the record's keys or `TRAINER_KEYS` (TRL's user `loss` replaces its own).
     """
     record: dict = {"step": step}
 
@@ -345,9 +347,6 @@ def window_record(step: int, sums: dict, extremes: dict, seconds: dict, reward_n
     for key, name in (("clip_low_min", "clip_ratio/low_min"), ("clip_high_max", "clip_ratio/high_max")):
         if key in extremes:  # no sequence with an active token in the window: None, as TRL's nanmin / nanmax
             record[name] = extremes[key] if math.isfinite(extremes[key]) else None
-    for key in sums:
-        if key.endswith(USER_SUM):  # reward functions' log_metric values: mean over the window
-            mean(key, key[: -len(USER_SUM)] + USER_COUNT, key[: -len(USER_SUM)])
     mean("logp_diff_sum", "logp_diff_count", "sampling/sampling_logp_difference/mean")  # TRL's names (algo/sampling_correction.py)
     mean("is_ratio_sum", "is_ratio_count", "sampling/importance_sampling_ratio/mean")
     mean("is_masked", "is_ratio_count", "sampling/importance_sampling_ratio/masked_fraction")
@@ -366,6 +365,12 @@ def window_record(step: int, sums: dict, extremes: dict, seconds: dict, reward_n
         record["generation_tokens_per_second"] = sums["completion_tokens"] / seconds["generate"]
     if seconds.get("update", 0) > 0 and "tokens" in sums:
         record["train_tokens_per_second"] = sums["tokens"] / seconds["update"]
+    for key in sums:
+        if key.endswith(USER_SUM):  # reward functions' log_metric values: mean over the window
+            if (name := key[: -len(USER_SUM)]) in record or name in TRAINER_KEYS:  # it overwrote `loss`, or `reward`, silently
+                raise ValueError(f"a reward function called log_metric({name!r}, …), but {name!r} is a metric fastgrpo logs itself "
+                                 f"(its value would replace the trainer's); log it under another name, e.g. 'custom/{name}'.")
+            mean(key, f"{name}{USER_COUNT}", name)
     return record
 
 

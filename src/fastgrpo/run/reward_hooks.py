@@ -6,8 +6,12 @@ Not here: the window and the files they end up in (metrics.py), calling reward f
 
 from __future__ import annotations
 
+import numbers
 from collections import defaultdict
 from collections.abc import Callable
+
+import numpy as np
+import torch
 
 from .metrics import USER_COUNT, USER_SUM, Window
 
@@ -30,6 +34,18 @@ class RewardHooks:
         return {"trainer_state": self.state(), "log_extra": self.log_extra, "log_metric": self.log_metric}
 
     def log_metric(self, name: str, value: float) -> None:
+        """Add `value` to the window's mean of `name` (TRL's `_log_metric`).
+
+        Raises:
+            TypeError: a name that is not a string, or a value that is not one real number (a 0-d tensor or array is
+                one): `log_metric("m", None)` failed in float() with words naming neither (TRL: in its sum() after scoring).
+        """
+        if not isinstance(name, str):
+            raise TypeError(f"log_metric(name={name!r}, …): give the metric's name as a string.")
+        if isinstance(value, (np.ndarray, torch.Tensor, np.generic)) and value.ndim == 0:
+            value = value.item()
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"log_metric({name!r}, {value!r:.80}): the value has type {type(value).__name__}; give one number.")
         self.window().add(f"{name}{USER_SUM}", value)
         self.window().add(f"{name}{USER_COUNT}", 1)
 
