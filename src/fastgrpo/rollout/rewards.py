@@ -9,7 +9,9 @@ are strings, or `[{"role": "assistant", "content": text}]` when the prompts are
 chat messages; every dataset column but "prompt", "completion" and
 "completion_ids" (TRL drops them: `DROPPED_COLUMNS`) arrives as a keyword list, and the trainer adds TRL's `trainer_state`, `log_extra` and `log_metric`.
 None means "not applicable" and is skipped in the weighted sum; a list, tuple,
-numpy array or 1-D torch tensor is accepted. Async functions are awaited, all
+numpy array, 1-D torch tensor or other ordered iterable (a generator) is accepted.
+A function is called with keywords only: it takes `**kwargs` or names each keyword
+passed (checked when the trainer is built). Async functions are awaited, all
 of them concurrently, on one event loop for the run (event_loop.py, TRL's). A
 sequence-classification reward model (hub id, local folder or instance) is
 wrapped by reward_models.py into such a callable.
