@@ -262,6 +262,21 @@ def test_resolve_reward():
         resolve_reward("fastgrpo.rewards:format_rewrd")  # a typo of a function the module holds is named
 
 
+def test_a_reward_class_given_for_its_instance_is_refused_naming_the_fix():
+    # Break sweep: `reward_funcs=[Judge]` (no parentheses) passed the checks when its __init__ took **kwargs, then each call
+    # built a Judge and the first scoring failed with "returned Judge".
+    class Judge:
+        def __init__(self, **options):
+            self.options = options
+
+        def __call__(self, completions, **kwargs):
+            return [1.0] * len(completions)
+
+    with pytest.raises(TypeError, match=r"reward_funcs entry Judge is a class; give an instance, Judge\(…\), whose __call__ scores"):
+        resolve_reward(Judge)
+    assert call(resolve_reward(Judge()))[:, 0].tolist() == [1.0, 1.0, 1.0]
+
+
 def test_log_metric_takes_one_number_under_a_name_the_trainer_does_not_log():
     # Break sweep: log_metric("loss", 99.0) replaced the trainer's loss in metrics.jsonl, log_metric("reward", …) its reward
     # (TRL merges them too); log_metric("m", None) failed in float() naming neither the call nor the value.

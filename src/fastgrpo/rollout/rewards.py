@@ -277,8 +277,9 @@ def resolve_reward(spec, processing_class=None, init_kwargs: dict | None = None)
         init_kwargs: `from_pretrained` arguments for a reward model given by name.
     Raises:
         ValueError: an unknown name or a module/function that cannot be found.
-        TypeError: neither a callable nor a name; a torch module that is not a `PreTrainedModel` (a compiled reward
-            model, which TRL 1.16 scores only when its tokenizer is given, and without setting its pad token).
+        TypeError: neither a callable nor a name; a class, not an instance; a torch module that is not a
+            `PreTrainedModel` (a compiled reward model, which TRL 1.16 scores only when its tokenizer is given,
+            and without setting its pad token).
     """
     from transformers import PreTrainedModel
 
@@ -291,6 +292,8 @@ def resolve_reward(spec, processing_class=None, init_kwargs: dict | None = None)
             f"reward_funcs entry {type(spec).__name__} is a torch module but not a transformers PreTrainedModel; give the "
             "…ForSequenceClassification model itself (not torch.compile's wrapper), or wrap the module in a reward function."
         )
+    if isinstance(spec, type):  # called with the protocol's keywords it builds an instance, not rewards
+        raise TypeError(f"reward_funcs entry {spec.__name__} is a class; give an instance, {spec.__name__}(…), whose __call__ scores.")
     if callable(spec):
         return spec
     if not isinstance(spec, str):
