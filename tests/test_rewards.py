@@ -136,6 +136,23 @@ def test_a_reward_function_that_cannot_take_the_protocols_keywords_is_refused_wh
     GRPOTrainer(make_model(), keywords, args=GRPOConfig(output_dir=str(tmp_path)), train_dataset=prompts, processing_class=tokenizer)
 
 
+def test_with_a_rollout_func_a_reward_without_kwargs_is_refused_and_an_unknown_parameter_is_not(tmp_path, tokenizer, make_model, prompts):
+    # A rollout_func's extra fields reach the rewards under names known only once it runs, so a parameter no column fills may be
+    # one of them; but a function without **kwargs still meets prompts, trainer_state, … (the check was skipped whole).
+    from fastgrpo import GRPOConfig, GRPOTrainer
+
+    def build(reward):
+        return GRPOTrainer(make_model(), reward, args=GRPOConfig(output_dir=str(tmp_path)), train_dataset=prompts,
+                           processing_class=tokenizer, rollout_func=lambda prompts, trainer: {})
+
+    def bare(completions):
+        return [0.0] * len(completions)
+
+    with pytest.raises(ValueError, match=r"'bare' has no \*\*kwargs, but every call on train_dataset also passes 'completion_ids'"):
+        build(bare)
+    build(lambda completions, judge_score, **kw: judge_score)  # judge_score: a rollout_func field
+
+
 def test_reward_weights_all_zero_are_refused_when_built(tmp_path, tokenizer, make_model, prompts):
     # Every Â = 0: loss and grad_norm were 0 at every step and the run learnt nothing (TRL trains on); one zero is fine.
     from fastgrpo import GRPOConfig, GRPOTrainer

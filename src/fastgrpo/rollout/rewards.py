@@ -98,7 +98,9 @@ def dataset_columns(dataset) -> list[str]:
     return list(next(iter(dataset), {})) if columns is None else list(columns)
 
 
-def check_reward_arguments(funcs: Sequence[RewardFunc], names: list[str], dataset, dataset_name: str, environments: bool = False) -> None:
+def check_reward_arguments(
+    funcs: Sequence[RewardFunc], names: list[str], dataset, dataset_name: str, environments: bool = False, extra_fields: bool = False,
+) -> None:
     """Refuse a reward function that cannot take the keywords every call passes (TRL's protocol: keywords only), checked
     when the trainer is built; TRL's, and fastgrpo's before, failed at the first scoring, after generation (or, for an
     eval set, at the first evaluation, after training steps) with Python's "missing 1 required positional argument" or
@@ -107,7 +109,8 @@ def check_reward_arguments(funcs: Sequence[RewardFunc], names: list[str], datase
     Refused: a required parameter no call fills (neither the protocol's arguments nor a column of `dataset`: a
     `def reward(completions, answer, **kw)` over a dataset without "answer"); a required positional-only one
     (`def reward(prompts, completions, /, **kw)`); no `**kwargs` where a keyword passed has no parameter
-    (`def reward(completions)`: every call also passes `prompts`, `trainer_state`, the columns, …).
+    (`def reward(completions)`: every call also passes `prompts`, `trainer_state`, the columns, …). With `extra_fields`
+    (a rollout_func's, whose names are not known before it runs) a parameter no column fills may be one: not refused.
 
     Raises:
         ValueError: naming the function, the parameter or keywords, the dataset and its columns, and the fix.
@@ -123,7 +126,8 @@ def check_reward_arguments(funcs: Sequence[RewardFunc], names: list[str], datase
             raise ValueError(f"reward function {name!r} takes {', '.join(map(repr, positional))} positional-only (before `/`), but "
                              "reward functions are called with keywords only (TRL's protocol); remove the `/`.")
         kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-        if missing := [p.name for p in parameters if p.default is p.empty and p.kind in kinds and p.name not in given]:
+        missing = [p.name for p in parameters if p.default is p.empty and p.kind in kinds and p.name not in given]
+        if missing and not extra_fields:
             if dropped := [c for c in missing if c in columns]:
                 raise ValueError(f"reward function {name!r} needs {', '.join(map(repr, dropped))}, a {dataset_name} column that reward "
                                  f"functions never receive (TRL drops {', '.join(DROPPED_COLUMNS)}: the prompt arrives as `prompts`, "

@@ -187,9 +187,8 @@ def check_trainer_inputs(
     if not any(weights):  # TRL trains on: every Â is 0, loss and gradient 0 at every step
         raise ValueError(f"reward_weights={list(weights)} are all 0: every advantage would be 0 and the policy would learn nothing "
                          "from its rewards; give a nonzero weight to at least one reward function.")
-    if agents.rollout_func is None:  # a rollout_func's extra fields reach the rewards too: their names are not known here
-        for name, rows in named_sets:
-            check_reward_arguments(resolved, reward_names(resolved), rows, name, agents.environments is not None)
+    for name, rows in named_sets:  # a rollout_func's extra fields reach the rewards too: their names are not known here
+        check_reward_arguments(resolved, reward_names(resolved), rows, name, agents.environments is not None, agents.rollout_func is not None)
     if sets is not None:  # without eval sets it is read only by evaluate(eval_dataset=…), whose sets are not known here
         check_best_metric(a.metric_for_best_model, list(sets), reward_names(resolved), loss_keys(a.loss_type, a.beta))
     check_peft_inputs(model, peft_config, a.sync_ref_model)
