@@ -309,8 +309,11 @@ def test_log_metric_takes_one_number_under_a_name_the_trainer_does_not_log():
                                ("m", [1.0, 2.0], r"the value has type list"), ("m", "0.5", r"the value has type str")):
         with pytest.raises(TypeError, match=error):
             hooks.log_metric(name, value)
+    hooks.log_metric("accuracy", math.nan)  # left out of the mean, as TRL's log() drops NaN (it was a bare NaN in metrics.jsonl)
+    hooks.log_metric("judge_failures", np.float64("nan"))
     sums = {**window.sums, "loss": 2.0, "steps": 1.0}
-    assert window_record(1, sums, {}, {}, [])["accuracy"] == 0.75  # (1.0 + 0.5) / 2 calls
+    record = window_record(1, sums, {}, {}, [])
+    assert record["accuracy"] == 0.75 and record["judge_failures"] is None  # (1.0 + 0.5) / 2 calls; NaNs only: None, as TRL
     for taken in ("loss", "learning_rate"):  # one the record writes, one the trainer adds to it
         with pytest.raises(ValueError, match=rf"log_metric\('{taken}', …\), but '{taken}' is a metric fastgrpo logs itself .*'custom/{taken}'"):
             window_record(1, {**sums, f"{taken}/user_sum": 99.0, f"{taken}/user_count": 1.0}, {}, {}, [])

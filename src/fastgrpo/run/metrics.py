@@ -370,7 +370,7 @@ def window_record(step: int, sums: dict, extremes: dict, seconds: dict, reward_n
             if (name := key[: -len(USER_SUM)]) in record or name in TRAINER_KEYS:  # it overwrote `loss`, or `reward`, silently
                 raise ValueError(f"a reward function called log_metric({name!r}, …), but {name!r} is a metric fastgrpo logs itself "
                                  f"(its value would replace the trainer's); log it under another name, e.g. 'custom/{name}'.")
-            mean(key, f"{name}{USER_COUNT}", name)
+            record[name] = sums[key] / sums[f"{name}{USER_COUNT}"] if sums[f"{name}{USER_COUNT}"] > 0 else None  # None: NaNs only
     return record
 
 

@@ -6,6 +6,7 @@ Not here: the window and the files they end up in (metrics.py), calling reward f
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections import defaultdict
 from collections.abc import Callable
@@ -34,7 +35,8 @@ class RewardHooks:
         return {"trainer_state": self.state(), "log_extra": self.log_extra, "log_metric": self.log_metric}
 
     def log_metric(self, name: str, value: float) -> None:
-        """Add `value` to the window's mean of `name` (TRL's `_log_metric`).
+        """Add `value` to the window's mean of `name` (TRL's `_log_metric`). A NaN is left out of the mean, and a window
+        of NaNs only logs None (TRL's `log()` drops NaN means, then logs None: a bare NaN in metrics.jsonl breaks JSON readers).
 
         Raises:
             TypeError: a name that is not a string, or a value that is not one real number (a 0-d tensor or array is
@@ -46,8 +48,9 @@ class RewardHooks:
             value = value.item()
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise TypeError(f"log_metric({name!r}, {value!r:.80}): the value has type {type(value).__name__}; give one number.")
-        self.window().add(f"{name}{USER_SUM}", value)
-        self.window().add(f"{name}{USER_COUNT}", 1)
+        counted = not math.isnan(value)
+        self.window().add(f"{name}{USER_SUM}", value if counted else 0.0)
+        self.window().add(f"{name}{USER_COUNT}", int(counted))
 
     def log_extra(self, column: str, values: list) -> None:
         """Add `values` (one per completion scored) as `column` of this rollout's completions rows, as TRL's `_log_completion_extra`.
