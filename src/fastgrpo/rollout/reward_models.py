@@ -44,7 +44,7 @@ def own_tokenizer(model: PreTrainedModel, name: str, trusted: bool):
             the hub, a minute without a network), or a path without a tokenizer's files, naming the fix:
             reward_processing_classes.
     """
-    if not model.config._name_or_path:
+    if not model.config.name_or_path:
         raise ValueError(f"reward model {name!r} was built from a config, so it has no saved tokenizer to load; give its tokenizer "
                          "in reward_processing_classes (one per reward_funcs entry, None for functions).")
     try:
@@ -90,7 +90,7 @@ class RewardModel:
             if info["missing_keys"]:
                 raise ValueError(f"reward model {path!r} has no trained {', '.join(sorted(info['missing_keys'])[:2])} in its checkpoint: "
                                  "transformers would start that head from random weights and score noise; give a trained reward model.")
-        name = model.config._name_or_path or type(model).__name__
+        name = model.config.name_or_path or type(model).__name__
         if not type(model).__name__.endswith(CLASSIFIER_SUFFIX):
             raise ValueError(f"reward model {name!r} is a {type(model).__name__}, not a sequence classifier; give a reward model "
                              f"(…{CLASSIFIER_SUFFIX} with one label) or a reward function.")
