@@ -105,6 +105,7 @@ FIELD_HELP = {
     "log_completions": "write every completion to completions.jsonl, TRL's completions/*.parquet table at each log, and print a few",
     "num_completions_to_print": "completions printed per log (0: none)",
     "log_unique_prompts": "the completions table sent to wandb / trackio keeps one row per prompt (the parquet file keeps all)",
+    "resume_from_checkpoint": "resume: true (the latest checkpoint in output_dir) or a checkpoint folder; `fastgrpo train` passes it to train() as TRL's script does (--resume is the short form)",
     "report_to": "trackers: none, all (every installed one) or any of transformers' (tensorboard, wandb, trackio, mlflow, comet_ml, swanlab, …)",
     "save_strategy": "steps (every save_steps), epoch, best (when an evaluation improves metric_for_best_model) or no",
     "save_steps": "optimizer steps between checkpoints",
