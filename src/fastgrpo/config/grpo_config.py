@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 from .generation_kwargs import check as check_generation_kwargs
 from .checks import DICT_FIELDS, check_types, validate, warn_like_trl
+from .report_to import resolve as resolve_report_to
 from .unread_fields import warn_inert
 from .trl_fields import TRL_FIELDS, TrlFields, check_trl_field
 from .training_args import TrainingArgumentsMethods
@@ -260,6 +261,7 @@ class GRPOConfig(TrainingArgumentsMethods, TrlFields):
             self.report_to = []
         self._resolve_batches()
         validate(self)
+        self.report_to = resolve_report_to(self.report_to)  # TrainingArguments' reading: "all" → the installed trackers
         warn_like_trl(self)
         warn_inert(self)
 

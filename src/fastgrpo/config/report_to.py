@@ -5,10 +5,14 @@ not one of `INTEGRATION_TO_CALLBACK`'s when the Trainer is built; the names are 
 ("wandb,mlflow" too). A name given twice gives two of its callbacks (Trainer warns and adds both), so every number is
 logged twice at each step. Here each of these is refused before anything loads, naming the fix.
 
-Not here: which trackers run and whether each is installed (run/trackers.py, when the trainer is built).
+`resolve` then reads the list as TrainingArguments.__post_init__ does, so `args.report_to` names the trackers that run.
+
+Not here: whether each is installed (run/trackers.py, when the trainer is built).
 """
 
 from __future__ import annotations
+
+import os
 
 
 def check(report_to: list[str]) -> None:
@@ -45,3 +49,18 @@ def _hint(given, trackers) -> str:
                 "--report_to flag takes one name, as TRL's); ")
     name = given.strip().lower()
     return f"did you mean {name!r} (lower case, no spaces)? " if name in (*trackers, "none", "all") else ""
+
+
+def resolve(report_to: list[str]) -> list[str]:
+    """The trackers that run, in order, as TrainingArguments.__post_init__ (transformers 5.19) leaves `report_to`: ["all"]
+    becomes `get_available_reporting_integrations()` (the installed ones), and "kubeflow" is appended when
+    `is_kubeflow_available()` (KUBEFLOW_TRAINER_SERVER_URL set, inside a Kubeflow TrainJob) and not named."""
+    if report_to == ["all"]:
+        from transformers.integrations import get_available_reporting_integrations  # noqa: PLC0415 (only then)
+
+        report_to = get_available_reporting_integrations()
+    if "kubeflow" not in report_to and "KUBEFLOW_TRAINER_SERVER_URL" in os.environ:  # transformers imported only then
+        from transformers.integrations import is_kubeflow_available  # noqa: PLC0415
+
+        report_to = [*report_to, "kubeflow"] if is_kubeflow_available() else report_to
+    return list(report_to)

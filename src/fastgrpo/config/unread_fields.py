@@ -47,7 +47,7 @@ INERT_UNLESS = (
      ("vllm_importance_sampling_mode", "vllm_importance_sampling_clip_max", "vllm_importance_sampling_clip_min"),
      "set vllm_importance_sampling_correction=True"),
     (lambda c: not c.log_completions, lambda c: "log_completions=False", ("num_completions_to_print", "log_unique_prompts"), "set log_completions=True"),
-    (lambda c: c.log_completions and not {"wandb", "trackio", "all"} & set(c.report_to),  # TRL's table goes to these two only
+    (lambda c: c.log_completions and not {"wandb", "trackio"} & set(c.report_to),  # TRL's table goes to these two only
      lambda c: f"report_to={c.report_to} (the completions table is sent to W&B and Trackio only)", ("log_unique_prompts",),
      "add 'wandb' or 'trackio' to report_to"),
     (lambda c: c.warmup_steps > 0, lambda c: f"warmup_steps={c.warmup_steps:g} (it wins when > 0)", ("warmup_ratio",),

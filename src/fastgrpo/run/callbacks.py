@@ -46,7 +46,6 @@ from transformers.trainer_callback import CallbackHandler, ExportableState
 
 from .console import ConsolePrinterCallback, ConsoleProgressCallback, default_console_callback
 from .datasets import rollouts_per_pass
-from .trackers import reported
 
 
 STATE_FILE = "trainer_state.json"  # transformers' name for the saved TrainerState
@@ -76,7 +75,7 @@ class TrainerEvents:
             added after `callbacks`: a `ProgressCallback`, or with `args.disable_tqdm` a `PrinterCallback` (the other one
             in its place at train_begin when disable_tqdm changed since, where Trainer would keep the first).
 
-    `report_to`'s trackers (trackers.reported: every name transformers takes) are transformers' own integration
+    `report_to`'s trackers (GRPOConfig's list, "all" already read as the installed ones: config/report_to.resolve) are transformers' own integration
     callbacks (`TensorBoardCallback`, `WandbCallback`, `MLflowCallback`, …), placed before `callbacks` as Trainer places
     them: they write what TRL's runs write (TensorBoard under output_dir/runs/<date>_<host>/, `train/<key>` and
     `eval/<key>`; MLflow each record's keys at its step), train()'s summary included.
@@ -84,7 +83,7 @@ class TrainerEvents:
 
     def __init__(self, args, callbacks: list, model, processing_class, optimizer, lr_scheduler, is_main_process: bool, console=None):
         self.args = args
-        trackers = get_reporting_integration_callbacks(reported(args.report_to))
+        trackers = get_reporting_integration_callbacks(args.report_to)
         self.handler = _Handler([*trackers, *callbacks], model, processing_class, optimizer, lr_scheduler)
         self.console, self.console_callback = console, default_console_callback(args, console)
         self.handler.add_callback(self.console_callback)  # Trainer's add_callback(PrinterCallback or ProgressCallback)

@@ -29,8 +29,6 @@ import re
 
 import torch
 
-from .trackers import reported
-
 FOLDER = "completions"  # within output_dir, TRL's
 _FILE = re.compile(r"^completions_(\d+)\.parquet$")
 
@@ -59,13 +57,13 @@ class CompletionTables:
     Args:
         output_dir: the run's folder; its `completions` folder is made now, as TRL makes it when the trainer is built.
         reward_names: the reward functions' log names, one column each, in order.
-        report_to: GRPOConfig's trackers ([] for none); the table goes to W&B and Trackio among those that run (trackers.reported).
+        report_to: GRPOConfig's trackers ([] for none); the table goes to W&B and Trackio among those that run (GRPOConfig's list: "all" already read as the installed ones).
         unique_prompts: `log_unique_prompts`: the trackers' table keeps each prompt's first row.
     """
 
     def __init__(self, output_dir: str, reward_names: list[str], report_to: list[str], unique_prompts: bool):
         self.output_dir, self.reward_names = output_dir, list(reward_names)
-        self.trackers, self.unique_prompts = [t for t in reported(report_to) if t in ("wandb", "trackio")], unique_prompts
+        self.trackers, self.unique_prompts = [t for t in report_to if t in ("wandb", "trackio")], unique_prompts
         self.latest: list = []  # one CompletionRows (run/metrics.py) per process: the latest rollout's
         os.makedirs(os.path.join(output_dir, FOLDER), exist_ok=True)
 

@@ -1,11 +1,12 @@
-"""`report_to`'s trackers as transformers' Trainer reads them: which run, and whether each can.
+"""`report_to`'s trackers as transformers' Trainer reads them: whether each can run.
 
 Every name of transformers' `INTEGRATION_TO_CALLBACK` is a tracker (mlflow, comet_ml, wandb, trackio, tensorboard,
 swanlab, clearml, dvclive, neptune, …; config/checks.py refuses any other when GRPOConfig is built); each runs as
 transformers' own callback (run/callbacks.py).
 
-- `reported`: the trackers that run, as TrainingArguments reads `report_to`: "all" is
-  `get_available_reporting_integrations()` (the installed ones), and "kubeflow" joins inside a Kubeflow TrainJob.
+GRPOConfig's `report_to` already names the trackers that run (config/report_to.resolve: "all" read as the installed
+ones, "kubeflow" added inside a Kubeflow TrainJob, as TrainingArguments reads it).
+
 - `check_available`: a named tracker that transformers' availability function says cannot run is refused when the
   trainer is built, before the model loads, with the command that fixes it (transformers' callback raises only
   when the Trainer builds it).
@@ -17,8 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from transformers.integrations.integration_utils import (get_available_reporting_integrations, is_azureml_available,
-                                                         is_clearml_available, is_codecarbon_available, is_dagshub_available,
+from transformers.integrations.integration_utils import (is_azureml_available, is_clearml_available, is_codecarbon_available, is_dagshub_available,
                                                          is_dvclive_available, is_flytekit_available, is_kubeflow_available,
                                                          is_mlflow_available, is_neptune_available, is_swanlab_available,
                                                          is_tensorboard_available, is_trackio_available, is_wandb_available)
@@ -48,16 +48,6 @@ AVAILABLE = {
     "kubeflow": (is_kubeflow_available, None),  # not a package: the TrainJob's environment
 }
 KUBEFLOW_FIX = "set KUBEFLOW_TRAINER_SERVER_URL (a Kubeflow TrainJob with TrainJobRuntimeStatus sets it)"
-
-
-def reported(report_to: list[str]) -> list[str]:
-    """The trackers that run, in order, as transformers reads `report_to` (GRPOConfig's list: [] for "none").
-
-    TrainingArguments.__post_init__ (transformers 5.19): ["all"] becomes `get_available_reporting_integrations()`,
-    and "kubeflow" is appended when `is_kubeflow_available()` (KUBEFLOW_TRAINER_SERVER_URL set) and not named.
-    """
-    trackers = get_available_reporting_integrations() if report_to == ["all"] else list(report_to)
-    return trackers + ["kubeflow"] if is_kubeflow_available() and "kubeflow" not in trackers else trackers
 
 
 def check_available(report_to: list[str]) -> None:
