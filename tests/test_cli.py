@@ -204,6 +204,7 @@ def test_trls_script_dataset_flags_read_splits_of_a_dataset_folder(tmp_path, mon
     assert main(["train", *flags, "--dataset_name", "data/train.jsonl", "--dataset_config", "main", "--output_dir", "b"]) == 2
     assert "config='main' apply to a hub dataset or a dataset folder" in capsys.readouterr().err
     assert main(["train", *flags, "--dataset_name", "data", "--eval_strategy", "steps", "--eval_steps", "1", "--output_dir", "out"]) == 0
+    assert "rewards is_test; 1 step, μ=1" in capsys.readouterr().out  # the start-up line counts in English ("1 steps" before)
     records = [json.loads(line) for line in open(tmp_path / "out" / "metrics.jsonl")]
     train, evaluated = ([r for r in records if key in r] for key in ("rewards/is_test/mean", "eval_rewards/is_test/mean"))
     assert [r["rewards/is_test/mean"] for r in train] == [0.0] and [r["eval_rewards/is_test/mean"] for r in evaluated] == [1.0]

@@ -291,7 +291,7 @@ def train(ns: argparse.Namespace) -> None:
         rows = "streamed" if job["dataset_streaming"] else f"{len(dataset)} prompts"
         trainer.console.print(
             f"fastgrpo: {job['model']} on {job['dataset']} ({rows}), rewards {', '.join(trainer.reward_names)}; "
-            f"{trainer.max_steps} steps, μ={args.num_iterations}, G={args.num_generations}, rollout={args.generation_batch_size} completions",
+            f"{trainer.max_steps} step{'s' if trainer.max_steps != 1 else ''}, μ={args.num_iterations}, G={args.num_generations}, rollout={args.generation_batch_size} completions",
             soft_wrap=True, markup=False,  # one line, whatever the width: grep-able in a log file
         )
     trainer.train(resume_from_checkpoint=resume)
