@@ -7,6 +7,7 @@ have no meaning in fastgrpo's loop (compute_loss, training_step, …), refused w
 Where it is cheap, the values are TRL's own trainer's on the same tiny model, data and config (trl 1.16, CPU).
 """
 
+import copy
 import re
 
 import pytest
@@ -99,6 +100,26 @@ def test_setting_generation_config_or_kwargs_is_refused_naming_the_fix(tmp_path,
                                                  r"GRPOConfig\(generation_kwargs=\{…\}\) .* to a new GRPOTrainer\.$"):
             setattr(trainer, name, value)
     assert trainer.generation_kwargs["top_k"] == trainer.args.top_k
+
+
+def test_changing_a_field_of_generation_config_is_refused_and_its_copies_generate(tmp_path, tokenizer, make_model):
+    """TRL's generate reads trainer.generation_config at each rollout, so `trainer.generation_config.top_k = 3` applies
+    there; fastgrpo's sampler was built with the trainer, and the change went nowhere, silently (session 37). Now it is
+    refused naming the fix; copies, as transformers' generate takes them, are plain and writable."""
+    model = make_model()
+    trainer = GRPOTrainer(model, reward_even_tokens, args=shared_config(fastgrpo, tmp_path / "out"), train_dataset=numbered_prompts(),
+                          processing_class=tokenizer)
+    settings = trainer.generation_config
+    for change in (lambda: setattr(settings, "top_k", 3), lambda: settings.update(top_k=3)):
+        with pytest.raises(AttributeError, match=r"^trainer.generation_config.top_k = 3: fastgrpo builds its sampler from GRPOConfig's"):
+            change()
+    assert settings.top_k == trainer.args.top_k and isinstance(settings, GenerationConfig)
+    plain = copy.deepcopy(settings)
+    plain.top_k = 3
+    assert type(plain) is GenerationConfig and plain.top_k == 3 and type(copy.copy(settings)) is GenerationConfig
+    ids = tokenizer("1 2", return_tensors="pt").input_ids
+    out = model.generate(ids, generation_config=settings, max_new_tokens=2, min_new_tokens=2)
+    assert out.shape == (1, ids.shape[1] + 2)
 
 
 def test_get_train_dataloader_yields_trls_batches(both):

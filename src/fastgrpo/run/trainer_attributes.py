@@ -18,6 +18,7 @@ Not here: TRL's other public methods (trl_methods.py), the dataloaders behind `d
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
 from transformers import GenerationConfig
@@ -47,6 +48,31 @@ def _built(name: str, argument: str | None = None) -> str:
 _SAMPLER_BUILT = ("fastgrpo builds its sampler from GRPOConfig's sampling fields and generation_kwargs when the trainer is built, so "
                   "setting it here would change nothing; give GRPOConfig(generation_kwargs={…}) (or temperature, top_p, top_k, min_p, "
                   "repetition_penalty) to a new GRPOTrainer.")
+
+
+class SamplerSettings(GenerationConfig):
+    """The `GenerationConfig` `trainer.generation_config` returns: TRL's values, read-only. TRL's generate reads
+    `trainer.generation_config` at each rollout, so `trainer.generation_config.temperature = 0.3` applies there;
+    fastgrpo's sampler was built with the trainer, so here the change would be silently ignored.
+
+    Raises:
+        AttributeError: on setting any field, or `update(…)`, naming the fix (GRPOConfig's fields, a new trainer).
+    Copies (`copy.copy`, `copy.deepcopy`, which transformers' `generate` takes of the config it is given) are plain,
+    writable `GenerationConfig`s: `model.generate(…, generation_config=trainer.generation_config, top_k=5)` works.
+    """
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"trainer.generation_config.{name} = {value!r:.80}: {_SAMPLER_BUILT}")
+
+    def __copy__(self) -> GenerationConfig:
+        plain = GenerationConfig.__new__(GenerationConfig)
+        plain.__dict__.update(self.__dict__)
+        return plain
+
+    def __deepcopy__(self, memo) -> GenerationConfig:
+        plain = GenerationConfig.__new__(GenerationConfig)
+        plain.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        return plain
 
 
 def _environments(trainer) -> Environments | None:
@@ -145,13 +171,16 @@ class TRLAttributes:
     @property
     def generation_config(self) -> GenerationConfig:
         """TRL's `trainer.generation_config`: a transformers `GenerationConfig` of `generation_kwargs`, with
-        disable_compile=True, as TRL 1.16 builds it for transformers' generate. Built at each read from the run's config:
-        changing it changes nothing fastgrpo samples (give GRPOConfig's sampling fields to a new trainer).
+        disable_compile=True, as TRL 1.16 builds it for transformers' generate. Built at each read from the run's config,
+        read-only (`SamplerSettings`): changing it would change nothing fastgrpo samples, so it is refused naming the fix
+        (GRPOConfig's sampling fields, given to a new trainer); its copies are plain `GenerationConfig`s.
 
         Raises:
-            AttributeError: with use_vllm=True (`generation_kwargs`); on setting, naming the fix (`generation_kwargs`).
+            AttributeError: with use_vllm=True (`generation_kwargs`); on setting it or one of its fields, naming the fix.
         """
-        return GenerationConfig(**self.generation_kwargs, disable_compile=True)
+        settings = GenerationConfig(**self.generation_kwargs, disable_compile=True)
+        settings.__class__ = SamplerSettings  # built writable, then sealed: GenerationConfig's __init__ sets each field
+        return settings
 
     @generation_config.setter
     def generation_config(self, value) -> None:
