@@ -46,7 +46,7 @@ from .config.flags import FIELD_HELP, check_yaml_types, load_yaml, one_line_erro
 from .config.trl_fields import TRL_FIELDS
 from .config.trl_script import (
     BUILTIN_REWARD_NAMES, LORA_KEYS, MODEL_KEYS, QUANTIZATION_KEYS, SCRIPT_KEYS, LoraOptions, ModelOptions, QuantizationOptions, ScriptOptions,
-    check_chat_rewards, model_init_kwargs, quantization_config, reward_specs,
+    model_init_kwargs, quantization_config, reward_specs,
 )
 
 # The built-in job: SmolLM2-135M-Instruct on one-digit addition (reasoning-gym
@@ -267,7 +267,8 @@ def train(ns: argparse.Namespace) -> None:
     from .run.checkpoint_files import check_resume_target, checkpoints
     from .run.datasets import load_dataset_spec, splits_apply
     from .run.runs import claim_output_dir
-    from .rollout.rewards import resolve_reward
+    from .rollout.rewards import resolve_reward, reward_names
+    from .rollout.trl_rewards import check_trl_rewards
     from .trainer import GRPOTrainer
 
     resume = getattr(ns, "resume", None)
@@ -281,7 +282,8 @@ def train(ns: argparse.Namespace) -> None:
     dataset = load_dataset_spec(job["dataset"], split=job["dataset_train_split"], size=job["dataset_size"], seed=args.seed, **splits)
     evaluated = args.eval_strategy != "no" and splits_apply(job["dataset"])  # TRL's script: the test split, when it evaluates
     eval_dataset = load_dataset_spec(job["dataset"], split=job["dataset_test_split"], **splits) if evaluated else None
-    check_chat_rewards(rewards, {"train": dataset, "eval": eval_dataset}, job["dataset"])
+    sets = [(f"dataset {job['dataset']!r} ({which} split)", rows) for which, rows in (("train", dataset), ("eval", eval_dataset)) if rows is not None]
+    check_trl_rewards(rewards, reward_names(rewards), sets)  # as GRPOTrainer checks them, naming the split
     agents = {"tools": [import_object(t, "--tools") for t in job["tools"]] or None}
     if job.get("environment"):
         agents["environment_factory"] = import_object(ENVIRONMENTS.get(job["environment"], job["environment"]), "--environment")

@@ -1,9 +1,9 @@
 """TRL's script arguments beside GRPOConfig, as `fastgrpo train` takes them (cli.py): `ModelConfig`'s LoRA options
 (`LoraOptions`), loading options (`ModelOptions`) and bitsandbytes options (`QuantizationOptions`, `quantization_config`), and `trl grpo`'s `GRPOScriptArguments` (`ScriptOptions`: the reward functions, reward model, dataset
-configuration, splits and streaming), with how TRL's grpo script reads its reward names (`reward_specs`) and what its
-registry's rewards need (`check_chat_rewards`).
+configuration, splits and streaming), with how TRL's grpo script reads its reward names (`reward_specs`).
 
-Not here: parsing and running the command (cli.py), loading datasets (run/datasets.py), resolving a reward spec (rollout/rewards.py).
+Not here: parsing and running the command (cli.py), loading datasets (run/datasets.py), resolving a reward spec (rollout/rewards.py),
+what TRL's rewards need from the data (rollout/trl_rewards.py).
 """
 
 from __future__ import annotations
@@ -133,7 +133,6 @@ SCRIPT_KEYS = tuple(f.name for f in dataclasses.fields(ScriptOptions))
 # TRL's grpo script's reward registry (trl.scripts.grpo), read from trl.rewards as the script reads it
 TRL_SCRIPT_REWARDS = ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward", "get_soft_overlong_punishment")
 TRL_MATH_REWARDS = ("accuracy_reward", "reasoning_accuracy_reward")  # call math_verify: an ImportError at the first scoring without it
-TRL_CHAT_REWARDS = ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward")  # read completion[0]["content"]: chat data only
 
 
 def reward_specs(job: dict) -> list:
@@ -175,25 +174,3 @@ def reward_specs(job: dict) -> list:
             specs.append(name)
     return specs
 
-
-def check_chat_rewards(rewards: list, datasets: dict, spec: str) -> None:
-    """Refuse TRL's rewards that read chat completions (`TRL_CHAT_REWARDS`: `completion[0]["content"]`) over text prompts,
-    whose completions are text: each failed at the first scoring with "string indices must be integers", after the
-    model loaded and sampled. Read from each dataset's first prompt (a stream's too).
-
-    Raises:
-        ValueError: naming the reward, the dataset and the fix.
-    """
-    try:
-        import trl.rewards
-    except ImportError:
-        return  # no TRL: none of its rewards can be here
-    chat_only = [name for name in TRL_CHAT_REWARDS if any(r is getattr(trl.rewards, name) for r in rewards)]
-    for which, dataset in datasets.items():
-        if not chat_only or dataset is None:
-            continue
-        first = next(iter(dataset), None)
-        if isinstance(first, dict) and isinstance(first.get("prompt"), str):
-            raise ValueError(f"--reward_funcs {chat_only[0]}: TRL's {chat_only[0]} reads chat completions (completion[0]['content']), "
-                             f"but dataset {spec!r} ({which} split) has text prompts ({first['prompt'][:40]!r}); give prompts as chat "
-                             "messages ([{\"role\": \"user\", \"content\": …}]), or a reward that reads text.")

@@ -34,6 +34,7 @@ from ..model.sharding import fsdp_requested
 from ..model.optimizers import check_optimizer_name, check_scheduler, optimizer_factory
 from ..rollout.reward_models import RewardModel
 from ..rollout.rewards import check_columns, check_reward_arguments, resolve_reward, reward_names
+from ..rollout.trl_rewards import check_trl_rewards
 
 
 class TrainerInputs(NamedTuple):
@@ -115,7 +116,8 @@ def check_trainer_inputs(
             drive this model (`check_optimizers`); `quantization_config` also set in model_init_kwargs (TRL's error);
             a schedule transformers cannot build (optimizers.check_scheduler); eval_strategy or eval_on_start
             without an eval_dataset (transformers' error); a metric_for_best_model the eval sets do not report
-            (evaluation.check_best_metric); an EarlyStoppingCallback without metric_for_best_model or
+            (evaluation.check_best_metric); TRL's math rewards without math_verify, its chat rewards over text prompts
+            (trl_rewards.check_trl_rewards); an EarlyStoppingCallback without metric_for_best_model or
             evaluation (callbacks.check_early_stopping); agent arguments or datasets tools/environments cannot use
             (producers.check_agent_inputs, producers.check_agent_datasets); a chat prompt a reward model's chat
             template cannot render (RewardModel.check_renders; the policy's tokenizer is checked by `check_tokenizer`
@@ -189,6 +191,7 @@ def check_trainer_inputs(
                          "from its rewards; give a nonzero weight to at least one reward function.")
     for name, rows in named_sets:  # a rollout_func's extra fields reach the rewards too: their names are not known here
         check_reward_arguments(resolved, reward_names(resolved), rows, name, agents.environments is not None, agents.rollout_func is not None)
+    check_trl_rewards(resolved, reward_names(resolved), named_sets)  # TRL's math rewards need math_verify; its chat rewards, chat prompts
     if sets is not None:  # without eval sets it is read only by evaluate(eval_dataset=…), whose sets are not known here
         check_best_metric(a.metric_for_best_model, list(sets), reward_names(resolved), loss_keys(a.loss_type, a.beta))
     check_peft_inputs(model, peft_config, a.sync_ref_model)
