@@ -5,7 +5,8 @@ async and None rewards: test_rewards.py; tools: test_agents.py; trl/scripts/grpo
 import pytest
 import trl.import_utils as trl_import_utils
 from datasets import Dataset
-from trl.rewards import accuracy_reward, get_cosine_scaled_reward, think_format_reward
+from trl.rewards import (accuracy_reward, get_cosine_scaled_reward, get_repetition_penalty_reward, get_soft_overlong_punishment,
+                         think_format_reward)
 
 from fastgrpo import GRPOConfig, GRPOTrainer
 
@@ -36,3 +37,25 @@ def test_trls_quick_start_without_math_verify_is_refused_when_built_and_builds_w
     trainer = GRPOTrainer(model=make_model(), reward_funcs=[accuracy_reward, think_format_reward], args=args, train_dataset=deepmath(),
                           processing_class=tokenizer)
     assert trainer.reward_names == ["accuracy_reward", "think_format_reward"]
+
+
+@pytest.mark.parametrize("reward,name,chat,expected", [
+    (think_format_reward, "think_format_reward", True, 0.0),  # a random model writes no <think>…</think>
+    (get_soft_overlong_punishment(max_completion_len=8, soft_punish_cache=4), "soft_overlong_punishment_reward", False, -1.0),  # 8 > 8 − 4: (4 − 8) / 4
+    (get_repetition_penalty_reward(ngram_size=1, max_penalty=-1.0), "repetition_penalty_reward", False, None),
+], ids=["think_format_reward", "get_soft_overlong_punishment", "get_repetition_penalty_reward"])
+def test_trls_reward_helpers_train_under_trls_names(tmp_path, tokenizer, make_model, reward, name, chat, expected):
+    # rewards.md's helpers as the trainer calls them (keywords only): two are callable objects TRL names by a class-level
+    # __name__, logged by TRL under rewards/<that name>/mean. max_completion_length=8 and a random model: every completion
+    # runs to 8 tokens (min_length 8), so the soft overlong punishment is −1 for each.
+    args = GRPOConfig(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=4, num_generations=4, max_completion_length=8,
+                      logging_steps=1, bf16=False)
+    trainer = GRPOTrainer(model=make_model(), reward_funcs=reward, args=args, train_dataset=deepmath(4, chat), processing_class=tokenizer)
+    trainer.train()
+    record = trainer.state.log_history[0]
+    assert trainer.reward_names == [name] and record["completions/min_length"] == 8
+    mean = record[f"rewards/{name}/mean"]
+    if expected is None:  # 1-grams: 1 − distinct/8 tokens of each completion, times −1: in [−7/8, 0]
+        assert -7 / 8 <= mean <= 0
+    else:
+        assert mean == expected
