@@ -35,19 +35,19 @@ class Regression(torch.nn.Module):
         return {"loss": torch.nn.functional.mse_loss(self.linear(x).squeeze(-1), labels)}
 
 
-def transformers_events(tmp_path, steps_per_epoch, accumulation, **schedule):
+def transformers_events(tmp_path, steps_per_epoch, accumulation, extra=(), **schedule):
     rows = [{"x": [float(i), 1.0], "labels": float(i)} for i in range(steps_per_epoch * accumulation)]
     rec = Recorder()
     args = TrainingArguments(
         output_dir=str(tmp_path / "hf"), per_device_train_batch_size=1, per_device_eval_batch_size=1, gradient_accumulation_steps=accumulation,
         use_cpu=True, report_to=[], disable_tqdm=True, save_only_model=True, **schedule,
     )
-    trainer = Trainer(Regression(), args, train_dataset=Dataset.from_list(rows), eval_dataset=Dataset.from_list(rows[:1]), callbacks=[rec])
+    trainer = Trainer(Regression(), args, train_dataset=Dataset.from_list(rows), eval_dataset=Dataset.from_list(rows[:1]), callbacks=[rec, *extra])
     trainer.train()
     return rec.seen
 
 
-def fastgrpo_events(tmp_path, tokenizer, model, prompts, steps_per_epoch, accumulation, **schedule):
+def fastgrpo_events(tmp_path, tokenizer, model, prompts, steps_per_epoch, accumulation, extra=(), **schedule):
     # One prompt's G = 2 completions per micro-batch, `accumulation` micro-batches per step, one step per rollout:
     # `steps_per_epoch` rollouts make a pass over steps_per_epoch · accumulation prompts.
     rec = Recorder()
@@ -58,7 +58,7 @@ def fastgrpo_events(tmp_path, tokenizer, model, prompts, steps_per_epoch, accumu
     trainer = GRPOTrainer(
         model, lambda completion_ids, **kw: [float(len(c)) for c in completion_ids], args=args,
         train_dataset=prompts.select(range(steps_per_epoch * accumulation)), eval_dataset=prompts.select(range(1)),
-        processing_class=tokenizer, callbacks=[rec],
+        processing_class=tokenizer, callbacks=[rec, *extra],
     )
     trainer.train()
     return rec.seen
@@ -87,6 +87,56 @@ def test_events_match_transformers_trainer(tmp_path, tokenizer, make_model, prom
     got = fastgrpo_events(tmp_path, tokenizer, make_model(), prompts, steps_per_epoch, accumulation, **schedule)
     assert {name for name, _ in want} >= {"on_epoch_begin", "on_epoch_end", "on_pre_optimizer_step", "on_optimizer_step"}
     assert got == want
+
+
+class EndsEpoch(TrainerCallback):
+    """Sets control.should_epoch_stop at on_step_end of the given global steps (the epoch ends there, in Trainer)."""
+
+    def __init__(self, steps):
+        self.steps = steps
+
+    def on_step_end(self, args, state, control, **kwargs):
+        control.should_epoch_stop = control.should_epoch_stop or state.global_step in self.steps
+
+
+@pytest.mark.parametrize(
+    "steps_per_epoch, accumulation, cut_at, schedule",
+    [
+        # epochs of 3 steps, the first cut after 1: Trainer's loop of ⌈5 / 3⌉ = 2 epochs ends at step 4, not max_steps 5
+        (3, 1, {1}, dict(max_steps=5, logging_steps=1, eval_strategy="epoch", save_strategy="no")),
+        # num_train_epochs=2 of 2 steps of 2 micro-batches, the second epoch cut after its first step; a log and a save per epoch
+        (2, 2, {3}, dict(num_train_epochs=2, logging_strategy="epoch", save_strategy="epoch")),
+        # a cut at an epoch's last step is that epoch's end, no more; the next epoch cut too, evaluations every 2 steps
+        (2, 1, {2, 3}, dict(max_steps=6, logging_steps=1, eval_strategy="steps", eval_steps=2, save_strategy="no")),
+    ],
+)
+def test_a_callbacks_should_epoch_stop_ends_the_epoch_where_trainer_ends_it(tmp_path, tokenizer, make_model, prompts, steps_per_epoch,
+                                                                             accumulation, cut_at, schedule):
+    """control.should_epoch_stop (set by a callback) was ignored: the epoch ran on to its end. Trainer leaves the
+    epoch after that step's log/evaluate/save, runs on_epoch_end and its schedule, starts the next epoch, and stops
+    after its num_train_epochs epochs."""
+    want = transformers_events(tmp_path, steps_per_epoch, accumulation, extra=[EndsEpoch(cut_at)], **schedule)
+    got = fastgrpo_events(tmp_path, tokenizer, make_model(), prompts, steps_per_epoch, accumulation, extra=[EndsEpoch(cut_at)], **schedule)
+    assert got == want
+
+
+def test_a_pass_cut_short_skips_its_rest_and_the_next_rollout_starts_the_next_pass(tmp_path, tokenizer, make_model, prompts):
+    """3 prompts in order, one a rollout of one step; a callback ends the epoch after step 1: steps 2–4 sample the
+    next pass (0, 1, 2), and state.epoch reads as Trainer's, epoch + steps into it / 3: 1/3, then 1 + 1/3, 1 + 2/3, 2."""
+    sampled = []
+
+    def reward(completions, n, **kwargs):
+        sampled.append(n[0])
+        return [0.0] * len(completions)
+
+    args = GRPOConfig(output_dir=str(tmp_path / "fg"), per_device_train_batch_size=2, num_generations=2, max_completion_length=2,
+                      max_steps=5, logging_steps=1, save_strategy="no", shuffle_dataset=False, disable_tqdm=True, report_to="none")
+    trainer = GRPOTrainer(make_model(), reward, args=args, train_dataset=prompts.select(range(3)), processing_class=tokenizer,
+                          callbacks=[EndsEpoch({1})])
+    assert trainer.train().global_step == 4  # Trainer's ⌈5 / 3⌉ = 2 epochs
+    assert sampled == [0, 0, 1, 2]
+    epochs = [r["epoch"] for r in trainer.state.log_history if "loss" in r]
+    assert epochs == pytest.approx([1 / 3, 4 / 3, 5 / 3, 2.0])
 
 
 def kinds(history):

@@ -201,17 +201,16 @@ class GRPOTrainer(TRLMethods):
     # ------------------------------------------------------------------ rollout
     def _collect(self) -> Rollout:
         """One rollout for this process, whole groups only (rollout/assembly.py), with π_ref and the π_old it needs."""
-        a = self.args
         self._sync_weights()
         rollout, extra, sums = self.rollouts()
         self.clock.drew(self.rollouts.handed_order)
         steps = self.update.rollout_passes(rollout)  # each step's passes: π_old and π_ref run the update's own rows
         old = self.passes.old(self.model, rollout, sum(steps[1:], [])) if self.needs_old_logps or rollout.old_logps is not None else None
         rollout = dataclasses.replace(rollout, ref_logps=self.passes.ref(rollout, sum(steps, [])), old_logps=old)
-        if a.log_completions:
+        if self.args.log_completions:
             self.fresh_completions.append(CompletionRows.of(rollout, extra))
         self.window.add("rollouts", 1)
-        self.window.record({**sums, **rollout_metrics(rollout, self.reward_names, self.reward_weights, a.num_generations)})
+        self.window.record({**sums, **rollout_metrics(rollout, self.reward_names, self.reward_weights, self.args.num_generations)})
         return rollout
 
     def _sync_weights(self) -> None:
@@ -252,8 +251,10 @@ class GRPOTrainer(TRLMethods):
         if a.sync_ref_model and self.step % a.ref_model_sync_steps == 0:  # TR-DPO soft update
             sync_reference(self.ref_model, self.accelerator.unwrap_model(self.model), a.ref_model_mixup_alpha)
         self.epoch_end_pending = self.clock.pass_ended(self.step, done)  # a checkpoint saved at on_step_end: its resume ends the epoch first
-        # Trainer's order: on_step_end and its log/evaluate/save, then at an epoch's end (or the run's) on_epoch_end and its own.
+        # Trainer's order: on_step_end and its log/evaluate/save, then at an epoch's end (or the run's, or a cut) on_epoch_end and its own.
         self._act(self.events.step_end(self.step, self.clock(self.step, done), *scheduled(a, self.step, self.max_steps, False, self.eval_dataset is not None)), rollout, done)
+        if self.events.control.should_epoch_stop and not self.epoch_end_pending:  # a callback ended the pass here (Trainer's check): its rest skipped
+            self.epoch_end_pending = self.clock.cut_pass(self.order, self.step, self.rollouts.paused())
         if self.epoch_end_pending or self.step >= self.max_steps or self.events.control.should_training_stop:
             self._epoch_end(rollout, done)
 
@@ -261,6 +262,7 @@ class GRPOTrainer(TRLMethods):
         """on_epoch_end and its log/evaluate/save, then on_epoch_begin unless training ends (also a resume's first event: `epoch_end_pending`)."""
         self.epoch_end_pending, epoch = False, self.clock(self.step, done)
         self._act(self.events.epoch_end(epoch, *scheduled(self.args, self.step, self.max_steps, True, self.eval_dataset is not None, epoch)), rollout, done)
+        self.events.control.should_training_stop |= self.clock.passes_over(self.state.num_train_epochs)  # Trainer's epoch loop ends
         if not (self.step >= self.max_steps or self.events.control.should_training_stop):
             self.events.epoch_begin()
 

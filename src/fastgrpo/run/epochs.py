@@ -15,6 +15,11 @@ end of the data. Under the overlap the order's state is the one after the rollou
 A stream has no length: Trainer then takes max_steps steps per pass (its `steps_in_epoch` without a
 `len(dataloader)`), so epoch = passes finished + steps since the pass began / max_steps.
 
+A callback's `control.should_epoch_stop` cuts the pass short where Trainer leaves its epoch's loop (`cut_pass`): the
+rest of the pass's prompts are skipped, the next rollout draws from the next pass and its epoch starts there; the
+rollout in hand trains its remaining steps (TRL's buffered generation batch does), their epoch the next pass's start.
+Trainer's loop then ends after `num_train_epochs` passes, before max_steps (`passes_over`).
+
 Not here: the data order itself (datasets.PromptOrder, dataset_kinds.StreamOrder), the callbacks' events (callbacks.py).
 """
 
@@ -36,17 +41,46 @@ class EpochClock:
         self.size, self.steps_per_rollout, self.max_steps = size, steps_per_rollout, max_steps
         self.span = (0.0, 0.0)  # passes drawn before and after the rollout now training
         self.pass_start = 0  # the step the current pass began at (a stream's epoch counts from it)
+        self.cut: tuple[float, int] | None = None  # a pass cut short, not yet drawn from: (the next pass, the step it was cut at)
+        self.was_cut = False  # some pass was cut short (`passes_over`)
 
     def drawn(self, order: dict) -> float:
         """Passes drawn by a data order's state ({"epoch", "position"}): whole passes plus the drawn share of the next."""
         return order["epoch"] + (order["position"] / self.size if self.size else 0.0)
 
     def drew(self, order: dict) -> None:
-        """A rollout was taken, the data order then at `order` (its state after the rollout's draw)."""
-        self.span = (self.span[1], self.drawn(order))
+        """A rollout was taken, the data order then at `order` (its state after the rollout's draw). After a pass cut
+        short, the first rollout drawn from the next pass starts at it (one made ahead of the cut, under the overlap,
+        still counts in the pass cut)."""
+        drawn = self.drawn(order)
+        if self.cut is not None and drawn >= self.cut[0]:
+            self.span, self.pass_start, self.cut = (self.cut[0], drawn), self.cut[1], None
+        else:
+            self.span = (self.span[1], drawn)
+
+    def cut_pass(self, order, step: int, paused) -> bool:
+        """A callback set `control.should_epoch_stop` at `step` (not a pass's last): skip the rest of the pass in
+        `order` (a `datasets.PromptOrder` or `dataset_kinds.StreamOrder`, moved to the next pass's start) inside
+        `paused` (the rollouts' `paused()`: the overlap's producer draws nothing meanwhile). Returns True: the epoch's
+        end is now pending (the trainer's `epoch_end_pending`)."""
+        with paused:
+            state = order.state_dict()
+            if state["position"]:  # else the draws already stand at a pass's start
+                order.load_state_dict({"epoch": state["epoch"] + 1, "position": 0})
+            self.cut, self.was_cut = (self.drawn(order.state_dict()), step), True
+        return True
+
+    def passes_over(self, num_train_epochs: int) -> bool:
+        """At an epoch's end: whether the passes drawn reach `num_train_epochs` (state.num_train_epochs) after a pass was
+        cut short, where Trainer's epoch loop ends; never without a cut (max_steps ends such a run, DAPO's rounds may
+        draw a pass ahead of Trainer's count)."""
+        drawn = self.cut[0] if self.cut is not None else self.span[1]
+        return self.was_cut and math.floor(drawn) >= num_train_epochs
 
     def __call__(self, step: int, done: int) -> float:
         """The epoch after `step` optimizer steps, `done` of them on the rollout now training."""
+        if self.cut is not None and step > self.cut[1]:  # the rollout in hand, after its pass was cut: at the next pass's start
+            return self.cut[0]
         if self.size is None:
             return math.floor(self.span[1]) + (step - self.pass_start) / self.max_steps
         start, end = self.span
@@ -55,14 +89,15 @@ class EpochClock:
         return start + (end - start) * done / self.steps_per_rollout
 
     def pass_ended(self, step: int, done: int) -> bool:
-        """Whether `step` finished the rollout that reached the end of a pass (Trainer's on_epoch_end comes after it)."""
-        ended = done >= self.steps_per_rollout and math.floor(self.span[1]) > math.floor(self.span[0])
+        """Whether `step` finished the rollout that reached the end of a pass (Trainer's on_epoch_end comes after it); not
+        while a pass cut short is not yet drawn from (its end came at the cut)."""
+        ended = done >= self.steps_per_rollout and math.floor(self.span[1]) > math.floor(self.span[0]) and self.cut is None
         if ended:
             self.pass_start = step
         return ended
 
     def state_dict(self) -> dict:
-        return {"span": self.span, "pass_start": self.pass_start}
+        return {"span": self.span, "pass_start": self.pass_start, "cut": self.cut, "was_cut": self.was_cut}
 
     def load_state_dict(self, state: dict | None, order: dict) -> None:
         """Restore `state_dict()`; None (a checkpoint saved before the clock was): the rollout in progress counts whole."""
@@ -70,3 +105,5 @@ class EpochClock:
             self.span = (self.drawn(order),) * 2
         else:
             self.span, self.pass_start = tuple(state["span"]), state["pass_start"]
+            cut = state.get("cut")  # absent from a checkpoint saved before passes could be cut
+            self.cut, self.was_cut = tuple(cut) if cut is not None else None, state.get("was_cut", False)
