@@ -169,7 +169,7 @@ class GRPOTrainer(TRLMethods):
         a = self.args
         rollout, done = checkpoints.resume(self, resume_from_checkpoint)
         schedule = [(i, s) for i in range(a.num_iterations) for s in range(a.steps_per_generation // a.gradient_accumulation_steps)]
-        self.events.train_begin(self.max_steps, self.step, self.clock(self.step, done), self.order.per_pass)
+        self.events.train_begin(self.max_steps, self.step, self.clock(self.step, done), self.order.per_pass, self.get_train_dataloader())
         if a.eval_on_start and self.eval_dataset is not None:
             self.evaluate()
         self._epoch_end(rollout, done) if self.epoch_end_pending else self.events.epoch_begin()  # resumed at an epoch's last step: its end

@@ -267,6 +267,8 @@ class TRLMethods(TRLAttributes):
                 sets, metric_key_prefix, lambda rows, timer: self._eval_batch(rows, G, timer), reward_names=self.reward_names,
                 reward_weights=self.reward_weights, num_generations=G, batch_size=self.args.per_device_eval_batch_size,
                 accelerator=self.accelerator, on_batch=self.events.prediction_step, loss=self.update.eval_loss,
+                on_set=lambda rows: self.events.eval_loader(eval_dataloader(  # the callbacks' eval_dataloader: get_eval_dataloader's
+                    rows, self.args.per_device_eval_batch_size, G, self.accelerator.process_index, self.accelerator.num_processes, self.data_collator)),
             )
 
     def get_train_dataloader(self):

@@ -109,12 +109,14 @@ class TrainerEvents:
         check_early_stopping([callback], self.args.metric_for_best_model, self.args.eval_strategy)
         self.handler.add_callback(callback)
 
-    def train_begin(self, max_steps: int, global_step: int, epoch: float, prompts: int | None) -> None:
+    def train_begin(self, max_steps: int, global_step: int, epoch: float, prompts: int | None, train_dataloader=None) -> None:
         """Fill the state's run constants (as Trainer does) and call on_train_begin; with `args.disable_tqdm` changed since
         the trainer was built, the console callback it now means in place of the built one (Trainer keeps the one its
         __init__ added, so a notebook's change there is silently ignored).
 
         `prompts`: the training prompts in one epoch (`PromptOrder.per_pass`; None for a stream, whose length is unknown).
+        `train_dataloader`: what every event from here on passes callbacks as `train_dataloader` (Trainer's, set before its
+        on_train_begin; the trainer's `get_train_dataloader()`, its draws replayed).
         state.num_train_epochs follows Trainer: the passes `max_steps` reaches (each `datasets.rollouts_per_pass` rollouts
         of steps_per_rollout steps; a stream's: sys.maxsize) when max_steps is set, else ⌈num_train_epochs⌉.
         """
@@ -134,6 +136,7 @@ class TrainerEvents:
             steps_per_epoch = None if prompts is None else rollouts_per_pass(prompts, a.prompts_per_rollout) * a.steps_per_rollout
             s.num_train_epochs = sys.maxsize if steps_per_epoch is None else math.ceil(max_steps / steps_per_epoch)
         self.started, self.in_train = time.perf_counter(), True
+        self.handler.train_dataloader = train_dataloader
         self.control = self.handler.on_train_begin(a, s, self.control)
 
     def step_begin(self) -> None:
@@ -167,6 +170,11 @@ class TrainerEvents:
         """Set the epoch schedule's flags, call on_epoch_end; returns the control callbacks may have changed."""
         self.state.epoch = epoch
         return self._flags_then("on_epoch_end", log, evaluate, save)
+
+    def eval_loader(self, eval_dataloader) -> None:
+        """What on_prediction_step and every later event pass callbacks as `eval_dataloader`: the batches of the set being
+        evaluated (Trainer's evaluation_loop sets it before its first batch and leaves it there)."""
+        self.handler.eval_dataloader = eval_dataloader
 
     def prediction_step(self) -> None:
         """on_prediction_step: after each batch of an evaluation (Trainer's evaluation_loop)."""

@@ -87,6 +87,10 @@ class ConsoleProgressCallback(_StepLines, ProgressCallback):
         if self.progress is not None:
             self.progress.update(self.progress.task_ids[0], completed=state.global_step)
 
+    def on_prediction_step(self, args, state, control, **kwargs):
+        """No evaluation bar: ProgressCallback's would draw a tqdm bar (sized by the `eval_dataloader` the trainer now
+        passes, as Trainer does) under rich's live display; an evaluation shows as its step line."""
+
     def on_train_end(self, args, state, control, **kwargs):
         self.close()
 

@@ -85,7 +85,7 @@ def check_best_metric(metric_for_best_model: str | None, set_names: Sequence[str
 def mean_rewards(
     sets: Mapping[str, Sequence[dict]], metric_key_prefix: str, sample: Sample, *, reward_names: list[str],
     reward_weights: torch.Tensor, num_generations: int, batch_size: int, accelerator, on_batch: Callable[[], None] = lambda: None,
-    loss: Callable[[Rollout], tuple[torch.Tensor, dict]] | None = None,
+    loss: Callable[[Rollout], tuple[torch.Tensor, dict]] | None = None, on_set: Callable[[Sequence[dict]], None] = lambda rows: None,
 ) -> dict[str, float]:
     """TRL's eval metrics per eval dataset, over all processes: the rewards, completion lengths, the loss and its terms, speed.
 
@@ -101,6 +101,8 @@ def mean_rewards(
         accelerator: splits the rows and sums the metrics over processes.
         on_batch: called after each `sample` call (the trainer's on_prediction_step).
         loss: a sampled batch → its 0-d loss and metric sums (TRL's prediction_step; OptimizerStep.eval_loss); None: no loss.
+        on_set: called with each set's rows (all processes'; an IterableDataset's read through) before its first batch
+            (the trainer hands the callbacks that set's eval_dataloader, as Trainer's evaluation_loop does).
     Returns:
         {"<prefix>_<key>"} with TRL's keys, as its eval mode logs them: loss (the batches' losses averaged over
         completions, with `loss`), reward and reward_std (weighted, over the completions some function applied to),
@@ -116,6 +118,7 @@ def mean_rewards(
         prefix = metric_key_prefix + set_name[len("eval") :]  # "eval" or "eval_<name>" → "<prefix>[_<name>]" (as eval_metric_names)
         start_time = time.time()
         dataset = dataset if hasattr(dataset, "__len__") else list(dataset)  # an IterableDataset: read through
+        on_set(dataset)
         rows = [dataset[i] for i in range(acc.process_index, len(dataset), acc.num_processes)]
         window = Window()
         for key in ("completions", "loss_sum", "loss_completions", "batches"):  # the denominators, on a process without rows too
