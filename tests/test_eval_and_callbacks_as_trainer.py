@@ -27,6 +27,25 @@ def config(tmp_path, **overrides):
     return GRPOConfig(**values)
 
 
+def test_evaluate_takes_trainers_arguments_and_a_named_set(tmp_path, tokenizer, make_model, prompts):
+    """Trainer's signature is evaluate(eval_dataset, ignore_keys, metric_key_prefix), and eval_dataset may name one set
+    of a dict eval_dataset (Trainer's recursion calls it so; its metrics keep the bare prefix). fastgrpo's took
+    (eval_dataset, metric_key_prefix): `evaluate(ignore_keys=[…])` was a TypeError, `evaluate(ds, None, "test")` too,
+    and `evaluate("b")` was refused as "eval dataset has type str"."""
+    sets = {"a": prompts.select(range(2)), "b": prompts.select(range(2, 3))}  # mean n: (0 + 1) / 2 and 2
+    trainer = GRPOTrainer(make_model(), reward_n, args=config(tmp_path), train_dataset=prompts, eval_dataset=sets,
+                          processing_class=tokenizer)
+    both = trainer.evaluate(ignore_keys=["past_key_values"])
+    assert (both["eval_a_reward"], both["eval_b_reward"]) == (0.5, 2.0)
+    named = trainer.evaluate("b")
+    assert named["eval_reward"] == 2.0 and not any(k.startswith(("eval_a_", "eval_b_")) for k in named)
+    assert trainer.state.log_history[-1]["eval_reward"] == 2.0
+    assert trainer.evaluate(eval_dataset="a", metric_key_prefix="test")["test_reward"] == 0.5
+    assert trainer.evaluate(prompts.select(range(3, 4)), None, "test")["test_reward"] == 3.0  # Trainer's positional order
+    with pytest.raises(KeyError, match=r"eval_dataset='c': the trainer's eval_dataset has no set of that name \(its named sets: \['a', 'b'\]\)"):
+        trainer.evaluate("c")
+
+
 class Loaders(TrainerCallback):
     """The train_dataloader and eval_dataloader each event was given, as lists of the batches' `n` values."""
 
@@ -62,3 +81,28 @@ def test_callbacks_get_the_train_and_eval_dataloaders_as_trainers(tmp_path, toke
         ("on_prediction_step", one_pass, [[0] * 4 + [1] * 4]),  # set a: 2 prompts × G in one batch of 8
         ("on_prediction_step", one_pass, [[5] * 4]),  # set b
     ]
+
+
+def test_eval_sets_given_after_build_are_checked_as_at_build(tmp_path, tokenizer, make_model, prompts):
+    """The build refuses an eval set a reward function cannot score (a parameter no column fills, a reserved column);
+    a set given later was not checked: `trainer.eval_dataset = rows` then train() ran its steps and stopped at the first
+    evaluation with the reward's "missing 1 required positional argument: 'n'"; evaluate(rows) / predict(rows)
+    sampled a batch first. Now each is refused at once, naming the set, as at build."""
+    from datasets import Dataset  # noqa: PLC0415
+
+    no_n = Dataset.from_list([{"prompt": [{"role": "user", "content": "Hi."}]}])
+    reserved = Dataset.from_list([{"prompt": [{"role": "user", "content": "Hi."}], "n": 1, "completions": "x"}])
+    seen = Loaders()
+    trainer = GRPOTrainer(make_model(), reward_n, args=config(tmp_path, eval_strategy="steps", eval_steps=1), train_dataset=prompts,
+                          eval_dataset=prompts.select(range(2)), processing_class=tokenizer, callbacks=[seen])
+    missing = r"reward function 'reward_n' needs 'n', which {} does not have \(columns: prompt\)"
+    with pytest.raises(ValueError, match=missing.format("eval dataset")):
+        trainer.eval_dataset = no_n
+    with pytest.raises(ValueError, match=missing.format("eval dataset")):
+        trainer.evaluate(no_n)
+    with pytest.raises(ValueError, match=missing.format("eval_held_out dataset")):
+        trainer.predict({"held_out": no_n})
+    with pytest.raises(ValueError, match="eval dataset has a column named 'completions', which reward functions already receive"):
+        trainer.evaluate(reserved)
+    assert seen.seen == [] and trainer.eval_dataset is not no_n  # nothing sampled; the trainer's eval set kept
+    assert trainer.train().global_step == 1

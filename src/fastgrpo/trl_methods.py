@@ -30,6 +30,7 @@ from .run import checkpoints
 from .run.dataloaders import eval_dataloader, train_dataloader
 from .run.dataset_kinds import eval_sets
 from .run.evaluation import mean_rewards
+from .run.inputs import checked_eval_sets
 from .run.trainer_attributes import TRLAttributes, read_only
 
 
@@ -204,12 +205,14 @@ class TRLMethods(TRLAttributes):
 
 
     @torch.no_grad()
-    def evaluate(self, eval_dataset=None, metric_key_prefix: str = "eval") -> dict:
+    def evaluate(self, eval_dataset=None, ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval") -> dict:
         """Mean reward of num_generations_eval (default G) sampled completions per eval prompt (each process scores its share).
 
-        Args:
+        Args (Trainer's, in its order):
             eval_dataset: rows, or a dict / DatasetDict of them (each evaluated, metrics
-                prefixed `<prefix>_<name>_`); default: the trainer's eval_dataset.
+                prefixed `<prefix>_<name>_`), or the name of one set of the trainer's dict eval_dataset (evaluated
+                alone, its metrics prefixed `<prefix>_`, as Trainer's `evaluate("name")`); default: the trainer's eval_dataset.
+            ignore_keys: accepted and unused, as `predict`'s (no model outputs are gathered).
             metric_key_prefix: "eval" gives eval_reward and eval_rewards/<fn>/mean (TRL's naming).
         Returns:
             TRL's eval keys (run/evaluation.mean_rewards): "<prefix>_loss" (TRL's eval-mode loss, ρ = 1;
@@ -221,9 +224,12 @@ class TRLMethods(TRLAttributes):
         `train()` refuse the folder as another run's, or landed in a previous run's log).
 
         Raises:
-            ValueError: no eval dataset here or in the trainer, or one of a kind evaluation cannot read.
+            ValueError, TypeError: no eval dataset here or in the trainer, one of a kind evaluation cannot read, or one the
+                reward functions cannot score (`inputs.checked_eval_sets`), before anything is sampled.
+            KeyError: a name the trainer's eval_dataset does not have.
         """
-        sets = eval_sets(eval_dataset) if eval_dataset is not None else self.eval_sets
+        eval_dataset = self._named_eval_set(eval_dataset) if isinstance(eval_dataset, str) else eval_dataset
+        sets = checked_eval_sets(eval_dataset, self.reward_funcs, self.reward_names, self.agents) if eval_dataset is not None else self.eval_sets
         if sets is None:
             raise ValueError("evaluate() needs an eval_dataset: pass one to evaluate() or to GRPOTrainer.")
         metrics = self._sampled_metrics(sets, metric_key_prefix)
@@ -249,9 +255,9 @@ class TRLMethods(TRLAttributes):
         `ignore_keys` is accepted and unused (no model outputs are gathered).
 
         Raises:
-            ValueError: a dataset of a kind evaluation cannot read (`evaluate`'s).
+            ValueError, TypeError: a dataset of a kind evaluation cannot read, or the reward functions cannot score (`evaluate`'s).
         """
-        sets = eval_sets(test_dataset)
+        sets = checked_eval_sets(test_dataset, self.reward_funcs, self.reward_names, self.agents)  # as the trainer's eval sets at build
         metrics = self._sampled_metrics(sets, metric_key_prefix)
         for set_name in sets:
             metrics[f"{metric_key_prefix}{set_name[len('eval'):]}_model_preparation_time"] = self.model_preparation_time
@@ -293,13 +299,19 @@ class TRLMethods(TRLAttributes):
             ValueError: no eval dataset, or several (a dict) without the name of one; a dataset evaluation cannot read.
             KeyError: a name the trainer's eval_dataset does not have.
         """
-        if isinstance(eval_dataset, str):
-            names = {name[len("eval_"):]: rows for name, rows in (self.eval_sets or {}).items() if name != "eval"}
-            if eval_dataset not in names:
-                raise KeyError(f"get_eval_dataloader({eval_dataset!r}): the trainer's eval_dataset has no set of that name "
-                               f"(its named sets: {sorted(names)}).")
-            eval_dataset = names[eval_dataset]
-        return self.get_test_dataloader(eval_dataset)
+        return self.get_test_dataloader(self._named_eval_set(eval_dataset) if isinstance(eval_dataset, str) else eval_dataset)
+
+    def _named_eval_set(self, name: str):
+        """The set called `name` in the trainer's dict eval_dataset (Trainer's `self.eval_dataset[name]`), for
+        `evaluate(name)` and `get_eval_dataloader(name)`.
+
+        Raises:
+            KeyError: no set of that name (a single eval_dataset has none), naming the sets there are.
+        """
+        names = {set_name[len("eval_"):]: rows for set_name, rows in (self.eval_sets or {}).items() if set_name != "eval"}
+        if name not in names:
+            raise KeyError(f"eval_dataset={name!r}: the trainer's eval_dataset has no set of that name (its named sets: {sorted(names)}).")
+        return names[name]
 
     def get_test_dataloader(self, test_dataset):
         """Trainer's `get_test_dataloader`: the batches `predict(test_dataset)` samples, as `get_eval_dataloader`'s.

@@ -210,6 +210,31 @@ def check_trainer_inputs(
                          partial(check_prompt_rendering, agents, samples, a.chat_template_kwargs))
 
 
+def checked_eval_sets(eval_dataset, reward_funcs: list, names: list[str], agents: AgentInputs) -> dict:
+    """`dataset_kinds.eval_sets(eval_dataset)` with the checks `check_trainer_inputs` runs on the eval sets it is given,
+    for sets given later (`trainer.eval_dataset = …`, `evaluate(eval_dataset=…)`, `predict(…)`), before they are
+    sampled: a column the reward protocol reserves, a reward argument no column fills, prompts that tools or
+    environments cannot use. (A set without a column a reward function needs failed at its first scoring: set as
+    trainer.eval_dataset under eval_strategy, after training steps.)
+
+    Args:
+        eval_dataset: rows, or a dict / DatasetDict of them.
+        reward_funcs, names: the trainer's reward functions (an environment's included) and their log names.
+        agents: the trainer's checked agent arguments.
+    Returns:
+        {"eval[_<name>]": rows}, as `eval_sets` returns them.
+    Raises:
+        ValueError, TypeError: `eval_sets`' errors, and `check_trainer_inputs`' for an eval set, naming the set.
+    """
+    sets, environments = eval_sets(eval_dataset), agents.environments is not None
+    named = [(f"{k} dataset", rows) for k, rows in sets.items()]
+    for name, rows in named:
+        check_columns(rows, name, environments)
+        check_reward_arguments(reward_funcs, names, rows, name, environments, agents.rollout_func is not None)
+    check_agent_datasets(agents, named)
+    return sets
+
+
 def with_quantization(args: GRPOConfig, model, quantization_config, adapters: bool) -> GRPOConfig:
     """`args` with the trainer's `quantization_config` in `model_init_kwargs` when the model loads from a name (TRL 1.16's rule).
 

@@ -25,8 +25,8 @@ from transformers import GenerationConfig
 
 from .callbacks import check_early_stopping
 from .dataloaders import identity
-from .dataset_kinds import eval_sets
 from .evaluation import check_best_metric, loss_keys
+from .inputs import checked_eval_sets
 from ..rollout.agents.environments import Environments
 
 
@@ -193,8 +193,8 @@ class TRLAttributes:
 
         Raises (on setting):
             ValueError: None while eval_strategy or eval_on_start asks for evaluations (transformers' rule at
-                construction); rows evaluate() cannot read (dataset_kinds.eval_sets); a metric_for_best_model the new
-                sets do not report (evaluation.check_best_metric).
+                construction); rows evaluate() cannot read (dataset_kinds.eval_sets) or the reward functions cannot
+                score (inputs.checked_eval_sets); a metric_for_best_model the new sets do not report (evaluation.check_best_metric).
         """
         return self._eval_dataset
 
@@ -205,7 +205,7 @@ class TRLAttributes:
             raise ValueError(f"trainer.eval_dataset = None with eval_strategy={a.eval_strategy!r}{' and eval_on_start' if a.eval_on_start else ''}: "
                              "the scheduled evaluations would have nothing to read; give rows, or first set trainer.args.eval_strategy = "
                              "'no' and trainer.args.eval_on_start = False (they apply live).")
-        sets = eval_sets(value) if value is not None else None
+        sets = checked_eval_sets(value, self.reward_funcs, self.reward_names, self.agents) if value is not None else None  # as at build
         if sets is not None:
             check_best_metric(a.metric_for_best_model, list(sets), self.reward_names, loss_keys(a.loss_type, a.beta))
         self._eval_dataset, self.eval_sets = value, sets
