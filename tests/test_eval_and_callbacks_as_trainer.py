@@ -106,3 +106,24 @@ def test_eval_sets_given_after_build_are_checked_as_at_build(tmp_path, tokenizer
         trainer.evaluate(reserved)
     assert seen.seen == [] and trainer.eval_dataset is not no_n  # nothing sampled; the trainer's eval set kept
     assert trainer.train().global_step == 1
+
+
+def test_a_callback_class_that_cannot_be_built_without_arguments_is_refused_before_the_model_loads(tmp_path, tokenizer, prompts, monkeypatch):
+    """Trainer builds a callback class with no arguments (`callbacks=[MyCallback]` for `MyCallback(x)`), a bare
+    TypeError once the model had loaded (TRL loads a model name first); fastgrpo built it after loading too. Now
+    `check_callbacks` builds each class before the model loads and names the fix; a class that builds is kept as an
+    instance, as Trainer's handler holds it."""
+    import fastgrpo.trainer  # noqa: PLC0415
+
+    class NeedsThreshold(TrainerCallback):
+        def __init__(self, threshold):
+            self.threshold = threshold
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(fastgrpo.trainer, "load_policy", never)
+    with pytest.raises(TypeError, match=r"callbacks entry NeedsThreshold is a class, which transformers' Trainer builds with no arguments, "
+                       r"and NeedsThreshold\(\) raised TypeError: .*threshold.*; give an instance: callbacks=\[NeedsThreshold\(…\)\]"):
+        GRPOTrainer("smollm2-135m-instruct", reward_n, args=config(tmp_path), train_dataset=prompts, processing_class=tokenizer,
+                    callbacks=[NeedsThreshold])

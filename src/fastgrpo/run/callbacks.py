@@ -67,8 +67,8 @@ class TrainerEvents:
 
     Args:
         args: the GRPOConfig (passed to every callback as `args`).
-        callbacks: `TrainerCallback` instances or classes (a class is instantiated, as in transformers), as
-            `check_callbacks` returns them.
+        callbacks: `TrainerCallback` instances, as `check_callbacks` returns them (a class given is built there, as
+            transformers builds it).
         model, processing_class, optimizer, lr_scheduler: passed to callbacks as keyword arguments.
         is_main_process: whether this process is the main one (state.is_world_process_zero).
         console: the rich console the default console callback prints on (console.py); as Trainer's `__init__`, it is
@@ -309,9 +309,12 @@ def check_callbacks(callbacks) -> list:
     """`callbacks` as transformers' Trainer takes it: None, or a list of TrainerCallback instances or classes.
 
     Returns:
-        The callbacks as a list ([] for None).
+        The callbacks as a list ([] for None), each class instantiated with no arguments, as Trainer's CallbackHandler
+        does, but here, before the model loads.
     Raises:
-        TypeError: not a list (a single callback: naming it and the fix, `callbacks=[…]`), or an entry `check_callback` refuses.
+        TypeError: not a list (a single callback: naming it and the fix, `callbacks=[…]`), an entry `check_callback`
+            refuses, or a class whose no-argument construction raises (`MyCallback` for `MyCallback(…)`: Trainer's bare
+            TypeError came after the model loaded), naming it, its error and the fix.
     """
     if callbacks is None:
         return []
@@ -321,7 +324,18 @@ def check_callbacks(callbacks) -> list:
                         f"not a list; give a list: callbacks=[{name}] (transformers' Trainer takes a list).")
     for cb in callbacks:
         check_callback(cb)
-    return list(callbacks)
+    return [_instance(cb) for cb in callbacks]
+
+
+def _instance(callback):
+    """A callback instance: `callback` itself, or a class built with no arguments (CallbackHandler.add_callback's rule)."""
+    if not isinstance(callback, type):
+        return callback
+    try:
+        return callback()
+    except TypeError as e:
+        raise TypeError(f"callbacks entry {callback.__name__} is a class, which transformers' Trainer builds with no arguments, and "
+                        f"{callback.__name__}() raised TypeError: {e}; give an instance: callbacks=[{callback.__name__}(…)].") from e
 
 
 def check_early_stopping(callbacks: list, metric_for_best_model: str | None, eval_strategy: str) -> None:
