@@ -346,3 +346,20 @@ def test_train_returns_trainers_summary_metrics_as_trl(tmp_path, tokenizer, make
     assert m["train_steps_per_second"] == pytest.approx(2 / m["train_runtime"], rel=1e-3, abs=2e-3) and "reward" not in m  # both rounded
     assert m["train_samples_per_second"] == pytest.approx(2 * 4 * 2 / m["train_runtime"], rel=1e-3, abs=2e-3)  # steps × 4 × GA 2
 
+
+
+def test_grad_norm_is_the_logged_steps_as_trainer_logs_it(tmp_path, tokenizer, make_model, prompts, monkeypatch):
+    # transformers' Trainer logs the gradient norm of the step it logs at (TRL's `grad_norm`); fastgrpo logged the mean
+    # over the window's steps, so with logging_steps=2 a dashboard saw a 2-step average, spikes halved.
+    norms, real = [], step_module.OptimizerStep.__call__
+
+    def spy(self, *args, **kwargs):
+        out = real(self, *args, **kwargs)
+        norms.append(float(out.grad_norm))
+        return out
+
+    monkeypatch.setattr(step_module.OptimizerStep, "__call__", spy)
+    args = config(tmp_path, max_steps=4, logging_steps=2)
+    GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer).train()
+    assert len(norms) == 4 and norms[0] != pytest.approx(norms[1]) and norms[2] != pytest.approx(norms[3])
+    assert [(r["step"], r["grad_norm"]) for r in read_metrics(args.output_dir)] == [(2, pytest.approx(norms[1])), (4, pytest.approx(norms[3]))]

@@ -1,7 +1,8 @@
 """How each logged metric reduces over micro-batches, processes and a logging window: the declared table.
 
-`EXTREMES` names every metric kept as a minimum or a maximum; every other metric is a sum (means are sums
-divided by counts when the window is written). A new min/max metric is one entry here.
+`EXTREMES` names every metric kept as a minimum, a maximum or its last value (one the same on every process);
+every other metric is a sum (means are sums divided by counts when the window is written). A new min/max metric is
+one entry here.
 
 Not here: computing the metrics (losses.py, sampling_correction.py, run/metrics.py), the window (run/metrics.py).
 """
@@ -10,8 +11,9 @@ from __future__ import annotations
 
 import torch
 
-# metric key → how it reduces: min or max (anything not listed is summed)
+# metric key → how it reduces: min, max or last (anything not listed is summed)
 EXTREMES: dict[str, str] = {
+    "grad_norm": "last",  # Trainer logs the last step's norm (global: the same on every process), not the window's mean
     "completion_length_min": "min",
     "completion_length_max": "max",
     "terminated_length_min": "min",

@@ -63,7 +63,7 @@ class Window:
     """Sums of metrics over a logging window, reduced across processes on demand.
 
     `add(name, value)` adds a number or 0-d tensor to a sum; `extreme(name,
-    value)` keeps a min or max (`algo.reductions.EXTREMES` says which); `record`
+    value)` keeps a min, a max or the last value (`algo.reductions.EXTREMES` says which); `record`
     routes each metric by that table.
     """
 
@@ -75,9 +75,8 @@ class Window:
         self.sums[name] += float(value)
 
     def extreme(self, name: str, value) -> None:
-        value = float(value)
-        pick = min if EXTREMES[name] == "min" else max
-        self.extremes[name] = pick(self.extremes.get(name, value), value)
+        value, kind = float(value), EXTREMES[name]
+        self.extremes[name] = value if kind == "last" else (min if kind == "min" else max)(self.extremes.get(name, value), value)
 
     def record(self, values: dict) -> None:
         """Each metric into its sum or its extreme, as `EXTREMES` declares."""
@@ -107,7 +106,7 @@ class Window:
             sums = accelerator.reduce(sums, reduction="sum")
             if ext_names:  # every process holds the same keys, so all take this branch or none
                 gathered = accelerator.gather(ext.unsqueeze(0))  # (world, E)
-                ext = torch.stack([gathered[:, i].min() if EXTREMES[n] == "min" else gathered[:, i].max() for i, n in enumerate(ext_names)])
+                ext = torch.stack([gathered[:, i].min() if EXTREMES[n] == "min" else gathered[:, i].max() for i, n in enumerate(ext_names)])  # last: one value
         return dict(zip(names, sums.tolist())), dict(zip(ext_names, ext.tolist()))
 
 
@@ -287,8 +286,9 @@ def window_record(step: int, sums: dict, extremes: dict, seconds: dict, reward_n
     a run that overlaps generation with training (max_staleness) adds TRL AsyncGRPOTrainer's keys.
 
     Means are over tokens (loss terms, KL, entropy, clip fractions), completions
-    (rewards, lengths) or optimizer steps (loss, grad_norm), as each quantity's
-    definition needs; a metric whose denominator is empty in the window is left out, except the loss's token means
+    (rewards, lengths) or optimizer steps (loss, step_time), as each quantity's
+    definition needs (grad_norm: the window's last step's, as Trainer logs it); a metric whose denominator is empty in
+    the window is left out, except the loss's token means
     (entropy, kl, clip_ratio/*), which log 0 (their min / max None) as TRL's do when every token was masked.
     Raises ValueError for a `log_metric` name among the record's keys or `TRAINER_KEYS` (TRL's user `loss` replaces its own).
     """
@@ -299,10 +299,11 @@ def window_record(step: int, sums: dict, extremes: dict, seconds: dict, reward_n
             record[name or key] = sums[key] / sums[over]
 
     mean("loss", "steps")
+    if "grad_norm" in extremes:  # Trainer's: the last step's norm, not the window's mean
+        record["grad_norm"] = extremes["grad_norm"]
     mean("policy_loss", "steps")  # the loss without the entropy bonus (entropy_coef)
     mean("entropy_coef", "steps")
     mean("vespo/phi_seq", "sequences", "vespo/phi_seq_mean")
-    mean("grad_norm", "steps")
     mean("step_time", "steps")  # TRL's: wall seconds per optimizer step, the sampling of a rollout it starts included
     mean("aux_loss", "aux_micro_batches")  # the router's load-balancing loss, mean over micro-batches (TRL's)
     mean("reward_sum", "scorable", "reward")  # TRL's: over the completions some reward applied to
