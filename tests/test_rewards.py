@@ -317,3 +317,52 @@ def test_log_metric_takes_one_number_under_a_name_the_trainer_does_not_log():
     for taken in ("loss", "learning_rate"):  # one the record writes, one the trainer adds to it
         with pytest.raises(ValueError, match=rf"log_metric\('{taken}', …\), but '{taken}' is a metric fastgrpo logs itself .*'custom/{taken}'"):
             window_record(1, {**sums, f"{taken}/user_sum": 99.0, f"{taken}/user_count": 1.0}, {}, {}, [])
+
+
+def test_log_metric_under_a_name_the_trainer_logs_is_refused_at_the_call(tmp_path, tokenizer, make_model, prompts):
+    # Break sweep: log_metric("reward", …) was refused only when the window was logged, after the step's update had run
+    # (up to logging_steps steps later); "reward" is in every training record, so the call itself is refused now.
+    from fastgrpo import GRPOConfig, GRPOTrainer
+    from fastgrpo.run.metrics import Window
+    from fastgrpo.run.reward_hooks import RewardHooks
+
+    def judge(completions, log_metric, **kwargs):
+        log_metric("reward", 1.0)
+        return [0.0] * len(completions)
+
+    args = GRPOConfig(str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=4, max_completion_length=4, max_steps=1,
+                      logging_steps=1, save_strategy="no", disable_tqdm=True, report_to="none")
+    trainer = GRPOTrainer(make_model(), judge, args=args, train_dataset=prompts, processing_class=tokenizer)
+    with pytest.raises(RewardFunctionError, match=r"'judge' raised ValueError: .*log_metric\('reward', …\), but 'reward' is a metric "
+                                                  r"fastgrpo logs itself .*'custom/reward'") as caught:
+        trainer.train()  # raised inside the reward function's call
+    assert trainer.state.global_step == 0 and isinstance(caught.value.__cause__, ValueError)  # before any update
+    # a name only the config's records hold (clip_ratio/*, kl with β > 0) is known at the call once a record had it
+    window, last = Window(), {"step": 1, "clip_ratio/region_mean": 0.0}
+    hooks = RewardHooks(lambda: window, lambda: None, lambda: {"loss", "rewards/judge/mean", *last})
+    hooks.log_metric("accuracy", 1.0)
+    last["accuracy"] = 1.0  # the next record holds it as its value: still the reward function's own name
+    hooks.log_metric("accuracy", 0.5)
+    for taken in ("loss", "rewards/judge/mean", "clip_ratio/region_mean"):
+        with pytest.raises(ValueError, match=rf"log_metric\('{taken}', …\)"):
+            hooks.log_metric(taken, 1.0)
+    assert window.sums == {"accuracy/user_sum": 1.5, "accuracy/user_count": 2}  # nothing of the refused ones
+
+
+def test_log_metric_during_an_evaluation_is_logged_as_its_eval_key(tmp_path, tokenizer, make_model, prompts):
+    # TRL's eval mode logs a reward function's log_metric values in the evaluation's record, as eval_<name>; they went to
+    # the training window instead (the next training record's mean mixed them in) and the evaluation had no such key.
+    from fastgrpo import GRPOConfig, GRPOTrainer
+
+    def counted(completions, log_metric, **kwargs):
+        log_metric("custom/scored", float(len(completions)))  # 8 per training rollout, 4 per eval batch
+        return [0.0] * len(completions)
+
+    args = GRPOConfig(str(tmp_path / "out"), per_device_train_batch_size=8, per_device_eval_batch_size=4, num_generations=4,
+                      max_completion_length=4, max_steps=2, logging_steps=1, eval_strategy="steps", eval_steps=1, save_strategy="no",
+                      disable_tqdm=True, report_to="none")
+    trainer = GRPOTrainer(make_model(), counted, args=args, train_dataset=prompts, eval_dataset=prompts.select(range(2)), processing_class=tokenizer)
+    trainer.train()
+    history = trainer.state.log_history
+    assert [r["custom/scored"] for r in history if "reward" in r] == [8.0, 8.0]  # training rollouts only
+    assert [r["eval_custom/scored"] for r in history if "eval_reward" in r] == [4.0, 4.0]  # 2 eval prompts × G = 4, one batch each

@@ -13,6 +13,7 @@ import sys
 import warnings
 
 import pytest
+import torch
 
 from fastgrpo import GRPOConfig, GRPOTrainer
 
@@ -87,6 +88,12 @@ def test_mlflow_gets_every_logged_number_at_its_step_and_the_summary(tmp_path, t
     assert run.data.params["num_generations"] == "4" and run.data.params["beta"] == "0.1"  # the config, as the run's parameters
 
 
+def wandb_tables(folder):
+    """The "completions" tables an offline W&B run saved (completions_<W&B step>_<hash>.table.json), in the order logged."""
+    names = sorted((f for f in os.listdir(folder) if f.startswith("completions_")), key=lambda f: int(f.split("_")[1]))
+    return [json.load(open(os.path.join(folder, f))) for f in names]
+
+
 @pytest.mark.parametrize("unique", [False, True])
 def test_wandb_gets_trls_completions_table_at_each_log(tmp_path, tokenizer, make_model, prompts, monkeypatch, unique):
     wandb = pytest.importorskip("wandb")
@@ -105,13 +112,13 @@ def test_wandb_gets_trls_completions_table_at_each_log(tmp_path, tokenizer, make
 
     [run_dir] = [os.path.join(tmp_path, "wandb", d) for d in os.listdir(tmp_path / "wandb") if d.startswith("offline-run-")]
     folder = os.path.join(run_dir, "files", "media", "table")
-    tables = [json.load(open(os.path.join(folder, f))) for f in sorted(os.listdir(folder)) if f.startswith("completions_")]
-    assert len(tables) == 2  # one per log, as the parquet files (the key "completions", TRL's)
-    for step in (1, 2):
+    tables = wandb_tables(folder)
+    assert [t["data"][0][0] for t in tables] == [1, 2, 2]  # one per log() (the key "completions", TRL's): train()'s summary's too
+    assert tables[2]["data"] == tables[1]["data"]  # the summary re-sends the latest batch, as TRL's log()
+    for step, table in ((1, tables[0]), (2, tables[1])):
         parquet = pd.read_parquet(os.path.join(args.output_dir, "completions", f"completions_{step:05d}.parquet"))
         assert len(parquet) == 8  # 2 prompts × G = 4
         expected = parquet[~parquet["prompt"].astype(str).duplicated()] if unique else parquet  # TRL's log_unique_prompts
-        [table] = [t for t in tables if t["data"][0][0] == step]
         assert table["columns"] == list(parquet.columns) == ["step", "prompt", "completion", "reward_even", "advantage"]
         assert len(table["data"]) == (2 if unique else 8)
         for row, (_, want) in zip(table["data"], expected.iterrows()):
@@ -164,7 +171,8 @@ def test_trackio_gets_trls_completions_table_with_unique_prompts(tmp_path):
                          capture_output=True, text=True, env={**os.environ, "TRACKIO_DIR": str(tmp_path / "trackio")}, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     tables = json.loads(out.stdout.strip().splitlines()[-1])
-    assert [table[0]["step"] for table in tables] == [1, 2]  # one per log, under TRL's key "completions"
+    assert [table[0]["step"] for table in tables] == [1, 2, 2]  # one per log() under TRL's key "completions", the summary's too
+    assert tables[2] == tables[1]  # the summary's: the latest batch again, as TRL's log()
     for step, table in zip((1, 2), tables):
         parquet = pd.read_parquet(tmp_path / "fg" / "completions" / f"completions_{step:05d}.parquet")
         first = parquet[~parquet["prompt"].astype(str).duplicated()]  # log_unique_prompts: each prompt's first row (8 rows → 2)
@@ -173,3 +181,80 @@ def test_trackio_gets_trls_completions_table_with_unique_prompts(tmp_path):
             assert list(row) == list(parquet.columns)  # TRL's columns, in order
             assert (row["step"], row["completion"], row["prompt"]) == (step, list(want["completion"]), list(want["prompt"]))
             assert (row["reward_even"], row["advantage"]) == (pytest.approx(want["reward_even"]), pytest.approx(want["advantage"]))
+
+
+def test_an_evaluation_and_the_summary_log_trls_completions_buffer_again(tmp_path, tokenizer, make_model, prompts, monkeypatch, capsys):
+    # TRL's log() tables its completions buffer (the latest generation_batch_size = 8 completions) at every call, and an
+    # evaluation appends its own completions to that buffer first. fastgrpo sent a table with each training log only.
+    wandb = pytest.importorskip("wandb")
+    import pandas as pd
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    args = GRPOConfig(str(tmp_path / "fg"), per_device_train_batch_size=8, per_device_eval_batch_size=4, num_generations=4, max_completion_length=4,
+                      max_steps=2, logging_steps=1, eval_strategy="steps", eval_steps=2, save_strategy="no", report_to="wandb",
+                      log_completions=True, num_completions_to_print=None, disable_tqdm=True, bf16=False)
+    trainer = GRPOTrainer(make_model(), reward_even, args=args, train_dataset=prompts.select(range(8)), eval_dataset=prompts.select([31]),
+                          processing_class=tokenizer)
+    trainer.train()
+    wandb.finish()
+    wandb.teardown()
+
+    [run_dir] = [os.path.join(tmp_path, "wandb", d) for d in os.listdir(tmp_path / "wandb") if d.startswith("offline-run-")]
+    tables = [t["data"] for t in wandb_tables(os.path.join(run_dir, "files", "media", "table"))]
+    assert [t[0][0] for t in tables] == [1, 2, 2, 2]  # step 1's log, step 2's, its evaluation's, train()'s summary's
+    step_2, evaluation, summary = tables[1:]
+    assert len(evaluation) == 8 and evaluation[:4] == step_2[4:]  # 8 rows kept: the batch's last 4, then the evaluation's 4
+    assert all("Count to 31." in str(row[1]) for row in evaluation[4:]) and not any("Count to 31." in str(row[1]) for row in step_2)
+    assert summary == evaluation  # nothing new since: the same buffer
+    parquet = pd.read_parquet(os.path.join(args.output_dir, "completions", "completions_00002.parquet"))  # step 2's last log: the summary's
+    assert ["Count to 31." in str(p) for p in parquet["prompt"]] == [False] * 4 + [True] * 4
+    assert capsys.readouterr().out.count(" Step 2 ") == 3  # TRL's panel at each of step 2's logs
+
+
+def completion_rows(tag, n, extra=None):
+    from fastgrpo.run.metrics import CompletionRows
+
+    return CompletionRows([f"{tag}{i}" for i in range(n)], [f"c{i}" for i in range(n)], torch.arange(n, dtype=torch.float32).view(n, 1) / 4,
+                          torch.full((n,), -1.0), extra)
+
+
+def test_the_completions_buffer_keeps_the_latest_generation_batch_size_rows_as_trls_deques(tmp_path):
+    from rich.console import Console
+
+    from fastgrpo.run.completion_tables import CompletionTables
+
+    tables = CompletionTables(str(tmp_path), ["r"], [], False, capacity=8, console=Console())
+    prompts = lambda: list(tables.frame(1)["prompt"])  # noqa: E731
+    tables.update([completion_rows("t", 8)], 1)  # a generation batch fills it
+    tables.add([completion_rows("e", 2), completion_rows("f", 2)])  # an evaluation's two batches: the 4 oldest rows go
+    assert prompts() == ["t4", "t5", "t6", "t7", "e0", "e1", "f0", "f1"]
+    assert tables.frame(1)["r"].tolist() == [1.0, 1.25, 1.5, 1.75, 0.0, 0.25, 0.0, 0.25]  # each row keeps its own reward
+    tables.update([], 1)  # a log without a new rollout (μ > 1): the buffer as it is
+    assert prompts()[4:] == ["e0", "e1", "f0", "f1"]
+    tables.add([completion_rows("g", 10, {"judge": list("abcdefghij")})])  # more than it holds: the latest 8
+    assert prompts() == [f"g{i}" for i in range(2, 10)] and tables.frame(1)["judge"].tolist() == list("cdefghij")
+
+
+def test_the_console_sample_is_trls_panel(tmp_path):
+    # TRL's print_prompt_completions_sample: a panel "Step N", columns Prompt, Completion, each reward, Advantage, the
+    # log_extra columns, 2 decimals, chat messages under their role; fastgrpo printed "completions at step N" with 3 digits.
+    from rich.console import Console
+
+    from fastgrpo.run.completion_tables import CompletionTables
+    from fastgrpo.run.metrics import CompletionRows
+
+    console = Console(record=True, width=160)
+    tables = CompletionTables(str(tmp_path), ["judge"], [], False, capacity=8, console=console)
+    rows = CompletionRows([[{"role": "user", "content": "Count to 3."}], "plain"], ["1 2 3", "no"], torch.tensor([[0.5], [float("nan")]]),
+                          torch.tensor([1.234, -1.0]), {"source": ["a", "b"]})
+    tables.update([rows], 1)
+    tables.print_sample(3, None)
+    text = console.export_text()
+    assert " Step 3 " in text and all(word in text for word in ("Prompt", "Completion", "judge", "Advantage", "source"))
+    assert all(cell in text for cell in ("USER", "Count to 3.", "plain", "1 2 3", "0.50", "nan", "1.23", "-1.00"))
+    tables.print_sample(4, 1)  # one row of the two
+    assert console.export_text().count("1 2 3") + console.export_text().count(" no ") == 1
+    tables.print_sample(5, 0)
+    assert console.export_text() == ""

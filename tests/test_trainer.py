@@ -328,12 +328,12 @@ def test_log_sizes_of_older_checkpoints_are_read_by_file_name(tmp_path):
     assert log.sizes() == {"metrics.jsonl": 12, "completions.jsonl": 4}
 
 
-def test_a_log_step_prints_one_table_of_num_completions_to_print_and_writes_every_completion(tmp_path, tokenizer, make_model, prompts, capsys):
+def test_each_log_prints_one_table_of_num_completions_to_print_and_writes_every_completion(tmp_path, tokenizer, make_model, prompts, capsys):
     # Two rollouts per log step (one optimizer step each, logging_steps=2): each used to print its own table.
     args = config(tmp_path, max_steps=2, gradient_accumulation_steps=1, logging_steps=2, log_completions=True, num_completions_to_print=2)
     GRPOTrainer(make_model(), reward_even_tokens, args=args, train_dataset=prompts, processing_class=tokenizer).train()
     out = capsys.readouterr().out
-    assert out.count("completions at step 2") == 1
+    assert out.count(" Step 2 ") == 2  # TRL's panel at each log() call: the step's, and train()'s summary's (the same rows)
     with open(os.path.join(args.output_dir, "completions.jsonl")) as f:
         assert len(f.readlines()) == 2 * args.generation_batch_size  # both rollouts' completions, every one
 

@@ -47,7 +47,7 @@ from .run.dataset_kinds import prompt_order
 from .run.epochs import EpochClock
 from .run.inputs import check_trainer_inputs
 from .run.interrupt import StopOnInterrupt
-from .run.metrics import CompletionRows, MetricsLog, PhaseTimer, Window, rollout_metrics, window_record
+from .run.metrics import ALWAYS_LOGGED, CompletionRows, MetricsLog, PhaseTimer, Window, rollout_metrics, window_record
 from .run.setup import bf16_working_copy, build_accelerator, build_optimization, load_policy, prepare
 from .trl_methods import TRLMethods
 from .update.logprobs import LogProbs, fallback_notices
@@ -137,10 +137,12 @@ class GRPOTrainer(TRLMethods):
         self.step, self.timer, self.window, self.fresh_completions = 0, PhaseTimer(), Window(), []
         self.target_kl_stops, self.last_metrics, self.loss_sum, self.run_id, self.epoch_end_pending = 0, {}, 0.0, uuid.uuid4().hex, False
         self.metrics_log = MetricsLog(a.output_dir, self.console) if acc.is_main_process else None
-        self.completion_tables = CompletionTables(a.output_dir, self.reward_names, a.report_to, a.log_unique_prompts) if a.log_completions and acc.is_main_process else None
+        self.completion_tables = CompletionTables(a.output_dir, self.reward_names, a.report_to, a.log_unique_prompts, a.generation_batch_size,
+                                                  self.console) if a.log_completions and acc.is_main_process else None  # TRL's log() tables
         self.events = TrainerEvents(a, checked.callbacks, self.model, self.tokenizer, self.optimizer, self.scheduler, acc.is_main_process, self.console)
         self.state, self.clock = self.events.state, EpochClock(self.order.per_pass, a.steps_per_rollout, self.max_steps)
-        self.reward_hooks = reward_hooks.RewardHooks(lambda: self.window, lambda: self.state)  # log_metric, log_extra
+        self.reward_hooks = reward_hooks.RewardHooks(lambda: self.window, lambda: self.state, lambda: {*ALWAYS_LOGGED, *self.last_metrics, *(
+            f"rewards/{n}/{part}" for n in self.reward_names for part in ("mean", "std"))})  # log_metric (refusing the trainer's names), log_extra
         self.passes = LogProbPasses(self.log_probs, self.reference, a.beta > 0 and a.kl_estimator == "k3", self.timer)
         self.assembly = build_assembly(  # one batch, or DAPO's rounds; Â set once on what trains
             a, acc, draw=self._draw, producer=producer, reward_funcs=self.reward_funcs, reward_names=self.reward_names,
@@ -276,7 +278,8 @@ class GRPOTrainer(TRLMethods):
             checkpoints.save(self, rollout, done)
 
     def _log(self, to_callbacks: bool = True) -> dict:
-        """Write the window's record (metrics.jsonl, completions.jsonl, completions/*.parquet) and, unless told not to, on_log (the trackers); return it."""
+        """Write the window's record (metrics.jsonl, completions.jsonl; its rollouts into TRL's completions buffer) and, unless told
+        not to, log() it (on_log, the trackers, the completions table); return it."""
         acc = self.accelerator
         sums, extremes = self.window.reduce(acc)
         record = window_record(self.step, sums, extremes, self.timer.pop(), self.reward_names, overlap=self.args.max_staleness is not None)
@@ -286,15 +289,13 @@ class GRPOTrainer(TRLMethods):
         self.loss_sum += sums.get("loss", 0.0) / acc.num_processes  # Σ over processes of each one's share
         several = self.args.log_completions and acc.num_processes > 1
         rows = gather_object(self.fresh_completions) if several else self.fresh_completions  # every process's, in process order
+        if self.completion_tables is not None:  # TRL's buffer: the latest generation batch, which log() tables (trl_methods.log)
+            self.completion_tables.update(rows, acc.num_processes)
+        for r in rows if self.metrics_log is not None else []:  # every completion to completions.jsonl
+            self.metrics_log.completions(self.step, r, self.reward_names)
         if to_callbacks:  # through Trainer's log(), as TRL's loop: a subclass's override sees the record (it writes metrics.jsonl)
             self.log({k: v for k, v in record.items() if k != "step"})  # Trainer's logs hold no "step" (log() adds it)
         elif self.metrics_log is not None:  # the steps merged into the summary (train_end): to on_log with it
             self.metrics_log.write(record)
-        for i, r in enumerate(rows if self.metrics_log is not None else []):  # every completion to the file; one table, the latest rollout's
-            self.metrics_log.completions(self.step, r, self.reward_names, self.args.num_completions_to_print if i == len(rows) - 1 else 0,
-                                         hold=not to_callbacks)  # the summary's: printed after its line (train_end)
-        if self.completion_tables is not None:  # TRL's completions/completions_<step>.parquet: the latest generation batch
-            self.completion_tables.update(rows, acc.num_processes)
-            self.completion_tables.write(self.step)
         self.last_metrics, self.window, self.fresh_completions = record, Window(), []
         return record

@@ -27,10 +27,12 @@ from .algo.advantages import rollout_advantages
 from .algo.losses import entropy_threshold, high_entropy_mask
 from .algo.sampling_correction import off_policy_mask
 from .run import checkpoints
+from .run.completion_tables import gathered
 from .run.dataloaders import eval_dataloader, train_dataloader
 from .run.dataset_kinds import eval_sets
 from .run.evaluation import mean_rewards
 from .run.inputs import checked_eval_sets
+from .run.metrics import CompletionRows
 from .run.trainer_attributes import TRLAttributes, read_only
 
 
@@ -101,11 +103,15 @@ class TRLMethods(TRLAttributes):
 
         As in TRL, the trainer logs through it (each logged step's record, each evaluation's metrics, the run's
         summary), so a subclass overriding `log` sees and may change every record. The summary (`train_runtime`, …)
-        goes to the callbacks only: its steps' metrics are already in metrics.jsonl."""
+        goes to the callbacks only: its steps' metrics are already in metrics.jsonl. With `log_completions`, each call
+        then does what TRL's `log()` does with its completions (the latest generation batch, an evaluation's rows
+        included): prints a sample, writes completions/completions_<step>.parquet, sends it to W&B and Trackio."""
         logs = {k: v.item() if hasattr(v, "item") and getattr(v, "ndim", 1) == 0 else v for k, v in logs.items() if k != "step"}
         if self.metrics_log is not None and self.events.started and "train_runtime" not in logs:
             self.metrics_log.write({"step": self.step, **logs})
         self.events.log(logs)
+        if self.completion_tables is not None and self.events.started:  # then, as TRL's log(), its completions buffer
+            self.completion_tables.at_log(self.step, self.args.num_completions_to_print)  # printed, written, sent (completion_tables.py)
 
     def create_model_card(self, model_name: str | None = None, dataset_name: str | None = None, tags: str | list[str] | None = None) -> None:
         """TRL's `create_model_card`: write README.md, a model card, into output_dir (main process): the base model (its
@@ -266,16 +272,24 @@ class TRLMethods(TRLAttributes):
 
     def _sampled_metrics(self, sets: dict, metric_key_prefix: str) -> dict:
         """evaluate()'s and predict()'s metrics for `sets` (dataset_kinds.eval_sets), from the current weights."""
-        G = self.num_generations_eval
+        G, batches = self.num_generations_eval, []
+
+        def sample(rows, timer):  # with log_completions its completions kept, for TRL's completions buffer
+            rollout, extra = self._eval_batch(rows, G, timer)
+            batches.extend([CompletionRows.of(rollout, extra)] if self.args.log_completions else [])
+            return rollout, extra
+
         with self.rollouts.paused():  # the overlap's producer samples and scores through the same parts: not meanwhile
             self._sync_weights()
-            return mean_rewards(
-                sets, metric_key_prefix, lambda rows, timer: self._eval_batch(rows, G, timer), reward_names=self.reward_names,
-                reward_weights=self.reward_weights, num_generations=G, batch_size=self.args.per_device_eval_batch_size,
-                accelerator=self.accelerator, on_batch=self.events.prediction_step, loss=self.update.eval_loss,
-                on_set=lambda rows: self.events.eval_loader(eval_dataloader(  # the callbacks' eval_dataloader: get_eval_dataloader's
-                    rows, self.args.per_device_eval_batch_size, G, self.accelerator.process_index, self.accelerator.num_processes, self.data_collator)),
-            )
+            metrics = mean_rewards(sets, metric_key_prefix, sample, reward_names=self.reward_names, reward_weights=self.reward_weights,
+                                   num_generations=G, batch_size=self.args.per_device_eval_batch_size, accelerator=self.accelerator,
+                                   on_batch=self.events.prediction_step, loss=self.update.eval_loss, into=self.reward_hooks.into,
+                                   on_set=lambda rows: self.events.eval_loader(eval_dataloader(  # the callbacks' eval_dataloader: get_eval_dataloader's
+                                       rows, self.args.per_device_eval_batch_size, G, self.accelerator.process_index, self.accelerator.num_processes, self.data_collator)))
+        rows = gathered(batches, self.accelerator) if self.args.log_completions else []  # collective: every process
+        if self.completion_tables is not None:  # TRL appends an evaluation's completions to its buffer too
+            self.completion_tables.add(rows)
+        return metrics
 
     def get_train_dataloader(self):
         """TRL's `get_train_dataloader`: a `torch.utils.data.DataLoader` of the training batches, in TRL's layout (its

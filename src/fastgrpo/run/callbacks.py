@@ -258,8 +258,8 @@ class TrainerEvents:
         `TrainOutput.metrics` keys: train_runtime in seconds, train_samples_per_second (completions: the optimizer steps ×
         per_device_train_batch_size × gradient_accumulation_steps × processes, as Trainer counts its batches),
         train_steps_per_second, total_flos (state.total_flos: see the trainer's `_log`), train_loss, epoch). `after_log`: called
-        after the summary's on_log, before on_train_end (where TRL's `log()` prints the completions table of the steps merged
-        into it, and Trainer loads the best model and prunes: the trainer's `checkpoints.finish`), if given.
+        after the summary's log, before on_train_end (where Trainer loads the best model and prunes: the trainer's
+        `checkpoints.finish`), if given.
         `log`: what logs the summary (the trainer's `log`, as Trainer's train() logs it through a subclass's override);
         default `self.log`."""
         a, runtime = self.args, time.perf_counter() - self.started

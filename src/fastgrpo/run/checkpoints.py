@@ -162,15 +162,14 @@ def card_is_replaceable(output_dir: str) -> bool:
 
 def finish(trainer: Checkpointed) -> None:
     """What transformers' `Trainer._finalize_training` does after logging train()'s summary, before on_train_end (the
-    trainer calls it there, on every process): the held completions table printed (TRL's `log()` prints it after the
-    summary's line), the best checkpoint's weights loaded (`load_best`), then with save_total_limit=1 the best
-    checkpoint kept alone. A run that wrote nothing (no log, no checkpoint) still replaces the previous run it took over here.
+    trainer calls it there, on every process): the best checkpoint's weights loaded (`load_best`), then with
+    save_total_limit=1 the best checkpoint kept alone. A run that wrote nothing (no log, no checkpoint) still replaces
+    the previous run it took over here.
 
     Raises:
         CorruptCheckpointError, ValueError: see `load_best`.
     """
     if trainer.metrics_log is not None:
-        trainer.metrics_log.print_held()
         trainer.metrics_log.previous_run.remove()
     load_best(trainer)
     if trainer.accelerator.is_main_process:

@@ -18,6 +18,7 @@ import difflib
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager as ContextManager, nullcontext
 
 import torch
 from transformers.trainer_utils import speed_metrics
@@ -86,6 +87,7 @@ def mean_rewards(
     sets: Mapping[str, Sequence[dict]], metric_key_prefix: str, sample: Sample, *, reward_names: list[str],
     reward_weights: torch.Tensor, num_generations: int, batch_size: int, accelerator, on_batch: Callable[[], None] = lambda: None,
     loss: Callable[[Rollout], tuple[torch.Tensor, dict]] | None = None, on_set: Callable[[Sequence[dict]], None] = lambda rows: None,
+    into: Callable[[Window], ContextManager] = lambda window: nullcontext(),
 ) -> dict[str, float]:
     """TRL's eval metrics per eval dataset, over all processes: the rewards, completion lengths, the loss and its terms, speed.
 
@@ -103,12 +105,15 @@ def mean_rewards(
         loss: a sampled batch → its 0-d loss and metric sums (TRL's prediction_step; OptimizerStep.eval_loss); None: no loss.
         on_set: called with each set's rows (all processes'; an IterableDataset's read through) before its first batch
             (the trainer hands the callbacks that set's eval_dataloader, as Trainer's evaluation_loop does).
+        into: a set's window → a context inside which each batch is sampled: the reward functions' `log_metric` values
+            go to that window (RewardHooks.into), logged as `<prefix>_<name>` as TRL's eval mode logs them.
     Returns:
         {"<prefix>_<key>"} with TRL's keys, as its eval mode logs them: loss (the batches' losses averaged over
         completions, with `loss`), reward and reward_std (weighted, over the completions some function applied to),
         rewards/<fn>/mean and /std (each over the completions it applied to; NaN where it applied to none, as TRL),
         frac_reward_zero_std, completions/mean_length, min/max_length, clipped_ratio, mean/min/max_terminated_length,
-        entropy, clip_ratio/* and kl (with `loss`, as training logs them; `metrics.window_record`), and
+        entropy, clip_ratio/* and kl (with `loss`, as training logs them; `metrics.window_record`), the reward functions'
+        `log_metric` names (`into`), and
         transformers' runtime, samples_per_second and steps_per_second (`speed_metrics`: eval prompts, as transformers
         counts len(eval_dataset), and sampled batches).
     """
@@ -124,8 +129,9 @@ def mean_rewards(
         for key in ("completions", "loss_sum", "loss_completions", "batches"):  # the denominators, on a process without rows too
             window.add(key, 0.0)
         for start in range(0, len(rows), prompts_per_call):
-            # No advantages (nothing trains on these); log_extra columns describe training rollouts only.
-            rollout, _ = sample(rows[start : start + prompts_per_call], PhaseTimer())
+            # Nothing trains on these: their Â and log_extra columns go to the completions buffer only (the caller's `sample`).
+            with into(window):
+                rollout, _ = sample(rows[start : start + prompts_per_call], PhaseTimer())
             window.record(rollout_metrics(rollout, reward_names, reward_weights, num_generations))
             window.add("batches", 1)
             if loss is not None:  # transformers' evaluation loop: each batch's loss repeated per sample, then the mean

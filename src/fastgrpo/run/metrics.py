@@ -1,4 +1,4 @@
-"""Metric aggregation and output: phase timers, logging windows, metrics.jsonl and the completions table.
+"""Metric aggregation and output: phase timers, logging windows, metrics.jsonl and completions.jsonl.
 
 Metrics are kept as sums over a logging window (tokens, completions, steps) and reduced across processes once
 per logging step, so every logged mean is a true mean over the window, never the last micro-batch's value.
@@ -129,15 +129,14 @@ class CompletionRows:
 
 
 class MetricsLog:
-    """Writes metrics.jsonl and completions.jsonl in output_dir, prints the completions table (the step lines: console.py; the
-    trackers: transformers' callbacks, callbacks.py).
+    """Writes metrics.jsonl and completions.jsonl in output_dir (the step lines: console.py; the trackers: transformers'
+    callbacks, callbacks.py; TRL's completions table: completion_tables.py).
 
     Only the main process writes; the others call nothing here. `previous_run`: what a new run replaces, removed before its first write.
     """
 
     def __init__(self, output_dir: str, console):
         self.console, self.previous_run = console, runs.PreviousRun(output_dir, [], console)
-        self.held = None  # a completions table `completions(hold=True)` kept for `print_held`
         self.metrics_path = os.path.join(output_dir, "metrics.jsonl")
         self.completions_path = os.path.join(output_dir, "completions.jsonl")
         os.makedirs(output_dir, exist_ok=True)
@@ -176,9 +175,8 @@ class MetricsLog:
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(record) + "\n")
 
-    def completions(self, step: int, rows: CompletionRows, reward_names: list[str], num_to_print: int | None, hold: bool = False) -> None:
-        """Every completion of `rows` (one rollout's) to completions.jsonl; a table of the first few to the
-        console, or with `hold` kept for `print_held` (steps merged into Trainer's summary: TRL prints their table after its line)."""
+    def completions(self, step: int, rows: CompletionRows, reward_names: list[str]) -> None:
+        """Every completion of `rows` (one rollout's) to completions.jsonl (the console sample and TRL's parquet table: completion_tables.py)."""
         self.previous_run.remove()
         with open(self.completions_path, "a") as f:
             for i in range(len(rows)):
@@ -197,30 +195,6 @@ class MetricsLog:
                     )
                     + "\n"
                 )
-        if num_to_print == 0:
-            return
-        from rich.table import Table
-        from rich.text import Text  # prompts and completions as plain text: "[/INST]" is not rich markup
-
-        table = Table(title=f"completions at step {step}", show_lines=True)
-        for column in ("prompt", "completion", *reward_names, "advantage"):
-            table.add_column(Text(column), overflow="fold")
-        for i in range(len(rows) if num_to_print is None else min(num_to_print, len(rows))):
-            prompt = rows.prompts[i]
-            prompt = prompt[-1]["content"] if isinstance(prompt, list) else prompt
-            completion = rows.completions[i]
-            completion = completion[-1]["content"] if isinstance(completion, list) else completion
-            values = ["None" if v is None else f"{v:.3g}" for v in _floats(rows.rewards[i])]
-            table.add_row(Text(str(prompt)[-200:]), Text(str(completion)[:300]), *values, f"{float(rows.advantages[i]):.3g}")
-        self.held = table
-        if not hold:
-            self.print_held()
-
-    def print_held(self) -> None:
-        """Print the table `completions(hold=True)` kept, if any."""
-        if self.held is not None:
-            self.console.print(self.held)
-        self.held = None
 
 
 def rollout_metrics(rollout, reward_names: list[str], weights: torch.Tensor, num_generations: int) -> dict[str, float]:
@@ -278,6 +252,16 @@ def rollout_metrics(rollout, reward_names: list[str], weights: torch.Tensor, num
 
 USER_SUM, USER_COUNT = "/user_sum", "/user_count"  # window keys of log_metric values
 TRAINER_KEYS = ("learning_rate", "target_kl_stops", "num_tokens", "epoch")  # what the trainer adds to `window_record`'s record
+ALWAYS_LOGGED = ("step", "loss", "grad_norm", "step_time", "reward", "reward_std", "frac_reward_zero_std", "frac_reward_none", "entropy", "kl_old",
+                 *(f"completions/{k}" for k in ("mean_length", "min_length", "max_length", "clipped_ratio", "mean_terminated_length",
+                                                "min_terminated_length", "max_terminated_length")),
+                 *(f"seconds/{phase}" for phase in PHASES), *TRAINER_KEYS)  # keys of every training record, whatever the config
+
+
+def taken_name(name: str) -> ValueError:
+    """The error for a reward function's `log_metric(name, …)` under a name the trainer logs itself (TRL merges the two)."""
+    return ValueError(f"a reward function called log_metric({name!r}, …), but {name!r} is a metric fastgrpo logs itself "
+                      f"(its value would replace the trainer's); log it under another name, e.g. 'custom/{name}'.")
 COMPLETION_FIELDS = ("step", "prompt", "completion", "rewards", "advantage")  # what MetricsLog.completions writes per row
 
 
@@ -368,9 +352,8 @@ def window_record(step: int, sums: dict, extremes: dict, seconds: dict, reward_n
         record["train_tokens_per_second"] = sums["tokens"] / seconds["update"]
     for key in sums:
         if key.endswith(USER_SUM):  # reward functions' log_metric values: mean over the window
-            if (name := key[: -len(USER_SUM)]) in record or name in TRAINER_KEYS:  # it overwrote `loss`, or `reward`, silently
-                raise ValueError(f"a reward function called log_metric({name!r}, …), but {name!r} is a metric fastgrpo logs itself "
-                                 f"(its value would replace the trainer's); log it under another name, e.g. 'custom/{name}'.")
+            if (name := key[: -len(USER_SUM)]) in record or name in TRAINER_KEYS:  # a name only the config's record has (`kl`, …)
+                raise taken_name(name)  # (one every record has is refused at the call: reward_hooks.py)
             record[name] = sums[key] / sums[f"{name}{USER_COUNT}"] if sums[f"{name}{USER_COUNT}"] > 0 else None  # None: NaNs only
     return record
 

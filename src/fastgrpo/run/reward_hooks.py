@@ -9,12 +9,13 @@ from __future__ import annotations
 import math
 import numbers
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from contextlib import contextmanager
 
 import numpy as np
 import torch
 
-from .metrics import USER_COUNT, USER_SUM, Window
+from .metrics import USER_COUNT, USER_SUM, Window, taken_name
 
 
 class RewardHooks:
@@ -22,13 +23,29 @@ class RewardHooks:
 
     `log_metric(name, value)` adds a scalar that is averaged over the logging
     window (all processes; every process must log the same names) and logged
-    as `name`; `log_extra(column, values)` adds a column (N values) to this
-    rollout's rows in completions.jsonl. `kwargs()`: the keywords every reward function receives.
+    as `name` (during an evaluation: its window, logged as `eval_<name>`, `into`); `log_extra(column, values)` adds a
+    column (N values) to this rollout's rows in completions.jsonl. `kwargs()`: the keywords every reward function receives.
+
+    Args:
+        window: the trainer's current logging window.
+        state: the trainer's TrainerState.
+        logged: the names the trainer's records hold, as known now (every record's, and the last record's); default none.
     """
 
-    def __init__(self, window: Callable[[], Window], state: Callable[[], object]):
-        self.window, self.state = window, state  # the trainer's current logging window, and its TrainerState
+    def __init__(self, window: Callable[[], Window], state: Callable[[], object], logged: Callable[[], Collection[str]] = lambda: ()):
+        self.window, self.state, self.logged = window, state, logged
         self.columns: dict[str, list] = defaultdict(list)
+        self.names: set[str] = set()  # log_metric's names so far (the last record holds them too)
+        self.target: Window | None = None  # an evaluation's window, while `into` holds it
+
+    @contextmanager
+    def into(self, window: Window):
+        """log_metric's values go to `window` inside (an evaluation's: TRL logs them in its eval record as `eval_<name>`)."""
+        self.target = window
+        try:
+            yield
+        finally:
+            self.target = None
 
     def kwargs(self) -> dict:
         """Extra keywords every reward function receives, as TRL passes them: trainer_state, log_extra, log_metric."""
@@ -41,16 +58,22 @@ class RewardHooks:
         Raises:
             TypeError: a name that is not a string, or a value that is not one real number (a 0-d tensor or array is
                 one): `log_metric("m", None)` failed in float() with words naming neither (TRL: in its sum() after scoring).
+            ValueError: a name the trainer logs itself (`loss`, `reward`, `rewards/<fn>/mean`, …: TRL merges the two), at
+                the call when `logged` has it, else when the window is logged (`metrics.window_record`: a name only this
+                config's records hold, before the first log).
         """
         if not isinstance(name, str):
             raise TypeError(f"log_metric(name={name!r}, …): give the metric's name as a string.")
+        if name not in self.names and name in self.logged():
+            raise taken_name(name)
         if isinstance(value, (np.ndarray, torch.Tensor, np.generic)) and value.ndim == 0:
             value = value.item()
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise TypeError(f"log_metric({name!r}, {value!r:.80}): the value has type {type(value).__name__}; give one number.")
-        counted = not math.isnan(value)
-        self.window().add(f"{name}{USER_SUM}", value if counted else 0.0)
-        self.window().add(f"{name}{USER_COUNT}", int(counted))
+        counted, window = not math.isnan(value), self.target if self.target is not None else self.window()
+        window.add(f"{name}{USER_SUM}", value if counted else 0.0)
+        window.add(f"{name}{USER_COUNT}", int(counted))
+        self.names.add(name)
 
     def log_extra(self, column: str, values: list) -> None:
         """Add `values` (one per completion scored) as `column` of this rollout's completions rows, as TRL's `_log_completion_extra`.
