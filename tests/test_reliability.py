@@ -35,7 +35,8 @@ from fastgrpo.rollout.prompts import PromptEncoder
 from fastgrpo.run.interrupt import StopOnInterrupt, TrainingInterrupted
 from fastgrpo.rollout.rewards import RewardFunctionError
 from fastgrpo.algo.advantages import group_advantages
-from fastgrpo.run.metrics import CompletionRows, MetricsLog
+from fastgrpo.run.completion_tables import CompletionTables
+from fastgrpo.run.metrics import CompletionRows
 from fastgrpo.model.loading import load_tokenizer, resolve_model_path
 
 NOT_LOADED = "./this-model-must-not-be-loaded"  # loading it would raise "does not exist": our check must come first
@@ -275,11 +276,14 @@ def test_model_folder_without_tokenizer_names_folder_and_files(tmp_path, make_mo
 
 def test_rich_markup_in_prompts_and_completions_is_printed_literally(tmp_path):
     console = Console(record=True, width=200)
-    log = MetricsLog(str(tmp_path), console=console)
-    rows = CompletionRows(["[INST] Count to 3. [/INST]"], ["[/bold] 1 2 3 [red]"], torch.tensor([[float("nan")]]), torch.zeros(1))
-    log.completions(1, rows, ["[b]"], num_to_print=1)
+    tables = CompletionTables(str(tmp_path), ["[b]"], [], False, capacity=1, console=console)
+    rows = CompletionRows(["[INST] Count to 3. [/INST]"], ["[/bold] 1 2 3 [red]"], torch.tensor([[float("nan")]]), torch.zeros(1),
+                          {"[i]note": ["[u]x"]})
+    tables.update([rows], 1)
+    tables.print_sample(1, 1)
     text = console.export_text()
-    assert "[INST] Count to 3. [/INST]" in text and "[/bold] 1 2 3 [red]" in text and "None" in text
+    assert all(literal in text for literal in ("[INST] Count to 3. [/INST]", "[/bold] 1 2 3 [red]", "[b]", "[i]note", "[u]x"))
+    assert "nan" in text  # a None reward, as TRL's panel prints it
 
 
 # ---------------------------------------------------------------- output_dir ownership and resume

@@ -133,6 +133,7 @@ class CompletionTables:
             return
         from rich.panel import Panel
         from rich.table import Table
+        from rich.text import Text  # names as plain text: a reward named "[b]" is not rich markup
 
         flat = [(r, i) for r in self.latest for i in range(len(r))]
         if num_to_print is not None and num_to_print < n:  # TRL: random.sample of the rows (here a generator seeded by the step)
@@ -142,10 +143,10 @@ class CompletionTables:
         table.add_column("Prompt", style="bright_yellow")
         table.add_column("Completion", style="bright_green")
         for name in self.reward_names:
-            table.add_column(name, style="bold cyan", justify="right")
+            table.add_column(Text(name), style="bold cyan", justify="right")
         table.add_column("Advantage", style="bold magenta", justify="right")
         for column in extra:
-            table.add_column(column, style="bright_white")
+            table.add_column(Text(column), style="bright_white")
         for rows, i in flat:
             rewards = [f"{v:.2f}" for v in rows.rewards.reshape(len(rows), -1)[i].float().tolist()]  # NaN (None) prints nan, as TRL's
             extras = [_entry(_column(rows, column)[i]) for column in extra]
