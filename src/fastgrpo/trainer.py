@@ -47,7 +47,7 @@ from .run.dataset_kinds import prompt_order
 from .run.epochs import EpochClock
 from .run.inputs import check_trainer_inputs
 from .run.interrupt import StopOnInterrupt
-from .run.metrics import ALWAYS_LOGGED, CompletionRows, MetricsLog, PhaseTimer, Window, rollout_metrics, window_record
+from .run.metrics import CompletionRows, MetricsLog, PhaseTimer, Window, logged_names, rollout_metrics, window_record
 from .run.setup import bf16_working_copy, build_accelerator, build_optimization, load_policy, prepare
 from .trl_methods import TRLMethods
 from .update.logprobs import LogProbs, fallback_notices
@@ -141,8 +141,7 @@ class GRPOTrainer(TRLMethods):
                                                   self.console) if a.log_completions and acc.is_main_process else None  # TRL's log() tables
         self.events = TrainerEvents(a, checked.callbacks, self.model, self.tokenizer, self.optimizer, self.scheduler, acc.is_main_process, self.console)
         self.state, self.clock = self.events.state, EpochClock(self.order.per_pass, a.steps_per_rollout, self.max_steps)
-        self.reward_hooks = reward_hooks.RewardHooks(lambda: self.window, lambda: self.state, lambda: {*ALWAYS_LOGGED, *self.last_metrics, *(
-            f"rewards/{n}/{part}" for n in self.reward_names for part in ("mean", "std"))})  # log_metric (refusing the trainer's names), log_extra
+        self.reward_hooks = reward_hooks.RewardHooks(lambda: self.window, lambda: self.state, lambda: logged_names(self.reward_names, self.last_metrics))  # log_metric, log_extra
         self.passes = LogProbPasses(self.log_probs, self.reference, a.beta > 0 and a.kl_estimator == "k3", self.timer)
         self.assembly = build_assembly(  # one batch, or DAPO's rounds; Â set once on what trains
             a, acc, draw=self._draw, producer=producer, reward_funcs=self.reward_funcs, reward_names=self.reward_names,

@@ -29,7 +29,7 @@ from .algo.sampling_correction import off_policy_mask
 from .run import checkpoints
 from .run.completion_tables import gathered
 from .run.dataloaders import eval_dataloader, train_dataloader
-from .run.dataset_kinds import eval_sets
+from .run.dataset_kinds import eval_sets, named_eval_set
 from .run.evaluation import mean_rewards
 from .run.inputs import checked_eval_sets
 from .run.metrics import CompletionRows
@@ -234,7 +234,7 @@ class TRLMethods(TRLAttributes):
                 reward functions cannot score (`inputs.checked_eval_sets`), before anything is sampled.
             KeyError: a name the trainer's eval_dataset does not have.
         """
-        eval_dataset = self._named_eval_set(eval_dataset) if isinstance(eval_dataset, str) else eval_dataset
+        eval_dataset = named_eval_set(self.eval_sets, eval_dataset) if isinstance(eval_dataset, str) else eval_dataset
         sets = checked_eval_sets(eval_dataset, self.reward_funcs, self.reward_names, self.agents) if eval_dataset is not None else self.eval_sets
         if sets is None:
             raise ValueError("evaluate() needs an eval_dataset: pass one to evaluate() or to GRPOTrainer.")
@@ -313,19 +313,7 @@ class TRLMethods(TRLAttributes):
             ValueError: no eval dataset, or several (a dict) without the name of one; a dataset evaluation cannot read.
             KeyError: a name the trainer's eval_dataset does not have.
         """
-        return self.get_test_dataloader(self._named_eval_set(eval_dataset) if isinstance(eval_dataset, str) else eval_dataset)
-
-    def _named_eval_set(self, name: str):
-        """The set called `name` in the trainer's dict eval_dataset (Trainer's `self.eval_dataset[name]`), for
-        `evaluate(name)` and `get_eval_dataloader(name)`.
-
-        Raises:
-            KeyError: no set of that name (a single eval_dataset has none), naming the sets there are.
-        """
-        names = {set_name[len("eval_"):]: rows for set_name, rows in (self.eval_sets or {}).items() if set_name != "eval"}
-        if name not in names:
-            raise KeyError(f"eval_dataset={name!r}: the trainer's eval_dataset has no set of that name (its named sets: {sorted(names)}).")
-        return names[name]
+        return self.get_test_dataloader(named_eval_set(self.eval_sets, eval_dataset) if isinstance(eval_dataset, str) else eval_dataset)
 
     def get_test_dataloader(self, test_dataset):
         """Trainer's `get_test_dataloader`: the batches `predict(test_dataset)` samples, as `get_eval_dataloader`'s.

@@ -85,6 +85,19 @@ def eval_sets(eval_dataset) -> dict:
     return named
 
 
+def named_eval_set(sets: dict | None, name: str):
+    """The set called `name` in a trainer's dict eval_dataset (its `eval_sets`; Trainer's `self.eval_dataset[name]`),
+    for `evaluate(name)` and `get_eval_dataloader(name)`.
+
+    Raises:
+        KeyError: no set of that name (a single eval_dataset has none), naming the sets there are.
+    """
+    names = {set_name[len("eval_"):]: rows for set_name, rows in (sets or {}).items() if set_name != "eval"}
+    if name not in names:
+        raise KeyError(f"eval_dataset={name!r}: the trainer's eval_dataset has no set of that name (its named sets: {sorted(names)}).")
+    return names[name]
+
+
 def has_rows(dataset) -> bool:
     """True for random-access rows of dicts (a datasets.Dataset, a list of dicts), empty or not."""
     if isinstance(dataset, (str, bytes)) or is_dataframe(dataset) or not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):

@@ -258,6 +258,12 @@ ALWAYS_LOGGED = ("step", "loss", "grad_norm", "step_time", "reward", "reward_std
                  *(f"seconds/{phase}" for phase in PHASES), *TRAINER_KEYS)  # keys of every training record, whatever the config
 
 
+def logged_names(reward_names: list[str], last_record: dict) -> set[str]:
+    """The names the trainer's records hold, as known now: every record's (`ALWAYS_LOGGED`, each reward function's
+    `rewards/<fn>/mean` and `/std`) and the last logged record's (what only some configs log: kl, clip_ratio/*, …)."""
+    return {*ALWAYS_LOGGED, *last_record, *(f"rewards/{n}/{part}" for n in reward_names for part in ("mean", "std"))}
+
+
 def taken_name(name: str) -> ValueError:
     """The error for a reward function's `log_metric(name, …)` under a name the trainer logs itself (TRL merges the two)."""
     return ValueError(f"a reward function called log_metric({name!r}, …), but {name!r} is a metric fastgrpo logs itself "
