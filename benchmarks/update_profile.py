@@ -46,6 +46,8 @@ one line with both sides' seconds and the median per-pair ratio.
 at most `--budget` tokens (`update_token_budget`) with one pass per micro-batch;
 `--ab-fused-adamw N` AdamW's fused kernel (`adamw_torch_fused`) with its
 for-loop (`adamw_torch` on CPU), the same optimizer state;
+`--ab-head-keep N` the LM head's softmax kept from forward for backward
+(`head_keep_bytes`, update/chunked_head.py) with it recomputed in backward;
 `--ab-grouped-attention N` a shared-prompt row's attention piece by piece
 (update/grouped_attention.py) with sdpa over the dense (L, L) mask (with
 `--per-device`, `--grad-accum` and `--update-token-budget`).
@@ -189,7 +191,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dic
     """Refuse, before any work, two runs in one (--time-only, --ab-*) and a flag the chosen run would ignore;
     → {the --ab-* flag given: its pairs} (empty: the profile or --time-only). Exits via parser.error."""
     ab = {flag: n for flag, n in (("--ab-working-copy", args.ab_working_copy), ("--ab-token-budget", args.ab_token_budget),
-                                  ("--ab-fused-adamw", args.ab_fused_adamw), ("--ab-grouped-attention", args.ab_grouped_attention)) if n}
+                                  ("--ab-fused-adamw", args.ab_fused_adamw), ("--ab-grouped-attention", args.ab_grouped_attention),
+                                  ("--ab-head-keep", args.ab_head_keep)) if n}
     if len(runs := [*ab, *(["--time-only"] if args.time_only else [])]) > 1:
         parser.error(f"{' and '.join(runs)}: one of them per call")
     for flag, used, where in (
@@ -223,6 +226,7 @@ def main(argv=None) -> None:
     parser.add_argument("--gradient-checkpointing", action="store_true", help="--time-only: gradient_checkpointing=True (FLOPs: the model's, recomputation not counted)")
     parser.add_argument("--dense-attention", action="store_true", help="--time-only: sdpa over the dense mask, not grouped attention")
     parser.add_argument("--ab-grouped-attention", type=positive_int, default=0, metavar="N", help="N in-process pairs: grouped attention / sdpa with the dense mask")
+    parser.add_argument("--ab-head-keep", type=positive_int, default=0, metavar="N", help="N in-process pairs: the head's softmax kept for backward / recomputed")
     args = parser.parse_args(argv)
     ab = check_args(parser, args)
     torch.set_num_threads(args.threads)
@@ -234,6 +238,11 @@ def main(argv=None) -> None:
         if args.ab_grouped_attention:
             sides = {"grouped": lambda: setattr(trainer.log_probs, "grouped_attention", True),
                      "dense mask": lambda: setattr(trainer.log_probs, "grouped_attention", False)}
+        elif args.ab_head_keep:
+            from fastgrpo.update.logprobs import HEAD_KEEP_BYTES
+
+            sides = {"kept": lambda: setattr(trainer.log_probs, "head_keep_bytes", HEAD_KEEP_BYTES),
+                     "recomputed": lambda: setattr(trainer.log_probs, "head_keep_bytes", 0)}
         elif args.ab_working_copy:
             working = trainer.log_probs.weights
             if working is None:

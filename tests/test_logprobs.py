@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from fastgrpo.update.chunked_head import ChunkedHead, Scratch, add_weight_grad
 from fastgrpo.update.logprobs import LogProbs, chunkable_head, fallback_notices
@@ -167,7 +168,8 @@ def test_kl_full_equals_unchunked_and_is_zero_against_itself(make_model):
 
 
 def test_no_saved_tensor_spans_the_vocabulary(make_model):
-    # What autograd keeps for backward: nothing of shape (·, V) but the head weight itself, (V, H) or its transpose.
+    # What autograd keeps for backward: nothing of shape (·, V) but the head weight itself, (V, H) or its transpose
+    # (with head_keep_bytes=0, the memory-first setting; else the head keeps its own (n, V) softmax, tested below).
     model, mb = make_model(), micro_batch()
     V, H = model.config.vocab_size, model.config.hidden_size
     shapes = []
@@ -177,7 +179,7 @@ def test_no_saved_tensor_spans_the_vocabulary(make_model):
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
-        LogProbs(TAU, chunk=4)(model, mb).logps.sum().backward()
+        LogProbs(TAU, chunk=4, head_keep_bytes=0)(model, mb).logps.sum().backward()
     assert (V, H) in shapes
     assert [s for s in shapes if V in s and s not in ((V, H), (H, V))] == []
 
@@ -314,3 +316,79 @@ def test_gradient_checkpointing_gives_the_same_gradients(make_model):
         grads.append({n: p.grad for n, p in model.named_parameters()})
     for name, grad in grads[1].items():
         torch.testing.assert_close(grad, grads[0][name], atol=1e-6, rtol=1e-5)
+
+
+class _VocabularyProducts(TorchDispatchMode):
+    """Counts the matrix products whose output has `V` columns: the head's logits (c, V)."""
+
+    def __init__(self, V):
+        super().__init__()
+        self.V, self.count = V, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in (torch.ops.aten.mm.default, torch.ops.aten.mm.out, torch.ops.aten.addmm.default) and out.shape[-1] == self.V:
+            self.count += 1
+        return out
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_kept_softmax_gives_the_recomputing_heads_values_bit_for_bit(bf16):
+    # The kept p path writes ∂/∂z = g (onehot − p) straight in the product dtype; the recomputing path makes it in
+    # fp32 and narrows it: the same fp32 operations and one rounding, so every output and gradient is equal, and
+    # backward runs no (c, V) product (the logits are not made again). 7 tokens in chunks of 3: 3 head products
+    # in forward either way, 3 more in backward only when recomputing.
+    torch.manual_seed(0)
+    n, H, V = 7, 5, 11
+    weight, labels, g = torch.randn(V, H), torch.randint(0, V, (n,)), torch.randn(n)
+    hidden = torch.randn(n, H)
+    results = []
+    for keep_bytes in (0, n * V * 4):
+        w, h = weight.clone().requires_grad_(), hidden.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16), _VocabularyProducts(V) as products:
+            logps, entropy, _ = ChunkedHead.apply(h, w, None, labels, TAU, None, None, None, 3, False, None, Scratch(), None, keep_bytes)
+            forward = products.count
+            (logps * g).sum().backward()
+        results.append((logps, entropy, h.grad, w.grad, forward, products.count - forward))
+    (*recomputed, f0, b0), (*kept, f1, b1) = results
+    for a, b in zip(recomputed, kept):
+        assert torch.equal(a, b)
+    assert (f0, b0, f1, b1) == (3, 3, 3, 0)
+    assert recomputed[2].abs().sum() > 0 and recomputed[3].abs().sum() > 0
+
+
+def test_kept_softmax_only_within_its_budget_and_only_where_backward_needs_p_alone():
+    # One byte short of the (n, V) fp32 block, with π_ref (the KL reads log p too) or with the entropy's gradient
+    # (the same): backward recomputes (3 more head products for 7 tokens in chunks of 3, 6 with π_ref's).
+    torch.manual_seed(0)
+    n, H, V = 7, 5, 11
+    weight, labels, hidden, ref_hidden = torch.randn(V, H, requires_grad=True), torch.randint(0, V, (n,)), torch.randn(n, H), torch.randn(n, H)
+    cases = {"short": (None, False, n * V * 4 - 1, 3), "reference": (ref_hidden, False, 2**30, 6), "entropy": (None, True, 2**30, 3)}
+    for name, (ref, entropy_grad, keep_bytes, recomputed) in cases.items():
+        with _VocabularyProducts(V) as products:
+            logps, entropy, kl = ChunkedHead.apply(hidden, weight, None, labels, TAU, ref, None if ref is None else weight.detach(), None, 3,
+                                                   entropy_grad, None, Scratch(), None, keep_bytes)
+            forward = products.count
+            (logps.sum() + kl.sum() + (entropy.sum() if entropy_grad else 0)).backward()
+        assert products.count - forward == recomputed, name
+
+
+def test_kept_softmax_is_lent_to_one_graph_at_a_time(make_model):
+    # Two micro-batches' graphs recorded before either backward (one Scratch, as a LogProbs keeps): the second
+    # recomputes rather than overwrite the first's kept p, so each gradient is its own graph's, as with nothing kept.
+    model, mbs = make_model(), [micro_batch(seed) for seed in (1, 2)]
+    grads = []
+    for keep in (0, 2**30):
+        log_probs = LogProbs(TAU, chunk=4, head_keep_bytes=keep)
+        model.zero_grad(set_to_none=True)
+        first, second = (log_probs(model, mb).logps for mb in mbs)
+        (first * mbs[0].completion_mask).sum().backward()
+        (3 * second * mbs[1].completion_mask).sum().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        third = log_probs(model, mbs[0]).logps  # after both backwards the block is free again: kept and right
+        model.zero_grad(set_to_none=True)
+        (third * mbs[0].completion_mask).sum().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    for name in grads[0]:
+        torch.testing.assert_close(grads[2][name], grads[0][name], atol=1e-6, rtol=1e-5)
+        assert torch.equal(grads[3][name], grads[1][name])

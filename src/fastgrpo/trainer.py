@@ -50,7 +50,7 @@ from .run.interrupt import StopOnInterrupt
 from .run.metrics import CompletionRows, MetricsLog, PhaseTimer, Window, logged_names, rollout_metrics, window_record
 from .run.setup import bf16_working_copy, build_accelerator, build_optimization, load_policy, prepare
 from .trl_methods import TRLMethods
-from .update.logprobs import LogProbs, fallback_notices
+from .update.logprobs import HEAD_KEEP_BYTES, LogProbs, fallback_notices
 from .update.passes import LogProbPasses
 from .update.step import OptimizerStep
 
@@ -101,8 +101,7 @@ class GRPOTrainer(TRLMethods):
         self.reward_processing_classes, weights, self.agents = checked.reward_processing_classes, checked.reward_weights, checked.agents  # agents: tools, environments, rollout_func
 
         acc, bf16 = build_accelerator(a)  # device, process group, seed; bf16 where the hardware is fast at it
-        self.accelerator, self.autocast = acc, autocast_for(acc.device, bf16)  # around every forward (precision.py)
-        self.console = Console()
+        self.accelerator, self.autocast, self.console = acc, autocast_for(acc.device, bf16), Console()  # autocast: around every forward (precision.py)
         self._reward_weights = torch.tensor(weights, dtype=torch.float32, device=acc.device)
         for fn in self.reward_funcs:
             if isinstance(fn, RewardModel):
@@ -123,7 +122,8 @@ class GRPOTrainer(TRLMethods):
         self.encode = PromptEncoder(self.tokenizer, a.max_prompt_length, a.chat_template_kwargs, vocab_size, room)
         self.entropy_control = EntropyControl.from_config(a)  # the entropy bonus's coefficient; None: no bonus
         self.correction = SamplingCorrection.from_config(a, self.backend.owns_weights, rollout_func is not None)  # the sampler–trainer mismatch, TRL's vllm_importance_sampling_*
-        self.log_probs = LogProbs(a.temperature, autocast=self.autocast, entropy_grad=self.entropy_control is not None, weights=working, router_aux_loss=self.router.enabled)
+        self.log_probs = LogProbs(a.temperature, autocast=self.autocast, entropy_grad=self.entropy_control is not None, weights=working, router_aux_loss=self.router.enabled,
+                                  head_keep_bytes=0 if a.gradient_checkpointing else HEAD_KEEP_BYTES)
         notify = lambda note: acc.is_main_process and self.console.print(f"fastgrpo: {note}", soft_wrap=True)  # noqa: E731
         producer, self.tokenizer = build_producer(
             a, checked.agents, tokenizer=self.tokenizer, encode=self.encode, backend=self.backend, eos_token_ids=sampling.eos_token_ids,

@@ -1,8 +1,10 @@
-"""The LM head in chunks of tokens: log-prob, entropy and exact KL from last hidden states, no (n, V) tensor kept.
+"""The LM head in chunks of tokens: log-prob, entropy and exact KL from last hidden states, no (n, V) logits kept.
 
 `ChunkedHead` is a custom autograd function: each chunk's logits are made,
-reduced and freed; backward recomputes them. The head's peak is a few
-(chunk, V) buffers, allocated once per call and overwritten in place.
+reduced and freed; backward recomputes them, or, within a memory budget
+(`keep_bytes`), reads the softmax forward kept. The head's peak is a few
+(chunk, V) buffers, allocated once per call and overwritten in place, plus
+the kept (n, V) softmax when it fits the budget.
 
 Maths, as in `algo/losses.py` (which keeps the unchunked reference functions):
 logits z = (h Wᵀ + b) / τ, log π(y) = z_y − logsumexp(z), H = −Σ p log p,
@@ -14,6 +16,7 @@ Not here: packing the rows and running the decoder (logprobs.py), the loss (algo
 from __future__ import annotations
 
 import threading
+import weakref
 
 import torch
 
@@ -24,7 +27,7 @@ class ChunkedHead(torch.autograd.Function):
     forward(hidden (n, H), weight (V, H), bias (V,) or None, labels (n,), temperature,
             ref_hidden (n, H) or None, ref_weight (V, H) or None, ref_bias or None, chunk, entropy_grad,
             weight_copy (V, H) in the product dtype or None, scratch (a `Scratch`) or None,
-            hand_back: called once backward is done with `weight_copy`, or None)
+            hand_back: called once backward is done with `weight_copy`, or None, keep_bytes: int)
       → logps (n,), entropy (n,), kl (n,) (zeros without π_ref), fp32 (fp64 for fp64 inputs).
 
     Each chunk's logits z = (h Wᵀ + b) / τ are a product in the autocast dtype
@@ -50,25 +53,35 @@ class ChunkedHead(torch.autograd.Function):
     of rows at a time in one kept bf16 block (`add_weight_grad`) and none is returned: a returned one would
     be a fresh (V, H) block, widened into another, summed with a tied embedding's dense
     gradient into a third and then accumulated, every micro-batch.
+
+    Kept softmax (`keep_bytes`): where backward needs p alone (no π_ref, entropy without gradient: β = 0, GRPO's and
+    TRL's default) and the call's (n, V) fp32 softmax fits in `keep_bytes`, forward writes p into one kept block and
+    backward reads it instead of recomputing the logits, their log-softmax and exp (the head's forward again: 6 % of
+    the seed step's FLOPs), and writes ∂/∂z straight in the product dtype. The values are the recomputing path's bit
+    for bit (the same products, the same fp32 operations, one rounding; tests/test_logprobs.py). The block is lent
+    by `scratch` to one graph at a time (`Scratch.lend`); a second graph recorded before the first one's backward
+    recomputes. 0 (the trainer's choice under gradient checkpointing, the memory-first setting): always recompute.
     """
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, labels, temperature, ref_hidden, ref_weight, ref_bias, chunk, entropy_grad=False, weight_copy=None,
-                scratch=None, hand_back=None):
+                scratch=None, hand_back=None, keep_bytes=0):
         dtype = torch.get_autocast_dtype(hidden.device.type) if torch.is_autocast_enabled(hidden.device.type) else weight.dtype
         ctx.save_for_backward(hidden, weight, bias, labels, ref_hidden, ref_weight, ref_bias, weight_copy)
         ctx.temperature, ctx.chunk, ctx.dtype, ctx.entropy_grad, ctx.scratch = temperature, chunk, dtype, entropy_grad, scratch or Scratch()
         ctx.hand_back = hand_back
-        n = hidden.shape[0]
+        n, V = hidden.shape[0], weight.shape[0]
+        keeps = ref_hidden is None and not entropy_grad and any(ctx.needs_input_grad[:3]) and n * V * 4 <= keep_bytes
+        ctx.kept = ctx.scratch.lend("kept.p", (n, V), _wide(dtype), hidden.device, ctx) if keeps else None
         logps, entropy, kl = (torch.zeros(n, dtype=_wide(dtype), device=hidden.device) for _ in range(3))
         with torch.autocast(hidden.device.type, enabled=False):
             head = _Head(weight if weight_copy is None else weight_copy, bias, temperature, dtype, min(chunk, n), ctx.scratch, "policy")
             ref = _Head(ref_weight, ref_bias, temperature, dtype, min(chunk, n), ctx.scratch, "ref") if ref_hidden is not None else None
             for start in range(0, n, chunk):
                 part = slice(start, start + chunk)
-                logp, p = head(hidden[part])  # (c, V) each, views of the head's buffers
+                logp, p = head(hidden[part], None if ctx.kept is None else ctx.kept[part])  # (c, V) each
                 logps[part] = logp.gather(-1, labels[part, None]).squeeze(-1)
-                entropy[part] = -head.rowsum(p, logp, keep=ref is not None)  # p is read again for the KL only
+                entropy[part] = -head.rowsum(logp, p, keep=ref is not None)  # log p is read again for the KL only
                 if ref is not None:
                     kl[part] = head.rowsum(p, _log_ratio(logp, ref(ref_hidden[part])[0]))
         if not entropy_grad:
@@ -90,11 +103,17 @@ class ChunkedHead(torch.autograd.Function):
             ref = _Head(ref_weight, ref_bias, tau, dtype, min(ctx.chunk, n), ctx.scratch, "ref") if ref_hidden is not None else None
             for start in range(0, n, ctx.chunk):
                 part = slice(start, start + ctx.chunk)
-                logp, p = head(hidden[part])  # recomputed, (c, V)
                 g_l = grad_logps[part, None]
-                reads_p = ctx.entropy_grad or ref is not None  # else ∂/∂z is written over p itself
-                grad_z = torch.mul(p, -g_l, out=head.scratch(p) if reads_p else p)  # g_ℓ (onehot − p), the onehot added next
-                grad_z.scatter_add_(-1, labels[part, None], g_l)
+                if ctx.kept is not None:  # g_ℓ (onehot − p) from the kept p, written in the product dtype (one rounding)
+                    p = ctx.kept[part]
+                    at_label = p.gather(-1, labels[part, None]).mul_(-g_l).add_(g_l)  # −g_ℓ p_y + g_ℓ, in fp32 as below
+                    grad_z = torch.mul(p, -g_l, out=p if dtype == p.dtype else head.product[: p.shape[0]])
+                    grad_z.scatter_(-1, labels[part, None], at_label.to(grad_z.dtype))
+                else:
+                    logp, p = head(hidden[part])  # recomputed, (c, V)
+                    reads_p = ctx.entropy_grad or ref is not None  # else ∂/∂z is written over p itself
+                    grad_z = torch.mul(p, -g_l, out=head.scratch(p) if reads_p else p)  # g_ℓ (onehot − p), the onehot added next
+                    grad_z.scatter_add_(-1, labels[part, None], g_l)
                 if ctx.entropy_grad:  # ∂H/∂z = −p (log p + H)
                     plogp = p * logp
                     grad_z -= grad_entropy[part, None] * (plogp - p * plogp.sum(-1, keepdim=True))
@@ -117,8 +136,8 @@ class ChunkedHead(torch.autograd.Function):
         grad_bias = grad_bias.to(bias.dtype) if need_bias else None
         if ctx.hand_back is not None:  # done with the weight copy (model/working_copy.WorkingCopy.reader)
             ctx.hand_back()
-        ctx.scratch = None  # a call's own blocks go now, not with the graph after the whole backward
-        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None, None, None, None, None
+        ctx.scratch = ctx.kept = None  # a call's own blocks go now, not with the graph after the whole backward; the kept one is free again
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None, None, None, None, None, None
 
 
 class Scratch:
@@ -133,6 +152,17 @@ class Scratch:
 
     def __init__(self):
         self._local = threading.local()
+
+    def lend(self, name: str, shape: tuple[int, int], dtype: torch.dtype, device: torch.device, borrower) -> torch.Tensor | None:
+        """`block(name, ...)` for `borrower` (an autograd node's ctx) to hold until it sets `borrower.kept` to None or is
+        freed (its graph dropped); None while another living borrower still holds it. Held by weak reference, per thread."""
+        lent = self._local.__dict__.setdefault("lent", {})
+        holder = lent.get(name)
+        holder = None if holder is None else holder()
+        if holder is not None and holder.kept is not None:
+            return None
+        lent[name] = weakref.ref(borrower)
+        return self.block(name, shape, dtype, device)
 
     def block(self, name: str, shape: tuple[int, int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """A (rows, cols) tensor of `dtype`, contents undefined: the first `rows` rows of the kept block."""
@@ -199,12 +229,13 @@ class _Head:
         self.p = scratch.block(f"{key}.p", (chunk, V), wide, device)
         self.blocks, self.key = scratch, key  # a third (chunk, V) block comes from them when backward needs one (`scratch`)
 
-    def __call__(self, hidden):
+    def __call__(self, hidden, p_out=None):
+        """(c, H) → log p, p (c, V): views of the head's buffers (p of `p_out` when given), overwritten by the next call."""
         c = hidden.shape[0]
         z = torch.mm(hidden.to(self.dtype), self.weight.T, out=self.product[:c])
         if self.bias is not None:
             z.add_(self.bias)
-        logp, p = self.logp[:c], self.p[:c]
+        logp, p = self.logp[:c], self.p[:c] if p_out is None else p_out
         if logp.data_ptr() != z.data_ptr():
             logp.copy_(z)
         if self.temperature != 1:  # z / 1 is z: the pass is skipped, not the value changed

@@ -53,6 +53,11 @@ from .packing import PackedRow, grouped_support, pack, packing_support, pad, sha
 # matmul at full speed.
 CHUNK_TOKENS = 256
 
+# The most bytes of (n, V) fp32 softmax the chunked head keeps from a pass's forward for its backward instead of
+# recomputing the logits (`ChunkedHead`'s `keep_bytes`): 1 365 tokens of SmolLM2's 49 152-token vocabulary, a
+# 512-token pass (the default token budget at 64/64 tokens) is 96 MiB. docs/benchmarks.md, "The kept softmax".
+HEAD_KEEP_BYTES = 256 * 2**20
+
 # Config fields that hold an attention-probability dropout (Llama's, GPT-2's, BERT-style, and others').
 _ATTENTION_DROPOUT = ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob", "attn_dropout")
 
@@ -134,6 +139,9 @@ class LogProbs:
         grouped_attention: shared-prompt rows of sdpa models attend piece by piece
             (update/grouped_attention.py) where `_grouped_attention` allows; False: sdpa
             over the dense (L, L) mask (the same values to float rounding; benchmarks' A/B).
+        head_keep_bytes: the most bytes of a pass's (n, V) fp32 softmax the chunked head keeps
+            from forward for backward (the same values, the head's forward not run twice;
+            `ChunkedHead`); 0 recomputes it (the trainer's choice under gradient checkpointing).
 
     Call: `log_probs(model, mb, reference=None) → TokenStats`, where `mb` has
     `prompt_ids`, `prompt_mask`, `completion_ids`, `completion_mask` (a `Rollout`
@@ -148,6 +156,7 @@ class LogProbs:
     def __init__(
         self, temperature: float, share_prompts: bool = True, chunk: int = CHUNK_TOKENS, autocast=nullcontext, entropy_grad: bool = False,
         weights: WorkingCopy | None = None, router_aux_loss: bool = False, grouped_attention: bool = True,
+        head_keep_bytes: int = HEAD_KEEP_BYTES,
     ):
         if temperature <= 0:
             raise ValueError(f"temperature={temperature}: log-probs are taken at logits / temperature; use a value > 0.")
@@ -155,7 +164,7 @@ class LogProbs:
             raise ValueError(f"chunk={chunk}: the LM head needs at least 1 token per chunk.")
         self.temperature, self.share_prompts, self.chunk, self.autocast = temperature, share_prompts, chunk, autocast
         self.entropy_grad, self.weights, self.router_aux_loss = entropy_grad, weights, router_aux_loss
-        self.grouped_attention = grouped_attention
+        self.grouped_attention, self.head_keep_bytes = grouped_attention, head_keep_bytes
         self.packs: dict[type, bool] = {}  # model class → runs a packed row without a mask (packing.packing_support)
         self.groups: dict[type, bool] = {}  # model class → runs grouped attention (packing.grouped_support)
         self.scratch = None if weights is not None and weights.release else Scratch()  # the chunked head's (chunk, V) blocks, kept from pass to pass
@@ -202,7 +211,7 @@ class LogProbs:
                 None if ref_head is None else ref_head.weight.detach(),
                 None if ref_head is None or ref_head.bias is None else ref_head.bias.detach(), self.chunk, self.entropy_grad,
                 None if working is None else working.cast(head.weight), self.scratch,
-                None if working is None else working.reader(head.weight),
+                None if working is None else working.reader(head.weight), self.head_keep_bytes if torch.is_grad_enabled() else 0,
             )
         else:  # the model's own head on the needed positions only: (1, n, V) at most
             out = _forward(model, row, _keep(row), self.router_aux_loss)
