@@ -29,7 +29,7 @@ def test_sizes_are_the_products_weights():
 
 def test_a_dense_row_counts_6NT_the_head_on_completions_and_its_recomputed_logits():
     # L = 10 tokens, n = 4 completion tokens, sdpa over the full 10 × 10 pairs
-    count = flops.step_flops(tiny(), [(10, 4, 100, False)])
+    count = flops.step_flops(tiny(), [(10, 4, 100, False, False)])
     assert count["body"] == 6 * 1152 * 10 == 69120
     assert count["head"] == 6 * 256 * 4 == 6144 and count["head_recompute"] == 2 * 256 * 4 == 2048
     assert count["attention"] == 12 * 100 * 8 * 2 == 19200
@@ -38,7 +38,14 @@ def test_a_dense_row_counts_6NT_the_head_on_completions_and_its_recomputed_logit
 
 
 def test_grouped_attention_recomputes_its_scores_and_model_flops_leave_that_out():
-    count = flops.step_flops(tiny(), [(10, 4, 60, True), (10, 4, 100, False)])
+    count = flops.step_flops(tiny(), [(10, 4, 60, True, False), (10, 4, 100, False, False)])
     assert count["attention"] == 14 * 60 * 16 + 12 * 100 * 16
     assert count["model"] == 2 * (69120 + 6144) + 12 * 60 * 16 + 12 * 100 * 16
     assert count["total"] - count["model"] == 2 * 2048 + 2 * 60 * 16
+
+
+def test_a_row_whose_softmax_the_head_keeps_recomputes_no_logits():
+    # Two rows of 4 completion tokens; the second's softmax kept (chunked_head.keeps_softmax): only the first recomputes.
+    count = flops.step_flops(tiny(), [(10, 4, 100, False, False), (10, 4, 100, False, True)])
+    assert count["head_recompute"] == 2 * 256 * 4 == 2048
+    assert count["total"] - count["model"] == 2048

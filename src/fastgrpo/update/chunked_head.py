@@ -71,7 +71,7 @@ class ChunkedHead(torch.autograd.Function):
         ctx.temperature, ctx.chunk, ctx.dtype, ctx.entropy_grad, ctx.scratch = temperature, chunk, dtype, entropy_grad, scratch or Scratch()
         ctx.hand_back = hand_back
         n, V = hidden.shape[0], weight.shape[0]
-        keeps = ref_hidden is None and not entropy_grad and any(ctx.needs_input_grad[:3]) and n * V * 4 <= keep_bytes
+        keeps = any(ctx.needs_input_grad[:3]) and keeps_softmax(n, V, keep_bytes, ref_hidden is not None, entropy_grad, _wide(dtype).itemsize)
         ctx.kept = ctx.scratch.lend("kept.p", (n, V), _wide(dtype), hidden.device, ctx) if keeps else None
         logps, entropy, kl = (torch.zeros(n, dtype=_wide(dtype), device=hidden.device) for _ in range(3))
         with torch.autocast(hidden.device.type, enabled=False):
@@ -171,6 +171,17 @@ class Scratch:
         if kept is None or kept.shape[0] < shape[0] or kept.shape[1] != shape[1]:
             kept = blocks[(name, dtype, device)] = torch.empty(shape, dtype=dtype, device=device)
         return kept[: shape[0]]
+
+
+def keeps_softmax(tokens: int, vocab: int, keep_bytes: int, reference: bool, entropy_grad: bool, itemsize: int = 4) -> bool:
+    """Whether `ChunkedHead`'s forward keeps its (tokens, vocab) softmax for backward (its docstring, "Kept softmax").
+
+    Args:
+        tokens, vocab: n and V of the call; itemsize: bytes per softmax element (4: fp32, 8: fp64).
+        keep_bytes: the budget (`LogProbs.head_keep_bytes`); reference: π_ref's KL is taken (β ≠ 0);
+        entropy_grad: the entropy has a gradient (the entropy bonus). Either of those needs log p in backward too.
+    """
+    return not reference and not entropy_grad and tokens * vocab * itemsize <= keep_bytes
 
 
 def add_weight_grad(weight: torch.Tensor, grad_z: torch.Tensor, hidden: torch.Tensor, scratch: Scratch, rows: int = 4096) -> None:
