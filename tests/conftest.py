@@ -74,6 +74,17 @@ def vllm_tiny_model(tokenizer, seed: int = 0, tied: bool = True) -> LlamaForCaus
     return tiny_model(tokenizer, seed, heads=2, kv_heads=1, tied=tied)
 
 
+def file_states(folder) -> dict:
+    """{path: (mtime in ns, bytes)} of every file under `folder`: equal before and after means nothing was written or touched."""
+    states = {}
+    for root, _, names in os.walk(folder):
+        for name in names:
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                states[path] = (os.stat(path).st_mtime_ns, f.read())
+    return states
+
+
 @pytest.fixture
 def make_model(tokenizer):
     return lambda seed=0: tiny_model(tokenizer, seed)

@@ -282,6 +282,30 @@ def test_cli_refuses_a_run_in_the_way_before_the_model_loads_and_resumes_by_trls
         assert [json.loads(line)["step"] for line in f] == [1, 2, 3]
 
 
+def test_resume_of_a_finished_run_exits_0_leaving_output_dir_as_it_was(tmp_path, model_dir, capsys):
+    # `fastgrpo train --resume` at max_steps said "nothing to train", then saved the final model again (every file of it
+    # rewritten) and re-truncated metrics.jsonl. Trainer resumed there trains and writes nothing; so does the command now,
+    # unless output_dir holds no finished final model (training_args.bin is save_model's last file): then it saves it.
+    from conftest import file_states
+
+    run = ["train", "--model", str(model_dir), "--dataset", "data.jsonl", "--reward", "length", "--per_device_train_batch_size", "4",
+           "--num_generations", "2", "--max_completion_length", "2", "--disable_tqdm", "true", "--bf16", "false", "--use_vllm", "false",
+           "--max_steps", "1", "--output_dir", "run"]
+    assert main(run) == 0
+    before = file_states(tmp_path / "run")
+    assert str(tmp_path / "run" / "model.safetensors") in before
+    capsys.readouterr()
+    assert main([*run, "--resume"]) == 0
+    assert file_states(tmp_path / "run") == before  # the final model, metrics.jsonl and checkpoint-1 neither rewritten nor touched
+    lines = capsys.readouterr().out.splitlines()
+    assert "the run is already at max_steps=1: nothing to train; raise max_steps (--max_steps 2) to train on from step 1" in lines
+    assert f"nothing trained (at step 1 of max_steps=1); output_dir's files left as they were. final model: {tmp_path / 'run'}" in lines
+    os.remove(tmp_path / "run" / "training_args.bin")  # as if the first run stopped while it saved the final model
+    assert main([*run, "--resume"]) == 0
+    assert os.path.exists(tmp_path / "run" / "training_args.bin")
+    assert f"nothing trained (at step 1 of max_steps=1); the final model saved from it. final model: {tmp_path / 'run'}" in capsys.readouterr().out
+
+
 def test_ctrl_c_before_training_is_one_line_and_the_shells_code(tmp_path, monkeypatch, capsys):
     # Ctrl-C while things load (here: while the reward module imports) used to end in a 30-line traceback and exit 1.
     (tmp_path / "slow_reward.py").write_text("raise KeyboardInterrupt\n")

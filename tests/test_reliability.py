@@ -469,12 +469,46 @@ def test_a_runs_setup_is_named_as_it_routes():
     assert setup_changes(None, first) == []  # a checkpoint from before the record
 
 
-def test_resuming_a_finished_run_says_there_is_nothing_to_train(tmp_path, tokenizer, make_model, prompts, capsys):
-    train(tmp_path, tokenizer, make_model, prompts, max_steps=2, save_steps=1)
+def test_resuming_a_finished_run_trains_logs_and_rewrites_nothing(tmp_path, tokenizer, make_model, prompts, capsys):
+    # Step 3 is logged at the run's end (logging_steps=2), after checkpoint-3 was saved, with its completions table. Resuming
+    # checkpoint-3 logged step 3 again (its metrics.jsonl line rewritten with this call's phase timings), printed and rewrote
+    # its table, re-truncated both logs and called on_epoch_begin. Trainer, resumed at max_steps, logs its summary alone.
+    from conftest import file_states
+
+    common = dict(max_steps=3, logging_steps=2, save_steps=3, log_completions=True, num_completions_to_print=1)
+    _, first = train(tmp_path, tokenizer, make_model, prompts, **common)
+    out = str(tmp_path / "out")
+    before, events = file_states(out), []
+    assert os.path.join(out, "completions", "completions_00003.parquet") in before and len(read_metrics(out)) == 2
     capsys.readouterr()
-    _, out = train(tmp_path, tokenizer, make_model, prompts, resume=True, max_steps=2, save_steps=1)
-    assert out.global_step == 2
-    assert "the run is already at max_steps=2: nothing to train; raise max_steps (--max_steps 4) to train on from step 2" in capsys.readouterr().out
+
+    class Events(TrainerCallback):
+        def on_epoch_begin(self, args, state, control, **kwargs):
+            events.append("epoch_begin")
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            events.append(sorted(logs))
+
+    trainer = GRPOTrainer(make_model(), reward_even_tokens, args=config(tmp_path, **common), train_dataset=prompts, processing_class=tokenizer,
+                          callbacks=[Events])
+    result = trainer.train(resume_from_checkpoint=True)
+    assert file_states(out) == before  # no file written, truncated or touched
+    assert events == [["epoch", "total_flos", "train_loss", "train_runtime", "train_samples_per_second", "train_steps_per_second"]]
+    assert (result.global_step, result.training_loss) == (3, first.training_loss)  # the run's mean loss, as the run reported it
+    assert result.metrics["train_samples_per_second"] == result.metrics["train_steps_per_second"] == 0.0  # no step in this call
+    printed = capsys.readouterr().out
+    assert "the run is already at max_steps=3: nothing to train; raise max_steps (--max_steps 6) to train on from step 3" in printed
+    assert " Step 3 " not in printed  # the table the run printed at its end is not printed again
+
+
+def test_a_resumed_runs_throughput_counts_the_steps_it_ran(tmp_path, tokenizer, make_model, prompts):
+    # transformers 5 divides the steps that train() call ran by its runtime; fastgrpo divided every step since step 0, so a
+    # resume at step 2 of 4 reported twice its throughput (and a resume at max_steps thousands of steps per second).
+    train(tmp_path, tokenizer, make_model, prompts, max_steps=2, save_steps=2)
+    _, out = train(tmp_path, tokenizer, make_model, prompts, resume=True, max_steps=4, save_steps=2)
+    m = out.metrics
+    assert out.global_step == 4 and m["train_steps_per_second"] == pytest.approx(2 / m["train_runtime"], rel=1e-3, abs=2e-3)  # steps 3, 4
+    assert m["train_samples_per_second"] == pytest.approx(2 * 4 * 2 / m["train_runtime"], rel=1e-3, abs=2e-3)  # 2 steps × 4 × GA 2
 
 
 def test_resume_cuts_logs_back_to_the_checkpoint_step(tmp_path, tokenizer, make_model, prompts):

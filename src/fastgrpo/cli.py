@@ -263,8 +263,9 @@ def train(ns: argparse.Namespace) -> None:
     if os.getcwd() not in sys.path:  # --reward module:function finds modules in the current folder
         sys.path.insert(0, os.getcwd())
     import torch
+    from accelerate.utils import broadcast_object_list
 
-    from .run.checkpoint_files import check_resume_target, checkpoints
+    from .run.checkpoint_files import TRAINING_ARGS_NAME, check_resume_target, checkpoints
     from .run.datasets import load_dataset_spec, splits_apply
     from .run.runs import claim_output_dir
     from .rollout.rewards import resolve_reward, reward_names
@@ -297,15 +298,21 @@ def train(ns: argparse.Namespace) -> None:
             soft_wrap=True, markup=False,  # one line, whatever the width: grep-able in a log file
         )
     trainer.train(resume_from_checkpoint=resume)
-    trainer.save_model(args.output_dir)
+    out, trained = os.path.abspath(args.output_dir), trainer.state.global_step > trainer.events.initial_step
+    # A call that trained nothing (a resume of a finished run) leaves the final model as saved; it writes one only where
+    # none was finished (training_args.bin: save_model's last file). The main process's view, so that all call it or none.
+    saved = broadcast_object_list([trained or not os.path.exists(os.path.join(out, TRAINING_ARGS_NAME))])[0]
+    if saved:
+        trainer.save_model(args.output_dir)
     world = torch.distributed.group.WORLD if torch.distributed.is_initialized() else None  # held past the trainer: see below
     trainer.accelerator.end_training()  # process group unregistered (multi-process runs); the trackers closed at on_train_end
     if trainer.accelerator.is_main_process:
-        out = os.path.abspath(args.output_dir)
         files = {"metrics": "metrics.jsonl", "completions": "completions.jsonl", "tables": os.path.join("completions", "")}  # TRL's parquet tables
         listed = "".join(f"\n  {k + ':':12} {os.path.join(out, f)}" for k, f in files.items() if os.path.exists(os.path.join(out, f)))
+        done = "done" if trained else (f"nothing trained (at step {trainer.state.global_step} of max_steps={trainer.max_steps}); "
+                                       + ("the final model saved from it" if saved else "output_dir's files left as they were"))
         trainer.console.print(
-            f"done. final model: {out}{listed}\n  checkpoints: {', '.join(checkpoints(out)) or 'none'}", soft_wrap=True, markup=False
+            f"{done}. final model: {out}{listed}\n  checkpoints: {', '.join(checkpoints(out)) or 'none'}", soft_wrap=True, markup=False
         )
     # The process group lives on in the DDP wrapper. A gloo thread may still be releasing the last collective's tensors,
     # which needs the GIL: at interpreter exit that thread aborts the process (SIGABRT, "terminate called without an

@@ -90,6 +90,7 @@ class TrainerEvents:
         self.state = TrainerState(is_local_process_zero=is_main_process, is_world_process_zero=is_main_process)
         self.control = TrainerControl()
         self.started, self.in_train = 0.0, False  # in_train: Trainer's is_in_train, True from train_begin until train_end's end
+        self.initial_step = 0  # state.global_step at train()'s start, a resume's checkpoint step (Trainer's _initial_global_step)
         self.handler.on_init_end(args, self.state, self.control)
 
     def close(self) -> None:
@@ -135,7 +136,7 @@ class TrainerEvents:
         else:
             steps_per_epoch = None if prompts is None else rollouts_per_pass(prompts, a.prompts_per_rollout) * a.steps_per_rollout
             s.num_train_epochs = sys.maxsize if steps_per_epoch is None else math.ceil(max_steps / steps_per_epoch)
-        self.started, self.in_train = time.perf_counter(), True
+        self.started, self.in_train, self.initial_step = time.perf_counter(), True, global_step
         self.handler.train_dataloader = train_dataloader
         self.control = self.handler.on_train_begin(a, s, self.control)
 
@@ -144,7 +145,9 @@ class TrainerEvents:
         self.control = self.handler.on_step_begin(self.args, self.state, self.control)
 
     def epoch_begin(self) -> None:
-        """on_epoch_begin (clears control.should_epoch_stop)."""
+        """on_epoch_begin (clears control.should_epoch_stop); none at max_steps (a resume of a finished run: Trainer's loop over no epochs)."""
+        if self.state.global_step >= self.state.max_steps:
+            return
         self.control = self.handler.on_epoch_begin(self.args, self.state, self.control)
 
     def substep_end(self) -> None:
@@ -255,17 +258,18 @@ class TrainerEvents:
     def train_end(self, training_loss: float, pending: dict | None = None, after_log=None, log=None) -> dict:
         """Log the run's summary (train_runtime, train_loss, as Trainer does) with the metrics of the steps since the
         last log (`pending`, as TRL's `log` merges them into it), and call on_train_end; → the summary (Trainer's
-        `TrainOutput.metrics` keys: train_runtime in seconds, train_samples_per_second (completions: the optimizer steps ×
-        per_device_train_batch_size × gradient_accumulation_steps × processes, as Trainer counts its batches),
-        train_steps_per_second, total_flos (state.total_flos: see the trainer's `_log`), train_loss, epoch). `after_log`: called
-        after the summary's log, before on_train_end (where Trainer loads the best model and prunes: the trainer's
-        `checkpoints.finish`), if given.
+        `TrainOutput.metrics` keys: train_runtime in seconds, train_samples_per_second (completions: this call's optimizer
+        steps × per_device_train_batch_size × gradient_accumulation_steps × processes, as Trainer counts its batches; a
+        resume's from its checkpoint on, as transformers 5 counts them: 0 for a finished run's), train_steps_per_second,
+        total_flos (state.total_flos: see the trainer's `_log`), train_loss, epoch). `after_log`: called after the summary's
+        log, before on_train_end (where Trainer loads the best model and prunes: the trainer's `checkpoints.finish`), if given.
         `log`: what logs the summary (the trainer's `log`, as Trainer's train() logs it through a subclass's override);
         default `self.log`."""
         a, runtime = self.args, time.perf_counter() - self.started
-        samples = self.state.global_step * a.per_device_train_batch_size * a.gradient_accumulation_steps * a.world_size
+        steps = self.state.global_step - self.initial_step  # this call's (a resume ran only these in `runtime`)
+        samples = steps * a.per_device_train_batch_size * a.gradient_accumulation_steps * a.world_size
         summary = {"train_runtime": round(runtime, 4), "train_samples_per_second": round(samples / max(runtime, 1e-9), 3),
-                   "train_steps_per_second": round(self.state.global_step / max(runtime, 1e-9), 3), "total_flos": self.state.total_flos,
+                   "train_steps_per_second": round(steps / max(runtime, 1e-9), 3), "total_flos": self.state.total_flos,
                    "train_loss": training_loss}
         (log or self.log)({**(pending or {}), **summary})
         if after_log:

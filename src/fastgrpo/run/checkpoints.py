@@ -163,8 +163,9 @@ def card_is_replaceable(output_dir: str) -> bool:
 def finish(trainer: Checkpointed) -> None:
     """What transformers' `Trainer._finalize_training` does after logging train()'s summary, before on_train_end (the
     trainer calls it there, on every process): the best checkpoint's weights loaded (`load_best`), then with
-    save_total_limit=1 the best checkpoint kept alone. A run that wrote nothing (no log, no checkpoint) still replaces
-    the previous run it took over here.
+    save_total_limit=1 the best checkpoint kept alone (not after a call that trained no step, a resume of a finished run: it
+    saved nothing, so what its run kept stays). A run that wrote nothing (no log, no checkpoint) still replaces the
+    previous run it took over here.
 
     Raises:
         CorruptCheckpointError, ValueError: see `load_best`.
@@ -172,7 +173,7 @@ def finish(trainer: Checkpointed) -> None:
     if trainer.metrics_log is not None:
         trainer.metrics_log.previous_run.remove()
     load_best(trainer)
-    if trainer.accelerator.is_main_process:
+    if trainer.accelerator.is_main_process and trainer.step > trainer.events.initial_step:  # a call that trained no step saved nothing
         ckpt.prune(trainer.args.output_dir, trainer.args.save_total_limit, trainer.run_id, trainer.state.best_model_checkpoint, at_end=True)
 
 
@@ -236,6 +237,8 @@ def resume(trainer: Checkpointed, resume_from_checkpoint) -> tuple[Rollout | Non
     Returns:
         (rollout, done): the saved rollout (None when saved at a window's end or resumed on another number of processes) and its
         optimizer steps taken; (None, 0) for a new run, whose data order starts afresh (a train() that failed before its first step drew some).
+        A checkpoint at max_steps (a finished run) leaves output_dir's logs and completion tables as they are, and its unlogged
+        window and completions buffer unrestored: nothing trains, so nothing is logged or written again (Trainer's resume there).
     Warns:
         UserWarning: resumed from a given checkpoint while output_dir holds later ones (the branch left: `--resume` would pick the highest
             step until this run replaces it); resumed with other reward functions, tools, environments or rollout_func than the saved run's.
@@ -274,24 +277,30 @@ def resume(trainer: Checkpointed, resume_from_checkpoint) -> tuple[Rollout | Non
     trainer.order.load_state_dict(state["order"])
     trainer.step, trainer.target_kl_stops, trainer.run_id = state["step"], state["target_kl_stops"], state["run_id"]
     trainer.loss_sum, trainer.weight_version = state.get("loss_sum", 0.0), state.get("weight_version", 0)
-    trainer.epoch_end_pending = state.get("epoch_end_pending", False)  # saved at on_step_end of an epoch's last step: train() ends it first
+    # At max_steps (a finished run) nothing trains: its epoch ended, its logs and tables stay as they are (the window it logged at
+    # its end is not logged again, the completions buffer not printed or written again) and train() writes nothing (Trainer's).
+    finished = trainer.step >= trainer.max_steps
+    trainer.epoch_end_pending = state.get("epoch_end_pending", False) and not finished  # saved at on_step_end of an epoch's last step: train() ends it first
     trainer.update.learning_rate = state.get("learning_rate", trainer.update.learning_rate)
-    if "window" in state:  # the unlogged steps and completions up to this checkpoint (absent on another number of processes)
+    if "window" in state and not finished:  # the unlogged steps and completions up to this checkpoint (absent on another number of processes)
         trainer.window, trainer.fresh_completions = state["window"], state["completions"]
+    elif "window" in state:  # a finished run logged it at its end: its loss still counts in train()'s train_loss, as it did then
+        trainer.loss_sum += state["window"].reduce(acc)[0].get("loss", 0.0) / acc.num_processes
     if state["ref_model"] is not None:
         trainer.ref_model.load_state_dict(state["ref_model"])
     if state.get("entropy_control") and trainer.entropy_control:  # the adaptive coefficient where it was (TRL restores it too)
         trainer.entropy_control.load_state_dict(state["entropy_control"])
-    if trainer.completion_tables is not None and state.get("completion_tables"):  # absent from checkpoints before the tables
+    if trainer.completion_tables is not None and state.get("completion_tables") and not finished:  # absent from checkpoints before the tables
         trainer.completion_tables.load_state_dict(state["completion_tables"])
     if trainer.metrics_log is not None:
-        trainer.metrics_log.cut_back(trainer.step, state.get("log_sizes"))
-        completion_tables.remove_after(a.output_dir, trainer.step)  # the later steps' completions/*.parquet: the abandoned branch's
+        if not finished:  # what the logs and tables hold after the checkpoint's step: the abandoned branch's, replaced as it trains
+            trainer.metrics_log.cut_back(trainer.step, state.get("log_sizes"))
+            completion_tables.remove_after(a.output_dir, trainer.step)
         trainer.console.print(f"resumed from {path} at step {trainer.step}", markup=False, soft_wrap=True)
-        if trainer.step >= trainer.max_steps:  # a finished run: say so, rather than a full progress bar and "done"
+        if finished:  # say so, rather than a full progress bar and "done"
             trainer.console.print(f"the run is already at max_steps={trainer.max_steps}: nothing to train; raise max_steps "
                                   f"(--max_steps {2 * trainer.max_steps}) to train on from step {trainer.step}", markup=False, soft_wrap=True)
-        if resume_from_checkpoint is not True and (later := ckpt.later_checkpoints(a.output_dir, trainer.step)):
+        if resume_from_checkpoint is not True and not finished and (later := ckpt.later_checkpoints(a.output_dir, trainer.step)):
             names = [os.path.basename(p) for p in later]
             warnings.warn(
                 f"resumed from step {trainer.step}, but {a.output_dir!r} also holds the later {', '.join(names)}: this run replaces "
