@@ -4,6 +4,8 @@ TRL's passthrough fields as flags, LoRA conversions, short errors, --help text, 
 Parsing tests need no model; the one run uses the tiny model for one step (a few seconds).
 """
 
+import argparse
+import dataclasses
 import io
 import json
 import os
@@ -15,7 +17,7 @@ import sys
 import pytest
 import yaml
 from rich.console import Console
-from transformers import TrainerState
+from transformers import TrainerState, TrainingArguments
 
 from fastgrpo import GRPOConfig
 from fastgrpo.cli import main, peft_kwargs, resolve_job, train_parser
@@ -67,6 +69,36 @@ def test_every_grpo_config_field_and_trl_field_is_a_flag_with_help():
         assert helps[name] and not helps[name].startswith(" ("), f"--{name} has no help text"
     assert "passes over each rollout" in helps["num_iterations"] and "(default 1)" in helps["num_iterations"]
     assert "vLLM" in helps["use_vllm"] and "(default False)" in helps["use_vllm"] and "any value is accepted" in helps["run_name"]
+
+
+def test_help_lists_the_jobs_flags_first_and_trainingarguments_fields_last(capsys):
+    # `fastgrpo train --help` was 1030 lines: a 222-line usage, every field in declaration order (the TrainingArguments
+    # TRL inherits first) and the job's own flags (--model, --dataset, --reward, --resume, --config, …) last.
+    from fastgrpo.config.flags import training_arguments_fields
+
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = capsys.readouterr().out
+    lines = text.splitlines()
+    assert lines[0] == ("usage: fastgrpo train [--config YAML] [--model MODEL] [--dataset DATASET] [--reward REWARD] [--resume [PATH]] "
+                        "[--FIELD VALUE ...]")
+    sections = ["options:", "the job:", "GRPO:", "training:", "trl grpo's model options:", "trl grpo's script options:",
+                "TRL's other GRPOConfig fields:", "TrainingArguments' other fields:"]
+    assert [line for line in lines if line in sections] == sections
+    flags = [line.split()[0].rstrip(",") for line in lines if line.startswith("  --")]  # each flag's first spelling, in order
+    shown = [a for a in train_parser()._actions if a.help != argparse.SUPPRESS]  # --world_size is hidden, as in TRL
+    assert len(flags) == len(set(flags)) == len(shown) - 1  # every flag listed once (-h aside)
+    inherited = {f.name for f in dataclasses.fields(TrainingArguments)}
+    assert training_arguments_fields() == inherited  # read from transformers' source, without importing torch
+    first_inherited = next(i for i, flag in enumerate(flags) if flag[2:] in inherited)
+    job = ["--config", "--model", "--dataset", "--reward", "--tools", "--environment", "--dataset_size", "--resume"]
+    assert flags[:first_inherited] == job and flags[first_inherited:first_inherited + 5] == [
+        "--output_dir", "--max_steps", "--learning_rate", "--num_generations", "--num_iterations"]  # the fields most runs set
+    at = flags.index
+    assert at("--num_iterations") < at("--beta") < at("--logging_steps") < at("--use_peft") < at("--reward_funcs") < at("--fp16")
+    assert all(inherited & {flag[2:], flag.removeprefix("--no_")} for flag in flags[at("--fp16"):])  # TrainingArguments' other fields (and their --no_x) close the list
+    assert " ".join(text.split()).endswith('README.md: "Command line" (YAML recipes, which values apply), "Configuration: every field fastgrpo '
+               'honours", "Differences from TRL" and "Combinations TRL accepts that fastgrpo refuses"; docs/reliability.md: what each refusal guards.')
 
 
 def test_text_a_field_refuses_is_named(tmp_path):

@@ -42,7 +42,7 @@ import sys
 import warnings
 
 from .config import GRPOConfig
-from .config.flags import FIELD_HELP, check_yaml_types, load_yaml, one_line_error, yaml_values_as_flags
+from .config.flags import FIELD_HELP, check_yaml_types, layout_help, load_yaml, one_line_error, training_arguments_fields, yaml_values_as_flags
 from .config.trl_fields import TRL_FIELDS
 from .config.trl_script import (
     BUILTIN_REWARD_NAMES, LORA_KEYS, MODEL_KEYS, QUANTIZATION_KEYS, SCRIPT_KEYS, LoraOptions, ModelOptions, QuantizationOptions, ScriptOptions,
@@ -99,16 +99,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+USAGE = "%(prog)s [--config YAML] [--model MODEL] [--dataset DATASET] [--reward REWARD] [--resume [PATH]] [--FIELD VALUE ...]"
+FIRST_FIELDS = ("output_dir", "max_steps", "learning_rate", "num_generations", "num_iterations")  # in --help's first section
+HELP_EPILOG = ("README.md: \"Command line\" (YAML recipes, which values apply), \"Configuration: every field fastgrpo honours\", "
+               "\"Differences from TRL\" and \"Combinations TRL accepts that fastgrpo refuses\"; docs/reliability.md: what each refusal guards.")
+
+
 def train_parser() -> argparse.ArgumentParser:
-    """`fastgrpo train`'s flags: the job's, then GRPOConfig's and the LoRA options via transformers' HfArgumentParser.
+    """`fastgrpo train`'s flags: the job's, then GRPOConfig's and TRL's model and script options via transformers' HfArgumentParser.
 
     Every default is suppressed, so the parsed namespace holds only what was given (the precedence rule needs it).
+    `--help` lists the job's flags and `FIRST_FIELDS` first, then GRPOConfig's own fields, the TrainingArguments fields
+    fastgrpo honours, `trl grpo`'s model and script options, and last TRL's and TrainingArguments' other fields (trl_fields.py).
     """
     from transformers import HfArgumentParser
 
     # allow_abbrev=False: a misspelt flag (--num_generation) must be an error, not a prefix match.
     own = tuple({f.name for f in dataclasses.fields(GRPOConfig)} - set(TRL_FIELDS))  # TRL's other fields' help names their default
-    parser = HfArgumentParser(OPTIONS, prog="fastgrpo train", allow_abbrev=False)
+    parser = HfArgumentParser(OPTIONS, prog="fastgrpo train", allow_abbrev=False, usage=USAGE, epilog=HELP_EPILOG,
+                              description="GRPO fine-tuning; with no flags, the built-in job. Every flag is also a key of a --config YAML recipe.")
     parser.error = lambda message: one_line_error(parser, message)
     builtin = {**BUILTIN_JOB["config"], **{k: BUILTIN_JOB[k] for k in JOB_KEYS if k in BUILTIN_JOB}}
     for action in parser._actions:
@@ -119,7 +128,7 @@ def train_parser() -> argparse.ArgumentParser:
             action.help = f"{what}{default}{job}".replace("%", "%%")
         action.default = argparse.SUPPRESS if action.dest != "help" else action.default
     job = parser.add_argument_group("the job")
-    job.add_argument("--config", default=argparse.SUPPRESS, help="YAML file of GRPOConfig fields plus model/dataset/reward (examples/run.yaml)")
+    job.add_argument("--config", metavar="YAML", default=argparse.SUPPRESS, help="YAML file of GRPOConfig fields plus model/dataset/reward (examples/run.yaml)")
     job.add_argument("--model", "--model_name_or_path", dest="model", default=argparse.SUPPRESS,  # TRL's spelling too (TRL_SCRIPT_KEYS)
                      help="smollm2-135m-instruct, a local folder or .gguf file, or a hub id")
     job.add_argument("--dataset", "--dataset_name", dest="dataset", default=argparse.SUPPRESS,
@@ -128,7 +137,19 @@ def train_parser() -> argparse.ArgumentParser:
     job.add_argument("--tools", action="append", default=argparse.SUPPRESS, help="module:function tools the model may call (repeatable or comma-separated)")
     job.add_argument("--environment", default=argparse.SUPPRESS, help=f"module:Class environment_factory, or {', '.join(ENVIRONMENTS)}")
     job.add_argument("--dataset_size", type=int, default=argparse.SUPPRESS, help="rows: generated for reasoning-gym and calculator (default 1000), the first N of a file or hub dataset (default all)")
-    job.add_argument("--resume", nargs="?", const=True, default=argparse.SUPPRESS, help="resume from the latest checkpoint in output_dir, or from PATH")
+    job.add_argument("--resume", nargs="?", const=True, metavar="PATH", default=argparse.SUPPRESS, help="resume from the latest checkpoint in output_dir, or from PATH")
+    inherited, trl_other = training_arguments_fields(), set(TRL_FIELDS)
+    layout_help(parser, job, FIRST_FIELDS, [
+        ("GRPO", "GRPOConfig's own fields (TRL's names and defaults)", set(own) - inherited),
+        ("training", "the fields of transformers' TrainingArguments that fastgrpo honours", set(own) & inherited),
+        ("trl grpo's model options", "loading, LoRA adapters (--use_peft) and bitsandbytes, as `trl grpo` takes them",
+         {*MODEL_KEYS, *LORA_KEYS, *QUANTIZATION_KEYS}),
+        ("trl grpo's script options", "its dataset and reward flags", set(SCRIPT_KEYS)),
+        ("TRL's other GRPOConfig fields", "accepted as TRL takes them; a value fastgrpo cannot honour is refused, naming the fix",
+         trl_other - inherited),
+        ("TrainingArguments' other fields", "accepted as TRL takes them; a value fastgrpo cannot honour is refused, naming the fix",
+         trl_other & inherited),
+    ])
     return parser
 
 

@@ -6,6 +6,8 @@
   (trl_fields.py) carry their own help: what fastgrpo does with the value.
 - `one_line_error()`: argparse's errors as one line, an unknown flag with the
   closest known one (`fastgrpo train`, `fastgrpo vllm-serve`).
+- `layout_help()`, `training_arguments_fields()`: the order of `--help`'s sections (the job's flags first,
+  transformers' `TrainingArguments` fields last).
 - `load_yaml()`, `yaml_values_as_flags()`, `check_yaml_types()`: a recipe's YAML read (a key given twice
   refused), its values typed as `trl grpo --config` types them, and refused when they do not fit.
 
@@ -15,7 +17,9 @@ Not here: the fields themselves and their checks (config/grpo_config.py, trl_fie
 from __future__ import annotations
 
 import argparse
+import ast
 import difflib
+import importlib.util
 import types
 import typing
 
@@ -150,6 +154,34 @@ FIELD_HELP = {
     "update_token_budget": "tokens per forward/backward of the update: an optimizer step's micro-batches run merged while they fit (exact where the loss's normaliser is the step's; default: per_device_train_batch_size × (max_prompt_length + max_completion_length), four times that under gradient_checkpointing; 0: one pass each)",
     "router_aux_loss_coef": "mixture-of-experts models: weight of the router load-balancing loss (default: the model config's; 0 off)",
 }
+
+def training_arguments_fields() -> frozenset[str]:
+    """The field names of transformers' `TrainingArguments` (the dataclass's annotated class attributes), read from
+    transformers' source: importing the class imports torch, seconds `--help` need not spend.
+
+    Raises:
+        StopIteration: a transformers whose training_args.py defines no `TrainingArguments` class.
+    """
+    with open(importlib.util.find_spec("transformers.training_args").origin) as f:
+        tree = ast.parse(f.read())
+    body = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "TrainingArguments").body
+    return frozenset(node.target.id for node in body if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name))
+
+
+def layout_help(parser: argparse.ArgumentParser, job, first: tuple[str, ...], sections: list[tuple[str, str, set[str]]]) -> None:
+    """Lay `--help` out in sections: `job` (an argument group added after transformers' `HfArgumentParser` put every
+    field in the parser's default group) with the `first` fields after its own flags, then each of `sections`
+    (title, description, the fields' names) as its own group, in order, each field where the parser has it.
+    A field named in no section stays in the default group, printed before the job's. Only the help changes:
+    argparse parses by option string, whatever the group (argparse keeps a group's flags in `_group_actions`)."""
+    home = dict.fromkeys(first, job)
+    for title, description, names in sections:
+        group = parser.add_argument_group(title, description)
+        home.update({name: group for name in names if name not in home})
+    for action in [a for a in parser._optionals._group_actions if a.dest in home]:  # --x and its --no_x: one dest
+        parser._optionals._group_actions.remove(action)
+        home[action.dest]._group_actions.append(action)
+
 
 def did_you_mean(flag: str, known: typing.Iterable[str]) -> str:
     """"; did you mean --x?" naming the known flag closest to a mistyped one (difflib, as `fastgrpo train` does), or ""."""
