@@ -127,3 +127,52 @@ def test_a_callback_class_that_cannot_be_built_without_arguments_is_refused_befo
                        r"and NeedsThreshold\(\) raised TypeError: .*threshold.*; give an instance: callbacks=\[NeedsThreshold\(…\)\]"):
         GRPOTrainer("smollm2-135m-instruct", reward_n, args=config(tmp_path), train_dataset=prompts, processing_class=tokenizer,
                     callbacks=[NeedsThreshold])
+
+
+class Evaluations(TrainerCallback):
+    """Each on_evaluate's metrics."""
+
+    def __init__(self):
+        self.seen = []
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        self.seen.append(metrics)
+
+
+def test_a_dict_eval_set_is_evaluated_logged_and_reported_set_by_set(tmp_path, tokenizer, make_model, prompts):
+    """Trainer's evaluate() of a dict calls itself per set: one record in log_history and one on_evaluate per set, its
+    metrics under its own prefix; it returns them all. fastgrpo made one record and one on_evaluate for both sets."""
+    sets = {"a": prompts.select(range(2)), "b": prompts.select(range(2, 3))}  # mean n: (0 + 1) / 2 and 2
+    seen = Evaluations()
+    trainer = GRPOTrainer(make_model(), reward_n, args=config(tmp_path), train_dataset=prompts, eval_dataset=sets,
+                          processing_class=tokenizer, callbacks=[seen])
+    both = trainer.evaluate()
+    assert (both["eval_a_reward"], both["eval_b_reward"]) == (0.5, 2.0)
+    prefixes = [{key.split("_")[1] for key in record if key.startswith("eval_")} for record in trainer.state.log_history]
+    assert prefixes == [{"a"}, {"b"}]
+    assert [(m.get("eval_a_reward"), m.get("eval_b_reward")) for m in seen.seen] == [(0.5, None), (None, 2.0)]
+    given = trainer.evaluate({"c": prompts.select(range(3, 4)), "d": prompts.select(range(4, 6))}, metric_key_prefix="test")
+    assert (given["test_c_reward"], given["test_d_reward"]) == (3.0, 4.5)
+    assert [sorted(k for k in r if k.endswith("_reward")) for r in trainer.state.log_history[2:]] == [["test_c_reward"], ["test_d_reward"]]
+
+
+def test_a_record_logged_before_train_is_not_in_the_runs_log_history(tmp_path, tokenizer, make_model, prompts):
+    """Trainer's train() starts a new TrainerState: an evaluate() (or a log()) before it is not in its log_history.
+    fastgrpo kept the pre-train evaluation's record in front of the run's."""
+    from test_trainer_events import Regression  # noqa: PLC0415
+    from datasets import Dataset  # noqa: PLC0415
+    from transformers import Trainer, TrainingArguments  # noqa: PLC0415
+
+    rows = Dataset.from_list([{"x": [float(i), 1.0], "labels": float(i)} for i in range(2)])
+    hf = Trainer(Regression(), TrainingArguments(output_dir=str(tmp_path / "hf"), per_device_train_batch_size=1, max_steps=1, logging_steps=1,
+                                                 use_cpu=True, report_to=[], disable_tqdm=True, save_strategy="no"),
+                 train_dataset=rows, eval_dataset=rows)
+    trainer = GRPOTrainer(make_model(), reward_n, args=config(tmp_path), train_dataset=prompts, eval_dataset=prompts.select(range(2)),
+                          processing_class=tokenizer)
+    for t in (hf, trainer):
+        t.evaluate()
+        t.log({"note": 1.0})
+        assert [sorted(k for k in r if k in ("eval_runtime", "note")) for r in t.state.log_history] == [["eval_runtime"], ["note"]]
+        t.train()
+        assert not any("eval_runtime" in r or "note" in r for r in t.state.log_history)
+    assert [r["step"] for r in trainer.state.log_history] == [r["step"] for r in hf.state.log_history] == [1, 1]  # the step's log, the summary

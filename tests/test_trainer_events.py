@@ -35,19 +35,22 @@ class Regression(torch.nn.Module):
         return {"loss": torch.nn.functional.mse_loss(self.linear(x).squeeze(-1), labels)}
 
 
-def transformers_events(tmp_path, steps_per_epoch, accumulation, extra=(), **schedule):
+def transformers_events(tmp_path, steps_per_epoch, accumulation, extra=(), eval_names=None, **schedule):
+    """`eval_names`: a dict eval_dataset of one row per name; default: one eval set of one row."""
     rows = [{"x": [float(i), 1.0], "labels": float(i)} for i in range(steps_per_epoch * accumulation)]
+    eval_rows = Dataset.from_list(rows[:1])
     rec = Recorder()
     args = TrainingArguments(
         output_dir=str(tmp_path / "hf"), per_device_train_batch_size=1, per_device_eval_batch_size=1, gradient_accumulation_steps=accumulation,
         use_cpu=True, report_to=[], disable_tqdm=True, save_only_model=True, **schedule,
     )
-    trainer = Trainer(Regression(), args, train_dataset=Dataset.from_list(rows), eval_dataset=Dataset.from_list(rows[:1]), callbacks=[rec, *extra])
+    eval_dataset = eval_rows if eval_names is None else {name: eval_rows for name in eval_names}
+    trainer = Trainer(Regression(), args, train_dataset=Dataset.from_list(rows), eval_dataset=eval_dataset, callbacks=[rec, *extra])
     trainer.train()
     return rec.seen
 
 
-def fastgrpo_events(tmp_path, tokenizer, model, prompts, steps_per_epoch, accumulation, extra=(), **schedule):
+def fastgrpo_events(tmp_path, tokenizer, model, prompts, steps_per_epoch, accumulation, extra=(), eval_names=None, **schedule):
     # One prompt's G = 2 completions per micro-batch, `accumulation` micro-batches per step, one step per rollout:
     # `steps_per_epoch` rollouts make a pass over steps_per_epoch · accumulation prompts.
     rec = Recorder()
@@ -57,7 +60,8 @@ def fastgrpo_events(tmp_path, tokenizer, model, prompts, steps_per_epoch, accumu
     )
     trainer = GRPOTrainer(
         model, lambda completion_ids, **kw: [float(len(c)) for c in completion_ids], args=args,
-        train_dataset=prompts.select(range(steps_per_epoch * accumulation)), eval_dataset=prompts.select(range(1)),
+        train_dataset=prompts.select(range(steps_per_epoch * accumulation)),
+        eval_dataset=prompts.select(range(1)) if eval_names is None else {name: prompts.select(range(1)) for name in eval_names},
         processing_class=tokenizer, callbacks=[rec, *extra],
     )
     trainer.train()
@@ -86,6 +90,16 @@ def test_events_match_transformers_trainer(tmp_path, tokenizer, make_model, prom
     want = transformers_events(tmp_path, steps_per_epoch, accumulation, **schedule)
     got = fastgrpo_events(tmp_path, tokenizer, make_model(), prompts, steps_per_epoch, accumulation, **schedule)
     assert {name for name, _ in want} >= {"on_epoch_begin", "on_epoch_end", "on_pre_optimizer_step", "on_optimizer_step"}
+    assert got == want
+
+
+def test_a_dict_eval_set_gives_trainers_events_set_by_set(tmp_path, tokenizer, make_model, prompts):
+    """A dict eval_dataset was one evaluation here (one on_log, one on_evaluate for all sets); Trainer's evaluate
+    recurses per set: each set's on_prediction_step, on_log and on_evaluate in turn, at eval_on_start and each evaluation."""
+    schedule = dict(max_steps=2, logging_steps=1, eval_on_start=True, eval_strategy="steps", eval_steps=2, save_strategy="no")
+    want = transformers_events(tmp_path, 2, 1, eval_names=["a", "b"], **schedule)
+    got = fastgrpo_events(tmp_path, tokenizer, make_model(), prompts, 2, 1, eval_names=["a", "b"], **schedule)
+    assert [name for name, _ in want].count("on_evaluate") == 4
     assert got == want
 
 
@@ -162,3 +176,155 @@ def test_logs_and_evaluations_at_trl_grpo_trainers_steps(tmp_path, tokenizer, ma
     want = [(2, "train"), (4, "eval"), (4, "train"), (6, "eval"), (6, "train"), (6, "summary")]
     assert kinds(theirs.state.log_history) == want
     assert kinds(ours.state.log_history) == want
+
+
+class Draws:
+    """A rollout assembly that draws one prompt per rollout from `order`: each rollout is its list of prompt indices."""
+
+    def __init__(self, order):
+        self.order = order
+
+    def __call__(self):
+        return self.order.take(1), {}, {}
+
+    def state_dict(self):
+        return None
+
+    def load_state_dict(self, state):
+        pass
+
+
+@pytest.mark.parametrize("max_staleness", [None, 0, 2])
+def test_a_pass_cut_under_the_overlap_skips_the_rollouts_made_ahead_as_the_synchronous_loop(max_staleness):
+    """should_epoch_stop under max_staleness (the producer thread makes rollouts ahead): a pass of 2 prompts in order, one a
+    rollout, cut after step 1. The producer had made prompt 1 and the next pass's prompt 0 ahead, and its order stood at
+    (1, 1): the cut trained both made-ahead rollouts, then moved the order to pass 2 (pass 1 skipped whole), and a
+    checkpoint at the cut kept the order before it (a resume drew the skipped prompt 1). As the synchronous loop: the
+    rollouts made ahead are dropped, the next ones are pass 1's 0 and 1; a checkpoint at the cut resumes at (1, 0);
+    state.epoch 1.5 and 2.0 at steps 2 and 3."""
+    import time  # noqa: PLC0415
+
+    from fastgrpo.rollout.async_producer import InOrder, RolloutPipeline  # noqa: PLC0415
+    from fastgrpo.run.datasets import PromptOrder  # noqa: PLC0415
+    from fastgrpo.run.epochs import EpochClock  # noqa: PLC0415
+
+    order = PromptOrder(2, 0, shuffle=False)
+    if max_staleness is None:
+        rollouts = InOrder(Draws(order), order)
+    else:
+        rollouts = RolloutPipeline(Draws(order), order, lambda: 0, max_staleness=max_staleness, inflight=3, heartbeat_stale_after_s=60)
+    clock = EpochClock(2, 1, 100)
+    try:
+        first, _, _ = rollouts()
+        clock.drew(rollouts.handed_order)
+        deadline = time.monotonic() + 30
+        while max_staleness and rollouts.ready.qsize() < max_staleness and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert clock.cut_pass(rollouts.next_pass(), 1)
+        assert rollouts.handed_order == {"epoch": 1, "position": 0}  # what a checkpoint at the cut keeps
+        drawn, epochs = [first], []
+        for step in (2, 3):
+            drawn.append(rollouts()[0])
+            clock.drew(rollouts.handed_order)
+            epochs.append(clock(step, 1))
+    finally:
+        if max_staleness is not None:
+            rollouts.close()
+    assert drawn == [[0], [0], [1]]
+    assert epochs == [1.5, 2.0]
+
+
+class StopsTraining(TrainerCallback):
+    """Sets control.should_training_stop at every call of `event` (from the first on it stays set)."""
+
+    def __init__(self, event):
+        setattr(self, event, self.stop)
+
+    def stop(self, args, state, control, **kwargs):
+        control.should_training_stop = True
+
+
+@pytest.mark.parametrize(
+    "event, accumulation, schedule",
+    [
+        # a stop before any step: Trainer checks it after each micro-batch, so it trains one step (no accumulation) ...
+        ("on_train_begin", 1, {}),
+        ("on_epoch_begin", 1, {}),
+        ("on_evaluate", 1, dict(eval_on_start=True)),
+        # ... or one micro-batch and no step (two a step): on_substep_end, then the epoch's end, no on_step_end
+        ("on_train_begin", 2, {}),
+        # a stop in on_substep_end leaves the step after that micro-batch: no optimizer step, no on_step_end
+        ("on_substep_end", 3, {}),
+    ],
+)
+def test_a_stop_before_the_first_step_or_in_on_substep_end_stops_where_trainer_stops(tmp_path, tokenizer, make_model, prompts, event,
+                                                                                       accumulation, schedule):
+    """A stop set before any step trained no step here (and skipped on_epoch_end); Trainer trains until its check after
+    the first micro-batch. A stop in on_substep_end finished the step here; Trainer leaves it unfinished."""
+    schedule = dict(max_steps=4, logging_steps=1, save_strategy="no", **schedule)
+    want = transformers_events(tmp_path, 2, accumulation, extra=[StopsTraining(event)], **schedule)
+    got = fastgrpo_events(tmp_path, tokenizer, make_model(), prompts, 2, accumulation, extra=[StopsTraining(event)], **schedule)
+    assert got == want
+
+
+def test_a_stop_in_on_substep_end_takes_no_optimizer_step(tmp_path, tokenizer, make_model, prompts):
+    """Two micro-batches a step, a stop at the first's on_substep_end: no optimizer step (Trainer leaves its loop before
+    one), so global_step stays 0, the weights stay as they were and no gradient is left; the summary is the only log."""
+    model = make_model()
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    args = GRPOConfig(output_dir=str(tmp_path / "fg"), per_device_train_batch_size=2, num_generations=2, gradient_accumulation_steps=2,
+                      max_completion_length=2, max_steps=3, logging_steps=1, save_strategy="no", disable_tqdm=True, report_to="none")
+    trainer = GRPOTrainer(model, lambda completion_ids, **kw: [float(len(c)) for c in completion_ids], args=args,
+                          train_dataset=prompts.select(range(4)), processing_class=tokenizer, callbacks=[StopsTraining("on_substep_end")])
+    out = trainer.train()
+    assert (out.global_step, out.training_loss, trainer.state.global_step) == (0, 0.0, 0)
+    changed = [name for name, p in trainer.model.named_parameters() if not torch.equal(p, before[name]) or p.grad is not None]
+    assert changed == []
+    assert [("train_runtime" in r, r["step"]) for r in trainer.state.log_history] == [(True, 0)]
+
+
+class EvaluatesAtStep(TrainerCallback):
+    """Sets control.should_evaluate at on_step_end (the trainer has no eval set)."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        control.should_evaluate = True
+
+
+def test_a_callbacks_should_evaluate_without_an_eval_set_raises_where_trainer_raises(tmp_path, tokenizer, make_model, prompts):
+    """A callback's control.should_evaluate with no eval_dataset was skipped silently here; Trainer raises ValueError
+    ("evaluation requires an eval_dataset") at step 1's evaluation, after that step's log. Now the same point, naming the fix."""
+    rows = [{"x": [float(i), 1.0], "labels": float(i)} for i in range(4)]
+    hf_args = TrainingArguments(output_dir=str(tmp_path / "hf"), per_device_train_batch_size=1, max_steps=3, logging_steps=1, use_cpu=True,
+                                report_to=[], disable_tqdm=True, save_strategy="no")
+    hf = Trainer(Regression(), hf_args, train_dataset=Dataset.from_list(rows), callbacks=[EvaluatesAtStep()])
+    with pytest.raises(ValueError, match="evaluation requires an eval_dataset"):
+        hf.train()
+    args = GRPOConfig(output_dir=str(tmp_path / "fg"), per_device_train_batch_size=2, num_generations=2, max_completion_length=2, max_steps=3,
+                      logging_steps=1, save_strategy="no", disable_tqdm=True, report_to="none")
+    trainer = GRPOTrainer(make_model(), lambda completion_ids, **kw: [float(len(c)) for c in completion_ids], args=args,
+                          train_dataset=prompts.select(range(4)), processing_class=tokenizer, callbacks=[EvaluatesAtStep()])
+    with pytest.raises(ValueError, match=r"evaluation requires an eval_dataset \(a callback's control.should_evaluate in train\(\) too.*"
+                                         r"set trainer.eval_dataset = rows"):
+        trainer.train()
+    assert [r["step"] for r in hf.state.log_history] == [r["step"] for r in trainer.state.log_history] == [1]  # step 1's log, then the error
+    assert trainer.state.global_step == hf.state.global_step == 1
+
+
+def test_steps_after_a_transformers_trainer_left_between_micro_batches_update_the_weights(tmp_path, tokenizer, make_model, prompts):
+    """accelerate's GradientState is one per process, and its optimizer wrapper steps and zeroes only while
+    sync_gradients is True. A transformers Trainer that left its loop between micro-batches (a stop in on_substep_end,
+    an error) leaves it False: a GRPOTrainer built after it in the same process (a notebook) took no optimizer step and
+    kept every gradient, silently. Each optimizer step now sets it."""
+    rows = [{"x": [float(i), 1.0], "labels": float(i)} for i in range(4)]
+    hf_args = TrainingArguments(output_dir=str(tmp_path / "hf"), per_device_train_batch_size=1, gradient_accumulation_steps=2, max_steps=2,
+                                use_cpu=True, report_to=[], disable_tqdm=True, save_strategy="no")
+    Trainer(Regression(), hf_args, train_dataset=Dataset.from_list(rows), callbacks=[StopsTraining("on_substep_end")]).train()
+    model = make_model()
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    args = GRPOConfig(output_dir=str(tmp_path / "fg"), per_device_train_batch_size=2, num_generations=2, max_completion_length=2, max_steps=1,
+                      learning_rate=1e-2, save_strategy="no", disable_tqdm=True, report_to="none")
+    reward = lambda completion_ids, **kw: [float(i) for i in range(len(completion_ids))]  # noqa: E731  (Â ≠ 0 in every group)
+    trainer = GRPOTrainer(model, reward, args=args, train_dataset=prompts.select(range(4)), processing_class=tokenizer)
+    assert trainer.train().global_step == 1
+    assert [name for name, p in trainer.model.named_parameters() if torch.equal(p, before[name])] == []  # every weight moved
+    assert all(p.grad is None for p in trainer.model.parameters())

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from contextlib import closing, contextmanager
+from contextlib import closing
 
 import torch
 from accelerate.utils import gather_object
@@ -31,7 +31,7 @@ from .algo.sampling_correction import SamplingCorrection
 from .config import GRPOConfig
 from .generation.build import build_backend, open_engine
 from .generation.contract import SamplingSettings
-from .model.adapters import as_reference
+from .model.adapters import reference_of
 from .model.loading import sync_reference
 from .model.precision import autocast_for
 from .rollout.assembly import build_assembly
@@ -59,8 +59,7 @@ class GRPOTrainer(TRLMethods):
     """GRPO trainer with TRL's constructor and methods (TRL's public helpers: trl_methods.py).
 
     Args:
-        model: "smollm2-135m-instruct", a local folder or .gguf file, a hub
-            id, a `PreTrainedModel`, or a peft `PeftModel` (its adapters train).
+        model: "smollm2-135m-instruct", a local folder or .gguf file, a hub id, a `PreTrainedModel`, or a peft `PeftModel` (its adapters train).
         reward_funcs: a callable, a built-in reward name, "module:function", a sequence-classification reward model
             (instance, local folder or hub id; rollout/reward_models.py), or a list of them (protocol: rollout/rewards.py).
         args: `GRPOConfig`; default `GRPOConfig("<model name>-GRPO")`, as TRL (`run.inputs.default_output_dir`).
@@ -71,9 +70,8 @@ class GRPOTrainer(TRLMethods):
         callbacks: a list of `transformers.TrainerCallback` instances or classes (run/callbacks.py).
         optimizers: (optimizer, lr_scheduler), either None (Trainer's): an optimizer over `model`'s parameters; default args.optim's.
         quantization_config: passed to `from_pretrained` when `model` is a name (TRL's; e.g. QLoRA with peft_config).
-        peft_config: a `peft.PeftConfig` (e.g. `LoraConfig`, see `model.loading.lora_config`):
-            train adapters only; with beta > 0, π_ref is the same model run as
-            it started (adapters disabled), never a second copy.
+        peft_config: a `peft.PeftConfig` (e.g. `LoraConfig`, see `model.loading.lora_config`): train adapters only; with
+            beta > 0, π_ref is the same model run as it started (adapters disabled), never a second copy.
         tools, environment_factory, rollout_func: agent training, TRL's meanings (rollout/agents/).
     Attributes:
         state: a `transformers.TrainerState` (global_step, log_history, best_metric), as Trainer keeps it.
@@ -103,9 +101,8 @@ class GRPOTrainer(TRLMethods):
         acc, bf16 = build_accelerator(a)  # device, process group, seed; bf16 where the hardware is fast at it
         self.accelerator, self.autocast, self.console = acc, autocast_for(acc.device, bf16), Console()  # autocast: around every forward (precision.py)
         self._reward_weights = torch.tensor(weights, dtype=torch.float32, device=acc.device)
-        for fn in self.reward_funcs:
-            if isinstance(fn, RewardModel):
-                fn.prepare(acc.device, self.autocast, a.chat_template_kwargs)  # scored in the policy's precision
+        for fn in (f for f in self.reward_funcs if isinstance(f, RewardModel)):
+            fn.prepare(acc.device, self.autocast, a.chat_template_kwargs)  # scored in the policy's precision
 
         server = open_engine(a, model, is_main=acc.is_main_process, bf16=bf16)  # vLLM installed; its server up, serving this model
         self.tokenizer, policy, self.ref_model, self.eos_token_ids, gathered, self.router, vocab_size, room = load_policy(
@@ -140,8 +137,9 @@ class GRPOTrainer(TRLMethods):
         self.completion_tables = CompletionTables(a.output_dir, self.reward_names, a.report_to, a.log_unique_prompts, a.generation_batch_size,
                                                   self.console) if a.log_completions and acc.is_main_process else None  # TRL's log() tables
         self.events = TrainerEvents(a, checked.callbacks, self.model, self.tokenizer, self.optimizer, self.scheduler, acc.is_main_process, self.console)
-        self.state, self.clock = self.events.state, EpochClock(self.order.per_pass, a.steps_per_rollout, self.max_steps)
+        self.clock = EpochClock(self.order.per_pass, a.steps_per_rollout, self.max_steps)
         self.reward_hooks = reward_hooks.RewardHooks(lambda: self.window, lambda: self.state, lambda: logged_names(self.reward_names, self.last_metrics))  # log_metric, log_extra
+        self.reference = lambda: reference_of(self.ref_model, acc.unwrap_model(self.model))  # () → a context yielding the π_ref model
         self.passes = LogProbPasses(self.log_probs, self.reference, a.beta > 0 and a.kl_estimator == "k3", self.timer)
         self.assembly = build_assembly(  # one batch, or DAPO's rounds; Â set once on what trains
             a, acc, draw=self._draw, producer=producer, reward_funcs=self.reward_funcs, reward_names=self.reward_names,
@@ -161,8 +159,8 @@ class GRPOTrainer(TRLMethods):
         """Run until `max_steps` optimizer steps are done; resume from a checkpoint if asked (True = latest that loads).
 
         Raises:
-            ValueError: a new run in an output_dir holding another run (unless
-                `overwrite_output_dir`); a resume that changes a `runs.STATE_FIELDS` field.
+            ValueError: a new run in an output_dir holding another run (unless `overwrite_output_dir`); a resume that changes
+                a `runs.STATE_FIELDS` field; a callback's `control.should_evaluate` without an eval_dataset (Trainer's error, there).
             CorruptCheckpointError, CheckpointWriteError: see run/checkpoint_files.py.
             TrainingInterrupted: after Ctrl-C, once this step's checkpoint is saved.
             FloatingPointError: a non-finite gradient norm, before the optimizer step applies it.
@@ -171,19 +169,27 @@ class GRPOTrainer(TRLMethods):
         rollout, done = checkpoints.resume(self, resume_from_checkpoint)
         schedule = [(i, s) for i in range(a.num_iterations) for s in range(a.steps_per_generation // a.gradient_accumulation_steps)]
         self.events.train_begin(self.max_steps, self.step, self.clock(self.step, done), self.order.per_pass, self.get_train_dataloader())
-        if a.eval_on_start and self.eval_dataset is not None:
+        if a.eval_on_start:  # an eval_dataset is there (check_live_args)
             self.evaluate()
-        self._epoch_end(rollout, done) if self.epoch_end_pending else self.events.epoch_begin()  # resumed at an epoch's last step: its end
+        ended = False
+        if self.epoch_end_pending:  # resumed at an epoch's last step: its end first (no epoch left: training's end, no step)
+            ended = self._epoch_end(rollout, done)
+        else:
+            self.events.epoch_begin()
         # by an exception too: the console bar stops, the engine stops (its shared-memory weights go), the producer stops
         with closing(self.events), StopOnInterrupt() as interrupt, closing(self.backend), closing(self.rollouts), \
                 failures.name_the_resume(self):  # an error that ends the run names the checkpoint to resume from
-            while self.step < self.max_steps and not self.events.control.should_training_stop:
+            while self.step < self.max_steps and not ended:  # a stop set before the first step: Trainer checks it after a micro-batch
                 started = time.perf_counter()  # TRL's step_time: a step's passes, and the sampling of the rollout it starts
                 if rollout is None or done >= a.steps_per_rollout:
                     rollout, done = self._collect(), 0  # generate G completions per prompt, score, Â, π_ref, π_old
                 for iteration, step_in_pass in schedule[done:]:  # μ passes over the same rollout
                     self.events.step_begin()
-                    kl_old, rollout = self._optimizer_step(rollout, step_in_pass, capture_old=(iteration == 0 and step_in_pass == 0), started=started)
+                    stepped = self._optimizer_step(rollout, step_in_pass, capture_old=(iteration == 0 and step_in_pass == 0), started=started)
+                    if stepped is None:  # a callback stopped training in on_substep_end: no step; the epoch ends, as Trainer's loop
+                        self._epoch_end(rollout, done)
+                        break
+                    kl_old, rollout = stepped
                     self.step, done = self.step + 1, done + 1
                     stop_reuse = a.target_kl is not None and kl_old > a.target_kl
                     self.target_kl_stops += int(stop_reuse and done < a.steps_per_rollout)
@@ -194,6 +200,7 @@ class GRPOTrainer(TRLMethods):
                     if self.step >= self.max_steps or stop_reuse or self.events.control.should_training_stop:
                         break
                     started = time.perf_counter()
+                ended = self.events.control.should_training_stop
         pending = self._log(to_callbacks=False) if self.window.sums.get("steps") else {}  # to the summary log, as TRL's log() merges it
         summary = self.events.train_end(self.loss_sum / max(self.step, 1), pending, lambda: checkpoints.finish(self), self.log)  # best model, pruning
         pending.pop("step", None)  # TRL's log() merges the unlogged steps' metrics into Trainer's summary dict, which train() returns
@@ -227,20 +234,13 @@ class GRPOTrainer(TRLMethods):
         drawn = self.order.take(prompts * acc.num_processes)[acc.process_index * prompts : (acc.process_index + 1) * prompts]
         return drawn if self.streaming else [self.train_dataset[i] for i in drawn]
 
-    @contextmanager
-    def reference(self):
-        """The model to run for π_ref: the frozen copy, or the (unwrapped) adapted policy as its initial self (`as_reference`)."""
-        if self.ref_model is not None:
-            yield self.ref_model
-        else:
-            with as_reference(self.accelerator.unwrap_model(self.model)) as ref_model:
-                yield ref_model
-
     # ------------------------------------------------------------------ update
-    def _optimizer_step(self, rollout: Rollout, step_in_pass: int, capture_old: bool, started: float) -> tuple[float, Rollout]:
-        """One optimizer step (update/step.py); its metrics and its seconds since `started` (a perf_counter time: TRL's
-        step_time) into the window; → (mean KL(π_θ‖π_old), the rollout with π_old recorded)."""
+    def _optimizer_step(self, rollout: Rollout, step_in_pass: int, capture_old: bool, started: float) -> tuple[float, Rollout] | None:
+        """One optimizer step (update/step.py); its metrics and seconds since `started` (perf_counter: TRL's step_time) into the
+        window; → (mean KL(π_θ‖π_old), the rollout with π_old recorded), or None: stopped in on_substep_end (no step taken)."""
         out = self.update(rollout, step_in_pass, capture_old, self.step)
+        if out is None:
+            return None
         self.window.record({**out.sums, "grad_norm": out.grad_norm, "steps": 1, "step_time": time.perf_counter() - started})
         if self.entropy_control is not None:  # the next step's coefficient (adaptive: from this step's entropy, all processes)
             self.window.add("entropy_coef", self.entropy_control.step_end(out.sums, self.accelerator))
@@ -255,23 +255,25 @@ class GRPOTrainer(TRLMethods):
         # Trainer's order: on_step_end and its log/evaluate/save, then at an epoch's end (or the run's, or a cut) on_epoch_end and its own.
         self._act(self.events.step_end(self.step, self.clock(self.step, done), *scheduled(a, self.step, self.max_steps, False, self.eval_dataset is not None)), rollout, done)
         if self.events.control.should_epoch_stop and not self.epoch_end_pending:  # a callback ended the pass here (Trainer's check): its rest skipped
-            self.epoch_end_pending = self.clock.cut_pass(self.order, self.step, self.rollouts.paused())
+            self.epoch_end_pending = self.clock.cut_pass(self.rollouts.next_pass(), self.step)
         if self.epoch_end_pending or self.step >= self.max_steps or self.events.control.should_training_stop:
             self._epoch_end(rollout, done)
 
-    def _epoch_end(self, rollout: Rollout, done: int) -> None:
-        """on_epoch_end and its log/evaluate/save, then on_epoch_begin unless training ends (also a resume's first event: `epoch_end_pending`)."""
+    def _epoch_end(self, rollout: Rollout, done: int) -> bool:
+        """on_epoch_end and its log/evaluate/save, then on_epoch_begin unless training ends (→ True); also a resume's first event."""
         self.epoch_end_pending, epoch = False, self.clock(self.step, done)
         self._act(self.events.epoch_end(epoch, *scheduled(self.args, self.step, self.max_steps, True, self.eval_dataset is not None, epoch)), rollout, done)
         self.events.control.should_training_stop |= self.clock.passes_over(self.state.num_train_epochs)  # Trainer's epoch loop ends
-        if not (self.step >= self.max_steps or self.events.control.should_training_stop):
+        ends = self.step >= self.max_steps or self.events.control.should_training_stop
+        if not ends:
             self.events.epoch_begin()
+        return ends
 
     def _act(self, control, rollout: Rollout, done: int) -> None:
         """Log, evaluate and save as the control says (callbacks may have added any), in Trainer's order."""
         if control.should_log and self.window.sums.get("steps"):  # Trainer logs a step once
             self._log()
-        if control.should_evaluate and self.eval_dataset is not None:  # a candidate for the best (Trainer's _determine_best_metric)
+        if control.should_evaluate:  # without an eval_dataset evaluate() raises, as Trainer's; a candidate for the best (Trainer's _determine_best_metric)
             control.should_save = self.events.track_best(self.evaluate(), control.should_save)
         if control.should_save:
             checkpoints.save(self, rollout, done)
@@ -286,8 +288,7 @@ class GRPOTrainer(TRLMethods):
         self.state.total_flos += self.flops_per_token * sums.get("packed_tokens", 0)  # the update's passes, all processes'
         record.update(learning_rate=self.update.learning_rate, target_kl_stops=self.target_kl_stops, num_tokens=float(self.state.num_input_tokens_seen))
         self.loss_sum += sums.get("loss", 0.0) / acc.num_processes  # Σ over processes of each one's share
-        several = self.args.log_completions and acc.num_processes > 1
-        rows = gather_object(self.fresh_completions) if several else self.fresh_completions  # every process's, in process order
+        rows = gather_object(self.fresh_completions) if self.args.log_completions and acc.num_processes > 1 else self.fresh_completions  # all processes'
         if self.completion_tables is not None:  # TRL's buffer: the latest generation batch, which log() tables (trl_methods.log)
             self.completion_tables.update(rows, acc.num_processes)
         for r in rows if self.metrics_log is not None else []:  # every completion to completions.jsonl

@@ -209,15 +209,13 @@ class TRLMethods(TRLAttributes):
         """Remove a callback (instance or class), as `Trainer.remove_callback`."""
         self.events.handler.remove_callback(callback)
 
-
     @torch.no_grad()
     def evaluate(self, eval_dataset=None, ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval") -> dict:
         """Mean reward of num_generations_eval (default G) sampled completions per eval prompt (each process scores its share).
 
         Args (Trainer's, in its order):
-            eval_dataset: rows, or a dict / DatasetDict of them (each evaluated, metrics
-                prefixed `<prefix>_<name>_`), or the name of one set of the trainer's dict eval_dataset (evaluated
-                alone, its metrics prefixed `<prefix>_`, as Trainer's `evaluate("name")`); default: the trainer's eval_dataset.
+            eval_dataset: rows; a dict / DatasetDict of them (as Trainer's: one record and on_evaluate per set, prefixed
+                `<prefix>_<name>_`; all returned); the name of one of the trainer's (alone, `<prefix>_`); default: the trainer's.
             ignore_keys: accepted and unused, as `predict`'s (no model outputs are gathered).
             metric_key_prefix: "eval" gives eval_reward and eval_rewards/<fn>/mean (TRL's naming).
         Returns:
@@ -230,19 +228,23 @@ class TRLMethods(TRLAttributes):
         `train()` refuse the folder as another run's, or landed in a previous run's log).
 
         Raises:
-            ValueError, TypeError: no eval dataset here or in the trainer, one of a kind evaluation cannot read, or one the
-                reward functions cannot score (`inputs.checked_eval_sets`), before anything is sampled.
+            ValueError, TypeError: no eval dataset here or in the trainer (a callback's `control.should_evaluate` too, as Trainer),
+                one evaluation cannot read or the rewards cannot score (`inputs.checked_eval_sets`), before anything is sampled.
             KeyError: a name the trainer's eval_dataset does not have.
         """
         eval_dataset = named_eval_set(self.eval_sets, eval_dataset) if isinstance(eval_dataset, str) else eval_dataset
         sets = checked_eval_sets(eval_dataset, self.reward_funcs, self.reward_names, self.agents) if eval_dataset is not None else self.eval_sets
         if sets is None:
-            raise ValueError("evaluate() needs an eval_dataset: pass one to evaluate() or to GRPOTrainer.")
+            raise ValueError("evaluation requires an eval_dataset (a callback's control.should_evaluate in train() too, as in transformers' "
+                             "Trainer): pass one to evaluate(), to GRPOTrainer, or set trainer.eval_dataset = rows.")
+        if list(sets) != ["eval"]:  # a dict: Trainer's evaluate calls itself per set (by name for its own sets), each logged alone
+            metrics = {}
+            for name, rows in ((set_name[len("eval_"):], rows) for set_name, rows in sets.items()):
+                metrics.update(self.evaluate(rows if eval_dataset is not None else name, ignore_keys, f"{metric_key_prefix}_{name}"))
+            return metrics
         metrics = self._sampled_metrics(sets, metric_key_prefix)
-        for set_name in sets:  # TRL's eval_num_tokens: the training count so far (its eval mode adds none), a float as TRL's mean
-            prefix = f"{metric_key_prefix}{set_name[len('eval'):]}"
-            metrics[f"{prefix}_num_tokens"] = float(self.state.num_input_tokens_seen)
-            metrics[f"{prefix}_model_preparation_time"] = self.model_preparation_time  # the model was prepared when the trainer was built
+        metrics[f"{metric_key_prefix}_num_tokens"] = float(self.state.num_input_tokens_seen)  # TRL's: the training count (eval adds none)
+        metrics[f"{metric_key_prefix}_model_preparation_time"] = self.model_preparation_time  # the model was prepared when the trainer was built
         metrics["epoch"] = self.state.epoch  # Trainer's evaluate returns it (its log() adds it to the same dict)
         self.log(metrics)  # Trainer's evaluate logs through log() (metrics.jsonl once train() has made output_dir this run's)
         self.events.evaluate(metrics)

@@ -220,6 +220,17 @@ def as_reference(model: torch.nn.Module):
         model.set_adapter(trained)
 
 
+@contextmanager
+def reference_of(ref_model: torch.nn.Module | None, policy: torch.nn.Module):
+    """The model to run for π_ref inside the block: the frozen copy `ref_model`, or (None: an adapted policy) the unwrapped
+    `policy` as its initial self (`as_reference`)."""
+    if ref_model is not None:
+        yield ref_model
+    else:
+        with as_reference(policy) as model:
+            yield model
+
+
 def merged_copy(model: torch.nn.Module) -> PreTrainedModel:
     """A plain `PreTrainedModel` with the adapters merged into its weights (W + α/r·BA); `model` is left untouched.
 

@@ -162,6 +162,20 @@ class RolloutPipeline:
                 self.paused_by -= 1
                 self.lock.notify_all()
 
+    def next_pass(self) -> dict:
+        """A pass cut short (a callback's `control.should_epoch_stop`; run/epochs.EpochClock.cut_pass): the rollouts made
+        ahead are dropped (the synchronous loop never samples them; not counted as stale) and the data order moves to the
+        start of the pass after the last rollout handed over, as `InOrder.next_pass` moves it; → that order's state."""
+        with self.paused():
+            with self.lock:
+                ahead = self.started - self.taken
+            for _ in range(ahead):  # all made or making: paused waits for the one in production, which may not be queued yet
+                self._take()
+            with self.lock:  # the replacements are admitted as a stale drop's are: as far ahead as before
+                self.taken, self.requested = self.taken + ahead, self.requested + ahead
+                self.handed = next_pass(self.order, self.handed if self.handed is not None else self.order.state_dict())
+                return self.handed
+
     def close(self) -> None:
         """Stop the producer: it ends after its current generation request (the thread is a daemon: exit never waits on it)."""
         with self.lock:
@@ -215,6 +229,14 @@ class RolloutPipeline:
             self.error = err
 
 
+def next_pass(order, after: dict) -> dict:
+    """Load into `order` (datasets.PromptOrder, dataset_kinds.StreamOrder) the start of the pass after the state `after`
+    ({"epoch", "position"}), or `after` itself where it stands at a pass's start; → the state loaded."""
+    state = {"epoch": after["epoch"] + 1, "position": 0} if after["position"] else dict(after)
+    order.load_state_dict(state)
+    return state
+
+
 def inflight_rollouts(max_inflight_tasks: int, max_staleness: int, generation_batch_size: int, queue_maxsize: int) -> int:
     """TRL's max_inflight_tasks and queue_maxsize (completions; each at least one rollout, config/checks.py) as whole rollouts.
 
@@ -228,7 +250,7 @@ def inflight_rollouts(max_inflight_tasks: int, max_staleness: int, generation_ba
 class InOrder:
     """The synchronous loop's rollouts: each made by the assembly when the trainer asks, in its thread.
 
-    `RolloutPipeline`'s contract (call, `handed_order`, `paused`, `state_dict`/`load_state_dict`, `close`), so the
+    `RolloutPipeline`'s contract (call, `handed_order`, `paused`, `next_pass`, `state_dict`/`load_state_dict`, `close`), so the
     trainer calls either the same way.
     """
 
@@ -246,6 +268,11 @@ class InOrder:
     def paused(self):
         """Nothing runs beside the trainer: a context that does nothing."""
         return contextlib.nullcontext()
+
+    def next_pass(self) -> dict:
+        """A pass cut short (a callback's `control.should_epoch_stop`): the data order moved to the next pass's start,
+        unless it stands at a pass's start already; → its state."""
+        return next_pass(self.order, self.order.state_dict())
 
     def state_dict(self):
         """The assembly's state (DAPO's carry-over); the order is the checkpoint's own."""

@@ -93,6 +93,12 @@ class TrainerEvents:
         self.initial_step = 0  # state.global_step at train()'s start, a resume's checkpoint step (Trainer's _initial_global_step)
         self.handler.on_init_end(args, self.state, self.control)
 
+    def new_state(self) -> None:
+        """A new `TrainerState`, as Trainer's train() starts one (a resume then loads the checkpoint's fields into it): a
+        record logged before train() (an `evaluate()`, a script's `log()`) is not in its log_history."""
+        main = self.state.is_world_process_zero
+        self.state = TrainerState(is_local_process_zero=main, is_world_process_zero=main)
+
     def close(self) -> None:
         """Stop the console bars training left running (`ConsoleProgressCallback.close`): the trainer closes the events
         when its loop ends, by an exception too, where on_train_end is never called."""

@@ -259,6 +259,7 @@ def resume(trainer: Checkpointed, resume_from_checkpoint) -> tuple[Rollout | Non
         raise ValueError(f"this trainer has already trained to step {trainer.step}/{trainer.max_steps}: {go_on}build a new GRPOTrainer "
                          f"to start a new run (nothing in {a.output_dir!r} was touched).")
     path, state = ckpt.load_checkpoint(resume_from_checkpoint, a.output_dir, acc, trainer.model, trainer.optimizer)
+    trainer.events.new_state()  # as Trainer's train(): a pre-train evaluate()'s record is not in log_history
     if path is None:  # a train() that failed before its first step drew prompts: start afresh, as Trainer's new dataloader
         trainer.order.load_state_dict({"epoch": 0, "position": 0})
         trainer.clock.load_state_dict(None, trainer.order.state_dict())

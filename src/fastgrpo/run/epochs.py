@@ -50,24 +50,19 @@ class EpochClock:
 
     def drew(self, order: dict) -> None:
         """A rollout was taken, the data order then at `order` (its state after the rollout's draw). After a pass cut
-        short, the first rollout drawn from the next pass starts at it (one made ahead of the cut, under the overlap,
-        still counts in the pass cut)."""
+        short, the first rollout drawn from the next pass starts at it (the overlap's rollouts made ahead of the cut were
+        dropped: this one is drawn from the next pass)."""
         drawn = self.drawn(order)
-        if self.cut is not None and drawn >= self.cut[0]:
+        if self.cut is not None:
             self.span, self.pass_start, self.cut = (self.cut[0], drawn), self.cut[1], None
         else:
             self.span = (self.span[1], drawn)
 
-    def cut_pass(self, order, step: int, paused) -> bool:
-        """A callback set `control.should_epoch_stop` at `step` (not a pass's last): skip the rest of the pass in
-        `order` (a `datasets.PromptOrder` or `dataset_kinds.StreamOrder`, moved to the next pass's start) inside
-        `paused` (the rollouts' `paused()`: the overlap's producer draws nothing meanwhile). Returns True: the epoch's
-        end is now pending (the trainer's `epoch_end_pending`)."""
-        with paused:
-            state = order.state_dict()
-            if state["position"]:  # else the draws already stand at a pass's start
-                order.load_state_dict({"epoch": state["epoch"] + 1, "position": 0})
-            self.cut, self.was_cut = (self.drawn(order.state_dict()), step), True
+    def cut_pass(self, next_pass: dict, step: int) -> bool:
+        """A callback set `control.should_epoch_stop` at `step` (not a pass's last), and the rest of the pass was skipped:
+        the data order now stands at `next_pass` (the state the rollouts' `next_pass()` moved it to; the overlap's rollouts
+        made ahead dropped). Returns True: the epoch's end is now pending (the trainer's `epoch_end_pending`)."""
+        self.cut, self.was_cut = (self.drawn(next_pass), step), True
         return True
 
     def passes_over(self, num_train_epochs: int) -> bool:

@@ -153,7 +153,7 @@ def load_policy(
         disable_dropout(policy)
     if a.gradient_checkpointing:
         enable_gradient_checkpointing(policy, a.gradient_checkpointing_kwargs)
-    # π_ref: a frozen copy, or for an adapted policy the same model as its initial self (GRPOTrainer.reference).
+    # π_ref: a frozen copy, or for an adapted policy the same model as its initial self (GRPOTrainer.reference, model/adapters.reference_of).
     ref_model = reference_model(policy).to(accelerator.device) if a.beta > 0 and not is_peft_model(policy) else None
     if ref_model is not None and a.gradient_checkpointing:  # the copy attends as the policy does (KL = 0 exactly where they agree)
         enable_gradient_checkpointing(ref_model, a.gradient_checkpointing_kwargs)

@@ -2,7 +2,7 @@
 on a mixin `GRPOTrainer` inherits (through trl_methods.TRLMethods); and the Trainer methods fastgrpo refuses.
 
 Each attribute has TRL's name, type and meaning (tools, rollout_func, environment_factories, environments,
-data_collator, generation_config, generation_kwargs, is_in_train, train_dataset, eval_dataset, model, optimizer, reward_funcs,
+data_collator, generation_config, generation_kwargs, is_in_train, state, train_dataset, eval_dataset, model, optimizer, reward_funcs,
 reward_weights). Where TRL's is a plain attribute whose change
 TRL would act on, fastgrpo's is read-only, and setting it raises an AttributeError naming the fix (`read_only`): fastgrpo
 reads these once, when the trainer is built, so a change would be silently ignored.
@@ -234,6 +234,16 @@ class TRLAttributes:
             check_best_metric(a.metric_for_best_model, list(self.eval_sets), self.reward_names, loss_keys(a.loss_type, a.beta))
         check_early_stopping(self.events.handler.callbacks, a.metric_for_best_model, a.eval_strategy)
         self.events.args = self.update.args = a
+
+    @property
+    def state(self):
+        """Trainer's `trainer.state`: the run's `transformers.TrainerState` (callbacks.TrainerEvents keeps it), a new one from
+        each train()'s start, as Trainer's. Settable, as Trainer's plain attribute (callbacks see the one set)."""
+        return self.events.state
+
+    @state.setter
+    def state(self, value) -> None:
+        self.events.state = value
 
     @property
     def is_in_train(self) -> bool:

@@ -139,7 +139,7 @@ class OptimizerStep:
         entropy_control: the entropy bonus's coefficient, or None (no bonus).
         reference: () → context yielding π_ref (exact KL only).
         entropy_mask: (entropy (B, T), mask (B, T), threshold) → (B, T) bool, top_entropy_quantile's tokens (TRL's get_high_entropy_mask).
-        events: the callbacks (substep_end, pre_optimizer_step, optimizer_step).
+        events: the callbacks (substep_end, pre_optimizer_step, optimizer_step) and their control (should_training_stop).
         timer: phase timer; phase "update".
         bf16: whether the passes' products run in bf16 (else in the model's dtype): the peak FLOP/s `peak_flops` looks up.
     """
@@ -200,8 +200,12 @@ class OptimizerStep:
         steps = self.args.steps_per_generation // self.args.gradient_accumulation_steps
         return [[span for span, _ in self.passes(rollout, s)] for s in range(steps)]
 
-    def __call__(self, rollout: Rollout, step_in_pass: int, capture_old: bool, step: int) -> StepResult:
+    def __call__(self, rollout: Rollout, step_in_pass: int, capture_old: bool, step: int) -> StepResult | None:
         """Step `step_in_pass` of a pass over `rollout`; `capture_old`: record π_old where unset (the rollout's first step).
+
+        Returns None where a callback set `control.should_training_stop` in on_substep_end (at a stop set before the
+        step, from on_train_begin on, the first one's): as transformers' Trainer, which leaves its loop right after that
+        micro-batch, no optimizer step is taken (its gradients are dropped here; Trainer leaves them unapplied).
 
         Raises:
             FloatingPointError: a non-finite gradient norm, before the optimizer step applies it (`step`: the step number, for the message).
@@ -211,6 +215,7 @@ class OptimizerStep:
         counts = StepCounts(self.step_tokens(rollout), sum(span.stop - span.start for span, _ in passes), GA, a.max_completion_length)
         recorded = rollout.old_logps.clone() if capture_old and rollout.old_logps is not None else None
         sums: dict[str, torch.Tensor] = {}
+        acc.sync_gradients = True  # accelerate's state is shared: a transformers Trainer left between micro-batches leaves it False (step, zero_grad: no-ops)
         with self.timer("update"):
             self.model.train()
             started, forward_s = time.perf_counter(), 0.0
@@ -245,6 +250,9 @@ class OptimizerStep:
                 accumulate(sums, {**out.metrics, "loss": loss.detach(), "entropy": masked_sum(entropy.detach(), mask), **packing, **mismatch, **aux})
                 for _ in range(micro_batches - last):  # TRL's on_substep_end: once per micro-batch but the step's last
                     self.events.substep_end()
+                    if self.events.control.should_training_stop:  # Trainer leaves its loop there: the step is never taken
+                        self.optimizer.zero_grad(set_to_none=True)
+                        return None
             forward_backward_s = time.perf_counter() - started
             clip = a.max_grad_norm if a.max_grad_norm > 0 else math.inf  # 0: no clip
             grad_norm = full_value(acc.clip_grad_norm_(self.model.parameters(), clip))
