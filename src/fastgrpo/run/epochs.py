@@ -17,7 +17,8 @@ A stream has no length: Trainer then takes max_steps steps per pass (its `steps_
 
 A callback's `control.should_epoch_stop` cuts the pass short where Trainer leaves its epoch's loop (`cut_pass`): the
 rest of the pass's prompts are skipped, the next rollout draws from the next pass and its epoch starts there; the
-rollout in hand trains its remaining steps (TRL's buffered generation batch does), their epoch the next pass's start.
+rollout in hand trains its remaining steps (TRL's buffered generation batch does), their epoch the next pass's start;
+under the overlap the rollouts made ahead are dropped (the rollouts' `next_pass`), so the run draws as the synchronous loop.
 Trainer's loop then ends after `num_train_epochs` passes, before max_steps (`passes_over`).
 
 Not here: the data order itself (datasets.PromptOrder, dataset_kinds.StreamOrder), the callbacks' events (callbacks.py).
