@@ -203,9 +203,9 @@ class OptimizerStep:
     def __call__(self, rollout: Rollout, step_in_pass: int, capture_old: bool, step: int) -> StepResult | None:
         """Step `step_in_pass` of a pass over `rollout`; `capture_old`: record π_old where unset (the rollout's first step).
 
-        Returns None where a callback set `control.should_training_stop` in on_substep_end (at a stop set before the
-        step, from on_train_begin on, the first one's): as transformers' Trainer, which leaves its loop right after that
-        micro-batch, no optimizer step is taken (its gradients are dropped here; Trainer leaves them unapplied).
+        Returns None where `control.should_training_stop` is set at an on_substep_end (a callback set it there, or before
+        the run's first step): as transformers' Trainer, which leaves its loop right after that micro-batch, no optimizer
+        step is taken (the step's gradients are dropped here; Trainer leaves them unapplied).
 
         Raises:
             FloatingPointError: a non-finite gradient norm, before the optimizer step applies it (`step`: the step number, for the message).
