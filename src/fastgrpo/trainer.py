@@ -124,8 +124,7 @@ class GRPOTrainer(TRLMethods):
         notify = lambda note: acc.is_main_process and self.console.print(f"fastgrpo: {note}", soft_wrap=True)  # noqa: E731
         producer, self.tokenizer = build_producer(
             a, checked.agents, tokenizer=self.tokenizer, encode=self.encode, backend=self.backend, eos_token_ids=sampling.eos_token_ids,
-            device=acc.device, trainer=self, notify=notify,
-        )  # single turn, multi-turn with tools/environments, or rollout_func
+            device=acc.device, trainer=self, notify=notify)  # single turn, multi-turn with tools/environments, or rollout_func
         for note in fallback_notices(policy) + self.backend.notices():
             notify(note)
         self.streaming = isinstance(train_dataset, IterableDataset)  # rows come in stream order, not by index
