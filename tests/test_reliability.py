@@ -250,6 +250,8 @@ def test_unknown_model_name_says_not_local_and_not_on_the_hub_at_once(monkeypatc
     monkeypatch.setattr(huggingface_hub.HfApi, "repo_info", unreachable)  # a near miss of the built-in alias never asks the hub
     with pytest.raises(ValueError, match="'smollm2-135m-instruc' is not a local folder or file .*; did you mean the built-in 'smollm2-135m-instruct'\\?"):
         check_model_name("smollm2-135m-instruc")
+    with pytest.raises(ValueError, match="'SmolLM2-135M-Instruct' is not a local folder or file .*; did you mean the built-in 'smollm2-135m-instruct'\\?"):
+        check_model_name("SmolLM2-135M-Instruct")  # the model's own spelling (README's prose), without the hub's owner
 
 
 def test_unknown_dataset_name_offline_is_one_quick_line(monkeypatch, tmp_path):

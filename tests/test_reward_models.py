@@ -59,8 +59,10 @@ def test_a_local_folder_is_a_reward_model_named_after_it(tmp_path, tokenizer):
     tokenizer.save_pretrained(folder)
     rm = resolve_reward(str(folder))
     assert isinstance(rm, RewardModel) and rm.__name__ == "my-rm"
-    with pytest.raises(ValueError, match="reward 'nope' is unknown.*hub id"):
+    with pytest.raises(ValueError, match="reward 'nope' is unknown; use one of .*hub id"):  # nothing close: no suggestion
         resolve_reward("nope")
+    with pytest.raises(ValueError, match=r"reward 'exactt' is unknown \(did you mean 'exact'\?\); use one of length"):
+        resolve_reward("exactt")
 
 
 def test_reward_model_mixed_with_a_function_and_what_functions_receive(tmp_path, tokenizer, make_model, prompts):

@@ -41,7 +41,7 @@ def check_model_name(name: str) -> None:
     name = os.path.expanduser(name)
     if os.path.exists(name):
         check_model_files(name)
-    elif close := difflib.get_close_matches(name, list(BUILTIN_MODELS), n=1, cutoff=0.85):  # a typo of an alias: no hub lookup
+    elif close := difflib.get_close_matches(name.lower(), list(BUILTIN_MODELS), n=1, cutoff=0.85):  # a typo or other case of an alias: no hub lookup
         raise ValueError(f"model {name!r} is not a local folder or file (looked in {os.getcwd()}); did you mean the built-in {close[0]!r}?")
     else:
         check_hub_repo(name)

@@ -321,7 +321,8 @@ def resolve_reward(spec, processing_class=None, init_kwargs: dict | None = None)
         if not callable(fn):
             raise ValueError(f"reward {spec!r} is not callable.")
         return fn
+    close = difflib.get_close_matches(spec, list(BUILTIN_REWARDS), n=1)
     raise ValueError(
-        f"reward {spec!r} is unknown; use one of {', '.join(BUILTIN_REWARDS)}, 'module:function', "
-        f"or a reward model (a local folder or a hub id 'org/name')."
+        f"reward {spec!r} is unknown{f' (did you mean {close[0]!r}?)' if close else ''}; use one of {', '.join(BUILTIN_REWARDS)}, "
+        f"'module:function', or a reward model (a local folder or a hub id 'org/name')."
     )
