@@ -271,7 +271,7 @@ def test_builtin_rewards():
 def test_resolve_reward():
     assert resolve_reward("length") is reward_len
     assert resolve_reward("fastgrpo.rewards:format_reward") is format_reward
-    with pytest.raises(ValueError, match="unknown; use one of length, format, brevity, reasoning_gym"):
+    with pytest.raises(ValueError, match=r"unknown \(did you mean 'length'\?\); use one of length, format, brevity, reasoning_gym"):
         resolve_reward("lenght")
     with pytest.raises(ValueError, match="cannot import"):
         resolve_reward("fastgrpo.rewards:nope")
