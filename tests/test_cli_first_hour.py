@@ -338,6 +338,26 @@ def test_resume_of_a_finished_run_exits_0_leaving_output_dir_as_it_was(tmp_path,
     assert f"nothing trained (at step 1 of max_steps=1); the final model saved from it. final model: {tmp_path / 'run'}" in capsys.readouterr().out
 
 
+def test_resume_of_an_older_checkpoint_at_a_lowered_max_steps_saves_its_weights_as_the_final_model(tmp_path, model_dir, capsys):
+    # `fastgrpo train --resume run/checkpoint-1 --max_steps 1` after a 2-step run: nothing trains, and the command kept
+    # output_dir's final model, step 2's, while saying "final model: run" for a run now at step 1. `trl grpo` saves the
+    # resumed weights after train(); so does the command where output_dir holds checkpoints past the resumed step.
+    import torch
+    from safetensors.torch import load_file
+
+    run = ["train", "--model", str(model_dir), "--dataset", "data.jsonl", "--reward", "length", "--per_device_train_batch_size", "4",
+           "--num_generations", "2", "--max_completion_length", "2", "--disable_tqdm", "true", "--bf16", "false", "--use_vllm", "false",
+           "--learning_rate", "0.01", "--save_steps", "1", "--output_dir", "run"]
+    assert main([*run, "--max_steps", "2"]) == 0
+    weights = lambda folder: load_file(tmp_path / folder / "model.safetensors")["model.embed_tokens.weight"]  # noqa: E731
+    assert not torch.equal(weights("run/checkpoint-1"), weights("run/checkpoint-2"))  # step 2 moved the weights
+    assert torch.equal(weights("run"), weights("run/checkpoint-2"))
+    capsys.readouterr()
+    assert main([*run, "--max_steps", "1", "--resume", "run/checkpoint-1"]) == 0
+    assert torch.equal(weights("run"), weights("run/checkpoint-1"))  # was step 2's
+    assert f"nothing trained (at step 1 of max_steps=1); the final model saved from it. final model: {tmp_path / 'run'}" in capsys.readouterr().out
+
+
 def test_ctrl_c_before_training_is_one_line_and_the_shells_code(tmp_path, monkeypatch, capsys):
     # Ctrl-C while things load (here: while the reward module imports) used to end in a 30-line traceback and exit 1.
     (tmp_path / "slow_reward.py").write_text("raise KeyboardInterrupt\n")

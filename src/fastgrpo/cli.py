@@ -286,7 +286,7 @@ def train(ns: argparse.Namespace) -> None:
     import torch
     from accelerate.utils import broadcast_object_list
 
-    from .run.checkpoint_files import TRAINING_ARGS_NAME, check_resume_target, checkpoints
+    from .run.checkpoint_files import TRAINING_ARGS_NAME, check_resume_target, checkpoints, later_checkpoints
     from .run.datasets import load_dataset_spec, splits_apply
     from .run.runs import claim_output_dir
     from .rollout.rewards import resolve_reward, reward_names
@@ -320,9 +320,12 @@ def train(ns: argparse.Namespace) -> None:
         )
     trainer.train(resume_from_checkpoint=resume)
     out, trained = os.path.abspath(args.output_dir), trainer.state.global_step > trainer.events.initial_step
-    # A call that trained nothing (a resume of a finished run) leaves the final model as saved; it writes one only where
-    # none was finished (training_args.bin: save_model's last file). The main process's view, so that all call it or none.
-    saved = broadcast_object_list([trained or not os.path.exists(os.path.join(out, TRAINING_ARGS_NAME))])[0]
+    # A call that trained nothing (a resume of a finished run) leaves the final model as saved; it writes one where none was
+    # finished (training_args.bin: save_model's last file) or where output_dir holds checkpoints past this step (an older one
+    # resumed at a lowered max_steps: the final model there is a later step's; `trl grpo` saves the resumed one's, as here).
+    # The main process's view, so that all call it or none.
+    stale = not os.path.exists(os.path.join(out, TRAINING_ARGS_NAME)) or bool(later_checkpoints(out, trainer.state.global_step))
+    saved = broadcast_object_list([trained or stale])[0]
     if saved:
         trainer.save_model(args.output_dir)
     world = torch.distributed.group.WORLD if torch.distributed.is_initialized() else None  # held past the trainer: see below
