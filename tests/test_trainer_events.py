@@ -328,3 +328,29 @@ def test_steps_after_a_transformers_trainer_left_between_micro_batches_update_th
     assert trainer.train().global_step == 1
     assert [name for name, p in trainer.model.named_parameters() if torch.equal(p, before[name])] == []  # every weight moved
     assert all(p.grad is None for p in trainer.model.parameters())
+
+
+def test_a_stop_before_the_first_step_of_a_resume_at_an_epochs_last_step_trains_one_step_as_trainer(tmp_path, tokenizer, make_model, prompts):
+    """Epochs of 2 steps, checkpoint-2 at the first epoch's last step, resumed with a stop set in on_train_begin. Trainer
+    trains step 3 (its check comes after a micro-batch); fastgrpo ended the pending epoch (its documented first event
+    on such a resume), took the stop as the end of training there and trained nothing. Now it trains step 3 too."""
+    rows = [{"x": [float(i), 1.0], "labels": float(i)} for i in range(2)]
+    hf_args = TrainingArguments(output_dir=str(tmp_path / "hf"), per_device_train_batch_size=1, max_steps=4, logging_steps=1, use_cpu=True,
+                                report_to=[], disable_tqdm=True, save_steps=2)
+    Trainer(Regression(), hf_args, train_dataset=Dataset.from_list(rows)).train()
+    hf_rec = Recorder()
+    Trainer(Regression(), hf_args, train_dataset=Dataset.from_list(rows), callbacks=[hf_rec, StopsTraining("on_train_begin")]).train(
+        resume_from_checkpoint=str(tmp_path / "hf" / "checkpoint-2"))
+    args = GRPOConfig(output_dir=str(tmp_path / "fg"), per_device_train_batch_size=2, num_generations=2, max_completion_length=2, max_steps=4,
+                      logging_steps=1, save_steps=2, disable_tqdm=True, report_to="none")
+    reward = lambda completion_ids, **kw: [float(len(c)) for c in completion_ids]  # noqa: E731
+    GRPOTrainer(make_model(), reward, args=args, train_dataset=prompts.select(range(2)), processing_class=tokenizer).train()
+    rec = Recorder()
+    trainer = GRPOTrainer(make_model(), reward, args=args, train_dataset=prompts.select(range(2)), processing_class=tokenizer,
+                          callbacks=[rec, StopsTraining("on_train_begin")])
+    assert trainer.train(resume_from_checkpoint=str(tmp_path / "fg" / "checkpoint-2")).global_step == 3
+    assert rec.seen.pop(2) == ("on_epoch_end", 2)  # the resumed epoch's end, fastgrpo's first event here (docs/reliability.md)
+    assert rec.seen == hf_rec.seen == [
+        ("on_init_end", 0), ("on_train_begin", 2), ("on_epoch_begin", 2), ("on_step_begin", 2), ("on_pre_optimizer_step", 2),
+        ("on_optimizer_step", 2), ("on_step_end", 3), ("on_log", 3), ("on_epoch_end", 3), ("on_log", 3), ("on_train_end", 3),
+    ]

@@ -170,11 +170,10 @@ class GRPOTrainer(TRLMethods):
         self.events.train_begin(self.max_steps, self.step, self.clock(self.step, done), self.order.per_pass, self.get_train_dataloader())
         if a.eval_on_start:  # an eval_dataset is there (check_live_args)
             self.evaluate()
-        ended = False
-        if self.epoch_end_pending:  # resumed at an epoch's last step: its end first (no epoch left: training's end, no step)
-            ended = self._epoch_end(rollout, done)
-        else:
-            self.events.epoch_begin()
+        stop = self.events.control.should_training_stop  # set before the first step: Trainer checks it after a micro-batch (the loop)
+        self.events.control.should_training_stop = stop and not self.epoch_end_pending  # resumed at an epoch's last step: its end
+        ended = self._epoch_end(rollout, done) if self.epoch_end_pending else bool(self.events.epoch_begin())  # first (no epoch left: no step)
+        self.events.control.should_training_stop |= stop
         # by an exception too: the console bar stops, the engine stops (its shared-memory weights go), the producer stops
         with closing(self.events), StopOnInterrupt() as interrupt, closing(self.backend), closing(self.rollouts), \
                 failures.name_the_resume(self):  # an error that ends the run names the checkpoint to resume from
